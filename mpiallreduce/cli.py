@@ -1,0 +1,61 @@
+"""The ``mpiallreduce`` command: ``info``, ``bench`` and ``launch``."""
+import argparse
+import sys
+
+USAGE = """mpiallreduce COMMAND [ARGS]
+
+commands:
+  info      MPI library and version, ranks, how they were launched, CUDA-awareness
+            (run it under mpiexec/srun to see every rank)
+  bench     every algorithm against Open MPI's default MPI_Allreduce (run under mpiexec/srun)
+  launch    start a command on N ranks with this machine's mpiexec flags:
+            mpiallreduce launch -n 4 [--timeout SECONDS] -- python script.py
+"""
+
+
+def _info(argv):
+    argparse.ArgumentParser(prog="mpiallreduce info").parse_args(argv)
+    from mpi4py import MPI
+
+    from .info import collect, format_report
+    info = collect(MPI.COMM_WORLD)
+    if info is not None:
+        print(format_report(info), flush=True)
+    return 0
+
+
+def _bench(argv):
+    from .bench import main
+    return main(argv)
+
+
+def _launch(argv):
+    parser = argparse.ArgumentParser(prog="mpiallreduce launch")
+    parser.add_argument("-n", "--ranks", type=int, required=True)
+    parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command to launch")
+    from .launch import run
+    result = run(args.ranks, command, timeout=args.timeout, capture=False)
+    if result.timed_out:
+        print(f"mpiallreduce launch: killed after {args.timeout} s", file=sys.stderr)
+        return 124
+    return result.returncode
+
+
+COMMANDS = {"info": _info, "bench": _bench, "launch": _launch}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""``mpiallreduce info``: what MPI this is, how it was launched, and where every rank runs."""
+import os
+import socket
+
+import mpi4py
+import numpy as np
+from mpi4py import MPI
+
+from . import __version__
+from .algorithms import ALGORITHMS
+from .mpilib import cuda_aware, library_version
+
+__all__ = ["launch_method", "slurm_variables", "collect", "format_report"]
+
+SLURM_VARIABLES = (
+    "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+    "SLURM_CPUS_PER_TASK", "SLURM_MPI_TYPE", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
+)
+
+
+def launch_method(environ=None, world_size=None):
+    """How this process was started: 'mpiexec (Open MPI)', 'mpiexec (MPICH hydra)', 'srun' or 'singleton'."""
+    env = os.environ if environ is None else environ
+    if "OMPI_COMM_WORLD_SIZE" in env or "PRTE_LAUNCHED" in env:
+        return "mpiexec (Open MPI)"
+    if "HYDI_CONTROL_FD" in env or "MPI_LOCALNRANKS" in env:
+        return "mpiexec (MPICH hydra)"
+    if "SLURM_STEP_ID" in env and ("PMIX_RANK" in env or "PMI_RANK" in env or "PMI_FD" in env):
+        return "srun"
+    return "singleton (not started by mpiexec or srun)"
+
+
+def slurm_variables(environ=None):
+    env = os.environ if environ is None else environ
+    return {key: env[key] for key in SLURM_VARIABLES if key in env}
+
+
+def _node_local_rank(comm):
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def collect(comm=MPI.COMM_WORLD):
+    """Everything ``info`` reports; collective over ``comm``, complete on rank 0 (None elsewhere)."""
+    local_rank, local_size = _node_local_rank(comm)
+    per_rank = {
+        "rank": comm.Get_rank(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "node_local_rank": local_rank,
+        "ranks_on_node": local_size,
+        "launch": launch_method(),
+        "slurm": slurm_variables(),
+    }
+    everyone = comm.gather(per_rank, root=0)
+    if comm.Get_rank() != 0:
+        return None
+    aware, how = cuda_aware()
+    return {
+        "mpiallreduce": __version__,
+        "mpi4py": mpi4py.__version__,
+        "numpy": np.__version__,
+        "mpi_library": library_version(),
+        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "thread_level": {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                         MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}.get(
+                             MPI.Query_thread(), str(MPI.Query_thread())),
+        "ranks": comm.Get_size(),
+        "cuda_aware": {True: "yes", False: "no", None: "unknown"}[aware],
+        "cuda_aware_how": how,
+        "algorithms": list(ALGORITHMS),
+        "per_rank": everyone,
+    }
+
+
+def format_report(info):
+    """Human-readable text of what ``collect`` returned."""
+    first = info["per_rank"][0]
+    lines = [
+        f"mpiallreduce      {info['mpiallreduce']}",
+        f"mpi4py            {info['mpi4py']}",
+        f"numpy             {info['numpy']}",
+        f"MPI library       {info['mpi_library']}",
+        f"MPI standard      {info['mpi_standard']}",
+        f"thread level      {info['thread_level']}",
+        f"ranks             {info['ranks']}",
+        f"launched by       {first['launch']}",
+        f"CUDA-aware MPI    {info['cuda_aware']}  (asked through {info['cuda_aware_how']})"
+        if info["cuda_aware"] != "unknown" else f"CUDA-aware MPI    unknown  ({info['cuda_aware_how']})",
+        f"algorithms        {', '.join(info['algorithms'])}",
+    ]
+    slurm = first["slurm"]
+    if slurm:
+        lines.append("Slurm variables   " + "  ".join(f"{k}={v}" for k, v in slurm.items()))
+    else:
+        lines.append("Slurm variables   none (not inside a Slurm job)")
+    ntasks = slurm.get("SLURM_NTASKS")
+    if ntasks and ntasks.isdigit() and int(ntasks) > info["ranks"] == 1:
+        lines.append(f"WARNING           Slurm says {ntasks} tasks but MPI sees 1 rank: this process is a "
+                     "singleton (srun without --mpi=pmix?)")
+    lines.append("rank  host                  pid      node-local rank")
+    for r in info["per_rank"]:
+        lines.append(f"{r['rank']:<5} {r['host']:<21} {r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}")
+    return "\n".join(lines)

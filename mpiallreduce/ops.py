@@ -1,0 +1,104 @@
+"""Reduction operations: an op's name, its MPI op, and the numpy ufunc that applies it locally.
+
+``mean`` is ``sum`` followed by a division by the number of ranks, done once on the finished sum
+(Horovod's order, not torch's divide-first): the sum is the same bits on every rank, so the mean is
+too, and integer-valued inputs give the correctly rounded mean. The cost is that float16 sums can
+overflow where a divide-first mean would not; GPU/low-precision work accumulates those in float32.
+"""
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .buffers import mpi_datatype
+
+__all__ = ["ReduceOp", "OPS", "get_op"]
+
+
+
+@dataclass(frozen=True)
+class ReduceOp:
+    """One reduction: ``ufunc(a, b, out=...)`` locally, ``mpi`` inside MPI collectives."""
+
+    name: str
+    ufunc: np.ufunc
+    mpi: MPI.Op
+    divide_by_size: bool = False
+    defined_for_complex: bool = True
+
+    def check_dtype(self, dtype):
+        """Raise TypeError if this op is not defined for ``dtype``."""
+        if self.divide_by_size and dtype.kind in "iu":
+            raise TypeError(
+                f"op '{self.name}' needs a floating or complex dtype, got {dtype}; "
+                "use op='sum' and divide yourself, or cast to a float type"
+            )
+        if not self.defined_for_complex and dtype.kind == "c":
+            raise TypeError(f"op '{self.name}' is not defined for complex dtype {dtype}")
+
+    def reduce_local(self, a, b, out):
+        """out = a (op) b, elementwise, in numpy; ``out`` may alias ``a`` or ``b``."""
+        self.ufunc(a, b, out=out)
+
+    def mpi_op(self, dtype):
+        """The MPI op to hand to MPI collectives for elements of ``dtype``.
+
+        The predefined op where the MPI library reduces this type itself, else a user-defined op
+        that runs the numpy ufunc (float16 on an MPI without MPI_SHORT_FLOAT arithmetic, say).
+        """
+        dtype = np.dtype(dtype)
+        if _library_reduces(self.name, dtype):
+            return self.mpi
+        return _numpy_mpi_op(self.ufunc, dtype)
+
+    def finish(self, result, size):
+        """Apply what remains after the reduction proper (mean's division), in place."""
+        if self.divide_by_size and size != 1:
+            np.divide(result, size, out=result)
+
+
+@functools.lru_cache(maxsize=None)
+def _library_reduces(op_name, dtype):
+    """Whether the MPI library applies op ``op_name`` to ``dtype`` itself: a one-element local reduction."""
+    mpi_op = OPS[op_name].mpi
+    datatype = mpi_datatype(dtype)
+    if not datatype.is_predefined:
+        return False
+    a, b = np.ones(1, dtype), np.ones(1, dtype)
+    try:
+        mpi_op.Reduce_local([a, datatype], [b, datatype])
+    except MPI.Exception:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_mpi_op(ufunc, dtype):
+    """A commutative user-defined MPI op that applies ``ufunc`` to elements of ``dtype``."""
+
+    def reduce_into(invec, inoutvec, datatype):
+        a = np.frombuffer(invec, dtype=dtype)
+        b = np.frombuffer(inoutvec, dtype=dtype)
+        ufunc(a, b, out=b)
+
+    return MPI.Op.Create(reduce_into, commute=True)
+
+
+OPS = {
+    "sum": ReduceOp("sum", np.add, MPI.SUM),
+    "prod": ReduceOp("prod", np.multiply, MPI.PROD),
+    "min": ReduceOp("min", np.minimum, MPI.MIN, defined_for_complex=False),
+    "max": ReduceOp("max", np.maximum, MPI.MAX, defined_for_complex=False),
+    "mean": ReduceOp("mean", np.add, MPI.SUM, divide_by_size=True),
+}
+
+
+def get_op(name):
+    """The ReduceOp called ``name``; ValueError (TypeError for a non-string) naming the choices otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(f"op must be a string, one of {', '.join(OPS)}; got {type(name).__name__} {name!r}")
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown op {name!r}; expected one of {', '.join(OPS)}") from None

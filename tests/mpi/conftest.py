@@ -1,0 +1,33 @@
+"""Fixtures for tests that run on every rank under mpiexec."""
+import pytest
+from mpi4py import MPI
+
+_communicators = {}
+
+
+def _make(kind):
+    world = MPI.COMM_WORLD
+    if kind == "world":
+        return world
+    if kind == "split":
+        # two halves, ranks numbered in reverse: sizes and orders unlike COMM_WORLD's
+        return world.Split(color=world.Get_rank() % 2, key=-world.Get_rank())
+    if kind == "dup":
+        return world.Dup()
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=["world", "split", "dup"])
+def comm(request):
+    """Each test runs on COMM_WORLD, on a Split of it and on a Dup of it (made once, collectively)."""
+    kind = request.param
+    if kind not in _communicators:
+        _communicators[kind] = _make(kind)
+    return _communicators[kind]
+
+
+def pytest_sessionfinish(session):
+    for kind, c in _communicators.items():
+        if kind != "world" and not MPI.Is_finalized():
+            c.Free()
+    _communicators.clear()

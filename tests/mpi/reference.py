@@ -1,0 +1,77 @@
+"""Inputs that depend on rank and index, and the expected results computed independently.
+
+Expected values come from numpy applied to the inputs gathered from every rank (MPI_Allgather of
+the raw bytes), never from mpiallreduce. Exact inputs are small integers (in every dtype), so any
+order of summation gives the same bits and results can be compared bitwise.
+"""
+import hashlib
+
+import numpy as np
+from mpi4py import MPI
+
+NUMPY_REDUCTIONS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "mean": np.add}
+PROD_VALUES = np.array([1, 2, -1, -2, 1, -1, 2])  # |product over 5 ranks| <= 32: exact everywhere
+
+
+def exact_input(dtype, count, rank, op):
+    """Small integer values, different on every rank and index, exact in every dtype tested."""
+    dtype = np.dtype(dtype)
+    index = np.arange(count, dtype=np.int64)
+    if op == "prod":
+        values = PROD_VALUES[(index * 3 + rank * 5) % len(PROD_VALUES)]
+    else:
+        values = (index * 7 + rank * 13 + 3) % 9 - 4  # -4 .. 4
+    if dtype.kind == "u":
+        values = np.abs(values)
+    if dtype.kind == "c":
+        return (values + 1j * ((values * 3 + rank) % 5 - 2)).astype(dtype)
+    return values.astype(dtype)
+
+
+def op_applies(op, dtype):
+    dtype = np.dtype(dtype)
+    if op == "mean" and dtype.kind in "iu":
+        return False
+    if op in ("min", "max") and dtype.kind == "c":
+        return False
+    return True
+
+
+def gather_inputs(comm, x):
+    """Every rank's ``x``, stacked: shape (comm.size,) + x.shape, gathered with MPI_Allgather on bytes."""
+    x = np.array(x, order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
+    gathered = np.empty((comm.Get_size(),) + x.shape, dtype=x.dtype)
+    comm.Allgather([x.reshape(-1).view(np.uint8), MPI.BYTE], [gathered.reshape(-1).view(np.uint8), MPI.BYTE])
+    return gathered
+
+
+def numpy_reference(op, gathered):
+    """What the allreduce must return, from numpy alone."""
+    size = gathered.shape[0]
+    result = NUMPY_REDUCTIONS[op].reduce(gathered, axis=0)
+    if op == "mean":
+        result = np.divide(result, size).astype(gathered.dtype)
+    return result.astype(gathered.dtype)
+
+
+def digests_differ(comm, result):
+    """None if every rank holds the same bytes, else a message naming the ranks whose bytes differ."""
+    digest = hashlib.sha256(np.ascontiguousarray(result).tobytes()).hexdigest()
+    digests = comm.allgather(digest)
+    if len(set(digests)) == 1:
+        return None
+    groups = {}
+    for rank, d in enumerate(digests):
+        groups.setdefault(d[:12], []).append(rank)
+    return "results differ between ranks: " + "; ".join(f"{d} on ranks {r}" for d, r in groups.items())
+
+
+def values_equal(a, b):
+    """Same shape, dtype and values (-0.0 == +0.0: complex products differ in the zero's sign by
+    order of evaluation). Identity across ranks is checked on the bits, by digests_differ."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
+
+
+def bits_equal(a, b):
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()

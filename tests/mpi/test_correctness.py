@@ -1,0 +1,149 @@
+"""Every algorithm x op x dtype x size, in place and not, on COMM_WORLD, a Split and a Dup.
+
+Expected values: numpy on the gathered inputs (reference.py). Bitwise identity across ranks: the
+sha256 of every rank's result, compared.
+"""
+import numpy as np
+import pytest
+
+import mpiallreduce as mar
+from reference import (bits_equal, digests_differ, exact_input, gather_inputs, numpy_reference,
+                       op_applies, values_equal)
+
+pytestmark = pytest.mark.mpi
+
+DTYPES = ["float16", "float32", "float64", "int32", "int64", "uint8", "complex128"]
+OPS = ["sum", "prod", "min", "max", "mean"]
+ALGORITHMS = list(mar.ALGORITHMS) + ["auto"]
+PRIME = 1009
+ABOUT_A_MILLION = (1 << 20) + 3
+
+
+def sizes_for(p):
+    """0, 1, p-1, p, p+1, a prime and about a million elements (duplicates dropped)."""
+    return sorted({0, 1, p - 1, p, p + 1, PRIME, ABOUT_A_MILLION})
+
+
+def test_algorithms_registered():
+    assert {"mpi", "reduce_bcast", "ring", "recursive_doubling"} <= set(mar.ALGORITHMS)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_matches_numpy_on_gathered_inputs(comm, algorithm, op, in_place):
+    rank = comm.Get_rank()
+    problems = []
+    for dtype in DTYPES:
+        if not op_applies(op, dtype):
+            continue
+        for count in sizes_for(comm.Get_size()):
+            x = exact_input(dtype, count, rank, op)
+            x_before = x.copy()
+            expected = numpy_reference(op, gather_inputs(comm, x))
+            if in_place:
+                result = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=x)
+                returned_out = result is x
+            else:
+                result = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm)
+                returned_out = result is not x and bits_equal(x, x_before)
+            case = f"{dtype} count={count}"
+            if not returned_out:
+                problems.append(f"{case}: input modified or wrong array returned")
+            if result.shape != x.shape or result.dtype != x.dtype:
+                problems.append(f"{case}: result {result.shape} {result.dtype}")
+            elif not values_equal(result, expected):
+                wrong = int(np.count_nonzero(result != expected))
+                problems.append(f"{case}: {wrong} wrong elements, first {result[:4]} expected {expected[:4]}")
+            differ = digests_differ(comm, result)
+            if differ:
+                problems.append(f"{case}: {differ}")
+    assert not problems, f"rank {rank}:\n" + "\n".join(problems[:30])
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "prod"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_inexact_floats_are_identical_on_every_rank(comm, algorithm, op):
+    """Random floats (order of summation matters in the last bits): close to numpy, same bits everywhere."""
+    rank = comm.Get_rank()
+    problems = []
+    for dtype, rtol in [("float16", 1e-2), ("float32", 1e-5), ("float64", 1e-12)]:
+        for count in sizes_for(comm.Get_size()):
+            generator = np.random.default_rng([rank, count])
+            x = generator.uniform(0.5, 1.5, count).astype(dtype)
+            expected = numpy_reference(op, gather_inputs(comm, x.astype(np.float64))).astype(dtype)
+            result = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm)
+            if not np.allclose(result, expected, rtol=rtol, atol=0):
+                problems.append(f"{dtype} count={count}: max rel err "
+                                f"{np.max(np.abs(result / expected - 1)) if count else 0}")
+            differ = digests_differ(comm, result)
+            if differ:
+                problems.append(f"{dtype} count={count}: {differ}")
+    assert not problems, f"rank {rank}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_shapes_strides_and_out(comm, algorithm):
+    """Any shape and memory layout gives the reduction of the logical array."""
+    rank = comm.Get_rank()
+    base = exact_input("float64", 6 * 35, rank, "sum").reshape(6, 35)
+
+    def check(name, x, **kwargs):
+        expected = numpy_reference("sum", gather_inputs(comm, np.array(x, order="C")))
+        result = mar.allreduce(x, algorithm=algorithm, comm=comm, **kwargs)
+        assert values_equal(result, expected), f"{name}: got {result!r}, expected {expected!r}"
+        assert digests_differ(comm, result) is None, name
+        return result
+
+    check("2-D C order", base.copy())
+    check("Fortran order", np.asfortranarray(base))
+    check("strided rows and columns", base[::2, 1::3])
+    check("reversed", base[::-1, ::-1])
+    check("0-d", np.array(float(rank + 1)))
+    check("3-D", base.reshape(2, 3, 35))
+
+    out = np.full((6, 35), -99.0)
+    result = check("into out", base, out=out)
+    assert result is out
+
+    holder = np.zeros((6, 105))
+    strided_out = holder[:, ::3]
+    result = check("into strided out", base, out=strided_out)
+    assert result is strided_out
+    assert np.all(holder[:, 1::3] == 0) and np.all(holder[:, 2::3] == 0), "wrote outside the strided out"
+
+    x = np.asfortranarray(base)
+    expected = numpy_reference("sum", gather_inputs(comm, np.array(x, order="C")))
+    result = mar.allreduce(x, algorithm=algorithm, comm=comm, out=x)
+    assert result is x and values_equal(x, expected), "in place on a Fortran-ordered array"
+
+    strided = base.copy()[:, ::2]
+    expected = numpy_reference("sum", gather_inputs(comm, np.array(strided, order="C")))
+    result = mar.allreduce(strided, algorithm=algorithm, comm=comm, out=strided)
+    assert result is strided and values_equal(strided, expected), "in place on a strided view"
+
+    flat = exact_input("float64", 50, rank, "sum")
+    buffer = np.concatenate([flat, [0.0]])
+    expected = numpy_reference("sum", gather_inputs(comm, flat))
+    result = mar.allreduce(buffer[:-1], algorithm=algorithm, comm=comm, out=buffer[1:])
+    assert values_equal(result, expected), "out overlapping x, shifted by one element"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_default_communicator_is_world(algorithm):
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    x = exact_input("int64", 10, world.Get_rank(), "sum")
+    expected = numpy_reference("sum", gather_inputs(world, x))
+    assert values_equal(mar.allreduce(x, algorithm=algorithm), expected)
+
+
+def test_many_calls_in_a_row_stay_in_step(comm):
+    """Back-to-back calls of every algorithm and size on one communicator, no barrier between them."""
+    rank = comm.Get_rank()
+    inputs = [exact_input("float32", n, rank, "sum") for n in (3, 1000, 17, 0, 4096)]
+    expected = [numpy_reference("sum", gather_inputs(comm, x)) for x in inputs]
+    for _ in range(3):
+        for algorithm in ALGORITHMS:
+            for x, want in zip(inputs, expected):
+                assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want), (algorithm, x.size)

@@ -1,0 +1,110 @@
+"""Bad arguments and mismatched calls: a clear error on every rank, and the next call still works."""
+import re
+
+import numpy as np
+import pytest
+
+import mpiallreduce as mar
+from reference import exact_input, gather_inputs, numpy_reference, values_equal
+
+pytestmark = pytest.mark.mpi
+
+
+def assert_next_call_works(comm, algorithm="auto"):
+    x = exact_input("float64", 37, comm.Get_rank(), "sum")
+    expected = numpy_reference("sum", gather_inputs(comm, x))
+    assert values_equal(mar.allreduce(x, comm=comm, algorithm=algorithm), expected)
+
+
+def bad_calls():
+    """(name, kwargs, exception type, what the message must say), each given to every rank alike."""
+    x = np.arange(8, dtype=np.float32)
+    read_only = np.zeros(8, dtype=np.float32)
+    read_only.flags.writeable = False
+    return [
+        ("unknown op", dict(x=x, op="average"), ValueError, r"unknown op 'average'.*sum"),
+        ("op not a string", dict(x=x, op=3), TypeError, r"op must be a string"),
+        ("unknown algorithm", dict(x=x, algorithm="tree"), ValueError, r"unknown algorithm 'tree'.*ring"),
+        ("out of wrong shape", dict(x=x, out=np.zeros(9, np.float32)), ValueError, r"out has shape \(9,\)"),
+        ("out of wrong dtype", dict(x=x, out=np.zeros(8, np.float64)), ValueError, r"out has dtype float64"),
+        ("read-only out", dict(x=x, out=read_only), ValueError, r"out is read-only"),
+        ("out not an array", dict(x=x, out=[0.0] * 8), TypeError, r"out must be None or a numpy.ndarray"),
+        ("list input", dict(x=[1.0, 2.0]), TypeError, r"x must be a numpy.ndarray, got builtins.list"),
+        ("scalar input", dict(x=np.float32(1)), TypeError, r"x must be a numpy.ndarray"),
+        ("object dtype", dict(x=np.array([1, "a"], dtype=object)), TypeError, r"dtype object"),
+        ("bool dtype", dict(x=np.ones(3, dtype=bool)), TypeError, r"dtype bool"),
+        ("string dtype", dict(x=np.array(["ab"])), TypeError, r"cannot be reduced"),
+        ("big-endian", dict(x=np.ones(3, dtype=">f8")), TypeError, r"non-native byte order"),
+        ("mean of integers", dict(x=np.ones(3, dtype=np.int32), op="mean"), TypeError, r"'mean' needs a floating"),
+        ("max of complex", dict(x=np.ones(3, dtype=np.complex64), op="max"), TypeError, r"not defined for complex"),
+        ("comm not a communicator", dict(x=x, comm="world"), TypeError, r"comm must be an mpi4py intracommunicator"),
+    ]
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["unchecked", "checked"])
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "recursive_doubling", "reduce_bcast"])
+def test_bad_arguments_raise_everywhere_and_leave_the_communicator_usable(comm, algorithm, check):
+    for name, kwargs, exc_type, pattern in bad_calls():
+        kwargs = dict(kwargs)
+        kwargs.setdefault("comm", comm)
+        kwargs.setdefault("algorithm", algorithm)
+        with pytest.raises(exc_type) as info:
+            mar.allreduce(check=check, **kwargs)
+        assert re.search(pattern, str(info.value), re.S), f"{name}: message was {info.value}"
+        if kwargs["comm"] is comm:
+            assert_next_call_works(comm, algorithm)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_argument_on_one_rank_raises_on_every_rank_when_checked(comm):
+    rank = comm.Get_rank()
+    x = np.ones(5, dtype=np.float32)
+    out = np.zeros(6 if rank == 0 else 5, dtype=np.float32)
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks in this communicator")
+    with pytest.raises(ValueError) as info:
+        mar.allreduce(x, out=out, comm=comm, check=True)
+    message = str(info.value)
+    assert f"rejected on rank 0 of {comm.Get_size()}" in message, message
+    assert "out has shape (6,)" in message, message
+    assert_next_call_works(comm)
+
+    odd = np.ones(3, dtype=np.int32)
+    with pytest.raises(TypeError) as info:
+        mar.allreduce(odd, op="mean" if rank == comm.Get_size() - 1 else "sum", comm=comm, check=True)
+    assert f"rank {comm.Get_size() - 1}: TypeError" in str(info.value)
+    assert_next_call_works(comm)
+
+
+@pytest.mark.parametrize("field", ["shape", "dtype", "op", "algorithm"])
+def test_mismatched_calls_raise_on_every_rank_when_checked(comm, field):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        pytest.skip("needs two ranks in this communicator")
+    odd_one = size - 1
+    is_odd = rank == odd_one
+    kwargs = dict(x=np.ones(4, dtype=np.float64), op="sum", algorithm="ring")
+    if field == "shape":
+        kwargs["x"] = np.ones(5 if is_odd else 4, dtype=np.float64)
+        expect = [r"shape differs: \(4,\) on rank", r"\(5,\) on rank %d" % odd_one]
+    elif field == "dtype":
+        kwargs["x"] = np.ones(4, dtype=np.float32 if is_odd else np.float64)
+        expect = [r"dtype differs: 'float64' on rank", r"'float32' on rank %d" % odd_one]
+    elif field == "op":
+        kwargs["op"] = "max" if is_odd else "sum"
+        expect = [r"op differs: 'sum' on rank", r"'max' on rank %d" % odd_one]
+    else:
+        kwargs["algorithm"] = "mpi" if is_odd else "ring"
+        expect = [r"algorithm differs: 'ring' on rank", r"'mpi' on rank %d" % odd_one]
+    with pytest.raises(ValueError) as info:
+        mar.allreduce(comm=comm, check=True, **kwargs)
+    for pattern in expect:
+        assert re.search(pattern, str(info.value)), str(info.value)
+    assert_next_call_works(comm)
+
+
+def test_matching_checked_calls_succeed(comm):
+    for algorithm in list(mar.ALGORITHMS) + ["auto"]:
+        x = exact_input("float32", 100, comm.Get_rank(), "sum")
+        expected = numpy_reference("mean", gather_inputs(comm, x))
+        assert values_equal(mar.allreduce(x, op="mean", algorithm=algorithm, comm=comm, check=True), expected)
