@@ -16,5 +16,6 @@ if __name__ == "__main__":
     sys.path.insert(0, HERE)  # so that -p mpi_verdicts finds the plugin
     if MPI.COMM_WORLD.Get_rank() != 0:
         sys.stdout = open(os.devnull, "w")
-    args = ["--with-mpi", "-p", "mpi_verdicts", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(HERE)]
+    args = ["--with-mpi", "-p", "mpi_verdicts", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(HERE),
+            "--timeout-method=thread"]  # a signal cannot interrupt a rank blocked inside MPI
     sys.exit(pytest.main(args + sys.argv[1:]))

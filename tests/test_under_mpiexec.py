@@ -1,0 +1,119 @@
+"""Everything that needs MPI, started from here under mpiexec with 1..5 ranks, each launch under a timeout."""
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpiallreduce.launch import run
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+RANK_COUNTS = [1, 2, 3, 4, 5]
+SUITE_TIMEOUT = 600  # seconds per launch of the whole tests/mpi suite (5 ranks take ~90 s on 2 cores)
+PER_TEST_TIMEOUT = 300  # pytest-timeout inside the ranks: a test in which every rank hangs
+SHORT_TIMEOUT = 120
+
+
+def run_pytest(nranks, paths, timeout, extra_args=(), env=None):
+    command = [sys.executable, str(TESTS / "mpi_pytest.py"), *map(str, paths), "-q", "--color=no",
+               f"--timeout={PER_TEST_TIMEOUT}", *extra_args]
+    return run(nranks, command, timeout=timeout, env=env, cwd=ROOT)
+
+
+def explain(result):
+    return f"{' '.join(result.argv)}\nreturn code {result.returncode} after {result.seconds:.1f} s\n{result.output[-20000:]}"
+
+
+@pytest.mark.parametrize("nranks", RANK_COUNTS)
+def test_mpi_suite(nranks):
+    result = run_pytest(nranks, [TESTS / "mpi"], SUITE_TIMEOUT)
+    assert result.returncode == 0, explain(result)
+    assert re.search(r"\d+ passed", result.output), explain(result)
+    assert " failed" not in result.output, explain(result)
+
+
+def fault_env(agree_seconds):
+    env = dict(os.environ)
+    env["MPIALLREDUCE_TEST_AGREE_SECONDS"] = str(agree_seconds)
+    return env
+
+
+def test_rank_that_raises_while_others_wait_ends_the_run_with_its_traceback():
+    result = run_pytest(3, [TESTS / "mpi_faults" / "fault_raises_while_others_wait.py"], SHORT_TIMEOUT,
+                        env=fault_env(5))
+    assert not result.timed_out, explain(result)
+    assert result.returncode != 0, explain(result)
+    assert result.seconds < 60, explain(result)
+    assert "[rank 1]" in result.output and "aborting the job" in result.output, explain(result)
+    assert "RuntimeError: injected failure on rank 1, before the collective" in result.output, explain(result)
+    assert "fault_raises_while_others_wait.py" in result.output, explain(result)  # the traceback's frame
+
+
+def test_assertion_on_one_rank_fails_the_test_on_every_rank_and_the_run_goes_on():
+    result = run_pytest(3, [TESTS / "mpi_faults" / "fault_assertion_on_one_rank.py"], SHORT_TIMEOUT)
+    assert not result.timed_out, explain(result)
+    assert result.returncode == 1, explain(result)  # pytest's "tests failed"
+    assert "failed on rank(s) 2 of 3" in result.output, explain(result)
+    assert "injected assertion on the last rank (total 3)" in result.output, explain(result)
+    assert "1 failed, 1 passed" in result.output, explain(result)
+
+
+def test_deadlock_on_every_rank_is_ended_by_the_per_test_timeout():
+    result = run_pytest(2, [TESTS / "mpi_faults" / "fault_every_rank_hangs.py"], SHORT_TIMEOUT,
+                        extra_args=["--timeout=5"])
+    assert not result.timed_out, explain(result)
+    assert result.returncode != 0, explain(result)
+    assert "Timeout" in result.output and "test_deadlock" in result.output, explain(result)
+
+
+def test_info_reports_library_launch_and_cuda_awareness():
+    result = run(3, [sys.executable, "-m", "mpiallreduce", "info"], timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    out = result.output
+    assert re.search(r"^mpi4py\s+\d+\.\d+", out, re.M), out
+    assert re.search(r"^MPI library\s+Open MPI v5\.", out, re.M), out
+    assert re.search(r"^ranks\s+3$", out, re.M), out
+    assert re.search(r"^launched by\s+mpiexec \(Open MPI\)", out, re.M), out
+    # the PyPI Open MPI is built without CUDA, and says so when asked
+    assert re.search(r"^CUDA-aware MPI\s+no\s+\(asked through MPIX_Query_cuda_support\(\)\)", out, re.M), out
+    assert re.search(r"^Slurm variables\s+none", out, re.M), out
+    assert len(re.findall(r"^\d+\s+\S+\s+\d+\s+\d of 3$", out, re.M)) == 3, out
+
+
+def test_info_singleton_sees_slurm_variables_and_warns_of_the_singleton_trap():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env.update(SLURM_JOB_ID="4242", SLURM_NTASKS="4", SLURM_PROCID="0")
+    import subprocess
+    out = subprocess.run([sys.executable, "-m", "mpiallreduce", "info"], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=SHORT_TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^launched by\s+singleton", out.stdout, re.M), out.stdout
+    assert "SLURM_JOB_ID=4242" in out.stdout and "SLURM_NTASKS=4" in out.stdout, out.stdout
+    assert "Slurm says 4 tasks but MPI sees 1 rank" in out.stdout, out.stdout
+
+
+def test_check_from_environment_raises_on_every_rank():
+    env = dict(os.environ, MPIALLREDUCE_CHECK="1")
+    result = run(3, [sys.executable, str(TESTS / "scripts" / "check_from_environment.py")], timeout=SHORT_TIMEOUT,
+                 env=env, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    for rank in range(3):
+        assert f"rank {rank} raised ValueError: shape differs: (4,) on ranks 0, 1; (5,) on rank 2" in result.output, \
+            explain(result)
+        assert f"rank {rank} next call gave [3.0, 3.0, 3.0]" in result.output, explain(result)
+
+
+def test_bench_prints_both_tables_with_no_wrong_elements():
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4,1K,64K", "--repetitions", "2"],
+                 timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+float32\s+sum\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$",
+                      result.output, re.M)
+    algorithms = {"openmpi", "mpi", "reduce_bcast", "ring", "recursive_doubling"}
+    assert {r[2] for r in rows} == algorithms, explain(result)
+    assert len(rows) == 3 * len(algorithms), explain(result)
+    assert all(r[6] == "0" for r in rows), explain(result)
+    gains = re.findall(r"^\s*2\s+(\d+)\s+[\d.]+\s+[\d.]+\s+\S+\s+[\d.]+x \|", result.output, re.M)
+    assert [int(g) for g in gains] == [4, 1024, 65536], explain(result)
