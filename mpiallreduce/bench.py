@@ -26,7 +26,7 @@ __all__ = ["Measurement", "compare", "main", "parse_size", "DEFAULT_SIZES"]
 
 #: the baseline's name in tables: a direct mpi4py ``comm.Allreduce`` with Open MPI's default choices
 BASELINE = "openmpi"
-DEFAULT_SIZES = tuple(4 * 8 ** k for k in range(9))  # 4 B .. 64 MiB
+DEFAULT_SIZES = tuple(4 ** k for k in range(1, 14))  # 4 B .. 64 MiB
 SECONDS_PER_REPETITION = 0.02
 MAX_ITERATIONS = 200
 

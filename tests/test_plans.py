@@ -79,3 +79,11 @@ def test_recursive_doubling_plan_reduces_every_element_once_everywhere(p):
     for r in folded:  # fold out
         held[r] = Counter(held[plans[r].fold_into])
     assert all(h == full(p) for h in held), (p, held)
+
+
+def test_auto_rule():
+    from mpiallreduce.algorithms import RING_MIN_BYTES, choose_algorithm
+    assert choose_algorithm(RING_MIN_BYTES, 2).name == "ring"
+    assert choose_algorithm(RING_MIN_BYTES - 1, 2).name == "mpi"
+    assert choose_algorithm(RING_MIN_BYTES, 1).name == "mpi"
+    assert choose_algorithm(0, 5).name == "mpi"

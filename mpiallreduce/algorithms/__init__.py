@@ -45,10 +45,12 @@ def get_algorithm(name):
         ) from None
 
 
-# "auto" rule, from `make bench` on this project's 2-core machines (see benchmarks/README.md):
-# on one node Open MPI's own MPI_Allreduce wins below RING_MIN_BYTES, where a Python-driven
-# algorithm pays its per-step interpreter cost; above it the ring moves the fewest bytes.
-RING_MIN_BYTES = 1 << 62  # placeholder, set from measurements below
+# "auto" rule, measured with `make bench` and `mpiallreduce bench --sizes 64K,1M,8M,16M,32M,64M` on this
+# project's 2-core machines (PyPI Open MPI 5.0.11, float32 sum; numbers in benchmarks/README.md):
+# below 32 MiB Open MPI's own MPI_Allreduce is as fast as anything here or faster (a Python-driven
+# algorithm pays interpreter time per step); from 32 MiB the ring was 2.2-2.9x faster than Open MPI's
+# default at 2, 3 and 4 ranks. `mpiallreduce tune` (benchmark issue) is to replace this with a table.
+RING_MIN_BYTES = 32 << 20
 RING_MIN_RANKS = 2
 
 

@@ -147,3 +147,13 @@ def test_many_calls_in_a_row_stay_in_step(comm):
         for algorithm in ALGORITHMS:
             for x, want in zip(inputs, expected):
                 assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want), (algorithm, x.size)
+
+
+def test_auto_uses_the_ring_from_32_mib_and_is_right_there(comm):
+    from mpiallreduce.algorithms import RING_MIN_BYTES
+    count = RING_MIN_BYTES // 4 + 1  # float32, just past the threshold
+    x = exact_input("float32", count, comm.Get_rank(), "sum")
+    expected = numpy_reference("sum", gather_inputs(comm, x))
+    result = mar.allreduce(x, comm=comm)
+    assert values_equal(result, expected)
+    assert digests_differ(comm, result) is None
