@@ -153,14 +153,16 @@ def format_field_table(results):
 
 
 def gain_rows(results):
-    """Deep Speech 2's table: per (ranks, bytes) the Open MPI time, our best and the gain."""
+    """Deep Speech 2's table: per (ranks, bytes) the Open MPI time, our best algorithm's and the gain."""
     rows = []
     keys = sorted({(m.ranks, m.nbytes) for m in results})
     for ranks, nbytes in keys:
         here = [m for m in results if (m.ranks, m.nbytes) == (ranks, nbytes)]
         baseline = next(m for m in here if m.algorithm == BASELINE)
         ours = [m for m in here if m.algorithm != BASELINE]
-        best = min(ours, key=lambda m: m.time_us)
+        # "mpi" is Open MPI's allreduce behind our wrapper: shown, but not "ours" for the best.
+        hand_written = [m for m in ours if m.algorithm != "mpi"] or ours
+        best = min(hand_written, key=lambda m: m.time_us)
         rows.append({"ranks": ranks, "nbytes": nbytes, "openmpi_us": baseline.time_us,
                      "ours_us": best.time_us, "ours_algorithm": best.algorithm,
                      "gain": baseline.time_us / best.time_us,
