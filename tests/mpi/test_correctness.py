@@ -157,3 +157,24 @@ def test_auto_uses_the_ring_from_32_mib_and_is_right_there(comm):
     result = mar.allreduce(x, comm=comm)
     assert values_equal(result, expected)
     assert digests_differ(comm, result) is None
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_other_numeric_dtype(comm, algorithm):
+    """The dtypes outside the main matrix: other integer widths, long double, complex64/256."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    problems = []
+    for dtype in ["int8", "int16", "uint16", "uint32", "uint64", "longdouble", "complex64", "clongdouble"]:
+        for op in OPS:
+            if not op_applies(op, dtype):
+                continue
+            for count in (size + 1, PRIME):
+                x = exact_input(dtype, count, rank, op)
+                expected = numpy_reference(op, gather_inputs(comm, x))
+                result = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm)
+                if not values_equal(result, expected):
+                    problems.append(f"{dtype} {op} count={count}: got {result[:4]}, expected {expected[:4]}")
+                differ = digests_differ(comm, result)
+                if differ:
+                    problems.append(f"{dtype} {op} count={count}: {differ}")
+    assert not problems, f"rank {rank}:\n" + "\n".join(problems)
