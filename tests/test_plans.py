@@ -60,10 +60,10 @@ def test_ring_plan_reduces_every_element_once_everywhere(p):
 def test_recursive_doubling_plan_reduces_every_element_once_everywhere(p):
     plans = [REGISTRY["recursive_doubling"].plan(p, r, 5) for r in range(p)]
     held = [Counter([r]) for r in range(p)]
-    folded = [r for r in range(p) if plans[r].fold_into is not None]
+    folded = [r for r in range(p) if plans[r].fold.fold_into is not None]
     for r in folded:  # fold in
-        target = plans[r].fold_into
-        assert plans[target].fold_from == r
+        target = plans[r].fold.fold_into
+        assert plans[target].fold.fold_from == r
         held[target] += held[r]
     rounds = {len(plans[r].exchange_partners) for r in range(p) if r not in folded}
     assert len(rounds) == 1, "every exchanging rank must take the same number of rounds"
@@ -77,7 +77,7 @@ def test_recursive_doubling_plan_reduces_every_element_once_everywhere(p):
             assert plans[partner].exchange_partners[step] == r, "partners must choose each other"
             held[r] = before[r] + before[partner]
     for r in folded:  # fold out
-        held[r] = Counter(held[plans[r].fold_into])
+        held[r] = Counter(held[plans[r].fold.fold_into])
     assert all(h == full(p) for h in held), (p, held)
 
 
@@ -87,3 +87,39 @@ def test_auto_rule():
     assert choose_algorithm(RING_MIN_BYTES - 1, 2).name == "mpi"
     assert choose_algorithm(RING_MIN_BYTES, 1).name == "mpi"
     assert choose_algorithm(0, 5).name == "mpi"
+
+
+@pytest.mark.parametrize("p", RANK_COUNTS)
+def test_rabenseifner_plan_reduces_every_element_once_everywhere(p):
+    for count in counts_for(p):
+        plans = [REGISTRY["rabenseifner"].plan(p, r, count) for r in range(p)]
+        buffers = [[Counter([r]) for _ in range(count)] for r in range(p)]
+        for r in range(p):  # fold in
+            target = plans[r].fold.fold_into
+            if target is not None:
+                assert plans[target].fold.fold_from == r
+                buffers[target] = [a + b for a, b in zip(buffers[target], buffers[r])]
+        core = [r for r in range(p) if plans[r].fold.fold_into is None]
+        steps = {len(plans[r].reduce_scatter_steps) for r in core}
+        assert len(steps) == 1
+        for step in range(steps.pop()):
+            before = [list(map(Counter, b)) for b in buffers]
+            for r in core:
+                partner, _, (k0, k1) = plans[r].reduce_scatter_steps[step]
+                p_partner, (s0, s1), _ = plans[partner].reduce_scatter_steps[step]
+                assert p_partner == r and (s0, s1) == (k0, k1), "partner must send what this rank keeps"
+                for i in range(k0, k1):
+                    buffers[r][i] = before[r][i] + before[partner][i]
+        for step in range(len(plans[core[0]].allgather_steps)):
+            before = [list(map(Counter, b)) for b in buffers]
+            for r in core:
+                partner, _, (r0, r1) = plans[r].allgather_steps[step]
+                p_partner, (s0, s1), _ = plans[partner].allgather_steps[step]
+                assert p_partner == r and (s0, s1) == (r0, r1), "partner must send what this rank receives"
+                for i in range(r0, r1):
+                    buffers[r][i] = before[partner][i]
+        for r in range(p):  # fold out
+            if plans[r].fold.fold_into is not None:
+                buffers[r] = list(buffers[plans[r].fold.fold_into])
+        for r in range(p):
+            assert all(element == full(p) for element in buffers[r]), (p, count, r)

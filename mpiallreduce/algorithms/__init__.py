@@ -9,7 +9,7 @@ from .base import Algorithm
 
 __all__ = ["ALGORITHMS", "REGISTRY", "get_algorithm", "choose_algorithm", "Algorithm"]
 
-_NOT_ALGORITHM_MODULES = {"base"}
+_NOT_ALGORITHM_MODULES = {"base", "power_of_two"}
 
 
 def _discover():
