@@ -24,7 +24,7 @@ import numpy as np
 
 from ..buffers import scratch
 from .base import Algorithm, split_evenly
-from .power_of_two import Fold, fold_in, fold_out, fold_plan, reduce_in_rank_order
+from .power_of_two import Fold, fold_in, fold_out, fold_plan
 
 REDUCE_SCATTER_TAG = 301
 ALLGATHER_TAG = 302
@@ -74,19 +74,27 @@ class RabenseifnerAllreduce(Algorithm):
         return RabenseifnerPlan(fold, tuple(reduce_scatter), tuple(allgather), largest)
 
     def execute(self, plan, comm, send, recv, op, datatype):
-        if send is not None:
+        folding = plan.fold.fold_from is not None or plan.fold.fold_into is not None
+        if send is not None and folding:
             np.copyto(recv, send)
-        folding = plan.fold.fold_from is not None
-        incoming = scratch("rabenseifner.incoming", recv.size if folding else plan.largest_piece, recv.dtype)
+        # Otherwise no copy first: step 0 sends from the input and reduces input (op) incoming into
+        # recv; what this rank gives away arrives, reduced, in the allgather.
+        source = recv if send is None or folding else send
+        incoming = scratch("rabenseifner.incoming",
+                           recv.size if plan.fold.fold_from is not None else plan.largest_piece, recv.dtype)
         if fold_in(plan.fold, comm, recv, incoming, op, datatype):
             return
         rank = comm.Get_rank()
 
         # Reduce-scatter (recursive halving)
         for partner, (s0, s1), (k0, k1) in plan.reduce_scatter_steps:
-            comm.Sendrecv([recv[s0:s1], datatype], partner, REDUCE_SCATTER_TAG,
+            comm.Sendrecv([source[s0:s1], datatype], partner, REDUCE_SCATTER_TAG,
                           [incoming[:k1 - k0], datatype], partner, REDUCE_SCATTER_TAG)
-            reduce_in_rank_order(op, rank, recv[k0:k1], partner, incoming[:k1 - k0])
+            if partner < rank:
+                op.reduce_local(incoming[:k1 - k0], source[k0:k1], out=recv[k0:k1])
+            else:
+                op.reduce_local(source[k0:k1], incoming[:k1 - k0], out=recv[k0:k1])
+            source = recv
 
         # Allgather (recursive doubling)
         for partner, (s0, s1), (r0, r1) in plan.allgather_steps:

@@ -31,8 +31,6 @@ bits whatever the op or dtype.
 from dataclasses import dataclass
 from typing import Tuple
 
-import numpy as np
-
 from ..buffers import scratch
 from .base import Algorithm, ring_neighbours, split_evenly
 
@@ -70,22 +68,27 @@ class RingAllreduce(Algorithm):
         )
 
     def execute(self, plan, comm, send, recv, op, datatype):
-        if send is not None:
-            np.copyto(recv, send)
-        chunks = [recv[o:o + n] for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
+        # No copy of the input into recv first: step 0 sends from the input and every reduction
+        # writes input (op) incoming into recv; chunks this rank never reduces arrive in the allgather.
+        source = recv if send is None else send
+        bounds = [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
         incoming = scratch("ring.incoming", max(plan.chunk_counts), recv.dtype)
 
         # Reduce-scatter
-        for send_chunk, reduce_chunk in plan.reduce_scatter_steps:
-            n = plan.chunk_counts[reduce_chunk]
-            comm.Sendrecv([chunks[send_chunk], datatype], plan.right, REDUCE_SCATTER_TAG,
-                          [incoming[:n], datatype], plan.left, REDUCE_SCATTER_TAG)
-            op.reduce_local(chunks[reduce_chunk], incoming[:n], out=chunks[reduce_chunk])
+        for step, (send_chunk, reduce_chunk) in enumerate(plan.reduce_scatter_steps):
+            s0, s1 = bounds[send_chunk]
+            r0, r1 = bounds[reduce_chunk]
+            outgoing = source[s0:s1] if step == 0 else recv[s0:s1]
+            comm.Sendrecv([outgoing, datatype], plan.right, REDUCE_SCATTER_TAG,
+                          [incoming[:r1 - r0], datatype], plan.left, REDUCE_SCATTER_TAG)
+            op.reduce_local(source[r0:r1], incoming[:r1 - r0], out=recv[r0:r1])
 
         # Allgather
         for send_chunk, copy_chunk in plan.allgather_steps:
-            comm.Sendrecv([chunks[send_chunk], datatype], plan.right, ALLGATHER_TAG,
-                          [chunks[copy_chunk], datatype], plan.left, ALLGATHER_TAG)
+            s0, s1 = bounds[send_chunk]
+            c0, c1 = bounds[copy_chunk]
+            comm.Sendrecv([recv[s0:s1], datatype], plan.right, ALLGATHER_TAG,
+                          [recv[c0:c1], datatype], plan.left, ALLGATHER_TAG)
 
 
 ALGORITHM = RingAllreduce()
