@@ -1,0 +1,75 @@
+"""Pipelined ring: the ring's schedule, with each reduce-scatter chunk sent in segments, two in flight.
+
+The chunks and steps are the ring's (ring.py). Within one reduce-scatter step, the chunk is cut into
+segments of SEGMENT_BYTES; while segment k is reduced, segment k+1 is already posted (Isend to the
+right, Irecv from the left into the other of two segment buffers):
+
+    time ->   post s0 | post s1, wait s0, reduce s0 | post s2, wait s1, reduce s1 | ... | wait sN, reduce sN
+
+On one node the win is less overlap than locality: a segment arrives into a small buffer that is
+still in cache when it is reduced, instead of a chunk-sized buffer that went out to memory. The
+allgather copies whole chunks (nothing to reduce, nothing to overlap). Bits as the ring's: every
+chunk reduced once along one chain of ranks, then copied.
+"""
+import os
+
+from mpi4py import MPI
+
+from ..buffers import scratch
+from .ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, RingAllreduce
+
+#: segment size, from `mpiallreduce bench --algorithms ring,ring_pipelined` with
+#: MPIALLREDUCE_RING_SEGMENT_BYTES (read at import) set to 64 KiB .. 4 MiB on 2 ranks
+SEGMENT_BYTES = int(os.environ.get("MPIALLREDUCE_RING_SEGMENT_BYTES", 1 << 20))
+
+
+class PipelinedRingAllreduce(RingAllreduce):
+    name = "ring_pipelined"
+    segment_bytes = SEGMENT_BYTES
+
+    def execute(self, plan, comm, send, recv, op, datatype):
+        source = recv if send is None else send
+        bounds = [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
+        segment = max(1, self.segment_bytes // recv.dtype.itemsize)
+        buffers = (scratch("ring_pipelined.a", segment, recv.dtype), scratch("ring_pipelined.b", segment, recv.dtype))
+
+        # Reduce-scatter, segment by segment, the next segment in flight while one is reduced
+        for step, (send_chunk, reduce_chunk) in enumerate(plan.reduce_scatter_steps):
+            s0, s1 = bounds[send_chunk]
+            r0, r1 = bounds[reduce_chunk]
+            outgoing = source if step == 0 else recv
+            send_segments = [(a, min(a + segment, s1)) for a in range(s0, s1, segment)]
+            recv_segments = [(a, min(a + segment, r1)) for a in range(r0, r1, segment)]
+            # The chunk sent to the right is the one the right neighbour reduces at this step and
+            # cuts the same way; the two lists here may differ by one segment (chunk sizes differ by
+            # up to one element), so sends and receives are posted by index, each while it lasts.
+
+            def post(k):
+                requests = []
+                if k < len(recv_segments):
+                    c, d = recv_segments[k]
+                    requests.append(comm.Irecv([buffers[k % 2][:d - c], datatype], plan.left, REDUCE_SCATTER_TAG))
+                if k < len(send_segments):
+                    a, b = send_segments[k]
+                    requests.append(comm.Isend([outgoing[a:b], datatype], plan.right, REDUCE_SCATTER_TAG))
+                return requests
+
+            rounds = max(len(send_segments), len(recv_segments))
+            in_flight = post(0)
+            for k in range(rounds):
+                following = post(k + 1) if k + 1 < rounds else []
+                MPI.Request.Waitall(in_flight)
+                if k < len(recv_segments):
+                    c, d = recv_segments[k]
+                    op.reduce_local(source[c:d], buffers[k % 2][:d - c], out=recv[c:d])
+                in_flight = following
+
+        # Allgather
+        for send_chunk, copy_chunk in plan.allgather_steps:
+            s0, s1 = bounds[send_chunk]
+            c0, c1 = bounds[copy_chunk]
+            comm.Sendrecv([recv[s0:s1], datatype], plan.right, ALLGATHER_TAG,
+                          [recv[c0:c1], datatype], plan.left, ALLGATHER_TAG)
+
+
+ALGORITHM = PipelinedRingAllreduce()
