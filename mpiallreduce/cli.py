@@ -8,6 +8,9 @@ commands:
   info      MPI library and version, ranks, how they were launched, CUDA-awareness
             (run it under mpiexec/srun to see every rank)
   bench     every algorithm against Open MPI's default MPI_Allreduce (run under mpiexec/srun)
+  plot      PNG figures of a bench run: mpiallreduce plot RESULTS_DIR
+  tune      measure every algorithm here, write the table "auto" reads (run under mpiexec/srun)
+  model     fit latency/bandwidth/reduce costs to a bench run, project to many ranks
   launch    start a command on N ranks with this machine's mpiexec flags:
             mpiallreduce launch -n 4 [--timeout SECONDS] -- python script.py
 """
@@ -46,7 +49,22 @@ def _launch(argv):
     return result.returncode
 
 
-COMMANDS = {"info": _info, "bench": _bench, "launch": _launch}
+def _plot(argv):
+    from .plot import main
+    return main(argv)
+
+
+def _tune(argv):
+    from .tuning import main
+    return main(argv)
+
+
+def _model(argv):
+    from .model import main
+    return main(argv)
+
+
+COMMANDS = {"info": _info, "bench": _bench, "plot": _plot, "tune": _tune, "model": _model, "launch": _launch}
 
 
 def main(argv=None):

@@ -45,17 +45,10 @@ def get_algorithm(name):
         ) from None
 
 
-# "auto" rule, measured with `make bench` and `mpiallreduce bench --sizes 64K,1M,8M,16M,32M,64M` on this
-# project's 2-core machines (PyPI Open MPI 5.0.11, float32 sum; numbers in benchmarks/README.md):
-# below 32 MiB Open MPI's own MPI_Allreduce is as fast as anything here or faster (a Python-driven
-# algorithm pays interpreter time per step); from 32 MiB the ring was 2.2-2.9x faster than Open MPI's
-# default at 2, 3 and 4 ranks. `mpiallreduce tune` (benchmark issue) is to replace this with a table.
-RING_MIN_BYTES = 32 << 20
-RING_MIN_RANKS = 2
-
-
 def choose_algorithm(nbytes, size):
-    """The algorithm "auto" runs for a message of ``nbytes`` bytes on ``size`` ranks."""
-    if size >= RING_MIN_RANKS and nbytes >= RING_MIN_BYTES:
-        return REGISTRY["ring"]
-    return REGISTRY["mpi"]
+    """The algorithm "auto" runs for a message of ``nbytes`` bytes on ``size`` ranks: the tuning
+    table's choice (mpiallreduce.tuning; ``mpiallreduce tune`` measures and writes one)."""
+    if size == 1:
+        return REGISTRY["mpi"]
+    from ..tuning import choose_name
+    return REGISTRY[choose_name(nbytes, size, REGISTRY)]

@@ -1,0 +1,96 @@
+"""``mpiallreduce plot RESULTS``: PNG figures of a bench run (matplotlib, no display needed).
+
+busbw_<mode>.png: bus bandwidth against message size, one line per contender, with the one-core
+memory copy bandwidth measured in the same run as the physical limit.
+gain_<mode>.png: Open MPI default time / our time against message size, one line per algorithm
+of ours; above 1 ours is faster.
+"""
+import argparse
+import json
+import os
+
+__all__ = ["load_results", "plot_results", "main"]
+
+
+def load_results(path):
+    """The bench.json of a results folder (or the file itself)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "bench.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _size_label(nbytes, _position=None):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def plot_results(results, output_dir):
+    """Write the figures; returns their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    os.makedirs(output_dir, exist_ok=True)
+    meta = results["metadata"]
+    title = f"{meta['ranks']} ranks, {meta['mpi_library'].split(',')[0]}, {', '.join(meta['hosts'])}"
+    written = []
+    for mode, rows in results["gains"].items():
+        in_place = mode == "in_place"
+        measured = [m for m in results["measurements"] if m["in_place"] == in_place]
+        names = list(dict.fromkeys(m["algorithm"] for m in measured))
+
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        for name in names:
+            points = sorted((m["nbytes"], m["busbw_gbs"]) for m in measured if m["algorithm"] == name)
+            style = "--" if name.startswith("openmpi") else "-"
+            width = 2.5 if name == "openmpi" else 1.2
+            ax.plot(*zip(*points), style, marker=".", linewidth=width, label=name)
+        ax.axhline(results["memcpy_gbs"], color="black", linestyle=":", label="memcpy, one core")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
+        ax.set_xlabel("message size")
+        ax.set_ylabel("busbw (GB/s) = bytes/time x 2(p-1)/p")
+        ax.set_title(f"allreduce bus bandwidth, {mode.replace('_', ' ')}: {title}", fontsize=9)
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(True, which="both", alpha=0.3)
+        path = os.path.join(output_dir, f"busbw_{mode}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        ours = list(rows[0]["gain_by_algorithm"]) if rows else []
+        for name in ours:
+            ax.plot([r["nbytes"] for r in rows], [r["gain_by_algorithm"][name] for r in rows], marker=".", label=name)
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
+        ax.set_xlabel("message size")
+        ax.set_ylabel("gain = Open MPI default time / our time")
+        ax.set_title(f"gain over Open MPI's default, {mode.replace('_', ' ')}: {title}", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+        path = os.path.join(output_dir, f"gain_{mode}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="mpiallreduce plot", description=__doc__.split("\n")[0])
+    parser.add_argument("results", help="a results folder written by `mpiallreduce bench --output` (or its bench.json)")
+    parser.add_argument("--output", help="folder for the PNG files (default: the results folder)")
+    args = parser.parse_args(argv)
+    results = load_results(args.results)
+    output = args.output or (args.results if os.path.isdir(args.results) else os.path.dirname(args.results))
+    for path in plot_results(results, output):
+        print(path)
+    return 0
