@@ -2,6 +2,8 @@
 each element holds. Every element must end up holding every rank's input exactly once, on every rank."""
 from collections import Counter
 
+import numpy as np
+
 import pytest
 
 from mpiallreduce.algorithms import REGISTRY
@@ -81,12 +83,56 @@ def test_recursive_doubling_plan_reduces_every_element_once_everywhere(p):
     assert all(h == full(p) for h in held), (p, held)
 
 
-def test_auto_rule():
-    from mpiallreduce.algorithms import RING_MIN_BYTES, choose_algorithm
-    assert choose_algorithm(RING_MIN_BYTES, 2).name == "ring"
-    assert choose_algorithm(RING_MIN_BYTES - 1, 2).name == "mpi"
-    assert choose_algorithm(RING_MIN_BYTES, 1).name == "mpi"
-    assert choose_algorithm(0, 5).name == "mpi"
+def test_auto_follows_the_tuning_table():
+    from mpiallreduce import tuning
+    from mpiallreduce.algorithms import choose_algorithm
+    table = {"by_ranks": {"2": [{"up_to_bytes": 1000, "algorithm": "recursive_doubling"},
+                                {"up_to_bytes": None, "algorithm": "ring"}],
+                          "4": [{"up_to_bytes": None, "algorithm": "rabenseifner"}]}}
+    try:
+        tuning.set_tuning_table(table)
+        assert choose_algorithm(1000, 2).name == "recursive_doubling"
+        assert choose_algorithm(1001, 2).name == "ring"
+        assert choose_algorithm(10, 3).name == "recursive_doubling"  # nearest smaller rank count
+        assert choose_algorithm(10, 9).name == "rabenseifner"
+        assert choose_algorithm(10, 1).name == "mpi"  # one rank: nothing to reduce
+        tuning.set_tuning_table({"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "not_here"}]}})
+        assert choose_algorithm(10, 2).name == "mpi"  # a table from a newer version
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
+def test_shipped_table_names_only_known_algorithms():
+    from mpiallreduce import tuning
+    from mpiallreduce.algorithms import ALGORITHMS
+    table = tuning.tuning_table()
+    assert table["by_ranks"], "the package ships a measured table"
+    for rules in table["by_ranks"].values():
+        assert rules[-1]["up_to_bytes"] is None
+        assert all(rule["algorithm"] in ALGORITHMS for rule in rules)
+        bounds = [rule["up_to_bytes"] for rule in rules[:-1]]
+        assert bounds == sorted(bounds)
+
+
+def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
+    from mpiallreduce.tuning import rules_from_measurements
+    measured = [(4, "mpi", 1.0), (4, "ring", 0.97),        # ring 3% faster: keep MPI's own
+                (64, "mpi", 1.0), (64, "ring", 2.0),
+                (1024, "mpi", 10.0), (1024, "ring", 5.0),
+                (4096, "mpi", 40.0), (4096, "ring", 20.0)]
+    assert rules_from_measurements(measured) == [{"up_to_bytes": 256, "algorithm": "mpi"},
+                                                 {"up_to_bytes": None, "algorithm": "ring"}]
+
+
+def test_cost_model_fits_synthetic_times():
+    from mpiallreduce.model import MODELLED, cost_terms, fit
+    alpha, beta, gamma = 5e-6, 1 / 10e9, 1 / 4e9
+    measurements = [{"algorithm": a, "ranks": p, "nbytes": n, "in_place": False,
+                     "time_us": 1e6 * float(np.dot(cost_terms(a, p, n), (alpha, beta, gamma)))}
+                    for a in MODELLED for p in (2, 3, 4) for n in (4, 4096, 1 << 20, 1 << 26)]
+    fitted = fit(measurements)
+    assert fitted[3] < 1e-6
+    assert np.allclose(fitted[:3], (alpha, beta, gamma), rtol=1e-6)
 
 
 @pytest.mark.parametrize("p", RANK_COUNTS)

@@ -105,15 +105,101 @@ def test_check_from_environment_raises_on_every_rank():
         assert f"rank {rank} next call gave [3.0, 3.0, 3.0]" in result.output, explain(result)
 
 
-def test_bench_prints_both_tables_with_no_wrong_elements():
-    result = run(2, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4,1K,64K", "--repetitions", "2"],
-                 timeout=SHORT_TIMEOUT, cwd=ROOT)
+BENCH_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+float32\s+sum\s+(in|out)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+                       r"\s+(\d+)\s+(\d+)%$", re.M)
+
+
+def run_bench(nranks, output, *extra):
+    return run(nranks, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4,1K,64K", "--repetitions", "2",
+                        "--output", str(output), *extra], timeout=SHORT_TIMEOUT, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("bench")
+    return run_bench(2, output), output
+
+
+def test_bench_prints_the_field_columns_for_every_contender_with_no_wrong_elements(bench_run):
+    result, _ = bench_run
     assert result.returncode == 0, explain(result)
-    rows = re.findall(r"^\s*(\d+)\s+(\d+)\s+float32\s+sum\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$",
-                      result.output, re.M)
-    algorithms = {"openmpi", "mpi", "reduce_bcast", "ring", "recursive_doubling"}
-    assert {r[2] for r in rows} == algorithms, explain(result)
-    assert len(rows) == 3 * len(algorithms), explain(result)
-    assert all(r[6] == "0" for r in rows), explain(result)
+    rows = BENCH_ROW.findall(result.output)
+    import mpiallreduce
+    forced = {"openmpi:" + name for name in ("basic_linear", "nonoverlapping", "recursive_doubling", "ring",
+                                             "segmented_ring", "rabenseifner")}
+    contenders = {"openmpi"} | forced | set(mpiallreduce.ALGORITHMS)
+    assert {r[3] for r in rows} == contenders, explain(result)
+    assert len(rows) == 3 * 2 * len(contenders), explain(result)  # sizes x (out, in) x contenders
+    assert all(r[7] == "0" for r in rows), explain(result)
+    assert re.search(r"physical limit: one core copies memory at [\d.]+ GB/s", result.output), explain(result)
+    assert "Deep Speech 2 table, out of place" in result.output and "Deep Speech 2 table, in place" in result.output
     gains = re.findall(r"^\s*2\s+(\d+)\s+[\d.]+\s+[\d.]+\s+\S+\s+[\d.]+x \|", result.output, re.M)
-    assert [int(g) for g in gains] == [4, 1024, 65536], explain(result)
+    assert [int(g) for g in gains] == [4, 1024, 65536] * 2, explain(result)
+
+
+def test_bench_writes_csv_and_json_with_metadata(bench_run):
+    result, output = bench_run
+    import csv
+    import json
+    data = json.loads((output / "bench.json").read_text())
+    meta = data["metadata"]
+    assert meta["ranks"] == 2 and meta["mpi_library"].startswith("Open MPI v5.")
+    for key in ("hosts", "date_utc", "mpiallreduce", "git_commit", "mpi4py", "numpy"):
+        assert meta[key], key
+    assert data["memcpy_gbs"] > 0
+    assert set(data["gains"]) == {"out_of_place", "in_place"}
+    with open(output / "bench.csv") as f:
+        lines = list(csv.reader(f))
+    assert lines[0][0].startswith("# {") and lines[1][:3] == ["ranks", "nbytes", "count"]
+    assert len(lines) - 2 == len(data["measurements"]) == len(BENCH_ROW.findall(result.output))
+
+
+def test_a_planted_wrong_result_is_counted(tmp_path):
+    result = run_bench(2, tmp_path, "--algorithms", "ring,mpi", "--openmpi-forced", "none", "--plant-wrong", "ring")
+    assert result.returncode == 1, explain(result)
+    rows = BENCH_ROW.findall(result.output)
+    assert {r[3]: r[7] for r in rows if r[3] == "ring"} == {"ring": "1"}, explain(result)
+    assert all(r[7] == "0" for r in rows if r[3] != "ring"), explain(result)
+    assert "wrong elements in all" in result.output
+
+
+def test_plot_writes_figures(bench_run, tmp_path):
+    import subprocess
+    _, output = bench_run
+    done = subprocess.run([sys.executable, "-m", "mpiallreduce", "plot", str(output), "--output", str(tmp_path)],
+                          capture_output=True, text=True, timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["busbw_in_place.png", "busbw_out_of_place.png", "gain_in_place.png", "gain_out_of_place.png"]
+    for p in tmp_path.iterdir():
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10000
+
+
+def test_model_fits_and_projects(bench_run):
+    import subprocess
+    _, output = bench_run
+    done = subprocess.run([sys.executable, "-m", "mpiallreduce", "model", str(output), "--ranks", "16,4096",
+                           "--sizes", "1K,1G"], capture_output=True, text=True, timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"fitted on this machine: alpha = [\d.]+ us per message", done.stdout), done.stdout
+    rows = re.findall(r"^\s*(16|4096)\s+(1024|1073741824)\s+.*\s(\w+)$", done.stdout, re.M)
+    assert len(rows) == 4, done.stdout
+
+
+def test_tune_writes_the_table_auto_then_reads(tmp_path):
+    table = tmp_path / "tuning.json"
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "tune", "--sizes", "4,64K", "--repetitions", "2",
+                     "--output", str(table)], timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    import json
+    written = json.loads(table.read_text())
+    assert written["by_ranks"]["2"][-1]["up_to_bytes"] is None
+    # now a table of our own choosing, read through the environment variable
+    table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": 100, "algorithm": "recursive_doubling"},
+                                                    {"up_to_bytes": None, "algorithm": "rabenseifner"}]}}))
+    script = ("from mpiallreduce.algorithms import choose_algorithm as c; "
+              "print('chose', c(100, 2).name, c(101, 2).name)")
+    result = run(2, [sys.executable, "-c", script], timeout=SHORT_TIMEOUT, cwd=ROOT,
+                 env=dict(os.environ, MPIALLREDUCE_TUNING=str(table)))
+    assert result.returncode == 0, explain(result)
+    assert result.output.count("chose recursive_doubling rabenseifner") == 2, explain(result)

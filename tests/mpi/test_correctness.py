@@ -149,14 +149,25 @@ def test_many_calls_in_a_row_stay_in_step(comm):
                 assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want), (algorithm, x.size)
 
 
-def test_auto_uses_the_ring_from_32_mib_and_is_right_there(comm):
-    from mpiallreduce.algorithms import RING_MIN_BYTES
-    count = RING_MIN_BYTES // 4 + 1  # float32, just past the threshold
-    x = exact_input("float32", count, comm.Get_rank(), "sum")
-    expected = numpy_reference("sum", gather_inputs(comm, x))
-    result = mar.allreduce(x, comm=comm)
-    assert values_equal(result, expected)
-    assert digests_differ(comm, result) is None
+def test_auto_is_right_on_both_sides_of_every_switch_in_the_table(comm):
+    """Sizes at which the tuning table hands over from one algorithm to the next."""
+    from mpiallreduce.algorithms import choose_algorithm
+    from mpiallreduce.tuning import _rules_for
+    rank, size = comm.Get_rank(), comm.Get_size()
+    chosen = set()
+    for rule in _rules_for(size):
+        if rule["up_to_bytes"] is None:
+            continue
+        for nbytes in (rule["up_to_bytes"], rule["up_to_bytes"] + 4):
+            count = nbytes // 4
+            chosen.add(choose_algorithm(count * 4, size).name)
+            x = exact_input("float32", count, rank, "sum")
+            expected = numpy_reference("sum", gather_inputs(comm, x))
+            result = mar.allreduce(x, comm=comm)
+            assert values_equal(result, expected), (nbytes, choose_algorithm(count * 4, size))
+            assert digests_differ(comm, result) is None, nbytes
+    if size > 1 and _rules_for(size) and len(_rules_for(size)) > 1:
+        assert len(chosen) > 1, "the table switches algorithms, so auto must have run more than one"
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
