@@ -1,30 +1,65 @@
-"""Private communicators: a duplicate of each user communicator, cached on it as an MPI attribute.
+"""Things the library keeps per user communicator, cached on it as an MPI attribute.
 
-Hand-written algorithms send point-to-point messages; on the user's own communicator those could
-match the user's receives (``ANY_TAG``). So they talk on a duplicate made on first use (a collective
-``MPI_Comm_dup``) and kept as an attribute of the user's communicator, which frees it when the user's
-communicator is freed (or at ``MPI_Finalize`` for ``COMM_WORLD``).
+- a private duplicate (``private_duplicate``): hand-written algorithms send point-to-point messages,
+  which on the user's own communicator could match the user's receives (``ANY_TAG``); they talk on
+  a duplicate made on first use (a collective ``MPI_Comm_dup``) instead;
+- whatever an algorithm builds once and reuses (``cached``): node communicators, shared windows.
+
+The attribute's delete callback frees what it holds when the user's communicator is freed (or at
+``MPI_Finalize`` for ``COMM_WORLD``).
 """
 from mpi4py import MPI
 
-__all__ = ["private_duplicate"]
+__all__ = ["private_duplicate", "cached"]
+
+_KEYVAL = None
 
 
-def _free_duplicate(comm, keyval, duplicate):
-    if duplicate != MPI.COMM_NULL and not MPI.Is_finalized():
-        duplicate.Free()
+def _free_cache(comm, keyval, cache):
+    if MPI.Is_finalized():
+        return
+    for value in reversed(list(cache.values())):
+        for item in value if isinstance(value, tuple) else (value,):
+            if hasattr(item, "free"):  # a holder of MPI objects that knows how to let them go
+                item.free()
+            elif isinstance(item, MPI.Win) and item != MPI.WIN_NULL:
+                item.Free()
+            elif isinstance(item, MPI.Comm) and item != MPI.COMM_NULL and not item.is_predefined:
+                item.Free()
 
 
-_DUPLICATE_KEYVAL = None
+def _cache_of(comm):
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_cache)
+    cache = comm.Get_attr(_KEYVAL)
+    if cache is None:
+        cache = {}
+        comm.Set_attr(_KEYVAL, cache)
+    return cache
+
+
+def cached(comm, name, make):
+    """``make()``'s result, made once per communicator (collective the first time if ``make`` is).
+
+    Communicators and windows in the result (or in a tuple result) are freed with ``comm``.
+    """
+    cache = _cache_of(comm)
+    if name not in cache:
+        cache[name] = make()
+    return cache[name]
+
+
+def replace_cached(comm, name, value):
+    """Put ``value`` under ``name``, freeing what was there (collective if freeing is)."""
+    cache = _cache_of(comm)
+    old = cache.pop(name, None)
+    if old is not None:
+        _free_cache(comm, None, {name: old})
+    cache[name] = value
+    return value
 
 
 def private_duplicate(comm):
     """The library's own duplicate of ``comm`` (collective the first time it is asked for)."""
-    global _DUPLICATE_KEYVAL
-    if _DUPLICATE_KEYVAL is None:
-        _DUPLICATE_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_duplicate)
-    duplicate = comm.Get_attr(_DUPLICATE_KEYVAL)
-    if duplicate is None:
-        duplicate = comm.Dup()
-        comm.Set_attr(_DUPLICATE_KEYVAL, duplicate)
-    return duplicate
+    return cached(comm, "duplicate", comm.Dup)

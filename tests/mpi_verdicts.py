@@ -44,8 +44,7 @@ def pytest_runtest_call(item):
         skipped = exc  # a skip on one rank is no failure; the ranks still agree, then it is re-raised
     except BaseException as exc:
         failure = exc
-    text = None if failure is None else "".join(
-        traceback.format_exception(type(failure), failure, failure.__traceback__))
+    text = None if failure is None else _format(failure)
     failed_ranks = _agree_on_failures(item, rank, text)
     if not failed_ranks:
         if skipped is not None:
@@ -57,6 +56,15 @@ def pytest_runtest_call(item):
     ranks_phrase = ", ".join(str(r) for r in failed_ranks)
     details = "\n".join(f"----- rank {r} -----\n{reports[r]}" for r in failed_ranks)
     pytest.fail(f"failed on rank(s) {ranks_phrase} of {_verdict_comm.Get_size()}:\n{details}", pytrace=False)
+
+
+def _format(failure):
+    """The traceback without pytest's and pluggy's own frames."""
+    report = traceback.TracebackException.from_exception(failure)
+    report.stack = traceback.StackSummary.from_list(
+        [frame for frame in report.stack
+         if not any(part in frame.filename for part in ("/_pytest/", "/pluggy/", "mpi_verdicts.py"))])
+    return "".join(report.format())
 
 
 def _agree_on_failures(item, rank, text):

@@ -1,0 +1,111 @@
+"""Shared memory, one node: every rank reduces its own slice straight from its peers' memory.
+
+The ranks (all on one node) share an MPI-3 window (``Win.Allocate_shared``) with one segment per
+rank. The buffer is cut into p slices s0..s(p-1). p = 3:
+
+    step 1   rank q copies its input into segment q               seg0 = x0, seg1 = x1, seg2 = x2
+    --- barrier ---
+    step 2   rank r reduces slice r over all segments, in rank order, and publishes it in its segment
+             rank 0: s0 = seg0[s0] + seg1[s0] + seg2[s0]   rank 1: s1 = ...   rank 2: s2 = ...
+    --- barrier ---
+    step 3   rank r copies slice q out of segment q, for every q
+
+No messages: each byte is copied in once, read once by the rank that reduces it and copied out by
+every rank. Each slice is reduced once, by one rank, in one order: the same bits everywhere. Two
+halves of the window are used in turn, so the next call can start writing while a slow rank still
+copies out of the previous one (two barriers per call, not three). All ranks of the communicator
+must share a node; otherwise every rank raises ValueError (use "hierarchical").
+"""
+from dataclasses import dataclass
+from typing import Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..comms import cached, replace_cached
+from ..topology import node_communicator
+from .base import Algorithm, split_evenly
+
+MIN_WINDOW_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class SharedMemoryPlan:
+    #: element range [start, stop) of each rank's slice
+    slices: Tuple[Tuple[int, int], ...]
+
+
+class SharedWindow:
+    """A shared window with two halves per rank, each ``half_bytes`` long, and numpy views of all."""
+
+    def __init__(self, node, half_bytes):
+        self.half_bytes = half_bytes
+        self.window = MPI.Win.Allocate_shared(2 * half_bytes, 1, comm=node)
+        self.segments = []
+        for rank in range(node.Get_size()):
+            buffer, _ = self.window.Shared_query(rank)
+            self.segments.append(np.frombuffer(buffer, dtype=np.uint8))
+        self.window.Lock_all(MPI.MODE_NOCHECK)
+        self.calls = 0
+
+    def halves(self, nbytes, dtype):
+        """This call's half of every rank's segment, as arrays of ``dtype``."""
+        start = (self.calls % 2) * self.half_bytes
+        self.calls += 1
+        return [s[start:start + nbytes].view(dtype) for s in self.segments]
+
+    def fence(self, comm):
+        """All ranks' stores before it are visible to all ranks' loads after it."""
+        self.window.Sync()
+        comm.Barrier()
+        self.window.Sync()
+
+    def free(self):
+        self.window.Unlock_all()
+        self.window.Free()
+
+
+def shared_window(comm, nbytes):
+    """A SharedWindow over ``comm`` with halves of at least ``nbytes`` (collective when it grows)."""
+    current = cached(comm, "shared_window", lambda: None)
+    if current is None or current.half_bytes < nbytes:
+        half = max(MIN_WINDOW_BYTES, 1 << max(0, nbytes - 1).bit_length())
+        current = replace_cached(comm, "shared_window", SharedWindow(comm, half))
+    return current
+
+
+class SharedMemoryAllreduce(Algorithm):
+    name = "shared_memory"
+
+    def plan(self, size, rank, count):
+        offsets, counts = split_evenly(count, size)
+        return SharedMemoryPlan(tuple((o, o + n) for o, n in zip(offsets, counts)))
+
+    def execute(self, plan, comm, send, recv, op, datatype):
+        if node_communicator(comm).Get_size() != comm.Get_size():
+            raise ValueError("the shared_memory algorithm needs every rank of the communicator on one node; "
+                             "this one spans several (use algorithm='hierarchical')")
+        window = shared_window(comm, recv.nbytes)
+        segments = window.halves(recv.nbytes, recv.dtype)
+        rank = comm.Get_rank()
+
+        # Step 1: publish this rank's input
+        np.copyto(segments[rank], recv if send is None else send)
+        window.fence(comm)
+
+        # Step 2: reduce this rank's slice over every segment, in rank order, and publish it
+        a, b = plan.slices[rank]
+        mine = recv[a:b]
+        op.reduce_local(segments[0][a:b], segments[1][a:b], out=mine)
+        for q in range(2, len(segments)):
+            op.reduce_local(mine, segments[q][a:b], out=mine)
+        segments[rank][a:b] = mine
+        window.fence(comm)
+
+        # Step 3: copy every other slice out of its owner's segment
+        for q, (c, d) in enumerate(plan.slices):
+            if q != rank:
+                recv[c:d] = segments[q][c:d]
+
+
+ALGORITHM = SharedMemoryAllreduce()

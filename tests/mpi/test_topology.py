@@ -1,0 +1,60 @@
+"""Multi-node algorithms on one machine: ranks grouped into pretend nodes (MPIALLREDUCE_RANKS_PER_NODE)."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from mpiallreduce.topology import RANKS_PER_NODE_ENV, leader_communicator, node_communicator
+from reference import digests_differ, exact_input, gather_inputs, numpy_reference, op_applies, values_equal
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(params=[1, 2, 3], ids=lambda k: f"{k}_per_node")
+def pretend_nodes(request, monkeypatch):
+    """A fresh Dup of COMM_WORLD whose ranks are grouped k to a node (read at its first use)."""
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, str(request.param))
+    comm = MPI.COMM_WORLD.Dup()
+    yield comm, request.param
+    comm.Free()  # frees what the library cached on it, nodes and leaders included
+
+
+def test_pretend_nodes_split_as_asked(pretend_nodes):
+    comm, per_node = pretend_nodes
+    node = node_communicator(comm)
+    first = comm.Get_rank() // per_node * per_node
+    assert node.Get_size() == min(per_node, comm.Get_size() - first)
+    assert node.allgather(comm.Get_rank()) == list(range(first, first + node.Get_size()))
+    leaders = leader_communicator(comm)
+    assert (leaders != MPI.COMM_NULL) == (comm.Get_rank() % per_node == 0)
+
+
+def test_hierarchical_over_pretend_nodes(pretend_nodes):
+    comm, _ = pretend_nodes
+    rank, size = comm.Get_rank(), comm.Get_size()
+    problems = []
+    for op in ["sum", "prod", "min", "max", "mean"]:
+        for dtype in ["float16", "float64", "int32", "complex128"]:
+            if not op_applies(op, dtype):
+                continue
+            for count in sorted({0, 1, size - 1, size, size + 1, 1009, 100_003}):
+                x = exact_input(dtype, count, rank, op)
+                expected = numpy_reference(op, gather_inputs(comm, x))
+                result = mar.allreduce(x, op=op, algorithm="hierarchical", comm=comm)
+                if not values_equal(result, expected):
+                    problems.append(f"{op} {dtype} count={count}: wrong values")
+                differ = digests_differ(comm, result)
+                if differ:
+                    problems.append(f"{op} {dtype} count={count}: {differ}")
+    assert not problems, f"rank {rank}:\n" + "\n".join(problems)
+
+
+def test_shared_memory_refuses_a_communicator_over_several_nodes_on_every_rank(pretend_nodes):
+    comm, per_node = pretend_nodes
+    x = np.ones(10)
+    if comm.Get_size() <= per_node:
+        assert mar.allreduce(x, algorithm="shared_memory", comm=comm)[0] == comm.Get_size()
+        return
+    with pytest.raises(ValueError, match="needs every rank of the communicator on one node"):
+        mar.allreduce(x, algorithm="shared_memory", comm=comm)
+    assert mar.allreduce(x, algorithm="ring", comm=comm)[0] == comm.Get_size()
