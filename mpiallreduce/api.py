@@ -10,6 +10,7 @@ from .agreement import agree_on_call
 from .algorithms import Algorithm, choose_algorithm, get_algorithm
 from .comms import private_duplicate
 from .ops import ReduceOp, get_op
+from .topology import node_communicator
 
 __all__ = ["allreduce", "CHECK_ENV"]
 
@@ -57,6 +58,7 @@ class _Call:
     algorithm: Algorithm
     datatype: MPI.Datatype
     flat: buffers.FlatBuffers
+    auto: bool
 
 
 def _check_comm(comm):
@@ -84,12 +86,10 @@ def _prepare(x, op, algorithm, comm, out):
     buffers.check_array(x)
     reduce_op = get_op(op)
     reduce_op.check_dtype(x.dtype)
-    if isinstance(algorithm, str) and algorithm == "auto":
-        chosen = choose_algorithm(x.nbytes, comm.Get_size())
-    else:
-        chosen = get_algorithm(algorithm)
+    auto = isinstance(algorithm, str) and algorithm == "auto"
+    chosen = choose_algorithm(x.nbytes, comm.Get_size()) if auto else get_algorithm(algorithm)
     buffers.check_out(out, x)
-    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out))
+    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out), auto)
 
 
 def _execute(call):
@@ -99,7 +99,11 @@ def _execute(call):
         if flat.send is not None:
             np.copyto(flat.recv, flat.send)
     else:
-        comm = private_duplicate(call.comm) if call.algorithm.uses_point_to_point else call.comm
-        call.algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
+        algorithm = call.algorithm
+        comm = private_duplicate(call.comm) if algorithm.uses_point_to_point else call.comm
+        if call.auto and algorithm.needs_one_node and node_communicator(comm).Get_size() != size:
+            # the table's choice for one node, but this communicator spans several (all ranks agree)
+            algorithm = get_algorithm("hierarchical")
+        algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
     call.op.finish(flat.recv, size)
     return flat.finish()

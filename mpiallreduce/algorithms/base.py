@@ -18,6 +18,8 @@ class Algorithm:
     #: True when the algorithm moves data with its own point-to-point messages, which must not
     #: meet the user's messages: it then runs on a private duplicate of the user's communicator.
     uses_point_to_point = True
+    #: True when every rank of the communicator must be on one node (shared memory)
+    needs_one_node = False
 
     def plan(self, size, rank, count):
         """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""

@@ -76,6 +76,7 @@ def shared_window(comm, nbytes):
 
 class SharedMemoryAllreduce(Algorithm):
     name = "shared_memory"
+    needs_one_node = True
 
     def plan(self, size, rank, count):
         offsets, counts = split_evenly(count, size)

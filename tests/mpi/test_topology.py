@@ -58,3 +58,17 @@ def test_shared_memory_refuses_a_communicator_over_several_nodes_on_every_rank(p
     with pytest.raises(ValueError, match="needs every rank of the communicator on one node"):
         mar.allreduce(x, algorithm="shared_memory", comm=comm)
     assert mar.allreduce(x, algorithm="ring", comm=comm)[0] == comm.Get_size()
+
+
+def test_auto_never_hands_a_multi_node_communicator_to_shared_memory(pretend_nodes):
+    from mpiallreduce import tuning
+    comm, _ = pretend_nodes
+    tuning.set_tuning_table({"by_ranks": {"1": [{"up_to_bytes": None, "algorithm": "shared_memory"}]}})
+    try:
+        x = exact_input("float64", 1000, comm.Get_rank(), "sum")
+        expected = numpy_reference("sum", gather_inputs(comm, x))
+        result = mar.allreduce(x, comm=comm)  # auto: shared_memory where one node, else hierarchical
+        assert values_equal(result, expected)
+        assert digests_differ(comm, result) is None
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
