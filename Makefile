@@ -20,13 +20,15 @@ $(STAMP): setup.py
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q -ra --color=no
 
-# Every algorithm against Open MPI's default MPI_Allreduce on this machine, RANKS ranks
-# (default 2 = this machine's cores). Tables on stdout, measurements in results/.
+# Every algorithm against Open MPI's default MPI_Allreduce (and each of Open MPI's own algorithms
+# forced in turn) on this machine, RANKS ranks (default 2 = this machine's cores), 4 B .. 256 MiB.
+# Tables on stdout; CSV, JSON and PNG figures in results/bench-$(RANKS)ranks/.
 bench: $(STAMP)
 	mkdir -p results
 	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 3600 -- \
-		$(BIN)/python -m mpiallreduce bench --json results/bench-$(RANKS)ranks.json $(BENCH_ARGS)
-	@echo "measurements written to results/bench-$(RANKS)ranks.json"
+		$(BIN)/python -m mpiallreduce bench --output results/bench-$(RANKS)ranks $(BENCH_ARGS)
+	$(BIN)/mpiallreduce plot results/bench-$(RANKS)ranks
+	@echo "results: results/bench-$(RANKS)ranks/ (bench.csv, bench.json, busbw_*.png, gain_*.png)"
 
 clean:
 	rm -rf $(VENV) results *.egg-info

@@ -32,7 +32,6 @@ def plot_results(results, output_dir):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
 
     os.makedirs(output_dir, exist_ok=True)
     meta = results["metadata"]
@@ -50,38 +49,36 @@ def plot_results(results, output_dir):
             width = 2.5 if name == "openmpi" else 1.2
             ax.plot(*zip(*points), style, marker=".", linewidth=width, label=name)
         ax.axhline(results["memcpy_gbs"], color="black", linestyle=":", label="memcpy, one core")
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
-        ax.set_xlabel("message size")
-        ax.set_ylabel("busbw (GB/s) = bytes/time x 2(p-1)/p")
-        ax.set_title(f"allreduce bus bandwidth, {mode.replace('_', ' ')}: {title}", fontsize=9)
-        ax.legend(fontsize=7, ncol=2)
-        ax.grid(True, which="both", alpha=0.3)
-        path = os.path.join(output_dir, f"busbw_{mode}.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, "busbw (GB/s) = bytes/time x 2(p-1)/p",
+                               f"allreduce bus bandwidth, {mode.replace('_', ' ')}: {title}",
+                               os.path.join(output_dir, f"busbw_{mode}.png"), columns=2))
 
         fig, ax = plt.subplots(figsize=(9, 5.5))
         ours = list(rows[0]["gain_by_algorithm"]) if rows else []
         for name in ours:
             ax.plot([r["nbytes"] for r in rows], [r["gain_by_algorithm"][name] for r in rows], marker=".", label=name)
         ax.axhline(1.0, color="black", linewidth=1)
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
-        ax.set_xlabel("message size")
-        ax.set_ylabel("gain = Open MPI default time / our time")
-        ax.set_title(f"gain over Open MPI's default, {mode.replace('_', ' ')}: {title}", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(True, which="both", alpha=0.3)
-        path = os.path.join(output_dir, f"gain_{mode}.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, "gain = Open MPI default time / our time",
+                               f"gain over Open MPI's default, {mode.replace('_', ' ')}: {title}",
+                               os.path.join(output_dir, f"gain_{mode}.png"), columns=1))
     return written
+
+
+def _finish(plt, fig, ax, ylabel, title, path, columns):
+    """Axes, labels and legend shared by every figure; save and close; return the path."""
+    from matplotlib.ticker import FuncFormatter
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
+    ax.set_xlabel("message size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=columns)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None):

@@ -71,7 +71,7 @@ class RingAllreduce(Algorithm):
         # No copy of the input into recv first: step 0 sends from the input and every reduction
         # writes input (op) incoming into recv; chunks this rank never reduces arrive in the allgather.
         source = recv if send is None else send
-        bounds = [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
+        bounds = chunk_bounds(plan)
         incoming = scratch("ring.incoming", max(plan.chunk_counts), recv.dtype)
 
         # Reduce-scatter
@@ -83,12 +83,22 @@ class RingAllreduce(Algorithm):
                           [incoming[:r1 - r0], datatype], plan.left, REDUCE_SCATTER_TAG)
             op.reduce_local(source[r0:r1], incoming[:r1 - r0], out=recv[r0:r1])
 
-        # Allgather
-        for send_chunk, copy_chunk in plan.allgather_steps:
-            s0, s1 = bounds[send_chunk]
-            c0, c1 = bounds[copy_chunk]
-            comm.Sendrecv([recv[s0:s1], datatype], plan.right, ALLGATHER_TAG,
-                          [recv[c0:c1], datatype], plan.left, ALLGATHER_TAG)
+        ring_allgather(plan, comm, recv, datatype)
+
+
+def chunk_bounds(plan):
+    """[(start, stop)] of every chunk, in elements."""
+    return [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
+
+
+def ring_allgather(plan, comm, recv, datatype):
+    """The allgather half: pass the reduced chunks around the ring, copying each over the old one."""
+    bounds = chunk_bounds(plan)
+    for send_chunk, copy_chunk in plan.allgather_steps:
+        s0, s1 = bounds[send_chunk]
+        c0, c1 = bounds[copy_chunk]
+        comm.Sendrecv([recv[s0:s1], datatype], plan.right, ALLGATHER_TAG,
+                      [recv[c0:c1], datatype], plan.left, ALLGATHER_TAG)
 
 
 ALGORITHM = RingAllreduce()

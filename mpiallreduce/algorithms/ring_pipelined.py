@@ -16,7 +16,7 @@ import os
 from mpi4py import MPI
 
 from ..buffers import scratch
-from .ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, RingAllreduce
+from .ring import REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds, ring_allgather
 
 #: segment size, from `mpiallreduce bench --algorithms ring,ring_pipelined` with
 #: MPIALLREDUCE_RING_SEGMENT_BYTES (read at import) set to 64 KiB .. 4 MiB on 2 ranks
@@ -29,7 +29,7 @@ class PipelinedRingAllreduce(RingAllreduce):
 
     def execute(self, plan, comm, send, recv, op, datatype):
         source = recv if send is None else send
-        bounds = [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
+        bounds = chunk_bounds(plan)
         segment = max(1, self.segment_bytes // recv.dtype.itemsize)
         buffers = (scratch("ring_pipelined.a", segment, recv.dtype), scratch("ring_pipelined.b", segment, recv.dtype))
 
@@ -64,12 +64,7 @@ class PipelinedRingAllreduce(RingAllreduce):
                     op.reduce_local(source[c:d], buffers[k % 2][:d - c], out=recv[c:d])
                 in_flight = following
 
-        # Allgather
-        for send_chunk, copy_chunk in plan.allgather_steps:
-            s0, s1 = bounds[send_chunk]
-            c0, c1 = bounds[copy_chunk]
-            comm.Sendrecv([recv[s0:s1], datatype], plan.right, ALLGATHER_TAG,
-                          [recv[c0:c1], datatype], plan.left, ALLGATHER_TAG)
+        ring_allgather(plan, comm, recv, datatype)
 
 
 ALGORITHM = PipelinedRingAllreduce()
