@@ -5,6 +5,7 @@ Adding an algorithm is adding a module here (see :mod:`.base`); ``ALGORITHMS`` l
 import importlib
 import pkgutil
 
+from ..tuning import choose_name
 from .base import Algorithm
 
 __all__ = ["ALGORITHMS", "REGISTRY", "get_algorithm", "choose_algorithm", "Algorithm"]
@@ -50,5 +51,4 @@ def choose_algorithm(nbytes, size):
     table's choice (mpiallreduce.tuning; ``mpiallreduce tune`` measures and writes one)."""
     if size == 1:
         return REGISTRY["mpi"]
-    from ..tuning import choose_name
     return REGISTRY[choose_name(nbytes, size, REGISTRY)]
