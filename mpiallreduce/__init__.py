@@ -8,7 +8,8 @@
 __version__ = "0.1.0"
 
 from .algorithms import ALGORITHMS  # noqa: E402
-from .api import allreduce  # noqa: E402
+from .api import allreduce, pmax, pmean, pmin, psum  # noqa: E402
+from .mesh import Mesh  # noqa: E402
 from .ops import OPS  # noqa: E402
 
-__all__ = ["allreduce", "ALGORITHMS", "OPS", "__version__"]
+__all__ = ["allreduce", "psum", "pmean", "pmax", "pmin", "Mesh", "ALGORITHMS", "OPS", "__version__"]

@@ -9,10 +9,11 @@ from . import buffers
 from .agreement import agree_on_call
 from .algorithms import Algorithm, choose_algorithm, get_algorithm
 from .comms import private_duplicate
+from .mesh import resolve_communicator
 from .ops import ReduceOp, get_op
 from .topology import node_communicator
 
-__all__ = ["allreduce", "CHECK_ENV"]
+__all__ = ["allreduce", "psum", "pmean", "pmax", "pmin", "CHECK_ENV"]
 
 #: environment variable that turns ``check`` on for every call ("1", "true", "yes", "on"),
 #: read once, when mpiallreduce is imported
@@ -20,7 +21,8 @@ CHECK_ENV = "MPIALLREDUCE_CHECK"
 CHECK_BY_DEFAULT = os.environ.get(CHECK_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False):
+def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *, axis=None, mesh=None,
+              groups=None):
     """Reduce ``x`` elementwise over every rank of ``comm``; every rank gets the same bits.
 
     Args:
@@ -31,9 +33,15 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False):
         comm: an mpi4py intracommunicator; ``MPI.COMM_WORLD`` if None.
         out: None for a new array, or an array of x's shape and dtype to write into; ``out=x``
             reduces in place. Otherwise ``x`` is not modified.
-        check: if true (or if MPIALLREDUCE_CHECK=1 when mpiallreduce was imported), the ranks first agree that their arguments
-            are valid and that shape, dtype, op and algorithm match; otherwise every rank raises
-            the same ValueError/TypeError naming the ranks and what differs.
+        check: if true (or if MPIALLREDUCE_CHECK=1 when mpiallreduce was imported), the ranks
+            first agree that their arguments are valid and that shape, dtype, op and algorithm
+            match; otherwise every rank raises the same ValueError/TypeError naming the ranks and
+            what differs.
+        axis: a mesh axis name or tuple of names: reduce over the ranks along it, of ``mesh`` or of
+            the mesh made current with ``with mesh:`` (instead of ``comm``).
+        mesh: a :class:`mpiallreduce.Mesh`; without ``axis``, all its ranks.
+        groups: a partition of the ranks (of the axis, or of the communicator) into lists; each
+            rank reduces with its own group only (``mean`` divides by that group's size).
 
     Returns:
         the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.
@@ -42,6 +50,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False):
         TypeError, ValueError: bad arguments, raised before any communication on the rank given
             them (on every rank, with ``check``).
     """
+    if axis is not None or mesh is not None or groups is not None:
+        comm = resolve_communicator(comm, axis, mesh, groups)
     comm = _check_comm(MPI.COMM_WORLD if comm is None else comm)
     if check or CHECK_BY_DEFAULT:
         signature = _signature(x, op, algorithm)
@@ -107,3 +117,24 @@ def _execute(call):
         algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
     call.op.finish(flat.recv, size)
     return flat.finish()
+
+
+# JAX's names and argument order (jax.lax.psum(x, axis_name, *, axis_index_groups=None)).
+# axis_name=None: every rank of COMM_WORLD.
+
+def psum(x, axis_name=None, *, axis_index_groups=None):
+    """Sum over the mesh axis ``axis_name`` (within ``axis_index_groups`` if given)."""
+    return allreduce(x, op="sum", axis=axis_name, groups=axis_index_groups)
+
+
+def pmean(x, axis_name=None, *, axis_index_groups=None):
+    """Mean over the axis; with groups, each rank divides by the size of its own group."""
+    return allreduce(x, op="mean", axis=axis_name, groups=axis_index_groups)
+
+
+def pmax(x, axis_name=None, *, axis_index_groups=None):
+    return allreduce(x, op="max", axis=axis_name, groups=axis_index_groups)
+
+
+def pmin(x, axis_name=None, *, axis_index_groups=None):
+    return allreduce(x, op="min", axis=axis_name, groups=axis_index_groups)

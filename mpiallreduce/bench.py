@@ -166,9 +166,10 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place):
         wrong[name] = comm.allreduce(count_wrong(out, expected), op=MPI.SUM)
     iterations = _iterations(probe[BASELINE])
     times = {name: [] for name in contenders}
-    for _ in range(repetitions):
-        for name, contender in contenders.items():
-            times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset))
+    with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
+        for _ in range(repetitions):
+            for name, contender in contenders.items():
+                times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset))
     results = []
     for name in contenders:
         seconds = statistics.median(times[name])

@@ -34,6 +34,13 @@ def test_mpi_suite(nranks):
     assert " failed" not in result.output, explain(result)
 
 
+def test_mesh_tests_on_six_ranks():
+    """The mesh issue asks for 1..6 ranks: 6 has 2-D and 3-D meshes the others lack (2x3, 1x2x3)."""
+    result = run_pytest(6, [TESTS / "mpi" / "test_mesh.py"], SUITE_TIMEOUT)
+    assert result.returncode == 0, explain(result)
+    assert re.search(r"\d+ passed", result.output) and " failed" not in result.output, explain(result)
+
+
 def fault_env(agree_seconds):
     env = dict(os.environ)
     env["MPIALLREDUCE_TEST_AGREE_SECONDS"] = str(agree_seconds)
@@ -127,7 +134,7 @@ def test_bench_prints_the_field_columns_for_every_contender_with_no_wrong_elemen
     import mpiallreduce
     forced = {"openmpi:" + name for name in ("basic_linear", "nonoverlapping", "recursive_doubling", "ring",
                                              "segmented_ring", "rabenseifner")}
-    contenders = {"openmpi"} | forced | set(mpiallreduce.ALGORITHMS)
+    contenders = {"openmpi", "auto"} | forced | set(mpiallreduce.ALGORITHMS)
     assert {r[3] for r in rows} == contenders, explain(result)
     assert len(rows) == 3 * 2 * len(contenders), explain(result)  # sizes x (out, in) x contenders
     assert all(r[7] == "0" for r in rows), explain(result)
