@@ -8,7 +8,7 @@ from mpi4py import MPI
 from . import buffers
 from .agreement import agree_on_call
 from .algorithms import Algorithm, choose_algorithm, get_algorithm
-from .comms import private_duplicate
+from .comms import cached, private_duplicate
 from .mesh import resolve_communicator
 from .ops import ReduceOp, get_op
 from .topology import node_communicator
@@ -102,6 +102,12 @@ def _prepare(x, op, algorithm, comm, out):
     return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out), auto)
 
 
+def _spans_nodes(comm):
+    """Whether ``comm``'s ranks sit on more than one node (collective the first time; cached)."""
+    duplicate = private_duplicate(comm)
+    return cached(duplicate, "spans_nodes", lambda: node_communicator(duplicate).Get_size() != comm.Get_size())
+
+
 def _execute(call):
     flat = call.flat
     size = call.comm.Get_size()
@@ -110,10 +116,11 @@ def _execute(call):
             np.copyto(flat.recv, flat.send)
     else:
         algorithm = call.algorithm
-        comm = private_duplicate(call.comm) if algorithm.uses_point_to_point else call.comm
-        if call.auto and algorithm.needs_one_node and node_communicator(comm).Get_size() != size:
-            # the table's choice for one node, but this communicator spans several (all ranks agree)
+        if call.auto and _spans_nodes(call.comm):
+            # The table is measured on one node. Across nodes: reduce within each node, then the
+            # table's choice among the node leaders (all ranks agree on the topology).
             algorithm = get_algorithm("hierarchical")
+        comm = private_duplicate(call.comm) if algorithm.uses_point_to_point else call.comm
         algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
     call.op.finish(flat.recv, size)
     return flat.finish()

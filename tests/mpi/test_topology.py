@@ -60,6 +60,18 @@ def test_shared_memory_refuses_a_communicator_over_several_nodes_on_every_rank(p
     assert mar.allreduce(x, algorithm="ring", comm=comm)[0] == comm.Get_size()
 
 
+def test_auto_runs_hierarchical_across_nodes(pretend_nodes, monkeypatch):
+    from mpiallreduce.algorithms import REGISTRY
+    comm, per_node = pretend_nodes
+    ran = []
+    original = REGISTRY["hierarchical"].execute
+    monkeypatch.setattr(REGISTRY["hierarchical"], "execute", lambda *a: ran.append(1) or original(*a))
+    x = exact_input("float32", 300, comm.Get_rank(), "sum")
+    expected = numpy_reference("sum", gather_inputs(comm, x))
+    assert values_equal(mar.allreduce(x, comm=comm), expected)
+    assert bool(ran) == (comm.Get_size() > per_node), "hierarchical exactly when the ranks span nodes"
+
+
 def test_auto_never_hands_a_multi_node_communicator_to_shared_memory(pretend_nodes):
     from mpiallreduce import tuning
     comm, _ = pretend_nodes
