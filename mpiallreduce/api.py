@@ -104,8 +104,8 @@ def _prepare(x, op, algorithm, comm, out):
 
 def _spans_nodes(comm):
     """Whether ``comm``'s ranks sit on more than one node (collective the first time; cached)."""
-    duplicate = private_duplicate(comm)
-    return cached(duplicate, "spans_nodes", lambda: node_communicator(duplicate).Get_size() != comm.Get_size())
+    return cached(comm, "spans_nodes",
+                  lambda: node_communicator(private_duplicate(comm)).Get_size() != comm.Get_size())
 
 
 def _execute(call):
