@@ -7,6 +7,7 @@ from mpi4py import MPI
 
 from . import buffers
 from .agreement import agree_on_call
+from .asynchronous import asynchronous_calls_pending, run_in_order
 from .algorithms import Algorithm, choose_algorithm, get_algorithm
 from .comms import cached, private_duplicate
 from .mesh import resolve_communicator
@@ -50,6 +51,13 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         TypeError, ValueError: bad arguments, raised before any communication on the rank given
             them (on every rank, with ``check``).
     """
+    if asynchronous_calls_pending():  # keep to the order in which this process started collectives
+        return run_in_order(lambda: _allreduce_now(x, op, algorithm, comm, out, check, axis=axis, mesh=mesh,
+                                                   groups=groups))
+    return _allreduce_now(x, op, algorithm, comm, out, check, axis=axis, mesh=mesh, groups=groups)
+
+
+def _allreduce_now(x, op, algorithm, comm, out, check, *, axis=None, mesh=None, groups=None):
     if axis is not None or mesh is not None or groups is not None:
         comm = resolve_communicator(comm, axis, mesh, groups)
     comm = _check_comm(MPI.COMM_WORLD if comm is None else comm)

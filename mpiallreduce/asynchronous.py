@@ -1,0 +1,103 @@
+"""Allreduces that run while the caller goes on: one background thread per process, in call order.
+
+    caller thread:   allreduce_async(a) -> h1   allreduce_async(b) -> h2   ...   h2.wait()  h1.wait()
+    worker thread:                   [ allreduce(a) ][ allreduce(b) ] ...
+
+Every rank submits its calls in the same order and one worker per process runs them in that order,
+so the collectives of all ranks match, as in Horovod's background thread; handles may be waited on
+in any order. While calls are pending, a synchronous ``allreduce`` from any thread joins the same
+queue, so it cannot overtake them. MPI must be initialised with MPI_THREAD_MULTIPLE (mpi4py's
+default). The caller must not touch ``x`` (or ``out``) until the handle is done.
+"""
+import queue
+import threading
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+
+from mpi4py import MPI
+
+__all__ = ["AllreduceHandle", "allreduce_async", "asynchronous_calls_pending", "run_in_order"]
+
+
+class AllreduceHandle:
+    """What ``allreduce_async`` returns: ``wait(timeout=None)`` gives the result, ``done()`` polls."""
+
+    def __init__(self, future, description):
+        self._future = future
+        self._description = description
+
+    def done(self):
+        return self._future.done()
+
+    def wait(self, timeout=None):
+        """The result (raises what the allreduce raised); TimeoutError if not done within ``timeout`` s."""
+        try:
+            return self._future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"{self._description} not done after {timeout} s") from None
+
+    def __repr__(self):
+        return f"<AllreduceHandle {self._description} {'done' if self.done() else 'pending'}>"
+
+
+class _Worker:
+    def __init__(self):
+        self.tasks = queue.Queue()
+        self.pending = 0
+        self.lock = threading.Lock()
+        self.thread = None
+
+    def submit(self, function):
+        future = Future()
+        with self.lock:
+            self.pending += 1
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="mpiallreduce-worker", daemon=True)
+                self.thread.start()
+        self.tasks.put((function, future))
+        return future
+
+    def _run(self):
+        while True:
+            function, future = self.tasks.get()
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(function())
+                    except BaseException as exc:  # delivered to whoever waits
+                        future.set_exception(exc)
+            finally:
+                with self.lock:
+                    self.pending -= 1
+
+    def busy(self):
+        return self.pending > 0 and threading.current_thread() is not self.thread
+
+
+_worker = _Worker()
+
+
+def _check_thread_level():
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise RuntimeError("allreduce_async needs MPI initialised with MPI_THREAD_MULTIPLE "
+                           f"(this process has level {MPI.Query_thread()}); mpi4py asks for it by default")
+
+
+def asynchronous_calls_pending():
+    """Whether calls started by allreduce_async are still queued or running (seen from another thread)."""
+    return _worker.busy()
+
+
+def run_in_order(function):
+    """Run ``function`` now, or after the pending asynchronous calls if there are any."""
+    if _worker.busy():
+        return _worker.submit(function).result()
+    return function()
+
+
+def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=False, **kwargs):
+    """Start ``allreduce(x, ...)`` (same arguments) in the background; returns an AllreduceHandle."""
+    from .api import _allreduce_now
+    _check_thread_level()
+    description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
+    future = _worker.submit(lambda: _allreduce_now(x, op, algorithm, comm, out, check, **kwargs))
+    return AllreduceHandle(future, description)

@@ -1,0 +1,117 @@
+"""Asynchronous allreduce, gradient buckets, parameter broadcast and replica checks."""
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from reference import exact_input, gather_inputs, numpy_reference, values_equal
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+
+
+def test_several_async_allreduces_in_flight_waited_in_any_order(comm):
+    rank = comm.Get_rank()
+    inputs = [exact_input("float64", n, rank, "sum") for n in (5, 100_000, 0, 1009, 3)]
+    expected = [numpy_reference("sum", gather_inputs(comm, x)) for x in inputs]
+    for algorithm in list(mar.ALGORITHMS) + ["auto"]:
+        handles = [mar.allreduce_async(x, algorithm=algorithm, comm=comm) for x in inputs]
+        for handle, want in reversed(list(zip(handles, expected))):
+            assert values_equal(handle.wait(timeout=60), want), algorithm
+            assert handle.done()
+
+
+def test_a_synchronous_call_waits_its_turn_behind_pending_async_ones(comm):
+    rank = comm.Get_rank()
+    a, b = exact_input("float32", 200_000, rank, "sum"), exact_input("int64", 7, rank, "max")
+    want_a, want_b = numpy_reference("sum", gather_inputs(comm, a)), numpy_reference("max", gather_inputs(comm, b))
+    handle = mar.allreduce_async(a, algorithm="ring", comm=comm)
+    assert values_equal(mar.allreduce(b, op="max", algorithm="recursive_doubling", comm=comm), want_b)
+    assert values_equal(handle.wait(), want_a)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_wait_with_a_timeout_then_without():
+    x = np.ones(4)
+    if WORLD.Get_rank() == 0:
+        handle = mar.allreduce_async(x, algorithm="ring")
+        with pytest.raises(TimeoutError, match="not done after 0.2 s"):
+            handle.wait(timeout=0.2)  # the other ranks start a second later
+        assert not handle.done()
+    else:
+        time.sleep(1.0)
+        handle = mar.allreduce_async(x, algorithm="ring")
+    assert values_equal(handle.wait(timeout=60), np.full(4, float(WORLD.Get_size())))
+
+
+def test_async_errors_come_back_through_wait():
+    handle = mar.allreduce_async(np.ones(3), op="average")
+    with pytest.raises(ValueError, match="unknown op 'average'"):
+        handle.wait(timeout=60)
+
+
+def gradient_set(rank, big):
+    """One gradient larger than most buckets, many tiny ones, mixed float dtypes; exact values."""
+    shapes = [(big,), (3,), (1,), (2, 5), (0,), (7, 7), (1,), (4, 1, 3), (257,)] + [(2,)] * 20
+    dtypes = ["float32", "float16", "float64"]
+    return [exact_input(dtypes[i % 3], int(np.prod(s)), rank + i, "sum").reshape(s) for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 100, 4096, 1 << 20, 25 << 20])
+@pytest.mark.parametrize("op", ["mean", "sum"])
+def test_buckets_give_what_one_allreduce_per_tensor_gives(comm, bucket_bytes, op):
+    rank = comm.Get_rank()
+    grads = gradient_set(rank, 50_000)
+    reference = []
+    for g in grads:  # one allreduce per tensor, accumulated in float32 for float16, as documented
+        wide = g.astype(np.float32) if g.dtype == np.float16 else g
+        reference.append(numpy_reference(op, gather_inputs(comm, wide)).astype(g.dtype))
+    mar.GradientSync(comm=comm, bucket_bytes=bucket_bytes, op=op).synchronize(grads)
+    for i, (g, want) in enumerate(zip(grads, reference)):
+        assert values_equal(g, want), f"gradient {i} {g.shape} {g.dtype}"
+
+
+def test_prescale_and_postscale(comm):
+    x = exact_input("float64", 1000, comm.Get_rank(), "sum")
+    want = numpy_reference("sum", gather_inputs(comm, x)) * 3.0
+    sync = mar.GradientSync(comm=comm, op="sum", prescale=0.5, postscale=6.0)
+    sync.ready(x)
+    sync.wait()
+    assert values_equal(x, want)
+
+
+def test_gradients_that_are_not_writeable_float_arrays_are_refused():
+    sync = mar.GradientSync()
+    with pytest.raises(TypeError, match="floating or complex"):
+        sync.ready(np.ones(3, dtype=np.int32))
+    with pytest.raises(TypeError, match="writeable numpy array"):
+        sync.ready([1.0])
+    with pytest.raises(ValueError, match="'mean' or 'sum'"):
+        mar.GradientSync(op="max")
+
+
+def test_broadcast_parameters_and_check_replicas(comm):
+    rank = comm.Get_rank()
+    params = {"w": np.full((3, 4), float(rank)), "b": np.arange(5, dtype=np.float32) + rank,
+              "strided": np.full((4, 6), float(rank))[:, ::2]}
+    if comm.Get_size() > 1:
+        with pytest.raises(ValueError, match="replicas differ: array 'b'"):
+            mar.check_replicas(params, comm=comm)
+    mar.broadcast_parameters(params, root=0, comm=comm)
+    assert np.all(params["w"] == 0.0) and np.all(params["b"] == np.arange(5)) and np.all(params["strided"] == 0)
+    mar.check_replicas(params, comm=comm)
+    mar.check_replicas([params["w"], params["b"]], comm=comm)
+
+
+def test_mismatched_parameters_raise_on_every_rank(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks in this communicator")
+    last = comm.Get_rank() == comm.Get_size() - 1
+    params = [np.zeros(4 if last else 3)]
+    with pytest.raises(ValueError, match=r"(?s)the ranks hold different arrays:.*differs: \(\(3,\), 'float64'\)"):
+        mar.broadcast_parameters(params, comm=comm)
+    with pytest.raises(ValueError, match="names differs"):
+        mar.check_replicas({"a" if last else "b": np.zeros(3)}, comm=comm)
