@@ -13,7 +13,8 @@ def agree_on_call(comm, prepare, signature):
 
     Args:
         comm: the communicator whose ranks must agree (all of them call this).
-        prepare: a callable validating this rank's arguments; it raises TypeError/ValueError if bad.
+        prepare: a callable validating this rank's arguments; it raises TypeError/ValueError if bad
+            (any other exception is agreed on too, and re-raised as it is on its own rank).
         signature: a dict of what must be equal on every rank (shape, dtype, op, ...).
 
     Returns:
@@ -26,7 +27,7 @@ def agree_on_call(comm, prepare, signature):
     prepared = None
     try:
         prepared = prepare()
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # any exception: raised alone, it would leave the others in the allgather
         local_error = exc
     reports = comm.allgather(
         (None if local_error is None else (type(local_error).__name__, str(local_error)), signature)
@@ -35,6 +36,8 @@ def agree_on_call(comm, prepare, signature):
     if failures:
         kinds = {kind for _, (kind, _) in failures}
         exc_type = TypeError if kinds == {"TypeError"} else ValueError
+        if local_error is not None and not isinstance(local_error, (TypeError, ValueError)):
+            raise local_error  # not a bad argument but a fault here: keep its type (the others raise too)
         lines = [f"rank {rank}: {kind}: {message}" for rank, (kind, message) in failures]
         raise exc_type(
             f"allreduce arguments rejected on {_ranks_phrase([r for r, _ in failures])} "
