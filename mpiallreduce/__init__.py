@@ -4,14 +4,33 @@
     total = mar.allreduce(x)                       # sum over all ranks of COMM_WORLD
     mar.allreduce(g, op="mean", out=g)             # in place
     mar.allreduce(x, algorithm="ring", comm=sub)   # a chosen algorithm on a sub-communicator
+
+Names are loaded on first use, so that ``import mpiallreduce`` (the ``mpiallreduce launch`` command
+among others) does not start MPI by itself; the first use of the API does.
 """
+import importlib
+
 __version__ = "0.1.0"
 
-from .algorithms import ALGORITHMS  # noqa: E402
-from .api import allreduce, pmax, pmean, pmin, psum  # noqa: E402
-from .asynchronous import allreduce_async  # noqa: E402
-from .gradients import GradientSync, broadcast_parameters, check_replicas  # noqa: E402
-from .mesh import Mesh  # noqa: E402
-from .ops import OPS  # noqa: E402
+_EXPORTS = {
+    "allreduce": ".api", "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api",
+    "allreduce_async": ".asynchronous",
+    "GradientSync": ".gradients", "broadcast_parameters": ".gradients", "check_replicas": ".gradients",
+    "Mesh": ".mesh",
+    "ALGORITHMS": ".algorithms",
+    "OPS": ".ops",
+}
 
-__all__ = ["allreduce", "allreduce_async", "GradientSync", "broadcast_parameters", "check_replicas", "psum", "pmean", "pmax", "pmin", "Mesh", "ALGORITHMS", "OPS", "__version__"]
+__all__ = list(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mpiallreduce' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -12,9 +12,12 @@ from .algorithms import Algorithm, choose_algorithm, get_algorithm
 from .comms import cached, private_duplicate
 from .mesh import resolve_communicator
 from .ops import ReduceOp, get_op
+from .startup import check_world_matches_slurm
 from .topology import node_communicator
 
 __all__ = ["allreduce", "psum", "pmean", "pmax", "pmin", "CHECK_ENV"]
+
+check_world_matches_slurm()  # the silent-singleton trap, before anything is reduced
 
 #: environment variable that turns ``check`` on for every call ("1", "true", "yes", "on"),
 #: read once, when mpiallreduce is imported

@@ -210,3 +210,23 @@ def test_tune_writes_the_table_auto_then_reads(tmp_path):
                  env=dict(os.environ, MPIALLREDUCE_TUNING=str(table)))
     assert result.returncode == 0, explain(result)
     assert result.output.count("chose recursive_doubling rabenseifner") == 2, explain(result)
+
+
+def test_a_singleton_inside_a_slurm_step_of_several_tasks_is_refused():
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env.update(SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="4", SLURM_NTASKS="4", SLURM_PROCID="3")
+    script = "import numpy, mpiallreduce as mar; print(mar.allreduce(numpy.ones(2)))"
+    refused = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                             timeout=SHORT_TIMEOUT)
+    assert refused.returncode != 0
+    assert "SingletonUnderSlurm: Slurm started 4 tasks in this step (task 3), but MPI sees a world of 1 rank" \
+        in refused.stderr, refused.stderr
+    assert "srun --mpi=pmix" in refused.stderr
+    allowed = subprocess.run([sys.executable, "-c", script], env=dict(env, MPIALLREDUCE_ALLOW_SINGLETON="1"),
+                             capture_output=True, text=True, timeout=SHORT_TIMEOUT)
+    assert allowed.returncode == 0 and "[1. 1.]" in allowed.stdout, allowed.stderr
+    # a real world of the size Slurm asked for is fine
+    result = run(2, [sys.executable, "-c", script], timeout=SHORT_TIMEOUT, cwd=ROOT,
+                 env=dict(env, SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2"))
+    assert result.returncode == 0 and result.output.count("[2. 2.]") == 2, explain(result)
