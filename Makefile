@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 RANKS ?= 2
+TORCH_VERSION ?= 2.13.0
 BENCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -13,6 +14,8 @@ $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	# PyTorch for its tests: the CPU build pinned (an unpinned torch pulls a multi-GB CUDA build)
+	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
 	touch $(STAMP)
 
 # Every test: single-process ones, and the MPI suite under mpiexec with 1..5 ranks (each launch

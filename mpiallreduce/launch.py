@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["find_mpiexec", "mpiexec_command", "launch_environment", "run", "LaunchResult"]
+__all__ = ["find_mpiexec", "mpiexec_command", "launch_environment", "start", "kill", "run", "LaunchResult"]
 
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 # One-sided windows: the PyPI Open MPI's UCX component complains when a window is made and no UCX
@@ -69,15 +69,11 @@ class LaunchResult:
         return self.returncode is None
 
 
-def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None):
-    """Start ``command`` on ``nranks`` ranks and wait at most ``timeout`` seconds.
-
-    On timeout the whole process group (mpiexec, its daemons, the ranks) is terminated, then killed.
-    """
-    argv = mpiexec_command(nranks, command, extra_flags)
-    started = time.monotonic()
-    process = subprocess.Popen(
-        argv,
+def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None):
+    """Start ``command`` on ``nranks`` ranks in a new session and return the mpiexec Popen (output
+    merged into ``.stdout`` when captured). The caller waits, with a timeout, and may signal it."""
+    return subprocess.Popen(
+        mpiexec_command(nranks, command, extra_flags),
         env=launch_environment(env),
         cwd=cwd,
         stdout=subprocess.PIPE if capture else None,
@@ -86,6 +82,21 @@ def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=No
         errors="replace",
         start_new_session=True,
     )
+
+
+def kill(process):
+    """End ``process`` (a start() result) and every process of its session."""
+    _kill_group(process)
+
+
+def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None):
+    """Start ``command`` on ``nranks`` ranks and wait at most ``timeout`` seconds.
+
+    On timeout the whole process group (mpiexec, its daemons, the ranks) is terminated, then killed.
+    """
+    started = time.monotonic()
+    process = start(nranks, command, extra_flags, env, capture, cwd)
+    argv = process.args
     try:
         output, _ = process.communicate(timeout=timeout)
         returncode = process.returncode

@@ -1,0 +1,88 @@
+"""PyTorch (CPU tensors) on mpiallreduce, with the names Horovod and torch users know.
+
+    import mpiallreduce.torch as mt
+    optimizer = mt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    mt.broadcast_parameters(model.state_dict(), root=0)
+    mt.broadcast_optimizer_state(optimizer, root=0)
+    loss.backward(); optimizer.step()          # step() uses gradients averaged over the ranks
+
+Each parameter's gradient is handed to a GradientSync bucket from a post-accumulate-grad hook while
+backward is still running, so full buckets are allreduced in the background during backward.
+Tensors are shared with numpy (``Tensor.numpy()``), not copied. torch stays optional: importing
+this module needs it, the rest of the package does not.
+"""
+import torch
+from mpi4py import MPI
+
+from .gradients import GradientSync
+from .gradients import broadcast_parameters as _broadcast_arrays
+
+__all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state"]
+
+
+def _as_numpy(tensor):
+    if tensor.device.type != "cpu":
+        raise TypeError(f"mpiallreduce.torch handles CPU tensors; got one on {tensor.device}")
+    return tensor.detach().numpy()
+
+
+class DistributedOptimizer:
+    """Wraps ``optimizer``: gradients are averaged (or summed) over the ranks before ``step()``.
+
+    Args:
+        optimizer: any torch optimizer.
+        named_parameters: ``model.named_parameters()`` (the parameters whose gradients to synchronize).
+        comm, bucket_bytes, op, algorithm, prescale, postscale: as GradientSync.
+    """
+
+    def __init__(self, optimizer, named_parameters, comm=None, bucket_bytes=25 * 2**20, op="mean",
+                 algorithm="auto", prescale=1.0, postscale=1.0):
+        self.optimizer = optimizer
+        self.sync = GradientSync(comm=comm, bucket_bytes=bucket_bytes, op=op, algorithm=algorithm,
+                                 prescale=prescale, postscale=postscale)
+        self.parameters = [p for _, p in sorted(named_parameters, key=lambda item: item[0]) if p.requires_grad]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self.parameters]
+
+    def _ready(self, parameter):
+        self.sync.ready(_as_numpy(parameter.grad))
+
+    def synchronize(self):
+        """Wait for every bucket; gradients then hold the mean over the ranks."""
+        self.sync.wait()
+
+    def step(self, closure=None):
+        self.synchronize()
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+
+def broadcast_parameters(state_dict, root=0, comm=None):
+    """Copy rank ``root``'s tensors (a ``state_dict()`` or a list of tensors) into every rank's, in place."""
+    if isinstance(state_dict, dict):
+        arrays = {name: _as_numpy(t) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
+    else:
+        arrays = [_as_numpy(t) for t in state_dict]
+    _broadcast_arrays(arrays, root=root, comm=comm)
+    return state_dict
+
+
+def broadcast_optimizer_state(optimizer, root=0, comm=None):
+    """Give every rank rank ``root``'s optimizer state (moments, step counts, hyper-parameters)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    state = comm.bcast(inner.state_dict() if comm.Get_rank() == root else None, root=root)
+    if comm.Get_rank() != root:
+        inner.load_state_dict(state)
+    return optimizer

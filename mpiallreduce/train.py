@@ -1,0 +1,194 @@
+"""A data-parallel training program: a small MLP on synthetic data made on the fly, numpy or PyTorch.
+
+    mpiexec -n 4 python -m mpiallreduce.train --steps 100 --local-batch 32 --checkpoint ckpt.npz
+
+The global batch of step s is generated from (seed, s) alone, and rank r trains on rows
+[r*b, (r+1)*b) of it: p ranks with local batch b see exactly the data one process with batch p*b
+sees, so their parameters match it (the test of that is in tests/). Each step prints the global
+mean loss and samples per second. With --checkpoint the parameters (and the step) are saved every
+--checkpoint-every steps and when SIGUSR1 or SIGTERM arrives (all ranks agree at the next step
+boundary, rank 0 writes, then the program exits with EXIT_CHECKPOINTED so that a job script can
+requeue itself); --resume continues from the file.
+"""
+import argparse
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpiallreduce as mar
+
+__all__ = ["main", "global_batch", "NumpyMLP"]
+
+EXIT_CHECKPOINTED = 99
+INPUTS, HIDDEN, OUTPUTS = 16, 32, 4
+
+
+def global_batch(seed, step, size):
+    """(x, y) of the whole step's batch, the same on every rank whatever the rank count."""
+    rng = np.random.default_rng([seed, step])
+    x = rng.standard_normal((size, INPUTS))
+    teacher = np.random.default_rng([seed, 10**9]).standard_normal((INPUTS, OUTPUTS))
+    return x, np.sin(x @ teacher)
+
+
+def initial_parameters(seed):
+    rng = np.random.default_rng([seed, 10**9 + 1])
+    return {"w1": rng.standard_normal((INPUTS, HIDDEN)) / np.sqrt(INPUTS), "b1": np.zeros(HIDDEN),
+            "w2": rng.standard_normal((HIDDEN, OUTPUTS)) / np.sqrt(HIDDEN), "b2": np.zeros(OUTPUTS)}
+
+
+class NumpyMLP:
+    """tanh MLP with hand-written backward; gradients averaged with GradientSync."""
+
+    def __init__(self, params, lr, comm, bucket_bytes):
+        self.params = params
+        self.lr = lr
+        self.sync = mar.GradientSync(comm=comm, bucket_bytes=bucket_bytes)
+
+    def step(self, x, y):
+        p = self.params
+        h = np.tanh(x @ p["w1"] + p["b1"])
+        out = h @ p["w2"] + p["b2"]
+        diff = out - y
+        loss = float(np.mean(diff ** 2))
+        d_out = 2 * diff / diff.size
+        grads = {"w2": h.T @ d_out, "b2": d_out.sum(0)}
+        d_h = (d_out @ p["w2"].T) * (1 - h ** 2)
+        grads.update(w1=x.T @ d_h, b1=d_h.sum(0))
+        for name in ("b2", "w2", "b1", "w1"):  # as backward produces them
+            self.sync.ready(grads[name])
+        self.sync.wait()
+        for name, g in grads.items():
+            p[name] -= self.lr * g
+        return loss
+
+    def arrays(self):
+        return self.params
+
+
+class TorchMLP:
+    """The same model in PyTorch, with DistributedOptimizer (bucket allreduces from gradient hooks)."""
+
+    def __init__(self, params, lr, comm, bucket_bytes):
+        import torch
+
+        import mpiallreduce.torch as mt
+        self.torch = torch
+        torch.set_default_dtype(torch.float64)
+        self.model = torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.Tanh(),
+                                         torch.nn.Linear(HIDDEN, OUTPUTS))
+        self.load(params)
+        self.optimizer = mt.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=lr),
+                                                 named_parameters=self.model.named_parameters(), comm=comm,
+                                                 bucket_bytes=bucket_bytes)
+        mt.broadcast_parameters(self.model.state_dict(), root=0, comm=comm)
+        mt.broadcast_optimizer_state(self.optimizer, root=0, comm=comm)
+
+    def load(self, params):
+        with self.torch.no_grad():
+            self.model[0].weight.copy_(self.torch.from_numpy(params["w1"].T.copy()))
+            self.model[0].bias.copy_(self.torch.from_numpy(params["b1"]))
+            self.model[2].weight.copy_(self.torch.from_numpy(params["w2"].T.copy()))
+            self.model[2].bias.copy_(self.torch.from_numpy(params["b2"]))
+
+    def step(self, x, y):
+        self.optimizer.zero_grad()
+        loss = self.torch.nn.functional.mse_loss(self.model(self.torch.from_numpy(x)), self.torch.from_numpy(y))
+        loss.backward()
+        self.optimizer.step()
+        return float(loss)
+
+    def arrays(self):
+        m = self.model
+        return {"w1": m[0].weight.detach().numpy().T, "b1": m[0].bias.detach().numpy(),
+                "w2": m[2].weight.detach().numpy().T, "b2": m[2].bias.detach().numpy()}
+
+
+class _StopRequest:
+    """Set by SIGUSR1/SIGTERM; the ranks agree on it at step boundaries."""
+
+    def __init__(self):
+        self.signal = None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        self.signal = signum
+
+    def agreed(self, comm):
+        return bool(comm.allreduce(1 if self.signal else 0, op=MPI.MAX))
+
+
+def save_checkpoint(path, arrays, step, comm):
+    if comm.Get_rank() == 0:
+        partial = path + ".partial.npz"
+        np.savez(partial, step=step, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        os.replace(partial, path)
+    comm.Barrier()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mpiallreduce.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--framework", choices=["numpy", "torch"], default="numpy")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--local-batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bucket-bytes", type=int, default=25 * 2**20)
+    parser.add_argument("--checkpoint", help="file to save to (and resume from with --resume)")
+    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--save-params", help="write the final parameters here (npz), for comparison")
+    parser.add_argument("--check-replicas", action="store_true", help="check bitwise identity after every step")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (to test preemption)")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    stop = _StopRequest()
+
+    params, start = initial_parameters(args.seed), 0
+    if args.resume and args.checkpoint and os.path.exists(args.checkpoint):
+        with np.load(args.checkpoint) as saved:
+            params = {k: saved[k].copy() for k in params}
+            start = int(saved["step"])
+        if rank == 0:
+            print(f"resumed from {args.checkpoint} at step {start} "
+                  f"(SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '-')})", flush=True)
+    model = (NumpyMLP if args.framework == "numpy" else TorchMLP)(params, args.lr, comm, args.bucket_bytes)
+
+    b = args.local_batch
+    for step in range(start, args.steps):
+        begin = time.perf_counter()
+        x, y = global_batch(args.seed, step, b * size)
+        loss = model.step(x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b])
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
+        loss = comm.allreduce(loss) / size
+        seconds = comm.allreduce(time.perf_counter() - begin, op=MPI.MAX)
+        if args.check_replicas:
+            mar.check_replicas(model.arrays(), comm=comm)
+        if rank == 0:
+            print(f"step {step + 1:>5}  loss {loss:.6f}  {b * size / seconds:,.0f} samples/s", flush=True)
+        done = step + 1
+        if args.checkpoint and args.checkpoint_every and done % args.checkpoint_every == 0:
+            save_checkpoint(args.checkpoint, model.arrays(), done, comm)
+        if stop.agreed(comm):
+            if args.checkpoint:
+                save_checkpoint(args.checkpoint, model.arrays(), done, comm)
+            if rank == 0:
+                print(f"signal received: checkpoint at step {done} written to {args.checkpoint}; "
+                      f"exiting with {EXIT_CHECKPOINTED} to be requeued", flush=True)
+            return EXIT_CHECKPOINTED
+    if args.save_params and rank == 0:
+        np.savez(args.save_params, **{k: np.ascontiguousarray(v) for k, v in model.arrays().items()})
+    if args.checkpoint:
+        save_checkpoint(args.checkpoint, model.arrays(), args.steps, comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The data-parallel training program: same parameters as one process on the whole batch, replicas
+identical after every step, checkpoint and resume, and a signal that checkpoints and exits."""
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpiallreduce.launch import kill, run, start
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 180
+TOLERANCE = 1e-12  # float64; p ranks and one process sum the same numbers in another order
+
+
+def train(nranks, *args):
+    result = run(nranks, [sys.executable, "-m", "mpiallreduce.train", *map(str, args)], timeout=TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, result.output[-5000:]
+    return result
+
+
+def params(path):
+    with np.load(path) as saved:
+        return {k: saved[k] for k in saved.files if k != "step"}
+
+
+def assert_close(a, b, tolerance=TOLERANCE):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.max(np.abs(a[k] - b[k])) <= tolerance, (k, np.max(np.abs(a[k] - b[k])))
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_p_ranks_with_batch_b_train_like_one_process_with_batch_pb(framework, tmp_path):
+    if framework == "torch":
+        pytest.importorskip("torch")
+    common = ["--framework", framework, "--steps", 15, "--check-replicas"]
+    together = train(3, *common, "--local-batch", 4, "--bucket-bytes", 600, "--save-params", tmp_path / "p3.npz")
+    train(1, *common, "--local-batch", 12, "--save-params", tmp_path / "p1.npz")
+    assert_close(params(tmp_path / "p3.npz"), params(tmp_path / "p1.npz"))
+    assert together.output.count(" samples/s") == 15 and "loss" in together.output
+
+
+def test_numpy_and_torch_programs_agree(tmp_path):
+    pytest.importorskip("torch")
+    for framework in ("numpy", "torch"):
+        train(2, "--framework", framework, "--steps", 10, "--local-batch", 8, "--save-params", tmp_path / f"{framework}.npz")
+    assert_close(params(tmp_path / "numpy.npz"), params(tmp_path / "torch.npz"))
+
+
+def test_checkpoint_and_resume_continue_exactly(tmp_path):
+    checkpoint = tmp_path / "ckpt.npz"
+    train(2, "--steps", 8, "--checkpoint", checkpoint, "--checkpoint-every", 4)
+    resumed = train(2, "--steps", 16, "--checkpoint", checkpoint, "--resume", "--save-params", tmp_path / "resumed.npz")
+    assert "resumed from" in resumed.output and "at step 8" in resumed.output
+    assert "step     9 " in resumed.output and "step     8 " not in resumed.output
+    train(2, "--steps", 16, "--save-params", tmp_path / "straight.npz")
+    assert_close(params(tmp_path / "resumed.npz"), params(tmp_path / "straight.npz"), tolerance=0)
+
+
+def test_sigusr1_checkpoints_at_the_next_step_and_exits_for_requeue(tmp_path):
+    checkpoint = tmp_path / "ckpt.npz"
+    process = start(2, [sys.executable, "-m", "mpiallreduce.train", "--steps", "100000", "--step-seconds", "0.05",
+                        "--checkpoint", str(checkpoint)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        seen = ""
+        while "step     3 " not in seen and time.monotonic() < deadline:
+            seen += process.stdout.readline()
+        process.send_signal(signal.SIGUSR1)  # mpiexec passes it on to the ranks
+        rest, _ = process.communicate(timeout=60)
+    except BaseException:
+        kill(process)
+        raise
+    output = seen + rest
+    assert process.returncode == 99, output[-3000:]
+    assert "signal received: checkpoint at step" in output, output[-3000:]
+    with np.load(checkpoint) as saved:
+        assert int(saved["step"]) >= 3
+    resumed = train(2, "--steps", int(np.load(checkpoint)["step"]) + 2, "--checkpoint", checkpoint, "--resume")
+    assert "resumed from" in resumed.output
