@@ -1,5 +1,6 @@
 """The ``mpiallreduce`` command: ``info``, ``bench`` and ``launch``."""
 import argparse
+import os
 import sys
 
 USAGE = """mpiallreduce COMMAND [ARGS]
@@ -33,15 +34,25 @@ def _bench(argv):
 
 
 def _launch(argv):
-    parser = argparse.ArgumentParser(prog="mpiallreduce launch")
-    parser.add_argument("-n", "--ranks", type=int, required=True)
+    parser = argparse.ArgumentParser(
+        prog="mpiallreduce launch",
+        description="Start a command on N ranks: srun --mpi=pmix inside a Slurm allocation, else mpiexec "
+                    "with this machine's flags (MPIALLREDUCE_LAUNCHER=srun|mpiexec to choose).")
+    parser.add_argument("-n", "--ranks", type=int, default=None,
+                        help="rank count (default inside Slurm: the allocation's task count)")
     parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to launch")
-    from .launch import run
+    from .launch import launch_command, launch_environment, run
+    if args.timeout is None:  # become the launcher, so that signals reach it and its ranks directly
+        argv = launch_command(args.ranks, command)
+        env = launch_environment()
+        os.execvpe(argv[0], argv, env)
+    if args.ranks is None:
+        parser.error("--timeout needs -n")
     result = run(args.ranks, command, timeout=args.timeout, capture=False)
     if result.timed_out:
         print(f"mpiallreduce launch: killed after {args.timeout} s", file=sys.stderr)

