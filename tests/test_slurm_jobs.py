@@ -1,4 +1,5 @@
 """The jobs in jobs/ on a real single-node Slurm that the test suite starts and stops itself."""
+import os
 import re
 import sys
 import time
@@ -23,6 +24,19 @@ def slurm(tmp_path_factory):
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+def processes_with(text):
+    """Pids whose command line contains ``text``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
 
 
 def read(path):
@@ -61,13 +75,46 @@ def test_train_job_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):
         assert time.monotonic() < deadline, (read(log), slurm.job_states(job), slurm.logs())
         time.sleep(0.5)
     slurm.command(["scancel", "--signal=USR1", "--batch", job])  # what --signal=B:USR1@120 sends
+    while "requeueing job" not in read(log):
+        assert time.monotonic() < deadline, (read(log), slurm.job_states(job), slurm.logs())
+        time.sleep(0.5)
+    # Slurm holds a requeued job back (BeginTime, about two minutes) while the old step winds down;
+    # once the old ranks are gone, let it start now
+    while slurm.job_states(job).get(job, ("",))[0] != "PENDING" or processes_with(f"train-{job}.npz"):
+        assert time.monotonic() < deadline, slurm.job_states(job)
+        time.sleep(0.5)
+    time.sleep(2)
+    slurm.command(["scontrol", "update", f"JobId={job}", "StartTime=now"])
     states = slurm.wait(job, JOB_TIMEOUT)
     output = read(log)
     state, restarts, exit_code = states[job]
     assert state == "COMPLETED" and restarts == "1", (states, output)
     assert "USR1: asking the ranks for a checkpoint" in output, output
     assert "requeueing job" in output and "restart 1" in output, output
-    resumed_at = int(re.search(r"resumed from \S+ at step (\d+) \(SLURM_RESTART_COUNT=1\)", output).group(1))
+    resumed = re.search(r"resumed from \S+ at step (\d+) \(SLURM_RESTART_COUNT=1\)", output)
+    assert resumed, output
+    resumed_at = int(resumed.group(1))
     assert resumed_at >= 10
     assert f"step {resumed_at + 1:>5} " in output.split("resumed from")[1], output
     assert "step   300 " in output, output
+    # the same parameters as a run that was never interrupted (same rank count: the same bits)
+    import numpy as np
+    from mpiallreduce.launch import run
+    straight = tmp_path / "straight.npz"
+    result = run(2, [sys.executable, "-m", "mpiallreduce.train", "--steps", "300", "--save-params", str(straight)],
+                 timeout=JOB_TIMEOUT, cwd=tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    with np.load(tmp_path / "checkpoints" / f"train-{job}.npz") as interrupted, np.load(straight) as reference:
+        assert int(interrupted["step"]) == 300
+        for name in reference.files:
+            assert np.array_equal(interrupted[name], reference[name]), name
+
+
+def test_a_job_launched_the_wrong_way_fails_with_the_singleton_message(slurm, tmp_path):
+    script = f"srun --mpi=pmi2 -n 2 {sys.executable} -c 'import numpy, mpiallreduce as m; m.allreduce(numpy.ones(1))'"
+    job = slurm.submit([f"--chdir={tmp_path}", "--ntasks=2", f"--output={tmp_path}/wrong-%j.out", "--wrap", script],
+                       cwd=tmp_path)
+    states = slurm.wait(job, JOB_TIMEOUT)
+    output = read(tmp_path / f"wrong-{job}.out")
+    assert states[job][0] == "FAILED", (states, output)
+    assert "SingletonUnderSlurm: Slurm started 2 tasks in this step" in output, output
