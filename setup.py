@@ -25,7 +25,8 @@ setup(
     extras_require={
         "bench": ["matplotlib>=3.5"],
         "torch": ["torch>=2.1"],
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "matplotlib>=3.5"],
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "matplotlib>=3.5",
+                 "ml_dtypes>=0.3"],
         "cuda12": ["cupy-cuda12x>=13"],
         "cuda13": ["cupy-cuda13x>=14"],
     },

@@ -7,8 +7,8 @@
 
 Many small gradients cost a few large allreduces instead of hundreds of small ones (torch DDP's
 25 MB buckets, Horovod's tensor fusion). Every rank must mark the same gradients ready in the same
-order (as data-parallel replicas do). float16 (and other floats narrower than 32 bits) are summed
-in float32 and rounded once, on the way back.
+order (as data-parallel replicas do). float16 and bfloat16 (ml_dtypes) are summed in float32 and
+rounded once, on the way back.
 """
 import hashlib
 
@@ -23,9 +23,9 @@ __all__ = ["GradientSync", "broadcast_parameters", "check_replicas"]
 
 
 def accumulation_dtype(dtype):
-    """float16 (and narrower floats) are summed in float32; everything else in its own type."""
+    """float16, bfloat16 (ml_dtypes) and narrower floats are summed in float32; the rest in their own type."""
     dtype = np.dtype(dtype)
-    if dtype.kind == "f" and dtype.itemsize < 4:
+    if (dtype.kind == "f" and dtype.itemsize < 4) or dtype.name == "bfloat16":  # ml_dtypes' bfloat16
         return np.dtype(np.float32)
     if dtype.kind not in "fc":
         raise TypeError(f"gradients must be floating or complex arrays, got dtype {dtype}")

@@ -115,3 +115,16 @@ def test_mismatched_parameters_raise_on_every_rank(comm):
         mar.broadcast_parameters(params, comm=comm)
     with pytest.raises(ValueError, match="names differs"):
         mar.check_replicas({"a" if last else "b": np.zeros(3)}, comm=comm)
+
+
+def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(comm):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    # 1 + rank * 2^-7: exact in bfloat16; their sum is not (8 bits of mantissa), so a sum in bfloat16
+    # would round at every step, one in float32 only once, at the end
+    grad = (np.full(6, 1.0, np.float32) + np.float32(rank) * np.float32(2.0 ** -7)).astype(ml_dtypes.bfloat16)
+    contributions = gather_inputs(comm, grad.astype(np.float32))
+    expected = (contributions.sum(axis=0) / size).astype(ml_dtypes.bfloat16)
+    mar.GradientSync(comm=comm, op="mean").synchronize([grad])
+    assert grad.dtype == ml_dtypes.bfloat16
+    assert np.array_equal(grad.astype(np.float32), expected.astype(np.float32)), (grad, expected)
