@@ -151,10 +151,15 @@ def main(argv=None):
     stop = _StopRequest()
 
     params, start = initial_parameters(args.seed), 0
-    if args.resume and args.checkpoint and os.path.exists(args.checkpoint):
+    # Rank 0 reads the checkpoint and every rank gets its contents: the ranks must agree on whether
+    # there is one even where rank 0's file system is not the others'.
+    saved_state = None
+    if rank == 0 and args.resume and args.checkpoint and os.path.exists(args.checkpoint):
         with np.load(args.checkpoint) as saved:
-            params = {k: saved[k].copy() for k in params}
-            start = int(saved["step"])
+            saved_state = ({k: saved[k].copy() for k in params}, int(saved["step"]))
+    saved_state = comm.bcast(saved_state, root=0)
+    if saved_state is not None:
+        params, start = saved_state
         if rank == 0:
             print(f"resumed from {args.checkpoint} at step {start} "
                   f"(SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '-')})", flush=True)

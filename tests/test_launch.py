@@ -4,6 +4,7 @@ import sys
 import time
 
 from mpiallreduce import launch
+from processes import processes_with
 
 
 def test_command_has_rank_count_and_oversubscribe():
@@ -27,12 +28,5 @@ def test_timeout_kills_every_rank():
     assert result.timed_out and result.returncode is None
     assert time.monotonic() - started < 30
     time.sleep(0.5)
-    survivors = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    survivors.append(pid)
-        except OSError:
-            pass
+    survivors = processes_with(marker)
     assert not survivors, f"processes left running after the timeout: {survivors}"

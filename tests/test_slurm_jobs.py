@@ -1,5 +1,4 @@
 """The jobs in jobs/ on a real single-node Slurm that the test suite starts and stops itself."""
-import os
 import re
 import sys
 import time
@@ -7,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from processes import processes_with
 from slurm_cluster import SlurmCluster, missing_programs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,19 +24,6 @@ def slurm(tmp_path_factory):
     cluster.start()
     yield cluster
     cluster.stop()
-
-
-def processes_with(text):
-    """Pids whose command line contains ``text``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    found.append(pid)
-        except OSError:
-            pass
-    return found
 
 
 def read(path):
