@@ -1,4 +1,5 @@
 """Named-axis and grouped reductions over a process mesh, against numpy on the gathered inputs."""
+import hashlib
 import itertools
 import math
 
@@ -90,6 +91,9 @@ def test_groups_of_the_communicator(algorithm):
             result = mar.allreduce(x, op=op, algorithm=algorithm, groups=groups)
             if not values_equal(result, expected):
                 problems.append(f"groups {groups} {op}: got {result[:3]}, expected {expected[:3]}")
+            digests = WORLD.allgather(hashlib.sha256(result.tobytes()).hexdigest())
+            if len({digests[r] for r in mine}) != 1:
+                problems.append(f"groups {groups} {op}: members of group {mine} hold different bits")
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)
 
 
