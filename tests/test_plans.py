@@ -135,6 +135,19 @@ def test_cost_model_fits_synthetic_times():
     assert np.allclose(fitted[:3], (alpha, beta, gamma), rtol=1e-6)
 
 
+def exchange(plans, core, buffers, steps_name, combine):
+    """Play one phase of pairwise steps (partner, elements sent, elements updated): each partner must
+    send exactly the elements this rank updates, which become combine(mine, theirs)."""
+    for step in range(len(getattr(plans[core[0]], steps_name))):
+        before = [list(map(Counter, b)) for b in buffers]
+        for r in core:
+            partner, _, (u0, u1) = getattr(plans[r], steps_name)[step]
+            partners_partner, sent, _ = getattr(plans[partner], steps_name)[step]
+            assert partners_partner == r and sent == (u0, u1), f"{steps_name}: partner must send what this rank updates"
+            for i in range(u0, u1):
+                buffers[r][i] = combine(before[r][i], before[partner][i])
+
+
 @pytest.mark.parametrize("p", RANK_COUNTS)
 def test_rabenseifner_plan_reduces_every_element_once_everywhere(p):
     for count in counts_for(p):
@@ -146,24 +159,9 @@ def test_rabenseifner_plan_reduces_every_element_once_everywhere(p):
                 assert plans[target].fold.fold_from == r
                 buffers[target] = [a + b for a, b in zip(buffers[target], buffers[r])]
         core = [r for r in range(p) if plans[r].fold.fold_into is None]
-        steps = {len(plans[r].reduce_scatter_steps) for r in core}
-        assert len(steps) == 1
-        for step in range(steps.pop()):
-            before = [list(map(Counter, b)) for b in buffers]
-            for r in core:
-                partner, _, (k0, k1) = plans[r].reduce_scatter_steps[step]
-                p_partner, (s0, s1), _ = plans[partner].reduce_scatter_steps[step]
-                assert p_partner == r and (s0, s1) == (k0, k1), "partner must send what this rank keeps"
-                for i in range(k0, k1):
-                    buffers[r][i] = before[r][i] + before[partner][i]
-        for step in range(len(plans[core[0]].allgather_steps)):
-            before = [list(map(Counter, b)) for b in buffers]
-            for r in core:
-                partner, _, (r0, r1) = plans[r].allgather_steps[step]
-                p_partner, (s0, s1), _ = plans[partner].allgather_steps[step]
-                assert p_partner == r and (s0, s1) == (r0, r1), "partner must send what this rank receives"
-                for i in range(r0, r1):
-                    buffers[r][i] = before[partner][i]
+        assert len({len(plans[r].reduce_scatter_steps) for r in core}) == 1
+        exchange(plans, core, buffers, "reduce_scatter_steps", lambda mine, theirs: mine + theirs)
+        exchange(plans, core, buffers, "allgather_steps", lambda mine, theirs: theirs)
         for r in range(p):  # fold out
             if plans[r].fold.fold_into is not None:
                 buffers[r] = list(buffers[plans[r].fold.fold_into])

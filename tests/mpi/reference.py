@@ -84,3 +84,15 @@ def values_equal(a, b):
 def bits_equal(a, b):
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def problems_with(comm, result, expected, case):
+    """What is wrong with ``result`` (values against numpy's ``expected``, bits across ``comm``),
+    as lines naming ``case``; empty when nothing is."""
+    problems = []
+    if not values_equal(result, expected):
+        problems.append(f"{case}: got {result.reshape(-1)[:4]}, expected {expected.reshape(-1)[:4]}")
+    differ = digests_differ(comm, result)
+    if differ:
+        problems.append(f"{case}: {differ}")
+    return problems

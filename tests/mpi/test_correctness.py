@@ -8,7 +8,7 @@ import pytest
 
 import mpiallreduce as mar
 from reference import (bits_equal, digests_differ, exact_input, gather_inputs, numpy_reference,
-                       op_applies, values_equal)
+                       op_applies, problems_with, values_equal)
 
 pytestmark = pytest.mark.mpi
 
@@ -50,14 +50,7 @@ def test_matches_numpy_on_gathered_inputs(comm, algorithm, op, in_place):
             case = f"{dtype} count={count}"
             if not returned_out:
                 problems.append(f"{case}: input modified or wrong array returned")
-            if result.shape != x.shape or result.dtype != x.dtype:
-                problems.append(f"{case}: result {result.shape} {result.dtype}")
-            elif not values_equal(result, expected):
-                wrong = int(np.count_nonzero(result != expected))
-                problems.append(f"{case}: {wrong} wrong elements, first {result[:4]} expected {expected[:4]}")
-            differ = digests_differ(comm, result)
-            if differ:
-                problems.append(f"{case}: {differ}")
+            problems += problems_with(comm, result, expected, case)
     assert not problems, f"rank {rank}:\n" + "\n".join(problems[:30])
 
 
@@ -183,9 +176,5 @@ def test_every_other_numeric_dtype(comm, algorithm):
                 x = exact_input(dtype, count, rank, op)
                 expected = numpy_reference(op, gather_inputs(comm, x))
                 result = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm)
-                if not values_equal(result, expected):
-                    problems.append(f"{dtype} {op} count={count}: got {result[:4]}, expected {expected[:4]}")
-                differ = digests_differ(comm, result)
-                if differ:
-                    problems.append(f"{dtype} {op} count={count}: {differ}")
+                problems += problems_with(comm, result, expected, f"{dtype} {op} count={count}")
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)

@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from reference import digests_differ, exact_input, gather_inputs, numpy_reference, op_applies, values_equal
+from reference import exact_input, gather_inputs, numpy_reference, op_applies, problems_with, values_equal
 
 pytestmark = pytest.mark.mpi
 
@@ -56,12 +56,8 @@ def test_every_axis_of_every_mesh(algorithm):
                         expected, members = expected_along(gather_inputs(WORLD, x), shape, indices, op)
                         axis = axes[0] if len(axes) == 1 else axes
                         result = mar.allreduce(x, op=op, algorithm=algorithm, mesh=mesh, axis=axis)
-                        case = f"mesh {shape} axis {axes} {op} {dtype} count={count}"
-                        if not values_equal(result, expected):
-                            problems.append(f"{case}: wrong values (group {members})")
-                        differ = digests_differ(mesh.comm(axis), result)
-                        if differ:
-                            problems.append(f"{case}: {differ}")
+                        case = f"mesh {shape} axis {axes} {op} {dtype} count={count} (group {members})"
+                        problems += problems_with(mesh.comm(axis), result, expected, case)
         mesh.free()
     assert not problems, f"rank {rank}:\n" + "\n".join(problems[:20])
 

@@ -5,7 +5,8 @@ from mpi4py import MPI
 
 import mpiallreduce as mar
 from mpiallreduce.topology import RANKS_PER_NODE_ENV, leader_communicator, node_communicator
-from reference import digests_differ, exact_input, gather_inputs, numpy_reference, op_applies, values_equal
+from reference import (digests_differ, exact_input, gather_inputs, numpy_reference, op_applies, problems_with,
+                       values_equal)
 
 pytestmark = pytest.mark.mpi
 
@@ -41,11 +42,7 @@ def test_hierarchical_over_pretend_nodes(pretend_nodes):
                 x = exact_input(dtype, count, rank, op)
                 expected = numpy_reference(op, gather_inputs(comm, x))
                 result = mar.allreduce(x, op=op, algorithm="hierarchical", comm=comm)
-                if not values_equal(result, expected):
-                    problems.append(f"{op} {dtype} count={count}: wrong values")
-                differ = digests_differ(comm, result)
-                if differ:
-                    problems.append(f"{op} {dtype} count={count}: {differ}")
+                problems += problems_with(comm, result, expected, f"{op} {dtype} count={count}")
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)
 
 
