@@ -18,6 +18,8 @@ _EXPORTS = {
     "GradientSync": ".gradients", "broadcast_parameters": ".gradients", "check_replicas": ".gradients",
     "Mesh": ".mesh",
     "ALGORITHMS": ".algorithms",
+    "HOST_ALGORITHMS": ".algorithms",
+    "select_gpu": ".device",
     "OPS": ".ops",
 }
 

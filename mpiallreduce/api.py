@@ -10,10 +10,12 @@ from .agreement import agree_on_call
 from .asynchronous import asynchronous_calls_pending, run_in_order
 from .algorithms import Algorithm, choose_algorithm, get_algorithm
 from .comms import cached, private_duplicate
+from .device import cuda_aware, namespace
 from .mesh import resolve_communicator
 from .ops import ReduceOp, get_op
 from .startup import check_world_matches_slurm
 from .topology import node_communicator
+from .transports import run_on_device
 
 __all__ = ["allreduce", "psum", "pmean", "pmax", "pmin", "CHECK_ENV"]
 
@@ -30,7 +32,10 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
     """Reduce ``x`` elementwise over every rank of ``comm``; every rank gets the same bits.
 
     Args:
-        x: numpy array, any shape, contiguous or strided, of an integer, float or complex dtype.
+        x: numpy or CuPy array, any shape, contiguous or strided, of an integer, float or complex
+            dtype (float16 and bfloat16 included: the hand-written algorithms sum those in float32
+            and round once). A CuPy array's result is a CuPy array on the same device, ordered on
+            CuPy's current stream; see mpiallreduce.transports for how device memory travels.
         op: "sum", "prod", "min", "max" or "mean" (sum, then divided by the number of ranks;
             floating and complex dtypes only).
         algorithm: "auto" or one of ``mpiallreduce.ALGORITHMS``.
@@ -80,6 +85,8 @@ class _Call:
     datatype: MPI.Datatype
     flat: buffers.FlatBuffers
     auto: bool
+    #: the array module of device arrays (cupy, or the test stand-in); None for numpy arrays
+    xp: object = None
 
 
 def _check_comm(comm):
@@ -93,8 +100,9 @@ def _check_comm(comm):
 def _signature(x, op, algorithm):
     """What must be equal on every rank, in a form that pickles and compares whatever x is."""
     names = {"op": _plain(op), "algorithm": _plain(algorithm)}
-    if isinstance(x, np.ndarray):
-        return {"shape": x.shape, "dtype": str(x.dtype), **names}
+    if isinstance(x, np.ndarray) or namespace(x) is not None:
+        return {"memory": "host" if isinstance(x, np.ndarray) else "device", "shape": tuple(x.shape),
+                "dtype": str(x.dtype), **names}
     return {"x": type(x).__name__, **names}
 
 
@@ -107,10 +115,28 @@ def _prepare(x, op, algorithm, comm, out):
     buffers.check_array(x)
     reduce_op = get_op(op)
     reduce_op.check_dtype(x.dtype)
+    xp = namespace(x)
     auto = isinstance(algorithm, str) and algorithm == "auto"
-    chosen = choose_algorithm(x.nbytes, comm.Get_size()) if auto else get_algorithm(algorithm)
+    if auto:
+        chosen = (choose_algorithm if xp is None else choose_device_algorithm)(x.nbytes, comm.Get_size())
+    else:
+        chosen = get_algorithm(algorithm)
+    if chosen.memory == "device" and xp is None:
+        raise TypeError(f"algorithm {chosen.name!r} runs on device (CuPy) arrays; x is a numpy array")
     buffers.check_out(out, x)
-    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out), auto)
+    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out), auto, xp)
+
+
+#: device arrays from this size up take the device-to-device path under "auto" (on one node);
+#: smaller ones MPI_Allreduce (straight, or through host memory). A first guess, not yet measured.
+DEVICE_TO_DEVICE_MIN_BYTES = 64 << 10
+
+
+def choose_device_algorithm(nbytes, size):
+    """What "auto" runs for device arrays (before the topology is known; see _execute)."""
+    if size == 1 or nbytes < DEVICE_TO_DEVICE_MIN_BYTES:
+        return get_algorithm("mpi")
+    return get_algorithm("device_to_device")
 
 
 def _spans_nodes(comm):
@@ -124,17 +150,36 @@ def _execute(call):
     size = call.comm.Get_size()
     if size == 1 or flat.recv.size == 0:
         if flat.send is not None:
-            np.copyto(flat.recv, flat.send)
-    else:
-        algorithm = call.algorithm
-        if call.auto and _spans_nodes(call.comm):
-            # The table is measured on one node. Across nodes: reduce within each node, then the
-            # table's choice among the node leaders (all ranks agree on the topology).
+            buffers.copy_into(flat.recv, flat.send)
+        call.op.finish(flat.recv, size)
+        return flat.finish()
+    algorithm = call.algorithm
+    if call.auto and _spans_nodes(call.comm):
+        # The table is measured on one node. Across nodes: reduce within each node, then the
+        # table's choice among the node leaders (all ranks agree on the topology). Device arrays:
+        # a ring, straight through a CUDA-aware MPI or staged through host memory.
+        if call.xp is None:
             algorithm = get_algorithm("hierarchical")
-        comm = private_duplicate(call.comm) if algorithm.uses_point_to_point else call.comm
-        algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
-    call.op.finish(flat.recv, size)
+        else:
+            algorithm = get_algorithm("ring" if cuda_aware()[0] else "staged_ring")
+    comm = private_duplicate(call.comm) if algorithm.uses_point_to_point else call.comm
+    if buffers.is_low_precision(flat.recv.dtype) and (algorithm.name != "mpi" or call.xp is not None):
+        # float16/bfloat16: accumulate in float32, round once at the end
+        wide = (flat.recv if flat.send is None else flat.send).astype(np.float32)
+        _run(algorithm, comm, None, wide, call.op, buffers.mpi_datatype(np.float32), call.xp)
+        call.op.finish(wide, size)
+        buffers.array_module(wide).copyto(flat.recv, wide, casting="unsafe")
+    else:
+        _run(algorithm, comm, flat.send, flat.recv, call.op, call.datatype, call.xp)
+        call.op.finish(flat.recv, size)
     return flat.finish()
+
+
+def _run(algorithm, comm, send, recv, op, datatype, xp):
+    if xp is None:
+        algorithm.run(comm, send, recv, op, datatype)
+    else:
+        run_on_device(algorithm, comm, send, recv, op, datatype, xp)
 
 
 # JAX's names and argument order (jax.lax.psum(x, axis_name, *, axis_index_groups=None)).

@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__, allreduce
-from .algorithms import ALGORITHMS
+from .algorithms import HOST_ALGORITHMS as ALGORITHMS
 from .buffers import aligned_empty, mpi_datatype
 from .mpilib import library_version
 from .openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator

@@ -3,7 +3,8 @@
 Every algorithm sees one-dimensional C-contiguous arrays: an optional send buffer (``None`` when the
 call is in place) and a receive buffer that ends up holding the result. This module turns what the
 user passed (any shape, strided or not, ``out`` or not) into those, and copies the result back where a
-contiguous view was not possible. Later GPU work extends it with device arrays.
+contiguous view was not possible. Device arrays (CuPy, or the test stand-in) get the same
+treatment through their own array module (``xp``), which has the same names as numpy.
 """
 import functools
 import threading
@@ -14,9 +15,14 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
+from .device import foreign_device_array, namespace
+
 __all__ = [
     "check_array",
     "check_out",
+    "array_module",
+    "is_low_precision",
+    "copy_into",
     "mpi_datatype",
     "aligned_empty",
     "scratch",
@@ -26,13 +32,36 @@ __all__ = [
 
 # numpy kinds an allreduce makes sense for: signed, unsigned, floating, complex.
 REDUCIBLE_KINDS = "iufc"
+#: 16-bit floats: the hand-written algorithms accumulate them in float32 and round once
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+def array_module(x):
+    """numpy for host arrays; ``cupy`` (or the test stand-in) for device arrays."""
+    return namespace(x) or np
+
+
+def is_low_precision(dtype):
+    return np.dtype(dtype).name in LOW_PRECISION
+
+
+def copy_into(destination, source):
+    """destination[...] = source, on the device (queued on the current stream) for device arrays."""
+    array_module(destination).copyto(destination, source)
 
 
 def check_array(x, name="x"):
-    """Raise TypeError unless ``x`` is a numpy array of a dtype that can be reduced."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__module__}.{type(x).__qualname__}")
+    """Raise TypeError unless ``x`` is a numpy or CuPy array of a dtype that can be reduced."""
+    if not isinstance(x, np.ndarray) and namespace(x) is None:
+        if foreign_device_array(x):
+            raise TypeError(
+                f"{name} is a device array of type {type(x).__module__}.{type(x).__qualname__}; "
+                f"pass a CuPy array instead (cupy.from_dlpack({name}) shares the memory without a copy)")
+        raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray, "
+                        f"got {type(x).__module__}.{type(x).__qualname__}")
     dtype = x.dtype
+    if dtype.name == "bfloat16":  # ml_dtypes' bfloat16 (kind 'V' to numpy)
+        return
     if dtype.kind not in REDUCIBLE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise TypeError(
             f"{name} has dtype {dtype!s}, which cannot be reduced; "
@@ -49,13 +78,14 @@ def check_out(out, x):
     """Raise TypeError/ValueError unless ``out`` can receive the allreduce of ``x``."""
     if out is None:
         return
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be None or a numpy.ndarray, got {type(out).__module__}.{type(out).__qualname__}")
+    if array_module(out) is not array_module(x) or not (isinstance(out, np.ndarray) or namespace(out)):
+        raise TypeError(f"out must be None or an array of the same kind as x ({type(x).__module__}."
+                        f"{type(x).__qualname__}), got {type(out).__module__}.{type(out).__qualname__}")
     if out.shape != x.shape:
         raise ValueError(f"out has shape {out.shape}, but x has shape {x.shape}; they must match")
     if out.dtype != x.dtype:
         raise ValueError(f"out has dtype {out.dtype}, but x has dtype {x.dtype}; they must match")
-    if not out.flags.writeable:
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise ValueError("out is read-only; pass a writeable array (or out=None for a new one)")
 
 
@@ -101,18 +131,21 @@ class _ScratchPool(threading.local):
 _scratch_pool = _ScratchPool()
 
 
-def scratch(slot, count, dtype):
+def scratch(slot, count, dtype, like=None):
     """A reusable 1-D work array of ``count`` elements, one per (thread, slot); grown, never shrunk.
 
     Algorithms receive into scratch memory instead of allocating per call: a fresh allocation every
     call made 1-16 MiB allreduces about 1.6x slower here (FIELD.md). The contents are garbage.
+    With ``like`` a device array, the scratch array is device memory of the same library.
     """
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
-    raw = _scratch_pool.buffers.get(slot)
+    xp = None if like is None else namespace(like)
+    key = slot if xp is None else (slot, xp.__name__)
+    raw = _scratch_pool.buffers.get(key)
     if raw is None or raw.nbytes < nbytes:
-        raw = aligned_empty(max(nbytes, 1), np.uint8)
-        _scratch_pool.buffers[slot] = raw
+        raw = aligned_empty(max(nbytes, 1), np.uint8) if xp is None else xp.empty(max(nbytes, 1), np.uint8)
+        _scratch_pool.buffers[key] = raw
     return raw[:nbytes].view(dtype)
 
 
@@ -144,24 +177,32 @@ def _flat_view(a):
 
 def flat_buffers(x, out):
     """Plan the flat send/receive buffers for ``allreduce(x, out=out)``; never modifies ``x`` unless out is x."""
-    overlapping = out is not None and out is not x and np.may_share_memory(out, x)
+    xp = array_module(x)
+    overlapping = out is not None and out is not x and xp.may_share_memory(out, x)
     in_place = out is x or (overlapping and _same_elements(out, x))
-    result = np.empty(x.shape, dtype=x.dtype) if out is None else out
+    result = xp.empty(x.shape, dtype=x.dtype) if out is None else out
     recv = _flat_view(result)
     write_back = None
     if recv is None:  # a strided out (or strided x in place): reduce in a temporary, copy back after
-        recv = np.empty(x.size, dtype=x.dtype)
-        write_back = lambda: np.copyto(result, recv.reshape(result.shape))  # noqa: E731
+        recv = xp.empty(x.size, dtype=x.dtype)
+        write_back = lambda: xp.copyto(result, recv.reshape(result.shape))  # noqa: E731
     if in_place:
         if write_back is not None:
-            np.copyto(recv.reshape(x.shape), x)
+            xp.copyto(recv.reshape(x.shape), x)
         return FlatBuffers(send=None, recv=recv, result=result, write_back=write_back)
     send = _flat_view(x)
     if send is None or overlapping:  # strided x, or an out that overlaps x without being x
-        send = np.array(x, order="C", copy=True).reshape(-1)
+        send = xp.ascontiguousarray(x).reshape(-1)
+        if send is x or xp.may_share_memory(send, x):
+            send = send.copy()
     return FlatBuffers(send=send, recv=recv, result=result, write_back=write_back)
+
+
+def _address(a):
+    interface = a.__array_interface__ if isinstance(a, np.ndarray) else a.__cuda_array_interface__
+    return interface["data"][0]
 
 
 def _same_elements(a, b):
     """Whether two arrays of one shape and dtype view exactly the same memory, element for element."""
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.strides == b.strides
+    return _address(a) == _address(b) and a.strides == b.strides

@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .buffers import mpi_datatype
+from .device import namespace
 
 __all__ = ["ReduceOp", "OPS", "get_op"]
 
@@ -38,8 +39,14 @@ class ReduceOp:
             raise TypeError(f"op '{self.name}' is not defined for complex dtype {dtype}")
 
     def reduce_local(self, a, b, out):
-        """out = a (op) b, elementwise, in numpy; ``out`` may alias ``a`` or ``b``."""
-        self.ufunc(a, b, out=out)
+        """out = a (op) b, elementwise; ``out`` may alias ``a`` or ``b``.
+
+        numpy for host arrays; for device arrays the same-named CuPy ufunc, queued on the current stream.
+        """
+        if type(out) is np.ndarray:
+            self.ufunc(a, b, out=out)
+        else:
+            getattr(namespace(out), self.ufunc.__name__)(a, b, out=out)
 
     def mpi_op(self, dtype):
         """The MPI op to hand to MPI collectives for elements of ``dtype``.
@@ -55,7 +62,8 @@ class ReduceOp:
     def finish(self, result, size):
         """Apply what remains after the reduction proper (mean's division), in place."""
         if self.divide_by_size and size != 1:
-            np.divide(result, size, out=result)
+            xp = np if type(result) is np.ndarray else namespace(result)
+            xp.divide(result, result.dtype.type(size), out=result)
 
 
 @functools.lru_cache(maxsize=None)

@@ -100,7 +100,7 @@ def rules_from_measurements(measurements):
 def main(argv=None):
     from mpi4py import MPI
 
-    from .algorithms import ALGORITHMS
+    from .algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, parse_size, run_metadata
 
     parser = argparse.ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])

@@ -8,7 +8,7 @@ import pkgutil
 from ..tuning import choose_name
 from .base import Algorithm
 
-__all__ = ["ALGORITHMS", "REGISTRY", "get_algorithm", "choose_algorithm", "Algorithm"]
+__all__ = ["ALGORITHMS", "HOST_ALGORITHMS", "REGISTRY", "get_algorithm", "choose_algorithm", "Algorithm"]
 
 _NOT_ALGORITHM_MODULES = {"base", "power_of_two"}
 
@@ -32,6 +32,8 @@ def _discover():
 REGISTRY = _discover()
 #: the names accepted by ``allreduce(algorithm=...)`` besides "auto"
 ALGORITHMS = tuple(REGISTRY)
+#: those that run on numpy arrays (the others are for device arrays only)
+HOST_ALGORITHMS = tuple(name for name, algorithm in REGISTRY.items() if algorithm.memory != "device")
 
 
 def get_algorithm(name):

@@ -8,7 +8,7 @@ count, this rank and the element count, so plans are cached and can be checked w
 import functools
 import itertools
 
-__all__ = ["Algorithm", "ring_neighbours", "split_evenly"]
+__all__ = ["Algorithm", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
 
 
 class Algorithm:
@@ -20,6 +20,14 @@ class Algorithm:
     uses_point_to_point = True
     #: True when every rank of the communicator must be on one node (shared memory)
     needs_one_node = False
+    #: which arrays it runs on: "any" (numpy, and device arrays through mpiallreduce.transports),
+    #: "host" (device arrays make a round trip through host memory), "device" (device arrays only)
+    memory = "any"
+    #: True when its only MPI calls are blocking Send/Recv/Sendrecv, which the staged path can
+    #: carry through pinned host buffers message by message (reductions staying on the GPU)
+    blocking_messages_only = False
+    #: for memory == "device": the name of the path it is (see mpiallreduce.transports)
+    device_path = None
 
     def plan(self, size, rank, count):
         """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""
@@ -65,3 +73,11 @@ def split_evenly(count, parts):
 def ring_neighbours(size, rank):
     """(left, right): the ranks this rank receives from and sends to around a ring."""
     return (rank - 1) % size, (rank + 1) % size
+
+
+def reduce_in_rank_order_into(op, pieces, out):
+    """out = pieces[0] (op) pieces[1] (op) ... left to right: one fixed order, the same bits wherever
+    it runs. ``out`` may be one of the pieces only if it is ``pieces[0]`` or ``pieces[1]``."""
+    op.reduce_local(pieces[0], pieces[1], out=out)
+    for piece in pieces[2:]:
+        op.reduce_local(out, piece, out=out)

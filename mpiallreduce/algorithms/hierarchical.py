@@ -24,6 +24,7 @@ NOT_ACROSS_NODES = {"shared_memory", "hierarchical"}
 
 class HierarchicalAllreduce(Algorithm):
     name = "hierarchical"
+    memory = "host"
 
     def plan(self, size, rank, count):
         return None

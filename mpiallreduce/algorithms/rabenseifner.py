@@ -20,9 +20,7 @@ one chain of pairwise reductions, then copied: the same bits on every rank.
 from dataclasses import dataclass
 from typing import Tuple
 
-import numpy as np
-
-from ..buffers import scratch
+from ..buffers import copy_into, scratch
 from .base import Algorithm, split_evenly
 from .power_of_two import Fold, fold_in, fold_out, fold_plan
 
@@ -42,6 +40,7 @@ class RabenseifnerPlan:
 
 class RabenseifnerAllreduce(Algorithm):
     name = "rabenseifner"
+    blocking_messages_only = True
 
     def plan(self, size, rank, count):
         fold = fold_plan(size, rank)
@@ -76,12 +75,13 @@ class RabenseifnerAllreduce(Algorithm):
     def execute(self, plan, comm, send, recv, op, datatype):
         folding = plan.fold.fold_from is not None or plan.fold.fold_into is not None
         if send is not None and folding:
-            np.copyto(recv, send)
+            copy_into(recv, send)
         # Otherwise no copy first: step 0 sends from the input and reduces input (op) incoming into
         # recv; what this rank gives away arrives, reduced, in the allgather.
         source = recv if send is None or folding else send
         incoming = scratch("rabenseifner.incoming",
-                           recv.size if plan.fold.fold_from is not None else plan.largest_piece, recv.dtype)
+                           recv.size if plan.fold.fold_from is not None else plan.largest_piece, recv.dtype,
+                           like=recv)
         if fold_in(plan.fold, comm, recv, incoming, op, datatype):
             return
         rank = comm.Get_rank()

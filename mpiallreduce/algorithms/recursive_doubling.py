@@ -20,9 +20,7 @@ payloads); folded-out ranks get a copy. Cost lg p (alpha + n beta + n gamma): fo
 from dataclasses import dataclass
 from typing import Tuple
 
-import numpy as np
-
-from ..buffers import scratch
+from ..buffers import copy_into, scratch
 from .base import Algorithm
 from .power_of_two import Fold, fold_in, fold_out, fold_plan, reduce_in_rank_order
 
@@ -38,6 +36,7 @@ class RecursiveDoublingPlan:
 
 class RecursiveDoublingAllreduce(Algorithm):
     name = "recursive_doubling"
+    blocking_messages_only = True
 
     def plan(self, size, rank, count):
         fold = fold_plan(size, rank)
@@ -51,8 +50,8 @@ class RecursiveDoublingAllreduce(Algorithm):
 
     def execute(self, plan, comm, send, recv, op, datatype):
         if send is not None:
-            np.copyto(recv, send)
-        incoming = scratch("recursive_doubling.incoming", recv.size, recv.dtype)
+            copy_into(recv, send)
+        incoming = scratch("recursive_doubling.incoming", recv.size, recv.dtype, like=recv)
         if fold_in(plan.fold, comm, recv, incoming, op, datatype):
             return
         rank = comm.Get_rank()

@@ -54,6 +54,7 @@ class RingPlan:
 
 class RingAllreduce(Algorithm):
     name = "ring"
+    blocking_messages_only = True
 
     def plan(self, size, rank, count):
         left, right = ring_neighbours(size, rank)
@@ -72,7 +73,7 @@ class RingAllreduce(Algorithm):
         # writes input (op) incoming into recv; chunks this rank never reduces arrive in the allgather.
         source = recv if send is None else send
         bounds = chunk_bounds(plan)
-        incoming = scratch("ring.incoming", max(plan.chunk_counts), recv.dtype)
+        incoming = scratch("ring.incoming", max(plan.chunk_counts), recv.dtype, like=recv)
 
         # Reduce-scatter
         for step, (send_chunk, reduce_chunk) in enumerate(plan.reduce_scatter_steps):
@@ -91,14 +92,19 @@ def chunk_bounds(plan):
     return [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
 
 
-def ring_allgather(plan, comm, recv, datatype):
-    """The allgather half: pass the reduced chunks around the ring, copying each over the old one."""
+def ring_allgather(plan, comm, recv, datatype, received=None):
+    """The allgather half: pass the reduced chunks around the ring, copying each over the old one.
+
+    ``received(start, stop)``, if given, is called as each chunk arrives.
+    """
     bounds = chunk_bounds(plan)
     for send_chunk, copy_chunk in plan.allgather_steps:
         s0, s1 = bounds[send_chunk]
         c0, c1 = bounds[copy_chunk]
         comm.Sendrecv([recv[s0:s1], datatype], plan.right, ALLGATHER_TAG,
                       [recv[c0:c1], datatype], plan.left, ALLGATHER_TAG)
+        if received is not None:
+            received(c0, c1)
 
 
 ALGORITHM = RingAllreduce()

@@ -26,13 +26,15 @@ SEGMENT_BYTES = int(os.environ.get("MPIALLREDUCE_RING_SEGMENT_BYTES", 1 << 20))
 
 class PipelinedRingAllreduce(RingAllreduce):
     name = "ring_pipelined"
+    blocking_messages_only = False  # Isend/Irecv: device arrays take the host round trip when staged
     segment_bytes = SEGMENT_BYTES
 
     def execute(self, plan, comm, send, recv, op, datatype):
         source = recv if send is None else send
         bounds = chunk_bounds(plan)
         segment = max(1, self.segment_bytes // recv.dtype.itemsize)
-        buffers = (scratch("ring_pipelined.a", segment, recv.dtype), scratch("ring_pipelined.b", segment, recv.dtype))
+        buffers = (scratch("ring_pipelined.a", segment, recv.dtype, like=recv),
+                   scratch("ring_pipelined.b", segment, recv.dtype, like=recv))
 
         # Reduce-scatter, segment by segment, the next segment in flight while one is reduced
         for step, (send_chunk, reduce_chunk) in enumerate(plan.reduce_scatter_steps):

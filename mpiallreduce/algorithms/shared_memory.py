@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from ..comms import cached, replace_cached
 from ..topology import node_communicator
-from .base import Algorithm, split_evenly
+from .base import Algorithm, reduce_in_rank_order_into, split_evenly
 
 MIN_WINDOW_BYTES = 1 << 16
 
@@ -76,6 +76,7 @@ def shared_window(comm, nbytes):
 
 class SharedMemoryAllreduce(Algorithm):
     name = "shared_memory"
+    memory = "host"
     needs_one_node = True
 
     def plan(self, size, rank, count):
@@ -97,9 +98,7 @@ class SharedMemoryAllreduce(Algorithm):
         # Step 2: reduce this rank's slice over every segment, in rank order, and publish it
         a, b = plan.slices[rank]
         mine = recv[a:b]
-        op.reduce_local(segments[0][a:b], segments[1][a:b], out=mine)
-        for q in range(2, len(segments)):
-            op.reduce_local(mine, segments[q][a:b], out=mine)
+        reduce_in_rank_order_into(op, [segment[a:b] for segment in segments], out=mine)
         segments[rank][a:b] = mine
         window.fence(comm)
 

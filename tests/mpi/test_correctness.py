@@ -14,7 +14,7 @@ pytestmark = pytest.mark.mpi
 
 DTYPES = ["float16", "float32", "float64", "int32", "int64", "uint8", "complex128"]
 OPS = ["sum", "prod", "min", "max", "mean"]
-ALGORITHMS = list(mar.ALGORITHMS) + ["auto"]
+ALGORITHMS = list(mar.HOST_ALGORITHMS) + ["auto"]
 PRIME = 1009
 ABOUT_A_MILLION = (1 << 20) + 3
 

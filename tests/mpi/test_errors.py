@@ -28,8 +28,8 @@ def bad_calls():
         ("out of wrong shape", dict(x=x, out=np.zeros(9, np.float32)), ValueError, r"out has shape \(9,\)"),
         ("out of wrong dtype", dict(x=x, out=np.zeros(8, np.float64)), ValueError, r"out has dtype float64"),
         ("read-only out", dict(x=x, out=read_only), ValueError, r"out is read-only"),
-        ("out not an array", dict(x=x, out=[0.0] * 8), TypeError, r"out must be None or a numpy.ndarray"),
-        ("list input", dict(x=[1.0, 2.0]), TypeError, r"x must be a numpy.ndarray, got builtins.list"),
+        ("out not an array", dict(x=x, out=[0.0] * 8), TypeError, r"out must be None or an array of the same kind as x \(numpy.ndarray\)"),
+        ("list input", dict(x=[1.0, 2.0]), TypeError, r"x must be a numpy.ndarray or cupy.ndarray, got builtins.list"),
         ("scalar input", dict(x=np.float32(1)), TypeError, r"x must be a numpy.ndarray"),
         ("object dtype", dict(x=np.array([1, "a"], dtype=object)), TypeError, r"dtype object"),
         ("bool dtype", dict(x=np.ones(3, dtype=bool)), TypeError, r"dtype bool"),
@@ -104,7 +104,7 @@ def test_mismatched_calls_raise_on_every_rank_when_checked(comm, field):
 
 
 def test_matching_checked_calls_succeed(comm):
-    for algorithm in list(mar.ALGORITHMS) + ["auto"]:
+    for algorithm in list(mar.HOST_ALGORITHMS) + ["auto"]:
         x = exact_input("float32", 100, comm.Get_rank(), "sum")
         expected = numpy_reference("mean", gather_inputs(comm, x))
         assert values_equal(mar.allreduce(x, op="mean", algorithm=algorithm, comm=comm, check=True), expected)

@@ -36,7 +36,7 @@ def expected_along(gathered, shape, axis_indices, op):
     return numpy_reference(op, gathered[members]), members
 
 
-@pytest.mark.parametrize("algorithm", list(mar.ALGORITHMS) + ["auto"])
+@pytest.mark.parametrize("algorithm", list(mar.HOST_ALGORITHMS) + ["auto"])
 def test_every_axis_of_every_mesh(algorithm):
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     problems = []

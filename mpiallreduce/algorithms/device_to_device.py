@@ -1,0 +1,116 @@
+"""Device-to-device allreduce on one node: CUDA IPC, every rank reads its peers' GPU memory.
+
+No host memory and no MPI message carries data: MPI only exchanges IPC handles (64 bytes per
+buffer, opened once per allocation and cached) and provides two barriers. The buffer is cut into p
+slices; rank r owns slice r. Example p = 3, in_q = rank q's input, out_q its result:
+
+    step 1  (every rank's input is ready: each synchronized its stream before the handle exchange)
+            rank 0:  out_0[s0] = in_0[s0] + in_1[s0] + in_2[s0]      reads ranks 1, 2
+            rank 1:  out_1[s1] = in_0[s1] + in_1[s1] + in_2[s1]      reads ranks 0, 2
+            rank 2:  out_2[s2] = in_0[s2] + in_1[s2] + in_2[s2]      reads ranks 0, 1
+    barrier (every slice is reduced)
+    step 2  rank r copies slice q from out_q, for every q != r
+    barrier (nobody reuses a buffer a peer may still be reading)
+
+Each slice is reduced once, in rank order, by its owner, then copied: bitwise identical results.
+Several ranks may share one GPU (CUDA IPC works between processes on one device). Traffic per
+rank: reads (p-1)/p n from peers twice; no PCIe, no host copies.
+"""
+import collections
+from dataclasses import dataclass
+from typing import Tuple
+
+from ..buffers import copy_into, scratch
+from ..device import allocation_range, namespace, synchronize
+from ..topology import node_communicator
+from .base import Algorithm, reduce_in_rank_order_into, split_evenly
+
+#: how many peers' allocations stay mapped; the least recently used beyond that are closed
+OPENED_HANDLES_KEPT = 256
+
+
+@dataclass(frozen=True)
+class DeviceToDevicePlan:
+    slices: Tuple[Tuple[int, int], ...]
+
+
+class DeviceToDeviceAllreduce(Algorithm):
+    name = "device_to_device"
+    memory = "device"
+    device_path = "device-to-device"
+    needs_one_node = True
+
+    def plan(self, size, rank, count):
+        offsets, counts = split_evenly(count, size)
+        return DeviceToDevicePlan(tuple((o, o + n) for o, n in zip(offsets, counts)))
+
+    def execute(self, plan, comm, send, recv, op, datatype):
+        if node_communicator(comm).Get_size() != comm.Get_size():
+            raise ValueError("the device_to_device algorithm needs every rank of the communicator on one node; "
+                             "this one spans several (use algorithm='staged_ring', or a CUDA-aware MPI)")
+        xp = namespace(recv)
+        rank = comm.Get_rank()
+        source = recv if send is None else send
+        synchronize(xp)  # this rank's input is written before any peer reads it
+        sources, results = peer_arrays(comm, xp, [source, recv])
+
+        # Step 1: reduce this rank's slice over every rank's input, in rank order
+        a, b = plan.slices[rank]
+        reduced = scratch("device_to_device.slice", b - a, recv.dtype, like=recv)
+        reduce_in_rank_order_into(op, [peer[a:b] for peer in sources], out=reduced)
+        copy_into(recv[a:b], reduced)
+        synchronize(xp)
+        comm.Barrier()
+
+        # Step 2: copy every other slice from its owner's result
+        for q, (c, d) in enumerate(plan.slices):
+            if q != rank:
+                copy_into(recv[c:d], results[q][c:d])
+        synchronize(xp)
+        comm.Barrier()
+
+
+class _OpenedHandles:
+    """Peers' allocations mapped into this process, by IPC handle; least recently used closed first."""
+
+    def __init__(self):
+        self.bases = collections.OrderedDict()
+
+    def base(self, xp, handle):
+        key = (xp.__name__, handle)
+        if key in self.bases:
+            self.bases.move_to_end(key)
+            return self.bases[key]
+        base = xp.cuda.runtime.ipcOpenMemHandle(handle, xp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
+        self.bases[key] = base
+        while len(self.bases) > OPENED_HANDLES_KEPT:
+            (old_xp, _), old_base = self.bases.popitem(last=False)
+            xp.cuda.runtime.ipcCloseMemHandle(old_base)
+        return base
+
+
+_opened = _OpenedHandles()
+
+
+def peer_arrays(comm, xp, arrays):
+    """For each of this rank's ``arrays``, every rank's counterpart as a device array here (one
+    allgather of IPC handles; a handle not seen before is opened and kept)."""
+    rank = comm.Get_rank()
+    mine = []
+    for array in arrays:
+        base, _ = allocation_range(xp, array.data.ptr)
+        mine.append((bytes(xp.cuda.runtime.ipcGetMemHandle(base)), array.data.ptr - base))
+    everyone = comm.allgather(mine)
+    views = [[None] * comm.Get_size() for _ in arrays]
+    for q, entries in enumerate(everyone):
+        for i, (handle, offset) in enumerate(entries):
+            array = arrays[i]
+            if q == rank:
+                views[i][q] = array
+                continue
+            memory = xp.cuda.UnownedMemory(_opened.base(xp, handle) + offset, array.nbytes, None)
+            views[i][q] = xp.ndarray(array.shape, array.dtype, xp.cuda.MemoryPointer(memory, 0))
+    return views
+
+
+ALGORITHM = DeviceToDeviceAllreduce()

@@ -1,0 +1,150 @@
+"""Device (GPU) arrays: whose they are, which GPU a rank uses, and whether MPI takes device pointers.
+
+mpiallreduce accepts CuPy arrays (and, for tests, :mod:`mpiallreduce.testing.fake_cupy`'s stand-in,
+which has the same API over host memory). The code that handles them asks this module for the
+array's module (``xp``: ``cupy``, or the stand-in) and calls the same CuPy functions either way.
+"""
+import functools
+import os
+
+__all__ = [
+    "CUDA_AWARE_ENV",
+    "namespace",
+    "is_device_array",
+    "synchronize",
+    "cuda_aware",
+    "local_rank",
+    "gpu_for_local_rank",
+    "select_gpu",
+]
+
+#: "1" or "0": take (or do not take) the MPI library to be CUDA-aware, whatever it says of itself
+CUDA_AWARE_ENV = "MPIALLREDUCE_CUDA_AWARE"
+
+_FAKE_MODULE = "mpiallreduce.testing.fake_cupy"
+_namespace_by_type = {}
+
+
+def namespace(x):
+    """The array module of device array ``x`` (``cupy`` or the test stand-in); None for anything else."""
+    kind = type(x)
+    xp = _namespace_by_type.get(kind)
+    if xp is not None or kind.__module__ in ("numpy", "builtins"):
+        return xp
+    module = kind.__module__ or ""
+    if module.startswith("cupy"):
+        import cupy as xp
+    elif module == _FAKE_MODULE:
+        from .testing import fake_cupy as xp
+    else:
+        return None
+    _namespace_by_type[kind] = xp
+    return xp
+
+
+def is_device_array(x):
+    return namespace(x) is not None
+
+
+def foreign_device_array(x):
+    """Whether ``x`` is device memory of a library other than CuPy (torch, numba...)."""
+    return namespace(x) is None and hasattr(type(x), "__cuda_array_interface__")
+
+
+def synchronize(xp):
+    """Wait until the kernels queued on CuPy's current stream have finished: call before MPI reads
+    or writes device memory (MPI knows nothing of CUDA streams; see FIELD.md)."""
+    xp.cuda.get_current_stream().synchronize()
+
+
+@functools.lru_cache(maxsize=None)
+def _library_cuda_aware():
+    from .mpilib import cuda_aware as ask_library
+    aware, how = ask_library()
+    return bool(aware), how
+
+
+def cuda_aware():
+    """(aware, why): whether device pointers go straight to MPI here.
+
+    ``MPIALLREDUCE_CUDA_AWARE=1|0`` decides if set; otherwise the MPI library is asked
+    (``MPIX_Query_cuda_support`` / ``MPIX_GPU_query_support``), and "unknown" counts as no.
+    """
+    forced = os.environ.get(CUDA_AWARE_ENV, "").strip().lower()
+    if forced in {"1", "true", "yes", "on"}:
+        return True, f"{CUDA_AWARE_ENV}={forced}"
+    if forced in {"0", "false", "no", "off"}:
+        return False, f"{CUDA_AWARE_ENV}={forced}"
+    if forced:
+        raise ValueError(f"{CUDA_AWARE_ENV}={forced!r}: expected 1 or 0")
+    return _library_cuda_aware()
+
+
+#: variables in which launchers tell a process its rank among the processes of its node
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
+                        "SLURM_LOCALID", "PMIX_LOCAL_RANK")
+
+
+def local_rank(comm=None):
+    """This process's rank among the processes of its node.
+
+    With ``comm``: its rank in ``comm``'s node communicator (collective over ``comm``). Without: what
+    the launcher says (mpiexec, srun; no communication), else COMM_WORLD's node communicator.
+    """
+    if comm is None:
+        for variable in LOCAL_RANK_VARIABLES:
+            value = os.environ.get(variable, "").strip()
+            if value.isdigit():
+                return int(value)
+    from mpi4py import MPI
+    from .topology import node_communicator
+    from .comms import private_duplicate
+    comm = MPI.COMM_WORLD if comm is None else comm
+    return node_communicator(private_duplicate(comm)).Get_rank()
+
+
+def gpu_for_local_rank(local_rank, device_count):
+    """The GPU (an index among the visible ones) for node-local rank ``local_rank``: round robin,
+    so that 8 ranks on 4 GPUs put two on each and any number of ranks can share one GPU."""
+    if device_count < 1:
+        raise RuntimeError("no CUDA device is visible to this process "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})")
+    return local_rank % device_count
+
+
+def select_gpu(comm=None, xp=None):
+    """Make this rank's GPU current (``cupy.cuda.Device(i).use()``) and return its index.
+
+    Call it once, first thing, before creating device arrays. The GPU is the node-local rank modulo
+    the number of visible devices; CUDA numbers only the devices in CUDA_VISIBLE_DEVICES, so a
+    scheduler's binding (``srun --gpus-per-task``, ``--gpu-bind``) is respected as it is.
+    """
+    if xp is None:
+        import cupy as xp
+    index = gpu_for_local_rank(local_rank(comm), xp.cuda.runtime.getDeviceCount())
+    xp.cuda.Device(index).use()
+    return index
+
+
+def allocation_range(xp, ptr):
+    """(base, size) of the device allocation that holds address ``ptr`` (``cuMemGetAddressRange``).
+
+    CUDA IPC shares whole allocations: a handle made from an array inside a memory pool's block
+    opens, in the peer, at the block's base, so the array's offset travels with the handle.
+    """
+    stand_in = getattr(xp, "_allocation_range", None)
+    if stand_in is not None:
+        return stand_in(ptr)
+    import ctypes
+    libcuda = _libcuda()
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    status = libcuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+    if status != 0:
+        raise RuntimeError(f"cuMemGetAddressRange({ptr:#x}) failed with CUresult {status}")
+    return base.value, size.value
+
+
+@functools.lru_cache(maxsize=None)
+def _libcuda():
+    import ctypes
+    return ctypes.CDLL("libcuda.so.1")

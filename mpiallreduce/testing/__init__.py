@@ -1,0 +1,1 @@
+"""Helpers for testing mpiallreduce without special hardware (see :mod:`.fake_cupy`)."""

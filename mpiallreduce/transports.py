@@ -1,0 +1,148 @@
+"""How device memory travels between ranks: the three paths, and which one a call takes.
+
+    cuda-aware          device pointers handed to MPI itself (the MPI library moves device memory)
+    staged messages     each message of the algorithm copied device -> pinned host -> MPI -> pinned
+                        host -> device; reductions stay on the GPU (CuPy ufuncs with out=)
+    host round trip     the whole buffer copied to pinned host memory, reduced there by the host
+                        algorithm, copied back (what Open MPI's own CUDA collectives do)
+    staged pipeline     the staged_ring algorithm: the copies of one segment overlap the MPI
+                        transfer of another (algorithms/staged_ring.py)
+    device-to-device    the device_to_device algorithm: CUDA IPC between ranks on one node, no host
+                        memory at all (algorithms/device_to_device.py)
+
+Whatever the path, the current CUDA stream is synchronized before MPI touches device memory, and
+the result is ordered on the current stream for the caller's later kernels.
+"""
+import threading
+
+import numpy as np
+
+from .device import cuda_aware, synchronize
+
+__all__ = ["device_path", "run_on_device", "pinned", "DeviceComm", "StagingComm"]
+
+
+def device_path(algorithm, aware=None):
+    """The path (a name from this module's table) device arrays take with ``algorithm``."""
+    if algorithm.memory == "device":
+        return algorithm.device_path
+    if aware is None:
+        aware = cuda_aware()[0]
+    if algorithm.memory == "host":
+        return "host round trip"
+    if aware:
+        return "cuda-aware"
+    return "staged messages" if algorithm.blocking_messages_only else "host round trip"
+
+
+def run_on_device(algorithm, comm, send, recv, op, datatype, xp):
+    """Run ``algorithm`` on device buffers ``send``/``recv`` along the path :func:`device_path` names."""
+    path = device_path(algorithm)
+    if path == "cuda-aware":
+        algorithm.run(DeviceComm(comm, xp), send, recv, op, datatype)
+    elif path == "staged messages":
+        algorithm.run(StagingComm(comm, xp), send, recv, op, datatype)
+    elif path == "host round trip":
+        host = pinned(xp, "round_trip", recv.size, recv.dtype)
+        (recv if send is None else send).get(out=host)  # blocking: waits for the current stream
+        algorithm.run(comm, None, host, op, datatype)
+        # asynchronous on the current stream; the next use of `host` synchronizes first
+        recv.set(host, stream=xp.cuda.get_current_stream())
+    else:  # the device-only algorithms talk on their own
+        algorithm.run(comm, send, recv, op, datatype)
+
+
+class _PinnedPool(threading.local):
+    def __init__(self):
+        self.buffers = {}
+
+
+_pinned_pool = _PinnedPool()
+
+
+def pinned(xp, slot, count, dtype):
+    """A reusable page-locked host array of ``count`` elements, one per (thread, slot); grown, never shrunk.
+
+    Pinned memory is what lets device-host copies run asynchronously at full speed; allocating it is
+    slow (milliseconds), so each slot's buffer is allocated once and kept.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = count * dtype.itemsize
+    memory, capacity = _pinned_pool.buffers.get((slot, xp.__name__), (None, -1))
+    if capacity < nbytes:
+        capacity = max(nbytes, 1)
+        memory = xp.cuda.alloc_pinned_memory(capacity)
+        _pinned_pool.buffers[(slot, xp.__name__)] = (memory, capacity)
+    return np.frombuffer(memory, dtype=np.uint8, count=nbytes).view(dtype)
+
+
+class _Forwarding:
+    """The wrapped communicator's queries (Get_rank, Get_size...) unchanged; any other call that the
+    wrapper does not define is an error, not a silent pass of device memory to MPI."""
+
+    def __init__(self, comm, xp):
+        self.comm = comm
+        self.xp = xp
+
+    def __getattr__(self, name):
+        if name.startswith("Get_") or name in ("Is_inter", "py2f"):
+            return getattr(self.comm, name)
+        raise AttributeError(f"{type(self).__name__} does not carry {name}() for device buffers")
+
+
+class DeviceComm(_Forwarding):
+    """``comm`` for a CUDA-aware MPI: device buffers go to MPI as they are, after the current
+    stream is synchronized (so that MPI reads what the kernels wrote, not what was there before)."""
+
+    def _synchronized(name):  # noqa: N805 - a decorator factory used in the class body
+        def call(self, *args, **kwargs):
+            synchronize(self.xp)
+            return getattr(self.comm, name)(*args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+    Send = _synchronized("Send")
+    Recv = _synchronized("Recv")
+    Sendrecv = _synchronized("Sendrecv")
+    Isend = _synchronized("Isend")
+    Irecv = _synchronized("Irecv")
+    Allreduce = _synchronized("Allreduce")
+    Reduce = _synchronized("Reduce")
+    Bcast = _synchronized("Bcast")
+    del _synchronized
+
+
+class StagingComm(_Forwarding):
+    """``comm`` for an MPI that is not CUDA-aware: each message goes through pinned host buffers.
+
+    Only the blocking point-to-point calls are staged (``Algorithm.blocking_messages_only``); every
+    call first synchronizes the current stream, which also finishes the previous call's
+    host-to-device copy before its pinned buffer is reused.
+    """
+
+    def _to_host(self, spec, slot):
+        array, datatype = spec
+        host = pinned(self.xp, slot, array.size, array.dtype)
+        array.get(out=host)  # waits for the current stream, then copies
+        return [host, datatype]
+
+    def _host_for(self, spec, slot):
+        array, datatype = spec
+        return [pinned(self.xp, slot, array.size, array.dtype), datatype]
+
+    def Send(self, buf, dest, tag=0):
+        synchronize(self.xp)
+        self.comm.Send(self._to_host(buf, "staging.send"), dest, tag)
+
+    def Recv(self, buf, source, tag=0):
+        synchronize(self.xp)
+        host = self._host_for(buf, "staging.recv")
+        self.comm.Recv(host, source, tag)
+        buf[0].set(host[0], stream=self.xp.cuda.get_current_stream())
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
+        synchronize(self.xp)
+        host_recv = self._host_for(recvbuf, "staging.recv")
+        self.comm.Sendrecv(self._to_host(sendbuf, "staging.send"), dest, sendtag, host_recv, source, recvtag)
+        recvbuf[0].set(host_recv[0], stream=self.xp.cuda.get_current_stream())

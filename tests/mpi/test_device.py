@@ -1,0 +1,214 @@
+"""Device arrays: every algorithm and path, against numpy on the gathered inputs, bits equal on every rank.
+
+``xp`` is the test stand-in (mpiallreduce.testing.fake_cupy: host memory behind a
+``__cuda_array_interface__``, kernels queued on streams until synchronized) on every run, and real
+CuPy where a GPU is present (benchmarks/gpu/device_check.sh runs those with ``-k cupy``).
+"""
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+import mpiallreduce.testing.fake_cupy as fake_cupy
+from mpiallreduce import device, transports
+from mpiallreduce.algorithms import device_to_device
+from reference import exact_input, gather_inputs, numpy_reference, problems_with
+
+pytestmark = pytest.mark.mpi
+
+
+def _real_cupy():
+    try:
+        import cupy
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:  # no cupy, or no driver / no device
+        return None
+
+
+@pytest.fixture(params=["fake_cupy", "cupy"], scope="module")
+def xp(request):
+    if request.param == "fake_cupy":
+        return fake_cupy
+    cupy = _real_cupy()
+    if cupy is None:
+        pytest.skip("no GPU (CuPy not installed or no CUDA device)")
+    mar.select_gpu(xp=cupy)
+    return cupy
+
+
+@pytest.fixture(params=["cuda_aware", "not_cuda_aware"])
+def aware(request, monkeypatch):
+    monkeypatch.setenv(device.CUDA_AWARE_ENV, "1" if request.param == "cuda_aware" else "0")
+    return request.param == "cuda_aware"
+
+
+ALGORITHMS = list(mar.ALGORITHMS) + ["auto"]
+CASES = [("sum", "float32"), ("sum", "int32"), ("max", "float64"), ("mean", "float32"), ("prod", "complex64"),
+         ("sum", "float16")]
+
+
+def sizes_for(p):
+    return sorted({0, 1, p + 1, 1009, (1 << 17) + 3})
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_device_arrays_match_numpy(xp, aware, algorithm, in_place):
+    comm = MPI.COMM_WORLD
+    problems = []
+    for op, dtype in CASES:
+        for count in sizes_for(comm.Get_size()):
+            host = exact_input(dtype, count, comm.Get_rank(), op)
+            expected = numpy_reference(op, gather_inputs(comm, host))
+            x = xp.asarray(host)
+            result = mar.allreduce(x, op=op, algorithm=algorithm, out=x if in_place else None)
+            case = f"{op} {dtype} count={count} path={transports.device_path(mar.algorithms.get_algorithm(algorithm)) if algorithm != 'auto' else 'auto'}"
+            if type(result) is not type(x):
+                problems.append(f"{case}: returned {type(result).__name__}, not a device array")
+                continue
+            problems += problems_with(comm, xp.asnumpy(result), expected, case)
+            if not in_place and not np.array_equal(xp.asnumpy(x), host):
+                problems.append(f"{case}: input modified")
+    assert not problems, f"rank {comm.Get_rank()}:\n" + "\n".join(problems[:20])
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "staged_ring", "device_to_device", "mpi"])
+def test_strided_device_arrays_and_out(xp, algorithm):
+    comm = MPI.COMM_WORLD
+    host = exact_input("float64", 6 * 5, comm.Get_rank(), "sum").reshape(6, 5)
+    expected = numpy_reference("sum", gather_inputs(comm, host))
+    x = xp.asarray(host)
+    strided = x[::2, 1:]
+    result = mar.allreduce(strided, algorithm=algorithm)
+    problems = problems_with(comm, xp.asnumpy(result), np.ascontiguousarray(expected[::2, 1:]), "strided x")
+    out = xp.asarray(np.zeros((6, 5)))
+    returned = mar.allreduce(x, algorithm=algorithm, out=out)
+    problems += [] if returned is out else ["out not returned"]
+    problems += problems_with(comm, xp.asnumpy(out), expected, "out=")
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "staged_ring",
+                                       "device_to_device", "shared_memory", "mpi"])
+def test_low_precision_accumulates_in_float32(xp, algorithm):
+    """1024 + 1 + 1 + ... in float16 stays 1024 step by step (spacing 1 above 1024 is 1, above 2048
+    is 2); summed in float32 and rounded once it is exact. Each algorithm must give the latter."""
+    comm = MPI.COMM_WORLD
+    p = comm.Get_size()
+    host = np.full(4099, 0.25, dtype=np.float16)
+    if comm.Get_rank() == 0:
+        host[:] = 2048
+    expected = gather_inputs(comm, host).astype(np.float32).sum(axis=0).astype(np.float16)
+    result = xp.asnumpy(mar.allreduce(xp.asarray(host), algorithm=algorithm))
+    assert np.array_equal(result, expected), (result[:3], expected[:3], p)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "shared_memory", "mpi"])
+def test_bfloat16_on_the_host(algorithm):
+    """ml_dtypes' bfloat16 (no MPI datatype for it): summed in float32, rounded once."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    comm = MPI.COMM_WORLD
+    x = (np.arange(1000) % 7 + comm.Get_rank() / 8).astype(ml_dtypes.bfloat16)
+    expected = gather_inputs(comm, x).astype(np.float32).sum(axis=0).astype(ml_dtypes.bfloat16)
+    result = mar.allreduce(x, algorithm=algorithm)
+    assert result.dtype == x.dtype
+    if algorithm == "mpi":  # MPI's own order of bfloat16 additions (a user-defined op): close, not exact
+        assert np.allclose(result.astype(np.float32), expected.astype(np.float32), rtol=2e-2)
+    else:
+        assert np.array_equal(result.view(np.uint16), expected.view(np.uint16))
+
+
+def _input_written_by_a_kernel(xp, count, rank):
+    """x = a + a, computed on the current stream: on a GPU (and in the stand-in) not finished
+    until the stream is synchronized."""
+    a = xp.asarray(np.full(count, rank + 1, dtype=np.float32))
+    x = xp.empty(count, np.float32)
+    xp.add(a, a, out=x)
+    return x
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "device_to_device"])
+def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch):
+    """With the synchronization before MPI removed, the stand-in's queued kernel has not run when
+    MPI reads the buffer and the result is wrong on some rank; with it, right everywhere."""
+    comm = MPI.COMM_WORLD
+    p = comm.Get_size()
+    if p == 1:
+        pytest.skip("one rank does not communicate")
+    monkeypatch.setenv(device.CUDA_AWARE_ENV, "1")
+    expected = np.full(1000, float(p * (p + 1)), dtype=np.float32)
+
+    def run():
+        x = _input_written_by_a_kernel(fake_cupy, 1000, comm.Get_rank())
+        result = mar.allreduce(x, algorithm=algorithm)
+        if comm.Get_rank() > 0:
+            # device_to_device reads peers' memory in kernels: let rank 0 read before the others'
+            # queued kernels run (on a GPU the race goes either way)
+            time.sleep(0.2)
+        right = np.array_equal(result.get(), expected)
+        return comm.allreduce(int(not right))  # how many ranks got a wrong answer
+
+    assert run() == 0
+    monkeypatch.setattr(transports, "synchronize", lambda xp: None)
+    monkeypatch.setattr(device_to_device, "synchronize", lambda xp: None)
+    wrong_without = run()
+    fake_cupy.synchronize_all()
+    assert wrong_without > 0, "skipping the stream synchronization went unnoticed"
+
+
+def test_pinned_buffers_and_ipc_handles_are_reused(xp, monkeypatch):
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        pytest.skip("one rank does not communicate")
+    monkeypatch.setenv(device.CUDA_AWARE_ENV, "0")
+    x = xp.asarray(np.ones(5000, np.float32))
+    out = xp.empty(5000, np.float32)
+    mar.allreduce(x, algorithm="staged_ring", out=out)
+    pinned_before = {key: id(memory) for key, (memory, _) in transports._pinned_pool.buffers.items()}
+    mar.allreduce(x, algorithm="staged_ring", out=out)
+    assert pinned_before == {key: id(memory) for key, (memory, _) in transports._pinned_pool.buffers.items()}
+
+    mar.allreduce(x, algorithm="device_to_device", out=out)
+    opened = len(device_to_device._opened.bases)
+    for _ in range(3):
+        mar.allreduce(x, algorithm="device_to_device", out=out)
+    assert len(device_to_device._opened.bases) == opened
+    assert np.array_equal(xp.asnumpy(out), np.full(5000, comm.Get_size(), np.float32))
+
+
+def test_select_gpu_by_node_local_rank(monkeypatch):
+    comm = MPI.COMM_WORLD
+    node_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # two visible devices, numbered 0 and 1 by CUDA
+    assert mar.select_gpu(comm, xp=fake_cupy) == node_rank % 2
+    assert fake_cupy.cuda.runtime.getDevice() == node_rank % 2
+    assert device.gpu_for_local_rank(7, 4) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(RuntimeError, match="no CUDA device is visible"):
+        mar.select_gpu(comm, xp=fake_cupy)
+
+
+def test_device_argument_errors():
+    x = fake_cupy.asarray(np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="same kind as x"):
+        mar.allreduce(x, out=np.empty(4, np.float32))
+    with pytest.raises(TypeError, match="runs on device"):
+        mar.allreduce(np.ones(4, np.float32), algorithm="device_to_device")
+
+    class TorchLikeCudaTensor:  # any device memory that is not CuPy's
+        __cuda_array_interface__ = property(lambda self: x.__cuda_array_interface__)
+
+    with pytest.raises(TypeError, match="cupy.from_dlpack"):
+        mar.allreduce(TorchLikeCudaTensor())
+
+
+def test_mixed_host_and_device_calls_are_named_with_check():
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    host = np.ones(4, np.float32)
+    x = fake_cupy.asarray(host) if comm.Get_rank() == 0 else host
+    with pytest.raises(ValueError, match="memory differs: 'device' on rank 0"):
+        mar.allreduce(x, check=True)
