@@ -7,6 +7,12 @@ Contenders: ``openmpi`` (a direct mpi4py ``comm.Allreduce``: Open MPI's default 
 Open MPI's six tuned algorithms forced in turn (``openmpi:ring`` ...; see openmpi_tuned.py), and our
 algorithms through ``mpiallreduce.allreduce``.
 
+``--device gpu``: the buffers are CuPy arrays on each rank's GPU (``select_gpu``). ``openmpi`` is then
+MPI_Allreduce on the device pointers where the MPI is CUDA-aware, else a host round trip (device to
+pinned host buffers allocated once, MPI_Allreduce, back: what Open MPI's coll/cuda does, minus its
+per-call malloc). The physical limit reported is the GPU's device-to-device copy bandwidth.
+``--device fake-gpu`` runs the same code on mpiallreduce.testing.fake_cupy (for tests).
+
 Timing: for each size and mode (out of place, in place), repetitions of the contenders are
 interleaved (A B C A B C ...) so that a drift in the machine's speed hits all of them alike. One
 repetition is ``iterations`` back-to-back calls between barriers; its time per call is the slowest
@@ -31,6 +37,7 @@ from mpi4py import MPI
 from . import __version__, allreduce
 from .algorithms import HOST_ALGORITHMS as ALGORITHMS
 from .buffers import aligned_empty, mpi_datatype
+from .device import cuda_aware, select_gpu, synchronize
 from .mpilib import library_version
 from .openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator
 from .ops import get_op
@@ -45,6 +52,67 @@ DEFAULT_SIZES = tuple(1 << k for k in range(2, 29))  # 4 B .. 256 MiB, powers of
 SECONDS_PER_REPETITION = 0.02
 MAX_ITERATIONS = 200
 MEMCPY_BYTES = 64 << 20
+#: what --device gpu compares by default (besides Open MPI's path for device memory)
+DEVICE_ALGORITHMS = ("staged_ring", "device_to_device", "ring", "auto")
+
+
+class HostMemory:
+    """Where the benchmark's buffers live: numpy arrays (page-aligned)."""
+
+    name = "cpu"
+
+    def array(self, values):
+        data = aligned_empty(values.size, values.dtype)
+        data[:] = values
+        return data
+
+    def empty(self, count, dtype):
+        return aligned_empty(count, dtype)
+
+    def copy(self, destination, source):
+        destination[:] = source
+
+    def to_host(self, a):
+        return a
+
+    def finish(self):
+        """Wait until every call made so far has finished (device work is asynchronous)."""
+
+
+class DeviceMemory(HostMemory):
+    """CuPy arrays (or the test stand-in's) on this rank's GPU."""
+
+    name = "gpu"
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def array(self, values):
+        return self.xp.asarray(values)
+
+    def empty(self, count, dtype):
+        return self.xp.empty(count, dtype)
+
+    def copy(self, destination, source):
+        self.xp.copyto(destination, source)
+
+    def to_host(self, a):
+        return self.xp.asnumpy(a)
+
+    def finish(self):
+        synchronize(self.xp)
+
+
+def device_memory(kind):
+    """HostMemory() for "cpu"; DeviceMemory for "gpu" (CuPy, this rank's GPU selected) or "fake-gpu"."""
+    if kind == "cpu":
+        return HostMemory()
+    if kind == "fake-gpu":
+        from .testing import fake_cupy
+        return DeviceMemory(fake_cupy)
+    import cupy
+    select_gpu(xp=cupy)
+    return DeviceMemory(cupy)
 
 
 @dataclass
@@ -86,6 +154,29 @@ def _mpi_allreduce(op, comm_to_use=None):
     return call
 
 
+def _mpi_allreduce_of_device_memory(op, xp):
+    """Adapter: Open MPI's path for device buffers: the pointers themselves to a CUDA-aware MPI,
+    else a round trip through pinned host buffers (allocated once) around MPI_Allreduce."""
+    from .transports import pinned
+    reduce_op = get_op(op)
+    aware = cuda_aware()[0]
+
+    def call(send, out, comm):
+        datatype = mpi_datatype(send.dtype)
+        if aware:
+            synchronize(xp)
+            comm.Allreduce(MPI.IN_PLACE if send is out else [send, datatype], [out, datatype],
+                           op=reduce_op.mpi_op(send.dtype))
+        else:
+            host = pinned(xp, "bench.openmpi", out.size, out.dtype)
+            send.get(out=host)
+            comm.Allreduce(MPI.IN_PLACE, [host, datatype], op=reduce_op.mpi_op(send.dtype))
+            out.set(host, stream=xp.cuda.get_current_stream())
+        reduce_op.finish(out, comm.Get_size())
+
+    return call
+
+
 def _ours(algorithm, op):
     return lambda send, out, comm: allreduce(send, op=op, algorithm=algorithm, comm=comm, out=out)
 
@@ -99,9 +190,13 @@ def _planted_wrong(call):
     return wrong
 
 
-def _contenders(comm, names, op, forced, plant_wrong=None):
+def _contenders(comm, names, op, forced, plant_wrong=None, memory=None):
     """(name -> adapter, communicators to free)."""
-    found = {BASELINE: _mpi_allreduce(op)}
+    if isinstance(memory, DeviceMemory):
+        found = {BASELINE: _mpi_allreduce_of_device_memory(op, memory.xp)}
+        forced = ()  # Open MPI's forced algorithms would all take the same host round trip
+    else:
+        found = {BASELINE: _mpi_allreduce(op)}
     made = []
     for number in forced:
         forced_comm = forced_allreduce_communicator(comm, number)
@@ -118,9 +213,7 @@ def _contenders(comm, names, op, forced, plant_wrong=None):
 def _input(count, dtype, rank):
     """Small integers that depend on rank and index: every reduction order gives the same bits."""
     values = (np.arange(count, dtype=np.int64) * 7 + rank * 3) % 11 - 5
-    data = aligned_empty(count, dtype)
-    data[:] = values.astype(dtype)
-    return data
+    return values.astype(dtype)
 
 
 def count_wrong(result, expected):
@@ -134,42 +227,46 @@ def _iterations(probe_seconds):
     return int(min(MAX_ITERATIONS, max(1, SECONDS_PER_REPETITION / max(probe_seconds, 1e-7))))
 
 
-def _time_calls(call, iterations, comm, prepare=None):
+def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
     if prepare is not None:
         prepare()
+    memory.finish()
     comm.Barrier()
     start = time.perf_counter()
     for _ in range(iterations):
         call()
+    memory.finish()
     elapsed = (time.perf_counter() - start) / iterations
     return comm.allreduce(elapsed, op=MPI.MAX)
 
 
-def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place):
+def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory()):
     size = comm.Get_size()
     count = max(1, nbytes // dtype.itemsize)
-    source = _input(count, dtype, comm.Get_rank())
-    expected = aligned_empty(count, dtype)
+    source = memory.array(_input(count, dtype, comm.Get_rank()))
+    expected = memory.empty(count, dtype)
     contenders[BASELINE](source, expected, comm)
-    out = aligned_empty(count, dtype)
+    expected = memory.to_host(expected)
+    out = memory.empty(count, dtype)
     send = out if in_place else source
 
     def reset():
         if in_place:  # in place, the input is the output: put it back (outside the timed calls)
-            out[:] = source
+            memory.copy(out, source)
 
     # Warm up every contender and count its wrong elements; size the repetitions from the baseline.
     # In the timed calls in place, each call reduces the previous result again, as nccl-tests does.
     wrong, probe = {}, {}
     for name, contender in contenders.items():
-        probe[name] = _time_calls(lambda c=contender: c(send, out, comm), 1, comm, reset)
-        wrong[name] = comm.allreduce(count_wrong(out, expected), op=MPI.SUM)
+        probe[name] = _time_calls(lambda c=contender: c(send, out, comm), 1, comm, reset, memory)
+        wrong[name] = comm.allreduce(count_wrong(memory.to_host(out), expected), op=MPI.SUM)
     iterations = _iterations(probe[BASELINE])
     times = {name: [] for name in contenders}
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
         for _ in range(repetitions):
             for name, contender in contenders.items():
-                times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset))
+                times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset,
+                                               memory))
     results = []
     for name in contenders:
         seconds = statistics.median(times[name])
@@ -183,18 +280,18 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place):
 
 
 def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
-            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None):
+            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory()):
     """Measure every contender at every size and mode (in_place False/True); collective.
 
     Returns a list of Measurements (complete on every rank).
     """
     dtype = np.dtype(dtype)
-    contenders, made = _contenders(comm, algorithms, op, forced, plant_wrong)
+    contenders, made = _contenders(comm, algorithms, op, forced, plant_wrong, memory)
     try:
         results = []
         for nbytes in sizes:
             for in_place in modes:
-                results.extend(_measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place))
+                results.extend(_measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory))
         return results
     finally:
         for c in made:
@@ -218,6 +315,23 @@ def memory_copy_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
             np.copyto(b, a)
             seconds.append(time.perf_counter() - start)
         result = nbytes / statistics.median(seconds) / 1e9
+    return comm.bcast(result, root=0)
+
+
+def device_copy_bandwidth(comm, memory, nbytes=MEMCPY_BYTES, repetitions=5):
+    """The GPU's device-to-device copy bandwidth (GB/s, bytes copied per second), rank 0 alone."""
+    result = 0.0
+    if comm.Get_rank() == 0:
+        a = memory.array(np.ones(nbytes, np.uint8))
+        b = memory.empty(nbytes, np.uint8)
+        seconds = []
+        for _ in range(repetitions + 1):
+            memory.finish()
+            start = time.perf_counter()
+            memory.copy(b, a)
+            memory.finish()
+            seconds.append(time.perf_counter() - start)
+        result = nbytes / statistics.median(seconds[1:]) / 1e9
     return comm.bcast(result, root=0)
 
 
@@ -328,8 +442,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="mpiallreduce bench", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
                         help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS + ("auto",)),
-                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto (Open MPI's default always runs)")
+    parser.add_argument("--algorithms",
+                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto (Open MPI's default always "
+                             f"runs); default: all of them, or with --device gpu {','.join(DEVICE_ALGORITHMS)}")
+    parser.add_argument("--device", choices=["cpu", "gpu", "fake-gpu"], default="cpu",
+                        help="where the buffers live: numpy (cpu) or CuPy arrays on each rank's GPU")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--op", default="sum")
     parser.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions; the median is reported")
@@ -341,22 +458,35 @@ def main(argv=None):
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if args.algorithms is None:
+        args.algorithms = ",".join(ALGORITHMS + ("auto",) if args.device == "cpu" else DEVICE_ALGORITHMS)
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    memory = device_memory(args.device)
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
     forced = (tuple(TUNED_ALLREDUCE_ALGORITHMS) if args.openmpi_forced == "all" else
               () if args.openmpi_forced == "none" else tuple(int(n) for n in args.openmpi_forced.split(",")))
-    memcpy_gbs = memory_copy_bandwidth(comm)
+    if args.device == "cpu":
+        memcpy_gbs = memory_copy_bandwidth(comm)
+        limit = f"one core copies memory at {{:.2f}} GB/s (np.copyto, {MEMCPY_BYTES >> 20} MiB, rank 0 alone)"
+    else:
+        memcpy_gbs = device_copy_bandwidth(comm, memory, max(MEMCPY_BYTES, max(sizes)))
+        limit = ("the GPU copies device memory at {:.2f} GB/s (device to device, "
+                 f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)")
     results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
-                      args.plant_wrong)
+                      args.plant_wrong, memory)
     metadata = run_metadata(comm, vars(args))
+    metadata["device"] = args.device
+    if args.device != "cpu":
+        metadata["cuda_aware"] = cuda_aware()[0]
     if comm.Get_rank() == 0:
         print(f"# mpiallreduce bench: {comm.Get_size()} ranks on {', '.join(metadata['hosts'])}, "
               f"{metadata['mpi_library']}")
         print(f"# mpiallreduce {__version__} ({metadata['git_commit']}), {metadata['date_utc']}")
         print(f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
               f"slowest rank's time per call")
-        print(f"# physical limit: one core copies memory at {memcpy_gbs:.2f} GB/s (np.copyto, "
-              f"{MEMCPY_BYTES >> 20} MiB, rank 0 alone)")
+        print("# physical limit: " + limit.format(memcpy_gbs))
+        if args.device != "cpu":
+            print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
         print(format_field_table(results, memcpy_gbs))
         for mode in modes:
             print()

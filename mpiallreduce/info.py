@@ -7,8 +7,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__
-from .algorithms import ALGORITHMS
+from .algorithms import ALGORITHMS, REGISTRY
+from .device import CUDA_AWARE_ENV, cuda_aware as cuda_aware_decision
 from .mpilib import cuda_aware, library_version
+from .transports import device_path
 
 __all__ = ["launch_method", "slurm_variables", "collect", "format_report"]
 
@@ -60,6 +62,7 @@ def collect(comm=MPI.COMM_WORLD):
     if comm.Get_rank() != 0:
         return None
     aware, how = cuda_aware()
+    used, used_how = cuda_aware_decision()
     return {
         "mpiallreduce": __version__,
         "mpi4py": mpi4py.__version__,
@@ -72,6 +75,9 @@ def collect(comm=MPI.COMM_WORLD):
         "ranks": comm.Get_size(),
         "cuda_aware": {True: "yes", False: "no", None: "unknown"}[aware],
         "cuda_aware_how": how,
+        "cuda_aware_used": used,
+        "cuda_aware_used_how": used_how,
+        "device_paths": {name: device_path(REGISTRY[name], used) for name in ALGORITHMS},
         "algorithms": list(ALGORITHMS),
         "per_rank": everyone,
     }
@@ -91,8 +97,11 @@ def format_report(info):
         f"launched by       {first['launch']}",
         f"CUDA-aware MPI    {info['cuda_aware']}  (asked through {info['cuda_aware_how']})"
         if info["cuda_aware"] != "unknown" else f"CUDA-aware MPI    unknown  ({info['cuda_aware_how']})",
+        f"device arrays     {'straight to MPI' if info['cuda_aware_used'] else 'staged through host memory'}"
+        f"  ({info['cuda_aware_used_how']}; {CUDA_AWARE_ENV}=1|0 overrides)",
         f"algorithms        {', '.join(info['algorithms'])}",
-    ]
+        "path of CuPy arrays, by algorithm:",
+    ] + [f"  {name:<20} {path}" for name, path in info["device_paths"].items()]
     slurm = first["slurm"]
     if slurm:
         lines.append("Slurm variables   " + "  ".join(f"{k}={v}" for k, v in slurm.items()))

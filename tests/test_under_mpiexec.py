@@ -1,4 +1,5 @@
 """Everything that needs MPI, started from here under mpiexec with 1..5 ranks, each launch under a timeout."""
+import json
 import os
 import re
 import sys
@@ -87,6 +88,19 @@ def test_info_reports_library_launch_and_cuda_awareness():
     assert re.search(r"^CUDA-aware MPI\s+no\s+\(asked through MPIX_Query_cuda_support\(\)\)", out, re.M), out
     assert re.search(r"^Slurm variables\s+none", out, re.M), out
     assert len(re.findall(r"^\d+\s+\S+\s+\d+\s+\d of 3$", out, re.M)) == 3, out
+    # so CuPy arrays are staged, and each algorithm's path is listed
+    assert re.search(r"^device arrays\s+staged through host memory", out, re.M), out
+    assert re.search(r"^  ring\s+staged messages$", out, re.M), out
+    assert re.search(r"^  device_to_device\s+device-to-device$", out, re.M), out
+
+
+def test_info_follows_the_cuda_aware_override():
+    env = dict(os.environ, MPIALLREDUCE_CUDA_AWARE="1")
+    result = run(1, [sys.executable, "-m", "mpiallreduce", "info"], timeout=SHORT_TIMEOUT, cwd=ROOT, env=env)
+    assert result.returncode == 0, explain(result)
+    assert re.search(r"^device arrays\s+straight to MPI\s+\(MPIALLREDUCE_CUDA_AWARE=1", result.output, re.M), \
+        explain(result)
+    assert re.search(r"^  ring\s+cuda-aware$", result.output, re.M), explain(result)
 
 
 def test_info_singleton_sees_slurm_variables_and_warns_of_the_singleton_trap():
@@ -119,6 +133,20 @@ BENCH_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+float32\s+sum\s+(in|out)\s+(\S+)\s+
 def run_bench(nranks, output, *extra):
     return run(nranks, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4,1K,64K", "--repetitions", "2",
                         "--output", str(output), *extra], timeout=SHORT_TIMEOUT, cwd=ROOT)
+
+
+def test_bench_on_device_buffers_runs_every_device_path_with_no_wrong_elements(tmp_path):
+    """``bench --device gpu`` on the stand-in (the same code; GPUs run it in benchmarks/gpu/)."""
+    result = run(3, [sys.executable, "-m", "mpiallreduce", "bench", "--device", "fake-gpu", "--sizes", "4K,256K",
+                     "--repetitions", "2", "--mode", "out-of-place", "--output", str(tmp_path)],
+                 timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    assert "the GPU copies device memory at" in result.output, explain(result)
+    rows = BENCH_ROW.findall(result.output)
+    assert {r[3] for r in rows} == {"openmpi", "staged_ring", "device_to_device", "ring", "auto"}, explain(result)
+    assert all(r[7] == "0" for r in rows), explain(result)
+    meta = json.loads((tmp_path / "bench.json").read_text())["metadata"]
+    assert meta["device"] == "fake-gpu" and meta["cuda_aware"] is False
 
 
 @pytest.fixture(scope="module")

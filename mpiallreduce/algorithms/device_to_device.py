@@ -81,7 +81,8 @@ class _OpenedHandles:
         if key in self.bases:
             self.bases.move_to_end(key)
             return self.bases[key]
-        base = xp.cuda.runtime.ipcOpenMemHandle(handle, xp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
+        lazy_peer_access = getattr(xp.cuda.runtime, "cudaIpcMemLazyEnablePeerAccess", 1)
+        base = xp.cuda.runtime.ipcOpenMemHandle(handle, lazy_peer_access)
         self.bases[key] = base
         while len(self.bases) > OPENED_HANDLES_KEPT:
             (old_xp, _), old_base = self.bases.popitem(last=False)
