@@ -15,6 +15,8 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 
 from mpi4py import MPI
 
+from .device import namespace, synchronize
+
 __all__ = ["AllreduceHandle", "allreduce_async", "asynchronous_calls_pending", "run_in_order"]
 
 
@@ -99,5 +101,20 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     from .api import _allreduce_now
     _check_thread_level()
     description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
-    future = _worker.submit(lambda: _allreduce_now(x, op, algorithm, comm, out, check, **kwargs))
+    xp = namespace(x)
+    if xp is None:
+        future = _worker.submit(lambda: _allreduce_now(x, op, algorithm, comm, out, check, **kwargs))
+    else:
+        # Device arrays: the caller's kernels that wrote x finish before the worker thread (with
+        # its own current stream) reads it, the worker uses x's GPU (the current device is per
+        # thread), and the result is complete when the handle says done.
+        synchronize(xp)
+
+        def on_device():
+            with x.device:
+                result = _allreduce_now(x, op, algorithm, comm, out, check, **kwargs)
+                synchronize(xp)
+            return result
+
+        future = _worker.submit(on_device)
     return AllreduceHandle(future, description)

@@ -8,7 +8,8 @@
 Many small gradients cost a few large allreduces instead of hundreds of small ones (torch DDP's
 25 MB buckets, Horovod's tensor fusion). Every rank must mark the same gradients ready in the same
 order (as data-parallel replicas do). float16 and bfloat16 (ml_dtypes) are summed in float32 and
-rounded once, on the way back.
+rounded once, on the way back. Gradients may be numpy or CuPy arrays (device buckets for device
+gradients, fused and written back on the GPU).
 """
 import hashlib
 
@@ -17,7 +18,8 @@ from mpi4py import MPI
 
 from .agreement import describe_differences
 from .asynchronous import allreduce_async
-from .buffers import mpi_datatype
+from .buffers import array_module, mpi_datatype
+from .device import namespace, synchronize
 
 __all__ = ["GradientSync", "broadcast_parameters", "check_replicas"]
 
@@ -70,24 +72,27 @@ class GradientSync:
         self._in_flight = []
 
     def ready(self, grad):
-        """Mark ``grad`` (a writeable numpy array) ready; start its bucket if that is now full."""
-        if not isinstance(grad, np.ndarray) or not grad.flags.writeable:
-            raise TypeError(f"a gradient must be a writeable numpy array, got {type(grad).__name__}")
+        """Mark ``grad`` (a writeable numpy array, or a CuPy array) ready; start its bucket if that is now full."""
+        on_device = namespace(grad) is not None
+        if not on_device and (not isinstance(grad, np.ndarray) or not grad.flags.writeable):
+            raise TypeError(f"a gradient must be a writeable numpy array or a CuPy array, got {type(grad).__name__}")
         dtype = accumulation_dtype(grad.dtype)
-        bucket = self._open.setdefault(dtype.str, _Bucket(dtype))
+        key = ("device" if on_device else "host", dtype.str)
+        bucket = self._open.setdefault(key, _Bucket(dtype))
         bucket.add(grad)
         if bucket.nbytes >= self.bucket_bytes:
-            self._start(self._open.pop(dtype.str))
+            self._start(self._open.pop(key))
 
     def _start(self, bucket):
-        fused = np.empty(sum(g.size for g in bucket.members), dtype=bucket.dtype)
+        xp = array_module(bucket.members[0])
+        fused = xp.empty(sum(g.size for g in bucket.members), dtype=bucket.dtype)
         offset = 0
         for grad in bucket.members:
             view = fused[offset:offset + grad.size].reshape(grad.shape)
-            np.copyto(view, grad, casting="unsafe")
+            xp.copyto(view, grad, casting="unsafe")
             offset += grad.size
         if self.prescale != 1.0:
-            fused *= self.prescale
+            xp.multiply(fused, bucket.dtype.type(self.prescale), out=fused)
         handle = allreduce_async(fused, op=self.op, algorithm=self.algorithm, comm=self.comm, out=fused)
         self._in_flight.append((handle, fused, bucket.members))
 
@@ -98,11 +103,12 @@ class GradientSync:
         in_flight, self._in_flight = self._in_flight, []
         for handle, fused, members in in_flight:
             handle.wait()
+            xp = array_module(fused)
             if self.postscale != 1.0:
-                fused *= self.postscale
+                xp.multiply(fused, fused.dtype.type(self.postscale), out=fused)
             offset = 0
             for grad in members:
-                np.copyto(grad, fused[offset:offset + grad.size].reshape(grad.shape), casting="unsafe")
+                xp.copyto(grad, fused[offset:offset + grad.size].reshape(grad.shape), casting="unsafe")
                 offset += grad.size
 
     def synchronize(self, gradients):
@@ -137,6 +143,13 @@ def broadcast_parameters(arrays, root=0, comm=None):
     named = _named(arrays)
     _agree_on_layout(comm, named, "broadcast_parameters")
     for _, array in named:
+        xp = namespace(array)
+        if xp is not None:  # device memory: through the host (parameters are broadcast once)
+            host = xp.asnumpy(array)
+            comm.Bcast([host.reshape(-1), mpi_datatype(array.dtype)], root=root)
+            xp.copyto(array, xp.asarray(host))
+            synchronize(xp)
+            continue
         buffer = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         comm.Bcast([buffer.reshape(-1), mpi_datatype(array.dtype)], root=root)
         if buffer is not array:
@@ -150,7 +163,7 @@ def check_replicas(arrays, comm=None):
     comm = MPI.COMM_WORLD if comm is None else comm
     named = _named(arrays)
     _agree_on_layout(comm, named, "check_replicas")
-    digests = [hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16] for _, a in named]
+    digests = [hashlib.sha256(np.ascontiguousarray(_on_host(a)).tobytes()).hexdigest()[:16] for _, a in named]
     everyone = comm.allgather(digests)
     for index, (name, _) in enumerate(named):
         groups = {}
@@ -159,3 +172,8 @@ def check_replicas(arrays, comm=None):
         if len(groups) > 1:
             parts = "; ".join(f"ranks {ranks} hold {digest}" for digest, ranks in groups.items())
             raise ValueError(f"replicas differ: array {name!r} is not the same on every rank ({parts})")
+
+
+def _on_host(array):
+    xp = namespace(array)
+    return array if xp is None else xp.asnumpy(array)

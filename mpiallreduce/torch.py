@@ -1,4 +1,4 @@
-"""PyTorch (CPU tensors) on mpiallreduce, with the names Horovod and torch users know.
+"""PyTorch on mpiallreduce, with the names Horovod and torch users know.
 
     import mpiallreduce.torch as mt
     optimizer = mt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -8,8 +8,11 @@
 
 Each parameter's gradient is handed to a GradientSync bucket from a post-accumulate-grad hook while
 backward is still running, so full buckets are allreduced in the background during backward.
-Tensors are shared with numpy (``Tensor.numpy()``), not copied. torch stays optional: importing
-this module needs it, the rest of the package does not.
+Tensors are shared, not copied: CPU tensors with numpy (``Tensor.numpy()``), CUDA tensors with
+CuPy through DLPack (``cupy.from_dlpack``), so the same code serves both. For CUDA tensors, torch's
+current stream is synchronized before CuPy reads a gradient, and CuPy's before ``step()`` runs.
+Call ``mpiallreduce.select_gpu()`` first and put the model on ``torch.cuda.current_device()``.
+torch stays optional: importing this module needs it, the rest of the package does not.
 """
 import torch
 from mpi4py import MPI
@@ -20,10 +23,16 @@ from .gradients import broadcast_parameters as _broadcast_arrays
 __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state"]
 
 
-def _as_numpy(tensor):
-    if tensor.device.type != "cpu":
-        raise TypeError(f"mpiallreduce.torch handles CPU tensors; got one on {tensor.device}")
-    return tensor.detach().numpy()
+def _as_array(tensor):
+    """The tensor's memory as a numpy array (CPU) or a CuPy array (CUDA), shared, not copied."""
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        return tensor.numpy()
+    if tensor.device.type == "cuda":
+        import cupy
+        torch.cuda.current_stream(tensor.device).synchronize()  # what torch queued has been written
+        return cupy.from_dlpack(tensor)
+    raise TypeError(f"mpiallreduce.torch handles CPU and CUDA tensors; got one on {tensor.device}")
 
 
 class DistributedOptimizer:
@@ -44,11 +53,14 @@ class DistributedOptimizer:
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self.parameters]
 
     def _ready(self, parameter):
-        self.sync.ready(_as_numpy(parameter.grad))
+        self.sync.ready(_as_array(parameter.grad))
 
     def synchronize(self):
         """Wait for every bucket; gradients then hold the mean over the ranks."""
         self.sync.wait()
+        if any(p.grad is not None and p.grad.is_cuda for p in self.parameters):
+            import cupy
+            cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them
 
     def step(self, closure=None):
         self.synchronize()
@@ -71,9 +83,9 @@ class DistributedOptimizer:
 def broadcast_parameters(state_dict, root=0, comm=None):
     """Copy rank ``root``'s tensors (a ``state_dict()`` or a list of tensors) into every rank's, in place."""
     if isinstance(state_dict, dict):
-        arrays = {name: _as_numpy(t) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
+        arrays = {name: _as_array(t) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
     else:
-        arrays = [_as_numpy(t) for t in state_dict]
+        arrays = [_as_array(t) for t in state_dict]
     _broadcast_arrays(arrays, root=root, comm=comm)
     return state_dict
 

@@ -73,14 +73,17 @@ class NumpyMLP:
 class TorchMLP:
     """The same model in PyTorch, with DistributedOptimizer (bucket allreduces from gradient hooks)."""
 
-    def __init__(self, params, lr, comm, bucket_bytes):
+    def __init__(self, params, lr, comm, bucket_bytes, device="cpu"):
         import torch
 
         import mpiallreduce.torch as mt
         self.torch = torch
+        if device == "cuda":  # one GPU per node-local rank (mpiallreduce.select_gpu)
+            torch.cuda.set_device(mar.select_gpu())
+        self.device = torch.device(device)
         torch.set_default_dtype(torch.float64)
         self.model = torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.Tanh(),
-                                         torch.nn.Linear(HIDDEN, OUTPUTS))
+                                         torch.nn.Linear(HIDDEN, OUTPUTS)).to(self.device)
         self.load(params)
         self.optimizer = mt.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=lr),
                                                  named_parameters=self.model.named_parameters(), comm=comm,
@@ -89,23 +92,27 @@ class TorchMLP:
         mt.broadcast_optimizer_state(self.optimizer, root=0, comm=comm)
 
     def load(self, params):
+        tensor = self._tensor
         with self.torch.no_grad():
-            self.model[0].weight.copy_(self.torch.from_numpy(params["w1"].T.copy()))
-            self.model[0].bias.copy_(self.torch.from_numpy(params["b1"]))
-            self.model[2].weight.copy_(self.torch.from_numpy(params["w2"].T.copy()))
-            self.model[2].bias.copy_(self.torch.from_numpy(params["b2"]))
+            self.model[0].weight.copy_(tensor(params["w1"].T.copy()))
+            self.model[0].bias.copy_(tensor(params["b1"]))
+            self.model[2].weight.copy_(tensor(params["w2"].T.copy()))
+            self.model[2].bias.copy_(tensor(params["b2"]))
+
+    def _tensor(self, array):
+        return self.torch.from_numpy(array).to(self.device)
 
     def step(self, x, y):
         self.optimizer.zero_grad()
-        loss = self.torch.nn.functional.mse_loss(self.model(self.torch.from_numpy(x)), self.torch.from_numpy(y))
+        loss = self.torch.nn.functional.mse_loss(self.model(self._tensor(x)), self._tensor(y))
         loss.backward()
         self.optimizer.step()
         return float(loss)
 
     def arrays(self):
         m = self.model
-        return {"w1": m[0].weight.detach().numpy().T, "b1": m[0].bias.detach().numpy(),
-                "w2": m[2].weight.detach().numpy().T, "b2": m[2].bias.detach().numpy()}
+        host = lambda t: t.detach().cpu().numpy()  # noqa: E731
+        return {"w1": host(m[0].weight).T, "b1": host(m[0].bias), "w2": host(m[2].weight).T, "b2": host(m[2].bias)}
 
 
 class _StopRequest:
@@ -134,6 +141,8 @@ def save_checkpoint(path, arrays, step, comm):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mpiallreduce.train", description=__doc__.split("\n")[0])
     parser.add_argument("--framework", choices=["numpy", "torch"], default="numpy")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: torch on the GPU of this node-local rank (with --framework torch)")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--local-batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
@@ -146,6 +155,8 @@ def main(argv=None):
     parser.add_argument("--check-replicas", action="store_true", help="check bitwise identity after every step")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (to test preemption)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and args.framework != "torch":
+        parser.error("--device cuda needs --framework torch")
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     stop = _StopRequest()
@@ -163,7 +174,10 @@ def main(argv=None):
         if rank == 0:
             print(f"resumed from {args.checkpoint} at step {start} "
                   f"(SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '-')})", flush=True)
-    model = (NumpyMLP if args.framework == "numpy" else TorchMLP)(params, args.lr, comm, args.bucket_bytes)
+    if args.framework == "numpy":
+        model = NumpyMLP(params, args.lr, comm, args.bucket_bytes)
+    else:
+        model = TorchMLP(params, args.lr, comm, args.bucket_bytes, args.device)
 
     b = args.local_batch
     for step in range(start, args.steps):

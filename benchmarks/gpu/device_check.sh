@@ -4,7 +4,7 @@
 #   1. makes a virtual environment over the system's Python (which has CuPy, numpy, ml_dtypes, pytest,
 #      pytest-timeout) and installs the wheels carried in benchmarks/gpu/wheels/ (Open MPI, mpi4py,
 #      pytest-mpi; fetch_wheels.sh downloads them where pip has a network);
-#   2. runs the real-CuPy tests (tests/mpi/test_device.py -k cupy) under mpiexec with 2 and 4 ranks
+#   2. runs the real-CuPy and torch-CUDA tests (tests/mpi/test_device.py, test_torch.py) under mpiexec with 2 and 4 ranks
 #      sharing the GPU;
 #   3. runs `mpiallreduce bench --device gpu` from 1 MiB to 1 GiB with 4 ranks: Open MPI's path for
 #      device memory against our staged ring and device-to-device path, busbw as a share of the
@@ -34,8 +34,8 @@ timeout 60 "$py" -m mpiallreduce launch -n 1 -- "$py" -m mpiallreduce info 2>&1 
 status=0
 for ranks in 2 4; do
     say "real-CuPy tests, $ranks ranks on one GPU"
-    timeout 150 "$py" -m mpiallreduce launch -n "$ranks" -- "$py" tests/mpi_pytest.py tests/mpi/test_device.py \
-        -k cupy -q --color=no -rs --timeout=120 2>&1 | tr -d '\000' > "$out/tests-${ranks}ranks.txt"
+    timeout 150 "$py" -m mpiallreduce launch -n "$ranks" -- "$py" tests/mpi_pytest.py tests/mpi/test_device.py tests/mpi/test_torch.py \
+        -k "cupy or cuda" -q --color=no -rs --timeout=120 2>&1 | tr -d '\000' > "$out/tests-${ranks}ranks.txt"
     code=${PIPESTATUS[0]}
     tail -5 "$out/tests-${ranks}ranks.txt"
     [ "$code" = 0 ] || { say "tests with $ranks ranks FAILED (exit $code)"; status=1; }

@@ -215,3 +215,34 @@ def test_mixed_host_and_device_calls_are_named_with_check():
     x = fake_cupy.asarray(host) if comm.Get_rank() == 0 else host
     with pytest.raises(ValueError, match="memory differs: 'device' on rank 0"):
         mar.allreduce(x, check=True)
+
+
+def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
+    """Device gradients in device buckets (tiny ones, one larger than a bucket, float16 summed in
+    float32): the same as one allreduce of each, computed by numpy on the gathered inputs."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    shapes = [(3,), (1000,), (7, 9), (1,), (5000,), (2, 2)]
+    dtypes = ["float32", "float32", "float64", "float32", "float32", "float16"]
+    hosts = [exact_input(dtype, int(np.prod(shape)), rank, "sum").reshape(shape)
+             for shape, dtype in zip(shapes, dtypes)]
+    grads = [xp.asarray(h) for h in hosts]
+    mar.GradientSync(bucket_bytes=4096, op="sum").synchronize(grads)
+    problems = []
+    for i, (host, grad) in enumerate(zip(hosts, grads)):
+        expected = gather_inputs(comm, host).astype(np.float64).sum(axis=0).astype(host.dtype)
+        problems += problems_with(comm, xp.asnumpy(grad), expected, f"gradient {i} {host.dtype}")
+    mar.check_replicas(grads)
+
+    handle = mar.allreduce_async(xp.asarray(hosts[1]), op="max")
+    problems += problems_with(comm, xp.asnumpy(handle.wait(timeout=60)),
+                              numpy_reference("max", gather_inputs(comm, hosts[1])), "allreduce_async")
+
+    params = {"w": xp.asarray(np.full((4, 3), rank, np.float32)), "b": xp.asarray(np.arange(5.0) + rank)}
+    if comm.Get_size() > 1:
+        with pytest.raises(ValueError, match="replicas differ"):
+            mar.check_replicas(params)
+    mar.broadcast_parameters(params, root=comm.Get_size() - 1)
+    mar.check_replicas(params)
+    problems += [] if np.all(xp.asnumpy(params["w"]) == comm.Get_size() - 1) else ["broadcast_parameters"]
+    assert not problems, problems

@@ -16,29 +16,44 @@ def model_on_this_rank():
     return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2)).double()
 
 
-def test_broadcasts_make_replicas_and_steps_keep_them_identical():
-    model = model_on_this_rank()
+def _on_host(tensor):
+    return tensor.detach().cpu().numpy()
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request):
+    """Each test on CPU tensors, and on CUDA tensors (through CuPy and DLPack) where a GPU exists."""
+    if request.param == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+        pytest.importorskip("cupy")
+        torch.cuda.set_device(mar.select_gpu())
+    return torch.device(request.param)
+
+
+def test_broadcasts_make_replicas_and_steps_keep_them_identical(device):
+    model = model_on_this_rank().to(device)
     optimizer = mt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                         named_parameters=model.named_parameters(), bucket_bytes=64)
     mt.broadcast_parameters(model.state_dict(), root=0)
     mt.broadcast_optimizer_state(optimizer, root=0)
-    arrays = {name: p.detach().numpy() for name, p in model.named_parameters()}
+    arrays = {name: _on_host(p) for name, p in model.named_parameters()}
     mar.check_replicas(arrays)
     for step in range(5):
         generator = torch.Generator().manual_seed(100 * step + WORLD.Get_rank())  # rank-dependent data
-        x = torch.randn(8, 5, generator=generator, dtype=torch.float64)
+        x = torch.randn(8, 5, generator=generator, dtype=torch.float64).to(device)
         optimizer.zero_grad()
         loss = model(x).pow(2).mean()
         loss.backward()
-        local = {name: p.grad.clone().numpy() for name, p in model.named_parameters()}
+        local = {name: _on_host(p.grad) for name, p in model.named_parameters()}
         optimizer.step()  # waits for the buckets: gradients now hold the mean over the ranks
         for name, p in model.named_parameters():
             expected = np.mean(WORLD.allgather(local[name]), axis=0)
-            assert np.allclose(p.grad.numpy(), expected, rtol=1e-12, atol=1e-15), name
-        mar.check_replicas({name: p.detach().numpy() for name, p in model.named_parameters()})
+            assert np.allclose(_on_host(p.grad), expected, rtol=1e-12, atol=1e-15), name
+        mar.check_replicas({name: _on_host(p) for name, p in model.named_parameters()})
     # Adam's moments are per-rank state; after a broadcast every rank holds rank 0's
     if WORLD.Get_rank() != 0:
         for state in optimizer.optimizer.state.values():
             state["exp_avg"].add_(1.0)
     mt.broadcast_optimizer_state(optimizer, root=0)
-    mar.check_replicas([optimizer.optimizer.state[p]["exp_avg"].numpy() for p in model.parameters()])
+    mar.check_replicas([_on_host(optimizer.optimizer.state[p]["exp_avg"]) for p in model.parameters()])
