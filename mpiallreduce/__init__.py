@@ -21,9 +21,16 @@ _EXPORTS = {
     "HOST_ALGORITHMS": ".algorithms",
     "select_gpu": ".device",
     "OPS": ".ops",
+    "AllreduceTimeout": ".faults", "RankFailure": ".faults", "AllreduceStallWarning": ".faults",
+    "survivors": ".faults",
+    "abort_on_exception": ".aborting",
 }
 
 __all__ = list(_EXPORTS) + ["__version__"]
+
+from .aborting import abort_on_exception_from_environment  # noqa: E402 (no MPI at import)
+
+abort_on_exception_from_environment()
 
 
 def __getattr__(name):

@@ -10,6 +10,7 @@ from .agreement import agree_on_call
 from .asynchronous import asynchronous_calls_pending, run_in_order
 from .algorithms import Algorithm, choose_algorithm, get_algorithm
 from .comms import cached, private_duplicate
+from .faults import Rendezvous, call_site, default_timeout, failure_of, next_sequence
 from .device import cuda_aware, namespace
 from .mesh import resolve_communicator
 from .ops import ReduceOp, get_op
@@ -25,10 +26,12 @@ check_world_matches_slurm()  # the silent-singleton trap, before anything is red
 #: read once, when mpiallreduce is imported
 CHECK_ENV = "MPIALLREDUCE_CHECK"
 CHECK_BY_DEFAULT = os.environ.get(CHECK_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+#: MPIALLREDUCE_TIMEOUT, read once, when mpiallreduce is imported (None: wait for ever)
+TIMEOUT_BY_DEFAULT = default_timeout()
 
 
 def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *, axis=None, mesh=None,
-              groups=None):
+              groups=None, timeout=None):
     """Reduce ``x`` elementwise over every rank of ``comm``; every rank gets the same bits.
 
     Args:
@@ -43,38 +46,59 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         out: None for a new array, or an array of x's shape and dtype to write into; ``out=x``
             reduces in place. Otherwise ``x`` is not modified.
         check: if true (or if MPIALLREDUCE_CHECK=1 when mpiallreduce was imported), the ranks
-            first agree that their arguments are valid and that shape, dtype, op and algorithm
-            match; otherwise every rank raises the same ValueError/TypeError naming the ranks and
-            what differs.
+            first agree that their arguments are valid and that shape, dtype, op, algorithm, the
+            call's number on ``comm`` and its call site (file:line) match; otherwise every rank
+            raises the same ValueError/TypeError naming the ranks and what differs.
         axis: a mesh axis name or tuple of names: reduce over the ranks along it, of ``mesh`` or of
             the mesh made current with ``with mesh:`` (instead of ``comm``).
         mesh: a :class:`mpiallreduce.Mesh`; without ``axis``, all its ranks.
         groups: a partition of the ranks (of the axis, or of the communicator) into lists; each
             rank reduces with its own group only (``mean`` divides by that group's size).
+        timeout: seconds to wait for the other ranks to reach this call (default
+            MPIALLREDUCE_TIMEOUT, read at import; None there: wait for ever); see mpiallreduce.faults.
 
     Returns:
         the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.
 
     Raises:
         TypeError, ValueError: bad arguments, raised before any communication on the rank given
-            them (on every rank, with ``check``).
+            them (on every rank, with ``check``); with ``check``, ValueError on every rank also when
+            the ranks' call numbers on ``comm`` differ (a rank skipped a call).
+        AllreduceTimeout: not every rank reached this call within ``timeout``, on every rank that did.
+        RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
     if asynchronous_calls_pending():  # keep to the order in which this process started collectives
         return run_in_order(lambda: _allreduce_now(x, op, algorithm, comm, out, check, axis=axis, mesh=mesh,
-                                                   groups=groups))
-    return _allreduce_now(x, op, algorithm, comm, out, check, axis=axis, mesh=mesh, groups=groups)
+                                                   groups=groups, timeout=timeout))
+    return _allreduce_now(x, op, algorithm, comm, out, check, axis=axis, mesh=mesh, groups=groups, timeout=timeout)
 
 
-def _allreduce_now(x, op, algorithm, comm, out, check, *, axis=None, mesh=None, groups=None):
+def _allreduce_now(x, op, algorithm, comm, out, check, *, axis=None, mesh=None, groups=None, timeout=None,
+                   meeting=None):
+    """The call itself. ``meeting``: a function (comm, sequence, site) -> Rendezvous for
+    allreduce_async, whose handle may bring its deadline forward."""
     if axis is not None or mesh is not None or groups is not None:
         comm = resolve_communicator(comm, axis, mesh, groups)
     comm = _check_comm(MPI.COMM_WORLD if comm is None else comm)
-    if check or CHECK_BY_DEFAULT:
-        signature = _signature(x, op, algorithm)
+    timeout = TIMEOUT_BY_DEFAULT if timeout is None else timeout
+    check = check or CHECK_BY_DEFAULT
+    if not check:
+        call = _prepare(x, op, algorithm, comm, out)  # a bad argument raises here, before any communication
+    sequence = next_sequence(comm)
+    site = call_site() if (check or timeout is not None) else ""
+    if meeting is not None:
+        meeting(comm, sequence, site).run()
+    elif timeout is not None:
+        Rendezvous(comm, sequence, timeout, site).run()
+    if check:
+        # The call number and site too: a rank that skipped a call meets the others' call with its next
+        # one, made from another line (or, in a loop, the last call finds it missing: see timeout).
+        signature = dict(_signature(x, op, algorithm), call_number=sequence, call_site=site)
         call = agree_on_call(comm, lambda: _prepare(x, op, algorithm, comm, out), signature)
-    else:
-        call = _prepare(x, op, algorithm, comm, out)
-    return _execute(call)
+    return _execute(call, sequence)
+
+
+
 
 
 @dataclass
@@ -145,7 +169,22 @@ def _spans_nodes(comm):
                   lambda: node_communicator(private_duplicate(comm)).Get_size() != comm.Get_size())
 
 
-def _execute(call):
+def _execute(call, sequence=None):
+    try:
+        return _execute_plainly(call)
+    except MPI.Exception as error:  # a dead rank (ULFM): every survivor raises RankFailure
+        failure = failure_of(error, call.comm, sequence, also_revoke=_private_duplicates(call.comm))
+        if failure is None:
+            raise
+        raise failure from error
+
+
+def _private_duplicates(comm):
+    from .comms import cached_if_made
+    return tuple(c for c in (cached_if_made(comm, "duplicate"),) if c is not None)
+
+
+def _execute_plainly(call):
     flat = call.flat
     size = call.comm.Get_size()
     if size == 1 or flat.recv.size == 0:

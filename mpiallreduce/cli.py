@@ -41,19 +41,22 @@ def _launch(argv):
     parser.add_argument("-n", "--ranks", type=int, default=None,
                         help="rank count (default inside Slurm: the allocation's task count)")
     parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="ULFM (mpiexec --with-ft ulfm): ranks survive the death of others")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to launch")
-    from .launch import launch_command, launch_environment, run
+    from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
     if args.timeout is None:  # become the launcher, so that signals reach it and its ranks directly
-        argv = launch_command(args.ranks, command)
+        argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant)
         env = launch_environment()
         os.execvpe(argv[0], argv, env)
     if args.ranks is None:
         parser.error("--timeout needs -n")
-    result = run(args.ranks, command, timeout=args.timeout, capture=False)
+    result = run(args.ranks, command, timeout=args.timeout, capture=False,
+                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else ())
     if result.timed_out:
         print(f"mpiallreduce launch: killed after {args.timeout} s", file=sys.stderr)
         return 124

@@ -10,7 +10,7 @@ The attribute's delete callback frees what it holds when the user's communicator
 """
 from mpi4py import MPI
 
-__all__ = ["private_duplicate", "cached"]
+__all__ = ["private_duplicate", "cached", "cached_if_made"]
 
 _KEYVAL = None
 
@@ -25,7 +25,10 @@ def _free_cache(comm, keyval, cache):
             elif isinstance(item, MPI.Win) and item != MPI.WIN_NULL:
                 item.Free()
             elif isinstance(item, MPI.Comm) and item != MPI.COMM_NULL and not item.is_predefined:
-                item.Free()
+                try:
+                    item.Free()
+                except MPI.Exception:  # a communicator revoked after a rank died (ULFM)
+                    pass
 
 
 def _cache_of(comm):
@@ -48,6 +51,11 @@ def cached(comm, name, make):
     if name not in cache:
         cache[name] = make()
     return cache[name]
+
+
+def cached_if_made(comm, name):
+    """What ``cached`` made under ``name`` for ``comm``, or None if nothing was made yet."""
+    return _cache_of(comm).get(name)
 
 
 def replace_cached(comm, name, value):

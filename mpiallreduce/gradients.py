@@ -54,10 +54,12 @@ class GradientSync:
         op: "mean" (default) or "sum".
         algorithm: passed to allreduce ("auto" by default).
         prescale, postscale: multiply each gradient before the reduction / the result after it.
+        timeout: seconds each bucket's allreduce waits for the other ranks (see allreduce); None:
+            MPIALLREDUCE_TIMEOUT, else for ever.
     """
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
-                 postscale=1.0):
+                 postscale=1.0, timeout=None):
         if op not in ("mean", "sum"):
             raise ValueError(f"GradientSync op must be 'mean' or 'sum', got {op!r}")
         if bucket_bytes < 1:
@@ -68,6 +70,7 @@ class GradientSync:
         self.algorithm = algorithm
         self.prescale = prescale
         self.postscale = postscale
+        self.timeout = timeout
         self._open = {}
         self._in_flight = []
 
@@ -93,16 +96,26 @@ class GradientSync:
             offset += grad.size
         if self.prescale != 1.0:
             xp.multiply(fused, bucket.dtype.type(self.prescale), out=fused)
-        handle = allreduce_async(fused, op=self.op, algorithm=self.algorithm, comm=self.comm, out=fused)
+        handle = allreduce_async(fused, op=self.op, algorithm=self.algorithm, comm=self.comm, out=fused,
+                                 timeout=self.timeout)
         self._in_flight.append((handle, fused, bucket.members))
 
     def wait(self):
-        """Start the partly filled buckets, wait for every bucket, write the results back in place."""
+        """Start the partly filled buckets, wait for every bucket, write the results back in place.
+
+        If a bucket's allreduce fails (a timeout, a lost rank), every bucket is still waited for,
+        then the first error is raised; the gradients are then partly synchronized: recompute them.
+        """
         for key in sorted(self._open):
             self._start(self._open.pop(key))
         in_flight, self._in_flight = self._in_flight, []
+        first_error = None
         for handle, fused, members in in_flight:
-            handle.wait()
+            try:
+                handle.wait()
+            except Exception as error:  # noqa: BLE001 - re-raised below, once every bucket is done
+                first_error = first_error or error
+                continue
             xp = array_module(fused)
             if self.postscale != 1.0:
                 xp.multiply(fused, fused.dtype.type(self.postscale), out=fused)
@@ -110,6 +123,8 @@ class GradientSync:
             for grad in members:
                 xp.copyto(grad, fused[offset:offset + grad.size].reshape(grad.shape), casting="unsafe")
                 offset += grad.size
+        if first_error is not None:
+            raise first_error
 
     def synchronize(self, gradients):
         """``ready`` every gradient in order, then ``wait``; returns the gradients."""

@@ -45,6 +45,8 @@ def find_mpiexec():
 
 
 SRUN_FLAGS = ("--mpi=pmix", "--kill-on-bad-exit=1")
+#: mpiexec flags for ULFM: a rank's death becomes an error the survivors can handle, not the job's end
+FAULT_TOLERANT_FLAGS = ("--with-ft", "ulfm")
 #: "srun", "mpiexec" or "auto" (srun inside a Slurm allocation, else mpiexec)
 LAUNCHER_ENV = "MPIALLREDUCE_LAUNCHER"
 
@@ -68,16 +70,22 @@ def choose_launcher(environ=None):
     return "srun" if "SLURM_JOB_ID" in env and shutil.which("srun", path=env.get("PATH")) else "mpiexec"
 
 
-def launch_command(nranks, command, environ=None):
-    """argv for ``command`` on ``nranks`` ranks (None: Slurm's task count) with this machine's launcher."""
+def launch_command(nranks, command, environ=None, fault_tolerant=False):
+    """argv for ``command`` on ``nranks`` ranks (None: Slurm's task count) with this machine's launcher.
+
+    ``fault_tolerant``: ULFM (mpiexec only: Open MPI's srun integration has no ULFM).
+    """
     env = os.environ if environ is None else environ
     if choose_launcher(env) == "srun":
+        if fault_tolerant:
+            raise ValueError("ULFM (--fault-tolerant) needs Open MPI's own launcher: set MPIALLREDUCE_LAUNCHER=mpiexec "
+                             "(inside an allocation mpiexec starts the ranks on its nodes)")
         return srun_command(nranks, command)
     if nranks is None:
         nranks = int(env.get("SLURM_NTASKS", "0")) or None
         if nranks is None:
             raise ValueError("how many ranks? give -n (outside Slurm there is no task count to take)")
-    return mpiexec_command(nranks, command)
+    return mpiexec_command(nranks, command, FAULT_TOLERANT_FLAGS if fault_tolerant else ())
 
 
 def launch_environment(base=None):

@@ -41,14 +41,14 @@ class DistributedOptimizer:
     Args:
         optimizer: any torch optimizer.
         named_parameters: ``model.named_parameters()`` (the parameters whose gradients to synchronize).
-        comm, bucket_bytes, op, algorithm, prescale, postscale: as GradientSync.
+        comm, bucket_bytes, op, algorithm, prescale, postscale, timeout: as GradientSync.
     """
 
     def __init__(self, optimizer, named_parameters, comm=None, bucket_bytes=25 * 2**20, op="mean",
-                 algorithm="auto", prescale=1.0, postscale=1.0):
+                 algorithm="auto", prescale=1.0, postscale=1.0, timeout=None):
         self.optimizer = optimizer
         self.sync = GradientSync(comm=comm, bucket_bytes=bucket_bytes, op=op, algorithm=algorithm,
-                                 prescale=prescale, postscale=postscale)
+                                 prescale=prescale, postscale=postscale, timeout=timeout)
         self.parameters = [p for _, p in sorted(named_parameters, key=lambda item: item[0]) if p.requires_grad]
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self.parameters]
 

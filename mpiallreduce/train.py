@@ -9,6 +9,13 @@ mean loss and samples per second. With --checkpoint the parameters (and the step
 --checkpoint-every steps and when SIGUSR1 or SIGTERM arrives (all ranks agree at the next step
 boundary, rank 0 writes, then the program exits with EXIT_CHECKPOINTED so that a job script can
 requeue itself); --resume continues from the file.
+
+Faults: an exception on any rank aborts the whole job with its traceback (mpiallreduce's
+abort_on_exception; --no-abort-on-exception to keep Python's default). With --fault-tolerant, under
+ULFM (``mpiallreduce launch --fault-tolerant``), a rank that dies does not end the run: the
+survivors agree (MPI_Comm_agree) that the step failed, undo it, shrink the communicator
+(mpiallreduce.survivors) and redo it among themselves, the mean now over the survivors, logging
+which ranks were lost. --timeout bounds each gradient allreduce's wait for the other ranks.
 """
 import argparse
 import os
@@ -20,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
+from mpiallreduce.faults import failed_ranks, failure_of
 
 __all__ = ["main", "global_batch", "NumpyMLP"]
 
@@ -44,10 +52,22 @@ def initial_parameters(seed):
 class NumpyMLP:
     """tanh MLP with hand-written backward; gradients averaged with GradientSync."""
 
-    def __init__(self, params, lr, comm, bucket_bytes):
+    def __init__(self, params, lr, comm, sync_options):
         self.params = params
         self.lr = lr
-        self.sync = mar.GradientSync(comm=comm, bucket_bytes=bucket_bytes)
+        self.sync_options = sync_options
+        self.rebind(comm)
+
+    def rebind(self, comm):
+        """Synchronize over ``comm`` from now on (the survivors' communicator after a rank failure)."""
+        self.sync = mar.GradientSync(comm=comm, **self.sync_options)
+
+    def snapshot(self):
+        return {k: v.copy() for k, v in self.params.items()}
+
+    def restore(self, snapshot):
+        for k, v in snapshot.items():
+            np.copyto(self.params[k], v)
 
     def step(self, x, y):
         p = self.params
@@ -73,7 +93,7 @@ class NumpyMLP:
 class TorchMLP:
     """The same model in PyTorch, with DistributedOptimizer (bucket allreduces from gradient hooks)."""
 
-    def __init__(self, params, lr, comm, bucket_bytes, device="cpu"):
+    def __init__(self, params, lr, comm, sync_options, device="cpu"):
         import torch
 
         import mpiallreduce.torch as mt
@@ -85,11 +105,22 @@ class TorchMLP:
         self.model = torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.Tanh(),
                                          torch.nn.Linear(HIDDEN, OUTPUTS)).to(self.device)
         self.load(params)
+        self.sync_options = sync_options
         self.optimizer = mt.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=lr),
                                                  named_parameters=self.model.named_parameters(), comm=comm,
-                                                 bucket_bytes=bucket_bytes)
+                                                 **sync_options)
         mt.broadcast_parameters(self.model.state_dict(), root=0, comm=comm)
         mt.broadcast_optimizer_state(self.optimizer, root=0, comm=comm)
+
+    def rebind(self, comm):
+        """Synchronize over ``comm`` from now on (the survivors' communicator after a rank failure)."""
+        self.optimizer.sync = mar.GradientSync(comm=comm, **self.sync_options)
+
+    def snapshot(self):
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def restore(self, snapshot):
+        self.model.load_state_dict(snapshot)
 
     def load(self, params):
         tensor = self._tensor
@@ -130,6 +161,15 @@ class _StopRequest:
         return bool(comm.allreduce(1 if self.signal else 0, op=MPI.MAX))
 
 
+def agree_all_succeeded(comm, succeeded):
+    """ULFM's fault-tolerant agreement: True on every survivor iff the step succeeded on all of them."""
+    try:
+        return bool(comm.Agree(int(succeeded)))
+    except MPI.Exception:  # a failure not yet acknowledged here: acknowledge, then agree among the living
+        comm.Ack_failed()
+        return bool(comm.Agree(int(succeeded)))
+
+
 def save_checkpoint(path, arrays, step, comm):
     if comm.Get_rank() == 0:
         partial = path + ".partial.npz"
@@ -154,9 +194,19 @@ def main(argv=None):
     parser.add_argument("--save-params", help="write the final parameters here (npz), for comparison")
     parser.add_argument("--check-replicas", action="store_true", help="check bitwise identity after every step")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (to test preemption)")
+    parser.add_argument("--algorithm", default="auto", help="allreduce algorithm for the gradients")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds an allreduce waits for the other ranks (default MPIALLREDUCE_TIMEOUT)")
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="under ULFM (mpiallreduce launch --fault-tolerant): when a rank dies, go on with "
+                             "the survivors (the step is redone on the shrunken communicator)")
+    parser.add_argument("--no-abort-on-exception", action="store_true",
+                        help="do not abort the whole job when a rank raises (the default aborts it)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and args.framework != "torch":
         parser.error("--device cuda needs --framework torch")
+    if not args.no_abort_on_exception:
+        mar.abort_on_exception()  # one rank's exception ends the job with its traceback, not a hang
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     stop = _StopRequest()
@@ -174,25 +224,49 @@ def main(argv=None):
         if rank == 0:
             print(f"resumed from {args.checkpoint} at step {start} "
                   f"(SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '-')})", flush=True)
+    sync_options = dict(bucket_bytes=args.bucket_bytes, algorithm=args.algorithm, timeout=args.timeout)
     if args.framework == "numpy":
-        model = NumpyMLP(params, args.lr, comm, args.bucket_bytes)
+        model = NumpyMLP(params, args.lr, comm, sync_options)
     else:
-        model = TorchMLP(params, args.lr, comm, args.bucket_bytes, args.device)
+        model = TorchMLP(params, args.lr, comm, sync_options, args.device)
 
     b = args.local_batch
-    for step in range(start, args.steps):
+    step = start
+    while step < args.steps:
         begin = time.perf_counter()
-        x, y = global_batch(args.seed, step, b * size)
-        loss = model.step(x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b])
-        if args.step_seconds:
-            time.sleep(args.step_seconds)
-        loss = comm.allreduce(loss) / size
-        seconds = comm.allreduce(time.perf_counter() - begin, op=MPI.MAX)
-        if args.check_replicas:
-            mar.check_replicas(model.arrays(), comm=comm)
+        saved = model.snapshot() if args.fault_tolerant else None
+        try:
+            x, y = global_batch(args.seed, step, b * size)
+            loss = model.step(x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b])
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
+            loss = comm.allreduce(loss) / size
+            seconds = comm.allreduce(time.perf_counter() - begin, op=MPI.MAX)
+            if args.check_replicas:  # after every step the replicas are bitwise identical
+                mar.check_replicas(model.arrays(), comm=comm)
+            step_failed = False
+        except (mar.RankFailure, MPI.Exception) as error:
+            lost_rank = isinstance(error, mar.RankFailure) or failure_of(error, comm) is not None
+            if not (args.fault_tolerant and lost_rank):
+                raise
+            step_failed = True
+        if args.fault_tolerant and not agree_all_succeeded(comm, not step_failed):
+            # Some rank saw a failure during this step: every survivor undoes it and redoes it with
+            # the others (the mean is then over the survivors).
+            lost = failed_ranks(comm)
+            model.restore(saved)
+            old_size = size
+            comm = mar.survivors(comm)
+            rank, size = comm.Get_rank(), comm.Get_size()
+            model.rebind(comm)
+            if rank == 0:
+                print(f"rank failure at step {step + 1}: lost rank(s) {', '.join(map(str, lost)) or '?'} of "
+                      f"{old_size}; redoing the step and going on with {size} ranks", flush=True)
+            continue
+        step += 1
         if rank == 0:
-            print(f"step {step + 1:>5}  loss {loss:.6f}  {b * size / seconds:,.0f} samples/s", flush=True)
-        done = step + 1
+            print(f"step {step:>5}  loss {loss:.6f}  {b * size / seconds:,.0f} samples/s  ({size} ranks)", flush=True)
+        done = step
         if args.checkpoint and args.checkpoint_every and done % args.checkpoint_every == 0:
             save_checkpoint(args.checkpoint, model.arrays(), done, comm)
         if stop.agreed(comm):

@@ -1,0 +1,170 @@
+"""Fault injection: one program, one fault per run, under mpiexec; tests/test_faults.py reads what it prints.
+
+    python inject.py SCENARIO ALGORITHM
+
+Every rank prints lines "RESULT rank=R key=value ..." that the test parses. Data depend on rank and
+index; expected values come from numpy on every rank's data (recomputed here from the formula,
+independently of mpiallreduce).
+"""
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+
+import mpiallreduce as mar
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+COUNT = 100_003
+TIMEOUT = 1.5
+LATE = SIZE - 2  # the rank that misbehaves (not 0, not the last)
+
+
+def data(rank, call=0):
+    return ((np.arange(COUNT) * 7 + rank * 13 + call) % 11 - 5).astype(np.float64)
+
+
+def expected(call=0):
+    return np.sum([data(r, call) for r in range(SIZE)], axis=0)
+
+
+def report(**fields):
+    print(f"RESULT rank={RANK} " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
+
+
+def timed_call(algorithm, call, timeout=TIMEOUT):
+    """One allreduce with a timeout: reports its outcome and how long it took; returns the error."""
+    started = time.monotonic()
+    try:
+        result = mar.allreduce(data(RANK, call), algorithm=algorithm, timeout=timeout)
+        report(call=call, outcome="ok", right=np.array_equal(result, expected(call)),
+               seconds=f"{time.monotonic() - started:.2f}")
+    except mar.AllreduceTimeout as error:
+        report(call=call, outcome="AllreduceTimeout", missing=",".join(map(str, error.missing_ranks)) or "-",
+               sequence=error.sequence, seconds=f"{time.monotonic() - started:.2f}")
+        print(f"rank {RANK} message: {error}", flush=True)
+        return error
+
+
+def sleep_past_timeout(algorithm):
+    timed_call(algorithm, 0)  # everyone present: sets up the control channel
+    if RANK == LATE:
+        time.sleep(TIMEOUT * 2)
+    timed_call(algorithm, 1)
+    WORLD.Barrier()
+    timed_call(algorithm, 2)  # the communicator is still usable
+
+
+def sleep_less_than_timeout(algorithm):
+    timed_call(algorithm, 0)
+    if RANK == LATE:
+        time.sleep(TIMEOUT * 0.6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        timed_call(algorithm, 1)
+    stalls = [str(w.message) for w in caught if issubclass(w.category, mar.AllreduceStallWarning)]
+    named = sorted({s.split(" for ")[1].split(";")[0].replace("rank ", "").replace("ranks ", "") for s in stalls})
+    report(warnings=len(stalls), warned_of=",".join(named) or "-")
+
+
+def skip_a_call(algorithm):
+    """The misbehaving rank skips the second of three calls in a loop (same line, same shapes)."""
+    for call in range(3):
+        if RANK == LATE and call == 1:
+            continue
+        if timed_call(algorithm, call) is not None:
+            break
+    WORLD.Barrier()
+
+
+def skip_a_call_checked(algorithm):
+    """The misbehaving rank skips a call made from one line and meets the others' with one from
+    another line: check=True names the call sites on every rank."""
+    try:
+        if RANK != LATE:
+            mar.allreduce(data(RANK), algorithm=algorithm, check=True)  # the call LATE skips
+        mar.allreduce(data(RANK), algorithm=algorithm, check=True)
+        report(outcome="ok")
+    except ValueError as error:
+        report(outcome="ValueError")
+        print(f"rank {RANK} message: {' | '.join(str(error).splitlines())}", flush=True)
+
+
+def mismatch(algorithm):
+    """The misbehaving rank calls with another length, then another dtype, then another op."""
+    for what in ("length", "dtype", "op"):
+        x = data(RANK)
+        op = "sum"
+        if RANK == LATE:
+            if what == "length":
+                x = x[:-1]
+            elif what == "dtype":
+                x = x.astype(np.float32)
+            else:
+                op = "max"
+        try:
+            mar.allreduce(x, op=op, algorithm=algorithm, check=True)
+            report(mismatch=what, outcome="ok")
+        except ValueError as error:
+            report(mismatch=what, outcome="ValueError")
+            print(f"rank {RANK} message: {' | '.join(str(error).splitlines())}", flush=True)
+        result = mar.allreduce(data(RANK), algorithm=algorithm)  # and the next call works
+        report(mismatch=what, after="ok" if np.array_equal(result, expected()) else "wrong")
+
+
+def raise_on_one_rank(algorithm):
+    mar.abort_on_exception()
+    mar.allreduce(data(RANK), algorithm=algorithm)
+    report(started=f"{time.time():.3f}")
+    if RANK == LATE:
+        raise RuntimeError(f"injected failure on rank {RANK}")
+    mar.allreduce(data(RANK), algorithm=algorithm)  # the others wait here, until the abort ends them
+    report(outcome="not aborted")
+
+
+def killed(algorithm):
+    """SIGKILL of one rank in the middle of a stream of large allreduces (no ULFM: the job ends)."""
+    mar.allreduce(data(RANK), algorithm=algorithm)
+    report(started=f"{time.time():.3f}")
+    if RANK == LATE:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    big = np.ones(1 << 22)
+    for _ in range(100000):
+        mar.allreduce(big, algorithm=algorithm, out=big)
+        big[:] = 1
+    report(outcome="not ended")
+
+
+def killed_under_ulfm(algorithm):
+    """As killed, under mpiexec --with-ft ulfm: survivors get RankFailure naming the lost rank, then
+    reduce on mar.survivors(comm)."""
+    comm = WORLD.Dup()
+    mar.allreduce(data(RANK), algorithm=algorithm, comm=comm)
+    if RANK == LATE:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    big = np.ones(1 << 22)
+    started = None
+    try:
+        for _ in range(100000):
+            started = time.monotonic()
+            mar.allreduce(big, algorithm=algorithm, out=big, comm=comm)
+            big[:] = 1
+    except mar.RankFailure as failure:
+        report(outcome="RankFailure", failed=",".join(map(str, failure.failed_ranks)) or "-",
+               seconds=f"{time.monotonic() - started:.2f}")
+        print(f"rank {RANK} message: {failure}", flush=True)
+    survivors = mar.survivors(comm)
+    alive = [r for r in range(SIZE) if r != LATE]
+    result = mar.allreduce(data(RANK), algorithm=algorithm, comm=survivors)
+    right = np.array_equal(result, np.sum([data(r) for r in alive], axis=0))
+    report(survivors=survivors.Get_size(), right=right)
+
+
+if __name__ == "__main__":
+    scenario, algorithm = sys.argv[1], sys.argv[2]
+    globals()[scenario](algorithm)

@@ -1,0 +1,188 @@
+"""Fault injection under mpiexec (4 ranks), each run bounded in time: what the user sees, how soon.
+
+tests/faults/inject.py injects one fault per run and prints what every rank saw; the training
+program is killed into under ULFM. Each scenario runs for the ring, recursive doubling and `mpi`.
+"""
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpiallreduce.launch import FAULT_TOLERANT_FLAGS, run
+
+ROOT = Path(__file__).resolve().parent.parent
+INJECT = ROOT / "tests" / "faults" / "inject.py"
+RANKS = 4
+LATE = RANKS - 2  # the misbehaving rank (inject.py's LATE)
+TIMEOUT = 1.5  # inject.py's allreduce timeout
+MARGIN = 1.5  # seconds allowed beyond a timeout, on a shared 2-core machine running 4 ranks
+LAUNCH_TIMEOUT = 90
+# (the id "mpi" would be taken by pytest-mpi for its marker, and the test skipped without --with-mpi)
+ALGORITHMS = ["ring", "recursive_doubling", pytest.param("mpi", id="MPI_Allreduce")]
+
+
+def inject(scenario, algorithm, extra_flags=()):
+    return run(RANKS, [sys.executable, str(INJECT), scenario, algorithm], timeout=LAUNCH_TIMEOUT,
+               extra_flags=extra_flags, cwd=ROOT)
+
+
+def explain(result):
+    return f"{' '.join(map(str, result.argv))}\nreturn code {result.returncode} after {result.seconds:.1f} s\n" \
+           f"{result.output[-12000:]}"
+
+
+def results(output):
+    """[{'rank': '0', 'call': '1', ...}] from the RESULT lines."""
+    return [dict(field.split("=", 1) for field in line.split()[1:])
+            for line in output.splitlines() if line.startswith("RESULT ")]
+
+
+def inject_and_succeed(scenario, algorithm):
+    """(the run, its RESULT rows) of a scenario whose program ends normally on every rank."""
+    result = inject(scenario, algorithm)
+    assert result.returncode == 0, explain(result)
+    return result, results(result.output)
+
+
+def by_rank(rows, **match):
+    return {int(r["rank"]): r for r in rows if all(r.get(k) == v for k, v in match.items())}
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_rank_that_sleeps_past_the_timeout_is_named_by_every_other_rank(algorithm):
+    result, rows = inject_and_succeed("sleep_past_timeout", algorithm)
+    timed = by_rank(rows, call="1")
+    assert len(timed) == RANKS, explain(result)
+    for rank, row in timed.items():
+        assert row["outcome"] == "AllreduceTimeout", explain(result)
+        if rank != LATE:
+            assert row["missing"] == str(LATE) and row["sequence"] == "2", explain(result)
+            assert TIMEOUT - 0.05 <= float(row["seconds"]) <= TIMEOUT + MARGIN, explain(result)
+    assert f"rank {LATE} had not arrived at it (sequence number 2)" in result.output, explain(result)
+    assert "gave up waiting for it" in result.output, explain(result)  # what the late rank is told
+    after = by_rank(rows, call="2")
+    assert all(r["outcome"] == "ok" and r["right"] == "True" for r in after.values()) and len(after) == RANKS, \
+        explain(result)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_straggler_within_the_timeout_gives_the_right_answer_and_at_most_a_warning(algorithm):
+    result, rows = inject_and_succeed("sleep_less_than_timeout", algorithm)
+    call = by_rank(rows, call="1")
+    assert len(call) == RANKS and all(r["outcome"] == "ok" and r["right"] == "True" for r in call.values()), \
+        explain(result)
+    warned = by_rank([r for r in rows if "warnings" in r])
+    for rank, row in warned.items():  # the warning comes at half the timeout; the late rank waits for no one
+        if rank != LATE:
+            assert row["warnings"] == "1" and row["warned_of"] == str(LATE), explain(result)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_rank_that_skips_a_call_is_named(algorithm):
+    # In a loop (same line, same shapes) the calls pair up one off; the last call finds the rank missing.
+    result, rows = inject_and_succeed("skip_a_call", algorithm)
+    last = by_rank(rows, call="2")
+    waiting = {rank: row for rank, row in last.items() if rank != LATE}
+    assert len(waiting) == RANKS - 1, explain(result)
+    assert all(r["outcome"] == "AllreduceTimeout" and r["missing"] == str(LATE) and r["sequence"] == "3"
+               for r in waiting.values()), explain(result)
+    # From another line, check=True names the call sites on every rank, the skipper included.
+    result, rows = inject_and_succeed("skip_a_call_checked", algorithm)
+    outcomes = by_rank(rows)
+    assert len(outcomes) == RANKS and all(r["outcome"] == "ValueError" for r in outcomes.values()), explain(result)
+    assert len(re.findall(rf"call_site differs: 'inject.py:\d+' on ranks 0, 1, 3; 'inject.py:\d+' on rank {LATE}",
+                          result.output)) == RANKS, explain(result)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_calls_with_another_length_dtype_or_op_raise_everywhere_and_the_next_call_works(algorithm):
+    result, rows = inject_and_succeed("mismatch", algorithm)
+    for what, text in [("length", f"shape differs: (100003,) on ranks 0, 1, 3; (100002,) on rank {LATE}"),
+                       ("dtype", f"dtype differs: 'float64' on ranks 0, 1, 3; 'float32' on rank {LATE}"),
+                       ("op", f"op differs: 'sum' on ranks 0, 1, 3; 'max' on rank {LATE}")]:
+        outcomes = by_rank([r for r in rows if "outcome" in r], mismatch=what)
+        after = by_rank([r for r in rows if "after" in r], mismatch=what)
+        assert len(outcomes) == RANKS and all(r["outcome"] == "ValueError" for r in outcomes.values()), \
+            explain(result)
+        assert result.output.count(text) == RANKS, explain(result)
+        assert len(after) == RANKS and all(r["after"] == "ok" for r in after.values()), explain(result)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_rank_that_raises_ends_the_job_promptly_with_its_traceback(algorithm):
+    result = inject("raise_on_one_rank", algorithm)
+    assert not result.timed_out and result.returncode != 0, explain(result)
+    assert f"[rank {LATE}] RuntimeError: injected failure on rank {LATE}" in result.output, explain(result)
+    assert f"uncaught RuntimeError on rank {LATE}; aborting the MPI job" in result.output, explain(result)
+    assert "not aborted" not in result.output, explain(result)
+    assert result.seconds < 30, explain(result)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_without_ulfm_a_killed_rank_ends_the_job_with_an_error_naming_it(algorithm):
+    result = inject("killed", algorithm)
+    assert not result.timed_out and result.returncode != 0, explain(result)
+    assert re.search(rf"process rank {LATE} with PID \d+ on node \S+ exited on\s+signal 9", result.output), \
+        explain(result)
+    assert "not ended" not in result.output, explain(result)
+    assert result.seconds < 30, explain(result)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_under_ulfm_a_killed_rank_is_named_by_every_survivor_who_then_reduce_among_themselves(algorithm):
+    result = inject("killed_under_ulfm", algorithm, extra_flags=FAULT_TOLERANT_FLAGS)
+    assert not result.timed_out, explain(result)
+    rows = results(result.output)
+    failed = by_rank([r for r in rows if "outcome" in r])
+    after = by_rank([r for r in rows if "survivors" in r])
+    survivors = set(range(RANKS)) - {LATE}
+    assert set(failed) == survivors and all(r["outcome"] == "RankFailure" for r in failed.values()), explain(result)
+    assert any(r["failed"] == str(LATE) for r in failed.values()), explain(result)  # known dead where seen
+    assert all(float(r["seconds"]) < 10 for r in failed.values()), explain(result)
+    assert set(after) == survivors and all(r["survivors"] == "3" and r["right"] == "True" for r in after.values()), \
+        explain(result)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_under_ulfm_training_goes_on_with_the_survivors_when_a_rank_is_killed(algorithm, tmp_path):
+    """Kill one of 4 ranks mid-run: the 3 survivors finish, replicas bitwise identical after every
+    step (--check-replicas), and the final parameters are those of a run that had 3 ranks from the
+    failed step on."""
+    params = tmp_path / "params.npz"
+    script = tmp_path / "train_and_die.py"
+    script.write_text(
+        "import os, signal, sys, threading\n"
+        "from mpi4py import MPI\n"
+        f"if MPI.COMM_WORLD.Get_rank() == {LATE}:\n"
+        "    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()\n"
+        "from mpiallreduce.train import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    started = time.monotonic()
+    result = run(RANKS, [sys.executable, str(script), "--fault-tolerant", "--check-replicas", "--steps", "40",
+                         "--local-batch", "16", "--step-seconds", "0.05", "--algorithm", algorithm,
+                         "--save-params", str(params)],
+                 timeout=LAUNCH_TIMEOUT, extra_flags=FAULT_TOLERANT_FLAGS, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    failure = re.search(rf"rank failure at step (\d+): lost rank\(s\) {LATE} of 4; redoing the step and going on "
+                        r"with 3 ranks", result.output)
+    assert failure, explain(result)
+    assert re.search(r"step\s+40\s+loss [\d.]+\s+[\d,]+ samples/s\s+\(3 ranks\)", result.output), explain(result)
+    assert params.exists(), explain(result)
+    assert time.monotonic() - started < LAUNCH_TIMEOUT
+    failed_step = int(failure.group(1))
+    # The same training, uninterrupted on 4 ranks up to the failed step, then on 3: same parameters.
+    reference = tmp_path / "reference.npz"
+    checkpoint = tmp_path / "reference-checkpoint.npz"
+    common = [sys.executable, "-m", "mpiallreduce.train", "--local-batch", "16", "--algorithm", algorithm]
+    first = run(RANKS, common + ["--steps", str(failed_step - 1), "--checkpoint", str(checkpoint)],
+                timeout=LAUNCH_TIMEOUT, cwd=ROOT)
+    assert first.returncode == 0, explain(first)
+    second = run(RANKS - 1, common + ["--steps", "40", "--checkpoint", str(checkpoint), "--resume",
+                                      "--save-params", str(reference)], timeout=LAUNCH_TIMEOUT, cwd=ROOT)
+    assert second.returncode == 0, explain(second)
+    with np.load(params) as got, np.load(reference) as want:
+        for name in want.files:
+            assert np.allclose(got[name], want[name], rtol=1e-12, atol=1e-14), name
