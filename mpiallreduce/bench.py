@@ -169,7 +169,7 @@ def _mpi_allreduce_of_device_memory(op, xp):
                            op=reduce_op.mpi_op(send.dtype))
         else:
             host = pinned(xp, "bench.openmpi", out.size, out.dtype)
-            send.get(out=host)
+            xp.asnumpy(send, out=host)
             comm.Allreduce(MPI.IN_PLACE, [host, datatype], op=reduce_op.mpi_op(send.dtype))
             out.set(host, stream=xp.cuda.get_current_stream())
         reduce_op.finish(out, comm.Get_size())

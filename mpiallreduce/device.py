@@ -148,3 +148,14 @@ def allocation_range(xp, ptr):
 def _libcuda():
     import ctypes
     return ctypes.CDLL("libcuda.so.1")
+
+
+def close_ipc_mapping(xp, ptr):
+    """Unmap a peer's allocation opened with ``ipcOpenMemHandle`` (CuPy may not wrap the close:
+    then the driver's ``cuIpcCloseMemHandle``)."""
+    close = getattr(xp.cuda.runtime, "ipcCloseMemHandle", None)
+    if close is not None:
+        close(ptr)
+        return
+    import ctypes
+    _libcuda().cuIpcCloseMemHandle(ctypes.c_uint64(ptr))

@@ -25,6 +25,7 @@ survivor raises ``RankFailure`` naming the lost ranks. ``survivors(comm)`` then 
 shrunken communicator (``MPI_Comm_shrink``) to carry on with. Without ULFM, mpiexec (or ``srun
 --kill-on-bad-exit``) ends the job when a rank dies, naming it.
 """
+import collections
 import math
 import os
 import sys
@@ -152,6 +153,8 @@ class Rendezvous:
         if self.timeout is not None:
             self.bring_deadline_forward(self.started + self.timeout)
         control = self._control()
+        holder = cached(comm, "control", _ControlHolder)
+        holder.drain_given_up_calls()
         rank, size = comm.Get_rank(), comm.Get_size()
         others = [r for r in range(size) if r != rank]
         base = KINDS * (self.sequence % SEQUENCE_TAGS)
@@ -173,11 +176,13 @@ class Rendezvous:
                 for r in self.missing:
                     _cancel(receives[r])
                 _send_to(control, others, token, base + GAVE_UP)
+                holder.given_up.append(self.sequence)
                 raise self._timeout(control, now)
             if not warned and now >= warn_at:
                 warned = True
+                where = "".join(f" (rank {r} is in its call #{n})" for r, n in self._elsewhere(control).items())
                 warnings.warn(f"rank {rank}: {self._describe()} on {size} ranks has waited {now - self.started:.1f} s "
-                              f"for {_ranks(self.missing)}; it times out after {self.timeout:g} s",
+                              f"for {_ranks(self.missing)}{where}; it times out after {self.timeout:g} s",
                               AllreduceStallWarning, stacklevel=5)
         self.arrived = True
 
@@ -196,6 +201,7 @@ class Rendezvous:
             if gave_up.Test(status):
                 for r in waiting:
                     _cancel(go[r])
+                holder.given_up.append(self.sequence)
                 who = status.Get_source()
                 raise AllreduceTimeout(
                     f"rank {rank}: {self._describe()} on {size} ranks: rank {who} gave up waiting for it "
@@ -234,16 +240,25 @@ class Rendezvous:
             if done:
                 waiting.discard(r)
 
-    def _timeout(self, control, now):
-        """The AllreduceTimeout for ranks still missing; finds those waiting in a call of another number."""
-        rank, size = self.comm.Get_rank(), self.comm.Get_size()
-        elsewhere = {}
+    def _elsewhere(self, control):
+        """{missing rank: the number of the call it waits in} for missing ranks whose arrival message
+        for another call is here (looked at, not received)."""
+        found = {}
         status = MPI.Status()
         for r in sorted(self.missing):
             if control.Iprobe(r, MPI.ANY_TAG, status) and status.Get_tag() % KINDS == ARRIVED:
-                found = np.zeros(1, dtype=np.int64)
-                control.Recv([found, MPI.INT64_T], r, status.Get_tag())
-                elsewhere[r] = int(found[0])
+                residue = status.Get_tag() // KINDS  # the call number modulo SEQUENCE_TAGS
+                number = self.sequence + (residue - self.sequence) % SEQUENCE_TAGS
+                if number - self.sequence > SEQUENCE_TAGS // 2:
+                    number -= SEQUENCE_TAGS
+                if number != self.sequence:
+                    found[r] = number
+        return found
+
+    def _timeout(self, control, now):
+        """The AllreduceTimeout for ranks still missing; finds those waiting in a call of another number."""
+        rank, size = self.comm.Get_rank(), self.comm.Get_size()
+        elsewhere = self._elsewhere(control)
         message = (f"rank {rank}: {self._describe()} on {size} ranks timed out after {now - self.started:.1f} s: "
                    f"{_ranks(self.missing)} had not arrived at it (sequence number {self.sequence})")
         if elsewhere:
@@ -254,10 +269,24 @@ class Rendezvous:
 
 
 class _ControlHolder:
+    """The control communicator of one user communicator, and the numbers of calls given up on there."""
+
     def __init__(self):
         self.comm = None
         self.pending = None
         self.request = None
+        #: calls this rank gave up on: their late messages are received and dropped, so that they
+        #: mislead no later diagnosis
+        self.given_up = collections.deque(maxlen=64)
+
+    def drain_given_up_calls(self):
+        status = MPI.Status()
+        dropped = np.zeros(1, dtype=np.int64)
+        for sequence in self.given_up:
+            for kind in (ARRIVED, GO, GAVE_UP):
+                tag = kind + KINDS * (sequence % SEQUENCE_TAGS)
+                while self.comm.Iprobe(MPI.ANY_SOURCE, tag, status):
+                    self.comm.Recv([dropped, MPI.INT64_T], status.Get_source(), tag)
 
     def free(self):
         for comm in (self.comm,):

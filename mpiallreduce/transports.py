@@ -44,7 +44,7 @@ def run_on_device(algorithm, comm, send, recv, op, datatype, xp):
         algorithm.run(StagingComm(comm, xp), send, recv, op, datatype)
     elif path == "host round trip":
         host = pinned(xp, "round_trip", recv.size, recv.dtype)
-        (recv if send is None else send).get(out=host)  # blocking: waits for the current stream
+        xp.asnumpy(recv if send is None else send, out=host)  # blocking: waits for the current stream
         algorithm.run(comm, None, host, op, datatype)
         # asynchronous on the current stream; the next use of `host` synchronizes first
         recv.set(host, stream=xp.cuda.get_current_stream())
@@ -124,7 +124,7 @@ class StagingComm(_Forwarding):
     def _to_host(self, spec, slot):
         array, datatype = spec
         host = pinned(self.xp, slot, array.size, array.dtype)
-        array.get(out=host)  # waits for the current stream, then copies
+        self.xp.asnumpy(array, out=host)  # waits for the current stream, then copies
         return [host, datatype]
 
     def _host_for(self, spec, slot):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ..buffers import copy_into, scratch
-from ..device import allocation_range, namespace, synchronize
+from ..device import allocation_range, close_ipc_mapping, namespace, synchronize
 from ..topology import node_communicator
 from .base import Algorithm, reduce_in_rank_order_into, split_evenly
 
@@ -85,8 +85,8 @@ class _OpenedHandles:
         base = xp.cuda.runtime.ipcOpenMemHandle(handle, lazy_peer_access)
         self.bases[key] = base
         while len(self.bases) > OPENED_HANDLES_KEPT:
-            (old_xp, _), old_base = self.bases.popitem(last=False)
-            xp.cuda.runtime.ipcCloseMemHandle(old_base)
+            _, old_base = self.bases.popitem(last=False)
+            close_ipc_mapping(xp, old_base)
         return base
 
 

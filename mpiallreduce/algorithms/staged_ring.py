@@ -87,7 +87,7 @@ class StagedRingAllreduce(RingAllreduce):
             d2h.wait_event(reduced)
             copied_out = []
             for a, b in send_segments:
-                outgoing[a:b].get(stream=d2h, out=sent[parity][a - s0:b - s0], blocking=False)
+                xp.asnumpy(outgoing[a:b], stream=d2h, out=sent[parity][a - s0:b - s0], blocking=False)
                 copied_out.append(event_on(xp, d2h))
             if arrived_copied[parity] is not None:
                 arrived_copied[parity].synchronize()
@@ -110,7 +110,7 @@ class StagedRingAllreduce(RingAllreduce):
         # Allgather, host to host; each chunk copied to the device as it arrives
         result = pinned(xp, "staged_ring.result", recv.size, recv.dtype)
         own0, own1 = bounds[(comm.Get_rank() + 1) % comm.Get_size()]
-        recv[own0:own1].get(stream=compute, out=result[own0:own1])  # blocking: waits for the reductions
+        xp.asnumpy(recv[own0:own1], stream=compute, out=result[own0:own1])  # blocking: after the reductions
 
         def copy_in(start, stop):
             recv[start:stop].set(result[start:stop], stream=h2d)
