@@ -13,6 +13,7 @@
 # Usage: benchmarks/gpu/device_check.sh        (PYTHON=... to pick the interpreter; default python3)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+wheels=${WHEELS:-$here/wheels}
 root=$(cd "$here/../.." && pwd)
 out=${OUT:-$root/results/gpu}
 mkdir -p "$out"
@@ -23,8 +24,15 @@ started=$(date +%s)
 say() { echo "[device_check $(( $(date +%s) - started ))s] $*"; }
 
 say "environment"
-"${PYTHON:-python3}" -m venv --system-site-packages "$venv" || exit 1
-"$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile "$here"/wheels/*.whl || exit 1
+# The system's python3 may itself be a virtual environment (it is on the GPU machines here): a venv
+# made from it sees only the base interpreter's packages, so a .pth file adds its site-packages,
+# after the new venv's own (whose Open MPI, mpi4py and pytest-mpi come first).
+system_python=${PYTHON:-python3}
+system_site=$("$system_python" -c "import site; print(site.getsitepackages()[0])") || exit 1
+"$system_python" -m venv --system-site-packages "$venv" || exit 1
+venv_site=$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])") || exit 1
+echo "$system_site" > "$venv_site/system-python-packages.pth"
+"$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile --ignore-installed "$wheels"/*.whl || exit 1
 py="$venv/bin/python"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$out/info.txt"
 "$py" -c "import cupy, mpi4py, numpy; print('cupy', cupy.__version__, 'mpi4py', mpi4py.__version__, 'numpy', numpy.__version__)" \
@@ -35,7 +43,7 @@ status=0
 for ranks in 2 4; do
     say "real-CuPy tests, $ranks ranks on one GPU"
     timeout 150 "$py" -m mpiallreduce launch -n "$ranks" -- "$py" tests/mpi_pytest.py tests/mpi/test_device.py tests/mpi/test_torch.py \
-        -k "cupy or cuda" -q --color=no -rs --timeout=120 2>&1 | tr -d '\000' > "$out/tests-${ranks}ranks.txt"
+        -k "cupy or torch_cuda" -q --color=no -rs --timeout=120 2>&1 | tr -d '\000' > "$out/tests-${ranks}ranks.txt"
     code=${PIPESTATUS[0]}
     tail -5 "$out/tests-${ranks}ranks.txt"
     [ "$code" = 0 ] || { say "tests with $ranks ranks FAILED (exit $code)"; status=1; }

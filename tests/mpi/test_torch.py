@@ -20,7 +20,7 @@ def _on_host(tensor):
     return tensor.detach().cpu().numpy()
 
 
-@pytest.fixture(params=["cpu", "cuda"])
+@pytest.fixture(params=["cpu", "cuda"], ids=["torch_cpu", "torch_cuda"])
 def device(request):
     """Each test on CPU tensors, and on CUDA tensors (through CuPy and DLPack) where a GPU exists."""
     if request.param == "cuda":
