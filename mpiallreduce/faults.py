@@ -314,13 +314,17 @@ def _cancel(request):
         pass
 
 
-def _polling(first_sleep=20e-6, longest_sleep=2e-3):
-    """An endless iterator that sleeps a little more each time (no core spent spinning)."""
-    sleep = 0.0
+def _polling(spin_seconds=2e-4, first_sleep=5e-5, longest_sleep=2e-3):
+    """An endless iterator: at first back to back (an answer usually comes within microseconds),
+    then sleeping a little longer each time (a long wait spends no core spinning)."""
+    spin_until = time.monotonic() + spin_seconds
+    while time.monotonic() < spin_until:
+        yield
+    sleep = first_sleep
     while True:
         yield
         time.sleep(sleep)
-        sleep = min(longest_sleep, max(first_sleep, sleep * 2))
+        sleep = min(longest_sleep, sleep * 2)
 
 
 def rendezvous(comm, sequence, timeout, site=""):
