@@ -111,6 +111,8 @@ class _Call:
     auto: bool
     #: the array module of device arrays (cupy, or the test stand-in); None for numpy arrays
     xp: object = None
+    #: float16 or bfloat16 (summed in float32 by the hand-written algorithms)
+    low_precision: bool = False
 
 
 def _check_comm(comm):
@@ -139,7 +141,7 @@ def _prepare(x, op, algorithm, comm, out):
     buffers.check_array(x)
     reduce_op = get_op(op)
     reduce_op.check_dtype(x.dtype)
-    xp = namespace(x)
+    xp = None if type(x) is np.ndarray else namespace(x)
     auto = isinstance(algorithm, str) and algorithm == "auto"
     if auto:
         chosen = (choose_algorithm if xp is None else choose_device_algorithm)(x.nbytes, comm.Get_size())
@@ -148,7 +150,8 @@ def _prepare(x, op, algorithm, comm, out):
     if chosen.memory == "device" and xp is None:
         raise TypeError(f"algorithm {chosen.name!r} runs on device (CuPy) arrays; x is a numpy array")
     buffers.check_out(out, x)
-    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out), auto, xp)
+    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out), auto, xp,
+                 buffers.is_low_precision(x.dtype))
 
 
 #: device arrays from this size up take the device-to-device path under "auto" (on one node);
@@ -202,7 +205,11 @@ def _execute_plainly(call):
         else:
             algorithm = get_algorithm("ring" if cuda_aware()[0] else "staged_ring")
     comm = private_duplicate(call.comm) if algorithm.uses_point_to_point else call.comm
-    if buffers.is_low_precision(flat.recv.dtype) and (algorithm.name != "mpi" or call.xp is not None):
+    if call.xp is None and not call.low_precision:  # the common case, in the fewest steps
+        algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
+        call.op.finish(flat.recv, size)
+        return flat.finish()
+    if call.low_precision and (algorithm.name != "mpi" or call.xp is not None):
         # float16/bfloat16: accumulate in float32, round once at the end
         wide = (flat.recv if flat.send is None else flat.send).astype(np.float32)
         _run(algorithm, comm, None, wide, call.op, buffers.mpi_datatype(np.float32), call.xp)

@@ -38,11 +38,19 @@ LOW_PRECISION = ("float16", "bfloat16")
 
 def array_module(x):
     """numpy for host arrays; ``cupy`` (or the test stand-in) for device arrays."""
+    if type(x) is np.ndarray:
+        return np
     return namespace(x) or np
 
 
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype):
+    return dtype.name  # (numpy computes it anew each time, at a cost of microseconds)
+
+
 def is_low_precision(dtype):
-    return np.dtype(dtype).name in LOW_PRECISION
+    dtype = np.dtype(dtype)
+    return dtype.itemsize == 2 and dtype.kind in "fV" and _dtype_name(dtype) in LOW_PRECISION
 
 
 def copy_into(destination, source):
@@ -52,7 +60,7 @@ def copy_into(destination, source):
 
 def check_array(x, name="x"):
     """Raise TypeError unless ``x`` is a numpy or CuPy array of a dtype that can be reduced."""
-    if not isinstance(x, np.ndarray) and namespace(x) is None:
+    if type(x) is not np.ndarray and not isinstance(x, np.ndarray) and namespace(x) is None:
         if foreign_device_array(x):
             raise TypeError(
                 f"{name} is a device array of type {type(x).__module__}.{type(x).__qualname__}; "
@@ -60,7 +68,7 @@ def check_array(x, name="x"):
         raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray, "
                         f"got {type(x).__module__}.{type(x).__qualname__}")
     dtype = x.dtype
-    if dtype.name == "bfloat16":  # ml_dtypes' bfloat16 (kind 'V' to numpy)
+    if dtype.kind == "V" and _dtype_name(dtype) == "bfloat16":  # ml_dtypes' bfloat16
         return
     if dtype.kind not in REDUCIBLE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise TypeError(
@@ -78,7 +86,8 @@ def check_out(out, x):
     """Raise TypeError/ValueError unless ``out`` can receive the allreduce of ``x``."""
     if out is None:
         return
-    if array_module(out) is not array_module(x) or not (isinstance(out, np.ndarray) or namespace(out)):
+    if type(out) is not type(x) and (array_module(out) is not array_module(x)
+                                     or not (isinstance(out, np.ndarray) or namespace(out))):
         raise TypeError(f"out must be None or an array of the same kind as x ({type(x).__module__}."
                         f"{type(x).__qualname__}), got {type(out).__module__}.{type(out).__qualname__}")
     if out.shape != x.shape:
