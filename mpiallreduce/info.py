@@ -46,6 +46,31 @@ def _node_local_rank(comm):
         node.Free()
 
 
+def gpu_choice(local_rank, environ=None):
+    """The GPU ``mpiallreduce.select_gpu`` gives this rank, as (index among the visible GPUs, the
+    device it is), without making any GPU current; None where no GPU is visible or known of.
+
+    The visible GPUs are CuPy's count where CuPy sees any, else the entries of CUDA_VISIBLE_DEVICES
+    (what Slurm's --gpus-per-task / --gpu-bind set), so a job's binding can be checked anywhere.
+    """
+    from .device import gpu_for_local_rank
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else None
+    count = None
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount() or None
+    except Exception:  # no CuPy, no driver, no device
+        pass
+    if count is None and devices:
+        count = len(devices)
+    if not count:
+        return None
+    index = gpu_for_local_rank(local_rank, count)
+    return index, devices[index] if devices and index < len(devices) else str(index)
+
+
 def collect(comm=MPI.COMM_WORLD):
     """Everything ``info`` reports; collective over ``comm``, complete on rank 0 (None elsewhere)."""
     local_rank, local_size = _node_local_rank(comm)
@@ -55,6 +80,7 @@ def collect(comm=MPI.COMM_WORLD):
         "pid": os.getpid(),
         "node_local_rank": local_rank,
         "ranks_on_node": local_size,
+        "gpu": gpu_choice(local_rank),
         "launch": launch_method(),
         "slurm": slurm_variables(),
     }
@@ -113,5 +139,7 @@ def format_report(info):
                      "singleton (srun without --mpi=pmix?)")
     lines.append("rank  host                  pid      node-local rank")
     for r in info["per_rank"]:
-        lines.append(f"{r['rank']:<5} {r['host']:<21} {r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}")
+        gpu = r.get("gpu")
+        lines.append(f"{r['rank']:<5} {r['host']:<21} {r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}"
+                     + (f"   GPU {gpu[0]} (device {gpu[1]})" if gpu else ""))
     return "\n".join(lines)

@@ -92,10 +92,10 @@ class SlurmCluster:
     def command(self, argv, check=True, timeout=60):
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=check)
 
-    def submit(self, argv, cwd):
-        """sbatch ... ; returns the job id."""
-        out = subprocess.run(["sbatch", "--parsable", *argv], env=self.env, cwd=cwd, capture_output=True,
-                             text=True, timeout=60)
+    def submit(self, argv, cwd, env=None):
+        """sbatch ... (with ``env`` added to the environment it exports); returns the job id."""
+        out = subprocess.run(["sbatch", "--parsable", *argv], env=dict(self.env, **(env or {})), cwd=cwd,
+                             capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
             raise RuntimeError(f"sbatch failed: {out.stderr}")
         return out.stdout.strip().split(";")[0]
