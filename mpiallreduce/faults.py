@@ -35,10 +35,10 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from .comms import cached, private_duplicate
+from .comms import cached
 
 __all__ = ["AllreduceTimeout", "RankFailure", "AllreduceStallWarning", "TIMEOUT_ENV", "WARN_FRACTION_ENV",
-           "default_timeout", "call_site", "next_sequence", "Rendezvous", "rendezvous", "failure_of", "survivors"]
+           "default_timeout", "call_site", "exit_after_rank_failures", "next_sequence", "Rendezvous", "rendezvous", "failure_of", "survivors"]
 
 TIMEOUT_ENV = "MPIALLREDUCE_TIMEOUT"
 WARN_FRACTION_ENV = "MPIALLREDUCE_TIMEOUT_WARN_FRACTION"
@@ -372,12 +372,34 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
                        failed_ranks=lost, sequence=sequence)
 
 
+_shrunk = []  # communicators survivors() made: their ranks lost peers
+
+
 def survivors(comm):
     """After a RankFailure: the communicator of the ranks still alive (``MPI_Comm_shrink``), ranks
-    renumbered in their old order. Collective over the survivors; the old communicator stays revoked."""
+    renumbered in their old order. Collective over the survivors; the old communicator stays revoked.
+    End such a program with ``exit_after_rank_failures`` (MPI_Finalize may wait for the dead)."""
     try:
         if not comm.Is_revoked():
             comm.Revoke()
     except MPI.Exception:
         pass
-    return comm.Shrink()
+    shrunk = comm.Shrink()
+    _shrunk.append(shrunk)
+    return shrunk
+
+
+def exit_after_rank_failures(status=0):
+    """End this process with ``status``. If ranks were lost (``survivors`` was called), first wait
+    for the other survivors, then leave without MPI_Finalize: under ULFM, Open MPI's MPI_Finalize can
+    wait for ever for the dead ranks (open-mpi/ompi#11404; seen here about one run in four).
+    Otherwise an ordinary ``sys.exit(status)``."""
+    if not _shrunk:
+        sys.exit(status)
+    try:
+        _shrunk[-1].Barrier()
+    except MPI.Exception:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -20,7 +20,6 @@ which ranks were lost. --timeout bounds each gradient allreduce's wait for the o
 import argparse
 import os
 import signal
-import sys
 import time
 
 import numpy as np
@@ -284,4 +283,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    mar.exit_after_rank_failures(main())  # sys.exit, but not through a finalize that waits for the dead

@@ -158,8 +158,9 @@ def test_under_ulfm_training_goes_on_with_the_survivors_when_a_rank_is_killed(al
         "from mpi4py import MPI\n"
         f"if MPI.COMM_WORLD.Get_rank() == {LATE}:\n"
         "    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()\n"
+        "import mpiallreduce as mar\n"
         "from mpiallreduce.train import main\n"
-        "sys.exit(main(sys.argv[1:]))\n")
+        "mar.exit_after_rank_failures(main(sys.argv[1:]))\n")
     started = time.monotonic()
     result = run(RANKS, [sys.executable, str(script), "--fault-tolerant", "--check-replicas", "--steps", "40",
                          "--local-batch", "16", "--step-seconds", "0.05", "--algorithm", algorithm,

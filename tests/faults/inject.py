@@ -168,3 +168,4 @@ def killed_under_ulfm(algorithm):
 if __name__ == "__main__":
     scenario, algorithm = sys.argv[1], sys.argv[2]
     globals()[scenario](algorithm)
+    mar.exit_after_rank_failures(0)
