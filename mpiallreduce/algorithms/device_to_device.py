@@ -20,6 +20,9 @@ import collections
 from dataclasses import dataclass
 from typing import Tuple
 
+import numpy as np
+from mpi4py import MPI
+
 from ..buffers import copy_into, scratch
 from ..device import allocation_range, close_ipc_mapping, namespace, synchronize
 from ..topology import node_communicator
@@ -93,22 +96,33 @@ class _OpenedHandles:
 _opened = _OpenedHandles()
 
 
+#: bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t)
+IPC_HANDLE_BYTES = 64
+
+
 def peer_arrays(comm, xp, arrays):
     """For each of this rank's ``arrays``, every rank's counterpart as a device array here (one
-    allgather of IPC handles; a handle not seen before is opened and kept)."""
-    rank = comm.Get_rank()
-    mine = []
-    for array in arrays:
+    allgather of IPC handles and offsets; a handle not seen before is opened and kept)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    record = IPC_HANDLE_BYTES + 8  # the handle, then the array's offset in its allocation
+    mine = np.zeros(len(arrays) * record, dtype=np.uint8)
+    for i, array in enumerate(arrays):
         base, _ = allocation_range(xp, array.data.ptr)
-        mine.append((bytes(xp.cuda.runtime.ipcGetMemHandle(base)), array.data.ptr - base))
-    everyone = comm.allgather(mine)
-    views = [[None] * comm.Get_size() for _ in arrays]
-    for q, entries in enumerate(everyone):
-        for i, (handle, offset) in enumerate(entries):
-            array = arrays[i]
+        mine[i * record:i * record + IPC_HANDLE_BYTES] = np.frombuffer(
+            bytes(xp.cuda.runtime.ipcGetMemHandle(base)), dtype=np.uint8)
+        mine[i * record + IPC_HANDLE_BYTES:(i + 1) * record] = np.array([array.data.ptr - base],
+                                                                        dtype=np.uint64).view(np.uint8)
+    everyone = np.empty((size, mine.size), dtype=np.uint8)
+    comm.Allgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
+    views = [[None] * size for _ in arrays]
+    for q in range(size):
+        for i, array in enumerate(arrays):
             if q == rank:
                 views[i][q] = array
                 continue
+            entry = everyone[q, i * record:(i + 1) * record]
+            handle = entry[:IPC_HANDLE_BYTES].tobytes()
+            offset = int(entry[IPC_HANDLE_BYTES:].view(np.uint64)[0])
             memory = xp.cuda.UnownedMemory(_opened.base(xp, handle) + offset, array.nbytes, None)
             views[i][q] = xp.ndarray(array.shape, array.dtype, xp.cuda.MemoryPointer(memory, 0))
     return views
