@@ -7,8 +7,10 @@ count, this rank and the element count, so plans are cached and can be checked w
 """
 import functools
 import itertools
+from dataclasses import dataclass
+from typing import Tuple
 
-__all__ = ["Algorithm", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
+__all__ = ["Algorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
 
 
 class Algorithm:
@@ -18,8 +20,10 @@ class Algorithm:
     #: True when the algorithm moves data with its own point-to-point messages, which must not
     #: meet the user's messages: it then runs on a private duplicate of the user's communicator.
     uses_point_to_point = True
-    #: True when every rank of the communicator must be on one node (shared memory)
+    #: True when every rank of the communicator must be on one node (shared memory); ``run``
+    #: then refuses, on every rank, a communicator that spans several, suggesting ``across_nodes``
     needs_one_node = False
+    across_nodes = None
     #: which arrays it runs on: "any" (numpy, and device arrays through mpiallreduce.transports),
     #: "host" (device arrays make a round trip through host memory), "device" (device arrays only)
     memory = "any"
@@ -52,6 +56,11 @@ class Algorithm:
 
     def run(self, comm, send, recv, op, datatype):
         """Plan (cached) and execute on ``comm``."""
+        if self.needs_one_node:
+            from ..topology import node_communicator
+            if node_communicator(comm).Get_size() != comm.Get_size():  # the same answer on every rank
+                raise ValueError(f"the {self.name} algorithm needs every rank of the communicator on one node; "
+                                 f"this one spans several (use algorithm={self.across_nodes!r})")
         plan = self.cached_plan(comm.Get_size(), comm.Get_rank(), recv.size)
         self.execute(plan, comm, send, recv, op, datatype)
 
@@ -68,6 +77,19 @@ def split_evenly(count, parts):
     counts = tuple(base + (1 if i < extra else 0) for i in range(parts))
     offsets = (0,) + tuple(itertools.accumulate(counts))[:-1]
     return offsets, counts
+
+
+@dataclass(frozen=True)
+class SlicesPlan:
+    """Rank r owns the element range [start, stop) = ``slices[r]`` of the buffer."""
+
+    slices: Tuple[Tuple[int, int], ...]
+
+
+def slices_plan(size, count):
+    """A SlicesPlan cutting ``count`` elements into ``size`` contiguous slices (split_evenly's)."""
+    offsets, counts = split_evenly(count, size)
+    return SlicesPlan(tuple((o, o + n) for o, n in zip(offsets, counts)))
 
 
 def ring_neighbours(size, rank):

@@ -17,24 +17,16 @@ Several ranks may share one GPU (CUDA IPC works between processes on one device)
 rank: reads (p-1)/p n from peers twice; no PCIe, no host copies.
 """
 import collections
-from dataclasses import dataclass
-from typing import Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..buffers import copy_into, scratch
 from ..device import allocation_range, close_ipc_mapping, namespace, synchronize
-from ..topology import node_communicator
-from .base import Algorithm, reduce_in_rank_order_into, split_evenly
+from .base import Algorithm, reduce_in_rank_order_into, slices_plan
 
 #: how many peers' allocations stay mapped; the least recently used beyond that are closed
 OPENED_HANDLES_KEPT = 256
-
-
-@dataclass(frozen=True)
-class DeviceToDevicePlan:
-    slices: Tuple[Tuple[int, int], ...]
 
 
 class DeviceToDeviceAllreduce(Algorithm):
@@ -42,15 +34,12 @@ class DeviceToDeviceAllreduce(Algorithm):
     memory = "device"
     device_path = "device-to-device"
     needs_one_node = True
+    across_nodes = "staged_ring"
 
     def plan(self, size, rank, count):
-        offsets, counts = split_evenly(count, size)
-        return DeviceToDevicePlan(tuple((o, o + n) for o, n in zip(offsets, counts)))
+        return slices_plan(size, count)
 
     def execute(self, plan, comm, send, recv, op, datatype):
-        if node_communicator(comm).Get_size() != comm.Get_size():
-            raise ValueError("the device_to_device algorithm needs every rank of the communicator on one node; "
-                             "this one spans several (use algorithm='staged_ring', or a CUDA-aware MPI)")
         xp = namespace(recv)
         rank = comm.Get_rank()
         source = recv if send is None else send

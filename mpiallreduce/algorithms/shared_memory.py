@@ -16,23 +16,14 @@ halves of the window are used in turn, so the next call can start writing while 
 copies out of the previous one (two barriers per call, not three). All ranks of the communicator
 must share a node; otherwise every rank raises ValueError (use "hierarchical").
 """
-from dataclasses import dataclass
-from typing import Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..comms import cached, replace_cached
-from ..topology import node_communicator
-from .base import Algorithm, reduce_in_rank_order_into, split_evenly
+from .base import Algorithm, reduce_in_rank_order_into, slices_plan
 
 MIN_WINDOW_BYTES = 1 << 16
-
-
-@dataclass(frozen=True)
-class SharedMemoryPlan:
-    #: element range [start, stop) of each rank's slice
-    slices: Tuple[Tuple[int, int], ...]
 
 
 class SharedWindow:
@@ -78,15 +69,12 @@ class SharedMemoryAllreduce(Algorithm):
     name = "shared_memory"
     memory = "host"
     needs_one_node = True
+    across_nodes = "hierarchical"
 
     def plan(self, size, rank, count):
-        offsets, counts = split_evenly(count, size)
-        return SharedMemoryPlan(tuple((o, o + n) for o, n in zip(offsets, counts)))
+        return slices_plan(size, count)
 
     def execute(self, plan, comm, send, recv, op, datatype):
-        if node_communicator(comm).Get_size() != comm.Get_size():
-            raise ValueError("the shared_memory algorithm needs every rank of the communicator on one node; "
-                             "this one spans several (use algorithm='hierarchical')")
         window = shared_window(comm, recv.nbytes)
         segments = window.halves(recv.nbytes, recv.dtype)
         rank = comm.Get_rank()
