@@ -98,9 +98,6 @@ def _allreduce_now(x, op, algorithm, comm, out, check, *, axis=None, mesh=None, 
     return _execute(call, sequence)
 
 
-
-
-
 @dataclass
 class _Call:
     comm: MPI.Intracomm
