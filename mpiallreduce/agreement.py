@@ -5,7 +5,10 @@ collective: a hang, not an error. Here each rank runs its checks locally, then a
 the outcome (one small allgather) and every rank raises the same exception, naming the ranks and
 what was wrong, or every rank goes on.
 """
-__all__ = ["agree_on_call"]
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["agree_on_call", "agree_on_outcome"]
 
 
 def agree_on_call(comm, prepare, signature):
@@ -50,6 +53,23 @@ def agree_on_call(comm, prepare, signature):
             "communicator:\n  " + "\n  ".join(differences)
         )
     return prepared
+
+
+def agree_on_outcome(comm, local_error, what):
+    """Collective: raise on every rank of ``comm`` if ``local_error`` (an exception or None) is set
+    on any; the message names the ranks and their errors (the rank's own error is chained).
+
+    For steps inside an algorithm that can fail on one rank only (opening a peer's memory, say):
+    called instead of the barrier that follows them, it keeps the others from going on into the
+    next collective and waiting there for ever.
+    """
+    flags = np.zeros(comm.Get_size(), dtype=np.int8)  # the common case: one small Allgather
+    comm.Allgather([np.array([local_error is not None], dtype=np.int8), MPI.INT8_T], [flags, MPI.INT8_T])
+    if flags.any():
+        reports = comm.allgather(None if local_error is None else f"{type(local_error).__name__}: {local_error}")
+        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+        raise RuntimeError(f"{what} failed on {_ranks_phrase([r for r, _ in failed])} of {len(reports)}:\n  "
+                           + "\n  ".join(f"rank {r}: {report}" for r, report in failed)) from local_error
 
 
 def describe_differences(signatures):

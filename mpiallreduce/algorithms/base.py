@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Tuple
 
-__all__ = ["Algorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
+__all__ = ["Algorithm", "OneNodeSlicedAlgorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
 
 
 class Algorithm:
@@ -66,6 +66,16 @@ class Algorithm:
 
     def __repr__(self):
         return f"<allreduce algorithm {self.name!r}>"
+
+
+class OneNodeSlicedAlgorithm(Algorithm):
+    """Base for algorithms in which every rank of one node reduces its own slice by reading its
+    peers' memory (a shared window, or GPU memory through CUDA IPC), then copies the others' slices."""
+
+    needs_one_node = True
+
+    def plan(self, size, rank, count):
+        return slices_plan(size, count)
 
 
 def split_evenly(count, parts):

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comms import cached, replace_cached
-from .base import Algorithm, reduce_in_rank_order_into, slices_plan
+from .base import OneNodeSlicedAlgorithm, reduce_in_rank_order_into
 
 MIN_WINDOW_BYTES = 1 << 16
 
@@ -65,14 +65,10 @@ def shared_window(comm, nbytes):
     return current
 
 
-class SharedMemoryAllreduce(Algorithm):
+class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     name = "shared_memory"
     memory = "host"
-    needs_one_node = True
     across_nodes = "hierarchical"
-
-    def plan(self, size, rank, count):
-        return slices_plan(size, count)
 
     def execute(self, plan, comm, send, recv, op, datatype):
         window = shared_window(comm, recv.nbytes)

@@ -246,3 +246,27 @@ def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
     mar.check_replicas(params)
     problems += [] if np.all(xp.asnumpy(params["w"]) == comm.Get_size() - 1) else ["broadcast_parameters"]
     assert not problems, problems
+
+
+@pytest.mark.parametrize("step", ["export", "open"])
+def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeypatch):
+    """Exporting or mapping device memory that fails on the last rank only: every rank raises,
+    naming it, instead of the others going on into the next collective; the next call works."""
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        pytest.skip("one rank reduces alone")
+    last = comm.Get_size() - 1
+    x = fake_cupy.asarray(np.ones(5000, np.float32))
+    if comm.Get_rank() == last:
+        def refuse(*args):
+            raise RuntimeError("cudaErrorMapBufferObjectFailed (injected)")
+        if step == "export":
+            monkeypatch.setattr(device_to_device, "allocation_range", refuse)
+        else:
+            monkeypatch.setattr(device_to_device._opened, "base", refuse)
+    with pytest.raises(RuntimeError, match=rf"failed on rank {last} of {comm.Get_size()}:\n  rank {last}: "
+                                           r"RuntimeError: cudaErrorMapBufferObjectFailed \(injected\)"):
+        mar.allreduce(x, algorithm="device_to_device")
+    monkeypatch.undo()
+    result = mar.allreduce(x, algorithm="device_to_device")
+    assert np.array_equal(fake_cupy.asnumpy(result), np.full(5000, comm.Get_size(), np.float32))
