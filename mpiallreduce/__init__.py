@@ -13,7 +13,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "allreduce": ".api", "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api",
+    "allreduce": ".api", "prepare": ".api", "PreparedAllreduce": ".api", "describe_call": ".api", "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api",
     "allreduce_async": ".asynchronous",
     "GradientSync": ".gradients", "broadcast_parameters": ".gradients", "check_replicas": ".gradients",
     "Mesh": ".mesh",

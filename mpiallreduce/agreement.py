@@ -11,7 +11,7 @@ from mpi4py import MPI
 __all__ = ["agree_on_call", "agree_on_outcome"]
 
 
-def agree_on_call(comm, prepare, signature):
+def agree_on_call(comm, prepare, signature, resolve=None):
     """Run ``prepare()`` on every rank and make its outcome collective.
 
     Args:
@@ -19,6 +19,7 @@ def agree_on_call(comm, prepare, signature):
         prepare: a callable validating this rank's arguments; it raises TypeError/ValueError if bad
             (any other exception is agreed on too, and re-raised as it is on its own rank).
         signature: a dict of what must be equal on every rank (shape, dtype, op, ...).
+        resolve: optional, ``resolve(prepared)`` -> a dict compared too (what "auto" resolved to).
 
     Returns:
         what ``prepare()`` returned, once every rank has succeeded with equal signatures.
@@ -30,6 +31,8 @@ def agree_on_call(comm, prepare, signature):
     prepared = None
     try:
         prepared = prepare()
+        if resolve is not None:
+            signature = dict(signature, **resolve(prepared))
     except Exception as exc:  # any exception: raised alone, it would leave the others in the allgather
         local_error = exc
     reports = comm.allgather(

@@ -1,33 +1,49 @@
-"""The public call: ``allreduce(x, op, algorithm, comm, out, check)``."""
-import os
-from dataclasses import dataclass
+"""The public calls: ``allreduce``, ``prepare`` (a call made once, run many times), ``describe_call``.
+
+A call flows one way:
+
+    entry point    arguments checked, call site and settings captured, the communicator resolved
+                   (mesh axis, groups) and its state made (mpiallreduce.state), all on the caller's
+                   thread, in program order; the call numbered
+    rendezvous     only with a timeout (mpiallreduce.faults.rendezvous)
+    agreement      with ``check``: everything compared (one allgather); otherwise, from
+                   ``signature_min_bytes`` on, shape, dtype, op and algorithm (one 16-byte allreduce)
+    plan           mpiallreduce.planner: what runs, decided once and cached
+    execution      the algorithm on the library's own communicator, reductions under
+                   ``np.errstate(all="ignore")`` as MPI's own are
+
+A call that repeats one already made (same communicator, dtype, shape, op and algorithm, no check,
+no timeout, contiguous numpy arrays) takes a short path with the plan it made the first time.
+"""
+import threading
+import zlib
 
 import numpy as np
 from mpi4py import MPI
 
 from . import buffers
-from .agreement import agree_on_call
-from .asynchronous import asynchronous_calls_pending, run_in_order
-from .algorithms import Algorithm, choose_algorithm, get_algorithm
-from .comms import cached, private_duplicate
-from .faults import Rendezvous, call_site, default_timeout, failure_of, next_sequence
-from .device import cuda_aware, namespace
+from .agreement import agree_on_call, describe_differences
+from .asynchronous import _worker, run_in_order
+from .device import namespace
+from .faults.errors import call_site
+from .faults.rendezvous import Rendezvous
+from .faults.ulfm import failure_of
 from .mesh import resolve_communicator
-from .ops import ReduceOp, get_op
+from .ops import get_op
+from .planner import CallFacts, check_algorithm_name, plan_call
+from .settings import settings
 from .startup import check_world_matches_slurm
-from .topology import node_communicator
+from .state import state_of
 from .transports import run_on_device
 
-__all__ = ["allreduce", "psum", "pmean", "pmax", "pmin", "CHECK_ENV"]
+__all__ = ["allreduce", "prepare", "PreparedAllreduce", "describe_call", "psum", "pmean", "pmax", "pmin",
+           "CHECK_ENV"]
 
 check_world_matches_slurm()  # the silent-singleton trap, before anything is reduced
 
-#: environment variable that turns ``check`` on for every call ("1", "true", "yes", "on"),
-#: read once, when mpiallreduce is imported
+#: environment variable that turns ``check`` on for every call (read once: mpiallreduce.settings)
 CHECK_ENV = "MPIALLREDUCE_CHECK"
-CHECK_BY_DEFAULT = os.environ.get(CHECK_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
-#: MPIALLREDUCE_TIMEOUT, read once, when mpiallreduce is imported (None: wait for ever)
-TIMEOUT_BY_DEFAULT = default_timeout()
+_WORLD = MPI.COMM_WORLD
 
 
 def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *, axis=None, mesh=None,
@@ -45,71 +61,107 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         comm: an mpi4py intracommunicator; ``MPI.COMM_WORLD`` if None.
         out: None for a new array, or an array of x's shape and dtype to write into; ``out=x``
             reduces in place. Otherwise ``x`` is not modified.
-        check: if true (or if MPIALLREDUCE_CHECK=1 when mpiallreduce was imported), the ranks
-            first agree that their arguments are valid and that shape, dtype, op, algorithm, the
-            call's number on ``comm`` and its call site (file:line) match; otherwise every rank
-            raises the same ValueError/TypeError naming the ranks and what differs.
+        check: True (or MPIALLREDUCE_CHECK=1) to have the ranks first agree that their arguments
+            are valid and that shape, dtype, op, the algorithm ``auto`` resolved to, the call's
+            number on ``comm`` and its call site (file:line) match; otherwise every rank raises the
+            same ValueError/TypeError naming the ranks and what differs. Without it, calls of at
+            least 64 KiB (MPIALLREDUCE_SIGNATURE_MIN_BYTES) still compare shape, dtype, op and
+            algorithm, so that a mismatch is an error on every rank, never wrong values.
         axis: a mesh axis name or tuple of names: reduce over the ranks along it, of ``mesh`` or of
             the mesh made current with ``with mesh:`` (instead of ``comm``).
         mesh: a :class:`mpiallreduce.Mesh`; without ``axis``, all its ranks.
         groups: a partition of the ranks (of the axis, or of the communicator) into lists; each
             rank reduces with its own group only (``mean`` divides by that group's size).
-        timeout: seconds to wait for the other ranks to reach this call (default
-            MPIALLREDUCE_TIMEOUT, read at import; None there: wait for ever); see mpiallreduce.faults.
+        timeout: seconds (> 0) to wait for the other ranks to reach this call (default
+            MPIALLREDUCE_TIMEOUT; None there: wait for ever); see mpiallreduce.faults.
 
     Returns:
         the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.
 
     Raises:
         TypeError, ValueError: bad arguments, raised before any communication on the rank given
-            them (on every rank, with ``check``); with ``check``, ValueError on every rank also when
-            the ranks' call numbers on ``comm`` differ (a rank skipped a call).
+            them (on every rank, with ``check``); ValueError on every rank when the ranks' calls
+            differ (with ``check``, or from 64 KiB on), or their settings do (mpiallreduce.settings).
         AllreduceTimeout: not every rank reached this call within ``timeout``, on every rank that did.
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
-    if asynchronous_calls_pending():  # keep to the order in which this process started collectives
-        return run_in_order(lambda: _allreduce_now(x, op, algorithm, comm, out, check, axis=axis, mesh=mesh,
-                                                   groups=groups, timeout=timeout))
-    return _allreduce_now(x, op, algorithm, comm, out, check, axis=axis, mesh=mesh, groups=groups, timeout=timeout)
+    if (check is False and timeout is None and axis is None and mesh is None and groups is None
+            and not _worker.pending and type(x) is np.ndarray):
+        state = _WORLD_STATE[0] if comm is None else _fast_states.get(comm.handle)
+        if state is not None:
+            fast = state.fast_calls.get((x.dtype, x.shape, op, algorithm))
+            if fast is not None:
+                result = fast(x, out)
+                if result is not None:
+                    return result
+    call = _Call.start(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, call_site(2))
+    if _worker.pending and threading.current_thread() is not _worker.thread:
+        return run_in_order(call.run)  # keep to the order in which this process started collectives
+    return call.run()
 
 
-def _allreduce_now(x, op, algorithm, comm, out, check, *, axis=None, mesh=None, groups=None, timeout=None,
-                   meeting=None):
-    """The call itself. ``meeting``: a function (comm, sequence, site) -> Rendezvous for
-    allreduce_async, whose handle may bring its deadline forward."""
-    if axis is not None or mesh is not None or groups is not None:
-        comm = resolve_communicator(comm, axis, mesh, groups)
-    comm = _check_comm(MPI.COMM_WORLD if comm is None else comm)
-    timeout = TIMEOUT_BY_DEFAULT if timeout is None else timeout
-    check = check or CHECK_BY_DEFAULT
-    if not check:
-        call = _prepare(x, op, algorithm, comm, out)  # a bad argument raises here, before any communication
-    sequence = next_sequence(comm)
-    site = call_site() if (check or timeout is not None) else ""
-    if meeting is not None:
-        meeting(comm, sequence, site).run()
-    elif timeout is not None:
-        Rendezvous(comm, sequence, timeout, site).run()
-    if check:
-        # The call number and site too: a rank that skipped a call meets the others' call with its next
-        # one, made from another line (or, in a loop, the last call finds it missing: see timeout).
-        signature = dict(_signature(x, op, algorithm), call_number=sequence, call_site=site)
-        call = agree_on_call(comm, lambda: _prepare(x, op, algorithm, comm, out), signature)
-    return _execute(call, sequence)
-
-
-@dataclass
 class _Call:
-    comm: MPI.Intracomm
-    op: ReduceOp
-    algorithm: Algorithm
-    datatype: MPI.Datatype
-    flat: buffers.FlatBuffers
-    auto: bool
-    #: the array module of device arrays (cupy, or the test stand-in); None for numpy arrays
-    xp: object = None
-    #: float16 or bfloat16 (summed in float32 by the hand-written algorithms)
-    low_precision: bool = False
+    """One call's arguments, captured by the entry point on the caller's thread."""
+
+    __slots__ = ("x", "op", "algorithm", "out", "check", "timeout", "site", "state", "sequence", "meeting")
+
+    @classmethod
+    def start(cls, x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, site):
+        """Resolve the communicator, make its state and number the call: on the caller's thread."""
+        call = cls()
+        if not isinstance(check, bool):
+            raise TypeError(f"check must be True or False, got {type(check).__name__} {check!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+                raise ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
+        if axis is not None or mesh is not None or groups is not None:
+            comm = resolve_communicator(comm, axis, mesh, groups)
+        comm = _check_comm(_WORLD if comm is None else comm)
+        current = settings()
+        call.x, call.op, call.algorithm, call.out = x, op, algorithm, out
+        call.check = check or current.check
+        call.timeout = current.timeout if timeout is None else timeout
+        call.site = site
+        call.meeting = None
+        call.state = state = state_of(comm)
+        if state.settings is not current:  # settings replaced (tests): agree on them again
+            state.renew_settings(current)
+        if comm is _WORLD:
+            _WORLD_STATE[0] = state
+        state.sequence += 1
+        call.sequence = state.sequence
+        if not call.check:
+            _validate(x, op, algorithm, out)  # a bad argument raises here, before any communication
+        return call
+
+    def run(self):
+        state = self.state
+        if self.timeout is not None:  # (the same on every rank: the rendezvous is collective)
+            if self.meeting is not None:  # allreduce_async: wait(timeout) may bring the deadline forward
+                self.meeting(state, self.sequence, self.site).run()
+            else:
+                Rendezvous(state, self.sequence, self.timeout, self.site).run()
+        state.make_ready()
+        x = self.x
+        if self.check:
+            def prepare():
+                _validate(x, self.op, self.algorithm, self.out)
+                return _plan_for(state, x, self.op, self.algorithm)
+            signature = dict(_signature(x, self.op, self.algorithm), call_number=self.sequence,
+                             call_site=self.site)
+            plan = agree_on_call(state.library, prepare, signature, resolve=lambda p: {"runs": p.name})
+        else:
+            plan = _plan_for(state, x, self.op, self.algorithm)
+            if plan.check_signature:
+                agree_on_signature(state, _signature_code(x, self.op, plan), lambda: _signature(x, self.op, plan.name))
+        flat = buffers.flat_buffers(x, self.out)
+        op = get_op(self.op)
+        xp = None if type(x) is np.ndarray else namespace(x)
+        result = execute(state, plan, flat, op, buffers.mpi_datatype(x.dtype), xp, self.sequence)
+        if (xp is None and not self.check and self.timeout is None and plan.accumulate is None
+                and x.flags.c_contiguous):
+            _remember_fast_call(state, x, self.op, self.algorithm, plan, op)
+        return result
 
 
 def _check_comm(comm):
@@ -118,6 +170,29 @@ def _check_comm(comm):
     if comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL")
     return comm
+
+
+def _validate(x, op, algorithm, out):
+    """Every check that needs no communication; TypeError/ValueError naming what is wrong."""
+    buffers.check_array(x)
+    get_op(op).check_dtype(x.dtype)
+    check_algorithm_name(algorithm, type(x) is not np.ndarray and namespace(x) is not None)
+    buffers.check_out(out, x)
+
+
+def _facts(state):
+    from .device import cuda_aware
+    return CallFacts(size=state.size, spans_nodes=state.spans_nodes, node_count=state.node_count,
+                     cuda_aware=bool(state.settings.cuda_aware) if state.settings.cuda_aware is not None
+                     else cuda_aware()[0], signature_min_bytes=state.settings.signature_min_bytes)
+
+
+def _plan_for(state, x, op, algorithm):
+    facts = state.facts
+    if facts is None:
+        facts = state.facts = _facts(state)
+    on_device = type(x) is not np.ndarray and namespace(x) is not None
+    return plan_call(facts, on_device, x.dtype, x.nbytes, get_op(op).name, algorithm)
 
 
 def _signature(x, op, algorithm):
@@ -133,96 +208,234 @@ def _plain(value):
     return value if isinstance(value, str) else repr(value)
 
 
-def _prepare(x, op, algorithm, comm, out):
-    """Validate everything and plan the buffers; no communication."""
-    buffers.check_array(x)
-    reduce_op = get_op(op)
-    reduce_op.check_dtype(x.dtype)
-    xp = None if type(x) is np.ndarray else namespace(x)
-    auto = isinstance(algorithm, str) and algorithm == "auto"
-    if auto:
-        chosen = (choose_algorithm if xp is None else choose_device_algorithm)(x.nbytes, comm.Get_size())
-    else:
-        chosen = get_algorithm(algorithm)
-    if chosen.memory == "device" and xp is None:
-        raise TypeError(f"algorithm {chosen.name!r} runs on device (CuPy) arrays; x is a numpy array")
-    buffers.check_out(out, x)
-    return _Call(comm, reduce_op, chosen, buffers.mpi_datatype(x.dtype), buffers.flat_buffers(x, out), auto, xp,
-                 buffers.is_low_precision(x.dtype))
+def _signature_code(x, op, plan):
+    """A 63-bit digest of (shape, dtype, op, algorithm, memory kind): equal codes mean equal calls
+    (but for a 2**-63 chance); computed once per repeated call (the short path keeps it)."""
+    text = f"{x.shape}|{x.dtype.str}|{get_op(op).name}|{plan.name}|{type(x) is np.ndarray}".encode()
+    return (zlib.crc32(text) << 31) ^ zlib.adler32(text[::-1])
 
 
-#: device arrays from this size up take the device-to-device path under "auto" (on one node);
-#: smaller ones MPI_Allreduce (straight, or through host memory). A first guess, not yet measured.
-DEVICE_TO_DEVICE_MIN_BYTES = 64 << 10
+def agree_on_signature(state, code, describe):
+    """One 16-byte allreduce on the library's communicator: raise ValueError on every rank, naming
+    what differs and where, unless every rank's ``code`` is the same. ``describe()``: this rank's
+    signature as a dict, gathered only when the codes differ."""
+    extremes = np.array([code, -code], dtype=np.int64)
+    state.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
+    if extremes[0] == -extremes[1]:
+        return
+    differences = describe_differences(state.library.allgather(describe()))
+    raise ValueError(f"rank {state.rank}: allreduce call #{state.sequence} differs between the {state.size} ranks "
+                     "(shape, dtype, op or algorithm; see also check=True):\n  "
+                     + "\n  ".join(differences or ["(the calls' digests differ)"]))
 
 
-def choose_device_algorithm(nbytes, size):
-    """What "auto" runs for device arrays (before the topology is known; see _execute)."""
-    if size == 1 or nbytes < DEVICE_TO_DEVICE_MIN_BYTES:
-        return get_algorithm("mpi")
-    return get_algorithm("device_to_device")
-
-
-def _spans_nodes(comm):
-    """Whether ``comm``'s ranks sit on more than one node (collective the first time; cached)."""
-    return cached(comm, "spans_nodes",
-                  lambda: node_communicator(private_duplicate(comm)).Get_size() != comm.Get_size())
-
-
-def _execute(call, sequence=None):
+def execute(state, plan, flat, op, datatype, xp, sequence):
+    """Run ``plan`` on the flat buffers on the library's communicator; the result array."""
+    size = state.size
+    if plan.local_only:
+        if flat.send is not None:
+            buffers.copy_into(flat.recv, flat.send)
+        op.finish(flat.recv, size)
+        return flat.finish()
+    comm = state.library
+    options = {} if plan.inner is None else {"inner": plan.inner}
     try:
-        return _execute_plainly(call)
+        with np.errstate(all="ignore"):
+            if plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
+                wide = (flat.recv if flat.send is None else flat.send).astype(plan.accumulate)
+                _run(plan, comm, None, wide, op, buffers.mpi_datatype(plan.accumulate), xp, options)
+                op.finish(wide, size)
+                buffers.array_module(wide).copyto(flat.recv, wide, casting="unsafe")
+            else:
+                _run(plan, comm, flat.send, flat.recv, op, datatype, xp, options)
+                op.finish(flat.recv, size)
     except MPI.Exception as error:  # a dead rank (ULFM): every survivor raises RankFailure
-        failure = failure_of(error, call.comm, sequence, also_revoke=_private_duplicates(call.comm))
+        failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
         if failure is None:
             raise
         raise failure from error
-
-
-def _private_duplicates(comm):
-    from .comms import cached_if_made
-    return tuple(c for c in (cached_if_made(comm, "duplicate"),) if c is not None)
-
-
-def _execute_plainly(call):
-    flat = call.flat
-    size = call.comm.Get_size()
-    if size == 1 or flat.recv.size == 0:
-        if flat.send is not None:
-            buffers.copy_into(flat.recv, flat.send)
-        call.op.finish(flat.recv, size)
-        return flat.finish()
-    algorithm = call.algorithm
-    if call.auto and _spans_nodes(call.comm):
-        # The table is measured on one node. Across nodes: reduce within each node, then the
-        # table's choice among the node leaders (all ranks agree on the topology). Device arrays:
-        # a ring, straight through a CUDA-aware MPI or staged through host memory.
-        if call.xp is None:
-            algorithm = get_algorithm("hierarchical")
-        else:
-            algorithm = get_algorithm("ring" if cuda_aware()[0] else "staged_ring")
-    comm = private_duplicate(call.comm) if algorithm.uses_point_to_point else call.comm
-    if call.xp is None and not call.low_precision:  # the common case, in the fewest steps
-        algorithm.run(comm, flat.send, flat.recv, call.op, call.datatype)
-        call.op.finish(flat.recv, size)
-        return flat.finish()
-    if call.low_precision and (algorithm.name != "mpi" or call.xp is not None):
-        # float16/bfloat16: accumulate in float32, round once at the end
-        wide = (flat.recv if flat.send is None else flat.send).astype(np.float32)
-        _run(algorithm, comm, None, wide, call.op, buffers.mpi_datatype(np.float32), call.xp)
-        call.op.finish(wide, size)
-        buffers.array_module(wide).copyto(flat.recv, wide, casting="unsafe")
-    else:
-        _run(algorithm, comm, flat.send, flat.recv, call.op, call.datatype, call.xp)
-        call.op.finish(flat.recv, size)
     return flat.finish()
 
 
-def _run(algorithm, comm, send, recv, op, datatype, xp):
+def _run(plan, comm, send, recv, op, datatype, xp, options):
     if xp is None:
-        algorithm.run(comm, send, recv, op, datatype)
+        plan.algorithm.run(comm, send, recv, op, datatype, **options)
     else:
-        run_on_device(algorithm, comm, send, recv, op, datatype, xp)
+        run_on_device(plan.algorithm, comm, send, recv, op, datatype, xp)
+
+
+# ---------------------------------------------------------------------------------------------
+# The short path of a repeated call
+
+_WORLD_STATE = [None]
+_fast_states = {}  # communicator handle -> state, for states with short paths (forgotten when freed)
+
+
+class _FastHostCall:
+    """A repeated call on contiguous numpy arrays: the plan, datatype, op and signature kept."""
+
+    __slots__ = ("state", "plan", "shape", "dtype", "datatype", "op", "mpi_op", "divide", "code", "describe",
+                 "direct")
+
+    def __call__(self, x, out):
+        """The result, or None when these arrays need the general path (strided, views, ...)."""
+        if not x.flags.c_contiguous:
+            return None
+        if out is None:
+            result, send = np.empty(self.shape, self.dtype), [x, self.datatype]
+        elif out is x:
+            result, send = x, MPI.IN_PLACE
+        elif (type(out) is np.ndarray and out.base is None and x.base is None and out.shape == self.shape
+              and out.dtype == self.dtype and out.flags.c_contiguous and out.flags.writeable):
+            result, send = out, [x, self.datatype]
+        else:
+            return None
+        state = self.state
+        state.sequence += 1
+        try:
+            if self.code is not None:
+                agree_on_signature(state, self.code, self.describe)
+            if self.direct:  # MPI_Allreduce itself
+                state.library.Allreduce(send, [result, self.datatype], self.mpi_op)
+            else:
+                with np.errstate(all="ignore"):
+                    self.plan.algorithm.run(state.library, None if send is MPI.IN_PLACE else x.reshape(-1),
+                                            result.reshape(-1), self.op, self.datatype)
+        except MPI.Exception as error:
+            failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
+            if failure is None:
+                raise
+            raise failure from error
+        if self.divide:
+            with np.errstate(all="ignore"):
+                np.divide(result, self.dtype.type(state.size), out=result)
+        return result
+
+
+def _remember_fast_call(state, x, op, algorithm, plan, reduce_op):
+    if plan.local_only or len(state.fast_calls) >= 256 or not isinstance(op, str) or not isinstance(algorithm, str):
+        return
+    fast = _FastHostCall()
+    fast.state, fast.plan, fast.shape, fast.dtype = state, plan, x.shape, x.dtype
+    fast.datatype = buffers.mpi_datatype(x.dtype)
+    fast.op, fast.mpi_op = reduce_op, reduce_op.mpi_op(x.dtype)
+    fast.divide = reduce_op.divide_by_size
+    fast.code = _signature_code(x, op, plan) if plan.check_signature else None
+    shape, dtype_name = x.shape, str(x.dtype)
+    fast.describe = lambda: {"memory": "host", "shape": tuple(shape), "dtype": dtype_name, "op": op,
+                             "algorithm": plan.name}
+    fast.direct = plan.name == "mpi"
+    state.fast_calls[(x.dtype, x.shape, op, algorithm)] = fast
+    if state.user is not _WORLD:
+        _fast_states[state.handle] = state
+        state.on_free.append(lambda: _fast_states.pop(state.handle, None))
+
+
+# ---------------------------------------------------------------------------------------------
+# Prepared calls
+
+def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
+            timeout=None):
+    """Agree on one call once, run it many times: ``prepared = prepare(grad, out=grad)`` then
+    ``prepared()`` every step (as MPI-4's ``MPI_Allreduce_init``, NCCL's registered buffers, Gloo's
+    algorithm objects).
+
+    Collective: every rank of the communicator calls it, with the same arguments as ``allreduce``.
+    The ranks compare everything once (as ``check=True`` does, the call site included) and plan
+    the call once; each ``prepared()`` then reduces the current contents of ``x`` into its result
+    with no check and no decision. ``x`` and ``out`` must stay the same arrays (their contents may
+    change; do not resize them). With ``timeout``, every run first meets the other ranks.
+
+    Returns:
+        a PreparedAllreduce: call it (or ``.run()``) for the result; ``.start()`` runs it in the
+        background (an AllreduceHandle, as allreduce_async's); ``.plan.describe()`` says what it runs.
+    """
+    site = call_site(2)
+    call = _Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site)
+    if _worker.pending and threading.current_thread() is not _worker.thread:
+        return run_in_order(lambda: PreparedAllreduce(call))
+    return PreparedAllreduce(call)
+
+
+class PreparedAllreduce:
+    """An allreduce agreed on and planned once (see ``prepare``)."""
+
+    def __init__(self, call):
+        state = call.state
+        if call.timeout is not None:
+            Rendezvous(state, call.sequence, call.timeout, call.site).run()
+        state.make_ready()
+        x, op_name, algorithm = call.x, call.op, call.algorithm
+
+        def plan_it():
+            _validate(x, op_name, algorithm, call.out)
+            return _plan_for(state, x, op_name, algorithm)
+        signature = dict(_signature(x, op_name, algorithm), call_site=call.site, call_number=call.sequence,
+                         prepared=True)
+        self.plan = agree_on_call(state.library, plan_it, signature, resolve=lambda p: {"runs": p.name})
+        self.state, self.timeout, self.site = state, call.timeout, call.site
+        self.op = get_op(op_name)
+        self.x = x
+        self.xp = None if type(x) is np.ndarray else namespace(x)
+        self.flat = buffers.flat_buffers(x, call.out)
+        self.result = self.flat.result
+        self.datatype = buffers.mpi_datatype(x.dtype)
+        self._direct = None
+        plan, flat = self.plan, self.flat
+        if (self.xp is None and plan.name == "mpi" and plan.accumulate is None and not plan.local_only
+                and flat.write_back is None and not self.op.divide_by_size):
+            send = MPI.IN_PLACE if flat.send is None else [flat.send, self.datatype]
+            library, recv, mpi_op = state.library, [flat.recv, self.datatype], self.op.mpi_op(x.dtype)
+            self._direct = lambda: library.Allreduce(send, recv, mpi_op)
+
+    def __call__(self):
+        """Reduce the current contents of ``x``; returns the result array (the same every run)."""
+        state = self.state
+        state.sequence += 1
+        if self.timeout is not None:
+            Rendezvous(state, state.sequence, self.timeout, self.site).run()
+        if self._direct is not None and self.timeout is None:
+            try:
+                self._direct()
+            except MPI.Exception as error:
+                failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
+                if failure is None:
+                    raise
+                raise failure from error
+            return self.result
+        flat = self.flat
+        if flat.send is None and flat.write_back is not None:  # strided in place: refresh the copy
+            buffers.copy_into(flat.recv.reshape(self.x.shape), self.x)
+        elif flat.send is not None and flat.send is not self.x and not _views(flat.send, self.x):
+            buffers.copy_into(flat.send.reshape(self.x.shape), self.x)
+        return execute(state, self.plan, flat, self.op, self.datatype, self.xp, state.sequence)
+
+    run = __call__
+
+    def start(self):
+        """Run in the background (allreduce_async's worker); an AllreduceHandle."""
+        from .asynchronous import submit_prepared
+        return submit_prepared(self)
+
+    def __repr__(self):
+        return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}>"
+
+
+def _views(a, b):
+    """Whether flat ``a`` is a view of ``b``'s memory (so needs no refresh)."""
+    return a.size == b.size and buffers.array_module(a).may_share_memory(a, b)
+
+
+def describe_call(x, op="sum", algorithm="auto", comm=None):
+    """What ``allreduce(x, op=op, algorithm=algorithm, comm=comm)`` would run, and why (a line).
+
+    Collective the first time a communicator is used (its state is made), then local.
+    """
+    comm = _check_comm(_WORLD if comm is None else comm)
+    state = state_of(comm)
+    state.make_ready()
+    _validate(x, op, algorithm, None)
+    return _plan_for(state, x, op, algorithm).describe()
 
 
 # JAX's names and argument order (jax.lax.psum(x, axis_name, *, axis_index_groups=None)).

@@ -17,9 +17,8 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 from mpi4py import MPI
 
 from .device import namespace, synchronize
-from .faults import call_site
 
-__all__ = ["AllreduceHandle", "allreduce_async", "asynchronous_calls_pending", "run_in_order"]
+__all__ = ["AllreduceHandle", "allreduce_async", "submit_prepared", "asynchronous_calls_pending", "run_in_order"]
 
 
 #: how long wait(timeout) waits beyond ``timeout`` for the call to give up on its own
@@ -37,9 +36,9 @@ class _Meeting:
         self.rendezvous = None
         self.deadline = None
 
-    def __call__(self, comm, sequence, site):
-        from .faults import Rendezvous
-        self.rendezvous = Rendezvous(comm, sequence, self.timeout, self.site)
+    def __call__(self, state, sequence, site):
+        from .faults.rendezvous import Rendezvous
+        self.rendezvous = Rendezvous(state, sequence, self.timeout, self.site)
         if self.deadline is not None:
             self.rendezvous.bring_deadline_forward(self.deadline)
         return self.rendezvous
@@ -53,10 +52,11 @@ class _Meeting:
 class AllreduceHandle:
     """What ``allreduce_async`` returns: ``wait(timeout=None)`` gives the result, ``done()`` polls."""
 
-    def __init__(self, future, description, meeting=None):
+    def __init__(self, future, description, meeting=None, watched=None, checksum=None):
         self._future = future
         self._description = description
         self._meeting = meeting
+        self._watched, self._checksum = watched, checksum
 
     def done(self):
         return self._future.done()
@@ -64,27 +64,42 @@ class AllreduceHandle:
     def wait(self, timeout=None):
         """The result (raises what the allreduce raised).
 
-        With ``timeout``: if not every rank has reached this call within ``timeout`` seconds, it
-        gives up (on every rank, as a timed ``allreduce`` does) and this raises AllreduceTimeout
-        naming the ranks that had not arrived. If they all had and the data is still moving, or
-        the call is still queued behind earlier ones, AllreduceTimeout says so and the call goes on.
+        With ``timeout``, for a call started with a timeout of its own (``allreduce_async(...,
+        timeout=T)`` or MPIALLREDUCE_TIMEOUT): if not every rank has reached this call within
+        ``timeout`` seconds, it gives up (on every rank, as a timed ``allreduce`` does) and this
+        raises AllreduceTimeout naming the ranks that had not arrived. If they all had and the data
+        is still moving, or the call is still queued behind earlier ones, or the call has no
+        timeout of its own (its ranks do not meet first: whether they do must be the same on every
+        rank), AllreduceTimeout says so and the call goes on.
         """
         if timeout is None:
-            return self._future.result()
-        self._meeting.bring_deadline_forward(time.monotonic() + timeout)
+            return self._checked(self._future.result())
+        timed = self._meeting.timeout is not None
+        if timed:
+            self._meeting.bring_deadline_forward(time.monotonic() + timeout)
         try:
-            return self._future.result(timeout + GIVE_UP_GRACE_SECONDS)
+            return self._checked(self._future.result(timeout + (GIVE_UP_GRACE_SECONDS if timed else 0)))
         except FutureTimeout:
             if self._future.done():  # the call's own AllreduceTimeout (a TimeoutError, as FutureTimeout is)
                 raise
-        from .faults import AllreduceTimeout
+        from .faults.errors import AllreduceTimeout
         rendezvous = self._meeting.rendezvous
+        if not timed:
+            raise AllreduceTimeout(f"{self._description}: not finished after {timeout} s; it goes on (started "
+                                   "without a timeout of its own, it cannot be given up on every rank)") from None
         if rendezvous is None:
             raise AllreduceTimeout(f"{self._description}: not started after {timeout} s: it is queued behind "
                                    "earlier asynchronous calls that have not finished") from None
         raise AllreduceTimeout(f"{self._description} (call #{rendezvous.sequence}): every rank arrived, but the "
                                f"reduction has not finished after {timeout} s; it goes on",
                                sequence=rendezvous.sequence, waited=timeout) from None
+
+    def _checked(self, result):
+        """MPIALLREDUCE_DEBUG_INPUTS: the input must not have changed (unless it is the output)."""
+        if self._checksum is not None and self._watched is not result and _checksum(self._watched) != self._checksum:
+            raise RuntimeError(f"{self._description}: the input changed between allreduce_async and wait(); "
+                               "the result may mix old and new values (do not touch x until wait() returns)")
+        return result
 
     def __repr__(self):
         return f"<AllreduceHandle {self._description} {'done' if self.done() else 'pending'}>"
@@ -146,17 +161,39 @@ def run_in_order(function):
 
 
 def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=False, **kwargs):
-    """Start ``allreduce(x, ...)`` (same arguments) in the background; returns an AllreduceHandle."""
-    from .api import _allreduce_now
+    """Start ``allreduce(x, ...)`` (same arguments) in the background; returns an AllreduceHandle.
+
+    The communicator, its library state, the call's number and call site are taken here, on the
+    calling thread, in program order; the worker thread only runs the call, on the library's own
+    communicators. ``x`` (and ``out``) must not change until ``wait()`` returns: the worker reads
+    and writes them meanwhile (with MPIALLREDUCE_DEBUG_INPUTS=1, ``wait`` checks that ``x`` did not).
+    """
+    from .api import _Call
+    from .faults.errors import call_site
     _check_thread_level()
-    from .api import TIMEOUT_BY_DEFAULT
+    unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout"}
+    if unknown:
+        raise TypeError(f"allreduce_async got unexpected keyword arguments {sorted(unknown)}")
+    call = _Call.start(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
+                       kwargs.get("groups"), kwargs.get("timeout"), call_site(2))
+    meeting = call.meeting = _Meeting(call.timeout, call.site)
     description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
-    timeout = kwargs.pop("timeout", None)
-    meeting = _Meeting(TIMEOUT_BY_DEFAULT if timeout is None else timeout, call_site())
-    kwargs["meeting"] = meeting
+    return _submit(call.run, x, description, meeting)
+
+
+def submit_prepared(prepared):
+    """Run a PreparedAllreduce on the worker; an AllreduceHandle."""
+    _check_thread_level()
+    meeting = _Meeting(None, prepared.site)
+    return _submit(prepared.run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
+
+
+def _submit(run, x, description, meeting):
+    from .settings import settings
     xp = namespace(x)
+    checksum = _checksum(x) if settings().debug_inputs else None
     if xp is None:
-        future = _worker.submit(lambda: _allreduce_now(x, op, algorithm, comm, out, check, **kwargs))
+        future = _worker.submit(run)
     else:
         # Device arrays: the caller's kernels that wrote x finish before the worker thread (with
         # its own current stream) reads it, the worker uses x's GPU (the current device is per
@@ -165,9 +202,18 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
 
         def on_device():
             with x.device:
-                result = _allreduce_now(x, op, algorithm, comm, out, check, **kwargs)
+                result = run()
                 synchronize(xp)
             return result
 
         future = _worker.submit(on_device)
-    return AllreduceHandle(future, description, meeting)
+    return AllreduceHandle(future, description, meeting, x if checksum is not None else None, checksum)
+
+
+def _checksum(x):
+    from .buffers import array_module
+    import zlib
+    xp = array_module(x)
+    host = x if xp.__name__ == "numpy" else xp.asnumpy(x)
+    import numpy as np
+    return zlib.crc32(np.ascontiguousarray(host).view(np.uint8).reshape(-1))

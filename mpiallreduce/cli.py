@@ -69,7 +69,7 @@ def _plot(argv):
 
 
 def _tune(argv):
-    from .tuning import main
+    from .tune import main
     return main(argv)
 
 

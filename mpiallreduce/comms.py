@@ -1,18 +1,20 @@
-"""Things the library keeps per user communicator, cached on it as an MPI attribute.
+"""What an algorithm builds once per communicator and reuses, cached on it as an MPI attribute.
 
-- a private duplicate (``private_duplicate``): hand-written algorithms send point-to-point messages,
-  which on the user's own communicator could match the user's receives (``ANY_TAG``); they talk on
-  a duplicate made on first use (a collective ``MPI_Comm_dup``) instead;
-- whatever an algorithm builds once and reuses (``cached``): node communicators, shared windows.
+Node communicators, shared windows, group communicators (``cached``). The library's own
+duplicates of a user's communicator live in mpiallreduce.state; ``private_duplicate`` hands out
+the one every library collective and message uses.
 
 The attribute's delete callback frees what it holds when the user's communicator is freed (or at
 ``MPI_Finalize`` for ``COMM_WORLD``).
 """
+import threading
+
 from mpi4py import MPI
 
 __all__ = ["private_duplicate", "cached", "cached_if_made"]
 
 _KEYVAL = None
+_lock = threading.Lock()
 
 
 def _free_cache(comm, keyval, cache):
@@ -33,13 +35,14 @@ def _free_cache(comm, keyval, cache):
 
 def _cache_of(comm):
     global _KEYVAL
-    if _KEYVAL is None:
-        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_cache)
-    cache = comm.Get_attr(_KEYVAL)
-    if cache is None:
-        cache = {}
-        comm.Set_attr(_KEYVAL, cache)
-    return cache
+    with _lock:  # (two threads' first use must not make two keyvals, or two caches)
+        if _KEYVAL is None:
+            _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_cache)
+        cache = comm.Get_attr(_KEYVAL)
+        if cache is None:
+            cache = {}
+            comm.Set_attr(_KEYVAL, cache)
+        return cache
 
 
 def cached(comm, name, make):
@@ -70,4 +73,5 @@ def replace_cached(comm, name, value):
 
 def private_duplicate(comm):
     """The library's own duplicate of ``comm`` (collective the first time it is asked for)."""
-    return cached(comm, "duplicate", comm.Dup)
+    from .state import state_of
+    return state_of(comm).make_ready().library

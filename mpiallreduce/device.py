@@ -67,16 +67,13 @@ def _library_cuda_aware():
 def cuda_aware():
     """(aware, why): whether device pointers go straight to MPI here.
 
-    ``MPIALLREDUCE_CUDA_AWARE=1|0`` decides if set; otherwise the MPI library is asked
+    ``MPIALLREDUCE_CUDA_AWARE=1|0`` (mpiallreduce.settings) decides if set; otherwise the MPI library is asked
     (``MPIX_Query_cuda_support`` / ``MPIX_GPU_query_support``), and "unknown" counts as no.
     """
-    forced = os.environ.get(CUDA_AWARE_ENV, "").strip().lower()
-    if forced in {"1", "true", "yes", "on"}:
-        return True, f"{CUDA_AWARE_ENV}={forced}"
-    if forced in {"0", "false", "no", "off"}:
-        return False, f"{CUDA_AWARE_ENV}={forced}"
-    if forced:
-        raise ValueError(f"{CUDA_AWARE_ENV}={forced!r}: expected 1 or 0")
+    from .settings import settings
+    forced = settings().cuda_aware
+    if forced is not None:
+        return forced, f"{CUDA_AWARE_ENV}={int(forced)}"
     return _library_cuda_aware()
 
 
@@ -98,9 +95,9 @@ def local_rank(comm=None):
                 return int(value)
     from mpi4py import MPI
     from .topology import node_communicator
-    from .comms import private_duplicate
+    from .state import state_of
     comm = MPI.COMM_WORLD if comm is None else comm
-    return node_communicator(private_duplicate(comm)).Get_rank()
+    return node_communicator(state_of(comm).make_ready().library).Get_rank()
 
 
 def gpu_for_local_rank(local_rank, device_count):

@@ -1,9 +1,10 @@
 """The table that ``algorithm="auto"`` reads: which algorithm for which rank count and message size.
 
-``mpiallreduce tune`` (under mpiexec/srun) measures every algorithm on the current machine and rank
-count, and writes or updates the table. The table used is, in order: the one given to
-``set_tuning_table(path)``, the file named by ``MPIALLREDUCE_TUNING`` (read at first use), or the
-one shipped with the package (measured on this project's 2-core machines).
+``mpiallreduce tune`` (mpiallreduce/tune.py, under mpiexec/srun) measures every algorithm on the current
+machine and rank count, and writes or updates the table. The table used is, in order: the one given
+to ``set_tuning_table(path)``, the file named by ``MPIALLREDUCE_TUNING`` (mpiallreduce.settings), or
+the one shipped with the package (measured on this project's 2-core machines). This module only
+reads the table; what a call runs is decided in mpiallreduce.planner.
 
 Format (JSON)::
 
@@ -13,13 +14,13 @@ Format (JSON)::
 
 For a rank count not in the table, the nearest smaller one is used (else the smallest).
 """
-import argparse
+import hashlib
 import json
 import math
 import os
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "rules_from_measurements", "main"]
+           "rules_from_measurements", "table_digest"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tuning.json")
@@ -43,8 +44,15 @@ def set_tuning_table(path_or_table):
 
 def tuning_table():
     if _table is None:
-        set_tuning_table(os.environ.get(TUNING_ENV) or DEFAULT_TABLE)
+        from .settings import settings
+        set_tuning_table(settings().tuning_path or DEFAULT_TABLE)
     return _table
+
+
+def table_digest():
+    """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
+    text = json.dumps(tuning_table().get("by_ranks", {}), sort_keys=True).encode()
+    return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
 def _rules_for(size):
@@ -95,42 +103,3 @@ def rules_from_measurements(measurements):
             rules[-1]["up_to_bytes"] = int(math.sqrt(previous * nbytes))
         rules.append({"up_to_bytes": None, "algorithm": best})
     return rules
-
-
-def main(argv=None):
-    from mpi4py import MPI
-
-    from .algorithms import HOST_ALGORITHMS as ALGORITHMS
-    from .bench import compare, parse_size, run_metadata
-
-    parser = argparse.ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default=",".join(str(4 ** k) for k in range(1, 14)),
-                        help="comma-separated sizes in bytes (K, M, G suffixes); default 4 B..64 MiB by 4x")
-    parser.add_argument("--repetitions", type=int, default=5)
-    parser.add_argument("--output", default=os.environ.get(TUNING_ENV) or "tuning.json",
-                        help="table to write or update (default: $MPIALLREDUCE_TUNING or ./tuning.json)")
-    args = parser.parse_args(argv)
-    comm = MPI.COMM_WORLD
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    results = compare(comm, sizes, ALGORITHMS, repetitions=args.repetitions, modes=(False,), forced=())
-    metadata = run_metadata(comm, vars(args))
-    if comm.Get_rank() != 0:
-        return 0
-    rules = rules_from_measurements([(m.nbytes, m.algorithm, m.time_us) for m in results
-                                     if m.algorithm in ALGORITHMS])
-    table = {"metadata": {}, "by_ranks": {}}
-    if os.path.exists(args.output):
-        with open(args.output) as f:
-            table = json.load(f)
-    table.setdefault("by_ranks", {})[str(comm.Get_size())] = rules
-    table.setdefault("metadata", {})[str(comm.Get_size())] = metadata
-    with open(args.output, "w") as f:
-        json.dump(table, f, indent=1, sort_keys=True)
-    print(f"# {comm.Get_size()} ranks: auto will use")
-    low = 0
-    for rule in rules:
-        high = rule["up_to_bytes"]
-        print(f"  {low:>10} .. {'' if high is None else high:<10} bytes: {rule['algorithm']}")
-        low = (high or 0) + 1
-    print(f"# written to {args.output}")
-    return 0

@@ -5,7 +5,6 @@ Adding an algorithm is adding a module here (see :mod:`.base`); ``ALGORITHMS`` l
 import importlib
 import pkgutil
 
-from ..tuning import choose_name
 from .base import Algorithm
 
 __all__ = ["ALGORITHMS", "HOST_ALGORITHMS", "REGISTRY", "get_algorithm", "choose_algorithm", "Algorithm"]
@@ -49,8 +48,8 @@ def get_algorithm(name):
 
 
 def choose_algorithm(nbytes, size):
-    """The algorithm "auto" runs for a message of ``nbytes`` bytes on ``size`` ranks: the tuning
-    table's choice (mpiallreduce.tuning; ``mpiallreduce tune`` measures and writes one)."""
-    if size == 1:
-        return REGISTRY["mpi"]
-    return REGISTRY[choose_name(nbytes, size, REGISTRY)]
+    """The algorithm "auto" runs for numpy arrays of ``nbytes`` bytes on ``size`` ranks of one node
+    (mpiallreduce.planner decides every case; this is its one-node answer, kept for tools and tests)."""
+    from ..planner import CallFacts, plan_call
+    import numpy as np
+    return plan_call(CallFacts(size=size), False, np.dtype(np.uint8), max(nbytes, 1), "sum", "auto").algorithm

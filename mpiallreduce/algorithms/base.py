@@ -20,8 +20,9 @@ class Algorithm:
     #: True when the algorithm moves data with its own point-to-point messages, which must not
     #: meet the user's messages: it then runs on a private duplicate of the user's communicator.
     uses_point_to_point = True
-    #: True when every rank of the communicator must be on one node (shared memory); ``run``
-    #: then refuses, on every rank, a communicator that spans several, suggesting ``across_nodes``
+    #: True when every rank of the communicator must be on one node (shared memory); the planner
+    #: (mpiallreduce.planner) then refuses, on every rank, a communicator that spans several,
+    #: suggesting ``across_nodes``
     needs_one_node = False
     across_nodes = None
     #: which arrays it runs on: "any" (numpy, and device arrays through mpiallreduce.transports),
@@ -54,15 +55,11 @@ class Algorithm:
     def cached_plan(self, size, rank, count):
         return self.plan(size, rank, count)
 
-    def run(self, comm, send, recv, op, datatype):
-        """Plan (cached) and execute on ``comm``."""
-        if self.needs_one_node:
-            from ..topology import node_communicator
-            if node_communicator(comm).Get_size() != comm.Get_size():  # the same answer on every rank
-                raise ValueError(f"the {self.name} algorithm needs every rank of the communicator on one node; "
-                                 f"this one spans several (use algorithm={self.across_nodes!r})")
+    def run(self, comm, send, recv, op, datatype, **options):
+        """Plan (cached) and execute on ``comm``. ``options``: what the call plan gives this
+        algorithm besides its own plan (``inner``: the node leaders' plan, for hierarchical)."""
         plan = self.cached_plan(comm.Get_size(), comm.Get_rank(), recv.size)
-        self.execute(plan, comm, send, recv, op, datatype)
+        self.execute(plan, comm, send, recv, op, datatype, **options)
 
     def __repr__(self):
         return f"<allreduce algorithm {self.name!r}>"

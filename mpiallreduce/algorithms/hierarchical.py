@@ -2,8 +2,8 @@
 
     node 0: ranks 0 1 2           node 1: ranks 3 4 5
     step 1  MPI_Reduce to the node leader          0 <- 1, 2            3 <- 4, 5
-    step 2  the leaders allreduce (the tuning     0 <--------------------> 3
-            table's choice for their count; one that needs shared memory is replaced by the ring)
+    step 2  the leaders allreduce (the plan       0 <--------------------> 3
+            mpiallreduce.planner made for their count, among algorithms that work across nodes)
     step 3  MPI_Bcast from the node leader         0 -> 1, 2            3 -> 4, 5
 
 Only one rank per node touches the network, with the whole buffer once: what a multi-node job
@@ -13,13 +13,10 @@ bits; the broadcast copies them: every rank ends with the same bits. Nodes come 
 """
 from mpi4py import MPI
 
-from ..comms import private_duplicate
 from ..topology import leader_communicator, node_communicator
 from .base import Algorithm
 
 LEADER = 0
-#: algorithms the leaders may not use: they are on different nodes
-NOT_ACROSS_NODES = {"shared_memory", "hierarchical"}
 
 
 class HierarchicalAllreduce(Algorithm):
@@ -29,7 +26,9 @@ class HierarchicalAllreduce(Algorithm):
     def plan(self, size, rank, count):
         return None
 
-    def execute(self, plan, comm, send, recv, op, datatype):
+    def execute(self, plan, comm, send, recv, op, datatype, inner=None):
+        """``inner``: the leaders' CallPlan (mpiallreduce.planner); without one (a single node) the
+        leaders are one rank and step 2 is empty."""
         node = node_communicator(comm)
         leaders = leader_communicator(comm)
         mpi_op = op.mpi_op(recv.dtype)
@@ -42,12 +41,11 @@ class HierarchicalAllreduce(Algorithm):
 
         # Step 2: allreduce among the leaders
         if leaders != MPI.COMM_NULL and leaders.Get_size() > 1:
-            from . import REGISTRY, choose_algorithm
-            inner = choose_algorithm(recv.nbytes, leaders.Get_size())
-            if inner.name in NOT_ACROSS_NODES:
-                inner = REGISTRY["ring"]
-            talk_on = private_duplicate(leaders) if inner.uses_point_to_point else leaders
-            inner.run(talk_on, None, recv, op, datatype)
+            if inner is None or inner.inner is not None:
+                raise ValueError("hierarchical: the node leaders need a plan of their own (mpiallreduce.planner)")
+            # The leaders' communicator is the library's own (split from its duplicate): messages
+            # cannot meet the user's.
+            inner.algorithm.run(leaders, None, recv, op, datatype)
 
         # Step 3: share within the node
         node.Bcast([recv, datatype], root=LEADER)

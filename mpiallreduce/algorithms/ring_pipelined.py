@@ -11,23 +11,25 @@ still in cache when it is reduced, instead of a chunk-sized buffer that went out
 allgather copies whole chunks (nothing to reduce, nothing to overlap). Bits as the ring's: every
 chunk reduced once along one chain of ranks, then copied.
 """
-import os
 
 from mpi4py import MPI
 
 from ..buffers import scratch
+from ..settings import settings
 from .ring import REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds, ring_allgather
 
 #: segment size: `mpiallreduce bench --algorithms ring,ring_pipelined --sizes 1M,4M,16M,64M` with
-#: MPIALLREDUCE_RING_SEGMENT_BYTES (read at import) at 64 KiB, 256 KiB, 1 MiB and 4 MiB, 2 ranks
+#: MPIALLREDUCE_RING_SEGMENT_BYTES (mpiallreduce.settings; the ranks must agree on it) at 64 KiB, 256 KiB, 1 MiB and 4 MiB, 2 ranks
 #: here: 1 MiB was best or within noise of best at 4-64 MiB in three runs of four (64 KiB was worst)
-SEGMENT_BYTES = int(os.environ.get("MPIALLREDUCE_RING_SEGMENT_BYTES", 1 << 20))
 
 
 class PipelinedRingAllreduce(RingAllreduce):
     name = "ring_pipelined"
     blocking_messages_only = False  # Isend/Irecv: device arrays take the host round trip when staged
-    segment_bytes = SEGMENT_BYTES
+
+    @property
+    def segment_bytes(self):
+        return settings().ring_segment_bytes
 
     def execute(self, plan, comm, send, recv, op, datatype):
         source = recv if send is None else send

@@ -17,18 +17,17 @@ Allgather: this rank's reduced chunk is copied to a pinned host buffer once; the
 round the ring host to host (ring.ring_allgather), and each one is copied to the device on the
 h2d stream as it arrives, overlapping the next transfer.
 """
-import os
 import threading
 
 from mpi4py import MPI
 
 from ..buffers import scratch
+from ..settings import settings
 from ..device import namespace
 from ..transports import pinned
 from .ring import REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds, ring_allgather
 
-#: segment size (MPIALLREDUCE_STAGED_SEGMENT_BYTES, read at import); not yet tuned on a GPU
-SEGMENT_BYTES = int(os.environ.get("MPIALLREDUCE_STAGED_SEGMENT_BYTES", 4 << 20))
+#: segment size (MPIALLREDUCE_STAGED_SEGMENT_BYTES, mpiallreduce.settings); not yet tuned on a GPU
 
 
 class _CopyStreams(threading.local):
@@ -59,7 +58,10 @@ class StagedRingAllreduce(RingAllreduce):
     memory = "device"
     device_path = "staged pipeline"
     blocking_messages_only = False
-    segment_bytes = SEGMENT_BYTES
+
+    @property
+    def segment_bytes(self):
+        return settings().staged_segment_bytes
 
     def execute(self, plan, comm, send, recv, op, datatype):
         xp = namespace(recv)

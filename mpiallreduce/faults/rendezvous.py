@@ -1,0 +1,265 @@
+"""Timeouts: the ranks meet before a timed call moves any data, so a straggler is a diagnosis, not a hang.
+
+``allreduce(x, timeout=T)`` (or ``MPIALLREDUCE_TIMEOUT=T``) first meets the other ranks on the
+library's control communicator (mpiallreduce.state), in two rounds of 16-byte messages
+(kind, call number) on one tag:
+
+    round 1  every rank sends ARRIVED(#n) to every other and waits for all of theirs, at most T s
+             (a warning names the ranks still missing at a fraction of T: default 0.5)
+             -> all arrived: send GO(#n)          -> not all by T: send GAVE_UP(#n), raise
+             -> GAVE_UP(#n) from another rank: raise (that rank's timeout ran out first)
+    round 2  wait for GO(#n) from every rank, or GAVE_UP(#n) from any
+             -> all GO: reduce                    -> a GAVE_UP: raise
+
+Every rank sends GO or GAVE_UP for call #n, never both (an exception of its own in round 1, a
+warning turned into an error or a KeyboardInterrupt, sends GAVE_UP on its way out), so round 2
+always ends, the same way on every rank: all reduce, or all raise ``AllreduceTimeout``.
+
+Messages carry their call number, and each peer's messages arrive in the order sent (one tag, one
+source: MPI does not overtake), so none is ever mistaken for another call's: a message of an
+earlier call (one given up on) is dropped when it comes, one of a later call (a rank that skipped
+a call) is kept for that call and names where that rank is. Each peer has one receive always
+posted into a buffer owned by the channel, never by a call, so no receive is left pointing at
+freed memory, and tags never wrap around.
+
+The first timed call on a communicator that was never used before also completes the control
+channel (mpiallreduce.state starts it on first use): if a rank is missing, the others raise within
+T, and send their GAVE_UP as soon as the channel is complete, so the straggler learns at once that
+the call was given up and the call numbers stay in step.
+"""
+import math
+import time
+import warnings
+from collections import deque
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import AllreduceTimeout, AllreduceStallWarning, ranks_phrase
+from .ulfm import failure_of
+
+__all__ = ["Rendezvous", "announce_given_up", "free_channel", "ARRIVED", "GO", "GAVE_UP", "CONTROL_TAG"]
+
+ARRIVED, GO, GAVE_UP = 0, 1, 2
+_KIND_NAMES = {ARRIVED: "ARRIVED", GO: "GO", GAVE_UP: "GAVE_UP"}
+CONTROL_TAG = 7
+
+
+class _Channel:
+    """One communicator's control messages: a posted receive per peer, what came early, what was sent."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.peers = [r for r in range(self.size) if r != self.rank]
+        self.inbox = np.zeros((self.size, 2), dtype=np.int64)
+        self.receives = {r: comm.Irecv([self.inbox[r], MPI.INT64_T], r, CONTROL_TAG) for r in self.peers}
+        #: messages of calls later than the one being met, per peer: (kind, number)
+        self.early = {r: deque() for r in self.peers}
+        #: the highest call number seen from each peer
+        self.latest = {r: 0 for r in self.peers}
+        self.sends = deque()  # (request, buffer): completed and dropped as we go
+
+    def send(self, kind, number, ranks=None):
+        while self.sends and self.sends[0][0].Test():
+            self.sends.popleft()
+        message = np.array([kind, number], dtype=np.int64)
+        for r in self.peers if ranks is None else ranks:
+            self.sends.append((self.comm.Isend([message, MPI.INT64_T], r, CONTROL_TAG), message))
+
+    def receive(self, number):
+        """Yield (peer, kind) for every message of call ``number`` that has come; keep later ones."""
+        for r in self.peers:
+            early = self.early[r]
+            while early and early[0][1] <= number:
+                kind, n = early.popleft()
+                if n == number:
+                    yield r, kind
+            request = self.receives[r]
+            while not early:  # a peer's later messages wait behind its early ones
+                if not request.Test():
+                    break
+                kind, n = int(self.inbox[r, 0]), int(self.inbox[r, 1])
+                request = self.receives[r] = self.comm.Irecv([self.inbox[r], MPI.INT64_T], r, CONTROL_TAG)
+                self.latest[r] = max(self.latest[r], n)
+                if n == number:
+                    yield r, kind
+                elif n > number:
+                    early.append((kind, n))
+                # n < number: a message of a call given up on; dropped
+
+    def free(self):
+        for request in self.receives.values():
+            try:
+                request.Cancel()
+                request.Wait()
+            except MPI.Exception:
+                pass
+        self.receives.clear()
+
+
+def _channel(state):
+    if state.channel is None:
+        state.channel = _Channel(state.control)
+    return state.channel
+
+
+def free_channel(state):
+    if state.channel is not None:
+        state.channel.free()
+        state.channel = None
+
+
+def announce_given_up(state):
+    """Send GAVE_UP for the calls given up on before the control channel was complete."""
+    pending = getattr(state, "given_up_before_channel", None)
+    if pending:
+        channel = _channel(state)
+        while pending:
+            channel.send(GAVE_UP, pending.popleft())
+
+
+class Rendezvous:
+    """One timed call's meeting of the ranks. ``deadline`` (time.monotonic()) may be brought forward
+    by another thread (``AllreduceHandle.wait(timeout)``); ``missing`` says who has not arrived yet."""
+
+    def __init__(self, state, sequence, timeout, site=""):
+        self.state = state
+        self.sequence = sequence
+        self.timeout = timeout
+        self.site = site
+        self.started = None
+        self.deadline = math.inf
+        self.missing = None  # set of ranks, once round 1 has begun
+        self.arrived = False  # round 1 complete
+
+    def bring_deadline_forward(self, deadline):
+        self.deadline = min(self.deadline, deadline)
+
+    def _describe(self):
+        return f"allreduce call #{self.sequence}" + (f" ({self.site})" if self.site else "")
+
+    def run(self):
+        state = self.state
+        self.started = time.monotonic()
+        if self.timeout is not None:
+            self.bring_deadline_forward(self.started + self.timeout)
+        self._complete_control_channel()
+        announce_given_up(state)
+        channel = _channel(state)
+        rank, size, number = state.rank, state.size, self.sequence
+        self.missing = set(channel.peers)
+        sent_go = False
+        channel.send(ARRIVED, number)
+        try:
+            # Round 1: arrivals
+            warned = False
+            warn_at = (self.started + state.settings.warn_fraction * self.timeout
+                       if self.timeout is not None else math.inf)
+            for _ in _polling():
+                for peer, kind in channel.receive(number):
+                    if kind == GAVE_UP:
+                        raise self._given_up_by(peer)
+                    if kind == ARRIVED:
+                        self.missing.discard(peer)
+                    elif kind == GO:  # the peer saw every arrival before we did: kept for round 2
+                        channel.early[peer].appendleft((GO, number))
+                if not self.missing:
+                    break
+                now = time.monotonic()
+                if now >= self.deadline:
+                    raise self._timeout(channel, now)
+                if not warned and now >= warn_at:
+                    warned = True
+                    where = "".join(f" (rank {r} is in its call #{n})" for r, n in self._elsewhere(channel).items())
+                    warnings.warn(f"rank {rank}: {self._describe()} on {size} ranks has waited "
+                                  f"{now - self.started:.1f} s for {ranks_phrase(self.missing)}{where}; it times "
+                                  f"out after {self.timeout:g} s", AllreduceStallWarning, stacklevel=4)
+            self.arrived = True
+
+            # Round 2: everyone arrived, or someone gave up
+            channel.send(GO, number)
+            sent_go = True
+            waiting = set(channel.peers)
+            for _ in _polling():
+                for peer, kind in channel.receive(number):
+                    if kind == GAVE_UP:
+                        raise self._given_up_by(peer)
+                    if kind == GO:
+                        waiting.discard(peer)
+                if not waiting:
+                    return
+        except MPI.Exception as error:  # a dead peer (ULFM): RankFailure on every survivor
+            failure = failure_of(error, state.user, number, also_revoke=state.library_communicators())
+            if failure is None:
+                raise
+            raise failure from error
+        except BaseException:
+            if not sent_go:  # whatever ends this rank's round 1 ends the call for every rank
+                channel.send(GAVE_UP, number)
+            raise
+
+    def _complete_control_channel(self):
+        state = self.state
+        for _ in _polling():
+            try:
+                if state.control_ready():
+                    return
+            except MPI.Exception as error:
+                failure = failure_of(error, state.user, self.sequence, also_revoke=state.library_communicators())
+                if failure is None:
+                    raise
+                raise failure from error
+            now = time.monotonic()
+            if now >= self.deadline:
+                pending = getattr(state, "given_up_before_channel", None)
+                if pending is None:
+                    pending = state.given_up_before_channel = deque()
+                pending.append(self.sequence)
+                raise AllreduceTimeout(
+                    f"rank {state.rank}: {self._describe()}, the first call on this communicator of {state.size} "
+                    f"ranks: not every rank reached it within {now - self.started:.1f} s (which ranks cannot be "
+                    "told on a communicator's first call: make an untimed call, or mpiallreduce.prepare, first "
+                    "to have them named). The late ranks will learn that this call was given up",
+                    sequence=self.sequence, waited=now - self.started)
+
+    def _given_up_by(self, peer):
+        waited = time.monotonic() - self.started
+        return AllreduceTimeout(
+            f"rank {self.state.rank}: {self._describe()} on {self.state.size} ranks: rank {peer} gave up waiting "
+            f"for it (its timeout ran out before every rank arrived; this rank came {waited:.1f} s ago)",
+            missing_ranks=(), sequence=self.sequence, waited=waited)
+
+    def _elsewhere(self, channel):
+        """{missing rank: the number of the call it was last seen in} where that is not this one."""
+        found = {}
+        for r in sorted(self.missing):
+            if channel.early[r]:
+                found[r] = channel.early[r][-1][1]
+        return found
+
+    def _timeout(self, channel, now):
+        """The AllreduceTimeout for ranks still missing; names those waiting in a call of another number."""
+        state = self.state
+        elsewhere = self._elsewhere(channel)
+        message = (f"rank {state.rank}: {self._describe()} on {state.size} ranks timed out after "
+                   f"{now - self.started:.1f} s: {ranks_phrase(self.missing)} had not arrived at it "
+                   f"(sequence number {self.sequence})")
+        if elsewhere:
+            message += "; " + "; ".join(f"rank {r} is waiting in its call #{n}" for r, n in sorted(elsewhere.items()))
+            message += " -- the ranks' calls do not match: a rank skipped a call or made one more"
+        return AllreduceTimeout(message, missing_ranks=self.missing, sequence=self.sequence,
+                                waited=now - self.started, elsewhere=elsewhere)
+
+
+def _polling(spin_seconds=2e-4, first_sleep=5e-5, longest_sleep=2e-3):
+    """An endless iterator: at first back to back (an answer usually comes within microseconds),
+    then sleeping a little longer each time (a long wait spends no core spinning)."""
+    spin_until = time.monotonic() + spin_seconds
+    while time.monotonic() < spin_until:
+        yield
+    sleep = first_sleep
+    while True:
+        yield
+        time.sleep(sleep)
+        sleep = min(longest_sleep, sleep * 2)

@@ -1,0 +1,94 @@
+"""Lost ranks (ULFM): a dead peer becomes ``RankFailure`` on every survivor, and a way to go on.
+
+Under ``mpiexec --with-ft ulfm`` (``mpiallreduce launch --fault-tolerant``) an MPI call that meets a
+dead peer fails with MPI_ERR_PROC_FAILED; the rank that sees it revokes the communicators (the
+user's and the library's duplicates, so that every rank blocked on a live peer wakes with
+MPI_ERR_REVOKED) and every survivor raises ``RankFailure`` naming the lost ranks.
+``survivors(comm)`` then returns the shrunken communicator (``MPI_Comm_shrink``) to carry on with.
+Without ULFM, mpiexec (or ``srun --kill-on-bad-exit``) ends the job when a rank dies, naming it.
+"""
+import os
+import sys
+
+from mpi4py import MPI
+
+from .errors import RankFailure, ranks_phrase
+
+__all__ = ["failed_ranks", "failure_of", "survivors", "exit_after_rank_failures"]
+
+
+
+def _failure_classes():
+    return {getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+            if hasattr(MPI, name)}
+
+
+def failed_ranks(comm):
+    """Ranks of ``comm`` this process knows to have failed (ULFM); () where it cannot tell."""
+    try:
+        group = comm.Get_failed()
+    except (MPI.Exception, NotImplementedError, AttributeError):
+        return ()
+    try:
+        return tuple(r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group())
+                     if r != MPI.UNDEFINED)
+    finally:
+        group.Free()
+
+
+def failure_of(error, comm, sequence=None, also_revoke=()):
+    """The RankFailure for MPI error ``error`` if it says a rank died (or the communicator was
+    revoked because one did), else None. Revokes ``comm`` and ``also_revoke`` so every rank wakes.
+
+    An MPI error of another class (an internal error of a non-blocking schedule that met the dead
+    peer, say) counts too when this process knows of failed ranks in ``comm``.
+    """
+    if not isinstance(error, MPI.Exception):
+        return None
+    if error.Get_error_class() not in _failure_classes() and not failed_ranks(comm):
+        return None
+    for c in (comm, *also_revoke):
+        try:
+            if not c.Is_revoked():
+                c.Revoke()
+        except (MPI.Exception, NotImplementedError, AttributeError):
+            pass
+    lost = failed_ranks(comm)
+    rank = comm.Get_rank()
+    what = f"{ranks_phrase(lost)} of {comm.Get_size()} failed" if lost else "a rank failed"
+    return RankFailure(f"rank {rank}: allreduce call #{sequence}: {what} during the call "
+                       f"({error.Get_error_string()}); recover with mpiallreduce.survivors(comm)",
+                       failed_ranks=lost, sequence=sequence)
+
+
+_shrunk = []  # communicators survivors() made: their ranks lost peers
+
+
+def survivors(comm):
+    """After a RankFailure: the communicator of the ranks still alive (``MPI_Comm_shrink``), ranks
+    renumbered in their old order. Collective over the survivors; the old communicator stays revoked.
+    End such a program with ``exit_after_rank_failures`` (MPI_Finalize may wait for the dead)."""
+    try:
+        if not comm.Is_revoked():
+            comm.Revoke()
+    except MPI.Exception:
+        pass
+    shrunk = comm.Shrink()
+    _shrunk.append(shrunk)
+    return shrunk
+
+
+def exit_after_rank_failures(status=0):
+    """End this process with ``status``. If ranks were lost (``survivors`` was called), first wait
+    for the other survivors, then leave without MPI_Finalize: under ULFM, Open MPI's MPI_Finalize can
+    wait for ever for the dead ranks (open-mpi/ompi#11404; seen here about one run in four).
+    Otherwise an ordinary ``sys.exit(status)``."""
+    if not _shrunk:
+        sys.exit(status)
+    try:
+        _shrunk[-1].Barrier()
+    except MPI.Exception:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

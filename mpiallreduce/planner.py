@@ -1,0 +1,155 @@
+"""The one place that decides what an allreduce runs.
+
+    (communicator facts, memory kind, dtype, bytes, op, algorithm asked)  ->  CallPlan (frozen, cached)
+
+A CallPlan names the algorithm (what ``auto`` resolved to, on one node or across nodes), how device
+memory travels (mpiallreduce.transports), the dtype the reduction accumulates in, the plan of the
+node leaders for ``hierarchical``, and whether the ranks compare the call's signature first. Executing
+a plan (mpiallreduce.api) decides nothing; ``plan.describe()`` and ``mpiallreduce info`` say what a
+call will run and why.
+
+Rules, in order:
+- one rank, or nothing to reduce: a local copy (``mpi`` is named, nothing is sent);
+- an algorithm asked for by name runs as asked, unless it cannot: one that needs every rank on one
+  node (shared_memory, device_to_device) is refused, on every rank, when the ranks span nodes;
+- ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count;
+- ``auto``, numpy arrays, several nodes: ``hierarchical``, whose node leaders run the table's choice
+  for their count among the algorithms that work across nodes;
+- ``auto``, device arrays, one node: ``device_to_device`` from DEVICE_TO_DEVICE_MIN_BYTES on, else
+  ``mpi`` (a first guess, not yet measured on a GPU);
+- ``auto``, device arrays, several nodes: ``ring`` through a CUDA-aware MPI, else ``staged_ring``;
+- float16 and bfloat16 accumulate in float32 in every hand-written algorithm (and in ``mpi`` on
+  device arrays); ``mpi`` on numpy arrays keeps the library's own float16 arithmetic;
+- calls of at least ``signature_min_bytes`` (64 KiB by default) compare shape, dtype and op across
+  ranks before moving data.
+"""
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .algorithms import ALGORITHMS, REGISTRY, Algorithm
+from .tuning import choose_name
+
+__all__ = ["CallFacts", "CallPlan", "plan_call", "check_algorithm_name", "DEVICE_TO_DEVICE_MIN_BYTES",
+           "NOT_ACROSS_NODES"]
+
+#: device arrays from this size up take the device-to-device path under "auto" (on one node);
+#: smaller ones MPI_Allreduce (straight, or through host memory). A first guess, not yet measured.
+DEVICE_TO_DEVICE_MIN_BYTES = 64 << 10
+#: algorithms that cannot run among ranks of different nodes
+NOT_ACROSS_NODES = frozenset(name for name, a in REGISTRY.items() if a.needs_one_node) | {"hierarchical"}
+_LOW_PRECISION = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What the planner needs to know of the communicator, the same on every rank."""
+
+    size: int
+    spans_nodes: bool = False
+    node_count: int = 1
+    cuda_aware: bool = False
+    signature_min_bytes: int = 64 << 10
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    algorithm: Algorithm
+    #: whether "auto" chose it
+    auto: bool
+    #: why this algorithm (one line)
+    reason: str
+    #: how device arrays travel (a name from mpiallreduce.transports), None for numpy arrays
+    device_path: Optional[str]
+    #: the dtype the reduction runs in: float32 for float16/bfloat16 in the hand-written algorithms
+    accumulate: np.dtype
+    #: nothing to send (one rank or an empty buffer): a local copy
+    local_only: bool
+    #: compare shape, dtype and op across ranks before moving data
+    check_signature: bool
+    #: hierarchical: the node leaders' plan
+    inner: Optional["CallPlan"] = None
+
+    @property
+    def name(self):
+        return self.algorithm.name
+
+    def describe(self):
+        """What the call will run and why, in a line or two."""
+        text = f"{self.name} ({'auto: ' if self.auto else 'asked for: '}{self.reason})"
+        if self.device_path:
+            text += f"; device memory travels by {self.device_path}"
+        if self.accumulate is not None:
+            text += f"; accumulates in {self.accumulate}"
+        if self.inner is not None:
+            text += f"; node leaders run {self.inner.name}"
+        if self.check_signature:
+            text += "; ranks compare shape, dtype and op first"
+        return text
+
+
+def check_algorithm_name(algorithm, on_device):
+    """Raise TypeError/ValueError unless ``algorithm`` is "auto" or a known name that suits the memory."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a string, got {type(algorithm).__name__} {algorithm!r}")
+    if algorithm == "auto":
+        return
+    chosen = REGISTRY.get(algorithm)
+    if chosen is None:
+        raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}")
+    if chosen.memory == "device" and not on_device:
+        raise TypeError(f"algorithm {algorithm!r} runs on device (CuPy) arrays; x is a numpy array")
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
+    """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name.
+
+    Raises ValueError (the same on every rank, since the facts are) for an algorithm that cannot run
+    on this communicator.
+    """
+    check_algorithm_name(algorithm, on_device)
+    auto = algorithm == "auto"
+    low_precision = dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
+    if facts.size == 1 or nbytes == 0:
+        return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
+                        None, True, False)
+    inner = None
+    if not auto:
+        chosen, reason = REGISTRY[algorithm], "by name"
+        if facts.spans_nodes and algorithm in NOT_ACROSS_NODES - {"hierarchical"}:
+            raise ValueError(f"the {algorithm} algorithm needs every rank of the communicator on one node; "
+                             f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})")
+    elif on_device:
+        if facts.spans_nodes:
+            chosen = REGISTRY["ring" if facts.cuda_aware else "staged_ring"]
+            reason = (f"device arrays across {facts.node_count} nodes, MPI "
+                      f"{'is' if facts.cuda_aware else 'is not'} CUDA-aware")
+        elif nbytes >= DEVICE_TO_DEVICE_MIN_BYTES:
+            chosen, reason = REGISTRY["device_to_device"], (f"device arrays on one node, >= "
+                                                            f"{DEVICE_TO_DEVICE_MIN_BYTES} bytes (unmeasured guess)")
+        else:
+            chosen, reason = REGISTRY["mpi"], f"device arrays under {DEVICE_TO_DEVICE_MIN_BYTES} bytes"
+    elif facts.spans_nodes:
+        chosen, reason = REGISTRY["hierarchical"], f"numpy arrays across {facts.node_count} nodes"
+    else:
+        chosen = REGISTRY[choose_name(nbytes, facts.size, REGISTRY)]
+        reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes"
+    if chosen.name == "hierarchical" and facts.node_count > 1:
+        leaders = CallFacts(size=facts.node_count, spans_nodes=True, node_count=facts.node_count,
+                            signature_min_bytes=-1)
+        leader_choice = choose_name(nbytes, facts.node_count, REGISTRY)
+        if leader_choice in NOT_ACROSS_NODES:
+            leader_choice = "ring"
+        inner = plan_call(leaders, False, dtype, nbytes, op_name, leader_choice)
+    path = None
+    if on_device:
+        from .transports import device_path
+        path = device_path(chosen, facts.cuda_aware)
+    accumulate = None
+    if low_precision and (chosen.name != "mpi" or on_device):
+        accumulate = np.dtype(np.float32)
+    check_signature = 0 <= facts.signature_min_bytes <= nbytes
+    return CallPlan(chosen, auto, reason, path, accumulate, False, check_signature, inner)

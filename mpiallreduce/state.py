@@ -1,0 +1,188 @@
+"""What the library keeps per user communicator: one typed object, made on the caller's thread.
+
+    user comm ──Idup──> library   every collective and message the library makes: the algorithms,
+                                  MPI_Allreduce itself, the signature and settings checks
+              ──Idup──> control   the rendezvous of timed calls (mpiallreduce.faults.rendezvous)
+
+Both duplicates are started (non-blocking ``MPI_Comm_idup``) the first time a communicator is used,
+on the thread that called the library, in program order: so the library's collectives never meet
+the user's own on the user's communicator, whatever the user does meanwhile (``comm.allreduce``,
+``check_replicas``) and whichever thread runs the library's call (allreduce_async's worker). The
+first call then completes them (at once when untimed; within its timeout when timed, so that a
+straggler on the very first call is reported, not waited for), compares the settings that must
+match (mpiallreduce.settings) and learns whether the ranks span several nodes.
+
+States are found by the communicator's handle (a dict: cheaper than an MPI attribute lookup); an
+MPI attribute's delete callback frees the duplicates and forgets the state when the user's
+communicator is freed (at MPI_Finalize for COMM_WORLD).
+"""
+import threading
+
+import numpy as np
+from mpi4py import MPI
+
+from .settings import settings
+
+__all__ = ["CommState", "state_of", "world_state", "SettingsMismatch"]
+
+
+class SettingsMismatch(ValueError):
+    """Settings that must be equal on every rank of a communicator are not."""
+
+
+_lock = threading.RLock()
+_states = {}  # user communicator handle -> CommState
+_keyval = None
+
+
+class CommState:
+    """The library's state for one user communicator (see the module's docstring)."""
+
+    def __init__(self, user):
+        self.user = user
+        self.size = user.Get_size()
+        self.rank = user.Get_rank()
+        #: calls this rank made on the communicator that reached communication (1, 2, ...)
+        self.sequence = 0
+        self.settings = settings()
+        self.library, self._library_request = user.Idup()
+        self.control, self._control_request = user.Idup()
+        self.ready = False
+        self.spans_nodes = False
+        self.node_count = 1
+        #: the planner's facts of this communicator (mpiallreduce.api), once ready
+        self.facts = None
+        #: callables run when the communicator is freed
+        self.on_free = []
+        #: an exception every later call re-raises (the ranks' settings differ)
+        self.broken = None
+        #: the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
+        self.channel = None
+        #: the per-call cache of prepared host calls (mpiallreduce.api)
+        self.fast_calls = {}
+        self.lock = threading.Lock()
+
+    # -- completing the duplicates ------------------------------------------------------------
+
+    def control_request(self):
+        """The pending request of the control channel's Idup, or None once it is complete."""
+        return self._control_request
+
+    def control_ready(self):
+        """Complete the control channel if it can be without waiting; whether it is complete."""
+        if self._control_request is not None and self._control_request.Test():
+            self._control_request = None
+        return self._control_request is None
+
+    def make_ready(self):
+        """Collective over the ranks of the communicator (every one is in this call): complete the
+        duplicates, agree on the settings, learn the topology. Raises on every rank if the settings
+        differ."""
+        if self.ready:
+            if self.broken is not None:
+                raise self.broken
+            return self
+        with self.lock:
+            if self.ready:
+                return self.make_ready()
+            for request in (self._library_request, self._control_request):
+                if request is not None:
+                    request.Wait()
+            self._library_request = self._control_request = None
+            from .faults.rendezvous import announce_given_up
+            announce_given_up(self)
+            try:
+                self._agree_on_settings()
+                self._learn_topology()
+            except SettingsMismatch as error:
+                self.broken = error
+            self.ready = True
+        if self.broken is not None:
+            raise self.broken
+        return self
+
+    def _agree_on_settings(self):
+        mine = self.settings.digest()
+        extremes = np.array([mine, -mine], dtype=np.int64)
+        self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
+        if extremes[0] == -extremes[1]:  # max == min: every rank has the same digest
+            return
+        from .agreement import describe_differences
+        everyone = self.library.allgather(self.settings.agreed())
+        raise SettingsMismatch(
+            f"rank {self.rank}: the settings that must match on every rank of this communicator of "
+            f"{self.size} ranks differ (see mpiallreduce.settings):\n  " + "\n  ".join(describe_differences(everyone)))
+
+    def _learn_topology(self):
+        from .topology import node_communicator
+        node = node_communicator(self.library)
+        leaders = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int64)
+        self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
+        self.node_count = int(leaders[0])
+        self.spans_nodes = self.node_count > 1
+
+    def renew_settings(self, current):
+        """The process's settings were replaced (``settings.reset_settings``; every rank at the same
+        point of its program): forget what was planned with the old ones and agree again."""
+        with self.lock:
+            self.settings = current
+            self.fast_calls.clear()
+            self.facts = None
+            if isinstance(self.broken, SettingsMismatch):
+                self.broken = None
+            self.ready = False
+
+    def library_communicators(self):
+        return tuple(c for c in (self.library, self.control) if c is not None)
+
+    def free(self):
+        for forget in self.on_free:
+            forget()
+        from .faults.rendezvous import free_channel
+        free_channel(self)
+        for request in (self._library_request, self._control_request):
+            if request is not None:
+                try:
+                    request.Wait()
+                except MPI.Exception:
+                    pass
+        for comm in self.library_communicators():
+            if comm != MPI.COMM_NULL:
+                try:
+                    comm.Free()
+                except MPI.Exception:  # revoked after a rank died (ULFM)
+                    pass
+        self.library = self.control = None
+
+
+def _forget(comm, keyval, state):
+    with _lock:
+        _states.pop(state.handle, None)
+    if not MPI.Is_finalized():
+        state.free()
+
+
+def state_of(comm):
+    """The CommState of ``comm``, made (non-blocking duplicates started) on first use.
+
+    Call it on the thread that makes the call, in program order: it may start collectives.
+    """
+    state = _states.get(comm.handle)
+    if state is not None:  # (a freed communicator's state is forgotten: handles are not reused stale)
+        return state
+    global _keyval
+    with _lock:
+        state = _states.get(comm.handle)
+        if state is not None:
+            return state
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_forget)
+        state = CommState(comm)
+        state.handle = comm.handle
+        comm.Set_attr(_keyval, state)
+        _states[comm.handle] = state
+        return state
+
+
+def world_state():
+    return state_of(MPI.COMM_WORLD)
