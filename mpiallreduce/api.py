@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from . import buffers
 from .agreement import agree_on_call, describe_differences
+from .algorithms.base import CallTags
 from .asynchronous import _worker, run_in_order
 from .device import namespace
 from .faults.errors import call_site
@@ -87,7 +88,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
     """
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
             and not _worker.pending and type(x) is np.ndarray):
-        state = _WORLD_STATE[0] if comm is None else _fast_states.get(comm.handle)
+        state = (_WORLD_STATE[0] if comm is None else
+                 _fast_states.get(comm.handle) if type(comm) in _COMMUNICATOR_TYPES else None)
         if state is not None:
             fast = state.fast_calls.get((x.dtype, x.shape, op, algorithm))
             if fast is not None:
@@ -128,10 +130,10 @@ class _Call:
             state.renew_settings(current)
         if comm is _WORLD:
             _WORLD_STATE[0] = state
-        state.sequence += 1
-        call.sequence = state.sequence
         if not call.check:
             _validate(x, op, algorithm, out)  # a bad argument raises here, before any communication
+        state.sequence += 1  # (the calls that reach communication: with check, every call does)
+        call.sequence = state.sequence
         return call
 
     def run(self):
@@ -237,7 +239,7 @@ def execute(state, plan, flat, op, datatype, xp, sequence):
             buffers.copy_into(flat.recv, flat.send)
         op.finish(flat.recv, size)
         return flat.finish()
-    comm = state.library
+    comm = CallTags(state.library, sequence) if plan.algorithm.messages_only else state.library
     options = {} if plan.inner is None else {"inner": plan.inner}
     try:
         with np.errstate(all="ignore"):
@@ -268,6 +270,7 @@ def _run(plan, comm, send, recv, op, datatype, xp, options):
 # The short path of a repeated call
 
 _WORLD_STATE = [None]
+_COMMUNICATOR_TYPES = (MPI.Intracomm, MPI.Cartcomm, MPI.Graphcomm, MPI.Distgraphcomm)
 _fast_states = {}  # communicator handle -> state, for states with short paths (forgotten when freed)
 
 
@@ -298,9 +301,11 @@ class _FastHostCall:
             if self.direct:  # MPI_Allreduce itself
                 state.library.Allreduce(send, [result, self.datatype], self.mpi_op)
             else:
+                algorithm = self.plan.algorithm
+                comm = CallTags(state.library, state.sequence) if algorithm.messages_only else state.library
                 with np.errstate(all="ignore"):
-                    self.plan.algorithm.run(state.library, None if send is MPI.IN_PLACE else x.reshape(-1),
-                                            result.reshape(-1), self.op, self.datatype)
+                    algorithm.run(comm, None if send is MPI.IN_PLACE else x.reshape(-1), result.reshape(-1), self.op,
+                                  self.datatype)
         except MPI.Exception as error:
             failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
             if failure is None:

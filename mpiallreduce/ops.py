@@ -88,7 +88,8 @@ def _numpy_mpi_op(ufunc, dtype):
     def reduce_into(invec, inoutvec, datatype):
         a = np.frombuffer(invec, dtype=dtype)
         b = np.frombuffer(inoutvec, dtype=dtype)
-        ufunc(a, b, out=b)
+        with np.errstate(all="ignore"):  # as MPI's own ops: overflow gives inf, never an exception
+            ufunc(a, b, out=b)
 
     return MPI.Op.Create(reduce_into, commute=True)
 

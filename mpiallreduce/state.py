@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from .settings import settings
 
-__all__ = ["CommState", "state_of", "world_state", "SettingsMismatch"]
+__all__ = ["CommState", "state_of", "world_state", "forget_plans", "SettingsMismatch"]
 
 
 class SettingsMismatch(ValueError):
@@ -182,6 +182,13 @@ def state_of(comm):
         comm.Set_attr(_keyval, state)
         _states[comm.handle] = state
         return state
+
+
+def forget_plans():
+    """Drop every communicator's remembered plans (the tuning table changed)."""
+    with _lock:
+        for state in _states.values():
+            state.fast_calls.clear()
 
 
 def world_state():

@@ -40,6 +40,10 @@ def set_tuning_table(path_or_table):
         with open(path_or_table) as f:
             _table = json.load(f)
     _choices.clear()
+    import sys
+    if "mpiallreduce.planner" in sys.modules:  # what was planned with the old table is forgotten
+        sys.modules["mpiallreduce.planner"].plan_call.cache_clear()
+        sys.modules["mpiallreduce.state"].forget_plans()
 
 
 def tuning_table():

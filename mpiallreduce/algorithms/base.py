@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Tuple
 
-__all__ = ["Algorithm", "OneNodeSlicedAlgorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
+__all__ = ["Algorithm", "CallTags", "OneNodeSlicedAlgorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
 
 
 class Algorithm:
@@ -33,6 +33,10 @@ class Algorithm:
     blocking_messages_only = False
     #: for memory == "device": the name of the path it is (see mpiallreduce.transports)
     device_path = None
+    #: True when it talks only with Send/Recv/Sendrecv/Isend/Irecv: its tags are then offset by
+    #: the call's number (CallTags), so that a message left behind by a call that failed midway
+    #: can never be taken for the next call's
+    messages_only = False
 
     def plan(self, size, rank, count):
         """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""
@@ -63,6 +67,40 @@ class Algorithm:
 
     def __repr__(self):
         return f"<allreduce algorithm {self.name!r}>"
+
+
+class CallTags:
+    """A communicator whose point-to-point tags are offset by the call's number (other calls pass
+    through): calls a few apart use disjoint tags, so a stray message of a failed call waits
+    unmatched instead of corrupting a later call. ``slot`` tags of room per call."""
+
+    slot = 1024
+    calls_apart = None  # (MPI_TAG_UB + 1) // slot: 2**21 calls with Open MPI's TAG_UB of 2**31 - 1
+
+    def __init__(self, comm, sequence):
+        if CallTags.calls_apart is None:
+            from mpi4py import MPI
+            CallTags.calls_apart = max(1, (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1) // self.slot)
+        self.comm = comm
+        self.offset = (sequence % CallTags.calls_apart) * self.slot
+
+    def Send(self, buf, dest, tag=0):
+        self.comm.Send(buf, dest, tag + self.offset)
+
+    def Recv(self, buf, source, tag=0, status=None):
+        self.comm.Recv(buf, source, tag + self.offset, status)
+
+    def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status=None):
+        self.comm.Sendrecv(sendbuf, dest, sendtag + self.offset, recvbuf, source, recvtag + self.offset, status)
+
+    def Isend(self, buf, dest, tag=0):
+        return self.comm.Isend(buf, dest, tag + self.offset)
+
+    def Irecv(self, buf, source, tag=0):
+        return self.comm.Irecv(buf, source, tag + self.offset)
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
 
 
 class OneNodeSlicedAlgorithm(Algorithm):

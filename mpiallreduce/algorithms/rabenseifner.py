@@ -41,6 +41,7 @@ class RabenseifnerPlan:
 class RabenseifnerAllreduce(Algorithm):
     name = "rabenseifner"
     blocking_messages_only = True
+    messages_only = True
 
     def plan(self, size, rank, count):
         fold = fold_plan(size, rank)

@@ -37,6 +37,7 @@ class RecursiveDoublingPlan:
 class RecursiveDoublingAllreduce(Algorithm):
     name = "recursive_doubling"
     blocking_messages_only = True
+    messages_only = True
 
     def plan(self, size, rank, count):
         fold = fold_plan(size, rank)

@@ -55,6 +55,7 @@ class RingPlan:
 class RingAllreduce(Algorithm):
     name = "ring"
     blocking_messages_only = True
+    messages_only = True
 
     def plan(self, size, rank, count):
         left, right = ring_neighbours(size, rank)

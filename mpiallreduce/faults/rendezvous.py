@@ -159,7 +159,7 @@ class Rendezvous:
             for _ in _polling():
                 for peer, kind in channel.receive(number):
                     if kind == GAVE_UP:
-                        raise self._given_up_by(peer)
+                        raise self._given_up_in_round_1(channel, peer)
                     if kind == ARRIVED:
                         self.missing.discard(peer)
                     elif kind == GO:  # the peer saw every arrival before we did: kept for round 2
@@ -223,12 +223,24 @@ class Rendezvous:
                     "to have them named). The late ranks will learn that this call was given up",
                     sequence=self.sequence, waited=now - self.started)
 
-    def _given_up_by(self, peer):
+    def _given_up_in_round_1(self, channel, peer):
+        """Another rank's timeout ran out first: say so, and name the ranks still missing as this
+        rank sees them (after taking in every message that has come)."""
+        for other, kind in channel.receive(self.sequence):
+            if kind == ARRIVED:
+                self.missing.discard(other)
+            elif kind == GO:
+                channel.early[other].appendleft((GO, self.sequence))
+        self.missing.discard(peer)
+        return self._given_up_by(peer, self.missing)
+
+    def _given_up_by(self, peer, missing=()):
         waited = time.monotonic() - self.started
+        still = f"; not arrived here yet: {ranks_phrase(missing)}" if missing else ""
         return AllreduceTimeout(
             f"rank {self.state.rank}: {self._describe()} on {self.state.size} ranks: rank {peer} gave up waiting "
-            f"for it (its timeout ran out before every rank arrived; this rank came {waited:.1f} s ago)",
-            missing_ranks=(), sequence=self.sequence, waited=waited)
+            f"for it (its timeout ran out before every rank arrived; this rank came {waited:.1f} s ago{still})",
+            missing_ranks=missing, sequence=self.sequence, waited=waited)
 
     def _elsewhere(self, channel):
         """{missing rank: the number of the call it was last seen in} where that is not this one."""

@@ -31,3 +31,19 @@ def pytest_sessionfinish(session):
         if kind != "world" and not MPI.Is_finalized():
             c.Free()
     _communicators.clear()
+
+
+@pytest.fixture
+def use_settings():
+    """``use_settings(cuda_aware=True, ...)``: run the test with these settings (mpiallreduce.settings,
+    normally read once from the environment), every rank alike; the old ones come back after."""
+    import dataclasses
+
+    from mpiallreduce import settings as settings_module
+    original = settings_module.settings()
+
+    def apply(**changes):
+        settings_module.reset_settings(dataclasses.replace(settings_module.settings(), **changes))
+
+    yield apply
+    settings_module.reset_settings(original)

@@ -39,11 +39,11 @@ def xp(request):
 
 
 @pytest.fixture(params=["cuda_aware", "not_cuda_aware"])
-def aware(request, monkeypatch, xp):
+def aware(request, use_settings, xp):
     wanted = request.param == "cuda_aware"
     if wanted and xp is not fake_cupy and not device.cuda_aware()[0]:
         pytest.skip("this MPI is not CUDA-aware: device pointers would crash it")  # the stand-in's are host memory
-    monkeypatch.setenv(device.CUDA_AWARE_ENV, "1" if wanted else "0")
+    use_settings(cuda_aware=wanted)
     return wanted
 
 
@@ -133,14 +133,14 @@ def _input_written_by_a_kernel(xp, count, rank):
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "mpi", "device_to_device"])
-def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch):
+def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch, use_settings):
     """With the synchronization before MPI removed, the stand-in's queued kernel has not run when
     MPI reads the buffer and the result is wrong on some rank; with it, right everywhere."""
     comm = MPI.COMM_WORLD
     p = comm.Get_size()
     if p == 1:
         pytest.skip("one rank does not communicate")
-    monkeypatch.setenv(device.CUDA_AWARE_ENV, "1")
+    use_settings(cuda_aware=True)
     expected = np.full(1000, float(p * (p + 1)), dtype=np.float32)
 
     def run():
@@ -161,11 +161,11 @@ def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch):
     assert wrong_without > 0, "skipping the stream synchronization went unnoticed"
 
 
-def test_pinned_buffers_and_ipc_handles_are_reused(xp, monkeypatch):
+def test_pinned_buffers_and_ipc_handles_are_reused(xp, monkeypatch, use_settings):
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
         pytest.skip("one rank does not communicate")
-    monkeypatch.setenv(device.CUDA_AWARE_ENV, "0")
+    use_settings(cuda_aware=False)
     x = xp.asarray(np.ones(5000, np.float32))
     out = xp.empty(5000, np.float32)
     mar.allreduce(x, algorithm="staged_ring", out=out)

@@ -35,28 +35,44 @@ def test_a_synchronous_call_waits_its_turn_behind_pending_async_ones(comm):
 
 @pytest.mark.mpi(min_size=2)
 def test_wait_with_a_timeout_gives_up_the_call_on_every_rank_then_the_next_call_works():
-    """wait(timeout) is a timeout for that call: the ranks that came give up (naming the missing
-    ones), the latecomers learn it from them, and the communicator stays usable."""
+    """wait(timeout) brings a timed call's deadline forward: the ranks that came give up (naming the
+    missing ones), the latecomers learn it from them, and the communicator stays usable."""
     x = np.ones(4)
     size = WORLD.Get_size()
     if WORLD.Get_rank() == 0:
-        handle = mar.allreduce_async(x, algorithm="ring")
+        handle = mar.allreduce_async(x, algorithm="ring", timeout=60)
         if size > 1:
             with pytest.raises(mar.AllreduceTimeout, match=r"timed out after 0\.\d s: ranks? 1.* had not arrived"):
                 handle.wait(timeout=0.3)  # the other ranks start a second later
     else:
         time.sleep(1.0)
-        handle = mar.allreduce_async(x, algorithm="ring")
+        handle = mar.allreduce_async(x, algorithm="ring", timeout=60)
         with pytest.raises(mar.AllreduceTimeout, match="rank 0 gave up waiting for it"):
             handle.wait(timeout=60)
     WORLD.Barrier()
     assert values_equal(mar.allreduce_async(x, algorithm="ring").wait(timeout=60), np.full(4, float(size)))
 
 
-def test_async_errors_come_back_through_wait():
-    handle = mar.allreduce_async(np.ones(3), op="average")
+def test_async_argument_errors_raise_at_the_call_before_any_communication():
     with pytest.raises(ValueError, match="unknown op 'average'"):
-        handle.wait(timeout=60)
+        mar.allreduce_async(np.ones(3), op="average")
+    assert values_equal(mar.allreduce_async(np.ones(3)).wait(), np.full(3, float(WORLD.Get_size())))
+
+
+def test_wait_with_a_timeout_on_an_untimed_call_says_it_goes_on():
+    """An untimed call's ranks do not meet first (no messages): wait(timeout) cannot give it up on
+    every rank, so it says so and the call completes."""
+    if WORLD.Get_size() == 1:
+        pytest.skip("one rank does not wait")
+    x = np.ones(4)
+    if WORLD.Get_rank() == 0:
+        handle = mar.allreduce_async(x, algorithm="ring")
+        with pytest.raises(mar.AllreduceTimeout, match="it goes on"):
+            handle.wait(timeout=0.2)
+        assert values_equal(handle.wait(), np.full(4, float(WORLD.Get_size())))
+    else:
+        time.sleep(0.6)
+        assert values_equal(mar.allreduce_async(x, algorithm="ring").wait(), np.full(4, float(WORLD.Get_size())))
 
 
 def gradient_set(rank, big):

@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce.topology import RANKS_PER_NODE_ENV, leader_communicator, node_communicator
+from mpiallreduce.topology import leader_communicator, node_communicator
 from reference import (digests_differ, exact_input, gather_inputs, numpy_reference, op_applies, problems_with,
                        values_equal)
 
@@ -12,9 +12,9 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda k: f"{k}_per_node")
-def pretend_nodes(request, monkeypatch):
+def pretend_nodes(request, use_settings):
     """A fresh Dup of COMM_WORLD whose ranks are grouped k to a node (read at its first use)."""
-    monkeypatch.setenv(RANKS_PER_NODE_ENV, str(request.param))
+    use_settings(ranks_per_node=request.param)
     comm = MPI.COMM_WORLD.Dup()
     yield comm, request.param
     comm.Free()  # frees what the library cached on it, nodes and leaders included
@@ -62,7 +62,7 @@ def test_auto_runs_hierarchical_across_nodes(pretend_nodes, monkeypatch):
     comm, per_node = pretend_nodes
     ran = []
     original = REGISTRY["hierarchical"].execute
-    monkeypatch.setattr(REGISTRY["hierarchical"], "execute", lambda *a: ran.append(1) or original(*a))
+    monkeypatch.setattr(REGISTRY["hierarchical"], "execute", lambda *a, **k: ran.append(1) or original(*a, **k))
     x = exact_input("float32", 300, comm.Get_rank(), "sum")
     expected = numpy_reference("sum", gather_inputs(comm, x))
     assert values_equal(mar.allreduce(x, comm=comm), expected)
