@@ -1,9 +1,14 @@
-"""What the Python wrapper and a timeout cost per call, against mpi4py's raw MPI_Allreduce.
+"""What the Python wrapper, a prepared call, the signature check and a timeout cost per call, against
+mpi4py's raw MPI_Allreduce, measured side by side in one run.
 
     mpiallreduce launch -n 2 -- python benchmarks/call_overhead.py
 
-Median over interleaved repetitions of the slowest rank's time per call (microseconds):
-- 4 B: raw comm.Allreduce, mar.allreduce(algorithm="mpi"), mar.allreduce (auto);
+Median over interleaved repetitions of the slowest rank's time per call (microseconds), and the
+ratio to raw ``comm.Allreduce`` on the same buffers:
+- 4 B: raw comm.Allreduce, persistent MPI_Allreduce_init (Start + Wait), mar.prepare(...)(),
+  mar.allreduce(algorithm="mpi"), mar.allreduce (auto);
+- 64 KiB: raw, a prepared call (agreed once, no per-call check), allreduce(algorithm="mpi") with the
+  signature check that calls from 64 KiB on make by default, and that check alone;
 - 4 KiB and 1 MiB: ring without and with timeout=60 (the rendezvous of mpiallreduce.faults).
 """
 import statistics
@@ -13,6 +18,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
+from mpiallreduce.api import agree_on_signature
+from mpiallreduce.state import state_of
 
 COMM = MPI.COMM_WORLD
 REPETITIONS = 7
@@ -38,22 +45,51 @@ def compare(contenders, iterations):
 def main():
     x = np.ones(1, np.float32)
     out = np.empty_like(x)
+    persistent = COMM.Allreduce_init(x, out)
+    prepared = mar.prepare(x, out=out)
+
+    def start_wait():
+        persistent.Start()
+        persistent.Wait()
+
     rows = [("4 B", compare({
         "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(x, out),
+        "MPI_Allreduce_init Start+Wait": start_wait,
+        "prepare(x, out=out)()": prepared,
         "allreduce(algorithm='mpi')": lambda: mar.allreduce(x, out=out, algorithm="mpi"),
         "allreduce (auto)": lambda: mar.allreduce(x, out=out),
-    }, 2000))]
+    }, 4000))]
+
+    y = np.ones(16384, np.float32)
+    result = np.empty_like(y)
+    prepared_64k = mar.prepare(y, out=result, algorithm="mpi")  # agreed once: no per-call check
+    state = state_of(COMM)
+    code = 12345
+
+    def signature_alone():
+        agree_on_signature(state, code, lambda: {})
+    rows.append(("64 KiB", compare({
+        "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(y, result),
+        "prepare(..., algorithm='mpi')()": prepared_64k,
+        "allreduce(algorithm='mpi') (signature checked)": lambda: mar.allreduce(y, out=result, algorithm="mpi"),
+        "the signature check alone": signature_alone,
+    }, 400)))
+
     for nbytes, iterations in ((4096, 200), (1 << 20, 20)):
-        y = np.ones(nbytes // 4, np.float32)
-        result = np.empty_like(y)
+        z = np.ones(nbytes // 4, np.float32)
+        zout = np.empty_like(z)
         rows.append((f"{nbytes} B", compare({
-            "ring": lambda: mar.allreduce(y, out=result, algorithm="ring"),
-            "ring, timeout=60": lambda: mar.allreduce(y, out=result, algorithm="ring", timeout=60),
+            "ring": lambda: mar.allreduce(z, out=zout, algorithm="ring"),
+            "ring, timeout=60": lambda: mar.allreduce(z, out=zout, algorithm="ring", timeout=60),
         }, iterations)))
+    persistent.Free()
     if COMM.Get_rank() == 0:
         print(f"# {COMM.Get_size()} ranks; median of {REPETITIONS} interleaved repetitions, slowest rank, us per call")
         for size, measured in rows:
-            print(size + ": " + ", ".join(f"{name} {us:.1f}" for name, us in measured.items()))
+            raw = measured.get("MPI_Allreduce (mpi4py)")
+            print(size + ": " + ", ".join(
+                f"{name} {us:.2f}" + (f" ({us / raw:.2f}x)" if raw and name != "MPI_Allreduce (mpi4py)" else "")
+                for name, us in measured.items()))
 
 
 if __name__ == "__main__":

@@ -387,8 +387,11 @@ class PreparedAllreduce:
         self.datatype = buffers.mpi_datatype(x.dtype)
         self._direct = None
         plan, flat = self.plan, self.flat
+        #: the flat input is x itself (a view), or a copy to refresh before each run
+        self._input_is_x = flat.send is None and flat.write_back is None or (
+            flat.send is not None and _views(flat.send, x))
         if (self.xp is None and plan.name == "mpi" and plan.accumulate is None and not plan.local_only
-                and flat.write_back is None and not self.op.divide_by_size):
+                and flat.write_back is None and not self.op.divide_by_size and self._input_is_x):
             send = MPI.IN_PLACE if flat.send is None else [flat.send, self.datatype]
             library, recv, mpi_op = state.library, [flat.recv, self.datatype], self.op.mpi_op(x.dtype)
             self._direct = lambda: library.Allreduce(send, recv, mpi_op)
@@ -409,10 +412,8 @@ class PreparedAllreduce:
                 raise failure from error
             return self.result
         flat = self.flat
-        if flat.send is None and flat.write_back is not None:  # strided in place: refresh the copy
-            buffers.copy_into(flat.recv.reshape(self.x.shape), self.x)
-        elif flat.send is not None and flat.send is not self.x and not _views(flat.send, self.x):
-            buffers.copy_into(flat.send.reshape(self.x.shape), self.x)
+        if not self._input_is_x:  # a strided or overlapping x: refresh the contiguous copy
+            buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
         return execute(state, self.plan, flat, self.op, self.datatype, self.xp, state.sequence)
 
     run = __call__

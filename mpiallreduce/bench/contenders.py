@@ -1,0 +1,137 @@
+"""The contenders: small adapters that each perform one allreduce of ``send`` into ``out``, and
+where the buffers live (host or device memory)."""
+from ..algorithms import REGISTRY
+from ..api import allreduce
+from ..buffers import aligned_empty, mpi_datatype
+from ..device import select_gpu, synchronize
+from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator
+from ..ops import get_op
+from ..transports import run_on_device
+
+__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "HostMemory", "DeviceMemory", "device_memory",
+           "contenders"]
+
+BASELINE = "openmpi"
+FORCED_PREFIX = "openmpi:"
+DEVICE_ALGORITHMS = ("staged_ring", "device_to_device", "ring", "auto")
+MPI_ALLREDUCE = REGISTRY["mpi"]
+
+
+class HostMemory:
+    """Where the benchmark's buffers live: numpy arrays (page-aligned)."""
+
+    name = "cpu"
+
+    def array(self, values):
+        data = aligned_empty(values.size, values.dtype)
+        data[:] = values
+        return data
+
+    def empty(self, count, dtype):
+        return aligned_empty(count, dtype)
+
+    def copy(self, destination, source):
+        destination[:] = source
+
+    def to_host(self, a):
+        return a
+
+    def finish(self):
+        """Wait until every call made so far has finished (device work is asynchronous)."""
+
+
+class DeviceMemory(HostMemory):
+    """CuPy arrays (or the test stand-in's) on this rank's GPU."""
+
+    name = "gpu"
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def array(self, values):
+        return self.xp.asarray(values)
+
+    def empty(self, count, dtype):
+        return self.xp.empty(count, dtype)
+
+    def copy(self, destination, source):
+        self.xp.copyto(destination, source)
+
+    def to_host(self, a):
+        return self.xp.asnumpy(a)
+
+    def finish(self):
+        synchronize(self.xp)
+
+
+def device_memory(kind):
+    """HostMemory() for "cpu"; DeviceMemory for "gpu" (CuPy, this rank's GPU selected) or "fake-gpu"."""
+    if kind == "cpu":
+        return HostMemory()
+    if kind == "fake-gpu":
+        from .testing import fake_cupy
+        return DeviceMemory(fake_cupy)
+    import cupy
+    select_gpu(xp=cupy)
+    return DeviceMemory(cupy)
+
+
+def _mpi_allreduce(op, comm_to_use=None):
+    """Adapter: Open MPI's MPI_Allreduce, through the same algorithm module our ``mpi`` runs
+    (algorithms/mpi.py), on the caller's communicator (or ``comm_to_use``: a forced-algorithm one)."""
+    reduce_op = get_op(op)
+
+    def call(send, out, comm):
+        c = comm_to_use or comm
+        MPI_ALLREDUCE.run(c, None if send is out else send, out, reduce_op, mpi_datatype(send.dtype))
+        reduce_op.finish(out, c.Get_size())
+
+    return call
+
+
+def _mpi_allreduce_of_device_memory(op, xp):
+    """Adapter: Open MPI's path for device buffers, as mpiallreduce.transports carries ``mpi``: the
+    pointers themselves to a CUDA-aware MPI, else a round trip through pinned host buffers
+    (allocated once) around MPI_Allreduce."""
+    reduce_op = get_op(op)
+
+    def call(send, out, comm):
+        run_on_device(MPI_ALLREDUCE, comm, None if send is out else send, out, reduce_op, mpi_datatype(send.dtype), xp)
+        reduce_op.finish(out, comm.Get_size())
+
+    return call
+
+
+def _ours(algorithm, op):
+    return lambda send, out, comm: allreduce(send, op=op, algorithm=algorithm, comm=comm, out=out)
+
+
+def _planted_wrong(call):
+    """For tests of the checker: the contender's result with one element changed on rank 0."""
+    def wrong(send, out, comm):
+        call(send, out, comm)
+        if comm.Get_rank() == 0 and out.size:
+            out[0] += 1
+    return wrong
+
+
+def contenders(comm, names, op, forced, plant_wrong=None, memory=None):
+    """(name -> adapter, communicators to free)."""
+    if isinstance(memory, DeviceMemory):
+        found = {BASELINE: _mpi_allreduce_of_device_memory(op, memory.xp)}
+        forced = ()  # Open MPI's forced algorithms would all take the same host round trip
+    else:
+        found = {BASELINE: _mpi_allreduce(op)}
+    made = []
+    for number in forced:
+        forced_comm = forced_allreduce_communicator(comm, number)
+        if forced_comm is not None:
+            made.append(forced_comm)
+            found[FORCED_PREFIX + TUNED_ALLREDUCE_ALGORITHMS[number]] = _mpi_allreduce(op, forced_comm)
+    for name in names:
+        found[name] = _ours(name, op)
+    if plant_wrong:
+        found[plant_wrong] = _planted_wrong(found[plant_wrong])
+    return found, made
+
+

@@ -1,0 +1,240 @@
+"""The driver: sizes, buffers, warm-up, interleaved timing, the wrong-element count, and the command."""
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__
+from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
+from ..buffers import aligned_empty
+from ..device import cuda_aware
+from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS
+from .contenders import BASELINE, DEVICE_ALGORITHMS, HostMemory, contenders as make_contenders, device_memory
+from .metadata import run_metadata
+from .report import format_field_table, format_gain_table, gain_rows, write_results
+
+__all__ = ["Measurement", "parse_size", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
+           "main", "DEFAULT_SIZES"]
+
+DEFAULT_SIZES = tuple(1 << k for k in range(2, 29))  # 4 B .. 256 MiB, powers of two
+SECONDS_PER_REPETITION = 0.02
+MAX_ITERATIONS = 200
+MEMCPY_BYTES = 64 << 20
+
+
+@dataclass
+class Measurement:
+    ranks: int
+    nbytes: int
+    count: int
+    dtype: str
+    op: str
+    algorithm: str
+    in_place: bool
+    iterations: int
+    repetitions: int
+    time_us: float  # median over repetitions of the slowest rank's time per call
+    algbw_gbs: float  # bytes / time
+    busbw_gbs: float  # algbw * 2(p-1)/p
+    wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
+
+
+def parse_size(text):
+    """'64' -> 64, '4K' -> 4096, '16M' -> 16 MiB, '1G' -> 1 GiB (bytes)."""
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if scale != 1 else text
+    return int(float(number) * scale)
+
+
+def _input(count, dtype, rank):
+    """Small integers that depend on rank and index: every reduction order gives the same bits."""
+    values = (np.arange(count, dtype=np.int64) * 7 + rank * 3) % 11 - 5
+    return values.astype(dtype)
+
+
+def count_wrong(result, expected):
+    """How many elements of ``result`` are not bitwise equal to ``expected``'s."""
+    itemsize = result.dtype.itemsize
+    differing_bytes = result.view(np.uint8).reshape(-1, itemsize) != expected.view(np.uint8).reshape(-1, itemsize)
+    return int(np.count_nonzero(differing_bytes.any(axis=1)))
+
+
+def _iterations(probe_seconds):
+    return int(min(MAX_ITERATIONS, max(1, SECONDS_PER_REPETITION / max(probe_seconds, 1e-7))))
+
+
+def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
+    if prepare is not None:
+        prepare()
+    memory.finish()
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        call()
+    memory.finish()
+    elapsed = (time.perf_counter() - start) / iterations
+    return comm.allreduce(elapsed, op=MPI.MAX)
+
+
+def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory()):
+    size = comm.Get_size()
+    count = max(1, nbytes // dtype.itemsize)
+    source = memory.array(_input(count, dtype, comm.Get_rank()))
+    expected = memory.empty(count, dtype)
+    contenders[BASELINE](source, expected, comm)
+    expected = memory.to_host(expected)
+    out = memory.empty(count, dtype)
+    send = out if in_place else source
+
+    def reset():
+        if in_place:  # in place, the input is the output: put it back (outside the timed calls)
+            memory.copy(out, source)
+
+    # Warm up every contender and count its wrong elements; size the repetitions from the baseline.
+    # In the timed calls in place, each call reduces the previous result again, as nccl-tests does.
+    wrong, probe = {}, {}
+    for name, contender in contenders.items():
+        probe[name] = _time_calls(lambda c=contender: c(send, out, comm), 1, comm, reset, memory)
+        wrong[name] = comm.allreduce(count_wrong(memory.to_host(out), expected), op=MPI.SUM)
+    iterations = _iterations(probe[BASELINE])
+    times = {name: [] for name in contenders}
+    with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
+        for _ in range(repetitions):
+            for name, contender in contenders.items():
+                times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset,
+                                               memory))
+    results = []
+    for name in contenders:
+        seconds = statistics.median(times[name])
+        algbw = count * dtype.itemsize / seconds / 1e9
+        results.append(Measurement(
+            ranks=size, nbytes=count * dtype.itemsize, count=count, dtype=str(dtype), op=op,
+            algorithm=name, in_place=in_place, iterations=iterations, repetitions=repetitions,
+            time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * 2 * (size - 1) / size,
+            wrong=wrong[name]))
+    return results
+
+
+def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
+            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory()):
+    """Measure every contender at every size and mode (in_place False/True); collective.
+
+    Returns a list of Measurements (complete on every rank).
+    """
+    dtype = np.dtype(dtype)
+    contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory)
+    try:
+        results = []
+        for nbytes in sizes:
+            for in_place in modes:
+                results.extend(_measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory))
+        return results
+    finally:
+        for c in made:
+            c.Free()
+
+
+def memory_copy_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
+    """One core's memory copy bandwidth (GB/s, bytes copied per second), measured on rank 0 alone.
+
+    The physical limit for an allreduce on one node: every byte must at least be copied once.
+    """
+    result = 0.0
+    if comm.Get_rank() == 0:
+        a = aligned_empty(nbytes, np.uint8)
+        a[:] = 1
+        b = aligned_empty(nbytes, np.uint8)
+        np.copyto(b, a)
+        seconds = []
+        for _ in range(repetitions):
+            start = time.perf_counter()
+            np.copyto(b, a)
+            seconds.append(time.perf_counter() - start)
+        result = nbytes / statistics.median(seconds) / 1e9
+    return comm.bcast(result, root=0)
+
+
+def device_copy_bandwidth(comm, memory, nbytes=MEMCPY_BYTES, repetitions=5):
+    """The GPU's device-to-device copy bandwidth (GB/s, bytes copied per second), rank 0 alone."""
+    result = 0.0
+    if comm.Get_rank() == 0:
+        a = memory.array(np.ones(nbytes, np.uint8))
+        b = memory.empty(nbytes, np.uint8)
+        seconds = []
+        for _ in range(repetitions + 1):
+            memory.finish()
+            start = time.perf_counter()
+            memory.copy(b, a)
+            memory.finish()
+            seconds.append(time.perf_counter() - start)
+        result = nbytes / statistics.median(seconds[1:]) / 1e9
+    return comm.bcast(result, root=0)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="mpiallreduce bench", description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run")
+    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
+                        help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
+    parser.add_argument("--algorithms",
+                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto (Open MPI's default always "
+                             f"runs); default: all of them, or with --device gpu {','.join(DEVICE_ALGORITHMS)}")
+    parser.add_argument("--device", choices=["cpu", "gpu", "fake-gpu"], default="cpu",
+                        help="where the buffers live: numpy (cpu) or CuPy arrays on each rank's GPU")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--op", default="sum")
+    parser.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions; the median is reported")
+    parser.add_argument("--mode", choices=["both", "out-of-place", "in-place"], default="both")
+    parser.add_argument("--openmpi-forced", default="all",
+                        help="Open MPI tuned algorithms to force in turn: 'all', 'none' or numbers like 2,4,6")
+    parser.add_argument("--output", metavar="DIR", help="write bench.csv and bench.json there")
+    parser.add_argument("--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS)  # tests of #wrong
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if args.algorithms is None:
+        args.algorithms = ",".join(ALGORITHMS + ("auto",) if args.device == "cpu" else DEVICE_ALGORITHMS)
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    memory = device_memory(args.device)
+    modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
+    forced = (tuple(TUNED_ALLREDUCE_ALGORITHMS) if args.openmpi_forced == "all" else
+              () if args.openmpi_forced == "none" else tuple(int(n) for n in args.openmpi_forced.split(",")))
+    if args.device == "cpu":
+        memcpy_gbs = memory_copy_bandwidth(comm)
+        limit = f"one core copies memory at {{:.2f}} GB/s (np.copyto, {MEMCPY_BYTES >> 20} MiB, rank 0 alone)"
+    else:
+        memcpy_gbs = device_copy_bandwidth(comm, memory, max(MEMCPY_BYTES, max(sizes)))
+        limit = ("the GPU copies device memory at {:.2f} GB/s (device to device, "
+                 f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)")
+    results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
+                      args.plant_wrong, memory)
+    metadata = run_metadata(comm, vars(args))
+    metadata["device"] = args.device
+    if args.device != "cpu":
+        metadata["cuda_aware"] = cuda_aware()[0]
+    if comm.Get_rank() == 0:
+        print(f"# mpiallreduce bench: {comm.Get_size()} ranks on {', '.join(metadata['hosts'])}, "
+              f"{metadata['mpi_library']}")
+        print(f"# mpiallreduce {__version__} ({metadata['git_commit']}), {metadata['date_utc']}")
+        print(f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
+              f"slowest rank's time per call")
+        print("# physical limit: " + limit.format(memcpy_gbs))
+        if args.device != "cpu":
+            print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
+        print(format_field_table(results, memcpy_gbs))
+        for mode in modes:
+            print()
+            print(f"# Deep Speech 2 table, {'in place' if mode else 'out of place'}: "
+                  "gain = Open MPI default time / our time (>1: ours is faster)")
+            print(format_gain_table(gain_rows(results, mode)))
+        if args.output:
+            write_results(args.output, results, metadata, memcpy_gbs)
+            print(f"# written: {os.path.join(args.output, 'bench.csv')}, {os.path.join(args.output, 'bench.json')}")
+    wrong = sum(m.wrong for m in results)
+    if wrong and comm.Get_rank() == 0:
+        print(f"# {wrong} wrong elements in all: see the #wrong column")
+    return 1 if wrong else 0

@@ -1,0 +1,337 @@
+"""The call path: collective order, calls that differ between ranks, settings, failures inside a call,
+prepared calls (issue: the call path rebuilt). Every expected value comes from numpy on gathered inputs."""
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from mpiallreduce import state as state_module
+from mpiallreduce.algorithms import HOST_ALGORITHMS
+from mpiallreduce.algorithms.base import CallTags
+from reference import exact_input, gather_inputs, numpy_reference, values_equal
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+
+
+def _fresh():
+    """A communicator the library has never seen (its first use is the test's)."""
+    return WORLD.Dup()
+
+
+def test_check_beside_queued_async_calls_never_fails_falsely():
+    """The call site is taken on the caller's thread: a queued call does not report the worker's."""
+    rank = WORLD.Get_rank()
+    big = exact_input("float64", 200_000, rank, "sum")
+    small = exact_input("float64", 10, rank, "sum")
+    want_big, want_small = (numpy_reference("sum", gather_inputs(WORLD, a)) for a in (big, small))
+    for _ in range(20):
+        handle = mar.allreduce_async(big, algorithm="ring")
+        assert values_equal(mar.allreduce(small, check=True), want_small)
+        assert values_equal(handle.wait(), want_big)
+
+
+def test_user_collectives_on_the_same_communicator_while_async_calls_fly():
+    """The library's collectives run on its own duplicate: the user's MPI_Allreduce on the same
+    communicator, the same algorithm and size, cannot be matched with the library's."""
+    comm = WORLD
+    rank = comm.Get_rank()
+    for i in range(30):
+        a = exact_input("float64", 4096, rank + i, "sum")
+        b = exact_input("float64", 4096, rank + 7 * i + 1, "sum")
+        want_a = numpy_reference("sum", gather_inputs(comm, a))
+        want_b = numpy_reference("sum", gather_inputs(comm, b))
+        handle = mar.allreduce_async(a, algorithm="mpi", comm=comm)
+        mine = np.empty_like(b)
+        comm.Allreduce(b, mine)  # the user's own collective, while the library's may be in flight
+        assert values_equal(mine, want_b), i
+        assert values_equal(handle.wait(), want_a), i
+
+
+@pytest.mark.parametrize("nbytes", [64 << 10, 1 << 20])
+@pytest.mark.parametrize("algorithm", list(HOST_ALGORITHMS) + ["auto"])
+def test_calls_that_differ_raise_on_every_rank_without_check(algorithm, nbytes):
+    """From 64 KiB on, shape, dtype and op are compared before any data moves: never wrong values,
+    never a hang, the same error everywhere; the next call is right."""
+    comm = WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    count = nbytes // 4
+    last = rank == size - 1
+    with pytest.raises(ValueError, match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
+                       % (count, count + 1, size - 1)):
+        mar.allreduce(np.ones(count + (1 if last else 0), np.float32), algorithm=algorithm)
+    with pytest.raises(ValueError, match="dtype differs: 'float32' on"):
+        mar.allreduce(np.ones(count, np.int32 if last else np.float32), algorithm=algorithm)
+    with pytest.raises(ValueError, match="op differs"):
+        mar.allreduce(np.ones(count, np.float32), op="max" if last else "sum", algorithm=algorithm)
+    x = exact_input("float32", count, rank, "sum")
+    assert values_equal(mar.allreduce(x, algorithm=algorithm), numpy_reference("sum", gather_inputs(comm, x)))
+
+
+def test_a_repeated_call_that_differs_is_caught_on_the_short_path():
+    """The same call made again takes the short path; a rank that then differs is still caught."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = np.ones(1 << 15, np.float32)
+    for _ in range(3):
+        assert mar.allreduce(x)[0] == size
+    with pytest.raises(ValueError, match="shape differs"):
+        mar.allreduce(np.ones((1 << 15) + (rank == 0), np.float32))
+    assert mar.allreduce(x)[0] == size
+
+
+def test_a_segment_size_that_differs_between_ranks_is_refused_on_every_rank(use_settings):
+    comm = _fresh()
+    try:
+        use_settings(ring_segment_bytes=(1 << 20) + (1 << 10) * comm.Get_rank())
+        if comm.Get_size() > 1:
+            with pytest.raises(ValueError, match=r"ring_segment_bytes differs: 1048576 on rank 0; 1049600 on rank 1"):
+                mar.allreduce(np.ones(10), algorithm="ring_pipelined", comm=comm)
+            with pytest.raises(ValueError, match="ring_segment_bytes differs"):  # and again: not a hang
+                mar.allreduce(np.ones(10), comm=comm)
+        use_settings(ring_segment_bytes=1 << 20)
+        assert mar.allreduce(np.ones(10), algorithm="ring_pipelined", comm=comm)[0] == comm.Get_size()
+    finally:
+        comm.Free()
+
+
+def test_an_exception_in_round_1_of_the_rendezvous_ends_the_call_on_every_rank():
+    """Rank 0 turns the stall warning into an error (-W error) while the last rank is late: rank 0
+    raises it, the others learn that rank 0 gave up; nobody hangs and the next call works."""
+    comm = _fresh()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        mar.allreduce(np.ones(4), comm=comm)  # first use: the control channel is set up
+        if size == 1:
+            return
+        started = time.monotonic()
+        if rank == size - 1:
+            time.sleep(2.0)  # past the stall warning (half the timeout), before the timeout
+        with warnings.catch_warnings():
+            if rank == 0:
+                warnings.simplefilter("error", mar.AllreduceStallWarning)
+                with pytest.raises(mar.AllreduceStallWarning):
+                    mar.allreduce(np.ones(4), comm=comm, timeout=3.0)
+            else:
+                warnings.simplefilter("ignore", mar.AllreduceStallWarning)
+                with pytest.raises(mar.AllreduceTimeout, match="rank 0 gave up waiting for it"):
+                    mar.allreduce(np.ones(4), comm=comm, timeout=3.0)
+        assert time.monotonic() - started < 2.9, "every rank ended before the timeout"
+        assert mar.allreduce(np.ones(4), comm=comm, timeout=30)[0] == size
+    finally:
+        comm.Free()
+
+
+def test_a_failure_midway_through_an_algorithm_leaves_no_message_for_the_next_call(monkeypatch, use_settings):
+    """Every rank fails at its first reduction of a pipelined ring, with segments posted ahead:
+    their messages are left behind. The next call uses other tags, so it is right."""
+    comm = _fresh()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        use_settings(ring_segment_bytes=4096)
+        x = exact_input("float64", 40_000, rank, "sum")
+        want = numpy_reference("sum", gather_inputs(comm, x))
+        mar.allreduce(x, algorithm="ring_pipelined", comm=comm)  # first use
+        if size == 1:
+            return
+        op = mar.OPS["sum"]
+        original = type(op).reduce_local
+
+        def fail_once(self, a, b, out):
+            monkeypatch.setattr(type(op), "reduce_local", original)
+            raise RuntimeError("injected failure in the middle of the algorithm")
+        monkeypatch.setattr(type(op), "reduce_local", fail_once)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            mar.allreduce(x, algorithm="ring_pipelined", comm=comm)
+        time.sleep(0.2)  # the messages of the failed call arrive
+        for _ in range(3):
+            y = exact_input("float64", 40_000, rank + 5, "sum")
+            assert values_equal(mar.allreduce(y, algorithm="ring_pipelined", comm=comm),
+                                numpy_reference("sum", gather_inputs(comm, y)))
+        assert values_equal(mar.allreduce(x, algorithm="ring_pipelined", comm=comm), want)
+    finally:
+        comm.Barrier()
+        comm.Free()
+
+
+def test_float16_overflow_under_seterr_raise_gives_inf_not_an_exception():
+    size = WORLD.Get_size()
+    x = np.full(1000, 60000, np.float16)
+    with np.errstate(all="raise"):
+        for algorithm in ("ring", "recursive_doubling", "mpi"):
+            result = mar.allreduce(x, algorithm=algorithm)
+            assert np.all(np.isinf(result)) == (size > 1), algorithm
+
+
+def test_call_numbers_far_apart_never_confuse_tags_or_control_messages():
+    """Tags wrap around after CallTags.calls_apart calls; control messages carry the whole call
+    number. Jump every rank's numbering across the wrap, with a given-up call behind: still right."""
+    comm = _fresh()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        mar.allreduce(np.ones(3), comm=comm)
+        state = state_module.state_of(comm)
+        if size > 1:  # a given-up call leaves its late messages behind
+            if rank == size - 1:
+                time.sleep(0.6)
+            with pytest.raises(mar.AllreduceTimeout):
+                mar.allreduce(np.ones(3), comm=comm, timeout=0.3)
+            comm.Barrier()
+        apart = CallTags(comm, 0).calls_apart
+        for jump in (10_000, (apart - 2) - (state.sequence + 10_000) % apart):  # then 2 calls before the wrap
+            state.sequence += jump
+            for _ in range(4):
+                x = exact_input("float64", 5000, rank, "sum")
+                assert values_equal(mar.allreduce(x, algorithm="ring", comm=comm, timeout=30),
+                                    numpy_reference("sum", gather_inputs(comm, x)))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.parametrize("first_use", [False, True], ids=["used_before", "first_use"])
+def test_a_straggler_on_the_first_timed_call_is_diagnosed_and_no_later_call_is_blamed(first_use):
+    comm = _fresh()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    late = size - 1
+    timeout = 0.5
+    try:
+        if not first_use:
+            mar.allreduce(np.ones(3), comm=comm)  # an untimed call: the control channel is ready
+        if size == 1:
+            return
+        if rank == late:
+            time.sleep(2 * timeout)
+        with pytest.raises(mar.AllreduceTimeout) as raised:
+            mar.allreduce(np.ones(3), comm=comm, timeout=timeout)
+        if rank == late:
+            assert "gave up waiting for it" in str(raised.value)
+        elif first_use:
+            assert "the first call on this communicator" in str(raised.value)
+        else:
+            assert raised.value.missing_ranks == (late,), str(raised.value)
+        # the next call: no rank is blamed for a skipped call, the numbers are in step
+        result = mar.allreduce(np.ones(3), comm=comm, timeout=10 * timeout)
+        assert result[0] == size
+        assert mar.allreduce(np.ones(3), comm=comm, timeout=10 * timeout)[0] == size
+    finally:
+        comm.Free()
+
+
+def test_concurrent_first_use_from_two_threads_makes_one_state():
+    comm = _fresh()
+    try:
+        found = []
+        barrier = threading.Barrier(2)
+
+        def first_use():
+            barrier.wait()
+            found.append(state_module.state_of(comm))
+        threads = [threading.Thread(target=first_use) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert found[0] is found[1]
+        assert mar.allreduce(np.ones(3), comm=comm)[0] == comm.Get_size()
+    finally:
+        comm.Free()
+
+
+def test_bad_timeout_and_check_values_are_refused_before_any_communication():
+    for bad in (-1, 0, float("nan"), "5"):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+            mar.allreduce(np.ones(2), timeout=bad)
+    with pytest.raises(TypeError, match="check must be True or False"):
+        mar.allreduce(np.ones(2), check="yes")
+    assert mar.allreduce(np.ones(2))[0] == WORLD.Get_size()
+
+
+class _CountingComm:
+    """Counts every method called on the library's communicator."""
+
+    def __init__(self, comm):
+        self.comm, self.calls = comm, []
+
+    def __getattr__(self, name):
+        attribute = getattr(self.comm, name)
+        if callable(attribute):
+            self.calls.append(name)
+        return attribute
+
+
+def test_no_check_and_no_timeout_add_no_collective_and_no_message():
+    comm = _fresh()
+    try:
+        x = np.ones(1000)  # under 64 KiB: no signature either
+        mar.allreduce(x, comm=comm, algorithm="mpi")
+        state = state_module.state_of(comm)
+        counting = state.library = _CountingComm(state.library)
+        for _ in range(10):
+            assert mar.allreduce(x, comm=comm, algorithm="mpi")[0] == comm.Get_size()
+        assert counting.calls == ["Allreduce"] * 10
+        assert state.channel is None, "no control message was sent"
+        state.library = counting.comm
+    finally:
+        comm.Free()
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring", "recursive_doubling", "rabenseifner"])
+@pytest.mark.parametrize("where", ["new", "out", "in_place", "strided"])
+def test_prepared_calls_reduce_the_current_contents_each_run(comm, algorithm, where):
+    rank = comm.Get_rank()
+    base = np.zeros(2 * 3001) if where == "strided" else np.zeros(3001)
+    x = base[::2] if where == "strided" else base
+    out = {"new": None, "out": np.empty(3001), "in_place": x, "strided": None}[where]
+    prepared = mar.prepare(x, op="sum", algorithm=algorithm, comm=comm, out=out)
+    assert algorithm == "auto" or prepared.plan.name == algorithm or comm.Get_size() == 1
+    for step in range(3):
+        x[...] = exact_input("float64", 3001, rank + step, "sum")
+        want = numpy_reference("sum", gather_inputs(comm, x))
+        result = prepared()
+        assert values_equal(result, want), step
+        if out is not None:
+            assert result is out
+
+
+def test_prepared_calls_are_agreed_once_and_refuse_a_mismatch_everywhere():
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    with pytest.raises(ValueError, match="shape differs"):
+        mar.prepare(np.ones(10 + (rank == size - 1)))
+    prepared = mar.prepare(np.ones(10), op="mean")
+    handle = prepared.start()
+    assert values_equal(handle.wait(), np.ones(10))
+    assert "mpi" in repr(prepared) or prepared.plan.name in repr(prepared)
+
+
+def test_describe_call_says_what_auto_runs_and_why():
+    text = mar.describe_call(np.ones(1 << 20, np.float32))
+    size = WORLD.Get_size()
+    if size == 1:
+        assert "local copy" in text
+    else:
+        assert text.startswith(mar.describe_call(np.ones(1 << 20, np.float32)).split(" ")[0])
+        assert "auto: the tuning table" in text and "compare shape, dtype and op" in text
+    assert "asked for: by name" in mar.describe_call(np.ones(10), algorithm="ring") or size == 1
+
+
+def test_hierarchical_gets_its_leaders_plan_from_the_planner(use_settings):
+    comm = _fresh()
+    try:
+        use_settings(ranks_per_node=2)
+        x = exact_input("float64", 1000, comm.Get_rank(), "sum")
+        text = mar.describe_call(x, comm=comm)
+        if comm.Get_size() > 2:
+            assert "hierarchical" in text and "node leaders run" in text, text
+        assert values_equal(mar.allreduce(x, comm=comm), numpy_reference("sum", gather_inputs(comm, x)))
+    finally:
+        comm.Free()
