@@ -45,6 +45,7 @@ check_world_matches_slurm()  # the silent-singleton trap, before anything is red
 #: environment variable that turns ``check`` on for every call (read once: mpiallreduce.settings)
 CHECK_ENV = "MPIALLREDUCE_CHECK"
 _WORLD = MPI.COMM_WORLD
+_WORLD_FAST_CALLS = {}  # COMM_WORLD's state's fast_calls (the same dict, bound when the state is made)
 
 
 def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *, axis=None, mesh=None,
@@ -87,15 +88,12 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
-            and not _worker.pending and type(x) is np.ndarray):
-        state = (_WORLD_STATE[0] if comm is None else
-                 _fast_states.get(comm.handle) if type(comm) in _COMMUNICATOR_TYPES else None)
-        if state is not None:
-            fast = state.fast_calls.get((x.dtype, x.shape, op, algorithm))
-            if fast is not None:
-                result = fast(x, out)
-                if result is not None:
-                    return result
+            and type(x) is np.ndarray and not _worker.pending):
+        fast = (_WORLD_FAST_CALLS if comm is None else _fast_calls_of(comm)).get((x.shape, x.dtype, op, algorithm))
+        if fast is not None:
+            result = fast(x, out)
+            if result is not None:
+                return result
     call = _Call.start(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, call_site(2))
     if _worker.pending and threading.current_thread() is not _worker.thread:
         return run_in_order(call.run)  # keep to the order in which this process started collectives
@@ -126,10 +124,11 @@ class _Call:
         call.site = site
         call.meeting = None
         call.state = state = state_of(comm)
+        if comm is _WORLD and state.fast_calls is not _WORLD_FAST_CALLS:
+            _WORLD_FAST_CALLS.clear()
+            state.fast_calls = _WORLD_FAST_CALLS
         if state.settings is not current:  # settings replaced (tests): agree on them again
             state.renew_settings(current)
-        if comm is _WORLD:
-            _WORLD_STATE[0] = state
         if not call.check:
             _validate(x, op, algorithm, out)  # a bad argument raises here, before any communication
         state.sequence += 1  # (the calls that reach communication: with check, every call does)
@@ -221,8 +220,9 @@ def agree_on_signature(state, code, describe):
     """One 16-byte allreduce on the library's communicator: raise ValueError on every rank, naming
     what differs and where, unless every rank's ``code`` is the same. ``describe()``: this rank's
     signature as a dict, gathered only when the codes differ."""
-    extremes = np.array([code, -code], dtype=np.int64)
-    state.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
+    extremes = state.signature_buffer
+    extremes[0], extremes[1] = code, -code
+    state.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)
     if extremes[0] == -extremes[1]:
         return
     differences = describe_differences(state.library.allgather(describe()))
@@ -269,71 +269,82 @@ def _run(plan, comm, send, recv, op, datatype, xp, options):
 # ---------------------------------------------------------------------------------------------
 # The short path of a repeated call
 
-_WORLD_STATE = [None]
 _COMMUNICATOR_TYPES = (MPI.Intracomm, MPI.Cartcomm, MPI.Graphcomm, MPI.Distgraphcomm)
+_NO_FAST_CALLS = {}
 _fast_states = {}  # communicator handle -> state, for states with short paths (forgotten when freed)
 
 
-class _FastHostCall:
-    """A repeated call on contiguous numpy arrays: the plan, datatype, op and signature kept."""
+def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
+    """The short path of a repeated call on contiguous numpy arrays: a function (x, out) -> the
+    result, or None when these arrays need the general path (strided, views, another kind of out).
+    Everything it needs is bound here, once; it makes the same collectives as the general path."""
+    strides = np.empty(shape, dtype).strides  # C order (the key holds x's shape and dtype)
+    datatype = buffers.mpi_datatype(dtype)
+    mpi_op = reduce_op.mpi_op(dtype)
+    divide = reduce_op.divide_by_size
+    algorithm = plan.algorithm
+    direct = algorithm.name == "mpi"
+    # mpi4py finds a predefined datatype from the array itself: no [buffer, datatype] list to make
+    raw = datatype.is_predefined and dtype.char in "bhilqBHILQefdgFDG?"
+    empty, ndarray, in_place, errstate, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.errstate, np.divide
 
-    __slots__ = ("state", "plan", "shape", "dtype", "datatype", "op", "mpi_op", "divide", "code", "describe",
-                 "direct")
-
-    def __call__(self, x, out):
-        """The result, or None when these arrays need the general path (strided, views, ...)."""
-        if not x.flags.c_contiguous:
+    def run(x, out):
+        if x.strides != strides:
             return None
         if out is None:
-            result, send = np.empty(self.shape, self.dtype), [x, self.datatype]
+            result, send = empty(shape, dtype), x
         elif out is x:
-            result, send = x, MPI.IN_PLACE
-        elif (type(out) is np.ndarray and out.base is None and x.base is None and out.shape == self.shape
-              and out.dtype == self.dtype and out.flags.c_contiguous and out.flags.writeable):
-            result, send = out, [x, self.datatype]
+            result, send = x, in_place
+        elif (type(out) is ndarray and out.base is None and x.base is None and out.dtype is dtype
+              and out.shape == shape and out.strides == strides):
+            result, send = out, x  # (both own their memory: they cannot overlap; MPI refuses a read-only out)
         else:
             return None
-        state = self.state
         state.sequence += 1
         try:
-            if self.code is not None:
-                agree_on_signature(state, self.code, self.describe)
-            if self.direct:  # MPI_Allreduce itself
-                state.library.Allreduce(send, [result, self.datatype], self.mpi_op)
+            if code is not None:
+                agree_on_signature(state, code, describe)
+            if direct:  # MPI_Allreduce itself
+                if raw:
+                    state.library.Allreduce(send, result, mpi_op)
+                else:
+                    state.library.Allreduce(send if send is in_place else [send, datatype], [result, datatype], mpi_op)
             else:
-                algorithm = self.plan.algorithm
                 comm = CallTags(state.library, state.sequence) if algorithm.messages_only else state.library
-                with np.errstate(all="ignore"):
-                    algorithm.run(comm, None if send is MPI.IN_PLACE else x.reshape(-1), result.reshape(-1), self.op,
-                                  self.datatype)
+                with errstate(all="ignore"):
+                    algorithm.run(comm, None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
+                                  datatype)
         except MPI.Exception as error:
             failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
             if failure is None:
                 raise
             raise failure from error
-        if self.divide:
-            with np.errstate(all="ignore"):
-                np.divide(result, self.dtype.type(state.size), out=result)
+        if divide:
+            with errstate(all="ignore"):
+                divide_ufunc(result, dtype.type(state.size), out=result)
         return result
+
+    return run
 
 
 def _remember_fast_call(state, x, op, algorithm, plan, reduce_op):
     if plan.local_only or len(state.fast_calls) >= 256 or not isinstance(op, str) or not isinstance(algorithm, str):
         return
-    fast = _FastHostCall()
-    fast.state, fast.plan, fast.shape, fast.dtype = state, plan, x.shape, x.dtype
-    fast.datatype = buffers.mpi_datatype(x.dtype)
-    fast.op, fast.mpi_op = reduce_op, reduce_op.mpi_op(x.dtype)
-    fast.divide = reduce_op.divide_by_size
-    fast.code = _signature_code(x, op, plan) if plan.check_signature else None
     shape, dtype_name = x.shape, str(x.dtype)
-    fast.describe = lambda: {"memory": "host", "shape": tuple(shape), "dtype": dtype_name, "op": op,
-                             "algorithm": plan.name}
-    fast.direct = plan.name == "mpi"
-    state.fast_calls[(x.dtype, x.shape, op, algorithm)] = fast
-    if state.user is not _WORLD:
+    code = _signature_code(x, op, plan) if plan.check_signature else None
+
+    def describe():
+        return {"memory": "host", "shape": tuple(shape), "dtype": dtype_name, "op": op, "algorithm": plan.name}
+    state.fast_calls[(x.shape, x.dtype, op, algorithm)] = _short_path(state, plan, x.shape, x.dtype, reduce_op,
+                                                                       code, describe)
+    if state.user is not _WORLD and state.handle not in _fast_states:
         _fast_states[state.handle] = state
         state.on_free.append(lambda: _fast_states.pop(state.handle, None))
+
+
+def _fast_calls_of(comm):
+    state = _fast_states.get(comm.handle) if type(comm) in _COMMUNICATOR_TYPES else None
+    return _NO_FAST_CALLS if state is None else state.fast_calls
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,8 @@ class CommState:
         self.channel = None
         #: the per-call cache of prepared host calls (mpiallreduce.api)
         self.fast_calls = {}
+        #: where the signature check's 16 bytes are reduced (mpiallreduce.api.agree_on_signature)
+        self.signature_buffer = np.zeros(2, dtype=np.int64)
         self.lock = threading.Lock()
 
     # -- completing the duplicates ------------------------------------------------------------
