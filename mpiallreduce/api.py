@@ -366,7 +366,13 @@ def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, me
         a PreparedAllreduce: call it (or ``.run()``) for the result; ``.start()`` runs it in the
         background (an AllreduceHandle, as allreduce_async's); ``.plan.describe()`` says what it runs.
     """
-    site = call_site(2)
+    return prepare_at(call_site(2), x, op, algorithm, comm, out, axis=axis, mesh=mesh, groups=groups, timeout=timeout)
+
+
+def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
+               timeout=None):
+    """``prepare`` with the call site to compare given (the library's own prepared calls, GradientSync's
+    buckets, give "": they are compared by what they reduce, not by where the user's code was)."""
     call = _Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site)
     if _worker.pending and threading.current_thread() is not _worker.thread:
         return run_in_order(lambda: PreparedAllreduce(call))

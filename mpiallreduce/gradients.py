@@ -17,11 +17,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .agreement import describe_differences
-from .asynchronous import allreduce_async
 from .buffers import array_module, mpi_datatype
 from .device import namespace, synchronize
 
 __all__ = ["GradientSync", "broadcast_parameters", "check_replicas"]
+
+#: how many prepared bucket calls a GradientSync keeps (buckets that change every step are
+#: prepared anew each time, beyond these)
+MAX_PREPARED_BUCKETS = 256
 
 
 def accumulation_dtype(dtype):
@@ -73,6 +76,9 @@ class GradientSync:
         self.timeout = timeout
         self._open = {}
         self._in_flight = []
+        #: (position in the step, array module, dtype, count) -> (fused buffer, PreparedAllreduce)
+        self._prepared = {}
+        self._position = 0
 
     def ready(self, grad):
         """Mark ``grad`` (a writeable numpy array, or a CuPy array) ready; start its bucket if that is now full."""
@@ -87,8 +93,19 @@ class GradientSync:
             self._start(self._open.pop(key))
 
     def _start(self, bucket):
+        """Fuse the bucket into its buffer and start its prepared allreduce in the background.
+
+        The n-th bucket of a step, of the same kind, dtype and size as last step's, reuses last
+        step's buffer and prepared call (mpiallreduce.prepare: agreed on and planned once): no
+        allocation, no plan, no check per step. A bucket unlike last step's is prepared anew
+        (collective: the ranks' buckets are compared then, and one that differs is an error on
+        every rank)."""
         xp = array_module(bucket.members[0])
-        fused = xp.empty(sum(g.size for g in bucket.members), dtype=bucket.dtype)
+        count = sum(g.size for g in bucket.members)
+        key = (self._position, xp.__name__, bucket.dtype.str, count)
+        self._position += 1
+        entry = self._prepared.get(key)
+        fused = xp.empty(count, dtype=bucket.dtype) if entry is None else entry[0]
         offset = 0
         for grad in bucket.members:
             view = fused[offset:offset + grad.size].reshape(grad.shape)
@@ -96,8 +113,13 @@ class GradientSync:
             offset += grad.size
         if self.prescale != 1.0:
             xp.multiply(fused, bucket.dtype.type(self.prescale), out=fused)
-        handle = allreduce_async(fused, op=self.op, algorithm=self.algorithm, comm=self.comm, out=fused,
-                                 timeout=self.timeout)
+        if entry is None:
+            from .api import prepare_at
+            entry = (fused, prepare_at("", fused, op=self.op, algorithm=self.algorithm, comm=self.comm, out=fused,
+                                       timeout=self.timeout))
+            if len(self._prepared) < MAX_PREPARED_BUCKETS:
+                self._prepared[key] = entry
+        handle = entry[1].start()
         self._in_flight.append((handle, fused, bucket.members))
 
     def wait(self):
@@ -109,6 +131,7 @@ class GradientSync:
         for key in sorted(self._open):
             self._start(self._open.pop(key))
         in_flight, self._in_flight = self._in_flight, []
+        self._position = 0
         first_error = None
         for handle, fused, members in in_flight:
             try:

@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from . import __version__
 from .algorithms import ALGORITHMS, REGISTRY
+from .settings import settings
 from .device import CUDA_AWARE_ENV, cuda_aware as cuda_aware_decision
 from .mpilib import cuda_aware, library_version
 from .transports import device_path
@@ -85,6 +86,7 @@ def collect(comm=MPI.COMM_WORLD):
         "slurm": slurm_variables(),
     }
     everyone = comm.gather(per_rank, root=0)
+    plans = _auto_plans(comm)
     if comm.Get_rank() != 0:
         return None
     aware, how = cuda_aware()
@@ -105,8 +107,21 @@ def collect(comm=MPI.COMM_WORLD):
         "cuda_aware_used_how": used_how,
         "device_paths": {name: device_path(REGISTRY[name], used) for name in ALGORITHMS},
         "algorithms": list(ALGORITHMS),
+        "settings": settings().as_dict(),
+        "auto_plans": plans,
         "per_rank": everyone,
     }
+
+
+#: the sizes at which ``info`` says what ``auto`` runs
+PLAN_SIZES = (4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
+
+
+def _auto_plans(comm):
+    """{bytes: plan.describe()} of ``allreduce(float32 x, op="sum")`` on ``comm`` (collective: the
+    communicator's state is made), numpy arrays; what mpiallreduce.planner decides, and why."""
+    from .api import describe_call
+    return {nbytes: describe_call(np.empty(nbytes // 4, np.float32), comm=comm) for nbytes in PLAN_SIZES}
 
 
 def format_report(info):
@@ -128,6 +143,9 @@ def format_report(info):
         f"algorithms        {', '.join(info['algorithms'])}",
         "path of CuPy arrays, by algorithm:",
     ] + [f"  {name:<20} {path}" for name, path in info["device_paths"].items()]
+    lines.append(f"what auto runs here (float32 sum, {info['ranks']} ranks; mpiallreduce.planner):")
+    lines += [f"  {int(nbytes):>10} B  {text}" for nbytes, text in info.get("auto_plans", {}).items()]
+    lines.append("settings          " + ", ".join(f"{k}={v!r}" for k, v in info.get("settings", {}).items()))
     slurm = first["slurm"]
     if slurm:
         lines.append("Slurm variables   " + "  ".join(f"{k}={v}" for k, v in slurm.items()))

@@ -146,6 +146,22 @@ def test_under_ulfm_a_killed_rank_is_named_by_every_survivor_who_then_reduce_amo
         explain(result)
 
 
+def test_under_ulfm_a_rank_killed_before_a_timed_call_is_a_rank_failure_not_a_bare_mpi_error():
+    """Timeouts and lost ranks compose: the rendezvous meets the dead rank and every survivor
+    raises RankFailure (as without a timeout), then reduces on the survivors."""
+    result = inject("killed_before_a_timed_call_under_ulfm", "ring", extra_flags=FAULT_TOLERANT_FLAGS)
+    assert not result.timed_out, explain(result)
+    rows = results(result.output)
+    failed = by_rank([r for r in rows if "outcome" in r])
+    after = by_rank([r for r in rows if "survivors" in r])
+    survivors = set(range(RANKS)) - {LATE}
+    assert set(failed) == survivors and all(r["outcome"] == "RankFailure" for r in failed.values()), explain(result)
+    assert any(r["failed"] == str(LATE) for r in failed.values()), explain(result)
+    assert all(float(r["seconds"]) < 10 for r in failed.values()), explain(result)
+    assert set(after) == survivors and all(r["survivors"] == "3" and r["right"] == "True" for r in after.values()), \
+        explain(result)
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_under_ulfm_training_goes_on_with_the_survivors_when_a_rank_is_killed(algorithm, tmp_path):
     """Kill one of 4 ranks mid-run: the 3 survivors finish, replicas bitwise identical after every

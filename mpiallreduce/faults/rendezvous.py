@@ -153,6 +153,7 @@ class Rendezvous:
         channel.send(ARRIVED, number)
         try:
             # Round 1: arrivals
+            went_early = set()  # peers whose GO came before this rank's round 2
             warned = False
             warn_at = (self.started + state.settings.warn_fraction * self.timeout
                        if self.timeout is not None else math.inf)
@@ -162,8 +163,8 @@ class Rendezvous:
                         raise self._given_up_in_round_1(channel, peer)
                     if kind == ARRIVED:
                         self.missing.discard(peer)
-                    elif kind == GO:  # the peer saw every arrival before we did: kept for round 2
-                        channel.early[peer].appendleft((GO, number))
+                    elif kind == GO:  # the peer saw every arrival before we did: counted in round 2
+                        went_early.add(peer)
                 if not self.missing:
                     break
                 now = time.monotonic()
@@ -180,7 +181,7 @@ class Rendezvous:
             # Round 2: everyone arrived, or someone gave up
             channel.send(GO, number)
             sent_go = True
-            waiting = set(channel.peers)
+            waiting = set(channel.peers) - went_early
             for _ in _polling():
                 for peer, kind in channel.receive(number):
                     if kind == GAVE_UP:
@@ -229,8 +230,6 @@ class Rendezvous:
         for other, kind in channel.receive(self.sequence):
             if kind == ARRIVED:
                 self.missing.discard(other)
-            elif kind == GO:
-                channel.early[other].appendleft((GO, self.sequence))
         self.missing.discard(peer)
         return self._given_up_by(peer, self.missing)
 

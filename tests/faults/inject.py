@@ -165,6 +165,32 @@ def killed_under_ulfm(algorithm):
     report(survivors=survivors.Get_size(), right=right)
 
 
+def killed_before_a_timed_call_under_ulfm(algorithm):
+    """Under ULFM, with a timeout: a rank killed before a timed call is a RankFailure naming it on
+    every survivor (not a bare MPI error from the rendezvous), and the survivors go on."""
+    comm = WORLD.Dup()
+    mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30)  # the control channel is set up
+    WORLD.Barrier()
+    if RANK == LATE:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    started = time.monotonic()
+    try:
+        mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30)
+        report(outcome="ok")
+    except mar.RankFailure as failure:
+        report(outcome="RankFailure", failed=",".join(map(str, failure.failed_ranks)) or "-",
+               seconds=f"{time.monotonic() - started:.2f}")
+        print(f"rank {RANK} message: {failure}", flush=True)
+    except Exception as error:  # noqa: BLE001 - what the test must not see
+        report(outcome=type(error).__name__)
+        print(f"rank {RANK} message: {error}", flush=True)
+    survivors = mar.survivors(comm)
+    alive = [r for r in range(SIZE) if r != LATE]
+    result = mar.allreduce(data(RANK), algorithm=algorithm, comm=survivors, timeout=30)
+    report(survivors=survivors.Get_size(), right=np.array_equal(result, np.sum([data(r) for r in alive], axis=0)))
+
+
 if __name__ == "__main__":
     scenario, algorithm = sys.argv[1], sys.argv[2]
     globals()[scenario](algorithm)
