@@ -15,6 +15,7 @@ A call flows one way:
 A call that repeats one already made (same communicator, dtype, shape, op and algorithm, no check,
 no timeout, contiguous numpy arrays) takes a short path with the plan it made the first time.
 """
+import functools
 import threading
 import zlib
 
@@ -151,14 +152,19 @@ class _Call:
             signature = dict(_signature(x, self.op, self.algorithm), call_number=self.sequence,
                              call_site=self.site)
             plan = agree_on_call(state.library, prepare, signature, resolve=lambda p: {"runs": p.name})
-        else:
+        xp = None if type(x) is np.ndarray else namespace(x)
+        signature = None
+        if not self.check:
             plan = _plan_for(state, x, self.op, self.algorithm)
             if plan.check_signature:
-                agree_on_signature(state, _signature_code(x, self.op, plan), lambda: _signature(x, self.op, plan.name))
+                code = _signature_code(x, self.op, plan)
+                signature = functools.partial(agree_on_signature, state, code,
+                                              lambda: _signature(x, self.op, plan.name))
+                if xp is not None or not plan.algorithm.carries_signature:
+                    signature = signature()  # (None: compared)
         flat = buffers.flat_buffers(x, self.out)
         op = get_op(self.op)
-        xp = None if type(x) is np.ndarray else namespace(x)
-        result = execute(state, plan, flat, op, buffers.mpi_datatype(x.dtype), xp, self.sequence)
+        result = execute(state, plan, flat, op, buffers.mpi_datatype(x.dtype), xp, self.sequence, signature)
         if (xp is None and not self.check and self.timeout is None and plan.accumulate is None
                 and x.flags.c_contiguous):
             _remember_fast_call(state, x, self.op, self.algorithm, plan, op)
@@ -231,8 +237,9 @@ def agree_on_signature(state, code, describe):
                      + "\n  ".join(differences or ["(the calls' digests differ)"]))
 
 
-def execute(state, plan, flat, op, datatype, xp, sequence):
-    """Run ``plan`` on the flat buffers on the library's communicator; the result array."""
+def execute(state, plan, flat, op, datatype, xp, sequence, signature=None):
+    """Run ``plan`` on the flat buffers on the library's communicator; the result array.
+    ``signature``: the signature comparison, for an algorithm that carries it (numpy arrays)."""
     size = state.size
     if plan.local_only:
         if flat.send is not None:
@@ -241,6 +248,8 @@ def execute(state, plan, flat, op, datatype, xp, sequence):
         return flat.finish()
     comm = CallTags(state.library, sequence) if plan.algorithm.messages_only else state.library
     options = {} if plan.inner is None else {"inner": plan.inner}
+    if signature is not None:
+        options["signature"] = signature
     try:
         with np.errstate(all="ignore"):
             if plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
@@ -287,6 +296,10 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     # mpi4py finds a predefined datatype from the array itself: no [buffer, datatype] list to make
     raw = datatype.is_predefined and dtype.char in "bhilqBHILQefdgFDG?"
     empty, ndarray, in_place, errstate, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.errstate, np.divide
+    carried = code is not None and algorithm.carries_signature
+    options = {} if plan.inner is None else {"inner": plan.inner}
+    if carried:
+        options["signature"] = functools.partial(agree_on_signature, state, code, describe)
 
     def run(x, out):
         if x.strides != strides:
@@ -302,7 +315,7 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
             return None
         state.sequence += 1
         try:
-            if code is not None:
+            if code is not None and not carried:
                 agree_on_signature(state, code, describe)
             if direct:  # MPI_Allreduce itself
                 if raw:
@@ -313,7 +326,7 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
                 comm = CallTags(state.library, state.sequence) if algorithm.messages_only else state.library
                 with errstate(all="ignore"):
                     algorithm.run(comm, None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
-                                  datatype)
+                                  datatype, **options)
         except MPI.Exception as error:
             failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
             if failure is None:

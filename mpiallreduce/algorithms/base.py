@@ -37,6 +37,9 @@ class Algorithm:
     #: the call's number (CallTags), so that a message left behind by a call that failed midway
     #: can never be taken for the next call's
     messages_only = False
+    #: True when ``execute`` takes ``signature=``: a function that compares the call across the
+    #: ranks, which the algorithm makes in place of a synchronization of its own (no extra collective)
+    carries_signature = False
 
     def plan(self, size, rank, count):
         """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""

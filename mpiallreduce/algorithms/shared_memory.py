@@ -70,14 +70,32 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     memory = "host"
     across_nodes = "hierarchical"
 
-    def execute(self, plan, comm, send, recv, op, datatype):
+    #: the first barrier can be the ranks' signature comparison (mpiallreduce.api): no extra collective
+    carries_signature = True
+
+    def execute(self, plan, comm, send, recv, op, datatype, signature=None):
+        """``signature``: a function comparing the call across the ranks (a collective that raises on
+        every rank if they differ), made in place of the first barrier."""
+        window = cached(comm, "shared_window", lambda: None)
+        grows = window is None or window.half_bytes < recv.nbytes
+        if grows and signature is not None:
+            signature()  # growing is collective: only ranks whose calls match may get there
         window = shared_window(comm, recv.nbytes)
         segments = window.halves(recv.nbytes, recv.dtype)
         rank = comm.Get_rank()
 
         # Step 1: publish this rank's input
         np.copyto(segments[rank], recv if send is None else send)
-        window.fence(comm)
+        if grows or signature is None:
+            window.fence(comm)
+        else:  # the signature's allreduce is the barrier (no rank passes it before all have entered)
+            window.window.Sync()
+            try:
+                signature()
+            except Exception:
+                window.calls -= 1  # this call did not happen: the halves stay in step with the others'
+                raise
+            window.window.Sync()
 
         # Step 2: reduce this rank's slice over every segment, in rank order, and publish it
         a, b = plan.slices[rank]
