@@ -429,14 +429,23 @@ class PreparedAllreduce:
     def __call__(self):
         """Reduce the current contents of ``x``; returns the result array (the same every run)."""
         state = self.state
-        state.sequence += 1
+        state.sequence += 1  # numbered on the caller's thread, in program order
+        if _worker.pending and threading.current_thread() is not _worker.thread:
+            sequence = state.sequence
+            return run_in_order(lambda: self._run(sequence))
+        return self._run(state.sequence)
+
+    run = __call__
+
+    def _run(self, sequence):
+        state = self.state
         if self.timeout is not None:
-            Rendezvous(state, state.sequence, self.timeout, self.site).run()
+            Rendezvous(state, sequence, self.timeout, self.site).run()
         if self._direct is not None and self.timeout is None:
             try:
                 self._direct()
             except MPI.Exception as error:
-                failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
+                failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
                 if failure is None:
                     raise
                 raise failure from error
@@ -444,14 +453,14 @@ class PreparedAllreduce:
         flat = self.flat
         if not self._input_is_x:  # a strided or overlapping x: refresh the contiguous copy
             buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
-        return execute(state, self.plan, flat, self.op, self.datatype, self.xp, state.sequence)
-
-    run = __call__
+        return execute(state, self.plan, flat, self.op, self.datatype, self.xp, sequence)
 
     def start(self):
         """Run in the background (allreduce_async's worker); an AllreduceHandle."""
         from .asynchronous import submit_prepared
-        return submit_prepared(self)
+        self.state.sequence += 1  # numbered here, on the caller's thread
+        sequence = self.state.sequence
+        return submit_prepared(self, lambda: self._run(sequence))
 
     def __repr__(self):
         return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}>"

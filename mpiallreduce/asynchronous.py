@@ -181,11 +181,11 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     return _submit(call.run, x, description, meeting)
 
 
-def submit_prepared(prepared):
-    """Run a PreparedAllreduce on the worker; an AllreduceHandle."""
+def submit_prepared(prepared, run):
+    """Run a PreparedAllreduce (``run``: its numbered run) on the worker; an AllreduceHandle."""
     _check_thread_level()
     meeting = _Meeting(None, prepared.site)
-    return _submit(prepared.run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
+    return _submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
 
 
 def _submit(run, x, description, meeting):
