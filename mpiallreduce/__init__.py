@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "allreduce": ".api", "prepare": ".api", "PreparedAllreduce": ".api", "describe_call": ".api", "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api",
-    "allreduce_async": ".asynchronous",
+    "allreduce_async": ".api",
     "GradientSync": ".gradients", "broadcast_parameters": ".gradients", "check_replicas": ".gradients",
     "Mesh": ".mesh",
     "ALGORITHMS": ".algorithms",

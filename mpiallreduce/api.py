@@ -25,7 +25,7 @@ from mpi4py import MPI
 from . import buffers
 from .agreement import agree_on_call, describe_differences
 from .algorithms.base import CallTags
-from .asynchronous import _worker, run_in_order
+from .asynchronous import Meeting, _worker, check_thread_level, run_in_order, submit, submit_prepared
 from .device import namespace
 from .faults.errors import call_site
 from .faults.rendezvous import Rendezvous
@@ -38,7 +38,7 @@ from .startup import check_world_matches_slurm
 from .state import state_of
 from .transports import run_on_device
 
-__all__ = ["allreduce", "prepare", "PreparedAllreduce", "describe_call", "psum", "pmean", "pmax", "pmin",
+__all__ = ["allreduce", "allreduce_async", "prepare", "PreparedAllreduce", "describe_call", "psum", "pmean", "pmax", "pmin",
            "CHECK_ENV"]
 
 check_world_matches_slurm()  # the silent-singleton trap, before anything is reduced
@@ -99,6 +99,26 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
     if _worker.pending and threading.current_thread() is not _worker.thread:
         return run_in_order(call.run)  # keep to the order in which this process started collectives
     return call.run()
+
+
+def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=False, **kwargs):
+    """Start ``allreduce(x, ...)`` (same arguments) in the background; returns an AllreduceHandle.
+
+    The communicator, its library state, the call's number and call site are taken here, on the
+    calling thread, in program order; the worker thread only runs the call, on the library's own
+    communicators. ``x`` (and ``out``) must not change until ``wait()`` returns: the worker reads
+    and writes them meanwhile (with MPIALLREDUCE_DEBUG_INPUTS=1, ``wait`` checks that ``x`` did not).
+    """
+    check_thread_level()
+    unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout"}
+    if unknown:
+        raise TypeError(f"allreduce_async got unexpected keyword arguments {sorted(unknown)}")
+    call = _Call.start(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
+                       kwargs.get("groups"), kwargs.get("timeout"), call_site(2))
+    meeting = call.meeting = Meeting(call.timeout, call.site)
+    description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
+    return submit(call.run, x, description, meeting)
+
 
 
 class _Call:
@@ -457,7 +477,6 @@ class PreparedAllreduce:
 
     def start(self):
         """Run in the background (allreduce_async's worker); an AllreduceHandle."""
-        from .asynchronous import submit_prepared
         self.state.sequence += 1  # numbered here, on the caller's thread
         sequence = self.state.sequence
         return submit_prepared(self, lambda: self._run(sequence))

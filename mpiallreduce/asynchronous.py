@@ -18,7 +18,8 @@ from mpi4py import MPI
 
 from .device import namespace, synchronize
 
-__all__ = ["AllreduceHandle", "allreduce_async", "submit_prepared", "asynchronous_calls_pending", "run_in_order"]
+__all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order",
+           "check_thread_level", "Meeting"]
 
 
 #: how long wait(timeout) waits beyond ``timeout`` for the call to give up on its own
@@ -26,7 +27,7 @@ __all__ = ["AllreduceHandle", "allreduce_async", "submit_prepared", "asynchronou
 GIVE_UP_GRACE_SECONDS = 2.0
 
 
-class _Meeting:
+class Meeting:
     """The rendezvous of one asynchronous call, made when the worker starts it; a deadline asked
     for earlier (by ``wait(timeout)``) is applied then."""
 
@@ -142,7 +143,7 @@ class _Worker:
 _worker = _Worker()
 
 
-def _check_thread_level():
+def check_thread_level():
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         raise RuntimeError("allreduce_async needs MPI initialised with MPI_THREAD_MULTIPLE "
                            f"(this process has level {MPI.Query_thread()}); mpi4py asks for it by default")
@@ -160,35 +161,14 @@ def run_in_order(function):
     return function()
 
 
-def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=False, **kwargs):
-    """Start ``allreduce(x, ...)`` (same arguments) in the background; returns an AllreduceHandle.
-
-    The communicator, its library state, the call's number and call site are taken here, on the
-    calling thread, in program order; the worker thread only runs the call, on the library's own
-    communicators. ``x`` (and ``out``) must not change until ``wait()`` returns: the worker reads
-    and writes them meanwhile (with MPIALLREDUCE_DEBUG_INPUTS=1, ``wait`` checks that ``x`` did not).
-    """
-    from .api import _Call
-    from .faults.errors import call_site
-    _check_thread_level()
-    unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout"}
-    if unknown:
-        raise TypeError(f"allreduce_async got unexpected keyword arguments {sorted(unknown)}")
-    call = _Call.start(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
-                       kwargs.get("groups"), kwargs.get("timeout"), call_site(2))
-    meeting = call.meeting = _Meeting(call.timeout, call.site)
-    description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
-    return _submit(call.run, x, description, meeting)
-
-
 def submit_prepared(prepared, run):
     """Run a PreparedAllreduce (``run``: its numbered run) on the worker; an AllreduceHandle."""
-    _check_thread_level()
-    meeting = _Meeting(None, prepared.site)
-    return _submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
+    check_thread_level()
+    meeting = Meeting(None, prepared.site)
+    return submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
 
 
-def _submit(run, x, description, meeting):
+def submit(run, x, description, meeting):
     from .settings import settings
     xp = namespace(x)
     checksum = _checksum(x) if settings().debug_inputs else None

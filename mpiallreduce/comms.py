@@ -1,8 +1,8 @@
 """What an algorithm builds once per communicator and reuses, cached on it as an MPI attribute.
 
 Node communicators, shared windows, group communicators (``cached``). The library's own
-duplicates of a user's communicator live in mpiallreduce.state; ``private_duplicate`` hands out
-the one every library collective and message uses.
+duplicates of a user's communicator, and what it keeps per user communicator, live in
+mpiallreduce.state.
 
 The attribute's delete callback frees what it holds when the user's communicator is freed (or at
 ``MPI_Finalize`` for ``COMM_WORLD``).
@@ -11,7 +11,7 @@ import threading
 
 from mpi4py import MPI
 
-__all__ = ["private_duplicate", "cached", "cached_if_made"]
+__all__ = ["cached", "cached_if_made", "replace_cached"]
 
 _KEYVAL = None
 _lock = threading.Lock()
@@ -69,9 +69,3 @@ def replace_cached(comm, name, value):
         _free_cache(comm, None, {name: old})
     cache[name] = value
     return value
-
-
-def private_duplicate(comm):
-    """The library's own duplicate of ``comm`` (collective the first time it is asked for)."""
-    from .state import state_of
-    return state_of(comm).make_ready().library

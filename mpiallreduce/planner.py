@@ -32,8 +32,8 @@ import numpy as np
 from .algorithms import ALGORITHMS, REGISTRY, Algorithm
 from .tuning import choose_name
 
-__all__ = ["CallFacts", "CallPlan", "plan_call", "check_algorithm_name", "DEVICE_TO_DEVICE_MIN_BYTES",
-           "NOT_ACROSS_NODES"]
+__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name",
+           "DEVICE_TO_DEVICE_MIN_BYTES", "NOT_ACROSS_NODES"]
 
 #: device arrays from this size up take the device-to-device path under "auto" (on one node);
 #: smaller ones MPI_Allreduce (straight, or through host memory). A first guess, not yet measured.
@@ -153,3 +153,8 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         accumulate = np.dtype(np.float32)
     check_signature = 0 <= facts.signature_min_bytes <= nbytes
     return CallPlan(chosen, auto, reason, path, accumulate, False, check_signature, inner)
+
+
+def choose_algorithm(nbytes, size):
+    """The algorithm "auto" runs for numpy arrays of ``nbytes`` bytes on ``size`` ranks of one node."""
+    return plan_call(CallFacts(size=size), False, np.dtype(np.uint8), max(nbytes, 1), "sum", "auto").algorithm

@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
-__all__ = ["Settings", "settings", "reset_settings", "parse_bool", "parse_bytes", "TRUE_WORDS", "FALSE_WORDS"]
+__all__ = ["Settings", "settings", "reset_settings", "digest_of", "parse_bool", "parse_bytes", "TRUE_WORDS", "FALSE_WORDS"]
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
@@ -92,7 +92,8 @@ class Settings:
     ring_segment_bytes: int = 1 << 20
     #: MPIALLREDUCE_STAGED_SEGMENT_BYTES: staged_ring's segment (not yet tuned on a GPU)
     staged_segment_bytes: int = 4 << 20
-    #: MPIALLREDUCE_TUNING: the tuning table's path ("" for the one shipped)
+    #: MPIALLREDUCE_TUNING: the tuning table's path ("" for the one shipped; the ranks must agree on
+    #: the table's content, not its path)
     tuning_path: str = ""
     #: MPIALLREDUCE_CUDA_AWARE: True/False forces; None asks the MPI library
     cuda_aware: Optional[bool] = None
@@ -104,8 +105,8 @@ class Settings:
     debug_inputs: bool = False
 
     #: the fields every rank of a communicator must agree on
-    AGREED = ("timeout", "signature_min_bytes", "ring_segment_bytes", "staged_segment_bytes",
-              "tuning_digest", "cuda_aware", "ranks_per_node")
+    AGREED = ("check", "timeout", "signature_min_bytes", "ring_segment_bytes", "staged_segment_bytes",
+              "cuda_aware", "ranks_per_node")
 
     @classmethod
     def from_environment(cls, environ=None):
@@ -135,20 +136,16 @@ class Settings:
             debug_inputs=parse_bool("MPIALLREDUCE_DEBUG_INPUTS", env.get("MPIALLREDUCE_DEBUG_INPUTS")),
         )
 
-    @property
-    def tuning_digest(self):
-        """A digest of the tuning table's content (not its path: two copies of one table agree)."""
-        from .tuning import table_digest
-        return table_digest()
+    def agreed(self, **more):
+        """{name: value} of every setting that must be the same on every rank (and ``more``: the
+        tuning table's digest, which mpiallreduce.state adds)."""
+        return dict({name: getattr(self, name) for name in self.AGREED}, **more)
 
-    def agreed(self):
-        """{name: value} of every setting that must be the same on every rank."""
-        return {name: getattr(self, name) for name in self.AGREED}
 
-    def digest(self):
-        """A 63-bit number that differs (but for a 2**-63 chance) when ``agreed()`` differs."""
-        text = repr(sorted(self.agreed().items())).encode()
-        return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+def digest_of(agreed):
+    """A 63-bit number that differs (but for a 2**-63 chance) when ``agreed`` differs."""
+    text = repr(sorted(agreed.items())).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
     def describe(self):
         return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))

@@ -21,7 +21,8 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from .settings import settings
+from .settings import digest_of, settings
+from .tuning import table_digest
 
 __all__ = ["CommState", "state_of", "world_state", "forget_plans", "SettingsMismatch"]
 
@@ -104,13 +105,14 @@ class CommState:
         return self
 
     def _agree_on_settings(self):
-        mine = self.settings.digest()
+        agreed = self.settings.agreed(tuning_table=table_digest())
+        mine = digest_of(agreed)
         extremes = np.array([mine, -mine], dtype=np.int64)
         self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
         if extremes[0] == -extremes[1]:  # max == min: every rank has the same digest
             return
         from .agreement import describe_differences
-        everyone = self.library.allgather(self.settings.agreed())
+        everyone = self.library.allgather(agreed)
         raise SettingsMismatch(
             f"rank {self.rank}: the settings that must match on every rank of this communicator of "
             f"{self.size} ranks differ (see mpiallreduce.settings):\n  " + "\n  ".join(describe_differences(everyone)))

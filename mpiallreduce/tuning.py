@@ -41,9 +41,11 @@ def set_tuning_table(path_or_table):
             _table = json.load(f)
     _choices.clear()
     import sys
-    if "mpiallreduce.planner" in sys.modules:  # what was planned with the old table is forgotten
-        sys.modules["mpiallreduce.planner"].plan_call.cache_clear()
-        sys.modules["mpiallreduce.state"].forget_plans()
+    planner, state = sys.modules.get("mpiallreduce.planner"), sys.modules.get("mpiallreduce.state")
+    if planner is not None:  # what was planned with the old table is forgotten
+        planner.plan_call.cache_clear()
+    if state is not None:
+        state.forget_plans()
 
 
 def tuning_table():

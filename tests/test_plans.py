@@ -85,7 +85,7 @@ def test_recursive_doubling_plan_reduces_every_element_once_everywhere(p):
 
 def test_auto_follows_the_tuning_table():
     from mpiallreduce import tuning
-    from mpiallreduce.algorithms import choose_algorithm
+    from mpiallreduce.planner import choose_algorithm
     table = {"by_ranks": {"2": [{"up_to_bytes": 1000, "algorithm": "recursive_doubling"},
                                 {"up_to_bytes": None, "algorithm": "ring"}],
                           "4": [{"up_to_bytes": None, "algorithm": "rabenseifner"}]}}

@@ -7,7 +7,7 @@ import pkgutil
 
 from .base import Algorithm
 
-__all__ = ["ALGORITHMS", "HOST_ALGORITHMS", "REGISTRY", "get_algorithm", "choose_algorithm", "Algorithm"]
+__all__ = ["ALGORITHMS", "HOST_ALGORITHMS", "REGISTRY", "get_algorithm", "Algorithm"]
 
 _NOT_ALGORITHM_MODULES = {"base", "power_of_two"}
 
@@ -45,11 +45,3 @@ def get_algorithm(name):
         raise ValueError(
             f"unknown algorithm {name!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}"
         ) from None
-
-
-def choose_algorithm(nbytes, size):
-    """The algorithm "auto" runs for numpy arrays of ``nbytes`` bytes on ``size`` ranks of one node
-    (mpiallreduce.planner decides every case; this is its one-node answer, kept for tools and tests)."""
-    from ..planner import CallFacts, plan_call
-    import numpy as np
-    return plan_call(CallFacts(size=size), False, np.dtype(np.uint8), max(nbytes, 1), "sum", "auto").algorithm
