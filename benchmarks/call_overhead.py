@@ -8,9 +8,11 @@ ratio to raw ``comm.Allreduce`` on the same buffers:
 - 4 B: raw comm.Allreduce, persistent MPI_Allreduce_init (Start + Wait), mar.prepare(...)(),
   mar.allreduce(algorithm="mpi"), mar.allreduce (auto);
 - 64 KiB: raw, a prepared call (agreed once, no per-call check), allreduce(algorithm="mpi") with the
-  signature check that calls from 64 KiB on make by default, and that check alone;
+  signature check that calls from 64 KiB on make by default, and that check alone; then auto
+  (shared_memory here, which carries the check in its first barrier) with and without the check;
 - 4 KiB and 1 MiB: ring without and with timeout=60 (the rendezvous of mpiallreduce.faults).
 """
+import dataclasses
 import statistics
 import time
 
@@ -18,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
+from mpiallreduce import settings as settings_module
 from mpiallreduce.api import agree_on_signature
 from mpiallreduce.state import state_of
 
@@ -75,6 +78,22 @@ def main():
         "the signature check alone": signature_alone,
     }, 400)))
 
+    # auto at 64 KiB (shared_memory on one node, which makes the signature comparison in place of
+    # its first barrier): one communicator made while the check is on, one while it is off. Each
+    # keeps what its first call bound, so both run side by side in one loop.
+    checked, unchecked = COMM.Dup(), COMM.Dup()
+    mar.allreduce(y, out=result, comm=checked)
+    current = settings_module.settings()
+    settings_module.reset_settings(dataclasses.replace(current, signature_min_bytes=-1))
+    mar.allreduce(y, out=result, comm=unchecked)
+    settings_module.reset_settings(current)
+    rows.append(("64 KiB auto", compare({
+        "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(y, result),
+        "allreduce (auto), signature not checked": lambda: mar.allreduce(y, out=result, comm=unchecked),
+        "allreduce (auto), signature checked": lambda: mar.allreduce(y, out=result, comm=checked),
+    }, 400)))
+    plan = mar.describe_call(y, comm=checked)
+
     for nbytes, iterations in ((4096, 200), (1 << 20, 20)):
         z = np.ones(nbytes // 4, np.float32)
         zout = np.empty_like(z)
@@ -84,6 +103,7 @@ def main():
         }, iterations)))
     persistent.Free()
     if COMM.Get_rank() == 0:
+        print(f"# auto at 64 KiB runs: {plan}")
         print(f"# {COMM.Get_size()} ranks; median of {REPETITIONS} interleaved repetitions, slowest rank, us per call")
         for size, measured in rows:
             raw = measured.get("MPI_Allreduce (mpi4py)")

@@ -141,17 +141,17 @@ class Settings:
         tuning table's digest, which mpiallreduce.state adds)."""
         return dict({name: getattr(self, name) for name in self.AGREED}, **more)
 
-
-def digest_of(agreed):
-    """A 63-bit number that differs (but for a 2**-63 chance) when ``agreed`` differs."""
-    text = repr(sorted(agreed.items())).encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
-
     def describe(self):
         return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
 
     def as_dict(self):
         return asdict(self)
+
+
+def digest_of(agreed):
+    """A 63-bit number that differs (but for a 2**-63 chance) when ``agreed`` differs."""
+    text = repr(sorted(agreed.items())).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
 def _positive(value, name):
