@@ -281,7 +281,7 @@ def test_no_check_and_no_timeout_add_no_collective_and_no_message():
         counting = state.library = _CountingComm(state.library)
         for _ in range(10):
             assert mar.allreduce(x, comm=comm, algorithm="mpi")[0] == comm.Get_size()
-        assert counting.calls == ["Allreduce"] * 10
+        assert counting.calls == (["Allreduce"] * 10 if comm.Get_size() > 1 else [])  # one rank: a local copy
         assert state.channel is None, "no control message was sent"
         state.library = counting.comm
     finally:
