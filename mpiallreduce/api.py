@@ -95,7 +95,7 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
             result = fast(x, out)
             if result is not None:
                 return result
-    call = _Call.start(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, call_site(2))
+    call = _Call.start(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout)
     if _worker.pending and threading.current_thread() is not _worker.thread:
         return run_in_order(call.run)  # keep to the order in which this process started collectives
     return call.run()
@@ -114,7 +114,7 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     if unknown:
         raise TypeError(f"allreduce_async got unexpected keyword arguments {sorted(unknown)}")
     call = _Call.start(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
-                       kwargs.get("groups"), kwargs.get("timeout"), call_site(2))
+                       kwargs.get("groups"), kwargs.get("timeout"))
     meeting = call.meeting = Meeting(call.timeout, call.site)
     description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
     return submit(call.run, x, description, meeting)
@@ -127,7 +127,7 @@ class _Call:
     __slots__ = ("x", "op", "algorithm", "out", "check", "timeout", "site", "state", "sequence", "meeting")
 
     @classmethod
-    def start(cls, x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, site):
+    def start(cls, x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, site=None):
         """Resolve the communicator, make its state and number the call: on the caller's thread."""
         call = cls()
         if not isinstance(check, bool):
@@ -142,7 +142,8 @@ class _Call:
         call.x, call.op, call.algorithm, call.out = x, op, algorithm, out
         call.check = check or current.check
         call.timeout = current.timeout if timeout is None else timeout
-        call.site = site
+        # the call site (a walk up the stack) only where it is compared or reported
+        call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
         call.meeting = None
         call.state = state = state_of(comm)
         if comm is _WORLD and state.fast_calls is not _WORLD_FAST_CALLS:
