@@ -69,7 +69,7 @@ def device_memory(kind):
     if kind == "cpu":
         return HostMemory()
     if kind == "fake-gpu":
-        from .testing import fake_cupy
+        from ..testing import fake_cupy
         return DeviceMemory(fake_cupy)
     import cupy
     select_gpu(xp=cupy)
