@@ -317,6 +317,7 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     # mpi4py finds a predefined datatype from the array itself: no [buffer, datatype] list to make
     raw = datatype.is_predefined and dtype.char in "bhilqBHILQefdgFDG?"
     empty, ndarray, in_place, errstate, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.errstate, np.divide
+    may_share_memory = np.may_share_memory
     carried = code is not None and algorithm.carries_signature
     options = {} if plan.inner is None else {"inner": plan.inner}
     if carried:
@@ -329,9 +330,9 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
             result, send = empty(shape, dtype), x
         elif out is x:
             result, send = x, in_place
-        elif (type(out) is ndarray and out.base is None and x.base is None and out.dtype is dtype
-              and out.shape == shape and out.strides == strides):
-            result, send = out, x  # (both own their memory: they cannot overlap; MPI refuses a read-only out)
+        elif (type(out) is ndarray and out.dtype is dtype and out.shape == shape and out.strides == strides
+              and ((out.base is None and x.base is None) or not may_share_memory(x, out))):
+            result, send = out, x  # (they do not overlap; MPI refuses a read-only out)
         else:
             return None
         state.sequence += 1
@@ -362,16 +363,18 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
 
 
 def _remember_fast_call(state, x, op, algorithm, plan, reduce_op):
-    if plan.local_only or len(state.fast_calls) >= 256 or not isinstance(op, str) or not isinstance(algorithm, str):
-        return
+    key = (x.shape, x.dtype, op, algorithm)
+    if (key in state.fast_calls or plan.local_only or len(state.fast_calls) >= 256 or not isinstance(op, str)
+            or not isinstance(algorithm, str)):
+        return  # (already made: a call that takes the general path anyway, with strided or other arrays)
     shape, dtype_name = x.shape, str(x.dtype)
     code = _signature_code(x, op, plan) if plan.check_signature else None
 
     def describe():
         return {"memory": "host", "shape": tuple(shape), "dtype": dtype_name, "op": op, "algorithm": plan.name}
-    state.fast_calls[(x.shape, x.dtype, op, algorithm)] = _short_path(state, plan, x.shape, x.dtype, reduce_op,
+    state.fast_calls[key] = _short_path(state, plan, x.shape, x.dtype, reduce_op,
                                                                        code, describe)
-    if state.user is not _WORLD and state.handle not in _fast_states:
+    if state.handle not in _fast_states:  # (COMM_WORLD too, when it is passed as comm=)
         _fast_states[state.handle] = state
         state.on_free.append(lambda: _fast_states.pop(state.handle, None))
 
