@@ -145,7 +145,7 @@ class _Call:
         # the call site (a walk up the stack) only where it is compared or reported
         call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
         call.meeting = None
-        call.state = state = state_of(comm)
+        call.state = state = state_of(comm, blocking=call.timeout is None)
         if comm is _WORLD and state.fast_calls is not _WORLD_FAST_CALLS:
             _WORLD_FAST_CALLS.clear()
             state.fast_calls = _WORLD_FAST_CALLS

@@ -1,11 +1,17 @@
 """What the library keeps per user communicator: one typed object, made on the caller's thread.
 
     user comm ──Idup──> library   every collective and message the library makes: the algorithms,
-                                  MPI_Allreduce itself, the signature and settings checks
-              ──Idup──> control   the rendezvous of timed calls (mpiallreduce.faults.rendezvous)
+                                  MPI_Allreduce itself, the signature and settings checks, and on
+                                  its own tag (TAG_UB) the rendezvous of timed calls
+                                  (mpiallreduce.faults.rendezvous)
 
-Both duplicates are started (non-blocking ``MPI_Comm_idup``) the first time a communicator is used,
-on the thread that called the library, in program order: so the library's collectives never meet
+The duplicate is made the first time a communicator is used, on the thread that called the
+library, in program order: ``MPI_Comm_dup`` when that call is untimed; ``MPI_Comm_idup`` when it
+is timed, so that a straggler on the very first call is reported, not waited for. (One duplicate,
+left outstanding only while a timed first call waits: CI saw a duplicate hang, and ranks grow to
+11 GiB until the kernel killed them, when two Idups per communicator stayed outstanding while the
+program went on making communicators; Open MPI's non-blocking context-id agreement is fragile
+there, open-mpi/ompi#2025.) so the library's collectives never meet
 the user's own on the user's communicator, whatever the user does meanwhile (``comm.allreduce``,
 ``check_replicas``) and whichever thread runs the library's call (allreduce_async's worker). The
 first call then completes them (at once when untimed; within its timeout when timed, so that a
@@ -39,15 +45,19 @@ _keyval = None
 class CommState:
     """The library's state for one user communicator (see the module's docstring)."""
 
-    def __init__(self, user):
+    def __init__(self, user, blocking=True):
         self.user = user
         self.size = user.Get_size()
         self.rank = user.Get_rank()
         #: calls this rank made on the communicator that reached communication (1, 2, ...)
         self.sequence = 0
         self.settings = settings()
-        self.library, self._library_request = user.Idup()
-        self.control, self._control_request = user.Idup()
+        if blocking:
+            self.library, self._library_request = user.Dup(), None
+        else:
+            self.library, self._library_request = user.Idup()
+        #: where the rendezvous's control messages go: the library's duplicate, on a tag of their own
+        self.control = self.library
         self.ready = False
         self.spans_nodes = False
         self.node_count = 1
@@ -65,21 +75,17 @@ class CommState:
         self.signature_buffer = np.zeros(2, dtype=np.int64)
         self.lock = threading.Lock()
 
-    # -- completing the duplicates ------------------------------------------------------------
-
-    def control_request(self):
-        """The pending request of the control channel's Idup, or None once it is complete."""
-        return self._control_request
+    # -- completing the duplicate --------------------------------------------------------------
 
     def control_ready(self):
-        """Complete the control channel if it can be without waiting; whether it is complete."""
-        if self._control_request is not None and self._control_request.Test():
-            self._control_request = None
-        return self._control_request is None
+        """Complete the duplicate if it can be without waiting; whether it is complete."""
+        if self._library_request is not None and self._library_request.Test():
+            self._library_request = None
+        return self._library_request is None
 
     def make_ready(self):
         """Collective over the ranks of the communicator (every one is in this call): complete the
-        duplicates, agree on the settings, learn the topology. Raises on every rank if the settings
+        duplicate, agree on the settings, learn the topology. Raises on every rank if the settings
         differ."""
         if self.ready:
             if self.broken is not None:
@@ -88,10 +94,9 @@ class CommState:
         with self.lock:
             if self.ready:
                 return self.make_ready()
-            for request in (self._library_request, self._control_request):
-                if request is not None:
-                    request.Wait()
-            self._library_request = self._control_request = None
+            if self._library_request is not None:
+                self._library_request.Wait()
+                self._library_request = None
             from .faults.rendezvous import announce_given_up
             announce_given_up(self)
             try:
@@ -137,19 +142,18 @@ class CommState:
             self.ready = False
 
     def library_communicators(self):
-        return tuple(c for c in (self.library, self.control) if c is not None)
+        return (self.library,) if self.library is not None else ()
 
     def free(self):
         for forget in self.on_free:
             forget()
         from .faults.rendezvous import free_channel
         free_channel(self)
-        for request in (self._library_request, self._control_request):
-            if request is not None:
-                try:
-                    request.Wait()
-                except MPI.Exception:
-                    pass
+        if self._library_request is not None:
+            try:
+                self._library_request.Wait()
+            except MPI.Exception:
+                pass
         for comm in self.library_communicators():
             if comm != MPI.COMM_NULL:
                 try:
@@ -166,10 +170,10 @@ def _forget(comm, keyval, state):
         state.free()
 
 
-def state_of(comm):
-    """The CommState of ``comm``, made (non-blocking duplicates started) on first use.
+def state_of(comm, blocking=True):
+    """The CommState of ``comm``, made on first use: its duplicate made (``blocking``) or started.
 
-    Call it on the thread that makes the call, in program order: it may start collectives.
+    Call it on the thread that makes the call, in program order: it may start a collective.
     """
     state = _states.get(comm.handle)
     if state is not None:  # (a freed communicator's state is forgotten: handles are not reused stale)
@@ -181,7 +185,7 @@ def state_of(comm):
             return state
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_forget)
-        state = CommState(comm)
+        state = CommState(comm, blocking)
         state.handle = comm.handle
         comm.Set_attr(_keyval, state)
         _states[comm.handle] = state

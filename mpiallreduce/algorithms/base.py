@@ -78,12 +78,13 @@ class CallTags:
     unmatched instead of corrupting a later call. ``slot`` tags of room per call."""
 
     slot = 1024
-    calls_apart = None  # (MPI_TAG_UB + 1) // slot: 2**21 calls with Open MPI's TAG_UB of 2**31 - 1
+    calls_apart = None  # (MPI_TAG_UB + 1) // slot - 1: 2**21 - 1 calls with Open MPI's TAG_UB of 2**31 - 1
+    # (the last slot is left out: its top tag, MPI_TAG_UB, carries the timed calls' control messages)
 
     def __init__(self, comm, sequence):
         if CallTags.calls_apart is None:
             from mpi4py import MPI
-            CallTags.calls_apart = max(1, (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1) // self.slot)
+            CallTags.calls_apart = max(1, (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1) // self.slot - 1)
         self.comm = comm
         self.offset = (sequence % CallTags.calls_apart) * self.slot
 

@@ -1,8 +1,8 @@
 """Timeouts: the ranks meet before a timed call moves any data, so a straggler is a diagnosis, not a hang.
 
 ``allreduce(x, timeout=T)`` (or ``MPIALLREDUCE_TIMEOUT=T``) first meets the other ranks on the
-library's control communicator (mpiallreduce.state), in two rounds of 16-byte messages
-(kind, call number) on one tag:
+library's communicator (mpiallreduce.state), in two rounds of 16-byte messages
+(kind, call number) on one tag of their own, MPI_TAG_UB (the algorithms' tags stay below it):
 
     round 1  every rank sends ARRIVED(#n) to every other and waits for all of theirs, at most T s
              (a warning names the ranks still missing at a fraction of T: default 0.5)
@@ -42,7 +42,15 @@ __all__ = ["Rendezvous", "announce_given_up", "free_channel", "ARRIVED", "GO", "
 
 ARRIVED, GO, GAVE_UP = 0, 1, 2
 _KIND_NAMES = {ARRIVED: "ARRIVED", GO: "GO", GAVE_UP: "GAVE_UP"}
-CONTROL_TAG = 7
+#: the control messages' tag: the highest there is (CallTags keeps every algorithm's tag below it)
+CONTROL_TAG = None
+
+
+def _control_tag():
+    global CONTROL_TAG
+    if CONTROL_TAG is None:
+        CONTROL_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    return CONTROL_TAG
 
 
 class _Channel:
@@ -53,7 +61,8 @@ class _Channel:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.peers = [r for r in range(self.size) if r != self.rank]
         self.inbox = np.zeros((self.size, 2), dtype=np.int64)
-        self.receives = {r: comm.Irecv([self.inbox[r], MPI.INT64_T], r, CONTROL_TAG) for r in self.peers}
+        self.tag = _control_tag()
+        self.receives = {r: comm.Irecv([self.inbox[r], MPI.INT64_T], r, self.tag) for r in self.peers}
         #: messages of calls later than the one being met, per peer: (kind, number)
         self.early = {r: deque() for r in self.peers}
         #: the highest call number seen from each peer
@@ -65,7 +74,7 @@ class _Channel:
             self.sends.popleft()
         message = np.array([kind, number], dtype=np.int64)
         for r in self.peers if ranks is None else ranks:
-            self.sends.append((self.comm.Isend([message, MPI.INT64_T], r, CONTROL_TAG), message))
+            self.sends.append((self.comm.Isend([message, MPI.INT64_T], r, self.tag), message))
 
     def receive(self, number):
         """Yield (peer, kind) for every message of call ``number`` that has come; keep later ones."""
@@ -80,7 +89,7 @@ class _Channel:
                 if not request.Test():
                     break
                 kind, n = int(self.inbox[r, 0]), int(self.inbox[r, 1])
-                request = self.receives[r] = self.comm.Irecv([self.inbox[r], MPI.INT64_T], r, CONTROL_TAG)
+                request = self.receives[r] = self.comm.Irecv([self.inbox[r], MPI.INT64_T], r, self.tag)
                 self.latest[r] = max(self.latest[r], n)
                 if n == number:
                     yield r, kind

@@ -191,6 +191,8 @@ def test_call_numbers_far_apart_never_confuse_tags_or_control_messages():
                 mar.allreduce(np.ones(3), comm=comm, timeout=1.0)
             comm.Barrier()
         apart = CallTags(comm, 0).calls_apart
+        highest_algorithm_tag = CallTags(comm, apart - 1).offset + CallTags.slot - 1
+        assert highest_algorithm_tag < comm.Get_attr(MPI.TAG_UB), "the control messages' tag is TAG_UB"
         for jump in (10_000, (apart - 2) - (state.sequence + 10_000) % apart):  # then 2 calls before the wrap
             state.sequence += jump
             for _ in range(4):
