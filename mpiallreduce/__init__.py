@@ -22,6 +22,7 @@ _EXPORTS = {
     "select_gpu": ".device",
     "OPS": ".ops",
     "AllreduceTimeout": ".faults", "RankFailure": ".faults", "AllreduceStallWarning": ".faults",
+    "AllreduceAborted": ".faults",
     "survivors": ".faults", "exit_after_rank_failures": ".faults",
     "abort_on_exception": ".aborting",
 }

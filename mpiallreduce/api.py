@@ -15,7 +15,7 @@ A call flows one way:
 A call that repeats one already made (same communicator, dtype, shape, op and algorithm, no check,
 no timeout, contiguous numpy arrays) takes a short path with the plan it made the first time.
 """
-import functools
+import sys
 import threading
 import zlib
 
@@ -27,8 +27,9 @@ from .agreement import agree_on_call, describe_differences
 from .algorithms.base import CallTags
 from .asynchronous import Meeting, _worker, check_thread_level, run_in_order, submit, submit_prepared
 from .device import namespace
-from .faults.errors import call_site
+from .faults.errors import AllreduceAborted, AllreduceTimeout, call_site
 from .faults.rendezvous import Rendezvous
+from .faults.watch import PeerWatch
 from .faults.ulfm import failure_of
 from .mesh import resolve_communicator
 from .ops import get_op
@@ -179,13 +180,13 @@ class _Call:
             plan = _plan_for(state, x, self.op, self.algorithm)
             if plan.check_signature:
                 code = _signature_code(x, self.op, plan)
-                signature = functools.partial(agree_on_signature, state, code,
-                                              lambda: _signature(x, self.op, plan.name))
+                signature = CallSignature(state, code, lambda: _signature(x, self.op, plan.name))
                 if xp is not None or not plan.algorithm.carries_signature:
-                    signature = signature()  # (None: compared)
+                    signature = signature.agree()  # (None: compared)
         flat = buffers.flat_buffers(x, self.out)
         op = get_op(self.op)
-        result = execute(state, plan, flat, op, buffers.mpi_datatype(x.dtype), xp, self.sequence, signature)
+        result = execute(state, plan, flat, op, buffers.mpi_datatype(x.dtype), xp, self.sequence, signature,
+                         self.timeout)
         if (xp is None and not self.check and self.timeout is None and plan.accumulate is None
                 and x.flags.c_contiguous):
             _remember_fast_call(state, x, self.op, self.algorithm, plan, op)
@@ -247,27 +248,73 @@ def agree_on_signature(state, code, describe):
     """One 16-byte allreduce on the library's communicator: raise ValueError on every rank, naming
     what differs and where, unless every rank's ``code`` is the same. ``describe()``: this rank's
     signature as a dict, gathered only when the codes differ."""
-    extremes = state.signature_buffer
-    extremes[0], extremes[1] = code, -code
-    state.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)
-    if extremes[0] == -extremes[1]:
-        return
+    slots = state.signature_slots
+    if slots is not None:  # one node: a barrier over codes in shared memory (mpiallreduce.state.SignatureSlots)
+        slots.publish(code)
+        state.library.Barrier()
+        if slots.all_equal(code):
+            return
+    else:
+        extremes = state.signature_buffer
+        extremes[0], extremes[1] = code, -code
+        state.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)
+        if extremes[0] == -extremes[1]:
+            return
+    raise_signature_mismatch(state, describe)
+
+
+def raise_signature_mismatch(state, describe):
+    """Collective, on ranks that all know the codes differ: gather what each rank called, raise."""
     differences = describe_differences(state.library.allgather(describe()))
     raise ValueError(f"rank {state.rank}: allreduce call #{state.sequence} differs between the {state.size} ranks "
                      "(shape, dtype, op or algorithm; see also check=True):\n  "
                      + "\n  ".join(differences or ["(the calls' digests differ)"]))
 
 
-def execute(state, plan, flat, op, datatype, xp, sequence, signature=None):
+class CallSignature:
+    """A call's signature code, for an algorithm that carries the comparison (``carries_signature``):
+    ``agree()`` compares it in a barrier or collective of its own; an algorithm with a barrier of its
+    own on one node (shared_memory) instead calls ``publish()`` before it and ``compare()`` after
+    it, which raises on every rank when the codes differ (the same barrier as ``agree()``'s, so
+    ranks that run different algorithms for calls that differ still meet)."""
+
+    __slots__ = ("state", "code", "describe")
+
+    def __init__(self, state, code, describe):
+        self.state, self.code, self.describe = state, code, describe
+
+    def agree(self):
+        agree_on_signature(self.state, self.code, self.describe)
+
+    def shared(self):
+        """Whether the codes go through shared memory (publish/compare around a barrier)."""
+        return self.state.signature_slots is not None
+
+    def publish(self):
+        self.state.signature_slots.publish(self.code)
+
+    def compare(self):
+        if not self.state.signature_slots.all_equal(self.code):
+            raise_signature_mismatch(self.state, self.describe)  # (collective: every rank is here)
+
+
+def execute(state, plan, flat, op, datatype, xp, sequence, signature=None, timeout=None):
     """Run ``plan`` on the flat buffers on the library's communicator; the result array.
-    ``signature``: the signature comparison, for an algorithm that carries it (numpy arrays)."""
+    ``signature``: the signature comparison, for an algorithm that carries it (numpy arrays).
+    A hand-written algorithm's waits watch the peers (mpiallreduce.faults.watch): a rank that fails
+    midway ends the call on every rank, and so does ``timeout`` running out in the middle."""
     size = state.size
     if plan.local_only:
         if flat.send is not None:
             buffers.copy_into(flat.recv, flat.send)
         op.finish(flat.recv, size)
         return flat.finish()
-    comm = CallTags(state.library, sequence) if plan.algorithm.messages_only else state.library
+    watch = None
+    if plan.algorithm.messages_only:
+        watch = PeerWatch(state, sequence, timeout, plan.name)
+        comm = CallTags(state.library, sequence, watch)
+    else:
+        comm = state.library
     options = {} if plan.inner is None else {"inner": plan.inner}
     if signature is not None:
         options["signature"] = signature
@@ -284,9 +331,22 @@ def execute(state, plan, flat, op, datatype, xp, sequence, signature=None):
     except MPI.Exception as error:  # a dead rank (ULFM): every survivor raises RankFailure
         failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
         if failure is None:
+            _leave_midway(watch)
             raise
         raise failure from error
+    except BaseException:
+        _leave_midway(watch)
+        raise
     return flat.finish()
+
+
+def _leave_midway(watch):
+    """This rank's part of a hand-written algorithm failed: the others are told, not left waiting
+    (AllreduceAborted is a peer's failure, already known to all; a timeout has told them)."""
+    if watch is not None:
+        exception = sys.exc_info()[1]
+        if not isinstance(exception, (AllreduceAborted, AllreduceTimeout)):
+            watch.fail()
 
 
 def _run(plan, comm, send, recv, op, datatype, xp, options):
@@ -314,6 +374,7 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     divide = reduce_op.divide_by_size
     algorithm = plan.algorithm
     direct = algorithm.name == "mpi"
+    watched, name = algorithm.messages_only, algorithm.name
     # mpi4py finds a predefined datatype from the array itself: no [buffer, datatype] list to make
     raw = datatype.is_predefined and dtype.char in "bhilqBHILQefdgFDG?"
     empty, ndarray, in_place, errstate, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.errstate, np.divide
@@ -321,7 +382,7 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     carried = code is not None and algorithm.carries_signature
     options = {} if plan.inner is None else {"inner": plan.inner}
     if carried:
-        options["signature"] = functools.partial(agree_on_signature, state, code, describe)
+        options["signature"] = CallSignature(state, code, describe)
 
     def run(x, out):
         if x.strides != strides:
@@ -336,6 +397,7 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
         else:
             return None
         state.sequence += 1
+        watch = None
         try:
             if code is not None and not carried:
                 agree_on_signature(state, code, describe)
@@ -344,16 +406,25 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
                     state.library.Allreduce(send, result, mpi_op)
                 else:
                     state.library.Allreduce(send if send is in_place else [send, datatype], [result, datatype], mpi_op)
-            else:
-                comm = CallTags(state.library, state.sequence) if algorithm.messages_only else state.library
+            elif watched:
+                watch = PeerWatch(state, state.sequence, None, name)
                 with errstate(all="ignore"):
-                    algorithm.run(comm, None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
+                    algorithm.run(CallTags(state.library, state.sequence, watch),
+                                  None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
                                   datatype, **options)
+            else:
+                with errstate(all="ignore"):
+                    algorithm.run(state.library, None if send is in_place else x.reshape(-1), result.reshape(-1),
+                                  reduce_op, datatype, **options)
         except MPI.Exception as error:
             failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
             if failure is None:
+                _leave_midway(watch)
                 raise
             raise failure from error
+        except BaseException:
+            _leave_midway(watch)
+            raise
         if divide:
             with errstate(all="ignore"):
                 divide_ufunc(result, dtype.type(state.size), out=result)
@@ -477,7 +548,7 @@ class PreparedAllreduce:
         flat = self.flat
         if not self._input_is_x:  # a strided or overlapping x: refresh the contiguous copy
             buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
-        return execute(state, self.plan, flat, self.op, self.datatype, self.xp, sequence)
+        return execute(state, self.plan, flat, self.op, self.datatype, self.xp, sequence, timeout=self.timeout)
 
     def start(self):
         """Run in the background (allreduce_async's worker); an AllreduceHandle."""

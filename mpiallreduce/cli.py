@@ -13,7 +13,7 @@ commands:
   tune      measure every algorithm here, write the table "auto" reads (run under mpiexec/srun)
   model     fit latency/bandwidth/reduce costs to a bench run, project to many ranks
   launch    start a command on N ranks with this machine's mpiexec flags:
-            mpiallreduce launch -n 4 [--timeout SECONDS] -- python script.py
+            mpiallreduce launch -n 4 [--timeout SECONDS] [--nodes N] -- python script.py
 """
 
 
@@ -43,6 +43,11 @@ def _launch(argv):
     parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
     parser.add_argument("--fault-tolerant", action="store_true",
                         help="ULFM (mpiexec --with-ft ulfm): ranks survive the death of others")
+    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+                        help="spread the ranks over N emulated nodes of this machine (node0, node1, ...; ranks "
+                             "by block): each node's daemon in a UTS namespace of its own, so Open MPI sees N "
+                             "nodes, shared memory within them and TCP between them. Needs root. Not a "
+                             "cluster: one machine's cores and memory bandwidth, the kernel's loopback for a network")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -50,13 +55,13 @@ def _launch(argv):
         parser.error("no command to launch")
     from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
     if args.timeout is None:  # become the launcher, so that signals reach it and its ranks directly
-        argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant)
+        argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant, nodes=args.nodes)
         env = launch_environment()
         os.execvpe(argv[0], argv, env)
     if args.ranks is None:
         parser.error("--timeout needs -n")
     result = run(args.ranks, command, timeout=args.timeout, capture=False,
-                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else ())
+                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else (), nodes=args.nodes)
     if result.timed_out:
         print(f"mpiallreduce launch: killed after {args.timeout} s", file=sys.stderr)
         return 124

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["find_mpiexec", "mpiexec_command", "srun_command", "choose_launcher", "launch_command",
-           "launch_environment", "start", "kill", "run", "LaunchResult"]
+           "launch_environment", "start", "kill", "run", "LaunchResult", "emulated_nodes_flags",
+           "ranks_per_emulated_node"]
 
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 # One-sided windows: the PyPI Open MPI's UCX component complains when a window is made and no UCX
@@ -51,9 +52,64 @@ FAULT_TOLERANT_FLAGS = ("--with-ft", "ulfm")
 LAUNCHER_ENV = "MPIALLREDUCE_LAUNCHER"
 
 
-def mpiexec_command(nranks, command, extra_flags=()):
-    """argv that starts ``command`` (a list) on ``nranks`` ranks."""
-    return [find_mpiexec(), "-n", str(nranks), *MPIEXEC_FLAGS, *extra_flags, *command]
+def mpiexec_command(nranks, command, extra_flags=(), nodes=None):
+    """argv that starts ``command`` (a list) on ``nranks`` ranks (over ``nodes`` emulated nodes)."""
+    placement = MPIEXEC_FLAGS if nodes is None else emulated_nodes_flags(nranks, nodes)
+    return [find_mpiexec(), "-n", str(nranks), *placement, *extra_flags, *command]
+
+
+# -- emulated nodes ---------------------------------------------------------------------------
+#
+# PRRTE starts a remote node's daemon through its launch agent (``plm_ssh_agent``), called as
+# ``AGENT HOST COMMAND...``. This agent runs the command in a UTS namespace of its own whose host
+# name is HOST: each daemon, and the ranks it starts, are then a node of their own to Open MPI
+# (COMM_TYPE_SHARED splits by them, MPI_Get_processor_name names them, and messages between them
+# go over TCP, through the kernel's loopback since every address is this machine's). Nothing else
+# is emulated: the cores, the memory bandwidth and the kernel are this one machine's.
+
+EMULATED_NODE_AGENT = """#!/bin/sh
+# mpiallreduce's launch agent for emulated nodes (mpiallreduce/launch.py): PRRTE calls
+# AGENT HOST COMMAND... to start HOST's daemon; run it in a UTS namespace named HOST.
+host=$1; shift
+exec unshare --uts sh -c "hostname $host && $*"
+"""
+
+
+def emulated_node_names(nodes):
+    return [f"node{i}" for i in range(nodes)]
+
+
+def ranks_per_emulated_node(nranks, nodes):
+    """How many of ``nranks`` ranks each of ``nodes`` nodes takes (by block: node0 first, the first
+    nodes one more when they do not divide evenly)."""
+    return [nranks // nodes + (1 if i < nranks % nodes else 0) for i in range(nodes)]
+
+
+def emulated_nodes_flags(nranks, nodes):
+    """mpiexec flags that spread ``nranks`` ranks over ``nodes`` emulated nodes of this machine."""
+    if nodes < 1 or nodes > nranks:
+        raise ValueError(f"--nodes must be between 1 and the rank count ({nranks}), got {nodes}")
+    if shutil.which("unshare") is None or (hasattr(os, "geteuid") and os.geteuid() != 0):
+        raise RuntimeError("emulated nodes need root and unshare(1) (util-linux): each node's daemon runs in a "
+                           "UTS namespace of its own")
+    counts = ranks_per_emulated_node(nranks, nodes)
+    hosts = ",".join(f"{name}:{k}" for name, k in zip(emulated_node_names(nodes), counts))
+    # (no --oversubscribe: it packs every rank onto the first host; slots per host instead, and no
+    # binding, which fails with more ranks on a host than cores)
+    return ("--host", hosts, "--prtemca", "plm_ssh_agent", _emulated_node_agent(), "--bind-to", "none")
+
+
+def _emulated_node_agent():
+    import hashlib
+    import tempfile
+    digest = hashlib.sha256(EMULATED_NODE_AGENT.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"mpiallreduce-node-agent-{digest}.sh"
+    if not path.exists():
+        partial = path.with_name(path.name + f".{os.getpid()}")
+        partial.write_text(EMULATED_NODE_AGENT)
+        partial.chmod(0o755)
+        partial.replace(path)  # (atomic: concurrent launches never see half a script)
+    return str(path)
 
 
 def srun_command(nranks, command, extra_flags=()):
@@ -70,22 +126,26 @@ def choose_launcher(environ=None):
     return "srun" if "SLURM_JOB_ID" in env and shutil.which("srun", path=env.get("PATH")) else "mpiexec"
 
 
-def launch_command(nranks, command, environ=None, fault_tolerant=False):
+def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=None):
     """argv for ``command`` on ``nranks`` ranks (None: Slurm's task count) with this machine's launcher.
 
     ``fault_tolerant``: ULFM (mpiexec only: Open MPI's srun integration has no ULFM).
+    ``nodes``: spread the ranks over this many emulated nodes of this machine (mpiexec only).
     """
     env = os.environ if environ is None else environ
     if choose_launcher(env) == "srun":
         if fault_tolerant:
             raise ValueError("ULFM (--fault-tolerant) needs Open MPI's own launcher: set MPIALLREDUCE_LAUNCHER=mpiexec "
                              "(inside an allocation mpiexec starts the ranks on its nodes)")
+        if nodes is not None:
+            raise ValueError("--nodes emulates nodes on one machine with mpiexec; inside Slurm ask for real ones "
+                             "(sbatch -N), or set MPIALLREDUCE_LAUNCHER=mpiexec")
         return srun_command(nranks, command)
     if nranks is None:
         nranks = int(env.get("SLURM_NTASKS", "0")) or None
         if nranks is None:
             raise ValueError("how many ranks? give -n (outside Slurm there is no task count to take)")
-    return mpiexec_command(nranks, command, FAULT_TOLERANT_FLAGS if fault_tolerant else ())
+    return mpiexec_command(nranks, command, FAULT_TOLERANT_FLAGS if fault_tolerant else (), nodes)
 
 
 def launch_environment(base=None):
@@ -114,11 +174,12 @@ class LaunchResult:
         return self.returncode is None
 
 
-def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None):
-    """Start ``command`` on ``nranks`` ranks in a new session and return the mpiexec Popen (output
-    merged into ``.stdout`` when captured). The caller waits, with a timeout, and may signal it."""
+def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nodes=None):
+    """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) in a new session and
+    return the mpiexec Popen (output merged into ``.stdout`` when captured). The caller waits, with
+    a timeout, and may signal it."""
     return subprocess.Popen(
-        mpiexec_command(nranks, command, extra_flags),
+        mpiexec_command(nranks, command, extra_flags, nodes),
         env=launch_environment(env),
         cwd=cwd,
         stdout=subprocess.PIPE if capture else None,
@@ -134,13 +195,14 @@ def kill(process):
     _kill_group(process)
 
 
-def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None):
-    """Start ``command`` on ``nranks`` ranks and wait at most ``timeout`` seconds.
+def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None, nodes=None):
+    """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) and wait at most
+    ``timeout`` seconds.
 
     On timeout the whole process group (mpiexec, its daemons, the ranks) is terminated, then killed.
     """
     started = time.monotonic()
-    process = start(nranks, command, extra_flags, env, capture, cwd)
+    process = start(nranks, command, extra_flags, env, capture, cwd, nodes)
     argv = process.args
     try:
         output, _ = process.communicate(timeout=timeout)

@@ -69,10 +69,14 @@ class CommState:
         self.broken = None
         #: the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
         self.channel = None
+        #: requests of calls given up midway, kept with their buffers (mpiallreduce.faults.watch)
+        self.left_behind = []
         #: the per-call cache of prepared host calls (mpiallreduce.api)
         self.fast_calls = {}
         #: where the signature check's 16 bytes are reduced (mpiallreduce.api.agree_on_signature)
         self.signature_buffer = np.zeros(2, dtype=np.int64)
+        #: on one node, the ranks' signature codes in shared memory instead (SignatureSlots)
+        self.signature_slots = None
         self.lock = threading.Lock()
 
     # -- completing the duplicate --------------------------------------------------------------
@@ -129,6 +133,8 @@ class CommState:
         self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
         self.node_count = int(leaders[0])
         self.spans_nodes = self.node_count > 1
+        if self.node_count == 1 and self.size > 1 and self.signature_slots is None:
+            self.signature_slots = SignatureSlots(self.library)
 
     def renew_settings(self, current):
         """The process's settings were replaced (``settings.reset_settings``; every rank at the same
@@ -149,6 +155,9 @@ class CommState:
             forget()
         from .faults.rendezvous import free_channel
         free_channel(self)
+        if self.signature_slots is not None:
+            self.signature_slots.free()
+            self.signature_slots = None
         if self._library_request is not None:
             try:
                 self._library_request.Wait()
@@ -161,6 +170,43 @@ class CommState:
                 except MPI.Exception:  # revoked after a rank died (ULFM)
                     pass
         self.library = self.control = None
+
+
+class SignatureSlots:
+    """One int64 per rank in a shared window (every rank of the communicator on one node): a call's
+    signature code is compared by writing this rank's, one barrier, and reading everyone's. So the
+    check costs a barrier, not an allreduce, and shared_memory's own first barrier carries it for
+    nothing; every signature comparison on the communicator goes this way, whichever algorithm each
+    rank runs, so ranks that differ still meet in the same barrier."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.window = MPI.Win.Allocate_shared(64, 8, comm=comm)  # a cache line each: no false sharing
+        # memoryviews of one int64 each: indexing one costs a tenth of a numpy scalar's
+        self.slots = [memoryview(self.window.Shared_query(r)[0]).cast("B")[:8].cast("q")
+                      for r in range(comm.Get_size())]
+        self.mine = self.slots[comm.Get_rank()]
+        self.window.Lock_all(MPI.MODE_NOCHECK)
+
+    def publish(self, code):
+        """Before the barrier: this rank's code, made visible by it."""
+        self.mine[0] = code
+        self.window.Sync()
+
+    def all_equal(self, code):
+        """After the barrier: whether every rank published ``code`` (every rank reads the same codes)."""
+        self.window.Sync()
+        for slot in self.slots:
+            if slot[0] != code:
+                return False
+        return True
+
+    def free(self):
+        try:
+            self.window.Unlock_all()
+            self.window.Free()
+        except MPI.Exception:
+            pass
 
 
 def _forget(comm, keyval, state):

@@ -75,27 +75,43 @@ class Algorithm:
 class CallTags:
     """A communicator whose point-to-point tags are offset by the call's number (other calls pass
     through): calls a few apart use disjoint tags, so a stray message of a failed call waits
-    unmatched instead of corrupting a later call. ``slot`` tags of room per call."""
+    unmatched instead of corrupting a later call. ``slot`` tags of room per call.
+
+    With a ``watch`` (mpiallreduce.faults.watch.PeerWatch) its blocking calls post non-blocking
+    requests and wait through the watch: a peer that fails midway, or the call's timeout, ends the
+    wait with an exception instead of a hang. Algorithms that post requests themselves wait with
+    ``wait_all(comm, requests)``."""
 
     slot = 1024
     calls_apart = None  # (MPI_TAG_UB + 1) // slot - 1: 2**21 - 1 calls with Open MPI's TAG_UB of 2**31 - 1
-    # (the last slot is left out: its top tag, MPI_TAG_UB, carries the timed calls' control messages)
+    # (the last slot is left out: its top tag, MPI_TAG_UB, carries the control messages)
 
-    def __init__(self, comm, sequence):
+    def __init__(self, comm, sequence, watch=None):
         if CallTags.calls_apart is None:
             from mpi4py import MPI
             CallTags.calls_apart = max(1, (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1) // self.slot - 1)
         self.comm = comm
         self.offset = (sequence % CallTags.calls_apart) * self.slot
+        self.watch = watch
 
     def Send(self, buf, dest, tag=0):
-        self.comm.Send(buf, dest, tag + self.offset)
+        if self.watch is None:
+            self.comm.Send(buf, dest, tag + self.offset)
+        else:
+            self.watch.wait([self.comm.Isend(buf, dest, tag + self.offset)])
 
     def Recv(self, buf, source, tag=0, status=None):
-        self.comm.Recv(buf, source, tag + self.offset, status)
+        if self.watch is None:
+            self.comm.Recv(buf, source, tag + self.offset, status)
+        else:
+            self.watch.wait([self.comm.Irecv(buf, source, tag + self.offset)])
 
     def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status=None):
-        self.comm.Sendrecv(sendbuf, dest, sendtag + self.offset, recvbuf, source, recvtag + self.offset, status)
+        if self.watch is None:
+            self.comm.Sendrecv(sendbuf, dest, sendtag + self.offset, recvbuf, source, recvtag + self.offset, status)
+        else:
+            self.watch.wait([self.comm.Irecv(recvbuf, source, recvtag + self.offset),
+                             self.comm.Isend(sendbuf, dest, sendtag + self.offset)])
 
     def Isend(self, buf, dest, tag=0):
         return self.comm.Isend(buf, dest, tag + self.offset)
@@ -105,6 +121,16 @@ class CallTags:
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
+
+
+def wait_all(comm, requests):
+    """Wait for ``requests`` posted on ``comm``: through its PeerWatch when it has one (CallTags)."""
+    watch = getattr(comm, "watch", None)
+    if watch is None:
+        from mpi4py import MPI
+        MPI.Request.Waitall(requests)
+    else:
+        watch.wait(requests)
 
 
 class OneNodeSlicedAlgorithm(Algorithm):

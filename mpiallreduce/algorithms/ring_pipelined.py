@@ -11,11 +11,9 @@ still in cache when it is reduced, instead of a chunk-sized buffer that went out
 allgather copies whole chunks (nothing to reduce, nothing to overlap). Bits as the ring's: every
 chunk reduced once along one chain of ranks, then copied.
 """
-
-from mpi4py import MPI
-
 from ..buffers import scratch
 from ..settings import settings
+from .base import wait_all
 from .ring import REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds, ring_allgather
 
 #: segment size: `mpiallreduce bench --algorithms ring,ring_pipelined --sizes 1M,4M,16M,64M` with
@@ -63,7 +61,7 @@ class PipelinedRingAllreduce(RingAllreduce):
             in_flight = post(0)
             for k in range(rounds):
                 following = post(k + 1) if k + 1 < rounds else []
-                MPI.Request.Waitall(in_flight)
+                wait_all(comm, in_flight)
                 if k < len(recv_segments):
                     c, d = recv_segments[k]
                     op.reduce_local(source[c:d], buffers[k % 2][:d - c], out=recv[c:d])

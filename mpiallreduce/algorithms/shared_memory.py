@@ -4,7 +4,8 @@ The ranks (all on one node) share an MPI-3 window (``Win.Allocate_shared``) with
 rank. The buffer is cut into p slices s0..s(p-1). p = 3:
 
     step 1   rank q copies its input into segment q               seg0 = x0, seg1 = x1, seg2 = x2
-    --- barrier ---
+             (and its call's signature code into shared memory, mpiallreduce.state.SignatureSlots)
+    --- barrier ---                                               (every rank compares the p codes)
     step 2   rank r reduces slice r over all segments, in rank order, and publishes it in its segment
              rank 0: s0 = seg0[s0] + seg1[s0] + seg2[s0]   rank 1: s1 = ...   rank 2: s2 = ...
     --- barrier ---
@@ -70,32 +71,31 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     memory = "host"
     across_nodes = "hierarchical"
 
-    #: the first barrier can be the ranks' signature comparison (mpiallreduce.api): no extra collective
+    #: the ranks' signature codes are compared behind the first barrier (in shared memory): the
+    #: check that calls from 64 KiB make by default costs no barrier of its own here
     carries_signature = True
 
     def execute(self, plan, comm, send, recv, op, datatype, signature=None):
-        """``signature``: a function comparing the call across the ranks (a collective that raises on
-        every rank if they differ), made in place of the first barrier."""
+        """``signature``: the call's mpiallreduce.api.CallSignature, compared across the ranks."""
         window = cached(comm, "shared_window", lambda: None)
-        grows = window is None or window.half_bytes < recv.nbytes
-        if grows and signature is not None:
-            signature()  # growing is collective: only ranks whose calls match may get there
+        if signature is not None and (not signature.shared() or window is None or window.half_bytes < recv.nbytes):
+            signature.agree()  # making or growing the window is collective: compare first
+            signature = None
         window = shared_window(comm, recv.nbytes)
         segments = window.halves(recv.nbytes, recv.dtype)
         rank = comm.Get_rank()
 
-        # Step 1: publish this rank's input
+        # Step 1: publish this rank's input (and its signature code)
         np.copyto(segments[rank], recv if send is None else send)
-        if grows or signature is None:
-            window.fence(comm)
-        else:  # the signature's allreduce is the barrier (no rank passes it before all have entered)
-            window.window.Sync()
+        if signature is not None:
+            signature.publish()
+        window.fence(comm)
+        if signature is not None:
             try:
-                signature()
-            except Exception:
+                signature.compare()
+            except ValueError:
                 window.calls -= 1  # this call did not happen: the halves stay in step with the others'
                 raise
-            window.window.Sync()
 
         # Step 2: reduce this rank's slice over every segment, in rank order, and publish it
         a, b = plan.slices[rank]

@@ -19,12 +19,11 @@ h2d stream as it arrives, overlapping the next transfer.
 """
 import threading
 
-from mpi4py import MPI
-
 from ..buffers import scratch
 from ..settings import settings
 from ..device import namespace
 from ..transports import pinned
+from .base import wait_all
 from .ring import REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds, ring_allgather
 
 #: segment size (MPIALLREDUCE_STAGED_SEGMENT_BYTES, mpiallreduce.settings); not yet tuned on a GPU
@@ -101,12 +100,12 @@ class StagedRingAllreduce(RingAllreduce):
                 sends.append(comm.Isend([sent[parity][a - s0:b - s0], datatype], plan.right, REDUCE_SCATTER_TAG))
             h2d.wait_event(reduced)  # landed[parity] was last read by an earlier step's reductions
             for (c, d), request in zip(recv_segments, receives):
-                request.Wait()
+                wait_all(comm, [request])
                 landed[parity][c - r0:d - r0].set(arrived[parity][c - r0:d - r0], stream=h2d)
                 compute.wait_event(event_on(xp, h2d))
                 op.reduce_local(source[c:d], landed[parity][c - r0:d - r0], out=recv[c:d])
             arrived_copied[parity] = event_on(xp, h2d)
-            MPI.Request.Waitall(sends)
+            wait_all(comm, sends)
             reduced = event_on(xp, compute)
 
         # Allgather, host to host; each chunk copied to the device as it arrives

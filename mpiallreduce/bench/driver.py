@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from .. import __version__
 from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
+from ..algorithms import REGISTRY
 from ..buffers import aligned_empty
 from ..device import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS
@@ -120,6 +121,24 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     return results
 
 
+def runnable_here(comm, names):
+    """(the algorithms of ``names`` that can run on ``comm``, a line for each one left out): those
+    that need every rank on one node are left out when the ranks span nodes."""
+    from ..state import state_of
+    node_count = state_of(comm).make_ready().node_count
+    if node_count == 1:
+        return names, []
+    kept, skipped = [], []
+    for name in names:
+        algorithm = REGISTRY.get(name)
+        if algorithm is not None and algorithm.needs_one_node:
+            skipped.append(f"{name} (needs every rank on one node; these {comm.Get_size()} ranks are on "
+                           f"{node_count} nodes: use {algorithm.across_nodes or 'hierarchical'})")
+        else:
+            kept.append(name)
+    return kept, skipped
+
+
 def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
             modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory()):
     """Measure every contender at every size and mode (in_place False/True); collective.
@@ -199,6 +218,7 @@ def main(argv=None):
     if args.algorithms is None:
         args.algorithms = ",".join(ALGORITHMS + ("auto",) if args.device == "cpu" else DEVICE_ALGORITHMS)
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    algorithms, skipped = runnable_here(comm, algorithms)
     memory = device_memory(args.device)
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
     forced = (tuple(TUNED_ALLREDUCE_ALGORITHMS) if args.openmpi_forced == "all" else
@@ -223,6 +243,8 @@ def main(argv=None):
         print(f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
               f"slowest rank's time per call")
         print("# physical limit: " + limit.format(memcpy_gbs))
+        for line in skipped:
+            print(f"# skipped: {line}")
         if args.device != "cpu":
             print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
         print(format_field_table(results, memcpy_gbs))

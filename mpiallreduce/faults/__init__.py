@@ -2,11 +2,12 @@
 
 - errors.py      the exceptions (AllreduceTimeout, RankFailure, AllreduceStallWarning), call_site
 - rendezvous.py  timeouts: the ranks meet before a timed call moves data
+- watch.py       a rank that fails in the middle of an algorithm ends the call on every rank
 - ulfm.py        lost ranks under ULFM: RankFailure, survivors(), exit_after_rank_failures()
 """
-from .errors import AllreduceStallWarning, AllreduceTimeout, RankFailure, call_site, ranks_phrase
+from .errors import AllreduceAborted, AllreduceStallWarning, AllreduceTimeout, RankFailure, call_site, ranks_phrase
 from .rendezvous import Rendezvous
 from .ulfm import exit_after_rank_failures, failed_ranks, failure_of, survivors
 
-__all__ = ["AllreduceTimeout", "RankFailure", "AllreduceStallWarning", "call_site", "ranks_phrase", "Rendezvous",
+__all__ = ["AllreduceTimeout", "AllreduceAborted", "RankFailure", "AllreduceStallWarning", "call_site", "ranks_phrase", "Rendezvous",
            "failure_of", "failed_ranks", "survivors", "exit_after_rank_failures"]

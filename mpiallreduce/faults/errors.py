@@ -23,6 +23,22 @@ class AllreduceTimeout(TimeoutError):
         self.elsewhere = dict(elsewhere or {})
 
 
+class AllreduceAborted(RuntimeError):
+    """Raised on every other rank of a call that one rank left in the middle, on an exception of its
+    own (raised there). ``failed_rank``: that rank; ``sequence``: the call's number."""
+
+    def __init__(self, message, failed_rank=None, sequence=None):
+        super().__init__(message)
+        self.failed_rank = failed_rank
+        self.sequence = sequence
+
+    @classmethod
+    def by(cls, state, sequence, peer, algorithm=""):
+        return cls(f"rank {state.rank}: allreduce call #{sequence}{f' ({algorithm})' if algorithm else ''} on "
+                   f"{state.size} ranks: rank {peer} failed in the middle of it (its own exception is raised "
+                   "there); this rank gave up its part", failed_rank=peer, sequence=sequence)
+
+
 class RankFailure(RuntimeError):
     """Raised on every surviving rank when ranks died during a call (ULFM). ``failed_ranks``: ranks
     of the call's communicator known dead. Recover with ``mpiallreduce.survivors(comm)``."""

@@ -35,13 +35,13 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from .errors import AllreduceTimeout, AllreduceStallWarning, ranks_phrase
+from .errors import AllreduceAborted, AllreduceTimeout, AllreduceStallWarning, ranks_phrase
 from .ulfm import failure_of
 
-__all__ = ["Rendezvous", "announce_given_up", "free_channel", "ARRIVED", "GO", "GAVE_UP", "CONTROL_TAG"]
+__all__ = ["Rendezvous", "announce_given_up", "free_channel", "ARRIVED", "GO", "GAVE_UP", "FAILED", "CONTROL_TAG"]
 
-ARRIVED, GO, GAVE_UP = 0, 1, 2
-_KIND_NAMES = {ARRIVED: "ARRIVED", GO: "GO", GAVE_UP: "GAVE_UP"}
+ARRIVED, GO, GAVE_UP, FAILED = 0, 1, 2, 3  # (FAILED: a rank left a call midway, mpiallreduce.faults.watch)
+_KIND_NAMES = {ARRIVED: "ARRIVED", GO: "GO", GAVE_UP: "GAVE_UP", FAILED: "FAILED"}
 #: the control messages' tag: the highest there is (CallTags keeps every algorithm's tag below it)
 CONTROL_TAG = None
 
@@ -174,6 +174,7 @@ class Rendezvous:
                         self.missing.discard(peer)
                     elif kind == GO:  # the peer saw every arrival before we did: counted in round 2
                         went_early.add(peer)
+                    # (FAILED cannot come in round 1: a peer starts the algorithm after this rank's GO)
                 if not self.missing:
                     break
                 now = time.monotonic()
@@ -197,6 +198,8 @@ class Rendezvous:
                         raise self._given_up_by(peer)
                     if kind == GO:
                         waiting.discard(peer)
+                    elif kind == FAILED:  # it saw every GO, started the algorithm and failed in it
+                        raise AllreduceAborted.by(state, number, peer)
                 if not waiting:
                     return
         except MPI.Exception as error:  # a dead peer (ULFM): RankFailure on every survivor

@@ -132,8 +132,9 @@ def test_an_exception_in_round_1_of_the_rendezvous_ends_the_call_on_every_rank()
 
 def test_a_failure_midway_through_an_algorithm_leaves_no_message_for_the_next_call(monkeypatch, use_settings):
     """The ranks of a pipelined ring fail at different reductions (rank 0 at its first, the others
-    at their second), with segments posted ahead: messages are left unreceived and receives left
-    posted. The next calls use other tags, so neither can meet them: they are right."""
+    at their second, unless told of rank 0's failure first), with segments posted ahead: messages
+    are left unreceived and receives left posted. The next calls use other tags, so neither can
+    meet them: they are right."""
     comm = _fresh()
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
@@ -154,14 +155,69 @@ def test_a_failure_midway_through_an_algorithm_leaves_no_message_for_the_next_ca
                 raise RuntimeError("injected failure in the middle of the algorithm")
             return original(self, a, b, out)
         monkeypatch.setattr(op_type, "reduce_local", fail_midway)
-        with pytest.raises(RuntimeError, match="injected failure"):
+        # its own failure, or told of another rank's before it reached its own (faults.watch)
+        with pytest.raises((RuntimeError, mar.AllreduceAborted), match="injected failure|failed in the middle"):
             mar.allreduce(x, algorithm="ring_pipelined", comm=comm)
+        monkeypatch.setattr(op_type, "reduce_local", original)
         time.sleep(0.2)  # the messages of the failed call arrive
         for step in range(3):
             y = exact_input("float64", 40_000, rank + 5 + step, "sum")
             assert values_equal(mar.allreduce(y, algorithm="ring_pipelined", comm=comm),
                                 numpy_reference("sum", gather_inputs(comm, y))), step
         assert values_equal(mar.allreduce(x, algorithm="ring_pipelined", comm=comm), want)
+    finally:
+        comm.Barrier()
+        comm.Free()
+
+
+MESSAGES_ONLY = [name for name in HOST_ALGORITHMS if REGISTRY[name].messages_only]
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["untimed", "timed"])
+@pytest.mark.parametrize("algorithm", MESSAGES_ONLY)
+def test_one_rank_failing_midway_ends_the_call_on_every_rank_at_once(monkeypatch, use_settings, algorithm, timeout):
+    """Only the last rank fails, at its first reduction. The others are told (not left blocked in a
+    receive): each raises AllreduceAborted naming it, or had already finished with the right values
+    when its part needed nothing more from that rank; at once, not after the timeout. The next calls
+    are right."""
+    comm = _fresh()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    failing = size - 1
+    try:
+        use_settings(ring_segment_bytes=4096)
+        x = exact_input("float64", 40_000, rank, "sum")
+        want = numpy_reference("sum", gather_inputs(comm, x))
+        assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want)  # first use
+        if size == 1:
+            return
+        op_type = type(mar.OPS["sum"])
+        if rank == failing:
+            original = op_type.reduce_local
+
+            def fail_once(self, a, b, out):
+                monkeypatch.setattr(op_type, "reduce_local", original)
+                raise MemoryError("injected failure in the middle of the algorithm")
+            monkeypatch.setattr(op_type, "reduce_local", fail_once)
+        started = time.monotonic()
+        outcome = None
+        try:
+            outcome = mar.allreduce(x, algorithm=algorithm, comm=comm, timeout=timeout)
+        except MemoryError:
+            outcome = "raised its own"
+        except mar.AllreduceAborted as aborted:
+            assert aborted.failed_rank == failing and f"rank {failing} failed in the middle" in str(aborted)
+            outcome = "aborted"
+        took = time.monotonic() - started
+        outcomes = comm.allgather(outcome if isinstance(outcome, str) else bool(values_equal(outcome, want)))
+        assert outcomes[failing] == "raised its own", outcomes
+        assert all(o in ("aborted", True) for o in outcomes[:failing]), outcomes
+        if algorithm.startswith("ring"):  # every rank needs the failing rank's chunk in the allgather
+            assert outcomes[:failing] == ["aborted"] * failing, outcomes
+        assert took < 10, f"rank {rank} took {took:.1f} s to learn of the failure"
+        for step in range(3):
+            y = exact_input("float64", 40_000, rank + 5 + step, "sum")
+            assert values_equal(mar.allreduce(y, algorithm=algorithm, comm=comm, timeout=timeout),
+                                numpy_reference("sum", gather_inputs(comm, y))), step
     finally:
         comm.Barrier()
         comm.Free()

@@ -1,0 +1,97 @@
+"""A failure in the middle of an algorithm ends the call on every rank, not only on the one that failed.
+
+A hand-written algorithm (``messages_only``) talks through CallTags, which hands every wait to the
+call's PeerWatch instead of blocking in MPI:
+
+    rank 1 raises in step 2 (a failed allocation, a KeyboardInterrupt, an injected fault)
+        -> it sends FAILED(#n) to every peer on the control tag (mpiallreduce.faults.rendezvous)
+           and raises its own exception
+    rank 0, 2, ... waiting for a message of call #n
+        -> test their requests; after a short spin, also look at the control channel
+        -> FAILED(#n) from rank 1: leave the call's requests behind, raise AllreduceAborted
+        -> the call's timeout (when it has one) runs out first: send FAILED(#n) so that the others
+           learn it too, raise AllreduceTimeout naming the ranks this one was waiting for
+
+So every rank raises at once when the failure is local (and within the timeout when a rank hangs
+instead). The requests left behind use the failed call's tags (CallTags): no later call can match
+them; receives are cancelled and every request is kept with its buffer until it completes.
+"""
+import math
+import os
+import time
+
+from mpi4py import MPI
+
+from .errors import AllreduceAborted, AllreduceTimeout
+from .rendezvous import FAILED, GAVE_UP, _channel
+
+__all__ = ["PeerWatch"]
+
+#: how long a wait only tests its own requests before it also reads the control channel
+_QUIET_SECONDS = 5e-5
+#: then how often it reads the control channel and the clock
+_LOOK_EVERY_SECONDS = 1e-3
+_yield_core = getattr(os, "sched_yield", lambda: None)
+
+
+class PeerWatch:
+    """One call's waits: complete the requests, or learn that a peer gave up, or time out."""
+
+    __slots__ = ("state", "sequence", "deadline", "timeout", "failed", "name")
+
+    def __init__(self, state, sequence, timeout=None, name=""):
+        self.state = state
+        self.sequence = sequence
+        self.timeout = timeout
+        self.deadline = math.inf if timeout is None else time.monotonic() + timeout
+        self.failed = False
+        self.name = name
+
+    def wait(self, requests):
+        """Wait for every request in the list, watching the peers. Like MPI's own blocking wait it
+        polls without sleeping (yielding the core to other ranks where they share it): a sleep would
+        add its length to every message of a call between nodes. The control channel and the
+        deadline are looked at every millisecond."""
+        if MPI.Request.Testall(requests):
+            return
+        look_at = time.monotonic() + _QUIET_SECONDS
+        while True:
+            if MPI.Request.Testall(requests):
+                return
+            now = time.monotonic()
+            if now >= look_at:
+                self._look_around(requests, now)
+                look_at = now + _LOOK_EVERY_SECONDS
+            _yield_core()
+
+    def _look_around(self, requests, now):
+        """Raise if a peer gave the call up or the deadline has passed."""
+        for peer, kind in _channel(self.state).receive(self.sequence):
+            if kind in (FAILED, GAVE_UP):
+                self._leave_behind(requests)
+                raise AllreduceAborted.by(self.state, self.sequence, peer, self.name)
+        if now >= self.deadline:
+            self._leave_behind(requests)
+            self.fail()
+            raise AllreduceTimeout(
+                f"rank {self.state.rank}: allreduce call #{self.sequence} ({self.name}) on {self.state.size} "
+                f"ranks timed out after {self.timeout:g} s in the middle of the algorithm, waiting for a "
+                "message from a peer; the other ranks are told", sequence=self.sequence, waited=self.timeout)
+
+    def fail(self):
+        """This rank leaves the call midway: tell every peer (once)."""
+        if not self.failed:
+            self.failed = True
+            _channel(self.state).send(FAILED, self.sequence)
+
+    def _leave_behind(self, requests):
+        kept = self.state.left_behind
+        kept[:] = [r for r in kept if not r.Test()]  # (earlier calls' requests that have completed)
+        for request in requests:
+            if request.Test():
+                continue
+            try:
+                request.Cancel()  # (receives; Open MPI does not cancel sends)
+            except MPI.Exception:
+                pass
+            kept.append(request)  # (the request holds its buffer)

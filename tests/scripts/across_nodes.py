@@ -1,0 +1,35 @@
+"""Run under ``mpiallreduce launch --nodes N``: every host algorithm and auto across emulated nodes.
+
+Prints one line per rank and algorithm: ``rank R node H ALGORITHM ok`` when the result equals numpy's
+on the gathered inputs and has the same bits on every rank, else what went wrong; algorithms that
+need one node must refuse on every rank (``refused``). Sizes straddle the signature threshold.
+"""
+import hashlib
+import sys
+
+from mpi4py import MPI
+
+sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0] + "/mpi")
+import mpiallreduce as mar  # noqa: E402
+from mpiallreduce.algorithms import REGISTRY  # noqa: E402
+from reference import exact_input, gather_inputs, numpy_reference, values_equal  # noqa: E402
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+node = MPI.Get_processor_name()
+for name in list(mar.HOST_ALGORITHMS) + ["auto"]:
+    outcome = "ok"
+    for count in (1, comm.Get_size() + 1, 1009, (1 << 16) + 3, (1 << 20) + 3):
+        x = exact_input("float64", count, rank, "sum")
+        want = numpy_reference("sum", gather_inputs(comm, x))
+        try:
+            got = mar.allreduce(x, algorithm=name)
+        except ValueError as error:
+            outcome = "refused" if "on one node" in str(error) or "one node" in str(error) else f"raised {error}"
+            break
+        digests = comm.allgather(hashlib.sha256(got.tobytes()).hexdigest())
+        if not values_equal(got, want) or len(set(digests)) != 1:
+            outcome = f"wrong at count {count}"
+            break
+    needs_one_node = name != "auto" and REGISTRY[name].needs_one_node
+    print(f"rank {rank} node {node} {name} {outcome}{' (needs one node)' if needs_one_node else ''}", flush=True)

@@ -1,0 +1,67 @@
+"""``mpiallreduce launch --nodes N``: ranks on emulated nodes of this machine (each node's daemon in
+a UTS namespace of its own), so that what crosses a node boundary is tested here."""
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpiallreduce.launch import ranks_per_emulated_node, run
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+TIMEOUT = 240
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="emulated nodes need root and unshare(1)")
+
+
+def explain(result):
+    return f"{' '.join(result.argv)}\nreturn code {result.returncode} after {result.seconds:.1f} s\n{result.output[-8000:]}"
+
+
+def test_ranks_are_placed_by_block_with_the_first_nodes_taking_the_extra():
+    assert ranks_per_emulated_node(4, 2) == [2, 2]
+    assert ranks_per_emulated_node(5, 3) == [2, 2, 1]
+    assert ranks_per_emulated_node(3, 3) == [1, 1, 1]
+
+
+def test_info_names_each_ranks_node_and_its_node_local_rank():
+    result = run(3, [sys.executable, "-m", "mpiallreduce", "info"], timeout=TIMEOUT, cwd=ROOT, nodes=2)
+    assert result.returncode == 0, explain(result)
+    rows = re.findall(r"^(\d+)\s+(node\d)\s+\d+\s+(\d) of (\d)$", result.output, re.M)
+    assert sorted(rows) == [("0", "node0", "0", "2"), ("1", "node0", "1", "2"), ("2", "node1", "0", "1")], \
+        explain(result)
+    assert re.search(r"hierarchical \(auto: numpy arrays across 2 nodes\)", result.output), explain(result)
+
+
+@pytest.mark.parametrize("nranks, nodes", [(2, 2), (3, 2), (3, 3)], ids=["2x1", "2+1", "3x1"])
+def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, nodes):
+    result = run(nranks, [sys.executable, str(TESTS / "scripts" / "across_nodes.py")], timeout=TIMEOUT, cwd=ROOT,
+                 nodes=nodes)
+    assert result.returncode == 0, explain(result)
+    lines = re.findall(r"^rank (\d+) node (node\d) (\w+) (.*)$", result.output, re.M)
+    import mpiallreduce
+    assert len(lines) == nranks * (len(mpiallreduce.HOST_ALGORITHMS) + 1), explain(result)
+    assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
+    for rank, node, name, outcome in lines:
+        if outcome.endswith("(needs one node)"):
+            assert outcome.startswith("refused"), (rank, name, outcome)
+        else:
+            assert outcome == "ok", (rank, name, outcome)
+
+
+def test_bench_across_nodes_skips_what_needs_one_node_and_says_so(tmp_path):
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4K", "--repetitions", "2",
+                     "--mode", "out-of-place", "--openmpi-forced", "none", "--output", str(tmp_path)],
+                 timeout=TIMEOUT, cwd=ROOT, nodes=2)
+    assert result.returncode == 0, explain(result)
+    assert "2 ranks on node0, node1" in result.output, explain(result)
+    assert "# skipped: shared_memory (needs every rank on one node; these 2 ranks are on 2 nodes" in result.output
+    rows = re.findall(r"^\s*4096\s+1024\s+float32\s+sum\s+out\s+(\S+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)", result.output,
+                      re.M)
+    assert {name for name, _ in rows} >= {"openmpi", "auto", "ring", "hierarchical"}, explain(result)
+    assert "shared_memory" not in {name for name, _ in rows}
+    assert all(wrong == "0" for _, wrong in rows), explain(result)
