@@ -39,7 +39,8 @@ __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algo
 #: smaller ones MPI_Allreduce (straight, or through host memory). A first guess, not yet measured.
 DEVICE_TO_DEVICE_MIN_BYTES = 64 << 10
 #: algorithms that cannot run among ranks of different nodes
-NOT_ACROSS_NODES = frozenset(name for name, a in REGISTRY.items() if a.needs_one_node) | {"hierarchical"}
+NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_one_node)
+                    | {name for name, a in REGISTRY.items() if a.takes_inner_plan})
 _LOW_PRECISION = ("float16", "bfloat16")
 
 
@@ -119,7 +120,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     inner = None
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"
-        if facts.spans_nodes and algorithm in NOT_ACROSS_NODES - {"hierarchical"}:
+        if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:
             raise ValueError(f"the {algorithm} algorithm needs every rank of the communicator on one node; "
                              f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})")
     elif on_device:
@@ -137,7 +138,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     else:
         chosen = REGISTRY[choose_name(nbytes, facts.size, REGISTRY)]
         reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes"
-    if chosen.name == "hierarchical" and facts.node_count > 1:
+    if chosen.takes_inner_plan and facts.node_count > 1:  # (hierarchical's leaders, two_level's rails)
         leaders = CallFacts(size=facts.node_count, spans_nodes=True, node_count=facts.node_count,
                             signature_min_bytes=-1)
         leader_choice = choose_name(nbytes, facts.node_count, REGISTRY)

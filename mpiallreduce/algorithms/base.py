@@ -25,6 +25,8 @@ class Algorithm:
     #: suggesting ``across_nodes``
     needs_one_node = False
     across_nodes = None
+    #: True when it needs the same rank count on every node
+    needs_equal_nodes = False
     #: which arrays it runs on: "any" (numpy, and device arrays through mpiallreduce.transports),
     #: "host" (device arrays make a round trip through host memory), "device" (device arrays only)
     memory = "any"
@@ -40,6 +42,9 @@ class Algorithm:
     #: True when ``execute`` takes ``signature=``: a function that compares the call across the
     #: ranks, which the algorithm makes in place of a synchronization of its own (no extra collective)
     carries_signature = False
+    #: True when ``execute`` takes ``inner=``: the planner's plan for the ranks it runs across nodes
+    #: with (one per node: hierarchical's leaders, two_level's rails)
+    takes_inner_plan = False
 
     def plan(self, size, rank, count):
         """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""

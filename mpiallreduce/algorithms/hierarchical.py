@@ -22,6 +22,8 @@ LEADER = 0
 class HierarchicalAllreduce(Algorithm):
     name = "hierarchical"
     memory = "host"
+    #: the planner hands it the plan for its node leaders
+    takes_inner_plan = True
 
     def plan(self, size, rank, count):
         return None

@@ -25,11 +25,14 @@ for name in list(mar.HOST_ALGORITHMS) + ["auto"]:
         try:
             got = mar.allreduce(x, algorithm=name)
         except ValueError as error:
-            outcome = "refused" if "on one node" in str(error) or "one node" in str(error) else f"raised {error}"
+            refusals = ("needs every rank of the communicator on one node",
+                        "needs the same number of ranks on every node")
+            outcome = "refused" if any(r in str(error) for r in refusals) else f"raised {error}"
             break
         digests = comm.allgather(hashlib.sha256(got.tobytes()).hexdigest())
         if not values_equal(got, want) or len(set(digests)) != 1:
             outcome = f"wrong at count {count}"
             break
-    needs_one_node = name != "auto" and REGISTRY[name].needs_one_node
-    print(f"rank {rank} node {node} {name} {outcome}{' (needs one node)' if needs_one_node else ''}", flush=True)
+    needs = "" if name == "auto" else (" (needs one node)" if REGISTRY[name].needs_one_node else
+                                       " (needs equal nodes)" if REGISTRY[name].needs_equal_nodes else "")
+    print(f"rank {rank} node {node} {name} {outcome}{needs}", flush=True)
