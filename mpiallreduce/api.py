@@ -212,6 +212,7 @@ def _validate(x, op, algorithm, out):
 def _facts(state):
     from .device import cuda_aware
     return CallFacts(size=state.size, spans_nodes=state.spans_nodes, node_count=state.node_count,
+                     equal_nodes=state.equal_nodes,
                      cuda_aware=bool(state.settings.cuda_aware) if state.settings.cuda_aware is not None
                      else cuda_aware()[0], signature_min_bytes=state.settings.signature_min_bytes)
 

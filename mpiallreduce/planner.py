@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from .algorithms import ALGORITHMS, REGISTRY, Algorithm
-from .tuning import choose_name
+from .tuning import choose_across_nodes, choose_name
 
 __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name",
            "DEVICE_TO_DEVICE_MIN_BYTES", "NOT_ACROSS_NODES"]
@@ -53,6 +53,8 @@ class CallFacts:
     node_count: int = 1
     cuda_aware: bool = False
     signature_min_bytes: int = 64 << 10
+    #: every node has the same rank count (two_level needs it)
+    equal_nodes: bool = True
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,14 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         else:
             chosen, reason = REGISTRY["mpi"], f"device arrays under {DEVICE_TO_DEVICE_MIN_BYTES} bytes"
     elif facts.spans_nodes:
-        chosen, reason = REGISTRY["hierarchical"], f"numpy arrays across {facts.node_count} nodes"
+        measured = choose_across_nodes(nbytes, facts.node_count, facts.size, REGISTRY)
+        if measured is not None and (facts.equal_nodes or not REGISTRY[measured].needs_equal_nodes):
+            chosen = REGISTRY[measured]
+            reason = f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, at {nbytes} bytes"
+        else:
+            chosen = REGISTRY["hierarchical"]
+            reason = (f"numpy arrays across {facts.node_count} nodes" +
+                      ("" if measured is None else f" ({measured}, the table's choice, needs equal nodes)"))
     else:
         chosen = REGISTRY[choose_name(nbytes, facts.size, REGISTRY)]
         reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes"

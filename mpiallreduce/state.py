@@ -61,6 +61,7 @@ class CommState:
         self.ready = False
         self.spans_nodes = False
         self.node_count = 1
+        self.equal_nodes = True
         #: the planner's facts of this communicator (mpiallreduce.api), once ready
         self.facts = None
         #: callables run when the communicator is freed
@@ -133,6 +134,10 @@ class CommState:
         self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
         self.node_count = int(leaders[0])
         self.spans_nodes = self.node_count > 1
+        if self.spans_nodes:
+            extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
+            self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
+            self.equal_nodes = bool(extremes[0] == -extremes[1])
         if self.node_count == 1 and self.size > 1 and self.signature_slots is None:
             self.signature_slots = SignatureSlots(self.library)
 

@@ -1,7 +1,11 @@
 """``mpiallreduce tune``: measure every host algorithm here and write the table ``auto`` reads.
 
     mpiallreduce launch -n 4 -- python -m mpiallreduce tune --output my-table.json
+    mpiallreduce launch -n 4 --nodes 2 -- python -m mpiallreduce tune --output my-table.json
     MPIALLREDUCE_TUNING=my-table.json python my_training.py
+
+On ranks that span nodes it measures what runs across nodes and writes the table's ``by_nodes``
+section (for that node and rank count), which ``auto`` reads on such communicators.
 
 The table's format and how it is read: mpiallreduce.tuning.
 """
@@ -18,7 +22,10 @@ def main(argv=None):
     from mpi4py import MPI
 
     from .algorithms import HOST_ALGORITHMS as ALGORITHMS
+    from .algorithms import REGISTRY
     from .bench import compare, parse_size, run_metadata
+    from .bench.driver import runnable_here
+    from .state import state_of
 
     parser = argparse.ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=",".join(str(4 ** k) for k in range(1, 14)),
@@ -29,21 +36,35 @@ def main(argv=None):
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    results = compare(comm, sizes, ALGORITHMS, repetitions=args.repetitions, modes=(False,), forced=())
+    state = state_of(comm).make_ready()
+    algorithms, skipped = runnable_here(comm, list(ALGORITHMS))
+    if state.spans_nodes and not state.equal_nodes:
+        algorithms = [a for a in algorithms if not REGISTRY[a].needs_equal_nodes]
+    results = compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=(False,), forced=())
     metadata = run_metadata(comm, vars(args))
     if comm.Get_rank() != 0:
         return 0
     rules = rules_from_measurements([(m.nbytes, m.algorithm, m.time_us) for m in results
-                                     if m.algorithm in ALGORITHMS])
+                                     if m.algorithm in algorithms])
     table = {"metadata": {}, "by_ranks": {}}
     if os.path.exists(args.output):
         with open(args.output) as f:
             table = json.load(f)
-    table.setdefault("by_ranks", {})[str(comm.Get_size())] = rules
-    table.setdefault("metadata", {})[str(comm.Get_size())] = metadata
+    ranks = str(comm.Get_size())
+    if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
+        nodes = str(state.node_count)
+        table.setdefault("by_nodes", {}).setdefault(nodes, {})[ranks] = rules
+        table.setdefault("metadata", {})[f"{nodes} nodes, {ranks} ranks"] = metadata
+        where = f"{ranks} ranks on {nodes} nodes"
+    else:
+        table.setdefault("by_ranks", {})[ranks] = rules
+        table.setdefault("metadata", {})[ranks] = metadata
+        where = f"{ranks} ranks"
     with open(args.output, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
-    print(f"# {comm.Get_size()} ranks: auto will use")
+    for line in skipped:
+        print(f"# skipped: {line}")
+    print(f"# {where}: auto will use")
     low = 0
     for rule in rules:
         high = rule["up_to_bytes"]

@@ -13,6 +13,14 @@ Format (JSON)::
                         {"up_to_bytes": null, "algorithm": "ring_pipelined"}], ...}}
 
 For a rank count not in the table, the nearest smaller one is used (else the smallest).
+
+Communicators that span nodes have a section of their own, measured across nodes (``mpiallreduce
+tune`` under ``launch --nodes N`` or on a multi-node allocation writes it), by node count, then
+rank count, each the nearest smaller one as above::
+
+     "by_nodes": {"2": {"2": [{"up_to_bytes": null, "algorithm": "two_level"}], "4": [...]}}
+
+Without one for a node count, ``auto`` runs ``hierarchical`` there.
 """
 import hashlib
 import json
@@ -20,7 +28,7 @@ import math
 import os
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "rules_from_measurements", "table_digest"]
+           "choose_across_nodes", "rules_from_measurements", "table_digest"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tuning.json")
@@ -57,18 +65,32 @@ def tuning_table():
 
 def table_digest():
     """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
-    text = json.dumps(tuning_table().get("by_ranks", {}), sort_keys=True).encode()
+    table = tuning_table()
+    text = json.dumps([table.get("by_ranks", {}), table.get("by_nodes", {})], sort_keys=True).encode()
     return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
+def _nearest(section, count):
+    """``section[count]`` (keys are counts as strings), else the nearest smaller count's, else the
+    smallest's; None for an empty section."""
+    by_count = {int(k): v for k, v in section.items()}
+    if not by_count:
+        return None
+    if count in by_count:
+        return by_count[count]
+    smaller = [k for k in by_count if k <= count]
+    return by_count[max(smaller) if smaller else min(by_count)]
+
+
 def _rules_for(size):
-    by_ranks = {int(k): v for k, v in tuning_table().get("by_ranks", {}).items()}
-    if not by_ranks:
-        return []
-    if size in by_ranks:
-        return by_ranks[size]
-    smaller = [k for k in by_ranks if k <= size]
-    return by_ranks[max(smaller) if smaller else min(by_ranks)]
+    return _nearest(tuning_table().get("by_ranks", {}), size) or []
+
+
+def _rule_choice(rules, nbytes, known):
+    for rule in rules:
+        if rule.get("up_to_bytes") is None or nbytes <= rule["up_to_bytes"]:
+            return rule["algorithm"] if rule["algorithm"] in known else "mpi"
+    return "mpi"
 
 
 def choose_name(nbytes, size, known):
@@ -76,14 +98,25 @@ def choose_name(nbytes, size, known):
     key = (nbytes, size)
     choice = _choices.get(key)
     if choice is None:
-        choice = "mpi"
-        for rule in _rules_for(size):
-            if rule.get("up_to_bytes") is None or nbytes <= rule["up_to_bytes"]:
-                choice = rule["algorithm"] if rule["algorithm"] in known else "mpi"
-                break
+        choice = _rule_choice(_rules_for(size), nbytes, known)
         if len(_choices) < 4096:
             _choices[key] = choice
     return choice
+
+
+def choose_across_nodes(nbytes, nodes, size, known):
+    """The algorithm name the table's ``by_nodes`` section gives for ``nbytes`` on ``size`` ranks
+    over ``nodes`` nodes; None when it has nothing for that node count (nor a smaller one)."""
+    key = (nbytes, size, nodes)
+    if key not in _choices:
+        by_nodes = tuning_table().get("by_nodes", {})
+        smaller = [int(k) for k in by_nodes if int(k) <= nodes]
+        rules = _nearest(by_nodes[str(max(smaller))], size) if smaller else None
+        choice = None if not rules else _rule_choice(rules, nbytes, known)
+        if len(_choices) < 4096:
+            _choices[key] = choice
+        return choice
+    return _choices[key]
 
 
 def rules_from_measurements(measurements):

@@ -66,3 +66,32 @@ def test_bench_across_nodes_skips_what_needs_one_node_and_says_so(tmp_path):
     assert {name for name, _ in rows} >= {"openmpi", "auto", "ring", "hierarchical"}, explain(result)
     assert "shared_memory" not in {name for name, _ in rows}
     assert all(wrong == "0" for _, wrong in rows), explain(result)
+
+
+def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_path):
+    import json
+    table = tmp_path / "tuning.json"
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "tune", "--sizes", "4,64K", "--repetitions", "2",
+                     "--output", str(table)], timeout=TIMEOUT, cwd=ROOT, nodes=2)
+    assert result.returncode == 0, explain(result)
+    assert "# skipped: shared_memory" in result.output and "# 2 ranks on 2 nodes: auto will use" in result.output
+    written = json.loads(table.read_text())
+    assert written["by_nodes"]["2"]["2"][-1]["up_to_bytes"] is None and "by_ranks" in written, written
+    assert "shared_memory" not in {rule["algorithm"] for rule in written["by_nodes"]["2"]["2"]}
+    # a table of our own choosing: auto follows it across nodes, and falls back where it cannot
+    table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "mpi"}]},
+                                 "by_nodes": {"2": {"2": [{"up_to_bytes": 100, "algorithm": "two_level"},
+                                                          {"up_to_bytes": None, "algorithm": "ring"}]}}}))
+    script = ("import numpy, mpiallreduce as mar; "
+              "print('chose', mar.describe_call(numpy.ones(25, numpy.float32)), '|', "
+              "mar.describe_call(numpy.ones(1000, numpy.float32)))")
+    env = dict(os.environ, MPIALLREDUCE_TUNING=str(table))
+    result = run(4, [sys.executable, "-c", script], timeout=TIMEOUT, cwd=ROOT, env=env, nodes=2)
+    assert result.returncode == 0, explain(result)
+    assert result.output.count("chose two_level (auto: the tuning table for 2 nodes, 4 ranks, at 100 bytes)") == 4, \
+        explain(result)
+    assert result.output.count("| ring (auto: the tuning table for 2 nodes, 4 ranks, at 4000 bytes)") == 4
+    result = run(3, [sys.executable, "-c", script], timeout=TIMEOUT, cwd=ROOT, env=env, nodes=2)  # 2 + 1
+    assert result.returncode == 0, explain(result)
+    assert result.output.count("chose hierarchical (auto: numpy arrays across 2 nodes (two_level, the table's "
+                               "choice, needs equal nodes))") == 3, explain(result)
