@@ -138,7 +138,10 @@ class CommState:
             extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
             self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
             self.equal_nodes = bool(extremes[0] == -extremes[1])
-        if self.node_count == 1 and self.size > 1 and self.signature_slots is None:
+        # (not under ULFM: a barrier that meets a dead rank there fails with MPI_ERR_OTHER and no
+        # failed rank known, where the allreduce of the other way reports the failure)
+        from .faults.ulfm import fault_tolerant
+        if self.node_count == 1 and self.size > 1 and self.signature_slots is None and not fault_tolerant():
             self.signature_slots = SignatureSlots(self.library)
 
     def renew_settings(self, current):

@@ -18,4 +18,12 @@ if __name__ == "__main__":
         sys.stdout = open(os.devnull, "w")
     args = ["--with-mpi", "-p", "mpi_verdicts", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(HERE),
             "--timeout-method=thread"]  # a signal cannot interrupt a rank blocked inside MPI
-    sys.exit(pytest.main(args + sys.argv[1:]))
+    given = [a for a in sys.argv[1:] if a.startswith("--timeout=")]
+    if given and MPI.COMM_WORLD.Get_rank() != 0:
+        # A test in which every rank hangs is ended by pytest-timeout on the first rank whose timer
+        # fires, and only rank 0 prints (its stacks, "Timeout"): give the others 3 s more, so that
+        # rank 0's comes first and the reader sees it.
+        args_tail = sys.argv[1:] + [f"--timeout={float(given[-1].split('=', 1)[1]) + 3:g}"]
+    else:
+        args_tail = sys.argv[1:]
+    sys.exit(pytest.main(args + args_tail))

@@ -23,6 +23,12 @@ def _failure_classes():
             if hasattr(MPI, name)}
 
 
+def fault_tolerant():
+    """Whether this process runs under ULFM (``mpiexec --with-ft ulfm`` sets mpi_ft_enable)."""
+    import os
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "enabled")
+
+
 def failed_ranks(comm):
     """Ranks of ``comm`` this process knows to have failed (ULFM); () where it cannot tell."""
     try:
@@ -45,7 +51,8 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
     """
     if not isinstance(error, MPI.Exception):
         return None
-    if error.Get_error_class() not in _failure_classes() and not failed_ranks(comm):
+    if (error.Get_error_class() not in _failure_classes() and not failed_ranks(comm)
+            and not any(failed_ranks(c) for c in also_revoke)):  # (the library's duplicate may know first)
         return None
     for c in (comm, *also_revoke):
         try:
@@ -53,7 +60,7 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
                 c.Revoke()
         except (MPI.Exception, NotImplementedError, AttributeError):
             pass
-    lost = failed_ranks(comm)
+    lost = failed_ranks(comm) or next((f for f in map(failed_ranks, also_revoke) if f), ())  # (duplicates: same ranks)
     rank = comm.Get_rank()
     what = f"{ranks_phrase(lost)} of {comm.Get_size()} failed" if lost else "a rank failed"
     return RankFailure(f"rank {rank}: allreduce call #{sequence}: {what} during the call "

@@ -9,8 +9,8 @@ call's PeerWatch instead of blocking in MPI:
     rank 0, 2, ... waiting for a message of call #n
         -> test their requests; after a short spin, also look at the control channel
         -> FAILED(#n) from rank 1: leave the call's requests behind, raise AllreduceAborted
-        -> the call's timeout (when it has one) runs out first: send FAILED(#n) so that the others
-           learn it too, raise AllreduceTimeout naming the ranks this one was waiting for
+        -> the call's timeout (when it has one) passes in one wait with nothing coming: send
+           FAILED(#n) so that the others learn it too, raise AllreduceTimeout
 
 So every rank raises at once when the failure is local (and within the timeout when a rank hangs
 instead). The requests left behind use the failed call's tags (CallTags): no later call can match
@@ -34,6 +34,20 @@ _LOOK_EVERY_SECONDS = 1e-3
 _yield_core = getattr(os, "sched_yield", lambda: None)
 
 
+def _test_all(requests, statuses):
+    """MPI_Testall; a failed request's own error raised (a dead peer's ERR_PROC_FAILED under ULFM,
+    which mpiallreduce.faults.ulfm turns into RankFailure), not MPI_ERR_IN_STATUS."""
+    try:
+        return MPI.Request.Testall(requests, statuses)
+    except MPI.Exception as error:
+        if error.Get_error_class() == MPI.ERR_IN_STATUS:
+            for status in statuses:
+                code = status.Get_error()
+                if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                    raise MPI.Exception(code) from error
+        raise
+
+
 class PeerWatch:
     """One call's waits: complete the requests, or learn that a peer gave up, or time out."""
 
@@ -43,7 +57,7 @@ class PeerWatch:
         self.state = state
         self.sequence = sequence
         self.timeout = timeout
-        self.deadline = math.inf if timeout is None else time.monotonic() + timeout
+        self.deadline = math.inf  # (set by each wait)
         self.failed = False
         self.name = name
 
@@ -52,11 +66,16 @@ class PeerWatch:
         polls without sleeping (yielding the core to other ranks where they share it): a sleep would
         add its length to every message of a call between nodes. The control channel and the
         deadline are looked at every millisecond."""
-        if MPI.Request.Testall(requests):
+        statuses = [MPI.Status() for _ in requests]
+        if _test_all(requests, statuses):
             return
-        look_at = time.monotonic() + _QUIET_SECONDS
+        started = time.monotonic()
+        # the timeout bounds each wait, not the whole algorithm: a long call that keeps moving is
+        # not a stall (the rendezvous bounded the arrival)
+        self.deadline = started + self.timeout if self.timeout is not None else math.inf
+        look_at = started + _QUIET_SECONDS
         while True:
-            if MPI.Request.Testall(requests):
+            if _test_all(requests, statuses):
                 return
             now = time.monotonic()
             if now >= look_at:
@@ -75,8 +94,8 @@ class PeerWatch:
             self.fail()
             raise AllreduceTimeout(
                 f"rank {self.state.rank}: allreduce call #{self.sequence} ({self.name}) on {self.state.size} "
-                f"ranks timed out after {self.timeout:g} s in the middle of the algorithm, waiting for a "
-                "message from a peer; the other ranks are told", sequence=self.sequence, waited=self.timeout)
+                f"ranks timed out in the middle of the algorithm: {self.timeout:g} s without a message it "
+                "waited for from a peer; the other ranks are told", sequence=self.sequence, waited=self.timeout)
 
     def fail(self):
         """This rank leaves the call midway: tell every peer (once)."""
