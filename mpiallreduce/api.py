@@ -15,7 +15,6 @@ A call flows one way:
 A call that repeats one already made (same communicator, dtype, shape, op and algorithm, no check,
 no timeout, contiguous numpy arrays) takes a short path with the plan it made the first time.
 """
-import sys
 import threading
 import zlib
 
@@ -310,12 +309,7 @@ def execute(state, plan, flat, op, datatype, xp, sequence, signature=None, timeo
             buffers.copy_into(flat.recv, flat.send)
         op.finish(flat.recv, size)
         return flat.finish()
-    watch = None
-    if plan.algorithm.messages_only:
-        watch = PeerWatch(state, sequence, timeout, plan.name)
-        comm = CallTags(state.library, sequence, watch)
-    else:
-        comm = state.library
+    comm, watch = _algorithm_comm(state, plan.algorithm, sequence, timeout)
     options = {} if plan.inner is None else {"inner": plan.inner}
     if signature is not None:
         options["signature"] = signature
@@ -329,25 +323,32 @@ def execute(state, plan, flat, op, datatype, xp, sequence, signature=None, timeo
             else:
                 _run(plan, comm, flat.send, flat.recv, op, datatype, xp, options)
                 op.finish(flat.recv, size)
-    except MPI.Exception as error:  # a dead rank (ULFM): every survivor raises RankFailure
-        failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
-        if failure is None:
-            _leave_midway(watch)
-            raise
-        raise failure from error
-    except BaseException:
-        _leave_midway(watch)
-        raise
+    except BaseException as error:
+        _raise_failed(error, state, sequence, watch)
     return flat.finish()
 
 
-def _leave_midway(watch):
-    """This rank's part of a hand-written algorithm failed: the others are told, not left waiting
-    (AllreduceAborted is a peer's failure, already known to all; a timeout has told them)."""
-    if watch is not None:
-        exception = sys.exc_info()[1]
-        if not isinstance(exception, (AllreduceAborted, AllreduceTimeout)):
-            watch.fail()
+def _algorithm_comm(state, algorithm, sequence, timeout):
+    """(the communicator ``algorithm`` talks on, its PeerWatch or None): a message-passing
+    algorithm gets the call's tags and a watch on its peers (mpiallreduce.faults.watch)."""
+    if not algorithm.messages_only:
+        return state.library, None
+    watch = PeerWatch(state, sequence, timeout, algorithm.name)
+    return CallTags(state.library, sequence, watch), watch
+
+
+def _raise_failed(error, state, sequence, watch):
+    """Raise what a call that failed with ``error`` on this rank raises: RankFailure for a dead rank
+    (ULFM, on every survivor), else ``error`` itself, after telling the peers of a message-passing
+    algorithm that this rank left it midway (AllreduceAborted is a peer's failure, already known to
+    all; a timeout in the algorithm has told them)."""
+    if isinstance(error, MPI.Exception):
+        failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
+        if failure is not None:
+            raise failure from error
+    if watch is not None and not isinstance(error, (AllreduceAborted, AllreduceTimeout)):
+        watch.fail()
+    raise error
 
 
 def _run(plan, comm, send, recv, op, datatype, xp, options):
@@ -375,7 +376,6 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     divide = reduce_op.divide_by_size
     algorithm = plan.algorithm
     direct = algorithm.name == "mpi"
-    watched, name = algorithm.messages_only, algorithm.name
     # mpi4py finds a predefined datatype from the array itself: no [buffer, datatype] list to make
     raw = datatype.is_predefined and dtype.char in "bhilqBHILQefdgFDG?"
     empty, ndarray, in_place, errstate, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.errstate, np.divide
@@ -407,25 +407,13 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
                     state.library.Allreduce(send, result, mpi_op)
                 else:
                     state.library.Allreduce(send if send is in_place else [send, datatype], [result, datatype], mpi_op)
-            elif watched:
-                watch = PeerWatch(state, state.sequence, None, name)
-                with errstate(all="ignore"):
-                    algorithm.run(CallTags(state.library, state.sequence, watch),
-                                  None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
-                                  datatype, **options)
             else:
+                comm, watch = _algorithm_comm(state, algorithm, state.sequence, None)
                 with errstate(all="ignore"):
-                    algorithm.run(state.library, None if send is in_place else x.reshape(-1), result.reshape(-1),
-                                  reduce_op, datatype, **options)
-        except MPI.Exception as error:
-            failure = failure_of(error, state.user, state.sequence, also_revoke=state.library_communicators())
-            if failure is None:
-                _leave_midway(watch)
-                raise
-            raise failure from error
-        except BaseException:
-            _leave_midway(watch)
-            raise
+                    algorithm.run(comm, None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
+                                  datatype, **options)
+        except BaseException as error:
+            _raise_failed(error, state, state.sequence, watch)
         if divide:
             with errstate(all="ignore"):
                 divide_ufunc(result, dtype.type(state.size), out=result)

@@ -6,9 +6,9 @@
                                   (mpiallreduce.faults.rendezvous)
 
 The duplicate is made the first time a communicator is used, on the thread that called the
-library, in program order: ``MPI_Comm_dup`` when that call is untimed; ``MPI_Comm_idup`` when it
-is timed, so that a straggler on the very first call is reported, not waited for. (One duplicate,
-left outstanding only while a timed first call waits: CI saw a duplicate hang, and ranks grow to
+library, in program order, with ``MPI_Comm_idup``: waited for at once when that call is untimed,
+left pending when it is timed, so that a straggler on the very first call is reported, not waited
+for. (One duplicate, left outstanding only while a timed first call waits: CI saw a duplicate hang, and ranks grow to
 11 GiB until the kernel killed them, when two Idups per communicator stayed outstanding while the
 program went on making communicators; Open MPI's non-blocking context-id agreement is fragile
 there, open-mpi/ompi#2025.) so the library's collectives never meet
@@ -52,10 +52,13 @@ class CommState:
         #: calls this rank made on the communicator that reached communication (1, 2, ...)
         self.sequence = 0
         self.settings = settings()
+        # Always MPI_Comm_idup, so that ranks whose first calls differ in timeout still make the
+        # same collective (a blocking dup does not match a non-blocking one): waited for at once
+        # unless the first call is timed.
+        self.library, self._library_request = user.Idup()
         if blocking:
-            self.library, self._library_request = user.Dup(), None
-        else:
-            self.library, self._library_request = user.Idup()
+            self._library_request.Wait()
+            self._library_request = None
         #: where the rendezvous's control messages go: the library's duplicate, on a tag of their own
         self.control = self.library
         self.ready = False
@@ -134,6 +137,7 @@ class CommState:
         self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
         self.node_count = int(leaders[0])
         self.spans_nodes = self.node_count > 1
+        self.equal_nodes = True
         if self.spans_nodes:
             extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
             self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)

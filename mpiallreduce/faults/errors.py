@@ -33,10 +33,13 @@ class AllreduceAborted(RuntimeError):
         self.sequence = sequence
 
     @classmethod
-    def by(cls, state, sequence, peer, algorithm=""):
+    def by(cls, state, sequence, peer, algorithm="", gave_up=False):
+        what = ("gave it up (its timeout ran out before every rank had arrived: did the ranks give this call "
+                "different timeouts?)" if gave_up else
+                "failed in the middle of it (its own exception is raised there)")
         return cls(f"rank {state.rank}: allreduce call #{sequence}{f' ({algorithm})' if algorithm else ''} on "
-                   f"{state.size} ranks: rank {peer} failed in the middle of it (its own exception is raised "
-                   "there); this rank gave up its part", failed_rank=peer, sequence=sequence)
+                   f"{state.size} ranks: rank {peer} {what}; this rank gave up its part",
+                   failed_rank=peer, sequence=sequence)
 
 
 class RankFailure(RuntimeError):

@@ -88,7 +88,7 @@ class PeerWatch:
         for peer, kind in _channel(self.state).receive(self.sequence):
             if kind in (FAILED, GAVE_UP):
                 self._leave_behind(requests)
-                raise AllreduceAborted.by(self.state, self.sequence, peer, self.name)
+                raise AllreduceAborted.by(self.state, self.sequence, peer, self.name, gave_up=kind == GAVE_UP)
         if now >= self.deadline:
             self._leave_behind(requests)
             self.fail()

@@ -223,6 +223,32 @@ def test_one_rank_failing_midway_ends_the_call_on_every_rank_at_once(monkeypatch
         comm.Free()
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_call_timed_on_one_rank_only_ends_with_an_error_on_every_rank(algorithm):
+    """Rank 0 gives a timeout, the others do not: rank 0's rendezvous times out and gives up, and
+    the others, waiting in the algorithm for rank 0, learn it (faults.watch). The next calls agree
+    and are right. (On a communicator's very first call this is not so: see the README.)"""
+    comm = _fresh()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    try:
+        x = exact_input("float64", 5000, rank, "sum")
+        want = numpy_reference("sum", gather_inputs(comm, x))
+        assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want)  # first use
+        if size == 1:
+            return
+        if rank == 0:
+            with pytest.raises(mar.AllreduceTimeout):
+                mar.allreduce(x, algorithm=algorithm, comm=comm, timeout=2.0)
+        else:
+            with pytest.raises(mar.AllreduceAborted, match="rank 0 gave it up .its timeout ran out"):
+                mar.allreduce(x, algorithm=algorithm, comm=comm)
+        for _ in range(2):
+            assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm, timeout=30), want)
+    finally:
+        comm.Barrier()
+        comm.Free()
+
+
 def test_float16_overflow_under_seterr_raise_gives_inf_not_an_exception():
     size = WORLD.Get_size()
     x = np.full(1000, 60000, np.float16)
