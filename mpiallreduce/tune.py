@@ -22,7 +22,6 @@ def main(argv=None):
     from mpi4py import MPI
 
     from .algorithms import HOST_ALGORITHMS as ALGORITHMS
-    from .algorithms import REGISTRY
     from .bench import compare, parse_size, run_metadata
     from .bench.driver import runnable_here
     from .state import state_of
@@ -38,8 +37,6 @@ def main(argv=None):
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     state = state_of(comm).make_ready()
     algorithms, skipped = runnable_here(comm, list(ALGORITHMS))
-    if state.spans_nodes and not state.equal_nodes:
-        algorithms = [a for a in algorithms if not REGISTRY[a].needs_equal_nodes]
     results = compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=(False,), forced=())
     metadata = run_metadata(comm, vars(args))
     if comm.Get_rank() != 0:

@@ -54,17 +54,22 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
             assert outcome.split(" (")[0] == "ok", (rank, name, outcome)
 
 
-def test_bench_across_nodes_skips_what_needs_one_node_and_says_so(tmp_path):
-    result = run(2, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4K", "--repetitions", "2",
-                     "--mode", "out-of-place", "--openmpi-forced", "none", "--output", str(tmp_path)],
+@pytest.mark.parametrize("nranks", [2, 3], ids=["2x1", "2+1"])
+def test_bench_across_nodes_skips_what_cannot_run_there_and_says_so(tmp_path, nranks):
+    result = run(nranks, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4K", "--repetitions", "2",
+                          "--mode", "out-of-place", "--openmpi-forced", "none", "--output", str(tmp_path)],
                  timeout=TIMEOUT, cwd=ROOT, nodes=2)
     assert result.returncode == 0, explain(result)
-    assert "2 ranks on node0, node1" in result.output, explain(result)
-    assert "# skipped: shared_memory (needs every rank on one node; these 2 ranks are on 2 nodes" in result.output
+    assert "ranks on node0, node1" in result.output, explain(result)
+    assert (f"# skipped: shared_memory (needs every rank on one node; these {nranks} ranks are on 2 nodes"
+            in result.output), explain(result)
+    assert ("# skipped: two_level (needs the same rank count on every node" in result.output) == (nranks == 3), \
+        explain(result)
     rows = re.findall(r"^\s*4096\s+1024\s+float32\s+sum\s+out\s+(\S+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)", result.output,
                       re.M)
     assert {name for name, _ in rows} >= {"openmpi", "auto", "ring", "hierarchical"}, explain(result)
     assert "shared_memory" not in {name for name, _ in rows}
+    assert ("two_level" in {name for name, _ in rows}) == (nranks == 2), explain(result)
     assert all(wrong == "0" for _, wrong in rows), explain(result)
 
 

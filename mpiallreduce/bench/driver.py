@@ -122,18 +122,21 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
 
 
 def runnable_here(comm, names):
-    """(the algorithms of ``names`` that can run on ``comm``, a line for each one left out): those
-    that need every rank on one node are left out when the ranks span nodes."""
+    """(the algorithms of ``names`` that can run on ``comm``, a line for each one left out): across
+    nodes, those that need every rank on one node, or (on unequal nodes) equal nodes."""
     from ..state import state_of
-    node_count = state_of(comm).make_ready().node_count
-    if node_count == 1:
+    state = state_of(comm).make_ready()
+    if state.node_count == 1:
         return names, []
     kept, skipped = [], []
+    where = f"these {comm.Get_size()} ranks are on {state.node_count} nodes"
     for name in names:
         algorithm = REGISTRY.get(name)
         if algorithm is not None and algorithm.needs_one_node:
-            skipped.append(f"{name} (needs every rank on one node; these {comm.Get_size()} ranks are on "
-                           f"{node_count} nodes: use {algorithm.across_nodes or 'hierarchical'})")
+            skipped.append(f"{name} (needs every rank on one node; {where}: use "
+                           f"{algorithm.across_nodes or 'hierarchical'})")
+        elif algorithm is not None and algorithm.needs_equal_nodes and not state.equal_nodes:
+            skipped.append(f"{name} (needs the same rank count on every node; {where}, unequal)")
         else:
             kept.append(name)
     return kept, skipped
