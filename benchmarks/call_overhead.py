@@ -10,7 +10,8 @@ ratio to raw ``comm.Allreduce`` on the same buffers:
   MPI_Allreduce on the library's duplicate, and auto's short path called without the entry point;
 - 64 KiB: raw, a prepared call (agreed once, no per-call check), allreduce(algorithm="mpi") with the
   signature check that calls from 64 KiB on make by default, and that check alone; then auto
-  (shared_memory here, which carries the check in its first barrier) with and without the check;
+  (shared_memory here, which waits for the codes in place of its first barrier) and mpi, each with
+  and without the check (the checked call's ratio to the unchecked one is the check's price);
 - 4 KiB and 1 MiB: ring without and with timeout=60 (the rendezvous of mpiallreduce.faults).
 """
 import dataclasses
@@ -88,19 +89,22 @@ def main():
         "the signature check alone": signature_alone,
     }, 400)))
 
-    # auto at 64 KiB (shared_memory on one node, which makes the signature comparison in place of
-    # its first barrier): one communicator made while the check is on, one while it is off. Each
-    # keeps what its first call bound, so both run side by side in one loop.
+    # the check against no check, for auto at 64 KiB (shared_memory on one node, which waits for the
+    # ranks' codes in place of its first barrier) and for mpi: one communicator made while the check
+    # is on, one while it is off. Each keeps what its first call bound, so both run side by side.
     checked, unchecked = COMM.Dup(), COMM.Dup()
-    mar.allreduce(y, out=result, comm=checked)
     current = settings_module.settings()
-    settings_module.reset_settings(dataclasses.replace(current, signature_min_bytes=-1))
-    mar.allreduce(y, out=result, comm=unchecked)
-    settings_module.reset_settings(current)
-    rows.append(("64 KiB auto", compare({
+    for algorithm in ("auto", "mpi"):
+        mar.allreduce(y, out=result, comm=checked, algorithm=algorithm)
+        settings_module.reset_settings(dataclasses.replace(current, signature_min_bytes=-1))
+        mar.allreduce(y, out=result, comm=unchecked, algorithm=algorithm)
+        settings_module.reset_settings(current)
+    rows.append(("64 KiB, check or not", compare({
         "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(y, result),
-        "allreduce (auto), signature not checked": lambda: mar.allreduce(y, out=result, comm=unchecked),
-        "allreduce (auto), signature checked": lambda: mar.allreduce(y, out=result, comm=checked),
+        "auto, signature not checked": lambda: mar.allreduce(y, out=result, comm=unchecked),
+        "auto, signature checked": lambda: mar.allreduce(y, out=result, comm=checked),
+        "mpi, signature not checked": lambda: mar.allreduce(y, out=result, comm=unchecked, algorithm="mpi"),
+        "mpi, signature checked": lambda: mar.allreduce(y, out=result, comm=checked, algorithm="mpi"),
     }, 400)))
     plan = mar.describe_call(y, comm=checked)
 
@@ -120,6 +124,10 @@ def main():
             print(size + ": " + ", ".join(
                 f"{name} {us:.2f}" + (f" ({us / raw:.2f}x)" if raw and name != "MPI_Allreduce (mpi4py)" else "")
                 for name, us in measured.items()))
+            for name, us in measured.items():
+                if name.endswith(", signature checked"):
+                    unchecked_us = measured[name.replace("checked", "not checked")]
+                    print(f"  the check's price, {name.split(',')[0]}: {100 * (us / unchecked_us - 1):+.1f}%")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ A call flows one way:
                    thread, in program order; the call numbered
     rendezvous     only with a timeout (mpiallreduce.faults.rendezvous)
     agreement      with ``check``: everything compared (one allgather); otherwise, from
-                   ``signature_min_bytes`` on, shape, dtype, op and algorithm (one 16-byte allreduce)
+                   ``signature_min_bytes`` on, shape, dtype, op and algorithm (on one node in shared memory,
+                   else one 16-byte allreduce)
     plan           mpiallreduce.planner: what runs, decided once and cached
-    execution      the algorithm on the library's own communicator, reductions under
-                   ``np.errstate(all="ignore")`` as MPI's own are
+    execution      the algorithm on the library's own communicator, reductions ignoring
+                   floating-point errors (np.errstate), as MPI's own do
 
 A call that repeats one already made (same communicator, dtype, shape, op and algorithm, no check,
 no timeout, contiguous numpy arrays) takes a short path with the plan it made the first time.
@@ -31,7 +32,7 @@ from .faults.rendezvous import Rendezvous
 from .faults.watch import PeerWatch
 from .faults.ulfm import failure_of
 from .mesh import resolve_communicator
-from .ops import get_op
+from .ops import get_op, ignore_float_errors, restore_float_errors
 from .planner import CallFacts, check_algorithm_name, plan_call
 from .settings import settings
 from .startup import check_world_matches_slurm
@@ -182,6 +183,8 @@ class _Call:
                 signature = CallSignature(state, code, lambda: _signature(x, self.op, plan.name))
                 if xp is not None or not plan.algorithm.carries_signature:
                     signature = signature.agree()  # (None: compared)
+            elif xp is None and plan.algorithm.carries_signature and state.signature_slots is not None:
+                signature = CallSignature(state, _size_code(x.nbytes), lambda: _signature(x, self.op, plan.name))
         flat = buffers.flat_buffers(x, self.out)
         op = get_op(self.op)
         result = execute(state, plan, flat, op, buffers.mpi_datatype(x.dtype), xp, self.sequence, signature,
@@ -244,14 +247,19 @@ def _signature_code(x, op, plan):
     return (zlib.crc32(text) << 31) ^ zlib.adler32(text[::-1])
 
 
+def _size_code(nbytes):
+    """The code an algorithm that carries the comparison publishes for a call whose signature is
+    not checked: its size (negative, never a signature code), compared for nothing but a few loads."""
+    return -1 - nbytes
+
+
 def agree_on_signature(state, code, describe):
     """One 16-byte allreduce on the library's communicator: raise ValueError on every rank, naming
     what differs and where, unless every rank's ``code`` is the same. ``describe()``: this rank's
     signature as a dict, gathered only when the codes differ."""
     slots = state.signature_slots
-    if slots is not None:  # one node: a barrier over codes in shared memory (mpiallreduce.state.SignatureSlots)
+    if slots is not None:  # one node: codes in shared memory, no collective (mpiallreduce.state.SignatureSlots)
         slots.publish(code)
-        state.library.Barrier()
         if slots.all_equal(code):
             return
     else:
@@ -273,10 +281,11 @@ def raise_signature_mismatch(state, describe):
 
 class CallSignature:
     """A call's signature code, for an algorithm that carries the comparison (``carries_signature``):
-    ``agree()`` compares it in a barrier or collective of its own; an algorithm with a barrier of its
-    own on one node (shared_memory) instead calls ``publish()`` before it and ``compare()`` after
-    it, which raises on every rank when the codes differ (the same barrier as ``agree()``'s, so
-    ranks that run different algorithms for calls that differ still meet)."""
+    ``agree()`` compares it (in shared memory on one node, else in a small allreduce); an algorithm
+    that needs a barrier of its own on one node (shared_memory) instead calls ``publish()`` and then
+    ``compare()``, which waits for every rank's code, as a barrier would, and raises on every rank
+    when they differ (``agree()`` does the same two steps, so ranks that run different algorithms
+    for calls that differ still compare the same codes)."""
 
     __slots__ = ("state", "code", "describe")
 
@@ -313,18 +322,20 @@ def execute(state, plan, flat, op, datatype, xp, sequence, signature=None, timeo
     options = {} if plan.inner is None else {"inner": plan.inner}
     if signature is not None:
         options["signature"] = signature
+    ignoring = ignore_float_errors()
     try:
-        with np.errstate(all="ignore"):
-            if plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
-                wide = (flat.recv if flat.send is None else flat.send).astype(plan.accumulate)
-                _run(plan, comm, None, wide, op, buffers.mpi_datatype(plan.accumulate), xp, options)
-                op.finish(wide, size)
-                buffers.array_module(wide).copyto(flat.recv, wide, casting="unsafe")
-            else:
-                _run(plan, comm, flat.send, flat.recv, op, datatype, xp, options)
-                op.finish(flat.recv, size)
+        if plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
+            wide = (flat.recv if flat.send is None else flat.send).astype(plan.accumulate)
+            _run(plan, comm, None, wide, op, buffers.mpi_datatype(plan.accumulate), xp, options)
+            op.finish(wide, size)
+            buffers.array_module(wide).copyto(flat.recv, wide, casting="unsafe")
+        else:
+            _run(plan, comm, flat.send, flat.recv, op, datatype, xp, options)
+            op.finish(flat.recv, size)
     except BaseException as error:
         _raise_failed(error, state, sequence, watch)
+    finally:
+        restore_float_errors(ignoring)
     return flat.finish()
 
 
@@ -378,12 +389,14 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     direct = algorithm.name == "mpi"
     # mpi4py finds a predefined datatype from the array itself: no [buffer, datatype] list to make
     raw = datatype.is_predefined and dtype.char in "bhilqBHILQefdgFDG?"
-    empty, ndarray, in_place, errstate, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.errstate, np.divide
+    empty, ndarray, in_place, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.divide
+    ignore, restore = ignore_float_errors, restore_float_errors
     may_share_memory = np.may_share_memory
-    carried = code is not None and algorithm.carries_signature
+    carried = algorithm.carries_signature and (code is not None or state.signature_slots is not None)
     options = {} if plan.inner is None else {"inner": plan.inner}
-    if carried:
-        options["signature"] = CallSignature(state, code, describe)
+    if carried:  # (unchecked: the size, compared in shared memory all the same)
+        size_code = _size_code(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        options["signature"] = CallSignature(state, size_code if code is None else code, describe)
 
     def run(x, out):
         if x.strides != strides:
@@ -398,7 +411,7 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
         else:
             return None
         state.sequence += 1
-        watch = None
+        watch = ignoring = None
         try:
             if code is not None and not carried:
                 agree_on_signature(state, code, describe)
@@ -409,14 +422,18 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
                     state.library.Allreduce(send if send is in_place else [send, datatype], [result, datatype], mpi_op)
             else:
                 comm, watch = _algorithm_comm(state, algorithm, state.sequence, None)
-                with errstate(all="ignore"):
-                    algorithm.run(comm, None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
-                                  datatype, **options)
+                ignoring = ignore()
+                algorithm.run(comm, None if send is in_place else x.reshape(-1), result.reshape(-1), reduce_op,
+                              datatype, **options)
         except BaseException as error:
             _raise_failed(error, state, state.sequence, watch)
+        finally:
+            if ignoring is not None:
+                restore(ignoring)
         if divide:
-            with errstate(all="ignore"):
-                divide_ufunc(result, dtype.type(state.size), out=result)
+            ignoring = ignore()
+            divide_ufunc(result, dtype.type(state.size), out=result)
+            restore(ignoring)
         return result
 
     return run

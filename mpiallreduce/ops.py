@@ -14,8 +14,26 @@ from mpi4py import MPI
 from .buffers import mpi_datatype
 from .device import namespace
 
-__all__ = ["ReduceOp", "OPS", "get_op"]
+__all__ = ["ReduceOp", "OPS", "get_op", "ignore_float_errors", "restore_float_errors"]
 
+try:  # numpy 2: the error state is a context variable, set here directly (entering np.errstate costs ~2 us)
+    from numpy._core.umath import _extobj_contextvar, _make_extobj
+    _IGNORED = _make_extobj(all="ignore")
+
+    def ignore_float_errors():
+        """From here on this thread's numpy ufuncs ignore overflow, underflow, invalid and divide, as
+        MPI's own reductions do; returns the token for ``restore_float_errors`` (np.errstate, faster)."""
+        return _extobj_contextvar.set(_IGNORED)
+
+    restore_float_errors = _extobj_contextvar.reset
+except ImportError:  # numpy 1: np.errstate itself
+    def ignore_float_errors():
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def restore_float_errors(state):
+        state.__exit__(None, None, None)
 
 
 @dataclass(frozen=True)

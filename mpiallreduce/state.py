@@ -22,6 +22,7 @@ States are found by the communicator's handle (a dict: cheaper than an MPI attri
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
 communicator is freed (at MPI_Finalize for COMM_WORLD).
 """
+import os
 import threading
 
 import numpy as np
@@ -185,31 +186,52 @@ class CommState:
 
 
 class SignatureSlots:
-    """One int64 per rank in a shared window (every rank of the communicator on one node): a call's
-    signature code is compared by writing this rank's, one barrier, and reading everyone's. So the
-    check costs a barrier, not an allreduce, and shared_memory's own first barrier carries it for
-    nothing; every signature comparison on the communicator goes this way, whichever algorithm each
-    rank runs, so ranks that differ still meet in the same barrier."""
+    """The ranks' signature codes in shared memory (every rank of the communicator on one node),
+    compared with no collective: each rank publishes (its code, its count of compared calls) in a
+    cache line of its own, waits until every rank has published the same count, and reads their
+    codes. So a check costs a few stores and loads, not a barrier, and shared_memory uses the wait
+    as its own first barrier. Two pairs per rank, used in turn: a rank cannot publish call k + 2
+    before every rank has read call k (call k + 1 needs them all)."""
+
+    #: int64s per rank: (code, count) for odd counts, then for even counts; a cache line each
+    _PER_RANK = 8
 
     def __init__(self, comm):
         self.comm = comm
-        self.window = MPI.Win.Allocate_shared(64, 8, comm=comm)  # a cache line each: no false sharing
-        # memoryviews of one int64 each: indexing one costs a tenth of a numpy scalar's
-        self.slots = [memoryview(self.window.Shared_query(r)[0]).cast("B")[:8].cast("q")
+        self.window = MPI.Win.Allocate_shared(8 * self._PER_RANK, 8, comm=comm)
+        # memoryviews of int64s: indexing one costs a tenth of a numpy scalar's
+        self.slots = [memoryview(self.window.Shared_query(r)[0]).cast("B")[:8 * self._PER_RANK].cast("q")
                       for r in range(comm.Get_size())]
         self.mine = self.slots[comm.Get_rank()]
+        self.others = [slot for r, slot in enumerate(self.slots) if r != comm.Get_rank()]
         self.window.Lock_all(MPI.MODE_NOCHECK)
+        for i in range(self._PER_RANK):
+            self.mine[i] = 0
+        self.window.Sync()
+        comm.Barrier()  # (every rank's counts are zero before anyone reads them)
+        self.window.Sync()
+        self.count = 0
 
     def publish(self, code):
-        """Before the barrier: this rank's code, made visible by it."""
-        self.mine[0] = code
-        self.window.Sync()
+        """This rank's code for its next compared call, visible to every rank after it together
+        with everything this rank stored before it (the call's input, for shared_memory)."""
+        self.count += 1
+        at = 2 * (self.count & 1)
+        mine = self.mine
+        mine[at] = code
+        self.window.Sync()  # (the code, and what came before, before the count)
+        mine[at + 1] = self.count
 
     def all_equal(self, code):
-        """After the barrier: whether every rank published ``code`` (every rank reads the same codes)."""
-        self.window.Sync()
-        for slot in self.slots:
-            if slot[0] != code:
+        """Wait until every rank has published this call's code; whether they all equal ``code``.
+        Every rank reads the same codes. Like a barrier, it waits for a rank that never comes."""
+        at, count = 2 * (self.count & 1), self.count
+        for slot in self.others:
+            if slot[at + 1] != count:
+                _wait_until(lambda: slot[at + 1] == count)
+        self.window.Sync()  # (the counts before the codes, and before what the ranks stored earlier)
+        for slot in self.others:
+            if slot[at] != code:
                 return False
         return True
 
@@ -219,6 +241,19 @@ class SignatureSlots:
             self.window.Free()
         except MPI.Exception:
             pass
+
+
+def _wait_until(arrived):
+    """Spin on ``arrived()`` (a load from shared memory), yielding the core (and the GIL) between
+    tries after the first two hundred: ranks may outnumber cores."""
+    for _ in range(200):
+        if arrived():
+            return
+    while not arrived():
+        _yield_core()
+
+
+_yield_core = getattr(os, "sched_yield", lambda: None)
 
 
 def _forget(comm, keyval, state):

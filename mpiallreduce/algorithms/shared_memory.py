@@ -4,8 +4,8 @@ The ranks (all on one node) share an MPI-3 window (``Win.Allocate_shared``) with
 rank. The buffer is cut into p slices s0..s(p-1). p = 3:
 
     step 1   rank q copies its input into segment q               seg0 = x0, seg1 = x1, seg2 = x2
-             (and its call's signature code into shared memory, mpiallreduce.state.SignatureSlots)
-    --- barrier ---                                               (every rank compares the p codes)
+             (and its call's signature code, mpiallreduce.state.SignatureSlots)
+    --- barrier ---                                               (or: wait for the p codes, compare)
     step 2   rank r reduces slice r over all segments, in rank order, and publishes it in its segment
              rank 0: s0 = seg0[s0] + seg1[s0] + seg2[s0]   rank 1: s1 = ...   rank 2: s2 = ...
     --- barrier ---
@@ -71,8 +71,9 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     memory = "host"
     across_nodes = "hierarchical"
 
-    #: the ranks' signature codes are compared behind the first barrier (in shared memory): the
-    #: check that calls from 64 KiB make by default costs no barrier of its own here
+    #: the ranks' signature codes, published in shared memory, are waited for in place of the
+    #: first barrier: the check that calls from 64 KiB make by default costs a few loads here, and
+    #: smaller calls compare their sizes the same way (mpiallreduce.api._size_code)
     carries_signature = True
 
     def execute(self, plan, comm, send, recv, op, datatype, signature=None):
@@ -85,17 +86,19 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
         segments = window.halves(recv.nbytes, recv.dtype)
         rank = comm.Get_rank()
 
-        # Step 1: publish this rank's input (and its signature code)
+        # Step 1: publish this rank's input (and its signature code, which then stands for the barrier)
         np.copyto(segments[rank], recv if send is None else send)
-        if signature is not None:
+        if signature is None:
+            window.fence(comm)
+        else:
+            window.window.Sync()
             signature.publish()
-        window.fence(comm)
-        if signature is not None:
             try:
                 signature.compare()
             except ValueError:
                 window.calls -= 1  # this call did not happen: the halves stay in step with the others'
                 raise
+            window.window.Sync()
 
         # Step 2: reduce this rank's slice over every segment, in rank order, and publish it
         a, b = plan.slices[rank]

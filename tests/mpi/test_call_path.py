@@ -75,6 +75,24 @@ def test_calls_that_differ_raise_on_every_rank_without_check(algorithm, nbytes):
     assert values_equal(mar.allreduce(x, algorithm=algorithm), numpy_reference("sum", gather_inputs(comm, x)))
 
 
+def test_shared_memory_compares_sizes_below_the_signature_threshold_too():
+    """shared_memory waits for the ranks' codes in place of its first barrier, so a call under
+    64 KiB whose size differs between ranks is refused everywhere (its size is the code), on the
+    general and the short path; the next call is right."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = exact_input("float32", 1000, rank, "sum")
+    want = numpy_reference("sum", gather_inputs(WORLD, x))
+    for _ in range(2):  # the second time on the short path
+        with pytest.raises(ValueError, match=r"shape differs: \(1000,\) on ranks? [\d, ]+; \(1001,\) on rank %d"
+                           % (size - 1)):
+            mar.allreduce(np.ones(1000 + (rank == size - 1), np.float32), algorithm="shared_memory")
+        assert values_equal(mar.allreduce(x, algorithm="shared_memory"), want)
+        assert values_equal(mar.allreduce(np.ones(1000 + (rank == size - 1), np.float32)[:1000] * 0 + x,
+                                          algorithm="shared_memory"), want)
+
+
 def test_a_repeated_call_that_differs_is_caught_on_the_short_path():
     """The same call made again takes the short path; a rank that then differs is still caught."""
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
