@@ -78,6 +78,7 @@ def collect(comm=MPI.COMM_WORLD):
     per_rank = {
         "rank": comm.Get_rank(),
         "host": socket.gethostname(),
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),  # (Slurm's name for it: may differ from host)
         "pid": os.getpid(),
         "node_local_rank": local_rank,
         "ranks_on_node": local_size,
@@ -155,9 +156,11 @@ def format_report(info):
     if ntasks and ntasks.isdigit() and int(ntasks) > info["ranks"] == 1:
         lines.append(f"WARNING           Slurm says {ntasks} tasks but MPI sees 1 rank: this process is a "
                      "singleton (srun without --mpi=pmix?)")
-    lines.append("rank  host                  pid      node-local rank")
+    slurm_nodes = any(r.get("slurm_node") for r in info["per_rank"])
+    lines.append("rank  host                  " + ("slurm node   " if slurm_nodes else "") + "pid      node-local rank")
     for r in info["per_rank"]:
         gpu = r.get("gpu")
-        lines.append(f"{r['rank']:<5} {r['host']:<21} {r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}"
+        node = f"{r.get('slurm_node') or '-':<12} " if slurm_nodes else ""
+        lines.append(f"{r['rank']:<5} {r['host']:<21} {node}{r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}"
                      + (f"   GPU {gpu[0]} (device {gpu[1]})" if gpu else ""))
     return "\n".join(lines)

@@ -1,5 +1,10 @@
-"""A real single-node Slurm for the tests of jobs/: Debian's slurmctld and slurmd, configured in a
-temporary folder, started and stopped by the test suite (tests/test_slurm_jobs.py).
+"""A real Slurm of several nodes on this one host for the tests of jobs/: Debian's slurmctld and one
+slurmd per node (``slurmd -N n1``...), configured in a temporary folder, started and stopped by the
+test suite (tests/test_slurm_jobs.py). The nodes share the host and its cores; each slurmd runs in
+a UTS namespace named after its node (so its tasks see that host name, as on a cluster), with its
+own port, spool, log and TmpFS (without a TmpFS of its own, the second node's PMIx step fails:
+``Cannot create directory "/tmp/spmix_appdir_..."``). ``srun --mpi=pmix`` spreads a job's tasks
+over them, and Slurm's variables (SLURMD_NODENAME, SLURM_JOB_NODELIST) name the nodes.
 
 Debian's packages are installed by `make test` where it runs as root (see the Makefile); elsewhere,
 without them, the Slurm tests are skipped with the reason.
@@ -11,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "srun", "sacct")
+NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "srun", "sacct", "unshare")
 START_SECONDS = 60
 
 CONFIG = """\
@@ -20,15 +25,15 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
 AuthType=auth/none
 CredType=cred/none
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={dir}/spool-%n
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
+SlurmdLogFile={dir}/slurmd-%n.log
+TmpFS={dir}/tmp-%n
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -41,8 +46,8 @@ ReturnToService=2
 JobRequeue=1
 KillWait=5
 MinJobAge=600
-NodeName={host} CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+{node_lines}
+PartitionName=debug Nodes={node_names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 
 
@@ -57,16 +62,19 @@ def _free_port():
 
 
 class SlurmCluster:
-    """slurmctld + slurmd for this host; ``env`` points Slurm's commands at it."""
+    """slurmctld + one slurmd per node (n1, n2...) on this host; ``env`` points Slurm's commands at it."""
 
-    def __init__(self, directory, cpus=8):
+    def __init__(self, directory, cpus=8, nodes=2):
         self.dir = Path(directory)
         self.host = socket.gethostname().split(".")[0]
-        for sub in ("state", "spool"):
+        self.nodes = [f"n{i + 1}" for i in range(nodes)]
+        for sub in ["state"] + [f"{kind}-{node}" for node in self.nodes for kind in ("spool", "tmp")]:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        node_lines = "\n".join(f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 Port={_free_port()} "
+                               f"CPUs={cpus} State=UNKNOWN" for node in self.nodes)
         self.conf = self.dir / "slurm.conf"
-        self.conf.write_text(CONFIG.format(host=self.host, ctld_port=_free_port(), d_port=_free_port(),
-                                           dir=self.dir, cpus=cpus))
+        self.conf.write_text(CONFIG.format(host=self.host, ctld_port=_free_port(), dir=self.dir,
+                                           node_lines=node_lines, node_names=",".join(self.nodes)))
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
         for key in [k for k in self.env if k.startswith(("SLURM_", "OMPI_", "PMIX_", "PRTE_"))
                     and k != "SLURM_CONF"]:
@@ -74,14 +82,21 @@ class SlurmCluster:
         self.daemons = []
 
     def start(self):
-        for daemon in (["slurmctld", "-D", "-i"], ["slurmd", "-D"]):
-            log = open(self.dir / f"{daemon[0]}.out", "w")
-            self.daemons.append(subprocess.Popen(daemon, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        daemons = [("slurmctld", ["slurmctld", "-D", "-i"])]
+        # each slurmd in a UTS namespace of its own, named after its node (as mpiallreduce launch
+        # --nodes does for mpiexec): its tasks' host name is then Slurm's name for the node, and
+        # Open MPI groups the tasks of one node (with the shared host name it saw every task alone)
+        daemons += [(f"slurmd-{node}", ["unshare", "--uts", "sh", "-c",
+                                        f'hostname {node} && exec slurmd -D -f "{self.conf}" -N {node}'])
+                    for node in self.nodes]
+        for name, argv in daemons:
+            log = open(self.dir / f"{name}.out", "w")
+            self.daemons.append(subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                                  start_new_session=True))
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
-            state = self.command(["sinfo", "-h", "-o", "%T"], check=False).stdout.strip()
-            if state in ("idle", "mixed", "allocated"):
+            states = self.command(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.split()
+            if len(states) == len(self.nodes) and all(s in ("idle", "mixed", "allocated") for s in states):
                 return self
             if any(d.poll() is not None for d in self.daemons):
                 break
@@ -124,7 +139,9 @@ class SlurmCluster:
 
     def logs(self):
         texts = []
-        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
+        names = ["slurmctld.log", "slurmctld.out"]
+        names += [f"slurmd-{node}.{kind}" for node in self.nodes for kind in ("log", "out")]
+        for name in names:
             path = self.dir / name
             if path.exists():
                 texts.append(f"--- {name}\n" + path.read_text()[-3000:])

@@ -43,13 +43,25 @@ def test_info_job_sees_every_task_through_pmix(slurm, tmp_path):
 def test_gpu_jobs_bind_one_gpu_per_node_local_rank(slurm, tmp_path):
     """With the GPUs Slurm leaves visible (here: CUDA_VISIBLE_DEVICES as --gpus-per-node=2 would
     set it), each task of a node takes the GPU of its node-local rank: rank i, visible GPU i."""
-    job = slurm.submit(["--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")], cwd=tmp_path,
+    job = slurm.submit(["--nodes=1", "--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")], cwd=tmp_path,
                        env={"CUDA_VISIBLE_DEVICES": "6,7"})
     states = slurm.wait(job, JOB_TIMEOUT)
     output = read(tmp_path / f"mpiallreduce-info-{job}.out")
     assert list(states.values())[0][0] == "COMPLETED", (states, output, slurm.logs())
-    assert re.search(r"^0\s+\S+\s+\d+\s+0 of 2\s+GPU 0 \(device 6\)$", output, re.M), output
-    assert re.search(r"^1\s+\S+\s+\d+\s+1 of 2\s+GPU 1 \(device 7\)$", output, re.M), output
+    assert re.search(r"^0\s+\S+\s+n\d\s+\d+\s+0 of 2\s+GPU 0 \(device 6\)$", output, re.M), output
+    assert re.search(r"^1\s+\S+\s+n\d\s+\d+\s+1 of 2\s+GPU 1 \(device 7\)$", output, re.M), output
+
+
+def test_info_job_on_two_nodes_names_each_ranks_node(slurm, tmp_path):
+    """sbatch -N 2: srun --mpi=pmix starts one task on each Slurm node; info names the nodes."""
+    job = slurm.submit(["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")],
+                       cwd=tmp_path)
+    states = slurm.wait(job, JOB_TIMEOUT)
+    output = read(tmp_path / f"mpiallreduce-info-{job}.out")
+    assert list(states.values())[0][0] == "COMPLETED", (states, output, slurm.logs())
+    assert re.search(r"^ranks\s+2$", output, re.M), output
+    assert re.search(r"^0\s+\S+\s+n1\s+\d+\s+0 of 1$", output, re.M), output
+    assert re.search(r"^1\s+\S+\s+n2\s+\d+\s+0 of 1$", output, re.M), output
 
 
 def test_bench_job_array_writes_one_folder_per_rank_count(slurm, tmp_path):
@@ -65,9 +77,30 @@ def test_bench_job_array_writes_one_folder_per_rank_count(slurm, tmp_path):
         assert all(m["wrong"] == 0 for m in data["measurements"])
 
 
-def test_train_job_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):
-    job = slurm.submit([f"--chdir={tmp_path}", "--export=ALL,TRAIN_ARGS=--steps 300 --step-seconds 0.05,"
-                        "CHECKPOINT_EVERY=1000", str(JOBS / "train.sbatch")], cwd=tmp_path)
+def test_bench_job_on_two_nodes_skips_what_needs_one_node_and_says_so(slurm, tmp_path):
+    """jobs/bench.sbatch with -N 2: the ranks span two Slurm nodes; what needs one node is left out,
+    named in the output and the JSON, and every result is right."""
+    import json
+    job = slurm.submit([f"--chdir={tmp_path}", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--array=0",
+                        "--export=ALL,RANK_COUNTS=2,BENCH_ARGS=--sizes 4K,64K --repetitions 2 --openmpi-forced none",
+                        str(JOBS / "bench.sbatch")], cwd=tmp_path)
+    states = slurm.wait(job, JOB_TIMEOUT)
+    outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))
+    assert len(states) == 1 and all(s[0] == "COMPLETED" for s in states.values()), (states, outputs)
+    assert "# skipped: shared_memory (needs every rank on one node; these 2 ranks are on 2 nodes" in outputs, outputs
+    data = json.loads((tmp_path / "results" / f"slurm-{job}" / "ranks-2" / "bench.json").read_text())
+    assert data["metadata"]["nodes"] == 2 and data["metadata"]["ranks"] == 2
+    assert any(s.startswith("shared_memory") for s in data["metadata"]["skipped"])
+    assert {m["algorithm"] for m in data["measurements"]} >= {"ring", "two_level", "hierarchical", "auto"}
+    assert all(m["wrong"] == 0 for m in data["measurements"])
+
+
+def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):
+    """jobs/train.sbatch as a user submits it with -N 2 (one rank on each Slurm node): USR1, the
+    checkpoint, the requeue and the resume, across the nodes."""
+    job = slurm.submit([f"--chdir={tmp_path}", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                        "--export=ALL,TRAIN_ARGS=--steps 300 --step-seconds 0.05,CHECKPOINT_EVERY=1000",
+                        str(JOBS / "train.sbatch")], cwd=tmp_path)
     log = tmp_path / f"mpiallreduce-train-{job}.out"
     deadline = time.monotonic() + JOB_TIMEOUT
     while "step    10 " not in read(log):
@@ -88,6 +121,7 @@ def test_train_job_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):
     output = read(log)
     state, restarts, exit_code = states[job]
     assert state == "COMPLETED" and restarts == "1", (states, output)
+    assert re.search(r"^job %s restart 0 on n\[1-2\]$" % job, output, re.M), output
     assert "USR1: asking the ranks for a checkpoint" in output, output
     assert "requeueing job" in output and "restart 1" in output, output
     resumed = re.search(r"resumed from \S+ at step (\d+) \(SLURM_RESTART_COUNT=1\)", output)

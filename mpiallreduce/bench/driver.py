@@ -237,6 +237,7 @@ def main(argv=None):
                       args.plant_wrong, memory)
     metadata = run_metadata(comm, vars(args))
     metadata["device"] = args.device
+    metadata["skipped"] = skipped
     if args.device != "cpu":
         metadata["cuda_aware"] = cuda_aware()[0]
     if comm.Get_rank() == 0:

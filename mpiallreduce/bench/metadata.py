@@ -30,11 +30,17 @@ def run_metadata(comm, args=None):
     """What a result file needs to be read later: library, ranks, host, date, versions, commit."""
     import mpi4py
     hosts = sorted(set(comm.allgather(socket.gethostname())))
+    slurm_nodes = sorted({n for n in comm.allgather(os.environ.get("SLURMD_NODENAME")) if n})
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)  # (as MPI groups the ranks: shared memory)
+    node.Free()
     return {
         "mpi_library": library_version(),
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "ranks": comm.Get_size(),
+        "nodes": nodes,
         "hosts": hosts,
+        **({"slurm_nodes": slurm_nodes} if slurm_nodes else {}),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mpiallreduce": __version__,
         "git_commit": _git_commit() if comm.Get_rank() == 0 else None,
