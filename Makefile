@@ -8,7 +8,7 @@ BENCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test bench clean slurm-packages
+.PHONY: test bench bench-nodes clean slurm-packages
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,19 @@ bench: $(STAMP)
 		$(BIN)/python -m mpiallreduce bench --output results/bench-$(RANKS)ranks $(BENCH_ARGS)
 	$(BIN)/mpiallreduce plot results/bench-$(RANKS)ranks
 	@echo "results: results/bench-$(RANKS)ranks/ (bench.csv, bench.json, busbw_*.png, gain_*.png)"
+
+# The same comparison across NODES emulated nodes of this machine (`mpiallreduce launch --nodes`:
+# shared memory within a node, TCP over loopback between nodes; Open MPI's default there is coll/han,
+# and openmpi:han_off is that default without han), NODE_RANKS ranks (default: one per node).
+NODES ?= 2
+NODE_RANKS ?= $(NODES)
+NODE_BENCH_ARGS ?= --sizes 4,4K,64K,1M,16M,64M --mode out-of-place
+bench-nodes: $(STAMP)
+	mkdir -p results
+	$(BIN)/mpiallreduce launch -n $(NODE_RANKS) --nodes $(NODES) --timeout 3600 -- \
+		$(BIN)/python -m mpiallreduce bench --output results/bench-$(NODES)nodes-$(NODE_RANKS)ranks $(NODE_BENCH_ARGS)
+	$(BIN)/mpiallreduce plot results/bench-$(NODES)nodes-$(NODE_RANKS)ranks
+	@echo "results: results/bench-$(NODES)nodes-$(NODE_RANKS)ranks/"
 
 clean:
 	rm -rf $(VENV) results *.egg-info

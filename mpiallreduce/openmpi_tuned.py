@@ -11,7 +11,8 @@ import ctypes
 
 from .mpilib import loaded_libmpi
 
-__all__ = ["TUNED_ALLREDUCE_ALGORITHMS", "forced_allreduce_communicator"]
+__all__ = ["TUNED_ALLREDUCE_ALGORITHMS", "forced_allreduce_communicator", "han_off_communicator",
+           "default_allreduce_component"]
 
 #: coll_tuned_allreduce_algorithm values (ompi_info --param coll tuned --level 9)
 TUNED_ALLREDUCE_ALGORITHMS = {
@@ -63,21 +64,54 @@ def _read(lib, handle):
 def forced_allreduce_communicator(comm, algorithm):
     """A Dup of ``comm`` on which MPI_Allreduce runs Open MPI's tuned algorithm number ``algorithm``.
 
-    Collective. Returns None on every rank if any rank cannot force it (not Open MPI, no MPI_T).
-    The caller frees the communicator.
+    coll/han is switched off on it too (across nodes han, priority 35, would otherwise take
+    allreduce before tuned, priority 30). Collective. Returns None on every rank if any rank cannot
+    force it (not Open MPI, no MPI_T). The caller frees the communicator.
     """
+    return _dup_with(comm, {"coll_tuned_use_dynamic_rules": 1, "coll_tuned_allreduce_algorithm": algorithm,
+                            "coll_han_priority": 0}, needed=("coll_tuned_use_dynamic_rules",
+                                                             "coll_tuned_allreduce_algorithm"))
+
+
+def han_off_communicator(comm):
+    """A Dup of ``comm`` without coll/han: Open MPI's default with han switched off (tuned's own choice
+    across nodes). Collective; None on every rank where han cannot be switched off."""
+    return _dup_with(comm, {"coll_han_priority": 0}, needed=("coll_han_priority",))
+
+
+def default_allreduce_component(comm, spans_nodes):
+    """Which coll component Open MPI 5 gives MPI_Allreduce on ``comm`` by default, from the components'
+    priorities (MPI_T): 'han' across nodes when its priority beats tuned's (han disqualifies itself on
+    one node; seen with coll_base_verbose), else 'tuned'; None where the priorities cannot be read."""
     lib = _tool_interface()
-    dynamic = _cvar(lib, "coll_tuned_use_dynamic_rules") if lib else None
-    choice = _cvar(lib, "coll_tuned_allreduce_algorithm") if lib else None
-    saved = (_read(lib, dynamic), _read(lib, choice)) if dynamic and choice else None
-    able = bool(saved and _write(lib, dynamic, 1) and _write(lib, choice, algorithm))
+    han = _cvar(lib, "coll_han_priority") if lib else None
+    tuned = _cvar(lib, "coll_tuned_priority") if lib else None
+    if not (han and tuned):
+        return None
+    return "han" if spans_nodes and _read(lib, han) > _read(lib, tuned) else "tuned"
+
+
+def _dup_with(comm, values, needed):
+    """A Dup of ``comm`` made while the MCA variables ``values`` are set (put back at once after);
+    None on every rank if any rank cannot set those ``needed`` (the others are set where they exist)."""
+    from mpi4py import MPI
+    lib = _tool_interface()
+    handles = {name: _cvar(lib, name) for name in values} if lib else {}
+    saved = {name: _read(lib, handle) for name, handle in handles.items() if handle}
+    able = all(name in saved for name in needed)
+    written = []
+    if able:
+        for name, value in values.items():
+            if name in saved:
+                if _write(lib, handles[name], value):
+                    written.append(name)
+                elif name in needed:
+                    able = False
 
     def restore():
-        if saved:
-            _write(lib, dynamic, saved[0])
-            _write(lib, choice, saved[1])
+        for name in written:
+            _write(lib, handles[name], saved[name])
 
-    from mpi4py import MPI
     if not comm.allreduce(able, op=MPI.LAND):
         restore()
         return None

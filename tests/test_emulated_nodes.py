@@ -57,7 +57,7 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
 @pytest.mark.parametrize("nranks", [2, 3], ids=["2x1", "2+1"])
 def test_bench_across_nodes_skips_what_cannot_run_there_and_says_so(tmp_path, nranks):
     result = run(nranks, [sys.executable, "-m", "mpiallreduce", "bench", "--sizes", "4K", "--repetitions", "2",
-                          "--mode", "out-of-place", "--openmpi-forced", "none", "--output", str(tmp_path)],
+                          "--mode", "out-of-place", "--openmpi-forced", "4", "--output", str(tmp_path)],
                  timeout=TIMEOUT, cwd=ROOT, nodes=2)
     assert result.returncode == 0, explain(result)
     assert "ranks on node0, node1" in result.output, explain(result)
@@ -67,7 +67,12 @@ def test_bench_across_nodes_skips_what_cannot_run_there_and_says_so(tmp_path, nr
         explain(result)
     rows = re.findall(r"^\s*4096\s+1024\s+float32\s+sum\s+out\s+(\S+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)", result.output,
                       re.M)
-    assert {name for name, _ in rows} >= {"openmpi", "auto", "ring", "hierarchical"}, explain(result)
+    assert {name for name, _ in rows} >= {"openmpi", "auto", "ring", "hierarchical", "openmpi:han_off",
+                                          "openmpi:ring"}, explain(result)
+    assert "# Open MPI's default allreduce here: coll/han (by the components' priorities" in result.output, \
+        explain(result)
+    assert re.search(r"^# link between nodes: [\d.]+ GB/s each way \(MPI_Sendrecv of \d+ MiB, ranks 0 and %d"
+                     % (nranks - 1), result.output, re.M), explain(result)
     assert "shared_memory" not in {name for name, _ in rows}
     assert ("two_level" in {name for name, _ in rows}) == (nranks == 2), explain(result)
     assert all(wrong == "0" for _, wrong in rows), explain(result)

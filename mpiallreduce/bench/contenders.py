@@ -4,7 +4,8 @@ from ..algorithms import REGISTRY
 from ..api import allreduce
 from ..buffers import aligned_empty, mpi_datatype
 from ..device import select_gpu, synchronize
-from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator
+from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
+from ..state import state_of
 from ..ops import get_op
 from ..transports import run_on_device
 
@@ -123,6 +124,11 @@ def contenders(comm, names, op, forced, plant_wrong=None, memory=None):
     else:
         found = {BASELINE: _mpi_allreduce(op)}
     made = []
+    if forced and state_of(comm).make_ready().spans_nodes:  # Open MPI's default there is coll/han: also time it without
+        han_off = han_off_communicator(comm)
+        if han_off is not None:
+            made.append(han_off)
+            found[FORCED_PREFIX + "han_off"] = _mpi_allreduce(op, han_off)
     for number in forced:
         forced_comm = forced_allreduce_communicator(comm, number)
         if forced_comm is not None:

@@ -13,7 +13,8 @@ from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
 from ..algorithms import REGISTRY
 from ..buffers import aligned_empty
 from ..device import cuda_aware
-from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS
+from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
+from ..state import state_of
 from .contenders import BASELINE, DEVICE_ALGORITHMS, HostMemory, contenders as make_contenders, device_memory
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
@@ -124,7 +125,6 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
 def runnable_here(comm, names):
     """(the algorithms of ``names`` that can run on ``comm``, a line for each one left out): across
     nodes, those that need every rank on one node, or (on unequal nodes) equal nodes."""
-    from ..state import state_of
     state = state_of(comm).make_ready()
     if state.node_count == 1:
         return names, []
@@ -181,6 +181,31 @@ def memory_copy_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
     return comm.bcast(result, root=0)
 
 
+def link_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
+    """(GB/s each way, peer) of a plain MPI_Sendrecv of ``nbytes`` between rank 0 and the first rank
+    on another node, both ways at once (what a ring step between nodes asks of the link); None where
+    every rank is on one node. Collective; the other ranks wait."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    leaders = comm.allgather(node.Get_rank() == 0)
+    node.Free()
+    peer = next((r for r in range(1, comm.Get_size()) if leaders[r]), None)
+    if peer is None:
+        return None
+    result = 0.0
+    if comm.Get_rank() in (0, peer):
+        other = peer if comm.Get_rank() == 0 else 0
+        send, receive = aligned_empty(nbytes, np.uint8), aligned_empty(nbytes, np.uint8)
+        send[:] = 1
+        seconds = []
+        for _ in range(repetitions + 1):  # (the first one warms the connection up)
+            start = time.perf_counter()
+            comm.Sendrecv(send, other, 0, receive, other, 0)
+            seconds.append(time.perf_counter() - start)
+        result = nbytes / statistics.median(seconds[1:]) / 1e9
+    comm.Barrier()
+    return comm.bcast(result, root=0), peer
+
+
 def device_copy_bandwidth(comm, memory, nbytes=MEMCPY_BYTES, repetitions=5):
     """The GPU's device-to-device copy bandwidth (GB/s, bytes copied per second), rank 0 alone."""
     result = 0.0
@@ -233,11 +258,15 @@ def main(argv=None):
         memcpy_gbs = device_copy_bandwidth(comm, memory, max(MEMCPY_BYTES, max(sizes)))
         limit = ("the GPU copies device memory at {:.2f} GB/s (device to device, "
                  f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)")
+    link = link_bandwidth(comm)  # across nodes: the link's own speed, in the same run
     results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
                       args.plant_wrong, memory)
     metadata = run_metadata(comm, vars(args))
     metadata["device"] = args.device
     metadata["skipped"] = skipped
+    metadata["openmpi_default"] = default_allreduce_component(comm, state_of(comm).make_ready().spans_nodes)
+    if link is not None:
+        metadata["link_between_nodes_gbs"] = link[0]
     if args.device != "cpu":
         metadata["cuda_aware"] = cuda_aware()[0]
     if comm.Get_rank() == 0:
@@ -247,8 +276,15 @@ def main(argv=None):
         print(f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
               f"slowest rank's time per call")
         print("# physical limit: " + limit.format(memcpy_gbs))
+        if link is not None:
+            print(f"# link between nodes: {link[0]:.3f} GB/s each way (MPI_Sendrecv of {MEMCPY_BYTES >> 20} MiB, "
+                  f"ranks 0 and {link[1]}, median of 5)")
         for line in skipped:
             print(f"# skipped: {line}")
+        if metadata["openmpi_default"]:
+            print(f"# Open MPI's default allreduce here: coll/{metadata['openmpi_default']} (by the components' "
+                  "priorities" + ("; openmpi:han_off is that default with han switched off)"
+                                  if metadata["openmpi_default"] == "han" else ")"))
         if args.device != "cpu":
             print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
         print(format_field_table(results, memcpy_gbs))
