@@ -34,7 +34,9 @@ def test_info_names_each_ranks_node_and_its_node_local_rank():
     rows = re.findall(r"^(\d+)\s+(node\d)\s+\d+\s+(\d) of (\d)$", result.output, re.M)
     assert sorted(rows) == [("0", "node0", "0", "2"), ("1", "node0", "1", "2"), ("2", "node1", "0", "1")], \
         explain(result)
-    assert re.search(r"hierarchical \(auto: numpy arrays across 2 nodes\)", result.output), explain(result)
+    # auto's across-nodes branch: the shipped table's by_nodes section (measured on 2 nodes x 1 rank)
+    assert re.search(r"^\s+4096 B  \w+ \(auto: the tuning table for 2 nodes, 3 ranks, at 4096 bytes\)", result.output,
+                     re.M), explain(result)
 
 
 @pytest.mark.parametrize("nranks, nodes", [(2, 2), (3, 2), (3, 3)], ids=["2x1", "2+1", "3x1"])
@@ -45,6 +47,8 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     lines = re.findall(r"^rank (\d+) node (node\d) (\w+) (.*)$", result.output, re.M)
     import mpiallreduce
     assert len(lines) == nranks * (len(mpiallreduce.HOST_ALGORITHMS) + 1), explain(result)
+    device = re.findall(r"^rank \d+ node node\d device-auto (.*)$", result.output, re.M)
+    assert device == ["ok"] * nranks, explain(result)  # device arrays (the CuPy stand-in) through auto
     assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
     equal_nodes = nranks % nodes == 0
     for rank, node, name, outcome in lines:
@@ -105,3 +109,19 @@ def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_
     assert result.returncode == 0, explain(result)
     assert result.output.count("chose hierarchical (auto: numpy arrays across 2 nodes (two_level, the table's "
                                "choice, needs equal nodes))") == 3, explain(result)
+
+
+def test_under_ulfm_a_rank_killed_on_one_node_leaves_the_survivors_on_both_nodes_going_on():
+    """2 nodes x 2 ranks under ULFM; rank 2 (on node1) is killed mid-allreduce: every survivor, on
+    node0 and node1, raises RankFailure, then they reduce right among themselves."""
+    from mpiallreduce.launch import FAULT_TOLERANT_FLAGS
+    result = run(4, [sys.executable, str(TESTS / "faults" / "inject.py"), "killed_under_ulfm", "ring"],
+                 timeout=TIMEOUT, cwd=ROOT, nodes=2, extra_flags=FAULT_TOLERANT_FLAGS)
+    assert not result.timed_out, explain(result)
+    rows = [dict(f.split("=", 1) for f in line.split()[1:]) for line in result.output.splitlines()
+            if line.startswith("RESULT ")]
+    failed = {int(r["rank"]): r for r in rows if "outcome" in r}
+    after = {int(r["rank"]): r for r in rows if "survivors" in r}
+    assert set(failed) == {0, 1, 3} and all(r["outcome"] == "RankFailure" for r in failed.values()), explain(result)
+    assert set(after) == {0, 1, 3} and all(r["survivors"] == "3" and r["right"] == "True" for r in after.values()), \
+        explain(result)

@@ -443,9 +443,10 @@ def test_hierarchical_gets_its_leaders_plan_from_the_planner(use_settings):
     try:
         use_settings(ranks_per_node=2)
         x = exact_input("float64", 1000, comm.Get_rank(), "sum")
-        text = mar.describe_call(x, comm=comm)
+        text = mar.describe_call(x, comm=comm, algorithm="hierarchical")
         if comm.Get_size() > 2:
             assert "hierarchical" in text and "node leaders run" in text, text
-        assert values_equal(mar.allreduce(x, comm=comm), numpy_reference("sum", gather_inputs(comm, x)))
+        assert values_equal(mar.allreduce(x, comm=comm, algorithm="hierarchical"),
+                            numpy_reference("sum", gather_inputs(comm, x)))
     finally:
         comm.Free()

@@ -57,15 +57,21 @@ def test_shared_memory_refuses_a_communicator_over_several_nodes_on_every_rank(p
     assert mar.allreduce(x, algorithm="ring", comm=comm)[0] == comm.Get_size()
 
 
-def test_auto_runs_hierarchical_across_nodes(pretend_nodes, monkeypatch):
+def test_auto_runs_hierarchical_across_nodes_where_the_table_has_nothing_measured_across_nodes(
+        pretend_nodes, monkeypatch):
+    from mpiallreduce import tuning
     from mpiallreduce.algorithms import REGISTRY
     comm, per_node = pretend_nodes
     ran = []
     original = REGISTRY["hierarchical"].execute
     monkeypatch.setattr(REGISTRY["hierarchical"], "execute", lambda *a, **k: ran.append(1) or original(*a, **k))
-    x = exact_input("float32", 300, comm.Get_rank(), "sum")
-    expected = numpy_reference("sum", gather_inputs(comm, x))
-    assert values_equal(mar.allreduce(x, comm=comm), expected)
+    tuning.set_tuning_table({"by_ranks": {"1": [{"up_to_bytes": None, "algorithm": "mpi"}]}})  # no by_nodes
+    try:
+        x = exact_input("float32", 300, comm.Get_rank(), "sum")
+        expected = numpy_reference("sum", gather_inputs(comm, x))
+        assert values_equal(mar.allreduce(x, comm=comm), expected)
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
     assert bool(ran) == (comm.Get_size() > per_node), "hierarchical exactly when the ranks span nodes"
 
 

@@ -3,6 +3,8 @@
 Prints one line per rank and algorithm: ``rank R node H ALGORITHM ok`` when the result equals numpy's
 on the gathered inputs and has the same bits on every rank, else what went wrong; algorithms that
 need one node must refuse on every rank (``refused``). Sizes straddle the signature threshold.
+Then ``rank R node H device-auto ...``: device arrays (the CuPy stand-in,
+mpiallreduce.testing.fake_cupy) through auto, which across nodes must not take device_to_device.
 """
 import hashlib
 import sys
@@ -36,3 +38,24 @@ for name in list(mar.HOST_ALGORITHMS) + ["auto"]:
     needs = "" if name == "auto" else (" (needs one node)" if REGISTRY[name].needs_one_node else
                                        " (needs equal nodes)" if REGISTRY[name].needs_equal_nodes else "")
     print(f"rank {rank} node {node} {name} {outcome}{needs}", flush=True)
+
+import mpiallreduce.testing.fake_cupy as fake_cupy  # noqa: E402
+
+outcome = "ok"
+for count in (1, 1009, (1 << 16) + 3, (1 << 20) + 3):
+    x = exact_input("float32", count, rank, "sum")
+    want = numpy_reference("sum", gather_inputs(comm, x))
+    try:
+        plan = mar.describe_call(fake_cupy.asarray(x))
+        got = fake_cupy.asnumpy(mar.allreduce(fake_cupy.asarray(x)))
+    except Exception as error:  # (every rank prints what it got)
+        outcome = f"raised {type(error).__name__}: {error}"
+        break
+    digests = comm.allgather(hashlib.sha256(got.tobytes()).hexdigest())
+    if not values_equal(got, want) or len(set(digests)) != 1:
+        outcome = f"wrong at count {count}"
+        break
+    if "device_to_device" in str(plan):
+        outcome = f"planned device_to_device across nodes: {plan}"
+        break
+print(f"rank {rank} node {node} device-auto {outcome}", flush=True)
