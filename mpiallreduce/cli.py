@@ -1,7 +1,8 @@
 """The ``mpiallreduce`` command: ``info``, ``bench`` and ``launch``."""
-import argparse
 import os
 import sys
+
+from .arguments import ArgumentParser, unknown
 
 USAGE = """mpiallreduce COMMAND [ARGS]
 
@@ -18,7 +19,7 @@ commands:
 
 
 def _info(argv):
-    argparse.ArgumentParser(prog="mpiallreduce info").parse_args(argv)
+    ArgumentParser(prog="mpiallreduce info").parse_args(argv)
     from mpi4py import MPI
 
     from .info import collect, format_report
@@ -34,7 +35,7 @@ def _bench(argv):
 
 
 def _launch(argv):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="mpiallreduce launch",
         description="Start a command on N ranks: srun --mpi=pmix inside a Slurm allocation, else mpiexec "
                     "with this machine's flags (MPIALLREDUCE_LAUNCHER=srun|mpiexec to choose).")
@@ -48,11 +49,17 @@ def _launch(argv):
                              "by block): each node's daemon in a UTS namespace of its own, so Open MPI sees N "
                              "nodes, shared memory within them and TCP between them. Needs root. Not a "
                              "cluster: one machine's cores and memory bandwidth, the kernel's loopback for a network")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
+    parser.add_argument("command", nargs="...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to launch")
+    if args.ranks is not None and args.ranks < 1:
+        parser.error(f"-n {args.ranks}: give at least 1 rank")
+    if args.nodes is not None and not 1 <= args.nodes <= (args.ranks or args.nodes):
+        parser.error(f"--nodes {args.nodes}: give between 1 and the rank count")
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error(f"--timeout {args.timeout}: give a positive number of seconds")
     from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
     if args.timeout is None:  # become the launcher, so that signals reach it and its ranks directly
         argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant, nodes=args.nodes)
@@ -88,9 +95,14 @@ COMMANDS = {"info": _info, "bench": _bench, "plot": _plot, "tune": _tune, "model
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        print(USAGE, file=sys.stderr)
+        if argv:
+            print("mpiallreduce: " + unknown("command", argv[0], list(COMMANDS)), file=sys.stderr)
+        return 2
     return COMMANDS[argv[0]](argv[1:])
 
 

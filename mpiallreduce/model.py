@@ -8,7 +8,7 @@ measured times of our algorithms (least squares on relative error). The projecti
 alpha and beta by the network the user describes (--latency-us, --bandwidth-gbs) and keeps the
 measured gamma (this machine's reduction speed): how each algorithm would fare on thousands of ranks.
 """
-import argparse
+from .arguments import ArgumentParser
 import itertools
 import math
 
@@ -81,10 +81,10 @@ def project(algorithm, p, n, alpha, beta, gamma):
 
 
 def main(argv=None):
-    from .bench import parse_size
+    from .arguments import parse_size
     from .plot import load_results
 
-    parser = argparse.ArgumentParser(prog="mpiallreduce model", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="mpiallreduce model", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="a results folder of `mpiallreduce bench --output` (or its bench.json)")
     parser.add_argument("--latency-us", type=float, default=2.0, help="network latency per message (default 2 us)")
     parser.add_argument("--bandwidth-gbs", type=float, default=12.5, help="per-link bandwidth (default 12.5 GB/s)")

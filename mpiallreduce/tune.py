@@ -9,7 +9,7 @@ section (for that node and rank count), which ``auto`` reads on such communicato
 
 The table's format and how it is read: mpiallreduce.tuning.
 """
-import argparse
+from .arguments import ArgumentParser
 import json
 import os
 
@@ -22,11 +22,12 @@ def main(argv=None):
     from mpi4py import MPI
 
     from .algorithms import HOST_ALGORITHMS as ALGORITHMS
-    from .bench import compare, parse_size, run_metadata
+    from .bench import compare, run_metadata
+    from .arguments import parse_size
     from .bench.driver import runnable_here
     from .state import state_of
 
-    parser = argparse.ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=",".join(str(4 ** k) for k in range(1, 14)),
                         help="comma-separated sizes in bytes (K, M, G suffixes); default 4 B..64 MiB by 4x")
     parser.add_argument("--repetitions", type=int, default=5)

@@ -258,3 +258,33 @@ def test_a_singleton_inside_a_slurm_step_of_several_tasks_is_refused():
     result = run(2, [sys.executable, "-c", script], timeout=SHORT_TIMEOUT, cwd=ROOT,
                  env=dict(env, SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2"))
     assert result.returncode == 0 and result.output.count("[2. 2.]") == 2, explain(result)
+
+
+@pytest.mark.parametrize("mistake, message", [
+    (["--algorithms", "rign"], "--algorithms: unknown algorithm 'rign' (did you mean 'ring'?)"),
+    (["--sizes", "1X"], "'1X' is not a size"),
+    (["--sizes", "0,3"], "--sizes: 0 bytes is not a positive whole number of float32 elements"),
+    (["--dtype", "int32", "--op", "mean"], "--op mean --dtype int32: op 'mean' needs a floating or complex dtype"),
+    (["--openmpi-forced", "9"], "--openmpi-forced '9': give 'all', 'none' or numbers from 1 (basic_linear)"),
+], ids=["algorithm", "size", "zero-size", "op-dtype", "forced"])
+def test_a_mistake_on_the_bench_command_line_is_one_line_from_rank_0_and_no_traceback(mistake, message):
+    """Every rank parses the same argv: rank 0 alone says what is wrong, every rank exits 2 before
+    any communication (no per-rank traceback, nothing run, no hang)."""
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "bench", *mistake], timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode != 0 and not result.timed_out, explain(result)
+    errors = [line for line in result.output.splitlines() if line.startswith("mpiallreduce bench: error:")]
+    assert len(errors) == 1 and message in errors[0], explain(result)
+    assert "Traceback" not in result.output and "Open MPI default" not in result.output, explain(result)
+
+
+def test_mistakes_on_the_command_line_of_mpiallreduce_itself_are_named():
+    import subprocess
+    done = subprocess.run([sys.executable, "-m", "mpiallreduce", "lauch"], capture_output=True, text=True,
+                          timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert done.returncode == 2 and "unknown command 'lauch' (did you mean 'launch'?)" in done.stderr, done.stderr
+    for flags, message in ((["-n", "0"], "-n 0: give at least 1 rank"),
+                           (["-n", "2", "--timeout", "-1"], "--timeout -1.0: give a positive number of seconds"),
+                           (["-n", "2", "--nodes", "3"], "--nodes 3: give between 1 and the rank count")):
+        done = subprocess.run([sys.executable, "-m", "mpiallreduce", "launch", *flags, "--", "true"],
+                              capture_output=True, text=True, timeout=SHORT_TIMEOUT, cwd=ROOT)
+        assert done.returncode == 2 and message in done.stderr, (flags, done.stderr)

@@ -11,9 +11,11 @@ from mpi4py import MPI
 from .. import __version__
 from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
 from ..algorithms import REGISTRY
+from ..arguments import ArgumentParser, parse_size, size_list, unknown
 from ..buffers import aligned_empty
 from ..device import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
+from ..ops import OPS, get_op
 from ..state import state_of
 from .contenders import BASELINE, DEVICE_ALGORITHMS, HostMemory, contenders as make_contenders, device_memory
 from .metadata import run_metadata
@@ -43,14 +45,6 @@ class Measurement:
     algbw_gbs: float  # bytes / time
     busbw_gbs: float  # algbw * 2(p-1)/p
     wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
-
-
-def parse_size(text):
-    """'64' -> 64, '4K' -> 4096, '16M' -> 16 MiB, '1G' -> 1 GiB (bytes)."""
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if scale != 1 else text
-    return int(float(number) * scale)
 
 
 def _input(count, dtype, rank):
@@ -223,9 +217,47 @@ def device_copy_bandwidth(comm, memory, nbytes=MEMCPY_BYTES, repetitions=5):
     return comm.bcast(result, root=0)
 
 
+def _checked_arguments(parser, args):
+    """(sizes, algorithm names, forced Open MPI algorithm numbers), or parser.error with what is wrong
+    (before any communication: every rank parses the same argv)."""
+    try:
+        dtype = np.dtype(args.dtype)
+    except TypeError:
+        parser.error(f"--dtype {args.dtype!r} is not a numpy dtype")
+    if args.op not in OPS:
+        parser.error("--op: " + unknown("op", args.op, list(OPS)))
+    try:
+        get_op(args.op).check_dtype(dtype)
+    except TypeError as error:
+        parser.error(f"--op {args.op} --dtype {args.dtype}: {error}")
+    for size in args.sizes:
+        if size == 0 or size % dtype.itemsize:
+            parser.error(f"--sizes: {size} bytes is not a positive whole number of {dtype} elements "
+                         f"({dtype.itemsize} bytes each)")
+    known = list(ALGORITHMS) + ["auto"] if args.device == "cpu" else list(DEVICE_ALGORITHMS)
+    if args.algorithms is None:
+        algorithms = known
+    else:
+        algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+        for name in algorithms:
+            if name not in known:
+                parser.error("--algorithms: " + unknown("algorithm", name, known))
+    if args.repetitions < 1:
+        parser.error("--repetitions must be at least 1")
+    if args.openmpi_forced in ("all", "none"):
+        forced = tuple(TUNED_ALLREDUCE_ALGORITHMS) if args.openmpi_forced == "all" else ()
+    else:
+        numbers = [n.strip() for n in args.openmpi_forced.split(",") if n.strip()]
+        if not numbers or not all(n.isdigit() and int(n) in TUNED_ALLREDUCE_ALGORITHMS for n in numbers):
+            parser.error(f"--openmpi-forced {args.openmpi_forced!r}: give 'all', 'none' or numbers from "
+                         + ", ".join(f"{k} ({v})" for k, v in TUNED_ALLREDUCE_ALGORITHMS.items()))
+        forced = tuple(int(n) for n in numbers)
+    return args.sizes, algorithms, forced
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="mpiallreduce bench", description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run")
-    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
+    parser = ArgumentParser(prog="mpiallreduce bench", description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run")
+    parser.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES),
                         help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
     parser.add_argument("--algorithms",
                         help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto (Open MPI's default always "
@@ -241,16 +273,11 @@ def main(argv=None):
     parser.add_argument("--output", metavar="DIR", help="write bench.csv and bench.json there")
     parser.add_argument("--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS)  # tests of #wrong
     args = parser.parse_args(argv)
+    sizes, algorithms, forced = _checked_arguments(parser, args)
     comm = MPI.COMM_WORLD
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    if args.algorithms is None:
-        args.algorithms = ",".join(ALGORITHMS + ("auto",) if args.device == "cpu" else DEVICE_ALGORITHMS)
-    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     algorithms, skipped = runnable_here(comm, algorithms)
     memory = device_memory(args.device)
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
-    forced = (tuple(TUNED_ALLREDUCE_ALGORITHMS) if args.openmpi_forced == "all" else
-              () if args.openmpi_forced == "none" else tuple(int(n) for n in args.openmpi_forced.split(",")))
     if args.device == "cpu":
         memcpy_gbs = memory_copy_bandwidth(comm)
         limit = f"one core copies memory at {{:.2f}} GB/s (np.copyto, {MEMCPY_BYTES >> 20} MiB, rank 0 alone)"
