@@ -175,16 +175,16 @@ class _Call:
                              call_site=self.site)
             plan = agree_on_call(state.library, prepare, signature, resolve=lambda p: {"runs": p.name})
         xp = None if type(x) is np.ndarray else namespace(x)
-        signature = None
+        code = None
         if not self.check:
             plan = _plan_for(state, x, self.op, self.algorithm)
-            if plan.check_signature:
-                code = _signature_code(x, self.op, plan)
-                signature = CallSignature(state, code, lambda: _signature(x, self.op, plan.name))
-                if xp is not None or not plan.algorithm.carries_signature:
-                    signature = signature.agree()  # (None: compared)
-            elif xp is None and plan.algorithm.carries_signature and state.signature_slots is not None:
-                signature = CallSignature(state, _size_code(x.nbytes), lambda: _signature(x, self.op, plan.name))
+            code = _signature_code(x, self.op, plan) if plan.check_signature else None
+
+        def describe():
+            return _signature(x, self.op, plan.name)
+        if code is not None and (xp is not None or not plan.algorithm.carries_signature):
+            agree_on_signature(state, code, describe)
+        signature = _carried_signature(state, plan, xp, x.nbytes, code, describe)
         flat = buffers.flat_buffers(x, self.out)
         op = get_op(self.op)
         result = execute(state, plan, flat, op, buffers.mpi_datatype(x.dtype), xp, self.sequence, signature,
@@ -247,10 +247,20 @@ def _signature_code(x, op, plan):
     return (zlib.crc32(text) << 31) ^ zlib.adler32(text[::-1])
 
 
-def _size_code(nbytes):
-    """The code an algorithm that carries the comparison publishes for a call whose signature is
-    not checked: its size (negative, never a signature code), compared for nothing but a few loads."""
-    return -1 - nbytes
+def _carried_signature(state, plan, xp, nbytes, code, describe):
+    """The CallSignature an algorithm that carries the comparison (shared_memory: its first barrier)
+    is given, or None: the call's ``code`` when its signature is checked; otherwise, on one node,
+    its size (negative, never a signature code). So every call such an algorithm runs on that
+    communicator, checked or not, prepared or not, meets the others' in the same shared slots
+    (never a barrier on one rank and a wait on the slots on another), and sizes are compared for
+    nothing but a few loads."""
+    if xp is not None or not plan.algorithm.carries_signature:
+        return None
+    if code is None:
+        if state.signature_slots is None:
+            return None
+        code = -1 - nbytes
+    return CallSignature(state, code, describe)
 
 
 def agree_on_signature(state, code, describe):
@@ -392,11 +402,12 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     empty, ndarray, in_place, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.divide
     ignore, restore = ignore_float_errors, restore_float_errors
     may_share_memory = np.may_share_memory
-    carried = algorithm.carries_signature and (code is not None or state.signature_slots is not None)
+    carried = algorithm.carries_signature
     options = {} if plan.inner is None else {"inner": plan.inner}
-    if carried:  # (unchecked: the size, compared in shared memory all the same)
-        size_code = _size_code(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-        options["signature"] = CallSignature(state, size_code if code is None else code, describe)
+    signature = _carried_signature(state, plan, None, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, code,
+                                   describe)
+    if signature is not None:
+        options["signature"] = signature
 
     def run(x, out):
         if x.strides != strides:
@@ -518,6 +529,9 @@ class PreparedAllreduce:
         self.datatype = buffers.mpi_datatype(x.dtype)
         self._direct = None
         plan, flat = self.plan, self.flat
+        #: what shared_memory waits for in place of its first barrier (its size; compared once above)
+        self.signature = _carried_signature(state, plan, self.xp, x.nbytes, None,
+                                            lambda: _signature(x, op_name, algorithm))
         #: the flat input is x itself (a view), or a copy to refresh before each run
         self._input_is_x = flat.send is None and flat.write_back is None or (
             flat.send is not None and _views(flat.send, x))
@@ -554,7 +568,8 @@ class PreparedAllreduce:
         flat = self.flat
         if not self._input_is_x:  # a strided or overlapping x: refresh the contiguous copy
             buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
-        return execute(state, self.plan, flat, self.op, self.datatype, self.xp, sequence, timeout=self.timeout)
+        return execute(state, self.plan, flat, self.op, self.datatype, self.xp, sequence, self.signature,
+                       timeout=self.timeout)
 
     def start(self):
         """Run in the background (allreduce_async's worker); an AllreduceHandle."""

@@ -212,6 +212,11 @@ class SignatureSlots:
         self.window.Sync()
         self.count = 0
 
+    def _progress(self):
+        """Let MPI progress while this rank waits (as it would inside a barrier): a peer may still be
+        finishing the previous call's transfers."""
+        self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
     def publish(self, code):
         """This rank's code for its next compared call, visible to every rank after it together
         with everything this rank stored before it (the call's input, for shared_memory)."""
@@ -228,7 +233,7 @@ class SignatureSlots:
         at, count = 2 * (self.count & 1), self.count
         for slot in self.others:
             if slot[at + 1] != count:
-                _wait_until(lambda: slot[at + 1] == count)
+                _wait_until(lambda: slot[at + 1] == count, self._progress)
         self.window.Sync()  # (the counts before the codes, and before what the ranks stored earlier)
         for slot in self.others:
             if slot[at] != code:
@@ -243,17 +248,19 @@ class SignatureSlots:
             pass
 
 
-def _wait_until(arrived):
-    """Spin on ``arrived()`` (a load from shared memory), yielding the core (and the GIL) between
-    tries after the first two hundred: ranks may outnumber cores."""
+def _wait_until(arrived, progress):
+    """Spin on ``arrived()`` (a load from shared memory); after the first two hundred tries, call
+    ``progress()`` and yield the core (and the GIL) between tries: ranks may outnumber cores."""
     for _ in range(200):
         if arrived():
             return
     while not arrived():
-        _yield_core()
+        progress()
+        yield_core()
 
 
-_yield_core = getattr(os, "sched_yield", lambda: None)
+#: give the core to another process (a rank waiting on a peer that shares it)
+yield_core = getattr(os, "sched_yield", lambda: None)
 
 
 def _forget(comm, keyval, state):

@@ -17,11 +17,11 @@ instead). The requests left behind use the failed call's tags (CallTags): no lat
 them; receives are cancelled and every request is kept with its buffer until it completes.
 """
 import math
-import os
 import time
 
 from mpi4py import MPI
 
+from ..state import yield_core
 from .errors import AllreduceAborted, AllreduceTimeout
 from .rendezvous import FAILED, GAVE_UP, _channel
 
@@ -31,7 +31,6 @@ __all__ = ["PeerWatch"]
 _QUIET_SECONDS = 5e-5
 #: then how often it reads the control channel and the clock
 _LOOK_EVERY_SECONDS = 1e-3
-_yield_core = getattr(os, "sched_yield", lambda: None)
 
 
 def _test_all(requests, statuses):
@@ -81,7 +80,7 @@ class PeerWatch:
             if now >= look_at:
                 self._look_around(requests, now)
                 look_at = now + _LOOK_EVERY_SECONDS
-            _yield_core()
+            yield_core()
 
     def _look_around(self, requests, now):
         """Raise if a peer gave the call up or the deadline has passed."""

@@ -93,6 +93,39 @@ def test_shared_memory_compares_sizes_below_the_signature_threshold_too():
                                           algorithm="shared_memory"), want)
 
 
+def test_shared_memory_refuses_a_rank_that_runs_another_algorithm_or_straddles_the_threshold():
+    """shared_memory waits for the codes that another algorithm's check publishes, so ranks that
+    ask for different algorithms (from 64 KiB) are refused everywhere; so are calls of which some
+    are checked (64 KiB) and others not (smaller): both publish, the codes differ."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    last = rank == size - 1
+    count = 1 << 14  # 64 KiB of float32: checked
+    with pytest.raises(ValueError, match="algorithm differs"):
+        mar.allreduce(np.ones(count, np.float32), algorithm="ring" if last else "shared_memory")
+    with pytest.raises(ValueError, match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
+                       % (count, count - 100, size - 1)):
+        mar.allreduce(np.ones(count - 100 if last else count, np.float32), algorithm="shared_memory")
+    x = exact_input("float32", count, rank, "sum")
+    assert values_equal(mar.allreduce(x, algorithm="shared_memory"), numpy_reference("sum", gather_inputs(WORLD, x)))
+
+
+@pytest.mark.parametrize("nbytes", [4000, 1 << 18])
+def test_prepared_and_plain_shared_memory_calls_interleave_right(nbytes):
+    """A prepared shared_memory call waits on the same shared slots as plain ones (checked or not):
+    calls of both kinds, interleaved, stay in step and are right."""
+    rank = WORLD.Get_rank()
+    x = exact_input("float64", nbytes // 8, rank, "sum")
+    y = exact_input("float64", nbytes // 8 + 1, rank + 1, "sum")
+    want_x = numpy_reference("sum", gather_inputs(WORLD, x))
+    want_y = numpy_reference("sum", gather_inputs(WORLD, y))
+    prepared = mar.prepare(x, algorithm="shared_memory")
+    for i in range(3):
+        assert values_equal(prepared(), want_x), i
+        assert values_equal(mar.allreduce(y, algorithm="shared_memory"), want_y), i
+
+
 def test_a_repeated_call_that_differs_is_caught_on_the_short_path():
     """The same call made again takes the short path; a rank that then differs is still caught."""
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
