@@ -8,11 +8,12 @@ measured times of our algorithms (least squares on relative error). The projecti
 alpha and beta by the network the user describes (--latency-us, --bandwidth-gbs) and keeps the
 measured gamma (this machine's reduction speed): how each algorithm would fare on thousands of ranks.
 """
-from .arguments import ArgumentParser
 import itertools
 import math
 
 import numpy as np
+
+from .arguments import ArgumentParser, size_list
 
 __all__ = ["cost_terms", "fit", "project", "main"]
 
@@ -81,7 +82,6 @@ def project(algorithm, p, n, alpha, beta, gamma):
 
 
 def main(argv=None):
-    from .arguments import parse_size
     from .plot import load_results
 
     parser = ArgumentParser(prog="mpiallreduce model", description=__doc__.split("\n")[0])
@@ -89,7 +89,7 @@ def main(argv=None):
     parser.add_argument("--latency-us", type=float, default=2.0, help="network latency per message (default 2 us)")
     parser.add_argument("--bandwidth-gbs", type=float, default=12.5, help="per-link bandwidth (default 12.5 GB/s)")
     parser.add_argument("--ranks", default="8,64,512,4096")
-    parser.add_argument("--sizes", default="4K,1M,64M,1G")
+    parser.add_argument("--sizes", type=size_list, default=[4 << 10, 1 << 20, 64 << 20, 1 << 30])
     args = parser.parse_args(argv)
     alpha, beta, gamma, error = fit(load_results(args.results)["measurements"])
     print(f"# fitted on this machine: alpha = {alpha * 1e6:.2f} us per message, beta = "
@@ -98,7 +98,7 @@ def main(argv=None):
     net_alpha, net_beta = args.latency_us * 1e-6, 1 / (args.bandwidth_gbs * 1e9)
     print(f"# projected: alpha = {args.latency_us} us, {args.bandwidth_gbs} GB/s per link, gamma as measured")
     ranks = [int(r) for r in args.ranks.split(",")]
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     print(f"{'ranks':>6} {'bytes':>11} " + " ".join(f"{a:>19}" for a in MODELLED) + f" {'fastest':>19}")
     for p in ranks:
         for n in sizes:

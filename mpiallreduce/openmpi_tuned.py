@@ -93,8 +93,9 @@ def default_allreduce_component(comm, spans_nodes):
 
 def _dup_with(comm, values, needed):
     """A Dup of ``comm`` made while the MCA variables ``values`` are set (put back at once after);
-    None on every rank if any rank cannot set those ``needed`` (the others are set where they exist)."""
-    from mpi4py import MPI
+    None on every rank if any rank cannot set those ``needed``, or if the ranks could set different
+    ones (the others are set where they exist): a communicator whose ranks chose their collective
+    components differently would hang or mix algorithms."""
     lib = _tool_interface()
     handles = {name: _cvar(lib, name) for name in values} if lib else {}
     saved = {name: _read(lib, handle) for name, handle in handles.items() if handle}
@@ -112,7 +113,8 @@ def _dup_with(comm, values, needed):
         for name in written:
             _write(lib, handles[name], saved[name])
 
-    if not comm.allreduce(able, op=MPI.LAND):
+    outcomes = comm.allgather((able, sorted(written)))
+    if not all(a for a, _ in outcomes) or any(w != outcomes[0][1] for _, w in outcomes):
         restore()
         return None
     try:

@@ -9,10 +9,10 @@ section (for that node and rank count), which ``auto`` reads on such communicato
 
 The table's format and how it is read: mpiallreduce.tuning.
 """
-from .arguments import ArgumentParser
 import json
 import os
 
+from .arguments import ArgumentParser, size_list
 from .tuning import TUNING_ENV, rules_from_measurements
 
 __all__ = ["main"]
@@ -23,19 +23,18 @@ def main(argv=None):
 
     from .algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, run_metadata
-    from .arguments import parse_size
     from .bench.driver import runnable_here
     from .state import state_of
 
     parser = ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default=",".join(str(4 ** k) for k in range(1, 14)),
+    parser.add_argument("--sizes", type=size_list, default=[4 ** k for k in range(1, 14)],
                         help="comma-separated sizes in bytes (K, M, G suffixes); default 4 B..64 MiB by 4x")
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--output", default=os.environ.get(TUNING_ENV) or "tuning.json",
                         help="table to write or update (default: $MPIALLREDUCE_TUNING or ./tuning.json)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = args.sizes
     state = state_of(comm).make_ready()
     algorithms, skipped = runnable_here(comm, list(ALGORITHMS))
     results = compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=(False,), forced=())

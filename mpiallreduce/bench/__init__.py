@@ -26,11 +26,11 @@ metadata.py (what a result needs to be read later).
 """
 from .contenders import BASELINE, DEVICE_ALGORITHMS, FORCED_PREFIX, DeviceMemory, HostMemory, device_memory
 from .driver import (DEFAULT_SIZES, Measurement, compare, count_wrong, device_copy_bandwidth, main,
-                     memory_copy_bandwidth, parse_size)
+                     memory_copy_bandwidth)
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
 
 __all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "HostMemory", "DeviceMemory", "device_memory",
            "DEFAULT_SIZES", "Measurement", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
-           "main", "parse_size", "run_metadata", "format_field_table", "format_gain_table", "gain_rows",
+           "main", "run_metadata", "format_field_table", "format_gain_table", "gain_rows",
            "write_results"]

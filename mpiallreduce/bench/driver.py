@@ -11,17 +11,18 @@ from mpi4py import MPI
 from .. import __version__
 from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
 from ..algorithms import REGISTRY
-from ..arguments import ArgumentParser, parse_size, size_list, unknown
+from ..arguments import ArgumentParser, size_list, unknown
 from ..buffers import aligned_empty
 from ..device import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
 from ..ops import OPS, get_op
 from ..state import state_of
+from ..topology import node_communicator
 from .contenders import BASELINE, DEVICE_ALGORITHMS, HostMemory, contenders as make_contenders, device_memory
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
 
-__all__ = ["Measurement", "parse_size", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
+__all__ = ["Measurement", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
            "main", "DEFAULT_SIZES"]
 
 DEFAULT_SIZES = tuple(1 << k for k in range(2, 29))  # 4 B .. 256 MiB, powers of two
@@ -179,9 +180,7 @@ def link_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
     """(GB/s each way, peer) of a plain MPI_Sendrecv of ``nbytes`` between rank 0 and the first rank
     on another node, both ways at once (what a ring step between nodes asks of the link); None where
     every rank is on one node. Collective; the other ranks wait."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    leaders = comm.allgather(node.Get_rank() == 0)
-    node.Free()
+    leaders = comm.allgather(node_communicator(comm).Get_rank() == 0)
     peer = next((r for r in range(1, comm.Get_size()) if leaders[r]), None)
     if peer is None:
         return None

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from .. import __version__
 from ..mpilib import library_version
+from ..state import state_of
 
 __all__ = ["run_metadata"]
 
@@ -31,9 +32,7 @@ def run_metadata(comm, args=None):
     import mpi4py
     hosts = sorted(set(comm.allgather(socket.gethostname())))
     slurm_nodes = sorted({n for n in comm.allgather(os.environ.get("SLURMD_NODENAME")) if n})
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)  # (as MPI groups the ranks: shared memory)
-    node.Free()
+    nodes = state_of(comm).make_ready().node_count  # (as the library groups the ranks: mpiallreduce.topology)
     return {
         "mpi_library": library_version(),
         "mpi_standard": "%d.%d" % MPI.Get_version(),
