@@ -26,7 +26,7 @@ try:  # numpy 2: the error state is a context variable, set here directly (enter
         return _extobj_contextvar.set(_IGNORED)
 
     restore_float_errors = _extobj_contextvar.reset
-except ImportError:  # numpy 1: np.errstate itself
+except (ImportError, AttributeError, TypeError):  # numpy 1 (or a numpy 2 that moved them): np.errstate itself
     def ignore_float_errors():
         state = np.errstate(all="ignore")
         state.__enter__()
