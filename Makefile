@@ -41,18 +41,26 @@ bench: $(STAMP)
 	$(BIN)/mpiallreduce plot results/bench-$(RANKS)ranks
 	@echo "results: results/bench-$(RANKS)ranks/ (bench.csv, bench.json, busbw_*.png, gain_*.png)"
 
-# The same comparison across NODES emulated nodes of this machine (`mpiallreduce launch --nodes`:
-# shared memory within a node, TCP over loopback between nodes; Open MPI's default there is coll/han,
-# and openmpi:han_off is that default without han), NODE_RANKS ranks (default: one per node).
-NODES ?= 2
-NODE_RANKS ?= $(NODES)
+# The same comparison across emulated nodes of this machine (`mpiallreduce launch --nodes`: shared
+# memory within a node, TCP over loopback between nodes; Open MPI's default there is coll/han, and
+# openmpi:han_off is that default without han), one run per layout of NODE_LAYOUTS (nodes x ranks
+# per node). Layouts with more ranks than cores oversubscribe them: fewer sizes, for correctness
+# more than speed. Then one table of every layout (with make bench's run if there is one) and a
+# scaling plot: results/nodes/report.txt, scaling.png.
+NODE_LAYOUTS ?= 2x1 2x2 3x1
 NODE_BENCH_ARGS ?= --sizes 4,4K,64K,1M,16M,64M --mode out-of-place
+OVERSUBSCRIBED_BENCH_ARGS ?= --sizes 4K,1M,16M --mode out-of-place --repetitions 3
 bench-nodes: $(STAMP)
-	mkdir -p results
-	$(BIN)/mpiallreduce launch -n $(NODE_RANKS) --nodes $(NODES) --timeout 3600 -- \
-		$(BIN)/python -m mpiallreduce bench --output results/bench-$(NODES)nodes-$(NODE_RANKS)ranks $(NODE_BENCH_ARGS)
-	$(BIN)/mpiallreduce plot results/bench-$(NODES)nodes-$(NODE_RANKS)ranks
-	@echo "results: results/bench-$(NODES)nodes-$(NODE_RANKS)ranks/"
+	mkdir -p results/nodes
+	for layout in $(NODE_LAYOUTS); do \
+		nodes=$${layout%x*}; ranks=$$(( $${layout%x*} * $${layout#*x} )); \
+		args="$(NODE_BENCH_ARGS)"; [ $$ranks -le $$(nproc) ] || args="$(OVERSUBSCRIBED_BENCH_ARGS)"; \
+		$(BIN)/mpiallreduce launch -n $$ranks --nodes $$nodes --timeout 3600 -- $(BIN)/python -m mpiallreduce \
+			bench --output results/nodes/$${nodes}nodes-$${ranks}ranks $$args || exit 1; \
+		$(BIN)/mpiallreduce plot results/nodes/$${nodes}nodes-$${ranks}ranks >/dev/null || exit 1; \
+	done
+	$(BIN)/mpiallreduce report results/nodes $(wildcard results/bench-$(RANKS)ranks) --output results/nodes
+	@echo "results: results/nodes/ (one folder per layout; report.txt, report.csv, scaling.png)"
 
 clean:
 	rm -rf $(VENV) results *.egg-info

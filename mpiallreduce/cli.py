@@ -1,4 +1,4 @@
-"""The ``mpiallreduce`` command: ``info``, ``bench`` and ``launch``."""
+"""The ``mpiallreduce`` command: ``info``, ``bench``, ``plot``, ``tune``, ``report``, ``model`` and ``launch``."""
 import os
 import sys
 
@@ -12,7 +12,10 @@ commands:
   bench     every algorithm against Open MPI's default MPI_Allreduce (run under mpiexec/srun)
   plot      PNG figures of a bench run: mpiallreduce plot RESULTS_DIR
   tune      measure every algorithm here, write the table "auto" reads (run under mpiexec/srun)
-  model     fit latency/bandwidth/reduce costs to a bench run, project to many ranks
+  report    merge bench runs (several layouts, a job array's) into one table and a scaling plot:
+            mpiallreduce report RESULTS_DIR... [--output DIR]
+  model     fit latency/bandwidth within and between nodes and reduce costs to bench runs,
+            project every algorithm to many ranks: mpiallreduce model RESULTS_DIR...
   launch    start a command on N ranks with this machine's mpiexec flags:
             mpiallreduce launch -n 4 [--timeout SECONDS] [--nodes N] -- python script.py
 """
@@ -45,10 +48,11 @@ def _launch(argv):
     parser.add_argument("--fault-tolerant", action="store_true",
                         help="ULFM (mpiexec --with-ft ulfm): ranks survive the death of others")
     parser.add_argument("--nodes", type=int, default=None, metavar="N",
-                        help="spread the ranks over N emulated nodes of this machine (node0, node1, ...; ranks "
-                             "by block): each node's daemon in a UTS namespace of its own, so Open MPI sees N "
-                             "nodes, shared memory within them and TCP between them. Needs root. Not a "
-                             "cluster: one machine's cores and memory bandwidth, the kernel's loopback for a network")
+                        help="spread the ranks over N nodes. Inside a Slurm allocation: N of its nodes (srun -N). "
+                             "Elsewhere: N emulated nodes of this machine (node0, node1, ...; ranks by block), each "
+                             "node's daemon in a UTS namespace of its own, so Open MPI sees N nodes, shared memory "
+                             "within them and TCP between them. Needs root. Not a cluster: one machine's cores and "
+                             "memory bandwidth, the kernel's loopback for a network")
     parser.add_argument("command", nargs="...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -85,12 +89,18 @@ def _tune(argv):
     return main(argv)
 
 
+def _report(argv):
+    from .scaling import main
+    return main(argv)
+
+
 def _model(argv):
     from .model import main
     return main(argv)
 
 
-COMMANDS = {"info": _info, "bench": _bench, "plot": _plot, "tune": _tune, "model": _model, "launch": _launch}
+COMMANDS = {"info": _info, "bench": _bench, "plot": _plot, "tune": _tune, "report": _report, "model": _model,
+            "launch": _launch}
 
 
 def main(argv=None):
@@ -103,7 +113,11 @@ def main(argv=None):
         if argv:
             print("mpiallreduce: " + unknown("command", argv[0], list(COMMANDS)), file=sys.stderr)
         return 2
-    return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except BrokenPipeError:  # (`... | head`: the reader left; no traceback for that)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -112,9 +112,11 @@ def _emulated_node_agent():
     return str(path)
 
 
-def srun_command(nranks, command, extra_flags=()):
-    """argv that starts ``command`` as a Slurm job step (``nranks`` None: the allocation's task count)."""
-    return ["srun", *SRUN_FLAGS, *([] if nranks is None else ["-n", str(nranks)]), *extra_flags, *command]
+def srun_command(nranks, command, extra_flags=(), nodes=None):
+    """argv that starts ``command`` as a Slurm job step (``nranks`` None: the allocation's task count;
+    ``nodes``: on that many of the allocation's nodes, None: as Slurm spreads them)."""
+    return ["srun", *SRUN_FLAGS, *([] if nranks is None else ["-n", str(nranks)]),
+            *([] if nodes is None else ["-N", str(nodes)]), *extra_flags, *command]
 
 
 def choose_launcher(environ=None):
@@ -130,17 +132,15 @@ def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=No
     """argv for ``command`` on ``nranks`` ranks (None: Slurm's task count) with this machine's launcher.
 
     ``fault_tolerant``: ULFM (mpiexec only: Open MPI's srun integration has no ULFM).
-    ``nodes``: spread the ranks over this many emulated nodes of this machine (mpiexec only).
+    ``nodes``: spread the ranks over this many nodes: emulated nodes of this machine with mpiexec,
+    nodes of the allocation with srun (``srun -N``).
     """
     env = os.environ if environ is None else environ
     if choose_launcher(env) == "srun":
         if fault_tolerant:
             raise ValueError("ULFM (--fault-tolerant) needs Open MPI's own launcher: set MPIALLREDUCE_LAUNCHER=mpiexec "
                              "(inside an allocation mpiexec starts the ranks on its nodes)")
-        if nodes is not None:
-            raise ValueError("--nodes emulates nodes on one machine with mpiexec; inside Slurm ask for real ones "
-                             "(sbatch -N), or set MPIALLREDUCE_LAUNCHER=mpiexec")
-        return srun_command(nranks, command)
+        return srun_command(nranks, command, nodes=nodes)
     if nranks is None:
         nranks = int(env.get("SLURM_NTASKS", "0")) or None
         if nranks is None:

@@ -11,8 +11,9 @@ MPIX_GPU_SUPPORT_CUDA = 0
 
 
 def library_version():
-    """The first line of ``MPI_Get_library_version``, e.g. 'Open MPI v5.0.11, package: ...'."""
-    return MPI.Get_library_version().strip().splitlines()[0].strip()
+    """The first line of ``MPI_Get_library_version``, e.g. 'Open MPI v5.0.11, package: ...' (without the
+    NUL byte Open MPI leaves at its end, which would make logs binary to grep)."""
+    return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
 
 
 def loaded_libmpi():

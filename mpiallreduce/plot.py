@@ -5,19 +5,12 @@ memory copy bandwidth measured in the same run as the physical limit.
 gain_<mode>.png: Open MPI default time / our time against message size, one line per algorithm
 of ours; above 1 ours is faster.
 """
-import argparse
-import json
 import os
 
-__all__ = ["load_results", "plot_results", "main"]
+from .arguments import ArgumentParser
+from .results import ResultsError, load_results
 
-
-def load_results(path):
-    """The bench.json of a results folder (or the file itself)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "bench.json")
-    with open(path) as f:
-        return json.load(f)
+__all__ = ["plot_results", "main"]
 
 
 def _size_label(nbytes, _position=None):
@@ -82,11 +75,14 @@ def _finish(plt, fig, ax, ylabel, title, path, columns):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="mpiallreduce plot", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="mpiallreduce plot", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="a results folder written by `mpiallreduce bench --output` (or its bench.json)")
     parser.add_argument("--output", help="folder for the PNG files (default: the results folder)")
     args = parser.parse_args(argv)
-    results = load_results(args.results)
+    try:
+        results = load_results(args.results)
+    except ResultsError as e:
+        parser.error(str(e))
     output = args.output or (args.results if os.path.isdir(args.results) else os.path.dirname(args.results))
     for path in plot_results(results, output):
         print(path)

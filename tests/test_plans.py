@@ -124,15 +124,37 @@ def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
                                                  {"up_to_bytes": None, "algorithm": "ring"}]
 
 
-def test_cost_model_fits_synthetic_times():
+def test_cost_model_fits_synthetic_times_within_and_between_nodes():
+    """Times made from known constants on 1, 2 and 3 nodes give those constants back, exactly."""
     from mpiallreduce.model import MODELLED, cost_terms, fit
-    alpha, beta, gamma = 5e-6, 1 / 10e9, 1 / 4e9
-    measurements = [{"algorithm": a, "ranks": p, "nbytes": n, "in_place": False,
-                     "time_us": 1e6 * float(np.dot(cost_terms(a, p, n), (alpha, beta, gamma)))}
-                    for a in MODELLED for p in (2, 3, 4) for n in (4, 4096, 1 << 20, 1 << 26)]
-    fitted = fit(measurements)
-    assert fitted[3] < 1e-6
-    assert np.allclose(fitted[:3], (alpha, beta, gamma), rtol=1e-6)
+    constants = np.array([1e-6, 1 / 10e9, 30e-6, 1 / 1e9, 1 / 4e9])
+    rows = [((nodes, p), a, n, cost_terms(a, p, n, nodes), float(cost_terms(a, p, n, nodes) @ constants))
+            for a in MODELLED for nodes, p in ((1, 2), (1, 3), (1, 4), (2, 2), (2, 4), (3, 3))
+            for n in (4, 4096, 1 << 20, 1 << 26)]
+    fitted, error = fit(rows)
+    assert error < 1e-6
+    assert np.allclose(fitted, constants, rtol=1e-6)
+
+
+def test_cost_terms_send_across_nodes_only_what_crosses():
+    from mpiallreduce.model import cost_terms
+    n = 1 << 20
+    # one node: nothing on the network
+    assert not cost_terms("rabenseifner", 4, n, nodes=1)[2:4].any()
+    # 2 nodes x 2 ranks, recursive doubling: distance 1 within the node, distance 2 across, where
+    # both ranks of a node send the whole buffer over the node's link at once
+    assert list(cost_terms("recursive_doubling", 4, n, nodes=2)) == [1, n, 1, 2 * n, 2 * n]
+    # the ring crosses once per node per step: 2(p-1) steps of n/p on the link
+    assert list(cost_terms("ring", 4, n, nodes=2)[2:4]) == [6, 6 * n / 4]
+    # 2 ranks crossing at distance 2 with half the buffer each, in the reduce-scatter and the allgather
+    assert cost_terms("rabenseifner", 4, n, nodes=2)[3] == 2 * n
+    # two_level: each node's 2 rails carry half the buffer each (Rabenseifner on 2 ranks: a quarter
+    # each way), over the same link; reduce-scatter and allgather within the node move n/2 each
+    two_level = cost_terms("two_level", 4, n, nodes=2)
+    assert (two_level[1], two_level[3]) == (n, n)
+    # hierarchical: the leaders alone cross, with the whole buffer; reduce and bcast within the node
+    hierarchical = cost_terms("hierarchical", 4, n, nodes=2)
+    assert (hierarchical[1], hierarchical[3]) == (2 * n, n)
 
 
 def exchange(plans, core, buffers, steps_name, combine):

@@ -66,33 +66,48 @@ def test_info_job_on_two_nodes_names_each_ranks_node(slurm, tmp_path):
 
 def test_bench_job_array_writes_one_folder_per_rank_count(slurm, tmp_path):
     import json
-    job = slurm.submit([f"--chdir={tmp_path}", "--export=ALL,RANK_COUNTS=1 2,BENCH_ARGS=--sizes 4,4K "
-                        "--repetitions 2 --openmpi-forced none", str(JOBS / "bench.sbatch")], cwd=tmp_path)
+    job = slurm.submit([f"--chdir={tmp_path}", "--export=ALL,RANK_COUNTS=1 2", str(JOBS / "bench.sbatch")], cwd=tmp_path,
+                       env={"BENCH_ARGS": "--sizes 4,4K --repetitions 2 --openmpi-forced none"})
     states = slurm.wait(job, JOB_TIMEOUT)
     outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))
     assert len(states) == 2 and all(s[0] == "COMPLETED" for s in states.values()), (states, outputs)
     for ranks in (1, 2):
         data = json.loads((tmp_path / "results" / f"slurm-{job}" / f"ranks-{ranks}" / "bench.json").read_text())
-        assert data["metadata"]["ranks"] == ranks
+        assert data["metadata"]["ranks"] == ranks and data["metadata"]["arguments"]["sizes"] == [4, 4096]
+        assert {m["nbytes"] for m in data["measurements"]} == {4, 4096}
         assert all(m["wrong"] == 0 for m in data["measurements"])
 
 
-def test_bench_job_on_two_nodes_skips_what_needs_one_node_and_says_so(slurm, tmp_path):
-    """jobs/bench.sbatch with -N 2: the ranks span two Slurm nodes; what needs one node is left out,
-    named in the output and the JSON, and every result is right."""
+def test_bench_job_sweeps_node_counts_skips_what_needs_one_node_and_report_merges_them(slurm, tmp_path):
+    """jobs/bench.sbatch with -N 2 as a node sweep: array task 0 runs 1 rank on 1 node, task 1 two
+    ranks over the 2 Slurm nodes, where what needs one node is left out, named in the output and the
+    JSON, and every result is right. `mpiallreduce report` merges both into one table by nodes."""
     import json
-    job = slurm.submit([f"--chdir={tmp_path}", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--array=0",
-                        "--export=ALL,RANK_COUNTS=2,BENCH_ARGS=--sizes 4K,64K --repetitions 2 --openmpi-forced none",
-                        str(JOBS / "bench.sbatch")], cwd=tmp_path)
+    import subprocess
+    job = slurm.submit([f"--chdir={tmp_path}", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--array=0-1",
+                        "--export=ALL,NODE_COUNTS=1 2,RANK_COUNTS=1 2", str(JOBS / "bench.sbatch")], cwd=tmp_path,
+                       env={"BENCH_ARGS": "--sizes 4K,64K --repetitions 2 --openmpi-forced none"})  # (commas: not in --export)
     states = slurm.wait(job, JOB_TIMEOUT)
     outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))
-    assert len(states) == 1 and all(s[0] == "COMPLETED" for s in states.values()), (states, outputs)
+    assert len(states) == 2 and all(s[0] == "COMPLETED" for s in states.values()), (states, outputs)
     assert "# skipped: shared_memory (needs every rank on one node; these 2 ranks are on 2 nodes" in outputs, outputs
-    data = json.loads((tmp_path / "results" / f"slurm-{job}" / "ranks-2" / "bench.json").read_text())
-    assert data["metadata"]["nodes"] == 2 and data["metadata"]["ranks"] == 2
-    assert any(s.startswith("shared_memory") for s in data["metadata"]["skipped"])
-    assert {m["algorithm"] for m in data["measurements"]} >= {"ring", "two_level", "hierarchical", "auto"}
-    assert all(m["wrong"] == 0 for m in data["measurements"])
+    results = tmp_path / "results" / f"slurm-{job}"
+    one = json.loads((results / "nodes-1-ranks-1" / "bench.json").read_text())
+    two = json.loads((results / "nodes-2-ranks-2" / "bench.json").read_text())
+    assert (one["metadata"]["nodes"], one["metadata"]["ranks"]) == (1, 1)
+    assert (two["metadata"]["nodes"], two["metadata"]["ranks"]) == (2, 2)
+    assert sorted(two["metadata"]["slurm_nodes"]) == ["n1", "n2"]
+    assert any(s.startswith("shared_memory") for s in two["metadata"]["skipped"])
+    assert {m["algorithm"] for m in two["measurements"]} >= {"ring", "two_level", "hierarchical", "auto"}
+    assert all(m["wrong"] == 0 for m in one["measurements"] + two["measurements"])
+    report = subprocess.run([sys.executable, "-m", "mpiallreduce", "report", str(results), "--output",
+                             str(tmp_path / "report")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert report.returncode == 0, report.stderr
+    assert "2 layouts (1 rank on 1 node, 2 ranks on 2 nodes)" in report.stdout, report.stdout
+    rows = re.findall(r"^\s+(\d) +(\S+) +(\d) +(\d+) ", report.stdout, re.M)
+    assert [(n, p, b) for n, _, p, b in rows] == [("1", "1", "4096"), ("1", "1", "65536"),
+                                                  ("2", "2", "4096"), ("2", "2", "65536")], report.stdout
+    assert (tmp_path / "report" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):

@@ -178,15 +178,17 @@ def test_bench_writes_csv_and_json_with_metadata(bench_run):
     import json
     data = json.loads((output / "bench.json").read_text())
     meta = data["metadata"]
-    assert meta["ranks"] == 2 and meta["mpi_library"].startswith("Open MPI v5.")
+    assert meta["ranks"] == 2 and meta["mpi_library"].startswith("Open MPI v5.") and "\x00" not in meta["mpi_library"]
     for key in ("hosts", "date_utc", "mpiallreduce", "git_commit", "mpi4py", "numpy"):
         assert meta[key], key
     assert data["memcpy_gbs"] > 0
     assert set(data["gains"]) == {"out_of_place", "in_place"}
-    with open(output / "bench.csv") as f:
-        lines = list(csv.reader(f))
-    assert lines[0][0].startswith("# {") and lines[1][:3] == ["ranks", "nbytes", "count"]
-    assert len(lines) - 2 == len(data["measurements"]) == len(BENCH_ROW.findall(result.output))
+    with open(output / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(data["measurements"]) == len(BENCH_ROW.findall(result.output))
+    assert [(r["algorithm"], int(r["nbytes"]), float(r["time_us"])) for r in rows] == [
+        (m["algorithm"], m["nbytes"], m["time_us"]) for m in data["measurements"]]
+    assert "\x00" not in result.output
 
 
 def test_a_planted_wrong_result_is_counted(tmp_path):
@@ -210,15 +212,27 @@ def test_plot_writes_figures(bench_run, tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10000
 
 
-def test_model_fits_and_projects(bench_run):
+def test_model_fits_and_projects(bench_run, tmp_path):
     import subprocess
     _, output = bench_run
     done = subprocess.run([sys.executable, "-m", "mpiallreduce", "model", str(output), "--ranks", "16,4096",
-                           "--sizes", "1K,1G"], capture_output=True, text=True, timeout=SHORT_TIMEOUT, cwd=ROOT)
+                           "--sizes", "1K,1G", "--output", str(tmp_path)],
+                          capture_output=True, text=True, timeout=SHORT_TIMEOUT, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert re.search(r"fitted on this machine: alpha = [\d.]+ us per message", done.stdout), done.stdout
-    rows = re.findall(r"^\s*(16|4096)\s+(1024|1073741824)\s+.*\s(\w+)$", done.stdout, re.M)
-    assert len(rows) == 4, done.stdout
+    assert re.search(r"^# within a node: +alpha = [\d.]+ us per message", done.stdout, re.M), done.stdout
+    assert "between nodes:  not measured" in done.stdout and "inf" not in done.stdout, done.stdout
+    assert re.search(r"^#   1 node x 2 ranks: the model is off by \d+% \(median\)", done.stdout, re.M), done.stdout
+    rows = re.findall(r"^\s*(16|4096)\s+(\d+)\s+(1024|1073741824)\s+.*\s(\w+)$", done.stdout, re.M)
+    assert [(p, nodes, n) for p, nodes, n, _ in rows] == [("16", "2", "1024"), ("16", "2", "1073741824"),
+                                                          ("4096", "512", "1024"), ("4096", "512", "1073741824")]
+    assert (tmp_path / "model.png").read_bytes()[:4] == b"\x89PNG"
+    # a CSV or a wrong path: one line, no traceback
+    csv_run = subprocess.run([sys.executable, "-m", "mpiallreduce", "model", str(output / "bench.csv")],
+                             capture_output=True, text=True, timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert csv_run.returncode == 0 and "fitted to" in csv_run.stdout, csv_run.stderr
+    missing = subprocess.run([sys.executable, "-m", "mpiallreduce", "model", str(tmp_path / "nothing")],
+                             capture_output=True, text=True, timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "no such file" in missing.stderr
 
 
 def test_tune_writes_the_table_auto_then_reads(tmp_path):

@@ -24,7 +24,8 @@ def format_field_table(results, memcpy_gbs=None):
 
 def gain_rows(results, in_place=False):
     """Deep Speech 2's table: per (ranks, bytes) Open MPI's default time, our best algorithm's, the gain;
-    and Open MPI's best forced algorithm, so a gain over the default is not mistaken for one over Open MPI."""
+    and Open MPI's best forced algorithm, so a gain over the default is not mistaken for one over Open MPI.
+    ``results``: Measurements, or anything with their attributes."""
     rows = []
     here_mode = [m for m in results if m.in_place == in_place]
     for ranks, nbytes in sorted({(m.ranks, m.nbytes) for m in here_mode}):
@@ -37,39 +38,49 @@ def gain_rows(results, in_place=False):
         hand_written = [m for m in ours if m.algorithm not in ("mpi", "auto")] or ours
         best = min(hand_written, key=lambda m: m.time_us)
         best_forced = min(forced, key=lambda m: m.time_us) if forced else None
+        auto = next((m for m in ours if m.algorithm == "auto"), None)
         rows.append({
             "ranks": ranks, "nbytes": nbytes, "in_place": in_place,
             "openmpi_us": baseline.time_us, "ours_us": best.time_us, "ours_algorithm": best.algorithm,
             "gain": baseline.time_us / best.time_us,
+            "auto_gain": baseline.time_us / auto.time_us if auto else None,
             "openmpi_best_forced_us": best_forced.time_us if best_forced else None,
             "openmpi_best_forced": best_forced.algorithm[len(FORCED_PREFIX):] if best_forced else None,
             "gain_over_best_forced": best_forced.time_us / best.time_us if best_forced else None,
+            "openmpi_busbw_gbs": baseline.busbw_gbs, "ours_busbw_gbs": best.busbw_gbs,
             "gain_by_algorithm": {m.algorithm: baseline.time_us / m.time_us for m in ours},
         })
     return rows
 
 
+def _gain(value):
+    return f"{value:>6.2f}x" if value is not None else f"{'-':>7}"
+
+
 def format_gain_table(rows):
-    names = list(rows[0]["gain_by_algorithm"]) if rows else []
-    header = (f"{'ranks':>5} {'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>10} {'best of ours':>19} "
-              f"{'gain':>6} | {'OMPI best forced':>26} {'gain':>6} | " + " ".join(f"{n:>18}" for n in names))
-    lines = [header]
+    """One line per (ranks, bytes), under 130 characters (each algorithm's gain is in the JSON and
+    the gain figure); with the nodes and Open MPI's default component when the rows carry them."""
+    nodes = any("nodes" in r for r in rows)
+    lines = [(f"{'nodes':>5} {'OMPI default':>12} " if nodes else "")
+             + f"{'ranks':>5} {'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>10} {'best of ours':>18} {'gain':>7} "
+             f"{'auto':>7} | {'OMPI best forced':>18} {'(us)':>9} {'gain':>7} | {'busbw ours/OMPI (GB/s)':>22}"]
     for r in rows:
-        forced = (f"{r['openmpi_best_forced']:>15} {r['openmpi_best_forced_us']:>10.1f} {r['gain_over_best_forced']:>5.2f}x"
-                  if r["openmpi_best_forced"] else f"{'-':>26} {'-':>6}")
-        lines.append(f"{r['ranks']:>5} {r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>10.1f} "
-                     f"{r['ours_algorithm']:>19} {r['gain']:>5.2f}x | {forced} | "
-                     + " ".join(f"{r['gain_by_algorithm'][n]:>17.2f}x" for n in names))
+        forced = (f"{r['openmpi_best_forced']:>18} {r['openmpi_best_forced_us']:>9.1f} {_gain(r['gain_over_best_forced'])}"
+                  if r["openmpi_best_forced"] else f"{'-':>18} {'-':>9} {'-':>7}")
+        lines.append((f"{r['nodes']:>5} {r.get('openmpi_default') or '?':>12} " if nodes else "")
+                     + f"{r['ranks']:>5} {r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>10.1f} "
+                     f"{r['ours_algorithm']:>18} {_gain(r['gain'])} {_gain(r.get('auto_gain'))} | {forced} | "
+                     f"{r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}")
     return "\n".join(lines)
 
 
 def write_results(directory, results, metadata, memcpy_gbs):
-    """bench.csv (one row per measurement) and bench.json (metadata, measurements, gain tables)."""
+    """bench.csv (a header row, then one row per measurement: what csv.DictReader and pandas read) and
+    bench.json (metadata, measurements, gain tables)."""
     os.makedirs(directory, exist_ok=True)
     columns = [f.name for f in (fields(results[0]) if results else ())] + ["busbw_share_of_memcpy"]
     with open(os.path.join(directory, "bench.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["# " + json.dumps(metadata, sort_keys=True)])
         writer.writerow(columns)
         for m in results:
             writer.writerow([getattr(m, c) for c in columns[:-1]] + [m.busbw_gbs / memcpy_gbs])
