@@ -17,7 +17,8 @@ tuning table's usual choice.
 
 The fit finds the non-negative constants that best explain the measured times of our algorithms
 (least squares on relative error), from runs on one node and across nodes together; a constant
-no run shows is reported as not resolved. It then says how far it is off, per layout, and for
+no run shows is reported as not resolved. Runs with more ranks than cores on a machine (their
+metadata says so) are left out of the fit, and their rows still compared with it. It then says how far it is off, per layout, and for
 each cross-node row. The projection keeps this machine's node constants and gamma and replaces
 the network by the one the user names (--latency-us, --bandwidth-gbs): how every algorithm would
 fare on 64 to 4096 ranks of --ranks-per-node each, as a table and a figure (model.png).
@@ -26,6 +27,7 @@ import functools
 import itertools
 import math
 import os
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -155,26 +157,38 @@ def cost_terms(algorithm, p, n, nodes=1, segment_bytes=1 << 20):
     raise ValueError(f"no cost model for {algorithm!r}")
 
 
+class Row(NamedTuple):
+    """One measured time and what the model counts for it."""
+    layout: Tuple[int, int]  # (nodes, ranks)
+    algorithm: str
+    nbytes: int
+    terms: np.ndarray
+    seconds: float
+    #: (ranks, cores) of a machine that ran more ranks than cores, else None
+    oversubscribed: Optional[Tuple[int, int]] = None
+
+
 def _rows(runs):
-    """(layout (nodes, ranks), algorithm, nbytes, terms, seconds) of every modelled measurement."""
-    from .results import run_nodes
+    """A Row for every modelled measurement (out of place, 2 or more ranks) of ``runs``."""
+    from .results import run_nodes, run_oversubscribed
     rows = []
     for _path, results in runs:
-        nodes = run_nodes(results)
+        nodes, crowded = run_nodes(results), run_oversubscribed(results)
         for m in results["measurements"]:
             if m["algorithm"] in MODELLED and not m["in_place"] and m["ranks"] > 1:
-                rows.append(((nodes, m["ranks"]), m["algorithm"], m["nbytes"],
-                             cost_terms(m["algorithm"], m["ranks"], m["nbytes"], nodes), m["time_us"] * 1e-6))
+                rows.append(Row((nodes, m["ranks"]), m["algorithm"], m["nbytes"],
+                                cost_terms(m["algorithm"], m["ranks"], m["nbytes"], nodes), m["time_us"] * 1e-6,
+                                tuple(crowded) if crowded else None))
     return rows
 
 
 def fit(rows):
     """(the five constants in seconds and seconds per byte, median relative error) that explain the
-    ``(layout, algorithm, nbytes, terms, seconds)`` rows best; a constant no row depends on is 0."""
+    Rows best; a constant no row depends on is 0."""
     if not rows:
         raise ValueError("no measurements of modelled algorithms (out of place, 2 or more ranks)")
-    terms = np.array([r[3] for r in rows])
-    times = np.array([r[4] for r in rows])
+    terms = np.array([r.terms for r in rows])
+    times = np.array([r.seconds for r in rows])
     weighted = terms / times[:, None]  # relative error: every size counts alike
     shown = [i for i in range(5) if terms[:, i].any()]
     best = None
@@ -215,10 +229,20 @@ def _layout_name(layout):
     return f"{nodes} node{'s' if nodes > 1 else ''} x {per} rank{'s' if per != 1 else ''}"
 
 
+def _off(row, constants):
+    return float(row.terms @ constants / row.seconds - 1)
+
+
+def fitted_rows(rows):
+    """The rows to fit: those of runs that had a core per rank (all rows if no run had)."""
+    return [r for r in rows if not r.oversubscribed] or rows
+
+
 def report_fit(rows, constants, error):
     """The fitted constants and how far the model is off, per layout and for each cross-node row."""
-    layouts = sorted({r[0] for r in rows})
-    lines = [f"# fitted to {len(rows)} measurements of {', '.join(_layout_name(l) for l in layouts)}; "
+    fitted = fitted_rows(rows)
+    layouts = sorted({r.layout for r in rows})
+    lines = [f"# fitted to {len(fitted)} measurements of {', '.join(_layout_name(l) for l in sorted({r.layout for r in fitted}))}; "
              f"median relative error {error:.0%}"]
     if any(nodes == 1 or nodes == ranks for nodes, ranks in layouts) or not constants[:2].any():
         lines.append(f"# within a node:  {_describe(constants, 'node')}")
@@ -229,18 +253,21 @@ def report_fit(rows, constants, error):
     lines.append(f"# reduction:      gamma = {1 / constants[4] / 1e9:.2f} GB/s reduced" if constants[4]
                  else "# reduction:      gamma not resolved (fitted to 0)")
     for layout in layouts:
-        here = [r for r in rows if r[0] == layout]
-        off = [float(r[3] @ constants / r[4] - 1) for r in here]
+        here = [r for r in rows if r.layout == layout]
+        off = [_off(r, constants) for r in here]
         worst = int(np.argmax(np.abs(off)))
+        crowded = here[0].oversubscribed
         lines.append(f"#   {_layout_name(layout)}: the model is off by {np.median(np.abs(off)):.0%} (median), worst "
-                     f"{off[worst]:+.0%} ({here[worst][1]} at {here[worst][2]} B)")
+                     f"{off[worst]:+.0%} ({here[worst].algorithm} at {here[worst].nbytes} B)"
+                     + (f"; not fitted: {crowded[0]} ranks ran on {crowded[1]} cores" if crowded and here[0] not in fitted
+                        else ""))
     for layout in (l for l in layouts if l[0] > 1):
-        here = [r for r in rows if r[0] == layout]
-        names = [a for a in MODELLED if any(r[1] == a for r in here)]
+        here = [r for r in rows if r.layout == layout]
+        names = [a for a in MODELLED if any(r.algorithm == a for r in here)]
         lines.append(f"# {_layout_name(layout)}, predicted/measured - 1 per row:")
         lines.append(f"{'bytes':>11} " + " ".join(f"{a:>18}" for a in names))
-        for nbytes in sorted({r[2] for r in here}):
-            cells = {r[1]: f"{float(r[3] @ constants / r[4] - 1):+.0%}" for r in here if r[2] == nbytes}
+        for nbytes in sorted({r.nbytes for r in here}):
+            cells = {r.algorithm: f"{_off(r, constants):+.0%}" for r in here if r.nbytes == nbytes}
             lines.append(f"{nbytes:>11} " + " ".join(f"{cells.get(a, '-'):>18}" for a in names))
     return "\n".join(lines)
 
@@ -308,7 +335,7 @@ def main(argv=None):
     try:
         runs = find_runs(args.results)
         rows = _rows(runs)
-        constants, error = fit(rows)
+        constants, error = fit(fitted_rows(rows))
     except (ResultsError, ValueError) as e:
         parser.error(str(e))
     print(report_fit(rows, constants, error))

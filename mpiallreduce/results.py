@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-__all__ = ["load_results", "find_runs", "run_nodes", "ResultsError"]
+__all__ = ["load_results", "find_runs", "run_nodes", "run_oversubscribed", "ResultsError"]
 
 _NUMBERS = {"ranks": int, "nbytes": int, "count": int, "iterations": int, "repetitions": int, "wrong": int,
             "time_us": float, "algbw_gbs": float, "busbw_gbs": float, "busbw_share_of_memcpy": float}
@@ -74,3 +74,8 @@ def find_runs(paths):
 def run_nodes(results):
     """The node count a run's metadata records (1 for runs from before it was recorded)."""
     return int(results.get("metadata", {}).get("nodes") or 1)
+
+
+def run_oversubscribed(results):
+    """[ranks, cores] when the run had more ranks than cores on a machine, else None."""
+    return results.get("metadata", {}).get("oversubscribed")

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 from .arguments import ArgumentParser, size_list
 from .bench.report import format_gain_table, gain_rows
-from .results import ResultsError, find_runs, run_nodes
+from .results import ResultsError, find_runs, run_nodes, run_oversubscribed
 
 __all__ = ["merged_rows", "plot_scaling", "main"]
 
@@ -38,6 +38,10 @@ def merged_rows(runs, in_place=False):
         if not any(m.algorithm == "openmpi" and m.in_place == in_place for m in measurements):
             notes.append(f"{path}: no {'in-place' if in_place else 'out-of-place'} Open MPI default rows, left out")
             continue
+        crowded = run_oversubscribed(results)
+        if crowded:
+            notes.append(f"{path}: {crowded[0]} ranks ran on {crowded[1]} cores (oversubscribed): its times are "
+                         "not the hardware's; compare its results for correctness")
         for row in gain_rows(measurements, in_place):
             row.update(nodes=run_nodes(results), openmpi_default=meta.get("openmpi_default"),
                        date_utc=meta.get("date_utc", ""), source=path)

@@ -80,6 +80,11 @@ def test_bench_across_nodes_skips_what_cannot_run_there_and_says_so(tmp_path, nr
     assert "shared_memory" not in {name for name, _ in rows}
     assert ("two_level" in {name for name, _ in rows}) == (nranks == 2), explain(result)
     assert all(wrong == "0" for _, wrong in rows), explain(result)
+    import json
+    import os
+    meta = json.loads((tmp_path / "bench.json").read_text())["metadata"]
+    cores = len(os.sched_getaffinity(0))  # (the emulated nodes share this machine's cores)
+    assert meta["nodes"] == 2 and meta["oversubscribed"] == ([nranks, cores] if nranks > cores else None), meta
 
 
 def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_path):

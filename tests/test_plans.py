@@ -126,9 +126,9 @@ def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
 
 def test_cost_model_fits_synthetic_times_within_and_between_nodes():
     """Times made from known constants on 1, 2 and 3 nodes give those constants back, exactly."""
-    from mpiallreduce.model import MODELLED, cost_terms, fit
+    from mpiallreduce.model import MODELLED, Row, cost_terms, fit
     constants = np.array([1e-6, 1 / 10e9, 30e-6, 1 / 1e9, 1 / 4e9])
-    rows = [((nodes, p), a, n, cost_terms(a, p, n, nodes), float(cost_terms(a, p, n, nodes) @ constants))
+    rows = [Row((nodes, p), a, n, cost_terms(a, p, n, nodes), float(cost_terms(a, p, n, nodes) @ constants))
             for a in MODELLED for nodes, p in ((1, 2), (1, 3), (1, 4), (2, 2), (2, 4), (3, 3))
             for n in (4, 4096, 1 << 20, 1 << 26)]
     fitted, error = fit(rows)

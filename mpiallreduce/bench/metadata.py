@@ -27,12 +27,35 @@ def _git_commit():
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def _machine():
+    """(this machine's boot id, the cores this process may run on): emulated nodes of one machine
+    share the boot id, so ranks are counted per machine, not per host name."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            machine = f.read().strip()
+    except OSError:
+        machine = socket.gethostname()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return machine, cores
+
+
+def oversubscribed(machines):
+    """The first (ranks, cores) of a machine running more ranks than it has cores, else None."""
+    for machine in sorted({m for m, _ in machines}):
+        ranks = sum(1 for m, _ in machines if m == machine)
+        cores = max(c for m, c in machines if m == machine)
+        if ranks > cores:
+            return ranks, cores
+    return None
+
+
 def run_metadata(comm, args=None):
     """What a result file needs to be read later: library, ranks, host, date, versions, commit."""
     import mpi4py
     hosts = sorted(set(comm.allgather(socket.gethostname())))
     slurm_nodes = sorted({n for n in comm.allgather(os.environ.get("SLURMD_NODENAME")) if n})
     nodes = state_of(comm).make_ready().node_count  # (as the library groups the ranks: mpiallreduce.topology)
+    crowded = oversubscribed(comm.allgather(_machine()))
     return {
         "mpi_library": library_version(),
         "mpi_standard": "%d.%d" % MPI.Get_version(),
@@ -40,6 +63,8 @@ def run_metadata(comm, args=None):
         "nodes": nodes,
         "hosts": hosts,
         **({"slurm_nodes": slurm_nodes} if slurm_nodes else {}),
+        #: [ranks, cores] of a machine with more ranks than cores: times are not the hardware's
+        "oversubscribed": list(crowded) if crowded else None,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mpiallreduce": __version__,
         "git_commit": _git_commit() if comm.Get_rank() == 0 else None,
