@@ -7,14 +7,21 @@ TORCH_VERSION ?= 2.13.0
 BENCH_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: test bench bench-nodes clean slurm-packages
 
-$(STAMP): setup.py
+# What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
+$(BENCH_STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+# What the tests need on top: pytest and its plugins, and PyTorch for its tests (the CPU build
+# pinned: an unpinned torch pulls a multi-GB CUDA build).
+$(STAMP): $(BENCH_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
-	# PyTorch for its tests: the CPU build pinned (an unpinned torch pulls a multi-GB CUDA build)
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
 	touch $(STAMP)
 
@@ -23,7 +30,7 @@ $(STAMP): setup.py
 test: $(STAMP) slurm-packages
 	$(BIN)/python -m pytest tests -q -ra --color=no
 
-# Debian's Slurm for the tests of jobs/ (they start a single-node Slurm themselves). Only as root
+# Debian's Slurm for the tests of jobs/ (they start a Slurm of two nodes on this machine themselves). Only as root
 # and only if missing; without it those tests are skipped and say why.
 slurm-packages:
 	@if [ "$$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null 2>&1; then \
@@ -34,7 +41,7 @@ slurm-packages:
 # Every algorithm against Open MPI's default MPI_Allreduce (and each of Open MPI's own algorithms
 # forced in turn) on this machine, RANKS ranks (default 2 = this machine's cores), 4 B .. 256 MiB.
 # Tables on stdout; CSV, JSON and PNG figures in results/bench-$(RANKS)ranks/.
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	mkdir -p results
 	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 3600 -- \
 		$(BIN)/python -m mpiallreduce bench --output results/bench-$(RANKS)ranks $(BENCH_ARGS)
@@ -50,7 +57,7 @@ bench: $(STAMP)
 NODE_LAYOUTS ?= 2x1 2x2 3x1
 NODE_BENCH_ARGS ?= --sizes 4,4K,64K,1M,16M,64M --mode out-of-place
 OVERSUBSCRIBED_BENCH_ARGS ?= --sizes 4K,1M,16M --mode out-of-place --repetitions 3
-bench-nodes: $(STAMP)
+bench-nodes: $(BENCH_STAMP)
 	mkdir -p results/nodes
 	for layout in $(NODE_LAYOUTS); do \
 		nodes=$${layout%x*}; ranks=$$(( $${layout%x*} * $${layout#*x} )); \

@@ -108,7 +108,9 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     The communicator, its library state, the call's number and call site are taken here, on the
     calling thread, in program order; the worker thread only runs the call, on the library's own
     communicators. ``x`` (and ``out``) must not change until ``wait()`` returns: the worker reads
-    and writes them meanwhile (with MPIALLREDUCE_DEBUG_INPUTS=1, ``wait`` checks that ``x`` did not).
+    and writes them meanwhile, and a change makes the result wrong on every rank (Horovod has the
+    same rule). With ``check=True`` (or MPIALLREDUCE_DEBUG_INPUTS=1) the input is checksummed here
+    and again at ``wait()``, which raises RuntimeError on the rank whose input changed.
     """
     check_thread_level()
     unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout"}
@@ -118,7 +120,7 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
                        kwargs.get("groups"), kwargs.get("timeout"))
     meeting = call.meeting = Meeting(call.timeout, call.site)
     description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
-    return submit(call.run, x, description, meeting)
+    return submit(call.run, x, description, meeting, checksum_input=call.check)
 
 
 

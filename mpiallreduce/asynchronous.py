@@ -96,14 +96,22 @@ class AllreduceHandle:
                                sequence=rendezvous.sequence, waited=timeout) from None
 
     def _checked(self, result):
-        """MPIALLREDUCE_DEBUG_INPUTS: the input must not have changed (unless it is the output)."""
+        """check=True or MPIALLREDUCE_DEBUG_INPUTS: the input must not have changed (unless it is the
+        output). Only the rank that changed it can tell: its error says so; the others' results
+        are as wrong as its own."""
         if self._checksum is not None and self._watched is not result and _checksum(self._watched) != self._checksum:
-            raise RuntimeError(f"{self._description}: the input changed between allreduce_async and wait(); "
-                               "the result may mix old and new values (do not touch x until wait() returns)")
+            raise RuntimeError(f"{self._description}: the input changed on rank {_world_rank()} between "
+                               "allreduce_async and wait(); the result may mix old and new values on every rank "
+                               "(do not touch x until wait() returns)")
         return result
 
     def __repr__(self):
         return f"<AllreduceHandle {self._description} {'done' if self.done() else 'pending'}>"
+
+
+def _world_rank():
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Get_rank()
 
 
 class _Worker:
@@ -168,10 +176,12 @@ def submit_prepared(prepared, run):
     return submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
 
 
-def submit(run, x, description, meeting):
+def submit(run, x, description, meeting, checksum_input=False):
+    """``checksum_input`` (check=True), or MPIALLREDUCE_DEBUG_INPUTS=1: ``wait`` raises on a rank
+    whose ``x`` changed before it returned."""
     from .settings import settings
     xp = namespace(x)
-    checksum = _checksum(x) if settings().debug_inputs else None
+    checksum = _checksum(x) if checksum_input or settings().debug_inputs else None
     if xp is None:
         future = _worker.submit(run)
     else:

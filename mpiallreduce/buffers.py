@@ -61,6 +61,12 @@ def copy_into(destination, source):
 def check_array(x, name="x"):
     """Raise TypeError unless ``x`` is a numpy or CuPy array of a dtype that can be reduced."""
     if type(x) is not np.ndarray and not isinstance(x, np.ndarray) and namespace(x) is None:
+        if type(x).__module__.split(".")[0] == "torch":
+            where = getattr(getattr(x, "device", None), "type", "?")
+            raise TypeError(
+                f"{name} is a torch.Tensor ({where}); use mpiallreduce.torch.allreduce({name}), or pass "
+                + (f"{name}.numpy() (a numpy array sharing its memory)" if where == "cpu" else
+                   f"cupy.from_dlpack({name}) (a CuPy array sharing its memory)"))
         if foreign_device_array(x):
             raise TypeError(
                 f"{name} is a device array of type {type(x).__module__}.{type(x).__qualname__}; "
@@ -123,7 +129,7 @@ def aligned_empty(count, dtype, alignment=4096):
     """An uninitialised 1-D array of ``count`` elements whose data starts on an ``alignment`` boundary.
 
     Page-aligned buffers keep an input and an output from sitting a few bytes apart modulo 4 KiB,
-    which made MPI_Allreduce about 2x slower here at 4-64 KiB (cache aliasing; see FIELD.md).
+    which made MPI_Allreduce about 2x slower here at 4-64 KiB (cache aliasing; see docs/field-notes.md).
     """
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
@@ -144,7 +150,7 @@ def scratch(slot, count, dtype, like=None):
     """A reusable 1-D work array of ``count`` elements, one per (thread, slot); grown, never shrunk.
 
     Algorithms receive into scratch memory instead of allocating per call: a fresh allocation every
-    call made 1-16 MiB allreduces about 1.6x slower here (FIELD.md). The contents are garbage.
+    call made 1-16 MiB allreduces about 1.6x slower here (docs/field-notes.md). The contents are garbage.
     With ``like`` a device array, the scratch array is device memory of the same library.
     """
     dtype = np.dtype(dtype)

@@ -64,14 +64,17 @@ def _launch(argv):
         parser.error(f"--nodes {args.nodes}: give between 1 and the rank count")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout {args.timeout}: give a positive number of seconds")
+    from .aborting import ABORT_ENV
     from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
+    # One rank's uncaught exception ends the job with its traceback (in programs that import
+    # mpiallreduce), unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
+    env = launch_environment(dict(os.environ, **{ABORT_ENV: os.environ.get(ABORT_ENV, "1")}))
     if args.timeout is None:  # become the launcher, so that signals reach it and its ranks directly
         argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant, nodes=args.nodes)
-        env = launch_environment()
         os.execvpe(argv[0], argv, env)
     if args.ranks is None:
         parser.error("--timeout needs -n")
-    result = run(args.ranks, command, timeout=args.timeout, capture=False,
+    result = run(args.ranks, command, timeout=args.timeout, capture=False, env=env, forward_signals=True,
                  extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else (), nodes=args.nodes)
     if result.timed_out:
         print(f"mpiallreduce launch: killed after {args.timeout} s", file=sys.stderr)

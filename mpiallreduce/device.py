@@ -53,7 +53,7 @@ def foreign_device_array(x):
 
 def synchronize(xp):
     """Wait until the kernels queued on CuPy's current stream have finished: call before MPI reads
-    or writes device memory (MPI knows nothing of CUDA streams; see FIELD.md)."""
+    or writes device memory (MPI knows nothing of CUDA streams; see docs/field-notes.md)."""
     xp.cuda.get_current_stream().synchronize()
 
 
@@ -117,7 +117,11 @@ def select_gpu(comm=None, xp=None):
     scheduler's binding (``srun --gpus-per-task``, ``--gpu-bind``) is respected as it is.
     """
     if xp is None:
-        import cupy as xp
+        try:
+            import cupy as xp
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError("select_gpu needs CuPy: pip install 'mpiallreduce[cuda12]' (or [cuda13], "
+                                      "for the CUDA major version of the driver)") from None
     index = gpu_for_local_rank(local_rank(comm), xp.cuda.runtime.getDeviceCount())
     xp.cuda.Device(index).use()
     return index

@@ -10,7 +10,7 @@ from . import __version__
 from .algorithms import ALGORITHMS, REGISTRY
 from .settings import settings
 from .device import CUDA_AWARE_ENV, cuda_aware as cuda_aware_decision
-from .mpilib import cuda_aware, library_version
+from .mpilib import cuda_aware, library_version, loaded_libmpi
 from .transports import device_path
 
 __all__ = ["launch_method", "slurm_variables", "collect", "format_report"]
@@ -97,6 +97,7 @@ def collect(comm=MPI.COMM_WORLD):
         "mpi4py": mpi4py.__version__,
         "numpy": np.__version__,
         "mpi_library": library_version(),
+        "libmpi": loaded_libmpi() or "?",
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "thread_level": {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                          MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}.get(
@@ -133,6 +134,7 @@ def format_report(info):
         f"mpi4py            {info['mpi4py']}",
         f"numpy             {info['numpy']}",
         f"MPI library       {info['mpi_library']}",
+        f"libmpi loaded     {info['libmpi']}",
         f"MPI standard      {info['mpi_standard']}",
         f"thread level      {info['thread_level']}",
         f"ranks             {info['ranks']}",

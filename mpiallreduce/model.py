@@ -1,6 +1,6 @@
 """``mpiallreduce model RESULTS...``: fit a two-level cost model to bench runs and project it to many ranks.
 
-Each algorithm's time is modelled as (FIELD.md; Thakur, Rabenseifner & Gropp 2005, with the
+Each algorithm's time is modelled as (docs/field-notes.md; Thakur, Rabenseifner & Gropp 2005, with the
 network split from the node as in Hockney's model applied per level)
 
     T = a_node*alpha_node + b_node*beta_node + a_net*alpha_net + b_net*beta_net + c*gamma

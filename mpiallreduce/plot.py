@@ -36,11 +36,10 @@ def plot_results(results, output_dir):
         names = list(dict.fromkeys(m["algorithm"] for m in measured))
 
         fig, ax = plt.subplots(figsize=(9, 5.5))
-        for name in names:
+        for name, colour, style in _line_styles(plt, names):
             points = sorted((m["nbytes"], m["busbw_gbs"]) for m in measured if m["algorithm"] == name)
-            style = "--" if name.startswith("openmpi") else "-"
-            width = 2.5 if name == "openmpi" else 1.2
-            ax.plot(*zip(*points), style, marker=".", linewidth=width, label=name)
+            ax.plot(*zip(*points), style, marker="x" if name.startswith("openmpi") else ".", color=colour,
+                    linewidth=2.5 if name == "openmpi" else 1.2, label=name)
         ax.axhline(results["memcpy_gbs"], color="black", linestyle=":", label="memcpy, one core")
         written.append(_finish(plt, fig, ax, "busbw (GB/s) = bytes/time x 2(p-1)/p",
                                f"allreduce bus bandwidth, {mode.replace('_', ' ')}: {title}",
@@ -48,14 +47,29 @@ def plot_results(results, output_dir):
 
         fig, ax = plt.subplots(figsize=(9, 5.5))
         ours = list(rows[0]["gain_by_algorithm"]) if rows else []
-        for name in ours:
-            ax.plot([r["nbytes"] for r in rows], [r["gain_by_algorithm"][name] for r in rows], marker=".", label=name)
+        for name, colour, style in _line_styles(plt, ours):
+            ax.plot([r["nbytes"] for r in rows], [r["gain_by_algorithm"][name] for r in rows], style, marker=".",
+                    color=colour, label=name)
         ax.axhline(1.0, color="black", linewidth=1)
         ax.set_yscale("log", base=2)
         written.append(_finish(plt, fig, ax, "gain = Open MPI default time / our time",
                                f"gain over Open MPI's default, {mode.replace('_', ' ')}: {title}",
                                os.path.join(output_dir, f"gain_{mode}.png"), columns=1))
     return written
+
+
+def _line_styles(plt, names):
+    """(name, colour, line style) for each contender: ours solid, each in a colour of its own (tab10,
+    then tab20's light shades, no grey); Open MPI's dashed, in greys, its default black."""
+    ours = [n for n in names if not n.startswith("openmpi")]
+    theirs = [n for n in names if n.startswith("openmpi") and n != "openmpi"]
+    palette = ([plt.get_cmap("tab10")(i) for i in range(10) if i != 7]  # (7 is grey: Open MPI's)
+               + [plt.get_cmap("tab20")(2 * i + 1) for i in range(10) if i != 7])
+    greys = plt.get_cmap("Greys")
+    styles = {n: (palette[i % len(palette)], "-") for i, n in enumerate(ours)}
+    styles.update({n: (greys(0.35 + 0.55 * i / max(1, len(theirs) - 1)), "--") for i, n in enumerate(theirs)})
+    styles["openmpi"] = ("black", "--")
+    return [(n, *styles[n]) for n in names]
 
 
 def _finish(plt, fig, ax, ylabel, title, path, columns):

@@ -116,6 +116,7 @@ def main(argv=None):
     parser.add_argument("--mode", choices=("out-of-place", "in-place"), default="out-of-place")
     parser.add_argument("--sizes", type=size_list, help="sizes to draw in scaling.png (default: up to 6 every "
                                                         "layout measured)")
+    parser.add_argument("--wide", action="store_true", help="with both busbw columns (over 120 characters)")
     parser.add_argument("--output", metavar="DIR",
                         help="write report.txt, report.csv and scaling.png there (default: print the table only)")
     args = parser.parse_args(argv)
@@ -129,7 +130,7 @@ def main(argv=None):
     text = "\n".join([f"# {len(rows)} rows from {len(layouts)} layouts ("
                       + ", ".join(f"{p} rank{'s' if p > 1 else ''} on {n} node{'s' if n > 1 else ''}" for n, p in layouts)
                       + f"), {args.mode}; gains within each run",
-                      *(f"# note: {n}" for n in notes), format_gain_table(rows)])
+                      *(f"# note: {n}" for n in notes), format_gain_table(rows, args.wide)])
     print(text)
     if args.output:
         os.makedirs(args.output, exist_ok=True)

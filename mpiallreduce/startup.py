@@ -1,6 +1,6 @@
 """Checks made once when mpiallreduce is imported.
 
-The silent-singleton trap (FIELD.md): Open MPI started by ``srun`` without the right PMI plugin
+The silent-singleton trap (docs/field-notes.md): Open MPI started by ``srun`` without the right PMI plugin
 gives every task a world of size 1, and each "succeeds" alone. Inside a Slurm job step that asked
 for more than one task, a world of one rank is refused with a clear message.
 """

@@ -5,6 +5,9 @@
     mt.broadcast_parameters(model.state_dict(), root=0)
     mt.broadcast_optimizer_state(optimizer, root=0)
     loss.backward(); optimizer.step()          # step() uses gradients averaged over the ranks
+    total = mt.allreduce(torch.tensor([n_correct]))   # a new tensor: the sum over the ranks
+    mt.allreduce_(metrics, op="mean")                 # in place, as Horovod's allreduce_
+    mt.rank(), mt.size(), mt.local_rank(), mt.local_size()
 
 Each parameter's gradient is handed to a GradientSync bucket from a post-accumulate-grad hook while
 backward is still running, so full buckets are allreduced in the background during backward.
@@ -20,7 +23,8 @@ from mpi4py import MPI
 from .gradients import GradientSync
 from .gradients import broadcast_parameters as _broadcast_arrays
 
-__all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state"]
+__all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "allreduce", "allreduce_",
+           "rank", "size", "local_rank", "local_size"]
 
 
 def _as_array(tensor):
@@ -33,6 +37,63 @@ def _as_array(tensor):
         torch.cuda.current_stream(tensor.device).synchronize()  # what torch queued has been written
         return cupy.from_dlpack(tensor)
     raise TypeError(f"mpiallreduce.torch handles CPU and CUDA tensors; got one on {tensor.device}")
+
+
+def _as_tensor(array, like):
+    """A tensor sharing ``array``'s memory (numpy or CuPy), on ``like``'s device."""
+    if like.device.type == "cpu":
+        return torch.from_numpy(array)
+    import cupy
+    cupy.cuda.get_current_stream().synchronize()  # what CuPy queued has been written
+    return torch.from_dlpack(array)
+
+
+def allreduce(tensor, op="sum", algorithm="auto", comm=None, **options):
+    """``tensor`` (CPU or CUDA) reduced over the ranks, as a new tensor on its device (the input is
+    left as it is). ``op``, ``algorithm``, ``comm`` and the other keywords (check, timeout, axis,
+    mesh, groups) as ``mpiallreduce.allreduce``: "sum" by default, as torch.distributed's; Horovod's
+    ``hvd.allreduce`` averages by default, here that is ``op="mean"``. CPU tensors travel through
+    numpy and CUDA tensors through CuPy (DLPack), without copies; what requires grad is detached."""
+    from .api import allreduce as reduce_array
+    return _as_tensor(reduce_array(_as_array(tensor), op=op, algorithm=algorithm, comm=comm, **options), tensor)
+
+
+def allreduce_(tensor, op="sum", algorithm="auto", comm=None, **options):
+    """``tensor`` reduced over the ranks in place (Horovod's ``allreduce_``, torch.distributed's
+    ``all_reduce``); returns it. Keywords as :func:`allreduce`."""
+    from .api import allreduce as reduce_array
+    array = _as_array(tensor)
+    reduce_array(array, op=op, algorithm=algorithm, comm=comm, out=array, **options)
+    if tensor.device.type == "cuda":
+        import cupy
+        cupy.cuda.get_current_stream().synchronize()
+    return tensor
+
+
+def rank():
+    """This process's rank in COMM_WORLD (Horovod's ``hvd.rank()``)."""
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def size():
+    """The number of ranks in COMM_WORLD (``hvd.size()``)."""
+    return MPI.COMM_WORLD.Get_size()
+
+
+def local_rank():
+    """This process's rank among the ranks of its node (``hvd.local_rank()``), 0..local_size()-1:
+    as the launcher numbers them (Open MPI's need not follow the world ranks' order), else from
+    the node communicator (collective over COMM_WORLD the first time)."""
+    from .device import local_rank as node_local_rank
+    return node_local_rank()
+
+
+def local_size():
+    """The number of ranks on this process's node (``hvd.local_size()``; collective over COMM_WORLD
+    the first time)."""
+    from .state import state_of
+    from .topology import node_communicator
+    return node_communicator(state_of(MPI.COMM_WORLD).make_ready().library).Get_size()
 
 
 class DistributedOptimizer:

@@ -137,7 +137,7 @@ class TorchMLP:
         loss = self.torch.nn.functional.mse_loss(self.model(self._tensor(x)), self._tensor(y))
         loss.backward()
         self.optimizer.step()
-        return float(loss)
+        return float(loss.detach())  # (float() of a tensor that requires grad warns)
 
     def arrays(self):
         m = self.model

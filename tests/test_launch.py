@@ -3,6 +3,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from mpiallreduce import launch
 from processes import processes_with
 
@@ -30,3 +32,80 @@ def test_timeout_kills_every_rank():
     time.sleep(0.5)
     survivors = processes_with(marker)
     assert not survivors, f"processes left running after the timeout: {survivors}"
+
+
+RANK_WAITING_FOR_SIGNALS = """
+import os, signal, sys, time
+from mpi4py import MPI
+rank = MPI.COMM_WORLD.Get_rank()
+def checkpoint(signum, frame):
+    open(os.path.join(sys.argv[1], f"{signal.Signals(signum).name}-{rank}"), "w").close()
+    sys.exit(0)
+for s in (signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, checkpoint)
+open(os.path.join(sys.argv[1], f"ready-{rank}"), "w").close()
+time.sleep(120)
+"""
+
+
+def wait_until(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGKILL"])
+def test_a_signal_to_launch_with_timeout_reaches_the_ranks_and_leaves_no_orphan(tmp_path, signame):
+    """`mpiallreduce launch --timeout` stays the parent of mpiexec: it passes TERM, INT, USR1 and USR2
+    on (USR1 and USR2 reach the ranks' handlers: a checkpoint), and if it is killed outright,
+    mpiexec gets its parent-death signal. Either way no rank outlives it."""
+    import signal
+    import subprocess
+    marker = f"mpiallreduce-signal-test-{os.getpid()}-{signame}"
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_WAITING_FOR_SIGNALS)
+    launcher = subprocess.Popen([sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "100", "--",
+                                 sys.executable, str(script), str(tmp_path), marker],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_until(lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 60), "ranks never started"
+        launcher.send_signal(getattr(signal, signame))
+        launcher.wait(30)
+        if signame in ("SIGUSR1", "SIGUSR2"):
+            assert all((tmp_path / f"{signame}-{r}").exists() for r in (0, 1)), launcher.stdout.read()
+            assert launcher.returncode == 0
+        else:
+            assert launcher.returncode != 0
+        assert wait_until(lambda: not processes_with(marker), 15), f"orphans: {processes_with(marker)}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in processes_with(marker):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+RANK_THAT_RAISES = """
+from mpi4py import MPI
+import mpiallreduce
+if MPI.COMM_WORLD.Get_rank() == 1:
+    raise RuntimeError("rank 1 went wrong")
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def test_under_launch_one_ranks_exception_ends_the_job_unless_switched_off(tmp_path):
+    import subprocess
+    script = tmp_path / "raises.py"
+    script.write_text(RANK_THAT_RAISES)
+    command = [sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "20", "--",
+               sys.executable, str(script)]
+    started = time.monotonic()
+    ended = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert ended.returncode not in (0, 124) and time.monotonic() - started < 20, ended.stdout + ended.stderr
+    assert "[rank 1] RuntimeError: rank 1 went wrong" in ended.stdout + ended.stderr
+    switched_off = subprocess.run(command[:5] + ["4"] + command[6:], capture_output=True, text=True, timeout=60,
+                                  env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="0"))
+    assert switched_off.returncode == 124, switched_off.stdout + switched_off.stderr  # the hang it prevents

@@ -104,8 +104,8 @@ def test_bench_job_sweeps_node_counts_skips_what_needs_one_node_and_report_merge
                              str(tmp_path / "report")], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert report.returncode == 0, report.stderr
     assert "2 layouts (1 rank on 1 node, 2 ranks on 2 nodes)" in report.stdout, report.stdout
-    rows = re.findall(r"^\s+(\d) +(\S+) +(\d) +(\d+) ", report.stdout, re.M)
-    assert [(n, p, b) for n, _, p, b in rows] == [("1", "1", "4096"), ("1", "1", "65536"),
+    rows = re.findall(r"^\s+(\d) +(\d) +(\S+) +(\d+) ", report.stdout, re.M)
+    assert [(n, p, b) for n, p, _, b in rows] == [("1", "1", "4096"), ("1", "1", "65536"),
                                                   ("2", "2", "4096"), ("2", "2", "65536")], report.stdout
     assert (tmp_path / "report" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 

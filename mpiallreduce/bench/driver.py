@@ -270,6 +270,8 @@ def main(argv=None):
     parser.add_argument("--openmpi-forced", default="all",
                         help="Open MPI tuned algorithms to force in turn: 'all', 'none' or numbers like 2,4,6")
     parser.add_argument("--output", metavar="DIR", help="write bench.csv and bench.json there")
+    parser.add_argument("--wide", action="store_true",
+                        help="tables with every column (busbw as a share of memcpy, both busbw), over 120 characters")
     parser.add_argument("--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS)  # tests of #wrong
     args = parser.parse_args(argv)
     sizes, algorithms, forced = _checked_arguments(parser, args)
@@ -313,12 +315,12 @@ def main(argv=None):
                                   if metadata["openmpi_default"] == "han" else ")"))
         if args.device != "cpu":
             print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
-        print(format_field_table(results, memcpy_gbs))
+        print(format_field_table(results, memcpy_gbs, args.wide))
         for mode in modes:
             print()
             print(f"# Deep Speech 2 table, {'in place' if mode else 'out of place'}: "
                   "gain = Open MPI default time / our time (>1: ours is faster)")
-            print(format_gain_table(gain_rows(results, mode)))
+            print(format_gain_table(gain_rows(results, mode), args.wide))
         if args.output:
             write_results(args.output, results, metadata, memcpy_gbs)
             print(f"# written: {os.path.join(args.output, 'bench.csv')}, {os.path.join(args.output, 'bench.json')}")

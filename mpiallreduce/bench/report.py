@@ -9,9 +9,10 @@ from .contenders import BASELINE, FORCED_PREFIX
 __all__ = ["format_field_table", "gain_rows", "format_gain_table", "write_results"]
 
 
-def format_field_table(results, memcpy_gbs=None):
-    """nccl-tests' columns, one row per (size, mode, algorithm); busbw as a share of memcpy if given."""
-    share = memcpy_gbs is not None
+def format_field_table(results, memcpy_gbs=None, wide=False):
+    """nccl-tests' columns, one row per (size, mode, algorithm), under 120 characters; ``wide``: and
+    busbw as a share of the one-core memory copy bandwidth ``memcpy_gbs``."""
+    share = wide and memcpy_gbs is not None
     lines = [f"{'size(B)':>10} {'count':>10} {'type':>8} {'op':>5} {'place':>6} {'algorithm':>26} "
              f"{'time(us)':>11} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7}"
              + (f" {'busbw/memcpy':>12}" if share else "")]
@@ -54,23 +55,26 @@ def gain_rows(results, in_place=False):
 
 
 def _gain(value):
-    return f"{value:>6.2f}x" if value is not None else f"{'-':>7}"
+    return f"{value:>5.2f}x" if value is not None else f"{'-':>6}"
 
 
-def format_gain_table(rows):
-    """One line per (ranks, bytes), under 130 characters (each algorithm's gain is in the JSON and
-    the gain figure); with the nodes and Open MPI's default component when the rows carry them."""
+def format_gain_table(rows, wide=False):
+    """One line per (ranks, bytes), at most 120 characters; ``wide``: and both busbw. With the nodes
+    and Open MPI's default component ("coll": tuned, han) when the rows carry them (mpiallreduce
+    report). Each algorithm's gain is in the JSON and the gain figure."""
     nodes = any("nodes" in r for r in rows)
-    lines = [(f"{'nodes':>5} {'OMPI default':>12} " if nodes else "")
-             + f"{'ranks':>5} {'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>10} {'best of ours':>18} {'gain':>7} "
-             f"{'auto':>7} | {'OMPI best forced':>18} {'(us)':>9} {'gain':>7} | {'busbw ours/OMPI (GB/s)':>22}"]
+    lines = [(f"{'nodes':>5} {'ranks':>5} {'coll':>5} " if nodes else f"{'ranks':>5} ")
+             + f"{'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>9} {'best of ours':>18} {'gain':>6} "
+             f"{'auto':>6}  {'OMPI best forced':>18} {'(us)':>8} {'gain':>6}"
+             + (f" | {'busbw ours/OMPI (GB/s)':>22}" if wide else "")]
     for r in rows:
-        forced = (f"{r['openmpi_best_forced']:>18} {r['openmpi_best_forced_us']:>9.1f} {_gain(r['gain_over_best_forced'])}"
-                  if r["openmpi_best_forced"] else f"{'-':>18} {'-':>9} {'-':>7}")
-        lines.append((f"{r['nodes']:>5} {r.get('openmpi_default') or '?':>12} " if nodes else "")
-                     + f"{r['ranks']:>5} {r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>10.1f} "
-                     f"{r['ours_algorithm']:>18} {_gain(r['gain'])} {_gain(r.get('auto_gain'))} | {forced} | "
-                     f"{r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}")
+        forced = (f"{r['openmpi_best_forced']:>18} {r['openmpi_best_forced_us']:>8.1f} {_gain(r['gain_over_best_forced'])}"
+                  if r["openmpi_best_forced"] else f"{'-':>18} {'-':>8} {'-':>6}")
+        layout = (f"{r['nodes']:>5} {r['ranks']:>5} {r.get('openmpi_default') or '?':>5} " if nodes
+                  else f"{r['ranks']:>5} ")
+        lines.append(layout + f"{r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>9.1f} "
+                     f"{r['ours_algorithm']:>18} {_gain(r['gain'])} {_gain(r.get('auto_gain'))}  {forced}"
+                     + (f" | {r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}" if wide else ""))
     return "\n".join(lines)
 
 

@@ -483,3 +483,22 @@ def test_hierarchical_gets_its_leaders_plan_from_the_planner(use_settings):
                             numpy_reference("sum", gather_inputs(comm, x)))
     finally:
         comm.Free()
+
+
+def test_an_input_changed_before_wait_is_caught_with_check_on_the_rank_that_changed_it():
+    """allreduce_async's rule (x untouched until wait() returns), checked with check=True: the rank
+    that wrote into x raises at wait(); unchecked, nothing is compared."""
+    rank = WORLD.Get_rank()
+    x = exact_input("float64", 1000, rank, "sum")
+    handle = mar.allreduce_async(x, check=True)
+    if rank == 0:
+        x[7] += 1.0
+        with pytest.raises(RuntimeError, match=r"the input changed on rank 0 between allreduce_async and wait"):
+            handle.wait(timeout=60)
+    else:
+        handle.wait(timeout=60)
+    y = exact_input("float64", 1000, rank, "sum")
+    handle = mar.allreduce_async(y)
+    if rank == 0:
+        y[7] += 1.0
+    handle.wait(timeout=60)

@@ -57,3 +57,35 @@ def test_broadcasts_make_replicas_and_steps_keep_them_identical(device):
             state["exp_avg"].add_(1.0)
     mt.broadcast_optimizer_state(optimizer, root=0)
     mar.check_replicas([_on_host(optimizer.optimizer.state[p]["exp_avg"]) for p in model.parameters()])
+
+
+def test_tensor_allreduce_new_and_in_place_against_numpy_on_the_gathered_inputs(device):
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    values = (np.arange(1001, dtype=np.float64) * (rank + 1)) % 17 - 3.25 * rank
+    expected = np.sum(WORLD.allgather(values), axis=0)
+    tensor = torch.tensor(values, device=device, requires_grad=True)
+    summed = mt.allreduce(tensor)
+    assert isinstance(summed, torch.Tensor) and summed.device == tensor.device and summed.dtype == torch.float64
+    np.testing.assert_array_equal(_on_host(summed), expected)
+    np.testing.assert_array_equal(_on_host(tensor), values)  # the input as it was
+    metrics = torch.tensor(values, device=device, dtype=torch.float32)
+    assert mt.allreduce_(metrics, op="mean") is metrics
+    np.testing.assert_allclose(_on_host(metrics), expected / size, rtol=1e-6)
+    digests = WORLD.allgather(_on_host(metrics).tobytes())
+    assert all(d == digests[0] for d in digests)
+
+
+def test_horovod_style_rank_size_and_node_local_rank_and_size():
+    """Each node's local ranks are 0..local_size-1, once each (numbered as the launcher numbers
+    them: Open MPI's local rank need not follow the world order)."""
+    from mpiallreduce.topology import node_communicator
+    node = node_communicator(WORLD)
+    assert (mt.rank(), mt.size()) == (WORLD.Get_rank(), WORLD.Get_size())
+    assert mt.local_size() == node.Get_size()
+    assert sorted(node.allgather(mt.local_rank())) == list(range(node.Get_size()))
+
+
+def test_a_tensor_given_to_the_array_api_gets_a_message_that_says_what_it_is():
+    with pytest.raises(TypeError, match=r"x is a torch.Tensor \(cpu\); use mpiallreduce.torch.allreduce\(x\), "
+                                        r"or pass x.numpy\(\)"):
+        mar.allreduce(torch.ones(3))
