@@ -1,9 +1,14 @@
-"""The README's Python examples run as written, on the rank count each needs.
+"""The README's examples run as written: Python on the rank count each needs, shell with sizes cut.
 
 Every ```python block of README.md and jobs/README.md must have an entry in EXAMPLES (keyed by its
 first line): the ranks it needs and the few names it takes from the text around it (``x``, a
 model...). A block added without an entry fails here, so that no snippet goes untried; a changed
 API or a snippet that cannot run on its own rank count fails CI.
+
+Every ```sh block runs line by line in one folder, in order (so later lines read what earlier
+ones wrote), with `bench` and `tune` cut to two sizes (64 B, 4 KiB) and two repetitions. Not run here: `make`
+(CI runs it), `pip` (it would reinstall), and what needs a cluster or another launcher (`srun`,
+`sbatch`, plain `mpiexec`, `launch` without -n, which is for inside an allocation).
 """
 import os
 import re
@@ -68,3 +73,41 @@ def test_readme_python_example_runs_as_written(block, tmp_path):
     result = run(ranks, [sys.executable, str(script)], timeout=TIMEOUT, cwd=tmp_path,
                  env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="1"))
     assert result.returncode == 0, f"{preamble + block}\n---\n{result.output[-4000:]}"
+
+
+NOT_RUN_HERE = ("make ", "python -m pip", "srun ", "sbatch ", "mpiexec ")
+MY_SCRIPT = "import numpy as np, mpiallreduce as mar\nprint(mar.allreduce(np.ones(4)))\n"
+
+
+def shell_blocks():
+    for path in (ROOT / "README.md", ROOT / "jobs" / "README.md"):
+        for block in re.findall(r"^```sh\n(.*?)^```", path.read_text(), re.M | re.S):
+            lines = [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines()]
+            yield f"{path.relative_to(ROOT)}: {lines[0][:40]}", [line for line in lines if line]
+
+
+def cut_down(line):
+    """The command to run here: None if it is not for this machine; bench and tune made short."""
+    if line.startswith(NOT_RUN_HERE) or (line.startswith("mpiallreduce launch") and " -n " not in line):
+        return None
+    if re.search(r"mpiallreduce (bench|tune)\b", line):
+        line = re.sub(r"--sizes \S+", "", line) + " --sizes 64,4K --repetitions 2"
+        if "mpiallreduce bench" in line and "--openmpi-forced" not in line:
+            line += " --openmpi-forced 4"
+    return line
+
+
+SHELL_BLOCKS = list(shell_blocks())
+
+
+@pytest.mark.parametrize("lines", [b for _, b in SHELL_BLOCKS], ids=[name for name, _ in SHELL_BLOCKS])
+def test_readme_shell_example_runs_with_sizes_cut_down(lines, tmp_path):
+    import subprocess
+    from mpiallreduce.launch import launch_environment
+    (tmp_path / "my_script.py").write_text(MY_SCRIPT)
+    env = launch_environment(dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]))
+    commands = [c for c in map(cut_down, lines) if c]
+    for command in commands:
+        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert done.returncode == 0, f"{command}\n---\n{(done.stdout + done.stderr)[-4000:]}"
