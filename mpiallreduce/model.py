@@ -244,8 +244,7 @@ def report_fit(rows, constants, error):
     layouts = sorted({r.layout for r in rows})
     lines = [f"# fitted to {len(fitted)} measurements of {', '.join(_layout_name(l) for l in sorted({r.layout for r in fitted}))}; "
              f"median relative error {error:.0%}"]
-    if any(nodes == 1 or nodes == ranks for nodes, ranks in layouts) or not constants[:2].any():
-        lines.append(f"# within a node:  {_describe(constants, 'node')}")
+    lines.append(f"# within a node:  {_describe(constants, 'node')}")
     if any(nodes > 1 for nodes, _ in layouts):
         lines.append(f"# between nodes:  {_describe(constants, 'net')}")
     else:
@@ -257,10 +256,10 @@ def report_fit(rows, constants, error):
         off = [_off(r, constants) for r in here]
         worst = int(np.argmax(np.abs(off)))
         crowded = here[0].oversubscribed
+        left_out = crowded and len(fitted) < len(rows)  # (fitted_rows keeps every row when all are crowded)
         lines.append(f"#   {_layout_name(layout)}: the model is off by {np.median(np.abs(off)):.0%} (median), worst "
                      f"{off[worst]:+.0%} ({here[worst].algorithm} at {here[worst].nbytes} B)"
-                     + (f"; not fitted: {crowded[0]} ranks ran on {crowded[1]} cores" if crowded and here[0] not in fitted
-                        else ""))
+                     + (f"; not fitted: {crowded[0]} ranks ran on {crowded[1]} cores" if left_out else ""))
     for layout in (l for l in layouts if l[0] > 1):
         here = [r for r in rows if r.layout == layout]
         names = [a for a in MODELLED if any(r.algorithm == a for r in here)]

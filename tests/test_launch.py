@@ -106,6 +106,7 @@ def test_under_launch_one_ranks_exception_ends_the_job_unless_switched_off(tmp_p
     ended = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert ended.returncode not in (0, 124) and time.monotonic() - started < 20, ended.stdout + ended.stderr
     assert "[rank 1] RuntimeError: rank 1 went wrong" in ended.stdout + ended.stderr
-    switched_off = subprocess.run(command[:5] + ["4"] + command[6:], capture_output=True, text=True, timeout=60,
+    short_timeout = command[:command.index("--timeout") + 1] + ["4"] + command[command.index("--timeout") + 2:]
+    switched_off = subprocess.run(short_timeout, capture_output=True, text=True, timeout=60,
                                   env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="0"))
     assert switched_off.returncode == 124, switched_off.stdout + switched_off.stderr  # the hang it prevents

@@ -136,6 +136,22 @@ def test_cost_model_fits_synthetic_times_within_and_between_nodes():
     assert np.allclose(fitted, constants, rtol=1e-6)
 
 
+def test_cost_model_leaves_oversubscribed_runs_out_of_its_fit_and_says_so():
+    """Rows of a run with more ranks than cores (10x too slow here) do not move the fit; the report
+    says they were not fitted and how far off they are."""
+    from mpiallreduce.model import MODELLED, Row, cost_terms, fit, fitted_rows, report_fit
+    constants = np.array([1e-6, 1 / 10e9, 30e-6, 1 / 1e9, 1 / 4e9])
+    rows = [Row((nodes, p), a, n, cost_terms(a, p, n, nodes), slow * float(cost_terms(a, p, n, nodes) @ constants),
+                crowded)
+            for nodes, p, slow, crowded in ((1, 2, 1, None), (2, 2, 1, None), (2, 4, 10, (4, 2)))
+            for a in MODELLED for n in (4, 4096, 1 << 20, 1 << 26)]
+    fitted, error = fit(fitted_rows(rows))
+    assert error < 1e-6 and np.allclose(fitted[2:], constants[2:], rtol=1e-6)
+    text = report_fit(rows, fitted, error)
+    assert "2 nodes x 2 ranks: the model is off by 90% (median)" in text and "not fitted: 4 ranks ran on 2 cores" in text
+    assert "not fitted" not in text.split("2 nodes x 1 rank:")[1].splitlines()[0]
+
+
 def test_cost_terms_send_across_nodes_only_what_crosses():
     from mpiallreduce.model import cost_terms
     n = 1 << 20
