@@ -186,12 +186,14 @@ def submit(run, x, description, meeting, checksum_input=False):
         future = _worker.submit(run)
     else:
         # Device arrays: the caller's kernels that wrote x finish before the worker thread (with
-        # its own current stream) reads it, the worker uses x's GPU (the current device is per
+        # its own current stream) reads it: an event on the caller's stream, waited for by the
+        # worker, so the caller is not held up. The worker uses x's GPU (the current device is per
         # thread), and the result is complete when the handle says done.
-        synchronize(xp)
+        written = xp.cuda.get_current_stream().record()
 
         def on_device():
             with x.device:
+                written.synchronize()
                 result = run()
                 synchronize(xp)
             return result

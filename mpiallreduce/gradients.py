@@ -1,68 +1,83 @@
-"""Gradient synchronization for data-parallel training: fused buckets, averaging, identical replicas.
+"""Gradient synchronization for data-parallel training: fixed buckets, averaging, identical replicas.
 
-    sync = GradientSync(bucket_bytes=25 * 2**20, op="mean")
-    for grad in reversed(gradients):      # as backward produces them
-        sync.ready(grad)                  # a bucket is allreduced in the background once it is full
-    sync.wait()                           # every gradient now holds the mean over the ranks, in place
+    sync = GradientSync(parameters=params, bucket_bytes=25 * 2**20)   # {name: array}, as DDP takes the model
+    for name, grad in reversed(gradients.items()):                     # as backward produces them
+        sync.ready(grad, name=name)   # a bucket is allreduced in the background once all its members are ready
+    sync.wait()                       # every gradient now holds the mean over the ranks, in place
 
 Many small gradients cost a few large allreduces instead of hundreds of small ones (torch DDP's
-25 MB buckets, Horovod's tensor fusion). Every rank must mark the same gradients ready in the same
-order (as data-parallel replicas do). float16 and bfloat16 (ml_dtypes) are summed in float32 and
-rounded once, on the way back. Gradients may be numpy or CuPy arrays (device buckets for device
-gradients, fused and written back on the GPU).
+25 MB buckets, Horovod's tensor fusion). The buckets are fixed once (mpiallreduce.buckets): from
+the declared parameters, in reverse order, or, without them, from the first step's ``ready``
+calls, which the ranks compare at its ``wait``. Gradients may then arrive in any order on any
+rank; bucket n holds the same gradients everywhere. Each bucket carries a digest of what this
+rank put in it, inside its own allreduce: a rank that marked other gradients, in another order, of
+another shape, or missed one, makes every rank raise the same ValueError at ``wait()``, naming
+the gradient and the ranks, never wrong values. With ``find_unused=True`` a gradient a rank did not
+mark ready counts as zeros there (DDP's ``find_unused_parameters``).
+
+float16 and bfloat16 (ml_dtypes) are summed in float32 and rounded once, on the way back.
+``compression="fp16"`` or ``"bf16"`` sends 16 bits per element and still sums in float32
+(mpiallreduce.compression). Gradients may be numpy or CuPy arrays (device buckets for device
+gradients, fused and written back on the GPU, ordered on CuPy's current stream).
 """
+import contextlib
 import hashlib
 
 import numpy as np
 from mpi4py import MPI
 
 from .agreement import describe_differences
-from .buffers import array_module, mpi_datatype
+from .buckets import (DIGEST_ELEMENTS, GradientSpec, Slot, accumulation_dtype, digest_elements, digest_of,
+                      digests_agree, plan_buckets)
+from .buffers import mpi_datatype
+from .compression import check_compression, compressed_allreduce
 from .device import namespace, synchronize
 
-__all__ = ["GradientSync", "broadcast_parameters", "check_replicas"]
+__all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replicas"]
 
-#: how many prepared bucket calls a GradientSync keeps (buckets that change every step are
-#: prepared anew each time, beyond these)
-MAX_PREPARED_BUCKETS = 256
+class _Text(str):
+    """A string that describe_differences shows as it is, without quotes."""
 
-
-def accumulation_dtype(dtype):
-    """float16, bfloat16 (ml_dtypes) and narrower floats are summed in float32; the rest in their own type."""
-    dtype = np.dtype(dtype)
-    if (dtype.kind == "f" and dtype.itemsize < 4) or dtype.name == "bfloat16":  # ml_dtypes' bfloat16
-        return np.dtype(np.float32)
-    if dtype.kind not in "fc":
-        raise TypeError(f"gradients must be floating or complex arrays, got dtype {dtype}")
-    return dtype
+    def __repr__(self):
+        return str(self)
 
 
-class _Bucket:
-    def __init__(self, dtype):
-        self.dtype = dtype
-        self.members = []
-        self.nbytes = 0
-
-    def add(self, grad):
-        self.members.append(grad)
-        self.nbytes += grad.size * self.dtype.itemsize
+_OK, _MISSING = _Text("ready"), _Text("not marked ready")
 
 
 class GradientSync:
-    """Fuses gradients into buckets, allreduces full buckets asynchronously, writes results back in place.
+    """Fuses gradients into fixed buckets, allreduces each in the background as soon as all its
+    gradients are ready, writes the results back in place at ``wait()``.
 
     Args:
         comm: communicator of the replicas (COMM_WORLD if None).
-        bucket_bytes: a bucket is started once it holds at least this many bytes.
+        bucket_bytes: a bucket holds gradients (in backward's order) until it has this many bytes.
         op: "mean" (default) or "sum".
         algorithm: passed to allreduce ("auto" by default).
         prescale, postscale: multiply each gradient before the reduction / the result after it.
         timeout: seconds each bucket's allreduce waits for the other ranks (see allreduce); None:
             MPIALLREDUCE_TIMEOUT, else for ever.
+        parameters: the gradients to expect, as DDP takes the model: a dict {name: array} or a
+            list of arrays (the gradient arrays, or the parameters themselves, or GradientSpec:
+            only shape, dtype and device are read). Collective: the ranks compare them here.
+            ``ready(grad, name=...)`` then names the gradient (a dict key, or a list index); without
+            a name, ``grad`` must be the declared array itself. Without ``parameters``, the first
+            step's ``ready`` calls declare them, in their order (that step's buckets start at
+            ``wait``), and the n-th ``ready`` of a later step is the n-th gradient; if every rank
+            changes the gradients alike, the buckets are made again from that step.
+        find_unused: a declared gradient that this rank did not mark ready counts as zeros here
+            (torch DDP's ``find_unused_parameters``); ``wait()`` returns its result. Without it, a
+            missing gradient is a ValueError on every rank at ``wait()``.
+        compression: None, "fp16" or "bf16": float gradients travel as 16 bits, are summed in
+            float32 and rounded once (complex ones travel as they are; see mpiallreduce.compression).
+        rebuild_buckets: after the first step with declared parameters, if every rank's gradients
+            arrived in one same order, refill the buckets in that order (as DDP does), so that
+            each starts as early as it can.
     """
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
-                 postscale=1.0, timeout=None):
+                 postscale=1.0, timeout=None, *, parameters=None, find_unused=False, compression=None,
+                 rebuild_buckets=True):
         if op not in ("mean", "sum"):
             raise ValueError(f"GradientSync op must be 'mean' or 'sum', got {op!r}")
         if bucket_bytes < 1:
@@ -74,80 +89,311 @@ class GradientSync:
         self.prescale = prescale
         self.postscale = postscale
         self.timeout = timeout
-        self._open = {}
-        self._in_flight = []
-        #: (position in the step, array module, dtype, count) -> (fused buffer, PreparedAllreduce)
-        self._prepared = {}
-        self._position = 0
+        self.find_unused = bool(find_unused)
+        self.compression = check_compression(compression)
+        self.declared = parameters is not None
+        self._rebuild_pending = bool(rebuild_buckets) and self.declared
+        self._slots = None
+        self._by_name, self._by_identity = {}, {}
+        self._device_xp = None
+        self._no_sync = 0
+        self._buckets = []
+        self._first_calls = []
+        if self.declared:
+            named = list(parameters.items()) if isinstance(parameters, dict) else list(enumerate(parameters))
+            slots = [Slot.of(name, array, _on_device(array)) for name, array in named]
+            for slot in slots:
+                accumulation_dtype(slot.dtype if slot.dtype != "bfloat16" else np.float32)  # TypeError early
+            _agree_on_slots(self.comm, slots, "GradientSync(parameters=...)")
+            self._by_identity = {id(array): i for i, (_, array) in enumerate(named)}
+            self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
+        self._new_step()
 
-    def ready(self, grad):
-        """Mark ``grad`` (a writeable numpy array, or a CuPy array) ready; start its bucket if that is now full."""
-        on_device = namespace(grad) is not None
-        if not on_device and (not isinstance(grad, np.ndarray) or not grad.flags.writeable):
+    # --- the plan ---------------------------------------------------------------------------
+
+    def _use_slots(self, slots, order):
+        self._slots = slots
+        self._by_name = {slot.name: i for i, slot in enumerate(slots)}
+        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order))
+        self._bucket_of = {}
+        for bucket in self._buckets:
+            for member in bucket.members:
+                self._bucket_of[member] = bucket.index
+        self._buffers = {}  # bucket index -> (fused buffer, PreparedAllreduce or None)
+        self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
+
+    @property
+    def buckets(self):
+        """The buckets, in the order they are started: lists of gradient names."""
+        return [[self._slots[i].name for i in bucket.members] for bucket in self._buckets]
+
+    def _new_step(self):
+        self._filled = {}  # slot -> the gradient given for it
+        self._status = {}  # slot -> how it differs from the plan (its description), when it does
+        self._extras = []  # gradients that have no slot
+        self._arrivals = []  # slot indices, in the order they were marked ready
+        self._calls = []  # (grad, name): what this step was given, to replan from
+        self._arrived = [0] * len(self._buckets)
+        self._next_bucket = 0
+        self._in_flight = []
+
+    # --- a step -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Within it, ``ready`` and ``wait`` do nothing (DDP's ``no_sync``): accumulate gradients over
+        micro-batches, then reduce once, in the first step outside it."""
+        self._no_sync += 1
+        try:
+            yield self
+        finally:
+            self._no_sync -= 1
+
+    def ready(self, grad, name=None):
+        """Mark ``grad`` (a writeable numpy array, or a CuPy array) ready; start every bucket that is
+        then complete, in bucket order. ``name``: the declared parameter it is the gradient of."""
+        if self._no_sync:
+            return
+        device = _on_device(grad)
+        if not device and (not isinstance(grad, np.ndarray) or not grad.flags.writeable):
             raise TypeError(f"a gradient must be a writeable numpy array or a CuPy array, got {type(grad).__name__}")
-        dtype = accumulation_dtype(grad.dtype)
-        key = ("device" if on_device else "host", dtype.str)
-        bucket = self._open.setdefault(key, _Bucket(dtype))
-        bucket.add(grad)
-        if bucket.nbytes >= self.bucket_bytes:
-            self._start(self._open.pop(key))
+        accumulation_dtype(grad.dtype)
+        if device and self._device_xp is None:
+            self._device_xp = namespace(grad)
+        self._calls.append((grad, name))
+        if self._slots is None:  # the first step declares the gradients: its buckets start at wait()
+            return
+        if self.declared:
+            index = self._by_name.get(str(name)) if name is not None else self._by_identity.get(id(grad))
+        else:
+            index = len(self._arrivals) if len(self._arrivals) < len(self._slots) else None
+        given = Slot.of(name if name is not None else index, grad, device)
+        self._arrivals.append(index)
+        if index is None:
+            self._extras.append(given.describe())
+            return
+        slot = self._slots[index]
+        if index in self._filled or index in self._status:
+            self._status[index] = f"marked ready twice (once as {given.describe()})"
+            return
+        if (given.shape, given.dtype, given.device) != (slot.shape, slot.dtype, slot.device) or (
+                not self.declared and name is not None and given.name != slot.name):
+            self._status[index] = f"given {given.describe()}"
+        else:
+            self._filled[index] = grad
+        bucket = self._bucket_of[index]
+        self._arrived[bucket] += 1
+        last = len(self._buckets) - 1  # (the last bucket starts at wait(): its digest counts the extras)
+        while self._next_bucket < last and self._arrived[self._next_bucket] == len(
+                self._buckets[self._next_bucket].members):
+            self._start(self._buckets[self._next_bucket])
+            self._next_bucket += 1
+
+    def _contents(self, bucket):
+        """What this rank put in ``bucket`` this step, as the digest sees it."""
+        contents = []
+        for index in bucket.members:
+            if index in self._status:
+                contents.append(self._status[index])
+            elif index in self._filled or self.find_unused:
+                contents.append(_OK)
+            else:
+                contents.append(_MISSING)
+        if bucket.index == len(self._buckets) - 1:
+            contents.append(tuple(self._extras))
+        return tuple(contents)
 
     def _start(self, bucket):
-        """Fuse the bucket into its buffer and start its prepared allreduce in the background.
-
-        The n-th bucket of a step, of the same kind, dtype and size as last step's, reuses last
-        step's buffer and prepared call (mpiallreduce.prepare: agreed on and planned once): no
-        allocation, no plan, no check per step. A bucket unlike last step's is prepared anew
-        (collective: the ranks' buckets are compared then, and one that differs is an error on
-        every rank)."""
-        xp = array_module(bucket.members[0])
-        count = sum(g.size for g in bucket.members)
-        key = (self._position, xp.__name__, bucket.dtype.str, count)
-        self._position += 1
-        entry = self._prepared.get(key)
-        fused = xp.empty(count, dtype=bucket.dtype) if entry is None else entry[0]
-        offset = 0
-        for grad in bucket.members:
-            view = fused[offset:offset + grad.size].reshape(grad.shape)
-            xp.copyto(view, grad, casting="unsafe")
-            offset += grad.size
+        """Fuse the bucket into its buffer (zeros where a gradient is missing), append the digest,
+        start its allreduce in the background. The n-th bucket's buffer and prepared call are made
+        at its first start (mpiallreduce.prepare: agreed on and planned once) and kept."""
+        xp = self._device_xp if bucket.device else np
+        if xp is None:  # a device bucket none of whose gradients came: any device module will do
+            import cupy as xp
+        compressed = self.compression is not None and bucket.dtype.kind == "f"
+        fused, prepared = self._buffers.get(bucket.index, (None, None))
+        if fused is None:
+            fused = xp.empty(bucket.count + (0 if compressed else DIGEST_ELEMENTS), dtype=bucket.dtype)
+        for index, offset in zip(bucket.members, bucket.offsets):
+            slot = self._slots[index]
+            view = fused[offset:offset + slot.count].reshape(slot.shape)
+            grad = self._filled.get(index)
+            if grad is None:
+                view.fill(0)
+            else:
+                xp.copyto(view, grad, casting="unsafe")
+        payload = fused[:bucket.count]
         if self.prescale != 1.0:
-            xp.multiply(fused, bucket.dtype.type(self.prescale), out=fused)
-        if entry is None:
-            from .api import prepare_at
-            entry = (fused, prepare_at("", fused, op=self.op, algorithm=self.algorithm, comm=self.comm, out=fused,
-                                       timeout=self.timeout))
-            if len(self._prepared) < MAX_PREPARED_BUCKETS:
-                self._prepared[key] = entry
-        handle = entry[1].start()
-        self._in_flight.append((handle, fused, bucket.members))
+            xp.multiply(payload, bucket.dtype.type(self.prescale), out=payload)
+        digest = digest_of(self._contents(bucket))
+        if compressed:
+            handle = self._start_compressed(fused, digest)
+        else:
+            xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
+            if prepared is None:
+                from .api import prepare_at
+                prepared = prepare_at("", fused, op="sum", algorithm=self.algorithm, comm=self.comm, out=fused,
+                                      timeout=self.timeout)
+            handle = prepared.start()
+        self._buffers[bucket.index] = (fused, prepared)
+        self._in_flight.append((bucket, handle, digest, compressed))
+
+    def _digest_array(self, xp, bucket, digest):
+        """The digest's elements in xp's memory: made once for each digest a bucket has (a copy to
+        the device would wait for the host), then copied from on the stream."""
+        key = (bucket.index, digest)
+        elements = self._digest_arrays.get(key)
+        if elements is None:
+            if len(self._digest_arrays) > 4 * len(self._buckets):
+                self._digest_arrays.clear()
+            elements = self._digest_arrays[key] = xp.asarray(digest_elements(digest).astype(bucket.dtype))
+        return elements
+
+    def _start_compressed(self, fused, digest):
+        from .asynchronous import submit
+        from .state import state_of
+        state = state_of(self.comm)  # (on the caller's thread, in program order: collective the first time)
+        xp = namespace(fused)
+        mean, postscale, compression = self.op == "mean", self.postscale, self.compression
+
+        def run():
+            state.make_ready()
+            host = fused if xp is None else xp.asnumpy(fused)
+            agreed = compressed_allreduce(state.library, host, compression, digest, mean, postscale)
+            if xp is not None:
+                xp.copyto(fused, xp.asarray(host))
+            return agreed
+        return submit(run, fused, f"{compression} bucket of {fused.size} {fused.dtype}", None)
 
     def wait(self):
-        """Start the partly filled buckets, wait for every bucket, write the results back in place.
+        """Start the buckets not yet started, wait for every bucket, write the results back in place.
 
-        If a bucket's allreduce fails (a timeout, a lost rank), every bucket is still waited for,
-        then the first error is raised; the gradients are then partly synchronized: recompute them.
+        Returns {name: result} for the declared gradients this rank did not mark ready (with
+        ``find_unused``): what the other ranks' gradients summed (or averaged) to.
+
+        Raises:
+            ValueError, on every rank: the ranks' gradients differ (names, shapes, dtypes, order, or
+                one missing without ``find_unused``); no gradient was changed.
+            what a bucket's allreduce raised (a timeout, a lost rank), once every bucket is done;
+                the gradients are then partly synchronized: recompute them.
         """
-        for key in sorted(self._open):
-            self._start(self._open.pop(key))
-        in_flight, self._in_flight = self._in_flight, []
-        self._position = 0
-        first_error = None
-        for handle, fused, members in in_flight:
+        if self._no_sync:
+            return {}
+        if self._slots is None:
+            calls = self._calls
+            slots = [Slot.of(name if name is not None else i, grad, _on_device(grad))
+                     for i, (grad, name) in enumerate(calls)]
+            _agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients")
+            if not slots:
+                self._new_step()
+                return {}
+            self._use_slots(slots, order=range(len(slots)))
+            self._replay(calls)
+        for bucket in self._buckets[self._next_bucket:]:
+            self._start(bucket)
+        self._next_bucket = len(self._buckets)
+        in_flight = self._in_flight
+        first_error, differing = None, []
+        for bucket, handle, digest, compressed in in_flight:
             try:
-                handle.wait()
+                agreed = handle.wait()
             except Exception as error:  # noqa: BLE001 - re-raised below, once every bucket is done
                 first_error = first_error or error
                 continue
-            xp = array_module(fused)
-            if self.postscale != 1.0:
-                xp.multiply(fused, fused.dtype.type(self.postscale), out=fused)
-            offset = 0
-            for grad in members:
-                xp.copyto(grad, fused[offset:offset + grad.size].reshape(grad.shape), casting="unsafe")
-                offset += grad.size
+            if not compressed:
+                fused = self._buffers[bucket.index][0]
+                tail = fused[bucket.count:]
+                agreed = digests_agree(tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
+                                       digest, self.comm.Get_size())
+            if not agreed:
+                differing.append(bucket)
         if first_error is not None:
+            self._new_step()
             raise first_error
+        if differing:
+            message = self._describe_differences(differing)  # collective: every rank saw the same buckets
+            self._new_step()
+            raise ValueError(message)
+        trouble = self._local_trouble()
+        if trouble:  # the same on every rank (the digests agreed)
+            if not self.declared:  # every rank's gradients changed alike: plan anew from this step
+                calls = self._calls
+                self._slots = None
+                self._new_step()
+                for grad, name in calls:
+                    self.ready(grad, name)
+                return self.wait()
+            self._new_step()
+            raise ValueError("GradientSync: on every rank, " + "; ".join(trouble))
+        unused = self._write_back(in_flight)
+        if self._rebuild_pending:
+            self._rebuild_pending = False
+            self._rebuild_from(self._arrivals)
+        self._new_step()
+        return unused
+
+    def _replay(self, calls):
+        self._new_step()
+        for grad, name in calls:
+            self.ready(grad, name)
+
+    def _write_back(self, in_flight):
+        size = self.comm.Get_size()
+        unused = {}
+        for bucket, _, _, compressed in in_flight:
+            fused = self._buffers[bucket.index][0]
+            xp = namespace(fused) or np
+            payload = fused[:bucket.count]
+            if not compressed:
+                if self.op == "mean":
+                    xp.divide(payload, bucket.dtype.type(size), out=payload)
+                if self.postscale != 1.0:
+                    xp.multiply(payload, bucket.dtype.type(self.postscale), out=payload)
+            for index, offset in zip(bucket.members, bucket.offsets):
+                slot = self._slots[index]
+                result = payload[offset:offset + slot.count].reshape(slot.shape)
+                grad = self._filled.get(index)
+                if grad is not None:
+                    xp.copyto(grad, result, casting="unsafe")
+                else:
+                    unused[slot.name] = result.copy()
+        return unused
+
+    def _local_trouble(self):
+        trouble = [f"{self._slots[i].describe()} was {status}" for i, status in sorted(self._status.items())]
+        if not self.find_unused:
+            missing = [self._slots[i].name for i in range(len(self._slots))
+                       if i not in self._filled and i not in self._status]
+            if missing:
+                trouble.append(f"{len(missing)} declared gradient(s) were not marked ready: {missing[:8]} "
+                               "(pass find_unused=True to count them as zeros)")
+        if self._extras:
+            trouble.append(f"gradients that were not declared were marked ready: {self._extras[:8]}")
+        return trouble
+
+    def _describe_differences(self, differing):
+        """Every rank's contents of the first differing bucket, compared (collective)."""
+        bucket = differing[0]
+        contents = self._contents(bucket)
+        mine = {self._slots[i].describe(): _Text(status) for i, status in zip(bucket.members, contents)}
+        if len(contents) > len(bucket.members):
+            mine["gradients marked ready that were not expected"] = _Text(", ".join(contents[-1]) or "none")
+        everyone = self.comm.allgather(mine)
+        lines = describe_differences(everyone)
+        missing = any(_MISSING in theirs.values() for theirs in everyone)
+        hint = "" if not missing else ("\n(a gradient not marked ready on some ranks: an unused parameter there? "
+                                       "pass find_unused=True to count it as zeros there)")
+        return (f"GradientSync: the ranks' gradients differ in bucket {bucket.index} of {len(self._buckets)} "
+                f"({len(differing)} bucket(s) differ); no gradient was changed:\n  " + "\n  ".join(lines) + hint)
+
+    def _rebuild_from(self, arrivals):
+        """DDP's bucket rebuild: if every rank marked all the gradients ready once, in one same order,
+        fill the buckets in that order from now on (collective, once)."""
+        complete = sorted(a for a in arrivals if a is not None) == list(range(len(self._slots)))
+        orders = self.comm.allgather(list(arrivals) if complete else None)
+        if orders[0] is not None and all(order == orders[0] for order in orders):
+            if [m for b in self._buckets for m in b.members] != orders[0]:
+                self._use_slots(self._slots, order=orders[0])
 
     def synchronize(self, gradients):
         """``ready`` every gradient in order, then ``wait``; returns the gradients."""
@@ -155,6 +401,25 @@ class GradientSync:
             self.ready(grad)
         self.wait()
         return gradients
+
+
+def _on_device(array):
+    if isinstance(array, GradientSpec):
+        return bool(array.device)
+    return namespace(array) is not None
+
+
+def _agree_on_slots(comm, slots, what):
+    """Every rank holds the same slots, or every rank raises ValueError naming the first difference."""
+    everyone = comm.allgather(slots)
+    if all(theirs == everyone[0] for theirs in everyone):
+        return
+    lengths = {len(theirs) for theirs in everyone}
+    fields = [{"count": len(theirs)} for theirs in everyone] if len(lengths) > 1 else []
+    if not fields:
+        first = next(i for i in range(len(slots)) if len({theirs[i] for theirs in everyone}) > 1)
+        fields = [{f"gradient #{first}": _Text(theirs[first].describe())} for theirs in everyone]
+    raise ValueError(f"{what}: the ranks hold different gradients:\n  " + "\n  ".join(describe_differences(fields)))
 
 
 def _named(arrays):

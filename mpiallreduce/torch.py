@@ -10,17 +10,21 @@
     mt.rank(), mt.size(), mt.local_rank(), mt.local_size()
 
 Each parameter's gradient is handed to a GradientSync bucket from a post-accumulate-grad hook while
-backward is still running, so full buckets are allreduced in the background during backward.
+backward is still running; the buckets are fixed from ``named_parameters`` (as DDP's), so full
+buckets are allreduced in the background during backward, whatever order the hooks fire in.
 Tensors are shared, not copied: CPU tensors with numpy (``Tensor.numpy()``), CUDA tensors with
-CuPy through DLPack (``cupy.from_dlpack``), so the same code serves both. For CUDA tensors, torch's
-current stream is synchronized before CuPy reads a gradient, and CuPy's before ``step()`` runs.
+CuPy through DLPack (``cupy.from_dlpack``, which orders CuPy's stream after torch's with an event:
+no host synchronization per gradient), so the same code serves both. bfloat16 gradients (which
+neither numpy nor CuPy's DLPack takes) are widened to float32 by torch, reduced, and rounded back
+once. ``step()`` waits for the buckets and for CuPy's stream (once a step).
 Call ``mpiallreduce.select_gpu()`` first and put the model on ``torch.cuda.current_device()``.
 torch stays optional: importing this module needs it, the rest of the package does not.
 """
+import numpy as np
 import torch
 from mpi4py import MPI
 
-from .gradients import GradientSync
+from .gradients import GradientSpec, GradientSync
 from .gradients import broadcast_parameters as _broadcast_arrays
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state", "allreduce", "allreduce_",
@@ -34,8 +38,7 @@ def _as_array(tensor):
         return tensor.numpy()
     if tensor.device.type == "cuda":
         import cupy
-        torch.cuda.current_stream(tensor.device).synchronize()  # what torch queued has been written
-        return cupy.from_dlpack(tensor)
+        return cupy.from_dlpack(tensor)  # (DLPack: CuPy's current stream waits for torch's, on the GPU)
     raise TypeError(f"mpiallreduce.torch handles CPU and CUDA tensors; got one on {tensor.device}")
 
 
@@ -55,6 +58,8 @@ def allreduce(tensor, op="sum", algorithm="auto", comm=None, **options):
     ``hvd.allreduce`` averages by default, here that is ``op="mean"``. CPU tensors travel through
     numpy and CUDA tensors through CuPy (DLPack), without copies; what requires grad is detached."""
     from .api import allreduce as reduce_array
+    if tensor.dtype == torch.bfloat16:  # summed in float32, rounded once (numpy has no bfloat16)
+        return allreduce(tensor.float(), op, algorithm, comm, **options).to(torch.bfloat16)
     return _as_tensor(reduce_array(_as_array(tensor), op=op, algorithm=algorithm, comm=comm, **options), tensor)
 
 
@@ -62,6 +67,10 @@ def allreduce_(tensor, op="sum", algorithm="auto", comm=None, **options):
     """``tensor`` reduced over the ranks in place (Horovod's ``allreduce_``, torch.distributed's
     ``all_reduce``); returns it. Keywords as :func:`allreduce`."""
     from .api import allreduce as reduce_array
+    if tensor.dtype == torch.bfloat16:
+        with torch.no_grad():
+            tensor.copy_(allreduce(tensor.float(), op, algorithm, comm, **options))
+        return tensor
     array = _as_array(tensor)
     reduce_array(array, op=op, algorithm=algorithm, comm=comm, out=array, **options)
     if tensor.device.type == "cuda":
@@ -101,27 +110,66 @@ class DistributedOptimizer:
 
     Args:
         optimizer: any torch optimizer.
-        named_parameters: ``model.named_parameters()`` (the parameters whose gradients to synchronize).
+        named_parameters: ``model.named_parameters()``: the parameters whose gradients to
+            synchronize; their buckets are fixed from these, in reverse order (collective: the
+            ranks compare names, shapes and dtypes here).
+        find_unused: a parameter that got no gradient on this rank in a step (a branch not taken
+            here) counts as zeros here, and gets the other ranks' mean (DDP's
+            ``find_unused_parameters``); without it, that is a ValueError on every rank.
+        compression: None, "fp16" or "bf16": gradients travel in 16 bits, summed in float32.
         comm, bucket_bytes, op, algorithm, prescale, postscale, timeout: as GradientSync.
     """
 
     def __init__(self, optimizer, named_parameters, comm=None, bucket_bytes=25 * 2**20, op="mean",
-                 algorithm="auto", prescale=1.0, postscale=1.0, timeout=None):
+                 algorithm="auto", prescale=1.0, postscale=1.0, timeout=None, find_unused=False, compression=None):
         self.optimizer = optimizer
-        self.sync = GradientSync(comm=comm, bucket_bytes=bucket_bytes, op=op, algorithm=algorithm,
-                                 prescale=prescale, postscale=postscale, timeout=timeout)
-        self.parameters = [p for _, p in sorted(named_parameters, key=lambda item: item[0]) if p.requires_grad]
-        self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in self.parameters]
+        self.named_parameters = [(name, p) for name, p in named_parameters if p.requires_grad]
+        self._options = dict(bucket_bytes=bucket_bytes, op=op, algorithm=algorithm, prescale=prescale,
+                             postscale=postscale, timeout=timeout, find_unused=find_unused, compression=compression)
+        self.rebind(MPI.COMM_WORLD if comm is None else comm)
+        self.parameters = [p for _, p in self.named_parameters]
+        self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
 
-    def _ready(self, parameter):
-        self.sync.ready(_as_array(parameter.grad))
+    def rebind(self, comm):
+        """Synchronize over ``comm`` from now on (a survivors' communicator after a rank failure;
+        collective over it)."""
+        specs = {name: GradientSpec(tuple(p.shape), _numpy_dtype(p.dtype), p.is_cuda) for name, p in self.named_parameters}
+        self.sync = GradientSync(comm=comm, parameters=specs, **self._options)
+
+    def _hook(self, name):
+        def ready(parameter):
+            grad = parameter.grad
+            if grad.dtype == torch.bfloat16:
+                grad = grad.float()  # (on torch's stream; rounded back once at step())
+                self._widened[name] = (parameter, grad)
+            self.sync.ready(_as_array(grad), name=name)
+        return ready
+
+    def no_sync(self):
+        """``with optimizer.no_sync():`` backward passes accumulate gradients locally (DDP's
+        ``no_sync``); the first backward outside it reduces the accumulated gradients once."""
+        return self.sync.no_sync()
 
     def synchronize(self):
         """Wait for every bucket; gradients then hold the mean over the ranks."""
-        self.sync.wait()
-        if any(p.grad is not None and p.grad.is_cuda for p in self.parameters):
+        unused = self.sync.wait()
+        widened, self._widened = self._widened, {}
+        cuda = any(p.is_cuda for p in self.parameters)
+        if cuda:
             import cupy
-            cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them
+            cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them (once a step)
+        with torch.no_grad():
+            for parameter, wide in widened.values():
+                parameter.grad.copy_(wide)
+            by_name = dict(self.named_parameters)
+            for name, result in unused.items():  # a parameter unused here: the other ranks' gradients
+                parameter = by_name[name]
+                grad = _as_tensor(result, parameter).to(parameter.dtype)
+                if parameter.grad is None:
+                    parameter.grad = grad
+                else:
+                    parameter.grad.copy_(grad)
 
     def step(self, closure=None):
         self.synchronize()
@@ -139,6 +187,13 @@ class DistributedOptimizer:
     @property
     def param_groups(self):
         return self.optimizer.param_groups
+
+
+def _numpy_dtype(dtype):
+    """The numpy dtype a gradient of torch ``dtype`` reaches GradientSync as (bfloat16: widened)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.float32)
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def broadcast_parameters(state_dict, root=0, comm=None):

@@ -59,7 +59,7 @@ class NumpyMLP:
 
     def rebind(self, comm):
         """Synchronize over ``comm`` from now on (the survivors' communicator after a rank failure)."""
-        self.sync = mar.GradientSync(comm=comm, **self.sync_options)
+        self.sync = mar.GradientSync(comm=comm, parameters=self.params, **self.sync_options)
 
     def snapshot(self):
         return {k: v.copy() for k, v in self.params.items()}
@@ -79,7 +79,7 @@ class NumpyMLP:
         d_h = (d_out @ p["w2"].T) * (1 - h ** 2)
         grads.update(w1=x.T @ d_h, b1=d_h.sum(0))
         for name in ("b2", "w2", "b1", "w1"):  # as backward produces them
-            self.sync.ready(grads[name])
+            self.sync.ready(grads[name], name=name)
         self.sync.wait()
         for name, g in grads.items():
             p[name] -= self.lr * g
@@ -113,7 +113,7 @@ class TorchMLP:
 
     def rebind(self, comm):
         """Synchronize over ``comm`` from now on (the survivors' communicator after a rank failure)."""
-        self.optimizer.sync = mar.GradientSync(comm=comm, **self.sync_options)
+        self.optimizer.rebind(comm)
 
     def snapshot(self):
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

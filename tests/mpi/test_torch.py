@@ -17,7 +17,9 @@ def model_on_this_rank():
 
 
 def _on_host(tensor):
-    return tensor.detach().cpu().numpy()
+    """A copy on the host (a CPU tensor's .numpy() shares its memory: a later in-place write would
+    change the 'before' we compare with)."""
+    return tensor.detach().cpu().numpy().copy()
 
 
 @pytest.fixture(params=["cpu", "cuda"], ids=["torch_cpu", "torch_cuda"])
@@ -89,3 +91,73 @@ def test_a_tensor_given_to_the_array_api_gets_a_message_that_says_what_it_is():
     with pytest.raises(TypeError, match=r"x is a torch.Tensor \(cpu\); use mpiallreduce.torch.allreduce\(x\), "
                                         r"or pass x.numpy\(\)"):
         mar.allreduce(torch.ones(3))
+
+
+class TwoBranches(torch.nn.Module):
+    """A trunk, then one of two heads: a rank whose data takes only one head leaves the other unused."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.left, self.right = torch.nn.Linear(4, 6), torch.nn.Linear(6, 1), torch.nn.Linear(6, 1)
+
+    def forward(self, x, head):
+        return (self.left if head == "left" else self.right)(torch.tanh(self.trunk(x)))
+
+
+def test_a_branch_used_only_on_some_ranks_with_find_unused_gets_the_mean_with_zeros_there(device):
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    model = TwoBranches().double().to(device)
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        named_parameters=model.named_parameters(), find_unused=True, bucket_bytes=100)
+    head = "right" if rank == size - 1 and size > 1 else "left"  # the last rank never takes the left head
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(rank), dtype=torch.float64).to(device)
+    optimizer.zero_grad()
+    model(x, head).pow(2).sum().backward()
+    local = {name: (_on_host(p.grad) if p.grad is not None else np.zeros(tuple(p.shape)))
+             for name, p in model.named_parameters()}
+    optimizer.synchronize()
+    for name, p in model.named_parameters():
+        expected = np.mean(WORLD.allgather(local[name]), axis=0)  # zeros where a rank did not use it
+        used_anywhere = any(WORLD.allgather(bool(np.any(local[name]))))
+        if not used_anywhere:
+            assert p.grad is None or not np.any(_on_host(p.grad)), name
+            continue
+        assert p.grad is not None, name
+        np.testing.assert_allclose(_on_host(p.grad), expected, rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(device):
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    weight = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16, device=device))
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD([weight], lr=0.0), named_parameters=[("w", weight)])
+    # d(loss)/dw = 1 + rank * 2^-7 + index * 2^-6: exact in bfloat16, their sum is not
+    scale = torch.tensor(1.0 + rank * 2.0 ** -7 + np.arange(64) * 2.0 ** -6, dtype=torch.bfloat16, device=device)
+    (weight * scale).sum().backward()
+    contributions = np.array(WORLD.allgather(_on_host(weight.grad.float())), dtype=np.float32)
+    optimizer.step()
+    assert weight.grad.dtype == torch.bfloat16
+    expected = torch.tensor(contributions.sum(axis=0) / size).to(torch.bfloat16)  # rounded once
+    assert torch.equal(weight.grad.cpu(), expected)
+    summed = mt.allreduce(scale)  # the tensor allreduce, too
+    assert summed.dtype == torch.bfloat16
+    assert torch.equal(summed.cpu(), torch.tensor(np.array(WORLD.allgather(_on_host(scale.float()))).sum(axis=0)
+                                                  .astype(np.float32)).to(torch.bfloat16))
+
+
+def test_no_sync_accumulates_locally_then_reduces_once(device):
+    model = model_on_this_rank().to(device)
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                        named_parameters=model.named_parameters())
+    batches = [torch.randn(4, 5, generator=torch.Generator().manual_seed(10 * WORLD.Get_rank() + i),
+                           dtype=torch.float64).to(device) for i in range(4)]
+    optimizer.zero_grad()
+    with optimizer.no_sync():
+        for x in batches[:3]:
+            model(x).pow(2).sum().backward()
+    model(batches[3]).pow(2).sum().backward()
+    local = {name: _on_host(p.grad) for name, p in model.named_parameters()}  # the 4 micro-batches' sum
+    optimizer.synchronize()
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(_on_host(p.grad), np.mean(WORLD.allgather(local[name]), axis=0), rtol=1e-12,
+                                   err_msg=name)

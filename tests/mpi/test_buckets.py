@@ -1,0 +1,204 @@
+"""GradientSync's fixed buckets on every rank: any ready order, unused gradients, no_sync, compression."""
+import threading
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from reference import exact_input, gather_inputs, numpy_reference, values_equal
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+
+
+def two_gradients(rank):
+    """Two gradients of one shape (so that a swap cannot show in a shape), rank- and index-dependent."""
+    return {"a": exact_input("float64", 250, rank, "sum"), "b": exact_input("float64", 250, rank + 7, "sum")}
+
+
+def expected_means(comm, grads):
+    return {name: numpy_reference("mean", gather_inputs(comm, g)) for name, g in grads.items()}
+
+
+def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_them(comm):
+    rank = comm.Get_rank()
+    grads = two_gradients(rank)
+    want = expected_means(comm, grads)
+    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=1000)  # one gradient a bucket
+    assert sync.buckets == [["b"], ["a"]]  # reverse order, as backward produces them
+    for step in range(3):
+        order = ["a", "b"] if (rank + step) % 2 == 0 else ["b", "a"]
+        fresh = {name: g.copy() for name, g in grads.items()}  # new arrays each step: named
+        for name in order:
+            sync.ready(fresh[name], name=name)
+        assert sync.wait() == {}
+        for name in grads:
+            assert values_equal(fresh[name], want[name]), (step, name)
+
+
+def test_ready_order_differing_without_declared_parameters_is_one_error_on_every_rank(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    rank = comm.Get_rank()
+    grads = two_gradients(rank)
+    want = expected_means(comm, grads)
+    sync = mar.GradientSync(comm=comm, bucket_bytes=1000)
+    for name in ("a", "b"):  # the first step declares them, the same on every rank
+        sync.ready(grads[name], name=name)
+    sync.wait()
+    assert values_equal(grads["a"], want["a"]) and values_equal(grads["b"], want["b"])
+    swapped = two_gradients(rank)
+    before = {name: g.copy() for name, g in swapped.items()}
+    for name in (("b", "a") if rank == 1 else ("a", "b")):
+        sync.ready(swapped[name], name=name)
+    with pytest.raises(ValueError, match=r"(?s)gradients differ in bucket 0 of 2.*'a' \(250,\) float64 differs: "
+                                         r"ready on ranks? 0.*; given 'b' \(250,\) float64 on rank 1"):
+        sync.wait()
+    assert all(np.array_equal(swapped[name], before[name]) for name in swapped)  # nothing was changed
+    for name in ("a", "b"):  # and the next step, in order again, works
+        sync.ready(swapped[name], name=name)
+    sync.wait()
+    assert values_equal(swapped["a"], want["a"])
+
+
+def test_a_gradient_missing_on_one_rank_is_an_error_everywhere_or_zeros_with_find_unused(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    grads = two_gradients(rank)
+    skipper = size - 1  # this rank never uses "a"
+    for find_unused in (False, True):
+        sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=100, find_unused=find_unused)
+        given = {name: g.copy() for name, g in grads.items() if not (rank == skipper and name == "a")}
+        contributions = gather_inputs(comm, given.get("a", np.zeros(250)))
+        for name, g in given.items():
+            sync.ready(g, name=name)
+        if not find_unused:
+            with pytest.raises(ValueError, match=rf"(?s)'a' \(250,\) float64 differs: ready on .*; not marked "
+                                                 rf"ready on rank {skipper}.*find_unused=True"):
+                sync.wait()
+            continue
+        unused = sync.wait()
+        want_a = contributions.sum(axis=0) / size  # zeros from the rank that did not use it
+        if rank == skipper:
+            assert list(unused) == ["a"] and values_equal(unused["a"], want_a)
+        else:
+            assert unused == {} and values_equal(given["a"], want_a)
+        assert values_equal(given["b"], expected_means(comm, {"b": grads["b"]})["b"])
+
+
+def test_marking_a_gradient_that_was_not_declared_is_an_error_on_every_rank(comm):
+    rank = comm.Get_rank()
+    grads = two_gradients(rank)
+    sync = mar.GradientSync(comm=comm, parameters=grads)
+    for name in ("b", "a"):
+        sync.ready(grads[name], name=name)
+    if rank == 0:
+        sync.ready(np.ones(3), name="c")
+    match = "not declared were marked ready" if comm.Get_size() == 1 else "gradients marked ready that were not expected"
+    with pytest.raises(ValueError, match=match):
+        sync.wait()
+
+
+def test_declared_parameters_that_differ_between_ranks_are_refused_on_every_rank(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    last = comm.Get_rank() == comm.Get_size() - 1
+    with pytest.raises(ValueError, match=r"gradient #1 differs: 'b' \(3,\) float64 on ranks? 0.*; 'b' \(4,\) float64 on rank"):
+        mar.GradientSync(comm=comm, parameters={"a": np.zeros(2), "b": np.zeros(4 if last else 3)})
+
+
+def test_buckets_are_rebuilt_in_the_order_every_rank_marked_them(comm):
+    grads = {name: np.full(10, float(comm.Get_rank())) for name in "abcd"}
+    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=150)  # two gradients a bucket
+    assert sync.buckets == [["d", "c"], ["b", "a"]]
+    for step in range(2):
+        for name in "adbc":  # not backward's order, the same on every rank
+            sync.ready(grads[name], name=name)
+        sync.wait()
+    assert sync.buckets == [["a", "d"], ["b", "c"]]
+    want = (comm.Get_size() - 1) / 2
+    assert all(np.all(g == want) for g in grads.values())
+
+
+def test_no_sync_over_four_micro_batches_equals_one_step_on_the_whole_batch(comm):
+    """Linear least squares: the gradient of the summed loss over 4 micro-batches, accumulated under
+    no_sync and reduced once, equals that of one step on the concatenated batch."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    weights = np.linspace(-1, 1, 6)
+    rng = np.random.default_rng(rank)
+    x, y = rng.standard_normal((32, 6)), rng.standard_normal(32)
+
+    def gradient(xb, yb):
+        return 2 * xb.T @ (xb @ weights - yb) / len(x)
+
+    sync = mar.GradientSync(comm=comm, parameters={"w": weights})
+    accumulated = np.zeros(6)
+    with sync.no_sync():
+        for micro in range(3):
+            accumulated += gradient(x[micro * 8:(micro + 1) * 8], y[micro * 8:(micro + 1) * 8])
+            sync.ready(accumulated, name="w")
+            assert sync.wait() == {}
+    assert np.array_equal(accumulated, sum(gradient(x[m * 8:(m + 1) * 8], y[m * 8:(m + 1) * 8]) for m in range(3)))
+    accumulated += gradient(x[24:], y[24:])
+    sync.ready(accumulated, name="w")
+    sync.wait()
+    whole = np.mean(comm.allgather(gradient(x, y)), axis=0)
+    assert np.allclose(accumulated, whole, rtol=1e-12, atol=1e-12), (accumulated, whole)
+    assert size == comm.Get_size()
+
+
+@pytest.mark.parametrize("compression, bits", [("fp16", 11), ("bf16", 8)])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_compression_is_within_one_rounding_of_the_mean_and_the_same_bits_on_every_rank(comm, compression, bits,
+                                                                                      dtype):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    rng = np.random.default_rng([rank, 5])
+    # magnitudes over 6 decades, and values whose sum overflows float16 (a sum in float16 would be inf)
+    grads = {"small": (rng.standard_normal(3001) * 10.0 ** rng.integers(-2, 4, 3001)).astype(dtype),
+             "large": np.full(17, 40000.0 + rank, dtype)}
+    gathered = {name: np.array(comm.allgather(g.astype(np.float64))) for name, g in grads.items()}
+    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=2000, compression=compression)
+    for name, g in grads.items():
+        sync.ready(g, name=name)
+    sync.wait()
+    for name, g in grads.items():
+        result, exact = g.astype(np.float64), gathered[name].mean(axis=0)
+        # each contribution rounded once to `bits`, the mean rounded once: per element, within one
+        # rounding of the contributions' mean magnitude and one of the result (fp16's subnormals: 6e-8)
+        bound = 2.0 ** -bits * (np.abs(gathered[name]).mean(axis=0) + np.abs(exact)) + 1e-7
+        assert np.all(np.abs(result - exact) <= bound), (name, np.max(np.abs(result - exact) / bound))
+        assert np.isfinite(result).all()
+        everyone = comm.allgather(g.tobytes())
+        assert all(b == everyone[0] for b in everyone), f"{name}: not the same bits on every rank"
+
+
+def test_device_gradients_are_ordered_on_streams_without_a_host_synchronization_per_gradient(comm, monkeypatch):
+    """With the CuPy stand-in: ready() queues the fusing copies on the current stream and never
+    waits for it; the worker waits for an event; wait() gives the right means."""
+    import mpiallreduce.testing.fake_cupy as fake_cupy
+    rank = comm.Get_rank()
+    host = {f"g{i}": exact_input("float32", 300 + i, rank + i, "sum") for i in range(6)}
+    want = expected_means(comm, host)
+    grads = {name: fake_cupy.asarray(g) for name, g in host.items()}
+    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=2500)
+    sync.synchronize([grads[name] for name in reversed(list(grads))])  # the first step prepares (collective)
+    for name, g in grads.items():
+        fake_cupy.copyto(g, fake_cupy.asarray(host[name]))
+    fake_cupy.synchronize_all()
+    waits, caller = [], threading.current_thread()
+    original = fake_cupy.Stream.synchronize
+
+    def counted(stream):
+        if threading.current_thread() is caller:  # (the worker thread may wait: it is not backward)
+            waits.append(stream)
+        original(stream)
+    monkeypatch.setattr(fake_cupy.Stream, "synchronize", counted)
+    for name in reversed(list(grads)):
+        sync.ready(grads[name], name=name)
+    assert waits == [], "a host synchronization while gradients were marked ready"
+    sync.wait()
+    monkeypatch.undo()
+    for name, g in grads.items():
+        assert values_equal(fake_cupy.asnumpy(g), want[name]), name
