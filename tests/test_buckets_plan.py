@@ -57,3 +57,21 @@ def test_float16_encoding_is_numpys():
     with np.errstate(over="ignore"):
         assert np.array_equal(decoded[:5], values[:5].astype(np.float16).astype(np.float32))
     assert np.isinf(decoded[2]) and np.isnan(decoded[5])
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_torchs_conversions_give_numpys_bits(compression, monkeypatch):
+    """The compressed allreduce converts with torch when the program has imported it, else with
+    numpy: the same bits either way (NaN payloads aside)."""
+    torch = pytest.importorskip("torch")
+    from mpiallreduce import compression as module
+    values = np.random.default_rng(1).standard_normal(5000).astype(np.float32) * np.float32(300)
+    encoded = {}
+    for name, found in (("torch", torch), ("numpy", None)):
+        monkeypatch.setattr(module, "_torch", lambda found=found: found)
+        encoded[name] = np.empty(values.size, np.uint16)
+        module._encode_into(encoded[name], values, compression)
+        total = np.ones(values.size, np.float32)
+        module._decode_into(total, encoded[name], compression, accumulate=True)
+        assert np.array_equal(total, np.float32(1) + from_wire(encoded[name], compression))
+    assert np.array_equal(encoded["torch"], encoded["numpy"])

@@ -81,3 +81,21 @@ def test_sigusr1_checkpoints_at_the_next_step_and_exits_for_requeue(tmp_path):
         assert int(saved["step"]) >= 3
     resumed = train(2, "--steps", int(np.load(checkpoint)["step"]) + 2, "--checkpoint", checkpoint, "--resume")
     assert "resumed from" in resumed.output
+
+
+def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_path):
+    """A small model through make bench-train's program: a row per contender, and the synchronized
+    ones end where one process on the whole batch ends (float32), the unsynchronized one does not."""
+    pytest.importorskip("torch")
+    import json
+    result = run(2, [sys.executable, "-m", "mpiallreduce.train_bench", "--width", "32", "--depth", "2",
+                     "--rounds", "1", "--steps-per-round", "3", "--output", str(tmp_path)], timeout=TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, result.output[-5000:]
+    report = json.loads((tmp_path / "train.json").read_text())
+    rows = report["rows"]
+    assert list(rows) == ["none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo"]
+    for name in ("mpiallreduce", "mpi4py", "ddp-gloo"):
+        assert rows[name]["max_abs_difference"] < 1e-6, (name, rows[name])
+    assert rows["mpiallreduce-fp16"]["max_abs_difference"] < 1e-3  # 16 bits on the wire
+    assert rows["none"]["max_abs_difference"] > 10 * rows["mpiallreduce"]["max_abs_difference"]
+    assert "comm s/epoch" in (tmp_path / "train.txt").read_text()

@@ -1,0 +1,213 @@
+"""Training end to end, the Deep Speech 2 way: the same model, data and steps through each gradient
+synchronization, with what allreduce costs a training epoch.
+
+    mpiallreduce launch -n 2 -- python -m mpiallreduce.train_bench --output results/train/2ranks
+    mpiallreduce launch -n 2 --nodes 2 -- python -m mpiallreduce.train_bench     (emulated nodes)
+
+Contenders (each trains its own copy of the model from the same start, on the same batches):
+
+    none               no gradient synchronization: the compute alone, the baseline of the others
+    mpiallreduce       mpiallreduce.torch.DistributedOptimizer: fixed buckets (25 MiB), allreduced
+                       in the background during backward
+    mpiallreduce-fp16  the same, with compression="fp16" (16 bits on the wire, summed in float32)
+    mpi4py             what a user writes by hand: after backward, one MPI_Allreduce per gradient
+                       (mpi4py, in place), then a division by the rank count
+    ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice)
+
+They run interleaved: --rounds rounds of --steps-per-round steps each, contender after contender,
+so that the machine's drift touches them alike; the step time is the median over the rounds of the
+slowest rank's mean step. "comm/step" is the step time minus the baseline's: the communication
+that training waits for (what overlaps with backward is free). Per epoch, that is --epoch-samples
+samples. Last, rank 0 trains one process on the whole batch for the same steps, and each
+contender's parameters are compared with it (max |difference|; float32, so the summation order
+shows at ~1e-7).
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["main"]
+
+CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo")
+
+
+def make_model(torch, width, depth, inputs, outputs, seed):
+    torch.manual_seed(seed)
+    layers, size = [], inputs
+    for _ in range(depth):
+        layers += [torch.nn.Linear(size, width), torch.nn.ReLU()]
+        size = width
+    layers.append(torch.nn.Linear(size, outputs))
+    return torch.nn.Sequential(*layers)
+
+
+def global_batch(torch, seed, step, samples, inputs, outputs):
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    x = torch.randn(samples, inputs, generator=generator)
+    return x, torch.sin(x[:, :outputs] * 3.0)
+
+
+class Contender:
+    """One way of synchronizing gradients, with its own model and optimizer."""
+
+    def __init__(self, name, torch, args, comm):
+        import mpiallreduce.torch as mt
+        self.name, self.torch, self.comm = name, torch, comm
+        self.model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed)
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
+        self.forward = self.model
+        if name.startswith("mpiallreduce"):
+            optimizer = mt.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters(), comm=comm,
+                                                bucket_bytes=args.bucket_bytes,
+                                                compression="fp16" if name.endswith("fp16") else None)
+        elif name == "ddp-gloo":
+            self.forward = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=args.bucket_bytes / 2**20)
+        self.optimizer = optimizer
+        self.step_seconds = []
+        self.steps = 0
+
+    def train(self, args, rank, size, steps):
+        torch, comm = self.torch, self.comm
+        b = args.local_batch
+        comm.Barrier()
+        begin = time.perf_counter()
+        for _ in range(steps):
+            x, y = global_batch(torch, args.seed, self.steps, b * size, args.inputs, args.outputs)
+            self.optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(self.forward(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b])
+            loss.backward()
+            if self.name == "mpi4py":
+                for p in self.model.parameters():
+                    grad = p.grad.numpy()
+                    comm.Allreduce(MPI.IN_PLACE, grad, op=MPI.SUM)
+                    grad /= size
+            self.optimizer.step()
+            self.steps += 1
+        mean = (time.perf_counter() - begin) / steps
+        self.step_seconds.append(comm.allreduce(mean, op=MPI.MAX))
+
+    def parameters(self):
+        return [p.detach().numpy().copy() for p in self.model.parameters()]
+
+
+def single_process_parameters(torch, args, size, steps):
+    """One process, the whole batch (p * b samples), the same steps: what data parallelism must match."""
+    model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for step in range(steps):
+        x, y = global_batch(torch, args.seed, step, args.local_batch * size, args.inputs, args.outputs)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def start_gloo(torch, comm):
+    """torch.distributed over gloo, its rendezvous on rank 0's loopback port (given out through MPI)."""
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
+                                         world_size=comm.Get_size())
+
+
+def table(rows, args, size, nodes, gradient_bytes):
+    baseline = rows["none"]["step_s"]
+    steps_per_epoch = args.epoch_samples / (args.local_batch * size)
+    lines = [f"training end to end: {size} ranks on {nodes} node(s), MLP {args.depth}x{args.width} "
+             f"({gradient_bytes / 2**20:.1f} MiB of float32 gradients), local batch {args.local_batch}, "
+             f"median of {args.rounds} interleaved rounds of {args.steps_per_round} steps; "
+             f"an epoch = {args.epoch_samples} samples = {steps_per_epoch:.0f} steps",
+             f"{'contender':<18} {'samples/s':>10} {'step ms':>8} {'comm ms/step':>12} {'comm s/epoch':>12} "
+             f"{'comm share':>10} {'max |diff| vs 1 process':>24}"]
+    for name, row in rows.items():
+        comm_s = max(row["step_s"] - baseline, 0.0) if name != "none" else 0.0
+        row.update(comm_s_per_step=comm_s, comm_s_per_epoch=comm_s * steps_per_epoch,
+                   comm_share=comm_s / row["step_s"], samples_per_s=args.local_batch * size / row["step_s"])
+        lines.append(f"{name:<18} {row['samples_per_s']:>10,.0f} {row['step_s'] * 1e3:>8.1f} {comm_s * 1e3:>12.1f} "
+                     f"{row['comm_s_per_epoch']:>12.2f} {row['comm_share']:>10.0%} "
+                     f"{row['max_abs_difference']:>24.2e}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mpiallreduce.train_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--contenders", default=",".join(CONTENDERS),
+                        help=f"comma-separated, from {', '.join(CONTENDERS)} (none is always run)")
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--depth", type=int, default=3, help="hidden layers (width x width each after the first)")
+    parser.add_argument("--inputs", type=int, default=256)
+    parser.add_argument("--outputs", type=int, default=16)
+    parser.add_argument("--local-batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bucket-bytes", type=int, default=25 * 2**20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps-per-round", type=int, default=3)
+    parser.add_argument("--epoch-samples", type=int, default=50_000)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: this node's cores / its ranks, at least 1)")
+    parser.add_argument("--output", help="folder for train.json and train.txt")
+    args = parser.parse_args(argv)
+    names = ["none"] + [n for n in args.contenders.split(",") if n and n != "none"]
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        parser.error(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
+
+    import torch
+
+    import mpiallreduce as mar
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // node.Get_size()))
+    if "ddp-gloo" in names:
+        start_gloo(torch, comm)
+    contenders = [Contender(name, torch, args, comm) for name in names]
+    gradient_bytes = sum(p.numel() * 4 for p in contenders[0].model.parameters())
+    for contender in contenders:  # a first step each, untimed (allocations, bucket preparation)
+        contender.train(args, rank, size, 1)
+        contender.step_seconds.clear()
+    for _ in range(args.rounds):
+        for contender in contenders:
+            contender.train(args, rank, size, args.steps_per_round)
+    total_steps = 1 + args.rounds * args.steps_per_round
+    for contender in contenders[1:]:
+        mar.check_replicas(contender.parameters(), comm=comm)  # every contender keeps replicas identical
+    reference = single_process_parameters(torch, args, size, total_steps) if rank == 0 else None
+    rows = {}
+    for contender in contenders:
+        row = {"step_s": statistics.median(contender.step_seconds), "rounds_step_s": contender.step_seconds}
+        if rank == 0:
+            row["max_abs_difference"] = max(float(np.max(np.abs(a - b)))
+                                            for a, b in zip(contender.parameters(), reference))
+        rows[contender.name] = row
+    if rank == 0:
+        text = table(rows, args, size, nodes, gradient_bytes)
+        print(text, flush=True)
+        if args.output:
+            os.makedirs(args.output, exist_ok=True)
+            with open(os.path.join(args.output, "train.txt"), "w") as out:
+                out.write(text + "\n")
+            with open(os.path.join(args.output, "train.json"), "w") as out:
+                json.dump({"ranks": size, "nodes": nodes, "gradient_bytes": gradient_bytes, "steps": total_steps,
+                           "arguments": vars(args), "rows": rows}, out, indent=1)
+    if "ddp-gloo" in names:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    import mpiallreduce as mar
+    mar.abort_on_exception()
+    raise SystemExit(main())
