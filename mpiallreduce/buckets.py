@@ -4,15 +4,21 @@
     backward's order (reversed)    p5 p4 p3 p2 p1 p0
     buckets of >= bucket_bytes     [p5 p4] [p3] [p2 p1 p0]    bucket 0, 1, 2: started in that order,
                                                                each once all its members are ready
-    a bucket's buffer              | p5 | p4 | layout digest: 8 pairs (d, d*d), d in 0..15 |
+    a bucket's allreduces          small members fused in one buffer: | p5 | p4 |
+                                   members of 1 MiB or more in place, each its own allreduce: p3
+    the last bucket's buffer       | p1 | p0 | layout digest: 8 pairs (d, d*d), d in 0..15 |
 
-Buckets are fixed, so every rank's n-th bucket has the same members, element count and dtype
-whatever order its gradients arrive in: torch DDP's bucket assignment. Each bucket also carries
-what this rank put in it this step (a gradient, none, one of another shape...), hashed to 32 bits
-and spread over 8 digits d = 0..15, each sent as d and d*d in the bucket's own sum. The sums are
-small integers, exact in any float type and any summation order. A rank whose digit is d sees
-sum(d) = p*d and sum(d*d) = p*d*d only if every rank's digit is d (the variance is zero), so when
-the ranks' contents differ, every rank sees it, in the same bucket, with no extra message.
+Buckets are fixed, so every rank's n-th bucket has the same members, element counts and dtypes
+whatever order its gradients arrive in: torch DDP's bucket assignment. Fusing exists to spare
+small gradients a message each; a large one gains nothing from a copy into a buffer and back
+(on a 2-core machine those two copies cost twice its allreduce), so it is reduced where it lies.
+
+The last bucket also carries what this rank gave for every gradient of the step (a gradient,
+none, one of another shape...), hashed to 32 bits and spread over 8 digits d = 0..15, each sent as
+d and d*d in that bucket's own sum. The sums are small integers, exact in any float type and any
+summation order. A rank whose digit is d sees sum(d) = p*d and sum(d*d) = p*d*d only if every
+rank's digit is d (the variance is zero), so when the ranks' contents differ, every rank sees it,
+with no extra message.
 """
 import zlib
 from typing import NamedTuple
@@ -73,28 +79,39 @@ class Bucket(NamedTuple):
     index: int
     device: bool
     dtype: np.dtype  # the accumulation dtype
-    members: tuple  # slot indices, in the buffer's order
-    offsets: tuple  # each member's first element in the buffer
-    count: int  # gradient elements (the digest follows them)
+    members: tuple  # slot indices, in the order they were assigned
+    fused: tuple  # the members copied into the bucket's buffer, in its order
+    offsets: tuple  # each fused member's first element in the buffer
+    count: int  # fused gradient elements (the last bucket's digest follows them)
+    direct: tuple  # the members reduced in place, each by an allreduce of its own
 
 
-def plan_buckets(slots, bucket_bytes, order):
+def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):
     """Buckets of ``slots`` (a list of Slot), filled in ``order`` (slot indices): one open bucket per
-    kind, closed once it holds ``bucket_bytes``; numbered by when they were opened."""
-    open_buckets, closed = {}, []
+    kind, closed once it holds ``bucket_bytes``; numbered by when they were opened. Members of at
+    least ``direct_min_bytes`` (None: none) whose dtype is their accumulation dtype are reduced in
+    place rather than fused."""
+    open_buckets, opened = {}, []
     for index in order:
         slot = slots[index]
         members = open_buckets.setdefault(slot.kind, [])
         if not members:
-            closed.append((slot.kind, members))  # numbered by when it was opened
+            opened.append((slot.kind, members))
         members.append(index)
         if sum(slots[i].count for i in members) * np.dtype(slot.kind[1]).itemsize >= bucket_bytes:
             del open_buckets[slot.kind]
     buckets = []
-    for number, ((device, dtype), members) in enumerate(closed):
-        offsets = tuple(int(o) for o in np.cumsum([0] + [slots[i].count for i in members])[:-1])
-        count = sum(slots[i].count for i in members)
-        buckets.append(Bucket(number, device, np.dtype(dtype), tuple(members), offsets, count))
+    for number, ((device, dtype), members) in enumerate(opened):
+        dtype = np.dtype(dtype)
+
+        def in_place(i):
+            return (direct_min_bytes is not None and slots[i].dtype == dtype.name
+                    and slots[i].count * dtype.itemsize >= direct_min_bytes)
+        fused = tuple(i for i in members if not in_place(i))
+        offsets = tuple(int(o) for o in np.cumsum([0] + [slots[i].count for i in fused])[:-1])
+        count = sum(slots[i].count for i in fused)
+        buckets.append(Bucket(number, device, dtype, tuple(members), fused, offsets, count,
+                              tuple(i for i in members if in_place(i))))
     return buckets
 
 

@@ -44,6 +44,10 @@ class _Text(str):
 
 _OK, _MISSING = _Text("ready"), _Text("not marked ready")
 
+#: gradients of at least this many bytes (in their accumulation dtype) are reduced in place, not
+#: copied into a bucket's buffer and back (mpiallreduce.buckets)
+DIRECT_MIN_BYTES = 1 << 20
+
 
 class GradientSync:
     """Fuses gradients into fixed buckets, allreduces each in the background as soon as all its
@@ -114,13 +118,15 @@ class GradientSync:
     def _use_slots(self, slots, order):
         self._slots = slots
         self._by_name = {slot.name: i for i, slot in enumerate(slots)}
-        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order))
+        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order),
+                                     None if self.compression else DIRECT_MIN_BYTES)
         self._bucket_of = {}
         for bucket in self._buckets:
             for member in bucket.members:
                 self._bucket_of[member] = bucket.index
         self._buffers = {}  # bucket index -> (fused buffer, PreparedAllreduce or None)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
+        self._zeros = {}  # slot -> the zeros reduced in place of a missing large gradient
 
     @property
     def buckets(self):
@@ -189,54 +195,75 @@ class GradientSync:
             self._start(self._buckets[self._next_bucket])
             self._next_bucket += 1
 
-    def _contents(self, bucket):
-        """What this rank put in ``bucket`` this step, as the digest sees it."""
-        contents = []
-        for index in bucket.members:
+    def _step_contents(self):
+        """What this rank gave for each gradient this step, and what it gave that has no slot: the
+        digest's input, and what the ranks compare when the digests differ."""
+        contents = {}
+        for index, slot in enumerate(self._slots):
             if index in self._status:
-                contents.append(self._status[index])
+                contents[slot.describe()] = _Text(self._status[index])
             elif index in self._filled or self.find_unused:
-                contents.append(_OK)
+                contents[slot.describe()] = _OK
             else:
-                contents.append(_MISSING)
-        if bucket.index == len(self._buckets) - 1:
-            contents.append(tuple(self._extras))
-        return tuple(contents)
+                contents[slot.describe()] = _MISSING
+        contents["gradients marked ready that were not expected"] = _Text(", ".join(self._extras) or "none")
+        return contents
 
     def _start(self, bucket):
-        """Fuse the bucket into its buffer (zeros where a gradient is missing), append the digest,
-        start its allreduce in the background. The n-th bucket's buffer and prepared call are made
-        at its first start (mpiallreduce.prepare: agreed on and planned once) and kept."""
+        """Start the bucket's allreduces in the background: its small members fused in its buffer
+        (zeros where a gradient is missing; the last bucket's followed by the step's digest), its
+        large ones in place. The n-th bucket's buffer and prepared call are made at its first
+        start (mpiallreduce.prepare: agreed on and planned once) and kept."""
+        from .api import allreduce_async, prepare_at
         xp = self._device_xp if bucket.device else np
         if xp is None:  # a device bucket none of whose gradients came: any device module will do
             import cupy as xp
+        last = bucket.index == len(self._buckets) - 1
         compressed = self.compression is not None and bucket.dtype.kind == "f"
-        fused, prepared = self._buffers.get(bucket.index, (None, None))
-        if fused is None:
-            fused = xp.empty(bucket.count + (0 if compressed else DIGEST_ELEMENTS), dtype=bucket.dtype)
-        for index, offset in zip(bucket.members, bucket.offsets):
-            slot = self._slots[index]
-            view = fused[offset:offset + slot.count].reshape(slot.shape)
-            grad = self._filled.get(index)
-            if grad is None:
-                view.fill(0)
+        digest = digest_of(tuple(self._step_contents().items())) if last else 0
+        carries_digest = last and not compressed
+        # a mean is divided by the library, in the background, except where a digest rides along
+        fused_op = "sum" if carries_digest else self.op
+        handles = []
+        if bucket.count or last:
+            fused, prepared = self._buffers.get(bucket.index, (None, None))
+            if fused is None:
+                fused = xp.empty(bucket.count + (DIGEST_ELEMENTS if carries_digest else 0), dtype=bucket.dtype)
+            for index, offset in zip(bucket.fused, bucket.offsets):
+                slot = self._slots[index]
+                view = fused[offset:offset + slot.count].reshape(slot.shape)
+                grad = self._filled.get(index)
+                if grad is None:
+                    view.fill(0)
+                else:
+                    xp.copyto(view, grad, casting="unsafe")
+            payload = fused[:bucket.count]
+            if self.prescale != 1.0:
+                xp.multiply(payload, bucket.dtype.type(self.prescale), out=payload)
+            if compressed:
+                handle = self._start_compressed(fused, digest)
             else:
-                xp.copyto(view, grad, casting="unsafe")
-        payload = fused[:bucket.count]
-        if self.prescale != 1.0:
-            xp.multiply(payload, bucket.dtype.type(self.prescale), out=payload)
-        digest = digest_of(self._contents(bucket))
-        if compressed:
-            handle = self._start_compressed(fused, digest)
-        else:
-            xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
-            if prepared is None:
-                from .api import prepare_at
-                prepared = prepare_at("", fused, op="sum", algorithm=self.algorithm, comm=self.comm, out=fused,
-                                      timeout=self.timeout)
-            handle = prepared.start()
-        self._buffers[bucket.index] = (fused, prepared)
-        self._in_flight.append((bucket, handle, digest, compressed))
+                if carries_digest:
+                    xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
+                if prepared is None:
+                    prepared = prepare_at("", fused, op=fused_op, algorithm=self.algorithm, comm=self.comm, out=fused,
+                                          timeout=self.timeout)
+                handle = prepared.start()
+            self._buffers[bucket.index] = (fused, prepared)
+            handles.append((None, handle))
+        for index in bucket.direct:
+            memory = self._filled.get(index)
+            if memory is None:  # zeros in its place (find_unused), or a gradient that did not fit its slot
+                memory = self._zeros.get(index)
+                if memory is None:
+                    slot = self._slots[index]
+                    memory = self._zeros[index] = xp.empty(slot.shape, dtype=bucket.dtype)
+                memory.fill(0)
+            elif self.prescale != 1.0:
+                xp.multiply(memory, bucket.dtype.type(self.prescale), out=memory)
+            handles.append((index, allreduce_async(memory, op=self.op, algorithm=self.algorithm, comm=self.comm,
+                                                   out=memory, timeout=self.timeout)))
+        self._in_flight.append((bucket, handles, digest, compressed, fused_op == "sum" and self.op == "mean"))
 
     def _digest_array(self, xp, bucket, digest):
         """The digest's elements in xp's memory: made once for each digest a bucket has (a copy to
@@ -293,25 +320,26 @@ class GradientSync:
             self._start(bucket)
         self._next_bucket = len(self._buckets)
         in_flight = self._in_flight
-        first_error, differing = None, []
-        for bucket, handle, digest, compressed in in_flight:
-            try:
-                agreed = handle.wait()
-            except Exception as error:  # noqa: BLE001 - re-raised below, once every bucket is done
-                first_error = first_error or error
-                continue
-            if not compressed:
-                fused = self._buffers[bucket.index][0]
-                tail = fused[bucket.count:]
-                agreed = digests_agree(tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
-                                       digest, self.comm.Get_size())
-            if not agreed:
-                differing.append(bucket)
+        first_error, agreed = None, True
+        for bucket, handles, digest, compressed, _ in in_flight:
+            for index, handle in handles:
+                try:
+                    result = handle.wait()
+                except Exception as error:  # noqa: BLE001 - re-raised below, once every bucket is done
+                    first_error = first_error or error
+                    continue
+                if index is None and bucket.index == len(self._buckets) - 1:
+                    if compressed:
+                        agreed = result
+                    else:
+                        tail = self._buffers[bucket.index][0][bucket.count:]
+                        agreed = digests_agree(tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
+                                               digest, self.comm.Get_size())
         if first_error is not None:
             self._new_step()
             raise first_error
-        if differing:
-            message = self._describe_differences(differing)  # collective: every rank saw the same buckets
+        if not agreed:
+            message = self._describe_differences()  # collective: every rank saw the digests differ
             self._new_step()
             raise ValueError(message)
         trouble = self._local_trouble()
@@ -340,24 +368,33 @@ class GradientSync:
     def _write_back(self, in_flight):
         size = self.comm.Get_size()
         unused = {}
-        for bucket, _, _, compressed in in_flight:
-            fused = self._buffers[bucket.index][0]
-            xp = namespace(fused) or np
-            payload = fused[:bucket.count]
-            if not compressed:
-                if self.op == "mean":
-                    xp.divide(payload, bucket.dtype.type(size), out=payload)
-                if self.postscale != 1.0:
-                    xp.multiply(payload, bucket.dtype.type(self.postscale), out=payload)
-            for index, offset in zip(bucket.members, bucket.offsets):
-                slot = self._slots[index]
-                result = payload[offset:offset + slot.count].reshape(slot.shape)
-                grad = self._filled.get(index)
-                if grad is not None:
-                    xp.copyto(grad, result, casting="unsafe")
-                else:
-                    unused[slot.name] = result.copy()
+        for bucket, handles, _, _, divide in in_flight:
+            xp = self._device_xp if bucket.device else np
+            for index, _ in handles:
+                if index is None:  # the fused members: from the buffer
+                    fused = self._buffers[bucket.index][0]
+                    payload = fused[:bucket.count]
+                    self._finish(xp, payload, bucket, size, divide)
+                    for member, offset in zip(bucket.fused, bucket.offsets):
+                        slot = self._slots[member]
+                        result = payload[offset:offset + slot.count].reshape(slot.shape)
+                        grad = self._filled.get(member)
+                        if grad is not None:
+                            xp.copyto(grad, result, casting="unsafe")
+                        else:
+                            unused[slot.name] = result.copy()
+                    continue
+                grad = self._filled.get(index)  # reduced in place
+                self._finish(xp, grad if grad is not None else self._zeros[index], bucket, size, False)
+                if grad is None:
+                    unused[self._slots[index].name] = self._zeros[index].copy()
         return unused
+
+    def _finish(self, xp, result, bucket, size, divide):
+        if divide:
+            xp.divide(result, bucket.dtype.type(size), out=result)
+        if self.postscale != 1.0:
+            xp.multiply(result, bucket.dtype.type(self.postscale), out=result)
 
     def _local_trouble(self):
         trouble = [f"{self._slots[i].describe()} was {status}" for i, status in sorted(self._status.items())]
@@ -371,20 +408,23 @@ class GradientSync:
             trouble.append(f"gradients that were not declared were marked ready: {self._extras[:8]}")
         return trouble
 
-    def _describe_differences(self, differing):
-        """Every rank's contents of the first differing bucket, compared (collective)."""
-        bucket = differing[0]
-        contents = self._contents(bucket)
-        mine = {self._slots[i].describe(): _Text(status) for i, status in zip(bucket.members, contents)}
-        if len(contents) > len(bucket.members):
-            mine["gradients marked ready that were not expected"] = _Text(", ".join(contents[-1]) or "none")
-        everyone = self.comm.allgather(mine)
+    def _describe_differences(self):
+        """Every rank's contents of the step, compared (collective)."""
+        everyone = self.comm.allgather(self._step_contents())
         lines = describe_differences(everyone)
+        bucket_of = {self._slots[i].describe(): self._bucket_of[i] for i in range(len(self._slots))}
+        where = next((bucket_of[line.split(" differs:")[0]] for line in lines
+                      if line.split(" differs:")[0] in bucket_of), None)
         missing = any(_MISSING in theirs.values() for theirs in everyone)
         hint = "" if not missing else ("\n(a gradient not marked ready on some ranks: an unused parameter there? "
                                        "pass find_unused=True to count it as zeros there)")
-        return (f"GradientSync: the ranks' gradients differ in bucket {bucket.index} of {len(self._buckets)} "
-                f"({len(differing)} bucket(s) differ); no gradient was changed:\n  " + "\n  ".join(lines) + hint)
+        in_place = [self._slots[i].name for b in self._buckets for i in b.direct]
+        changed = ("no gradient was changed" if not in_place else
+                   f"no gradient was written back, but those reduced in place ({len(in_place)} of "
+                   f"{DIRECT_MIN_BYTES >> 20} MiB or more) hold sums of unlike data now: recompute them")
+        return ("GradientSync: the ranks' gradients differ"
+                + (f" (first in bucket {where} of {len(self._buckets)})" if where is not None else "")
+                + f"; {changed}:\n  " + "\n  ".join(lines) + hint)
 
     def _rebuild_from(self, arrivals):
         """DDP's bucket rebuild: if every rank marked all the gradients ready once, in one same order,

@@ -12,18 +12,23 @@ pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 
 
-def two_gradients(rank):
+#: fused in a bucket's buffer, and large enough to be reduced in place (GradientSync's DIRECT_MIN_BYTES)
+SIZES = [250, (1 << 20) // 8 + 3]
+
+
+def two_gradients(rank, count=250):
     """Two gradients of one shape (so that a swap cannot show in a shape), rank- and index-dependent."""
-    return {"a": exact_input("float64", 250, rank, "sum"), "b": exact_input("float64", 250, rank + 7, "sum")}
+    return {"a": exact_input("float64", count, rank, "sum"), "b": exact_input("float64", count, rank + 7, "sum")}
 
 
 def expected_means(comm, grads):
     return {name: numpy_reference("mean", gather_inputs(comm, g)) for name, g in grads.items()}
 
 
-def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_them(comm):
+@pytest.mark.parametrize("count", SIZES)
+def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_them(comm, count):
     rank = comm.Get_rank()
-    grads = two_gradients(rank)
+    grads = two_gradients(rank, count)
     want = expected_means(comm, grads)
     sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=1000)  # one gradient a bucket
     assert sync.buckets == [["b"], ["a"]]  # reverse order, as backward produces them
@@ -52,7 +57,7 @@ def test_ready_order_differing_without_declared_parameters_is_one_error_on_every
     before = {name: g.copy() for name, g in swapped.items()}
     for name in (("b", "a") if rank == 1 else ("a", "b")):
         sync.ready(swapped[name], name=name)
-    with pytest.raises(ValueError, match=r"(?s)gradients differ in bucket 0 of 2.*'a' \(250,\) float64 differs: "
+    with pytest.raises(ValueError, match=r"(?s)gradients differ \(first in bucket 0 of 2\).*'a' \(250,\) float64 differs: "
                                          r"ready on ranks? 0.*; given 'b' \(250,\) float64 on rank 1"):
         sync.wait()
     assert all(np.array_equal(swapped[name], before[name]) for name in swapped)  # nothing was changed
@@ -62,20 +67,21 @@ def test_ready_order_differing_without_declared_parameters_is_one_error_on_every
     assert values_equal(swapped["a"], want["a"])
 
 
-def test_a_gradient_missing_on_one_rank_is_an_error_everywhere_or_zeros_with_find_unused(comm):
+@pytest.mark.parametrize("count", SIZES)
+def test_a_gradient_missing_on_one_rank_is_an_error_everywhere_or_zeros_with_find_unused(comm, count):
     if comm.Get_size() == 1:
         pytest.skip("needs two ranks")
     rank, size = comm.Get_rank(), comm.Get_size()
-    grads = two_gradients(rank)
+    grads = two_gradients(rank, count)
     skipper = size - 1  # this rank never uses "a"
     for find_unused in (False, True):
         sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=100, find_unused=find_unused)
         given = {name: g.copy() for name, g in grads.items() if not (rank == skipper and name == "a")}
-        contributions = gather_inputs(comm, given.get("a", np.zeros(250)))
+        contributions = gather_inputs(comm, given.get("a", np.zeros(count)))
         for name, g in given.items():
             sync.ready(g, name=name)
         if not find_unused:
-            with pytest.raises(ValueError, match=rf"(?s)'a' \(250,\) float64 differs: ready on .*; not marked "
+            with pytest.raises(ValueError, match=rf"(?s)'a' \({count},\) float64 differs: ready on .*; not marked "
                                                  rf"ready on rank {skipper}.*find_unused=True"):
                 sync.wait()
             continue
