@@ -51,7 +51,7 @@ _WORLD_FAST_CALLS = {}  # COMM_WORLD's state's fast_calls (the same dict, bound 
 
 
 def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *, axis=None, mesh=None,
-              groups=None, timeout=None):
+              groups=None, timeout=None, reproducible=False):
     """Reduce ``x`` elementwise over every rank of ``comm``; every rank gets the same bits.
 
     Args:
@@ -78,6 +78,10 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
             rank reduces with its own group only (``mean`` divides by that group's size).
         timeout: seconds (> 0) to wait for the other ranks to reach this call (default
             MPIALLREDUCE_TIMEOUT; None there: wait for ever); see mpiallreduce.faults.
+        reproducible: True (op "sum" or "mean"; float16, bfloat16, float32, float64): the same bits
+            whatever the algorithm, segment size, rank order, or ranks that add zeros: exact
+            fixed-point accumulation, two integer allreduces (mpiallreduce.reproducible, which
+            states the error bound).
 
     Returns:
         the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.
@@ -89,6 +93,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         AllreduceTimeout: not every rank reached this call within ``timeout``, on every rank that did.
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
+    if reproducible:
+        return _reproducible(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout)
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
             and type(x) is np.ndarray and not _worker.pending):
         fast = (_WORLD_FAST_CALLS if comm is None else _fast_calls_of(comm)).get((x.shape, x.dtype, op, algorithm))
@@ -113,15 +119,49 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     and again at ``wait()``, which raises RuntimeError on the rank whose input changed.
     """
     check_thread_level()
-    unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout"}
+    unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout", "reproducible"}
     if unknown:
         raise TypeError(f"allreduce_async got unexpected keyword arguments {sorted(unknown)}")
+    if kwargs.pop("reproducible", False):  # two integer allreduces, run in turn on the worker
+        comm, reduce = _reproducible_steps(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
+                                           kwargs.get("groups"), kwargs.get("timeout"))
+        from .reproducible import reproducible_allreduce
+        description = f"reproducible allreduce of {x.shape} {x.dtype} op={op}"
+        return submit(lambda: reproducible_allreduce(x, op, out, reduce), x, description, Meeting(None, ""))
     call = _Call.start(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
                        kwargs.get("groups"), kwargs.get("timeout"))
     meeting = call.meeting = Meeting(call.timeout, call.site)
     description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
     return submit(call.run, x, description, meeting, checksum_input=call.check)
 
+
+
+def _reproducible(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout):
+    from .reproducible import reproducible_allreduce
+    comm, reduce = _reproducible_steps(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout)
+    if _worker.pending and threading.current_thread() is not _worker.thread:
+        return run_in_order(lambda: reproducible_allreduce(x, op, out, reduce))
+    return reproducible_allreduce(x, op, out, reduce)
+
+
+def _reproducible_steps(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout):
+    """Check a reproducible call's arguments (no communication); its communicator and the
+    allreduce its integer steps use (the caller's algorithm where it takes host arrays)."""
+    from .reproducible import check_reproducible
+    if axis is not None or mesh is not None or groups is not None:
+        comm = resolve_communicator(comm, axis, mesh, groups)
+    comm = _check_comm(_WORLD if comm is None else comm)
+    buffers.check_array(x)
+    check_reproducible(x, op, comm.Get_size())
+    check_algorithm_name(algorithm, namespace(x) is not None)
+    buffers.check_out(out, x)
+    from .algorithms import HOST_ALGORITHMS
+    steps_algorithm = algorithm if algorithm in HOST_ALGORITHMS else "auto"
+
+    def reduce(array, step_op):
+        return allreduce(array, op=step_op, algorithm=steps_algorithm, comm=comm, check=check, timeout=timeout)
+    reduce.size = comm.Get_size()
+    return comm, reduce
 
 
 class _Call:

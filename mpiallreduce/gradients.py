@@ -74,6 +74,8 @@ class GradientSync:
             missing gradient is a ValueError on every rank at ``wait()``.
         compression: None, "fp16" or "bf16": float gradients travel as 16 bits, are summed in
             float32 and rounded once (complex ones travel as they are; see mpiallreduce.compression).
+        reproducible: every bucket's sum is reproducible (``allreduce(..., reproducible=True)``):
+            the same bits whatever the bucket size, the algorithm, the ranks' order.
         rebuild_buckets: after the first step with declared parameters, if every rank's gradients
             arrived in one same order, refill the buckets in that order (as DDP does), so that
             each starts as early as it can.
@@ -81,7 +83,7 @@ class GradientSync:
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
                  postscale=1.0, timeout=None, *, parameters=None, find_unused=False, compression=None,
-                 rebuild_buckets=True):
+                 reproducible=False, rebuild_buckets=True):
         if op not in ("mean", "sum"):
             raise ValueError(f"GradientSync op must be 'mean' or 'sum', got {op!r}")
         if bucket_bytes < 1:
@@ -95,6 +97,10 @@ class GradientSync:
         self.timeout = timeout
         self.find_unused = bool(find_unused)
         self.compression = check_compression(compression)
+        self.reproducible = bool(reproducible)
+        if self.reproducible and self.compression:
+            raise ValueError("GradientSync: compression rounds each contribution on the way: it cannot be "
+                             "reproducible=True as well")
         self.declared = parameters is not None
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
         self._slots = None
@@ -223,7 +229,9 @@ class GradientSync:
         digest = digest_of(tuple(self._step_contents().items())) if last else 0
         carries_digest = last and not compressed
         # a mean is divided by the library, in the background, except where a digest rides along
-        fused_op = "sum" if carries_digest else self.op
+        # (and for reproducible sums: then every gradient is divided alike, in its own dtype, at wait)
+        fused_op = "sum" if carries_digest or self.reproducible else self.op
+        direct_op = "sum" if self.reproducible else self.op
         handles = []
         if bucket.count or last:
             fused, prepared = self._buffers.get(bucket.index, (None, None))
@@ -242,6 +250,11 @@ class GradientSync:
                 xp.multiply(payload, bucket.dtype.type(self.prescale), out=payload)
             if compressed:
                 handle = self._start_compressed(fused, digest)
+            elif self.reproducible:
+                if carries_digest:
+                    xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
+                handle = allreduce_async(fused, op=fused_op, algorithm=self.algorithm, comm=self.comm, out=fused,
+                                         timeout=self.timeout, reproducible=True)
             else:
                 if carries_digest:
                     xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
@@ -261,8 +274,9 @@ class GradientSync:
                 memory.fill(0)
             elif self.prescale != 1.0:
                 xp.multiply(memory, bucket.dtype.type(self.prescale), out=memory)
-            handles.append((index, allreduce_async(memory, op=self.op, algorithm=self.algorithm, comm=self.comm,
-                                                   out=memory, timeout=self.timeout)))
+            handles.append((index, allreduce_async(memory, op=direct_op, algorithm=self.algorithm, comm=self.comm,
+                                                   out=memory, timeout=self.timeout,
+                                                   reproducible=self.reproducible)))
         self._in_flight.append((bucket, handles, digest, compressed, fused_op == "sum" and self.op == "mean"))
 
     def _digest_array(self, xp, bucket, digest):
@@ -385,7 +399,8 @@ class GradientSync:
                             unused[slot.name] = result.copy()
                     continue
                 grad = self._filled.get(index)  # reduced in place
-                self._finish(xp, grad if grad is not None else self._zeros[index], bucket, size, False)
+                self._finish(xp, grad if grad is not None else self._zeros[index], bucket, size,
+                             self.reproducible and self.op == "mean")
                 if grad is None:
                     unused[self._slots[index].name] = self._zeros[index].copy()
         return unused

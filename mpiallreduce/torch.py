@@ -117,15 +117,19 @@ class DistributedOptimizer:
             here) counts as zeros here, and gets the other ranks' mean (DDP's
             ``find_unused_parameters``); without it, that is a ValueError on every rank.
         compression: None, "fp16" or "bf16": gradients travel in 16 bits, summed in float32.
+        reproducible: True: the same bits whatever the bucket size, algorithm or rank order
+            (mpiallreduce.reproducible).
         comm, bucket_bytes, op, algorithm, prescale, postscale, timeout: as GradientSync.
     """
 
     def __init__(self, optimizer, named_parameters, comm=None, bucket_bytes=25 * 2**20, op="mean",
-                 algorithm="auto", prescale=1.0, postscale=1.0, timeout=None, find_unused=False, compression=None):
+                 algorithm="auto", prescale=1.0, postscale=1.0, timeout=None, find_unused=False, compression=None,
+                 reproducible=False):
         self.optimizer = optimizer
         self.named_parameters = [(name, p) for name, p in named_parameters if p.requires_grad]
         self._options = dict(bucket_bytes=bucket_bytes, op=op, algorithm=algorithm, prescale=prescale,
-                             postscale=postscale, timeout=timeout, find_unused=find_unused, compression=compression)
+                             postscale=postscale, timeout=timeout, find_unused=find_unused, compression=compression,
+                             reproducible=reproducible)
         self.rebind(MPI.COMM_WORLD if comm is None else comm)
         self.parameters = [p for _, p in self.named_parameters]
         self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step

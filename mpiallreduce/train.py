@@ -194,6 +194,8 @@ def main(argv=None):
     parser.add_argument("--check-replicas", action="store_true", help="check bitwise identity after every step")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (to test preemption)")
     parser.add_argument("--algorithm", default="auto", help="allreduce algorithm for the gradients")
+    parser.add_argument("--reproducible", action="store_true",
+                        help="reproducible gradient sums: the same bits whatever the bucket size or algorithm")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds an allreduce waits for the other ranks (default MPIALLREDUCE_TIMEOUT)")
     parser.add_argument("--fault-tolerant", action="store_true",
@@ -223,7 +225,8 @@ def main(argv=None):
         if rank == 0:
             print(f"resumed from {args.checkpoint} at step {start} "
                   f"(SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '-')})", flush=True)
-    sync_options = dict(bucket_bytes=args.bucket_bytes, algorithm=args.algorithm, timeout=args.timeout)
+    sync_options = dict(bucket_bytes=args.bucket_bytes, algorithm=args.algorithm, timeout=args.timeout,
+                        reproducible=args.reproducible)
     if args.framework == "numpy":
         model = NumpyMLP(params, args.lr, comm, sync_options)
     else:

@@ -99,3 +99,19 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
     assert rows["mpiallreduce-fp16"]["max_abs_difference"] < 1e-3  # 16 bits on the wire
     assert rows["none"]["max_abs_difference"] > 10 * rows["mpiallreduce"]["max_abs_difference"]
     assert "comm s/epoch" in (tmp_path / "train.txt").read_text()
+
+
+def test_reproducible_training_ends_bitwise_equal_whatever_the_bucket_size(tmp_path):
+    """3 ranks (on 2, any sum is reproducible already: IEEE addition of two numbers commutes): with
+    --reproducible, 600-byte and 25 MiB buckets end with the same bits; without, they do not."""
+    ends = {}
+    for reproducible in ("", "--reproducible"):
+        for bucket_bytes in (600, 25 << 20):
+            path = tmp_path / f"p{reproducible}{bucket_bytes}.npz"
+            train(3, "--steps", 10, "--bucket-bytes", bucket_bytes, "--save-params", path,
+                  *([reproducible] if reproducible else []))
+            ends[reproducible, bucket_bytes] = params(path)
+    same = {flag: all(np.array_equal(ends[flag, 600][k], ends[flag, 25 << 20][k]) for k in ends[flag, 600])
+            for flag in ("", "--reproducible")}
+    assert same == {"": False, "--reproducible": True}
+    assert_close(ends["--reproducible", 600], ends["", 600], tolerance=1e-12)  # and the same training

@@ -9,13 +9,15 @@ from ..state import state_of
 from ..ops import get_op
 from ..transports import run_on_device
 
-__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "HostMemory", "DeviceMemory", "device_memory",
-           "contenders"]
+__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "HostMemory", "DeviceMemory",
+           "device_memory", "contenders"]
 
 BASELINE = "openmpi"
 FORCED_PREFIX = "openmpi:"
 DEVICE_ALGORITHMS = ("staged_ring", "device_to_device", "ring", "auto")
 MPI_ALLREDUCE = REGISTRY["mpi"]
+#: the contender ``allreduce(..., reproducible=True)`` (auto's algorithm for its integer steps)
+REPRODUCIBLE = "reproducible"
 
 
 class HostMemory:
@@ -104,6 +106,8 @@ def _mpi_allreduce_of_device_memory(op, xp):
 
 
 def _ours(algorithm, op):
+    if algorithm == REPRODUCIBLE:
+        return lambda send, out, comm: allreduce(send, op=op, comm=comm, out=out, reproducible=True)
     return lambda send, out, comm: allreduce(send, op=op, algorithm=algorithm, comm=comm, out=out)
 
 

@@ -18,7 +18,8 @@ from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_compon
 from ..ops import OPS, get_op
 from ..state import state_of
 from ..topology import node_communicator
-from .contenders import BASELINE, DEVICE_ALGORITHMS, HostMemory, contenders as make_contenders, device_memory
+from .contenders import (BASELINE, DEVICE_ALGORITHMS, REPRODUCIBLE, HostMemory, contenders as make_contenders,
+                         device_memory)
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
 
@@ -235,8 +236,9 @@ def _checked_arguments(parser, args):
                          f"({dtype.itemsize} bytes each)")
     known = list(ALGORITHMS) + ["auto"] if args.device == "cpu" else list(DEVICE_ALGORITHMS)
     if args.algorithms is None:
-        algorithms = known
+        algorithms = list(known)  # (the reproducible sum only when asked for)
     else:
+        known.append(REPRODUCIBLE)
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         for name in algorithms:
             if name not in known:
@@ -259,8 +261,9 @@ def main(argv=None):
     parser.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES),
                         help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
     parser.add_argument("--algorithms",
-                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto (Open MPI's default always "
-                             f"runs); default: all of them, or with --device gpu {','.join(DEVICE_ALGORITHMS)}")
+                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto, {REPRODUCIBLE} (Open MPI's "
+                             f"default always runs); default: all of them but {REPRODUCIBLE}, or with --device gpu "
+                             f"{','.join(DEVICE_ALGORITHMS)}")
     parser.add_argument("--device", choices=["cpu", "gpu", "fake-gpu"], default="cpu",
                         help="where the buffers live: numpy (cpu) or CuPy arrays on each rank's GPU")
     parser.add_argument("--dtype", default="float32")

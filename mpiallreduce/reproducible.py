@@ -1,0 +1,219 @@
+"""Reproducible sums: the same bits whatever the algorithm, segment size, bucket, rank order, or
+ranks that contribute zeros (``allreduce(x, reproducible=True)``).
+
+    step 1  exponents     each element's IEEE biased exponent E (0: zero or subnormal; all ones:
+                          inf or NaN; 1 byte for float16, bfloat16, float32, 2 for float64),
+                          MAX-allreduced: every rank learns each element's largest exponent Emax
+    step 2  fixed point   every rank puts each element on the grid q = 2^(Emax - bias + 1 - K), so
+                          that |x| / q < 2^K, rounding x / q to the nearest integer (ties to even):
+                          one int64 word (K = 52), or for float64 two words 40 bits apart (K = 81).
+                          Where Emax is 0 the grid is the dtype's subnormal unit (exact) and a bit
+                          field counts the contributions that are not -0; where Emax is all ones,
+                          bit fields count +inf, -inf and NaN
+    step 3  integer sum   SUM-allreduce of the words (any algorithm: integers add exactly, in any
+                          order, and zeros add nothing)
+    step 4  back          sum * q, rounded once (float64: the two words' sum rounded once), then
+                          to the dtype; -0 if every contribution was -0; inf, -inf or NaN as IEEE
+                          addition says (+inf with -inf is NaN)
+
+The result depends only on the multiset of contributions. Bytes: 1 + 8 per element against a
+float32 sum's 4 (float64: 2 + 16 against 8). Accuracy, per element, against the exact sum S of its
+contributions, whose largest magnitude is M: each contribution moves by at most q/2 <= 2^-K M, so
+|result - S| <= p 2^-K M + one rounding of the result (half an ulp; float16, bfloat16 and float32:
+via float64, so at most one ulp). With p <= 1024 ranks that is within 2 ulps of max(|S|, M) for
+every dtype (K = 52: p 2^-52 <= 2^-42, far below float32's ulp 2^-23). Contributions within 2^(K-53)
+of M (2^-1 for K = 52 in float32's 24 bits: 2^28 below M; float64: 2^28 below M) are exact on the
+grid. Device (CuPy) arrays go through the host.
+"""
+import numpy as np
+
+__all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "reproducible_allreduce", "check_reproducible"]
+
+#: at most this many ranks: p * 2^52 must stay below 2^63 (and p * 2^41 below 2^53 for float64)
+MAX_RANKS = 1024
+FIELD = 40  # the bit where a word's count field starts (zero signs, NaN); -inf's count at bit 20
+INF_FIELD = 20
+
+
+class _Format:
+    """An IEEE format's layout: bits, exponent position and width, bias, mantissa bits."""
+
+    def __init__(self, bits, exponent_shift, exponent_bits, bias, mantissa_bits, words, k):
+        self.bits, self.shift, self.exponent_bits = bits, exponent_shift, exponent_bits
+        self.bias, self.mantissa_bits, self.words, self.k = bias, mantissa_bits, words, k
+        self.all_ones = (1 << exponent_bits) - 1
+        self.code = np.uint8 if exponent_bits <= 8 else np.uint16
+
+
+FORMATS = {
+    "float16": _Format(np.uint16, 10, 5, 15, 10, 1, 52),
+    "bfloat16": _Format(np.uint16, 7, 8, 127, 7, 1, 52),
+    "float32": _Format(np.uint32, 23, 8, 127, 23, 1, 52),
+    "float64": _Format(np.uint64, 52, 11, 1023, 52, 2, 81),
+}
+REPRODUCIBLE_DTYPES = tuple(FORMATS)
+
+
+def check_reproducible(x, op, comm_size):
+    """TypeError/ValueError (no communication) unless ``reproducible=True`` applies to this call."""
+    name = np.dtype(x.dtype).name
+    if name not in FORMATS:
+        raise TypeError(f"reproducible=True sums float16, bfloat16, float32 and float64; got dtype {name}")
+    if op not in ("sum", "mean"):
+        raise ValueError(f"reproducible=True applies to op 'sum' and 'mean' (min, max and prod of floats are "
+                         f"reproducible already), got {op!r}")
+    if comm_size > MAX_RANKS:
+        raise ValueError(f"reproducible=True supports up to {MAX_RANKS} ranks, this communicator has {comm_size}")
+
+
+def exponent_codes(values, fmt):
+    """Each element's biased exponent (0..all ones), as fmt.code."""
+    bits = values.view(fmt.bits)
+    return ((bits >> fmt.shift) & fmt.all_ones).astype(fmt.code)
+
+
+def _grid_exponents(largest, fmt):
+    """log2 of each element's grid q, from the largest exponent code (as int64)."""
+    largest = largest.astype(np.int64)
+    subnormal_unit = 1 - fmt.bias - fmt.mantissa_bits
+    return np.where(largest == 0, subnormal_unit, largest - fmt.bias + 1 - fmt.k)
+
+
+#: elements converted at a time (to stay in cache across the several passes a block takes)
+BLOCK = 1 << 14
+
+
+def _scale_bits(largest, fmt, direction):
+    """2.0 ** (-grid) (direction +1) or 2.0 ** grid (-1) where no element is tiny: two passes."""
+    constant = fmt.bias - 1 + fmt.k  # -grid = constant - largest
+    exponents = np.subtract(1023 + constant, largest, dtype=np.int64) if direction > 0 else \
+        np.add(largest, 1023 - constant, dtype=np.int64)
+    return np.left_shift(exponents, 52, out=exponents).view(np.float64)
+
+
+def _power_of_two(exponents):
+    """2.0 ** exponents (int64, within float64's normal range), built from the bits."""
+    return ((exponents + 1023) << 52).view(np.float64)
+
+
+def to_words(values, largest, fmt):
+    """The contributions as integers on the grid (see the module's diagram): an int64 array of
+    fmt.words words per element (float64: high word, then low word)."""
+    flat, largest = values.reshape(-1), largest.reshape(-1)
+    words = np.empty(flat.size * fmt.words, np.int64)
+    for start in range(0, flat.size, BLOCK):
+        stop = min(start + BLOCK, flat.size)
+        words[start * fmt.words:stop * fmt.words] = _to_words_block(flat[start:stop], largest[start:stop], fmt)
+    return words
+
+
+def _to_words_block(values, largest, fmt):
+    wide = values.astype(np.float64)
+    tiny_any, special_any = bool((largest == 0).any()), bool((largest == fmt.all_ones).any())
+    grid = _grid_exponents(largest, fmt) if tiny_any or fmt.words == 2 else None
+    with np.errstate(invalid="ignore", over="ignore"):
+        if special_any:
+            special = largest == fmt.all_ones
+            wide = np.where(special, 0.0, wide)
+        if fmt.words == 1:  # |x| / q < 2^52: scale by a power of two built from the bits, round, convert
+            np.multiply(wide, _power_of_two(-grid) if tiny_any else _scale_bits(largest, fmt, +1), out=wide)
+            high = np.rint(wide, out=wide).astype(np.int64)
+            low = None
+        else:  # float64: 2^-grid may leave float64's range, ldexp does not
+            scaled = np.ldexp(wide, -grid)
+            high_part = np.floor(np.ldexp(scaled, -FIELD))
+            low = np.rint(scaled - np.ldexp(high_part, FIELD)).astype(np.int64)  # exact: 0 <= . <= 2^40
+            high = high_part.astype(np.int64)
+    if tiny_any:
+        original = values.astype(np.float64)
+        not_negative_zero = ~((original == 0) & np.signbit(original))
+        high += np.where((largest == 0) & not_negative_zero, np.int64(1) << FIELD, 0)
+    if special_any:
+        original = values.astype(np.float64)
+        counts = (np.where(original == np.inf, 1, 0) + np.where(original == -np.inf, np.int64(1) << INF_FIELD, 0)
+                  + np.where(np.isnan(original), np.int64(1) << FIELD, 0)).astype(np.int64)
+        high = np.where(special, counts, high)
+        if low is not None:
+            low = np.where(special, 0, low)
+    if low is None:
+        return high
+    return np.stack([high, low], axis=1).reshape(-1)
+
+
+def _split_field(word):
+    """(the value below FIELD, signed; the count above it) of summed words."""
+    half = np.int64(1) << (FIELD - 1)
+    below = ((word + half) & ((np.int64(1) << FIELD) - 1)) - half
+    return below, (word - below) >> FIELD
+
+
+def from_words(summed, largest, fmt, divide_by=1):
+    """The exact sums (summed words) as float64, rounded once (see the module's diagram), divided
+    by ``divide_by`` for a mean."""
+    largest = largest.reshape(-1)
+    result = np.empty(largest.size, np.float64)
+    for start in range(0, largest.size, BLOCK):
+        stop = min(start + BLOCK, largest.size)
+        result[start:stop] = _from_words_block(summed[start * fmt.words:stop * fmt.words], largest[start:stop], fmt,
+                                               divide_by)
+    return result
+
+
+def _from_words_block(summed, largest, fmt, divide_by):
+    tiny = largest == 0
+    tiny_any, special_any = bool(tiny.any()), bool((largest == fmt.all_ones).any())
+    grid = _grid_exponents(largest, fmt) if tiny_any or fmt.words == 2 else None
+    if fmt.words == 1:
+        high, low = summed, None
+    else:
+        pairs = summed.reshape(-1, 2)
+        carry = pairs[:, 1] >> FIELD
+        low = pairs[:, 1] & ((np.int64(1) << FIELD) - 1)
+        high = pairs[:, 0] + carry
+    if tiny_any:
+        tiny_value, not_negative_zeros = _split_field(high)
+        high = np.where(tiny, tiny_value, high)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if low is None:  # < 2^62: one rounding, to 53 bits; then a power of two (exact)
+            result = high.astype(np.float64)
+            np.multiply(result, _power_of_two(grid) if tiny_any else _scale_bits(largest, fmt, -1), out=result)
+        else:
+            total = np.ldexp(high.astype(np.float64), FIELD) + low.astype(np.float64)  # exact terms, one rounding
+            result = np.ldexp(total, grid)
+        if divide_by != 1:
+            result /= divide_by
+    if tiny_any:
+        result = np.where(tiny & (result == 0) & (not_negative_zeros == 0), -0.0, result)
+    if special_any:
+        special = largest == fmt.all_ones
+        word = np.where(special, summed if fmt.words == 1 else summed.reshape(-1, 2)[:, 0], 0)
+        positive = word & ((np.int64(1) << INF_FIELD) - 1)
+        negative = (word >> INF_FIELD) & ((np.int64(1) << (FIELD - INF_FIELD)) - 1)
+        nan = (word >> FIELD) > 0
+        infinity = np.where(positive > 0, np.inf, -np.inf)
+        result = np.where(special, np.where(nan | ((positive > 0) & (negative > 0)), np.nan, infinity), result)
+    return result
+
+
+def reproducible_allreduce(x, op, out, reduce):
+    """The reproducible sum (or mean) of ``x`` over the ranks, written to ``out`` (or a new array).
+
+    ``reduce(array, op)`` is the allreduce to use for the two integer steps (the caller's
+    algorithm, communicator, timeout); ``x`` may be numpy or CuPy (through the host)."""
+    from .device import namespace
+    xp = namespace(x)
+    host = np.ascontiguousarray(x if xp is None else xp.asnumpy(x))
+    fmt = FORMATS[np.dtype(host.dtype).name]
+    flat = host.reshape(-1)
+    largest = reduce(exponent_codes(flat, fmt), "max")
+    summed = reduce(to_words(flat, largest, fmt), "sum")
+    size = reduce.size
+    values = from_words(summed, largest, fmt, divide_by=size if op == "mean" else 1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        result = values.astype(host.dtype).reshape(host.shape)
+    if xp is not None:
+        result = xp.asarray(result)
+    if out is None:
+        return result
+    (xp or np).copyto(out, result)
+    return out
