@@ -19,11 +19,10 @@ ranks that contribute zeros (``allreduce(x, reproducible=True)``).
 The result depends only on the multiset of contributions. Bytes: 1 + 8 per element against a
 float32 sum's 4 (float64: 2 + 16 against 8). Accuracy, per element, against the exact sum S of its
 contributions, whose largest magnitude is M: each contribution moves by at most q/2 <= 2^-K M, so
-|result - S| <= p 2^-K M + one rounding of the result (half an ulp; float16, bfloat16 and float32:
-via float64, so at most one ulp). With p <= 1024 ranks that is within 2 ulps of max(|S|, M) for
-every dtype (K = 52: p 2^-52 <= 2^-42, far below float32's ulp 2^-23). Contributions within 2^(K-53)
-of M (2^-1 for K = 52 in float32's 24 bits: 2^28 below M; float64: 2^28 below M) are exact on the
-grid. Device (CuPy) arrays go through the host.
+|result - S| <= p 2^-K M plus one rounding of S (float16, bfloat16 and float32 round through
+float64: at most one ulp). With p <= 1024 ranks that is within 2 ulps of max(|S|, M), whatever the
+dtype. Contributions within 2^(K-mantissa bits) of M lie on the grid exactly. Device (CuPy) arrays
+go through the host.
 """
 import numpy as np
 

@@ -43,6 +43,7 @@ model = torch.nn.Linear(3, 2)
 """, "torch"),
     "mar.allreduce(x, timeout=60)": (2, COMMON + "comm = MPI.COMM_WORLD\nstatus = 0\n", None),
     "mesh = mar.Mesh((2, 3), (\"data\", \"model\"))": (6, COMMON, None),
+    "y = mar.allreduce(x, reproducible=True)": (2, COMMON + "named = {'g': np.ones(4)}\n", None),
 }
 
 
