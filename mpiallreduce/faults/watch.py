@@ -47,6 +47,29 @@ def _test_all(requests, statuses):
         raise
 
 
+def _under_ulfm():
+    global _ULFM
+    if _ULFM is None:
+        from .ulfm import fault_tolerant
+        _ULFM = fault_tolerant() and hasattr(MPI, "ERR_REVOKED")
+    return _ULFM
+
+
+_ULFM = None
+
+
+def _knows_failed(comm):
+    from .ulfm import failed_ranks
+    return bool(failed_ranks(comm))
+
+
+def _revoked(comm):
+    try:
+        return comm.Is_revoked()
+    except (MPI.Exception, NotImplementedError, AttributeError):
+        return False
+
+
 class PeerWatch:
     """One call's waits: complete the requests, or learn that a peer gave up, or time out."""
 
@@ -83,7 +106,15 @@ class PeerWatch:
             yield_core()
 
     def _look_around(self, requests, now):
-        """Raise if a peer gave the call up or the deadline has passed."""
+        """Raise if a peer gave the call up, the communicator was revoked (ULFM), or the deadline
+        has passed."""
+        if _under_ulfm() and any(_revoked(c) or _knows_failed(c) for c in self.state.library_communicators()):
+            # A survivor that saw the failure revoked the communicator, or this process knows of a
+            # dead rank in it; a request here that waits for a live peer (which has left the call)
+            # may never be completed with the error (seen across emulated nodes): leave it and
+            # raise what that means (failure_of makes it a RankFailure).
+            self._leave_behind(requests)
+            raise MPI.Exception(MPI.ERR_REVOKED)
         for peer, kind in _channel(self.state).receive(self.sequence):
             if kind in (FAILED, GAVE_UP):
                 self._leave_behind(requests)
