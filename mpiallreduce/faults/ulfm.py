@@ -42,17 +42,36 @@ def failed_ranks(comm):
         group.Free()
 
 
+#: under ULFM, how long an MPI error of another class waits for this process to learn of a dead
+#: rank before it is taken for what it says (a collective's schedule that met the dead peer fails
+#: with MPI_ERR_INTERN, sometimes before the failure detector has told this process)
+LEARN_OF_FAILURE_SECONDS = 2.0
+
+
+def _learns_of_failed_ranks(comm, others):
+    """Whether this process knows (or, under ULFM, comes to know within a short wait) of a failed
+    rank in ``comm`` or ``others`` (the library's duplicates may know first)."""
+    import time
+    deadline = time.monotonic() + (LEARN_OF_FAILURE_SECONDS if fault_tolerant() else 0.0)
+    while True:
+        if failed_ranks(comm) or any(failed_ranks(c) for c in others):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
 def failure_of(error, comm, sequence=None, also_revoke=()):
     """The RankFailure for MPI error ``error`` if it says a rank died (or the communicator was
     revoked because one did), else None. Revokes ``comm`` and ``also_revoke`` so every rank wakes.
 
     An MPI error of another class (an internal error of a non-blocking schedule that met the dead
-    peer, say) counts too when this process knows of failed ranks in ``comm``.
+    peer, say) counts too when this process knows of failed ranks in ``comm``, or comes to know
+    within LEARN_OF_FAILURE_SECONDS under ULFM.
     """
     if not isinstance(error, MPI.Exception):
         return None
-    if (error.Get_error_class() not in _failure_classes() and not failed_ranks(comm)
-            and not any(failed_ranks(c) for c in also_revoke)):  # (the library's duplicate may know first)
+    if (error.Get_error_class() not in _failure_classes() and not _learns_of_failed_ranks(comm, also_revoke)):
         return None
     for c in (comm, *also_revoke):
         try:
