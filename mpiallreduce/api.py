@@ -151,10 +151,16 @@ def _reproducible_steps(x, op, algorithm, comm, out, check, axis, mesh, groups, 
     if axis is not None or mesh is not None or groups is not None:
         comm = resolve_communicator(comm, axis, mesh, groups)
     comm = _check_comm(_WORLD if comm is None else comm)
-    buffers.check_array(x)
-    check_reproducible(x, op, comm.Get_size())
-    check_algorithm_name(algorithm, namespace(x) is not None)
-    buffers.check_out(out, x)
+
+    def validate():
+        buffers.check_array(x)
+        check_reproducible(x, op, comm.Get_size())
+        check_algorithm_name(algorithm, namespace(x) is not None)
+        buffers.check_out(out, x)
+    if check or settings().check:  # the ranks agree first, as for any call with check
+        agree_on_call(comm, validate, dict(_signature(x, op, algorithm), reproducible=True))
+    else:
+        validate()  # a bad argument raises here, before any communication
     from .algorithms import HOST_ALGORITHMS
     steps_algorithm = algorithm if algorithm in HOST_ALGORITHMS else "auto"
 

@@ -74,6 +74,7 @@ class GradientSync:
             missing gradient is a ValueError on every rank at ``wait()``.
         compression: None, "fp16" or "bf16": float gradients travel as 16 bits, are summed in
             float32 and rounded once (complex ones travel as they are; see mpiallreduce.compression).
+            Compressed buckets are not timed: no ``timeout`` with it.
         reproducible: every bucket's sum is reproducible (``allreduce(..., reproducible=True)``):
             the same bits whatever the bucket size, the algorithm, the ranks' order.
         rebuild_buckets: after the first step with declared parameters, if every rank's gradients
@@ -101,6 +102,8 @@ class GradientSync:
         if self.reproducible and self.compression:
             raise ValueError("GradientSync: compression rounds each contribution on the way: it cannot be "
                              "reproducible=True as well")
+        if self.compression and timeout is not None:
+            raise ValueError("GradientSync: compressed buckets cannot be timed yet (timeout=None with compression)")
         self.declared = parameters is not None
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
         self._slots = None
@@ -108,13 +111,18 @@ class GradientSync:
         self._device_xp = None
         self._no_sync = 0
         self._buckets = []
-        self._first_calls = []
+        #: what every rank's GradientSync must have alike (compared with the gradients, collectively)
+        self._options = {"bucket_bytes": bucket_bytes, "op": op, "algorithm": algorithm, "prescale": prescale,
+                         "postscale": postscale, "timed": timeout is not None, "find_unused": self.find_unused,
+                         "compression": compression, "reproducible": self.reproducible,
+                         "rebuild_buckets": bool(rebuild_buckets), "declared": self.declared}
         if self.declared:
             named = list(parameters.items()) if isinstance(parameters, dict) else list(enumerate(parameters))
-            slots = [Slot.of(name, array, _on_device(array)) for name, array in named]
-            for slot in slots:
-                accumulation_dtype(slot.dtype if slot.dtype != "bfloat16" else np.float32)  # TypeError early
-            _agree_on_slots(self.comm, slots, "GradientSync(parameters=...)")
+            slots = [_given_slot(name, array) for name, array in named]
+            problems = [f"{slot.describe()}: {reason}" for slot, (_, array) in zip(slots, named)
+                        if not isinstance(array, GradientSpec) and (reason := _problem(array)) is not None
+                        and "read-only" not in reason]  # (parameters may be read-only views: only their shape counts)
+            _agree_on_slots(self.comm, slots, "GradientSync(parameters=...)", self._options, problems)
             self._by_identity = {id(array): i for i, (_, array) in enumerate(named)}
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
@@ -133,6 +141,7 @@ class GradientSync:
         self._buffers = {}  # bucket index -> (fused buffer, PreparedAllreduce or None)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
         self._zeros = {}  # slot -> the zeros reduced in place of a missing large gradient
+        self._clean_digest = None  # the digest of a step where every gradient came as declared
 
     @property
     def buckets(self):
@@ -151,10 +160,17 @@ class GradientSync:
 
     # --- a step -------------------------------------------------------------------------------
 
+    @property
+    def in_no_sync(self):
+        """Whether a ``no_sync()`` block is open."""
+        return self._no_sync > 0
+
     @contextlib.contextmanager
     def no_sync(self):
         """Within it, ``ready`` and ``wait`` do nothing (DDP's ``no_sync``): accumulate gradients over
-        micro-batches, then reduce once, in the first step outside it."""
+        micro-batches, then reduce once, in the first step outside it. As with DDP, every rank must
+        enter it for the same micro-batches: a rank that reduces while the others do not waits for
+        them (for ever, or until ``timeout``, which then names the ranks that did not come)."""
         self._no_sync += 1
         try:
             yield self
@@ -166,11 +182,12 @@ class GradientSync:
         then complete, in bucket order. ``name``: the declared parameter it is the gradient of."""
         if self._no_sync:
             return
-        device = _on_device(grad)
-        if not device and (not isinstance(grad, np.ndarray) or not grad.flags.writeable):
-            raise TypeError(f"a gradient must be a writeable numpy array or a CuPy array, got {type(grad).__name__}")
-        accumulation_dtype(grad.dtype)
-        if device and self._device_xp is None:
+        # Nothing here raises: what is wrong with a gradient (it is not a writeable float array,
+        # not declared, of another shape...) is recorded and reaches every rank through the
+        # digest, so that every rank's wait() raises, not only this one's (leaving the others in
+        # the next bucket's allreduce).
+        problem = _problem(grad)
+        if problem is None and self._device_xp is None and _on_device(grad):
             self._device_xp = namespace(grad)
         self._calls.append((grad, name))
         if self._slots is None:  # the first step declares the gradients: its buckets start at wait()
@@ -179,18 +196,19 @@ class GradientSync:
             index = self._by_name.get(str(name)) if name is not None else self._by_identity.get(id(grad))
         else:
             index = len(self._arrivals) if len(self._arrivals) < len(self._slots) else None
-        given = Slot.of(name if name is not None else index, grad, device)
+        given = _given_slot(name if name is not None else index, grad)
+        described = given.describe() + (f" ({problem})" if problem else "")
         self._arrivals.append(index)
         if index is None:
-            self._extras.append(given.describe())
+            self._extras.append(described)
             return
         slot = self._slots[index]
         if index in self._filled or index in self._status:
-            self._status[index] = f"marked ready twice (once as {given.describe()})"
+            self._status[index] = f"marked ready twice (once as {described})"
             return
-        if (given.shape, given.dtype, given.device) != (slot.shape, slot.dtype, slot.device) or (
+        if problem is not None or (given.shape, given.dtype, given.device) != (slot.shape, slot.dtype, slot.device) or (
                 not self.declared and name is not None and given.name != slot.name):
-            self._status[index] = f"given {given.describe()}"
+            self._status[index] = f"given {described}"
         else:
             self._filled[index] = grad
         bucket = self._bucket_of[index]
@@ -226,7 +244,7 @@ class GradientSync:
             import cupy as xp
         last = bucket.index == len(self._buckets) - 1
         compressed = self.compression is not None and bucket.dtype.kind == "f"
-        digest = digest_of(tuple(self._step_contents().items())) if last else 0
+        digest = self._digest() if last else 0
         carries_digest = last and not compressed
         # a mean is divided by the library, in the background, except where a digest rides along
         # (and for reproducible sums: then every gradient is divided alike, in its own dtype, at wait)
@@ -279,6 +297,21 @@ class GradientSync:
                                                    reproducible=self.reproducible)))
         self._in_flight.append((bucket, handles, digest, compressed, fused_op == "sum" and self.op == "mean"))
 
+    def _clean(self):
+        """Whether every gradient came as declared this step (nothing to tell the others)."""
+        return not self._status and not self._extras and (self.find_unused or len(self._filled) == len(self._slots))
+
+    def _digest(self):
+        """The digest of this step's contents; that of a step where every gradient came as declared
+        is made once (the common case: no walk over every gradient on every step)."""
+        clean = self._clean()
+        if clean and self._clean_digest is not None:
+            return self._clean_digest
+        digest = digest_of(tuple(self._step_contents().items()))
+        if clean:
+            self._clean_digest = digest
+        return digest
+
     def _digest_array(self, xp, bucket, digest):
         """The digest's elements in xp's memory: made once for each digest a bucket has (a copy to
         the device would wait for the host), then copied from on the stream."""
@@ -322,9 +355,10 @@ class GradientSync:
             return {}
         if self._slots is None:
             calls = self._calls
-            slots = [Slot.of(name if name is not None else i, grad, _on_device(grad))
-                     for i, (grad, name) in enumerate(calls)]
-            _agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients")
+            slots = [_given_slot(name if name is not None else i, grad) for i, (grad, name) in enumerate(calls)]
+            problems = [f"{slot.describe()}: {reason}" for slot, (grad, _) in zip(slots, calls)
+                        if (reason := _problem(grad)) is not None]
+            _agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options, problems)
             if not slots:
                 self._new_step()
                 return {}
@@ -359,11 +393,8 @@ class GradientSync:
         trouble = self._local_trouble()
         if trouble:  # the same on every rank (the digests agreed)
             if not self.declared:  # every rank's gradients changed alike: plan anew from this step
-                calls = self._calls
                 self._slots = None
-                self._new_step()
-                for grad, name in calls:
-                    self.ready(grad, name)
+                self._replay(self._calls)
                 return self.wait()
             self._new_step()
             raise ValueError("GradientSync: on every rank, " + "; ".join(trouble))
@@ -412,6 +443,8 @@ class GradientSync:
             xp.multiply(result, bucket.dtype.type(self.postscale), out=result)
 
     def _local_trouble(self):
+        if self._clean():
+            return []
         trouble = [f"{self._slots[i].describe()} was {status}" for i, status in sorted(self._status.items())]
         if not self.find_unused:
             missing = [self._slots[i].name for i in range(len(self._slots))
@@ -464,17 +497,49 @@ def _on_device(array):
     return namespace(array) is not None
 
 
-def _agree_on_slots(comm, slots, what):
-    """Every rank holds the same slots, or every rank raises ValueError naming the first difference."""
-    everyone = comm.allgather(slots)
-    if all(theirs == everyone[0] for theirs in everyone):
+def _agree_on_slots(comm, slots, what, options, problems=()):
+    """One allgather: every rank has the same options and slots and no rank has a problem with its
+    gradients, or every rank raises the same error naming the ranks and the first difference."""
+    everyone = comm.allgather((options, list(problems), slots))
+    troubled = [(rank, p) for rank, (_, theirs, _) in enumerate(everyone) for p in theirs]
+    if troubled:
+        raise TypeError(f"{what}: gradients that are not writeable float or complex arrays:\n  "
+                        + "\n  ".join(f"rank {rank}: {p}" for rank, p in troubled[:8]))
+    differences = describe_differences([theirs for theirs, _, _ in everyone])
+    if differences:
+        raise ValueError(f"{what}: the ranks' GradientSync options differ:\n  " + "\n  ".join(differences))
+    every_slots = [theirs for _, _, theirs in everyone]
+    if all(theirs == every_slots[0] for theirs in every_slots):
         return
-    lengths = {len(theirs) for theirs in everyone}
-    fields = [{"count": len(theirs)} for theirs in everyone] if len(lengths) > 1 else []
+    lengths = {len(theirs) for theirs in every_slots}
+    fields = [{"count": len(theirs)} for theirs in every_slots] if len(lengths) > 1 else []
     if not fields:
-        first = next(i for i in range(len(slots)) if len({theirs[i] for theirs in everyone}) > 1)
-        fields = [{f"gradient #{first}": _Text(theirs[first].describe())} for theirs in everyone]
+        first = next(i for i in range(len(slots)) if len({theirs[i] for theirs in every_slots}) > 1)
+        fields = [{f"gradient #{first}": _Text(theirs[first].describe())} for theirs in every_slots]
     raise ValueError(f"{what}: the ranks hold different gradients:\n  " + "\n  ".join(describe_differences(fields)))
+
+
+def _problem(grad):
+    """Why ``grad`` cannot be a gradient (a line), or None."""
+    if namespace(grad) is None and (not isinstance(grad, np.ndarray) or not grad.flags.writeable):
+        if isinstance(grad, np.ndarray):
+            return "a read-only numpy array"
+        return f"a {type(grad).__name__}, not a writeable numpy array or a CuPy array"
+    try:
+        accumulation_dtype(grad.dtype)
+    except TypeError as error:
+        return str(error)
+    return None
+
+
+def _given_slot(name, grad):
+    """What was given for a gradient, as a Slot (whatever it is)."""
+    if isinstance(grad, GradientSpec) or hasattr(grad, "dtype") and hasattr(grad, "shape"):
+        try:
+            return Slot.of(name, grad, _on_device(grad))
+        except TypeError:
+            pass
+    return Slot(str(name), tuple(getattr(grad, "shape", ())), type(grad).__name__, False)
 
 
 def _named(arrays):

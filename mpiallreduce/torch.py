@@ -143,6 +143,8 @@ class DistributedOptimizer:
 
     def _hook(self, name):
         def ready(parameter):
+            if self.sync.in_no_sync:  # (gradients only accumulate: nothing to widen or hand over)
+                return
             grad = parameter.grad
             if grad.dtype == torch.bfloat16:
                 grad = grad.float()  # (on torch's stream; rounded back once at step())

@@ -105,14 +105,31 @@ def test_prescale_and_postscale(comm):
     assert values_equal(x, want)
 
 
-def test_gradients_that_are_not_writeable_float_arrays_are_refused():
-    sync = mar.GradientSync()
-    with pytest.raises(TypeError, match="floating or complex"):
-        sync.ready(np.ones(3, dtype=np.int32))
-    with pytest.raises(TypeError, match="writeable numpy array"):
-        sync.ready([1.0])
+def test_gradients_that_are_not_writeable_float_arrays_are_refused_at_wait_on_every_rank(comm):
+    """ready() records what is wrong and every rank's wait() raises: a rank that raised alone in
+    ready() would leave the others in the next bucket's allreduce."""
+    last = comm.Get_rank() == comm.Get_size() - 1
+    bad = np.ones(3, dtype=np.int32) if last else np.ones(3)
+    sync = mar.GradientSync(comm=comm)
+    sync.ready(bad)
+    with pytest.raises(TypeError, match=rf"rank {comm.Get_size() - 1}: '0' \(3,\) int32: gradients must be floating"):
+        sync.wait()
+    read_only = np.ones(5)
+    read_only.flags.writeable = not last
+    declared = mar.GradientSync(comm=comm, parameters={"w": np.ones(5)})
+    declared.ready(read_only, name="w")
+    with pytest.raises(ValueError, match=r"'w' \(5,\) float64.*given 'w' \(5,\) float64 \(a read-only numpy array\)"):
+        declared.wait()
     with pytest.raises(ValueError, match="'mean' or 'sum'"):
         mar.GradientSync(op="max")
+
+
+def test_ranks_whose_gradient_sync_options_differ_are_refused_on_every_rank(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    last = comm.Get_rank() == comm.Get_size() - 1
+    with pytest.raises(ValueError, match=r"options differ:\n  bucket_bytes differs: 1000 on ranks? 0.*; 2000 on rank"):
+        mar.GradientSync(comm=comm, parameters=[np.zeros(4)], bucket_bytes=2000 if last else 1000)
 
 
 def test_broadcast_parameters_and_check_replicas(comm):

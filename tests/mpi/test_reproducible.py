@@ -174,3 +174,11 @@ def test_mean_is_the_reproducible_sum_divided_and_arguments_are_checked(comm):
         mar.allreduce(np.ones(3, np.int32), reproducible=True)
     with pytest.raises(ValueError, match="'sum' and 'mean'"):
         mar.allreduce(np.ones(3), op="max", reproducible=True)
+
+
+def test_with_check_a_call_refused_on_one_rank_is_refused_on_every_rank(comm):
+    last = comm.Get_rank() == comm.Get_size() - 1
+    x = np.ones(8, np.int32) if last else np.ones(8, np.float32)
+    with pytest.raises(TypeError, match=rf"(?s)rejected on rank {comm.Get_size() - 1} .*float16, bfloat16, float32"):
+        mar.allreduce(x, comm=comm, reproducible=True, check=True)
+    assert np.all(mar.allreduce(np.ones(8, np.float32), comm=comm, reproducible=True, check=True) == comm.Get_size())
