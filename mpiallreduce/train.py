@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce.faults import failed_ranks, failure_of
+from mpiallreduce.faults import caused_by_rank_failure, failed_ranks
 
 __all__ = ["main", "global_batch", "NumpyMLP"]
 
@@ -247,9 +247,8 @@ def main(argv=None):
             if args.check_replicas:  # after every step the replicas are bitwise identical
                 mar.check_replicas(model.arrays(), comm=comm)
             step_failed = False
-        except (mar.RankFailure, MPI.Exception) as error:
-            lost_rank = isinstance(error, mar.RankFailure) or failure_of(error, comm) is not None
-            if not (args.fault_tolerant and lost_rank):
+        except Exception as error:  # noqa: BLE001 - re-raised unless a rank's death caused it
+            if not (args.fault_tolerant and caused_by_rank_failure(error, comm)):
                 raise
             step_failed = True
         if args.fault_tolerant and not agree_all_succeeded(comm, not step_failed):

@@ -7,7 +7,7 @@
 """
 from .errors import AllreduceAborted, AllreduceStallWarning, AllreduceTimeout, RankFailure, call_site, ranks_phrase
 from .rendezvous import Rendezvous
-from .ulfm import exit_after_rank_failures, failed_ranks, failure_of, survivors
+from .ulfm import caused_by_rank_failure, exit_after_rank_failures, failed_ranks, failure_of, survivors
 
 __all__ = ["AllreduceTimeout", "AllreduceAborted", "RankFailure", "AllreduceStallWarning", "call_site", "ranks_phrase", "Rendezvous",
-           "failure_of", "failed_ranks", "survivors", "exit_after_rank_failures"]
+           "failure_of", "caused_by_rank_failure", "failed_ranks", "survivors", "exit_after_rank_failures"]

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from .errors import RankFailure, ranks_phrase
 
-__all__ = ["failed_ranks", "failure_of", "survivors", "exit_after_rank_failures"]
+__all__ = ["failed_ranks", "failure_of", "caused_by_rank_failure", "survivors", "exit_after_rank_failures"]
 
 
 
@@ -85,6 +85,18 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
     return RankFailure(f"rank {rank}: allreduce call #{sequence}: {what} during the call "
                        f"({error.Get_error_string()}); recover with mpiallreduce.survivors(comm)",
                        failed_ranks=lost, sequence=sequence)
+
+
+def caused_by_rank_failure(error, comm):
+    """Whether ``error``, raised during a collective on ``comm``, comes from a rank's death: a
+    RankFailure, an MPI error that failure_of recognizes, or, under ULFM, any other exception
+    (mpi4py's pickled collectives can unpickle a dead rank's missing bytes: UnpicklingError) once
+    this process learns of a failed rank in ``comm``."""
+    if isinstance(error, RankFailure):
+        return True
+    if isinstance(error, MPI.Exception):
+        return failure_of(error, comm) is not None
+    return fault_tolerant() and _learns_of_failed_ranks(comm, ())
 
 
 _shrunk = []  # communicators survivors() made: their ranks lost peers
