@@ -6,6 +6,7 @@ array's module (``xp``: ``cupy``, or the stand-in) and calls the same CuPy funct
 """
 import functools
 import os
+import sys
 
 __all__ = [
     "CUDA_AWARE_ENV",
@@ -23,21 +24,26 @@ CUDA_AWARE_ENV = "MPIALLREDUCE_CUDA_AWARE"
 
 _FAKE_MODULE = "mpiallreduce.testing.fake_cupy"
 _namespace_by_type = {}
+_UNSEEN = object()
 
 
 def namespace(x):
-    """The array module of device array ``x`` (``cupy`` or the test stand-in); None for anything else."""
+    """The array module of device array ``x`` (``cupy`` or the test stand-in); None for anything else.
+
+    Strict: an instance of ``cupy.ndarray`` (or of the stand-in's ndarray), subclasses included.
+    Other types of CuPy's modules (``cupyx.scipy.sparse`` matrices, say) are not device arrays here.
+    A CuPy array exists only once CuPy is imported, so CuPy is never imported to answer.
+    """
     kind = type(x)
-    xp = _namespace_by_type.get(kind)
-    if xp is not None or kind.__module__ in ("numpy", "builtins"):
+    xp = _namespace_by_type.get(kind, _UNSEEN)
+    if xp is not _UNSEEN:
         return xp
-    module = kind.__module__ or ""
-    if module.startswith("cupy"):
-        import cupy as xp
-    elif module == _FAKE_MODULE:
-        from .testing import fake_cupy as xp
-    else:
-        return None
+    xp = None
+    for name in ("cupy", _FAKE_MODULE):
+        module = sys.modules.get(name)
+        if module is not None and isinstance(x, module.ndarray):
+            xp = module
+            break
     _namespace_by_type[kind] = xp
     return xp
 

@@ -15,9 +15,10 @@ Rules, in order:
 - ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count;
 - ``auto``, numpy arrays, several nodes: ``hierarchical``, whose node leaders run the table's choice
   for their count among the algorithms that work across nodes;
-- ``auto``, device arrays, one node: ``device_to_device`` from DEVICE_TO_DEVICE_MIN_BYTES on, else
-  ``mpi`` (a first guess, not yet measured on a GPU);
-- ``auto``, device arrays, several nodes: ``ring`` through a CUDA-aware MPI, else ``staged_ring``;
+- ``auto``, device arrays: the tuning table's device section, by size on one node (``mpi`` below
+  64 KiB, ``device_to_device`` from there on), by CUDA-awareness across nodes (``ring`` through a
+  CUDA-aware MPI, else ``staged_ring``). Until a GPU run measures them these are guesses, and the
+  plan's reason says "unmeasured guess";
 - float16 and bfloat16 accumulate in float32 in every hand-written algorithm (and in ``mpi`` on
   device arrays); ``mpi`` on numpy arrays keeps the library's own float16 arithmetic;
 - calls of at least ``signature_min_bytes`` (64 KiB by default) compare shape, dtype and op across
@@ -30,14 +31,10 @@ from typing import Optional
 import numpy as np
 
 from .algorithms import ALGORITHMS, REGISTRY, Algorithm
-from .tuning import choose_across_nodes, choose_name
+from .tuning import choose_across_nodes, choose_name, choose_on_device
 
-__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name",
-           "DEVICE_TO_DEVICE_MIN_BYTES", "NOT_ACROSS_NODES"]
+__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
 
-#: device arrays from this size up take the device-to-device path under "auto" (on one node);
-#: smaller ones MPI_Allreduce (straight, or through host memory). A first guess, not yet measured.
-DEVICE_TO_DEVICE_MIN_BYTES = 64 << 10
 #: algorithms that cannot run among ranks of different nodes
 NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_one_node)
                     | {name for name, a in REGISTRY.items() if a.takes_inner_plan})
@@ -126,15 +123,12 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
             raise ValueError(f"the {algorithm} algorithm needs every rank of the communicator on one node; "
                              f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})")
     elif on_device:
-        if facts.spans_nodes:
-            chosen = REGISTRY["ring" if facts.cuda_aware else "staged_ring"]
-            reason = (f"device arrays across {facts.node_count} nodes, MPI "
-                      f"{'is' if facts.cuda_aware else 'is not'} CUDA-aware")
-        elif nbytes >= DEVICE_TO_DEVICE_MIN_BYTES:
-            chosen, reason = REGISTRY["device_to_device"], (f"device arrays on one node, >= "
-                                                            f"{DEVICE_TO_DEVICE_MIN_BYTES} bytes (unmeasured guess)")
-        else:
-            chosen, reason = REGISTRY["mpi"], f"device arrays under {DEVICE_TO_DEVICE_MIN_BYTES} bytes"
+        name, measured = choose_on_device(nbytes, facts.spans_nodes, facts.cuda_aware, REGISTRY)
+        chosen = REGISTRY[name]
+        where = f"across {facts.node_count} nodes" if facts.spans_nodes else "on one node"
+        reason = (f"the device table for device arrays {where}, {nbytes} bytes"
+                  + (f", MPI {'is' if facts.cuda_aware else 'is not'} CUDA-aware" if facts.spans_nodes else "")
+                  + ("" if measured else " (unmeasured guess)"))
     elif facts.spans_nodes:
         measured = choose_across_nodes(nbytes, facts.node_count, facts.size, REGISTRY)
         if measured is not None and (facts.equal_nodes or not REGISTRY[measured].needs_equal_nodes):

@@ -19,7 +19,7 @@ import numpy as np
 
 from .device import cuda_aware, synchronize
 
-__all__ = ["device_path", "run_on_device", "pinned", "DeviceComm", "StagingComm"]
+__all__ = ["device_path", "run_on_device", "pinned", "pinned_in_use", "DeviceComm", "StagingComm"]
 
 
 def device_path(algorithm, aware=None):
@@ -46,15 +46,16 @@ def run_on_device(algorithm, comm, send, recv, op, datatype, xp):
         host = pinned(xp, "round_trip", recv.size, recv.dtype)
         xp.asnumpy(recv if send is None else send, out=host)  # blocking: waits for the current stream
         algorithm.run(comm, None, host, op, datatype)
-        # asynchronous on the current stream; the next use of `host` synchronizes first
-        recv.set(host, stream=xp.cuda.get_current_stream())
+        stream = xp.cuda.get_current_stream()
+        recv.set(host, stream=stream)  # asynchronous: `host` is read after this call returns
+        pinned_in_use(xp, "round_trip", stream)
     else:  # the device-only algorithms talk on their own
         algorithm.run(comm, send, recv, op, datatype)
 
 
 class _PinnedPool(threading.local):
     def __init__(self):
-        self.buffers = {}
+        self.buffers = {}  # (slot, module) -> [memory, capacity, event of the last copy using it or None]
 
 
 _pinned_pool = _PinnedPool()
@@ -64,16 +65,33 @@ def pinned(xp, slot, count, dtype):
     """A reusable page-locked host array of ``count`` elements, one per (thread, slot); grown, never shrunk.
 
     Pinned memory is what lets device-host copies run asynchronously at full speed; allocating it is
-    slow (milliseconds), so each slot's buffer is allocated once and kept.
+    slow (milliseconds), so each slot's buffer is allocated once and kept. An asynchronous copy may
+    still read or write the buffer when it is asked for again, on whatever stream it was queued
+    (the caller may have switched streams since): the event :func:`pinned_in_use` recorded is waited
+    for first, as CuPy guards its own pinned buffers. The buffer is replaced (and the old one freed)
+    only after that wait too.
     """
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
-    memory, capacity = _pinned_pool.buffers.get((slot, xp.__name__), (None, -1))
-    if capacity < nbytes:
-        capacity = max(nbytes, 1)
-        memory = xp.cuda.alloc_pinned_memory(capacity)
-        _pinned_pool.buffers[(slot, xp.__name__)] = (memory, capacity)
-    return np.frombuffer(memory, dtype=np.uint8, count=nbytes).view(dtype)
+    key = (slot, xp.__name__)
+    entry = _pinned_pool.buffers.get(key)
+    if entry is None:
+        entry = _pinned_pool.buffers[key] = [None, -1, None]
+    if entry[2] is not None:
+        entry[2].synchronize()
+        entry[2] = None
+    if entry[1] < nbytes:
+        entry[1] = max(nbytes, 1)
+        entry[0] = xp.cuda.alloc_pinned_memory(entry[1])
+    return np.frombuffer(entry[0], dtype=np.uint8, count=nbytes).view(dtype)
+
+
+def pinned_in_use(xp, slot, stream):
+    """Mark slot ``slot``'s pinned buffer as used by the copies queued so far on ``stream``: the next
+    :func:`pinned` of that slot waits until they have run."""
+    event = xp.cuda.Event(disable_timing=True)
+    event.record(stream)
+    _pinned_pool.buffers[(slot, xp.__name__)][2] = event
 
 
 class _Forwarding:
@@ -117,8 +135,8 @@ class StagingComm(_Forwarding):
     """``comm`` for an MPI that is not CUDA-aware: each message goes through pinned host buffers.
 
     Only the blocking point-to-point calls are staged (``Algorithm.blocking_messages_only``); every
-    call first synchronizes the current stream, which also finishes the previous call's
-    host-to-device copy before its pinned buffer is reused.
+    call first synchronizes the current stream (MPI reads what the kernels wrote), and a pinned
+    buffer that an asynchronous host-to-device copy still reads is waited for before it is reused.
     """
 
     def _to_host(self, spec, slot):
@@ -135,14 +153,19 @@ class StagingComm(_Forwarding):
         synchronize(self.xp)
         self.comm.Send(self._to_host(buf, "staging.send"), dest, tag)
 
+    def _to_device(self, host, spec):
+        stream = self.xp.cuda.get_current_stream()
+        spec[0].set(host[0], stream=stream)  # asynchronous: `host` is read after this call returns
+        pinned_in_use(self.xp, "staging.recv", stream)
+
     def Recv(self, buf, source, tag=0):
         synchronize(self.xp)
         host = self._host_for(buf, "staging.recv")
         self.comm.Recv(host, source, tag)
-        buf[0].set(host[0], stream=self.xp.cuda.get_current_stream())
+        self._to_device(host, buf)
 
     def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
         synchronize(self.xp)
         host_recv = self._host_for(recvbuf, "staging.recv")
         self.comm.Sendrecv(self._to_host(sendbuf, "staging.send"), dest, sendtag, host_recv, source, recvtag)
-        recvbuf[0].set(host_recv[0], stream=self.xp.cuda.get_current_stream())
+        self._to_device(host_recv, recvbuf)

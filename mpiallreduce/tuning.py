@@ -21,6 +21,15 @@ rank count, each the nearest smaller one as above::
      "by_nodes": {"2": {"2": [{"up_to_bytes": null, "algorithm": "two_level"}], "4": [...]}}
 
 Without one for a node count, ``auto`` runs ``hierarchical`` there.
+
+Device (CuPy) arrays have a section of their own: rules by size on one node, and the algorithm
+across nodes by whether the MPI is CUDA-aware. ``"measured": false`` marks guesses (the planner
+says so in its reason) until a GPU run (benchmarks/gpu/device_check.sh) replaces them::
+
+     "device": {"measured": false,
+                "one_node": [{"up_to_bytes": 65535, "algorithm": "mpi"},
+                             {"up_to_bytes": null, "algorithm": "device_to_device"}],
+                "across_nodes": {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}}
 """
 import hashlib
 import json
@@ -28,7 +37,7 @@ import math
 import os
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "choose_across_nodes", "rules_from_measurements", "table_digest"]
+           "choose_across_nodes", "choose_on_device", "rules_from_measurements", "table_digest"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tuning.json")
@@ -66,7 +75,8 @@ def tuning_table():
 def table_digest():
     """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
     table = tuning_table()
-    text = json.dumps([table.get("by_ranks", {}), table.get("by_nodes", {})], sort_keys=True).encode()
+    text = json.dumps([table.get("by_ranks", {}), table.get("by_nodes", {}), table.get("device", {})],
+                      sort_keys=True).encode()
     return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
@@ -117,6 +127,23 @@ def choose_across_nodes(nbytes, nodes, size, known):
             _choices[key] = choice
         return choice
     return _choices[key]
+
+
+#: what "auto" runs on device arrays when the table has no device section
+GUESSED_DEVICE_SECTION = {"measured": False,
+                          "one_node": [{"up_to_bytes": 65535, "algorithm": "mpi"},
+                                       {"up_to_bytes": None, "algorithm": "device_to_device"}],
+                          "across_nodes": {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}}
+
+
+def choose_on_device(nbytes, spans_nodes, cuda_aware, known):
+    """(algorithm name, measured) for device arrays of ``nbytes`` bytes: the table's device section
+    (``measured`` False while its rules are guesses)."""
+    section = tuning_table().get("device") or GUESSED_DEVICE_SECTION
+    if spans_nodes:
+        name = section["across_nodes"]["cuda_aware" if cuda_aware else "not_cuda_aware"]
+        return (name if name in known else "staged_ring"), bool(section.get("measured"))
+    return _rule_choice(section["one_node"], nbytes, known), bool(section.get("measured"))
 
 
 def rules_from_measurements(measurements):

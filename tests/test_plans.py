@@ -102,6 +102,33 @@ def test_auto_follows_the_tuning_table():
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
+def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses():
+    import numpy as np
+    from mpiallreduce import tuning
+    from mpiallreduce.planner import CallFacts, plan_call
+    f32 = np.dtype(np.float32)
+
+    def plan(nbytes, **facts):
+        return plan_call(CallFacts(size=4, **facts), True, f32, nbytes, "sum", "auto")
+
+    shipped = tuning.tuning_table()["device"]
+    assert shipped["measured"] is False  # until a GPU run replaces the guesses
+    assert plan(65535).name == "mpi" and plan(65536).name == "device_to_device"
+    assert "unmeasured guess" in plan(1 << 20).reason
+    assert plan(1 << 20, spans_nodes=True, node_count=2).name == "staged_ring"
+    assert plan(1 << 20, spans_nodes=True, node_count=2, cuda_aware=True).name == "ring"
+    measured = {"measured": True, "one_node": [{"up_to_bytes": 1 << 20, "algorithm": "staged_ring"},
+                                               {"up_to_bytes": None, "algorithm": "device_to_device"}],
+                "across_nodes": {"cuda_aware": "rabenseifner", "not_cuda_aware": "staged_ring"}}
+    try:
+        tuning.set_tuning_table(dict(tuning.tuning_table(), device=measured))
+        assert plan(65536).name == "staged_ring" and plan((1 << 20) + 1).name == "device_to_device"
+        assert "unmeasured" not in plan(65536).reason
+        assert plan(1 << 20, spans_nodes=True, node_count=2, cuda_aware=True).name == "rabenseifner"
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
 def test_shipped_table_names_only_known_algorithms():
     from mpiallreduce import tuning
     from mpiallreduce.algorithms import ALGORITHMS

@@ -26,7 +26,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["ndarray", "empty", "zeros", "asarray", "asnumpy", "copyto", "ascontiguousarray",
+__all__ = ["ndarray", "ElementwiseKernel", "empty", "zeros", "asarray", "asnumpy", "copyto", "ascontiguousarray",
            "may_share_memory", "add", "multiply", "minimum", "maximum", "divide", "cuda"]
 
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -182,13 +182,23 @@ class MemoryPointer:
         self.ptr = mem.ptr + offset
 
 
-class UnownedMemory:
-    """``cupy.cuda.UnownedMemory``: device memory at ``ptr`` that someone else owns."""
+#: what the stand-in counts, for tests: pointer-attribute queries (an UnownedMemory made without its
+#: device id), IPC mappings opened and closed, ElementwiseKernel launches
+counts = {"pointer_queries": 0, "ipc_opened": 0, "ipc_closed": 0, "elementwise_launches": 0}
 
-    def __init__(self, ptr, size, owner, device_id=None):
+
+class UnownedMemory:
+    """``cupy.cuda.UnownedMemory``: device memory at ``ptr`` that someone else owns. Without a
+    ``device_id`` (or with -1) CuPy asks the driver which GPU holds ``ptr``: counted here."""
+
+    def __init__(self, ptr, size, owner, device_id=-1):
+        if device_id is None or device_id < 0:
+            counts["pointer_queries"] += 1
+            device_id = _Device._selected
         self.ptr = ptr
         self.size = size
         self.owner = owner
+        self.device_id = device_id
 
 
 class ndarray:
@@ -225,7 +235,7 @@ class ndarray:
     strides = property(lambda self: self._host.strides)
     itemsize = property(lambda self: self._host.itemsize)
     flags = property(lambda self: _Flags(self._host))
-    data = property(lambda self: MemoryPointer(UnownedMemory(self._host.ctypes.data, self.nbytes, self), 0))
+    data = property(lambda self: MemoryPointer(UnownedMemory(self._host.ctypes.data, self.nbytes, self, 0), 0))
     device = property(lambda self: cuda.Device(0))
 
     @property
@@ -354,6 +364,39 @@ def _elementwise(ufunc):
     return kernel
 
 
+class ElementwiseKernel:
+    """``cupy.ElementwiseKernel`` for the operations mpiallreduce writes: one assignment to the
+    output whose right side is also a Python expression (names, ``+``, ``*``, parentheses, calls of
+    ``mpiallreduce_max``/``mpiallreduce_min``, which the preamble defines on a GPU and numpy's
+    maximum/minimum stand in for here). Evaluated with numpy, in the inputs' dtype, when the stream runs it."""
+
+    _functions = {"mpiallreduce_max": np.maximum, "mpiallreduce_min": np.minimum}
+
+    def __init__(self, in_params, out_params, operation, name="kernel", preamble="", **options):
+        self.inputs = [param.split()[-1] for param in in_params.split(",")]
+        self.outputs = [param.split()[-1] for param in out_params.split(",")]
+        target, _, expression = operation.strip().rstrip(";").partition("=")
+        if len(self.outputs) != 1 or target.strip() != self.outputs[0]:
+            raise NotImplementedError(f"the stand-in runs one assignment to the one output, not {operation!r}")
+        self.code = compile(expression.strip(), name, "eval")
+        self.name = name
+
+    def __call__(self, *args):
+        if len(args) != len(self.inputs) + 1:
+            raise TypeError(f"{self.name} takes {len(self.inputs)} inputs and the output")
+        hosts = [a._host if isinstance(a, ndarray) else a for a in args[:-1]]
+        target = args[-1]._host
+        variables = dict(zip(self.inputs, hosts))
+
+        def run():
+            with np.errstate(all="ignore"):
+                np.copyto(target, eval(self.code, dict(self._functions), variables), casting="unsafe")
+
+        counts["elementwise_launches"] += 1
+        _launch(run)
+        return args[-1]
+
+
 add = _elementwise(np.add)
 multiply = _elementwise(np.multiply)
 minimum = _elementwise(np.minimum)
@@ -416,11 +459,19 @@ def _ipc_open_mem_handle(handle, flags=1):
         os.close(fd)
     base = np.frombuffer(mapping, dtype=np.uint8).ctypes.data
     _opened[base] = (mapping, size)
+    counts["ipc_opened"] += 1
     return base
 
 
 def _ipc_close_mem_handle(ptr):
-    _opened.pop(ptr, None)
+    if _opened.pop(ptr, None) is None:
+        raise RuntimeError("cudaErrorInvalidValue: not a mapping opened with ipcOpenMemHandle")
+    counts["ipc_closed"] += 1
+
+
+def open_ipc_mappings():
+    """How many peers' allocations are mapped into this process now."""
+    return len(_opened)
 
 
 runtime = types.SimpleNamespace(

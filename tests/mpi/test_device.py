@@ -161,7 +161,7 @@ def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch, use_
     assert wrong_without > 0, "skipping the stream synchronization went unnoticed"
 
 
-def test_pinned_buffers_and_ipc_handles_are_reused(xp, monkeypatch, use_settings):
+def test_pinned_buffers_are_reused_and_ipc_mappings_closed(xp, use_settings):
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
         pytest.skip("one rank does not communicate")
@@ -169,16 +169,94 @@ def test_pinned_buffers_and_ipc_handles_are_reused(xp, monkeypatch, use_settings
     x = xp.asarray(np.ones(5000, np.float32))
     out = xp.empty(5000, np.float32)
     mar.allreduce(x, algorithm="staged_ring", out=out)
-    pinned_before = {key: id(memory) for key, (memory, _) in transports._pinned_pool.buffers.items()}
+    pinned_before = {key: id(entry[0]) for key, entry in transports._pinned_pool.buffers.items()}
     mar.allreduce(x, algorithm="staged_ring", out=out)
-    assert pinned_before == {key: id(memory) for key, (memory, _) in transports._pinned_pool.buffers.items()}
+    assert pinned_before == {key: id(entry[0]) for key, entry in transports._pinned_pool.buffers.items()}
 
-    mar.allreduce(x, algorithm="device_to_device", out=out)
-    opened = len(device_to_device._opened.bases)
+    if xp is not fake_cupy:
+        return
+    before = dict(fake_cupy.counts)
     for _ in range(3):
         mar.allreduce(x, algorithm="device_to_device", out=out)
-    assert len(device_to_device._opened.bases) == opened
+        # closed before the call's last barrier: no peer's memory stays mapped once a call returns
+        assert fake_cupy.open_ipc_mappings() == 0
+    done = {key: fake_cupy.counts[key] - before[key] for key in before}
+    peers = comm.Get_size() - 1
+    assert done == {"ipc_opened": 3 * 2 * peers, "ipc_closed": 3 * 2 * peers,  # x and out: 2 allocations
+                    "pointer_queries": 0,  # each mapping's device id came with its handle
+                    "elementwise_launches": 3}  # one p-input kernel per call
     assert np.array_equal(xp.asnumpy(out), np.full(5000, comm.Get_size(), np.float32))
+
+
+@pytest.mark.parametrize("op", ["max", "min", "sum", "prod"])
+def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op):
+    """The one p-input kernel: NaN wins min and max, -0.0 and 0.0 tie as numpy's maximum/minimum
+    decide, sums and products in rank order, infinities; bit for bit numpy's ufunc applied left to
+    right over the gathered inputs."""
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    values = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0, 3.5, 1e30, -2.0], np.float32)
+    host = np.roll(values, rank)
+    host[rank % 7] = -0.0 if rank % 2 else 0.0
+    gathered = gather_inputs(comm, host)
+    ufunc = {"max": np.maximum, "min": np.minimum, "sum": np.add, "prod": np.multiply}[op]
+    expected = gathered[0].copy()
+    with np.errstate(all="ignore"):
+        for row in gathered[1:]:
+            ufunc(expected, row, out=expected)
+    result = xp.asnumpy(mar.allreduce(xp.asarray(host), op=op, algorithm="device_to_device"))
+    assert np.array_equal(result.view(np.uint32), expected.view(np.uint32)), (result, expected)
+
+
+def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(xp, use_settings, monkeypatch):
+    """The host round trip copies its result from a pinned buffer to the device asynchronously, on
+    the caller's stream. A second call on another stream must not overwrite that buffer before the
+    first copy has read it: with the event guard both results are right; without it (stand-in) the
+    first call's result is the second's."""
+    comm = MPI.COMM_WORLD
+    p = comm.Get_size()
+    if p == 1:
+        pytest.skip("one rank does not communicate")
+    use_settings(cuda_aware=False)
+    first_stream, second_stream = xp.cuda.Stream(non_blocking=True), xp.cuda.Stream(non_blocking=True)
+
+    def two_calls():
+        first_input = xp.asarray(np.full(3000, comm.Get_rank() + 1, np.float64))
+        second_input = xp.asarray(np.full(3000, 100.0 * (comm.Get_rank() + 1), np.float64))
+        with first_stream:
+            first = mar.allreduce(first_input, algorithm="mpi")  # host round trip (not CUDA-aware)
+        with second_stream:
+            second = mar.allreduce(second_input, algorithm="mpi")
+        first_stream.synchronize()
+        second_stream.synchronize()
+        right = (np.all(xp.asnumpy(first) == p * (p + 1) / 2)
+                 and np.all(xp.asnumpy(second) == 100.0 * p * (p + 1) / 2))
+        return comm.allreduce(int(not right))
+
+    assert two_calls() == 0
+    if xp is fake_cupy:
+        monkeypatch.setattr(transports, "pinned_in_use", lambda xp, slot, stream: None)
+        assert two_calls() > 0, "reusing a pinned buffer under a pending copy went unnoticed"
+
+
+def test_only_cupy_arrays_are_device_arrays():
+    """A type from one of CuPy's modules that is not a cupy.ndarray (a cupyx.scipy.sparse matrix, say)
+    is not taken for a device array: a TypeError names it, instead of CuPy calls failing on it later."""
+    class SparseMatrix:
+        __cuda_array_interface__ = property(lambda self: {"shape": (4,), "typestr": "<f4", "data": (0, False),
+                                                          "version": 3})
+        dtype = np.dtype(np.float32)
+        shape = (4,)
+
+    SparseMatrix.__module__ = "cupyx.scipy.sparse._csr"
+    assert device.namespace(SparseMatrix()) is None
+    with pytest.raises(TypeError, match="cupyx.scipy.sparse._csr.*SparseMatrix"):
+        mar.allreduce(SparseMatrix())
+
+    class MyDeviceArray(fake_cupy.ndarray):  # a subclass of the array type is one
+        pass
+
+    assert device.namespace(MyDeviceArray((3,), np.float32)) is fake_cupy
 
 
 def test_select_gpu_by_node_local_rank(monkeypatch):
@@ -263,7 +341,7 @@ def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeyp
         if step == "export":
             monkeypatch.setattr(device_to_device, "allocation_range", refuse)
         else:
-            monkeypatch.setattr(device_to_device._opened, "base", refuse)
+            monkeypatch.setattr(fake_cupy.cuda.runtime, "ipcOpenMemHandle", refuse)
     with pytest.raises(RuntimeError, match=rf"failed on rank {last} of {comm.Get_size()}:\n  rank {last}: "
                                            r"RuntimeError: cudaErrorMapBufferObjectFailed \(injected\)"):
         mar.allreduce(x, algorithm="device_to_device")
