@@ -116,7 +116,8 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     communicators. ``x`` (and ``out``) must not change until ``wait()`` returns: the worker reads
     and writes them meanwhile, and a change makes the result wrong on every rank (Horovod has the
     same rule). With ``check=True`` (or MPIALLREDUCE_DEBUG_INPUTS=1) the input is checksummed here
-    and again at ``wait()``, which raises RuntimeError on the rank whose input changed.
+    and again when the reduction has finished, and the ranks agree: if it changed on any rank, every
+    rank's ``wait()`` raises RuntimeError naming the ranks.
     """
     check_thread_level()
     unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout", "reproducible"}
@@ -132,7 +133,8 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
                        kwargs.get("groups"), kwargs.get("timeout"))
     meeting = call.meeting = Meeting(call.timeout, call.site)
     description = f"allreduce of {getattr(x, 'shape', '?')} {getattr(x, 'dtype', type(x).__name__)} op={op}"
-    return submit(call.run, x, description, meeting, checksum_input=call.check)
+    checked = call.check or settings().debug_inputs
+    return submit(call.run, x, description, meeting, checksum_comm=call.state.library if checked else None)
 
 
 

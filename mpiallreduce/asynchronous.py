@@ -53,11 +53,10 @@ class Meeting:
 class AllreduceHandle:
     """What ``allreduce_async`` returns: ``wait(timeout=None)`` gives the result, ``done()`` polls."""
 
-    def __init__(self, future, description, meeting=None, watched=None, checksum=None):
+    def __init__(self, future, description, meeting=None):
         self._future = future
         self._description = description
         self._meeting = meeting
-        self._watched, self._checksum = watched, checksum
 
     def done(self):
         return self._future.done()
@@ -74,12 +73,12 @@ class AllreduceHandle:
         rank), AllreduceTimeout says so and the call goes on.
         """
         if timeout is None:
-            return self._checked(self._future.result())
+            return self._future.result()
         timed = self._meeting.timeout is not None
         if timed:
             self._meeting.bring_deadline_forward(time.monotonic() + timeout)
         try:
-            return self._checked(self._future.result(timeout + (GIVE_UP_GRACE_SECONDS if timed else 0)))
+            return self._future.result(timeout + (GIVE_UP_GRACE_SECONDS if timed else 0))
         except FutureTimeout:
             if self._future.done():  # the call's own AllreduceTimeout (a TimeoutError, as FutureTimeout is)
                 raise
@@ -95,23 +94,8 @@ class AllreduceHandle:
                                f"reduction has not finished after {timeout} s; it goes on",
                                sequence=rendezvous.sequence, waited=timeout) from None
 
-    def _checked(self, result):
-        """check=True or MPIALLREDUCE_DEBUG_INPUTS: the input must not have changed (unless it is the
-        output). Only the rank that changed it can tell: its error says so; the others' results
-        are as wrong as its own."""
-        if self._checksum is not None and self._watched is not result and _checksum(self._watched) != self._checksum:
-            raise RuntimeError(f"{self._description}: the input changed on rank {_world_rank()} between "
-                               "allreduce_async and wait(); the result may mix old and new values on every rank "
-                               "(do not touch x until wait() returns)")
-        return result
-
     def __repr__(self):
         return f"<AllreduceHandle {self._description} {'done' if self.done() else 'pending'}>"
-
-
-def _world_rank():
-    from mpi4py import MPI
-    return MPI.COMM_WORLD.Get_rank()
 
 
 class _Worker:
@@ -176,14 +160,29 @@ def submit_prepared(prepared, run):
     return submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
 
 
-def submit(run, x, description, meeting, checksum_input=False):
-    """``checksum_input`` (check=True), or MPIALLREDUCE_DEBUG_INPUTS=1: ``wait`` raises on a rank
-    whose ``x`` changed before it returned."""
-    from .settings import settings
+def submit(run, x, description, meeting, checksum_comm=None):
+    """Run ``run`` on the worker; an AllreduceHandle.
+
+    ``checksum_comm`` (check=True, or MPIALLREDUCE_DEBUG_INPUTS=1: the call's communicator): ``x``
+    is checksummed here and again once the reduction has finished (unless ``x`` is the output); the
+    ranks then agree, so that if ``x`` changed on any rank meanwhile, every rank's ``wait()`` raises
+    RuntimeError naming the ranks. A change after the reduction has finished is harmless and not seen.
+    """
     xp = namespace(x)
-    checksum = _checksum(x) if checksum_input or settings().debug_inputs else None
+    checksum = None if checksum_comm is None else _checksum(x)
+
+    def finish(result):
+        if checksum is not None:
+            from .agreement import agree_on_outcome
+            error = None
+            if x is not result and _checksum(x) != checksum:
+                error = RuntimeError("x changed between allreduce_async and the end of the reduction")
+            agree_on_outcome(checksum_comm, error, f"{description} (check: x must not change until wait() returns; "
+                                                   "the results may mix old and new values on every rank)")
+        return result
+
     if xp is None:
-        future = _worker.submit(run)
+        future = _worker.submit(lambda: finish(run()))
     else:
         # Device arrays: the caller's kernels that wrote x finish before the worker thread (with
         # its own current stream) reads it: an event on the caller's stream, waited for by the
@@ -196,10 +195,10 @@ def submit(run, x, description, meeting, checksum_input=False):
                 written.synchronize()
                 result = run()
                 synchronize(xp)
-            return result
+                return finish(result)
 
         future = _worker.submit(on_device)
-    return AllreduceHandle(future, description, meeting, x if checksum is not None else None, checksum)
+    return AllreduceHandle(future, description, meeting)
 
 
 def _checksum(x):

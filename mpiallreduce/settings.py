@@ -101,12 +101,13 @@ class Settings:
     ranks_per_node: int = 0
     #: MPIALLREDUCE_ABORT_ON_EXCEPTION
     abort_on_exception: bool = False
-    #: MPIALLREDUCE_DEBUG_INPUTS: allreduce_async checksums its input at the start and at wait()
+    #: MPIALLREDUCE_DEBUG_INPUTS: allreduce_async checksums its input at the start and once reduced
+    #: (the ranks then agree on the outcome: a collective, so the ranks must agree on this setting)
     debug_inputs: bool = False
 
     #: the fields every rank of a communicator must agree on
     AGREED = ("check", "timeout", "signature_min_bytes", "ring_segment_bytes", "staged_segment_bytes",
-              "cuda_aware", "ranks_per_node")
+              "cuda_aware", "ranks_per_node", "debug_inputs")
 
     @classmethod
     def from_environment(cls, environ=None):

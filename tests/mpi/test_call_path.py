@@ -485,20 +485,28 @@ def test_hierarchical_gets_its_leaders_plan_from_the_planner(use_settings):
         comm.Free()
 
 
-def test_an_input_changed_before_wait_is_caught_with_check_on_the_rank_that_changed_it():
-    """allreduce_async's rule (x untouched until wait() returns), checked with check=True: the rank
-    that wrote into x raises at wait(); unchecked, nothing is compared."""
+def test_an_input_changed_before_the_reduction_ends_is_caught_with_check_on_every_rank():
+    """allreduce_async's rule (x untouched until wait() returns), checked with check=True: rank 0
+    writes into x while the call is queued (behind a gate on the worker); every rank's wait()
+    raises, naming rank 0; unchecked, nothing is compared."""
+    import threading
+    from mpiallreduce import asynchronous
     rank = WORLD.Get_rank()
     x = exact_input("float64", 1000, rank, "sum")
+    gate = threading.Event()
+    asynchronous._worker.submit(gate.wait)  # the worker starts the call only once x has changed
     handle = mar.allreduce_async(x, check=True)
     if rank == 0:
         x[7] += 1.0
-        with pytest.raises(RuntimeError, match=r"the input changed on rank 0 between allreduce_async and wait"):
-            handle.wait(timeout=60)
-    else:
+    gate.set()
+    with pytest.raises(RuntimeError, match=r"on every rank\) failed on rank 0 of "
+                                           rf"{WORLD.Get_size()}:\n  rank 0: RuntimeError: x changed between"):
         handle.wait(timeout=60)
     y = exact_input("float64", 1000, rank, "sum")
     handle = mar.allreduce_async(y)
     if rank == 0:
         y[7] += 1.0
     handle.wait(timeout=60)
+    z = exact_input("float64", 1000, rank, "sum")
+    assert values_equal(mar.allreduce_async(z, check=True).wait(timeout=60),
+                        numpy_reference("sum", gather_inputs(WORLD, z)))
