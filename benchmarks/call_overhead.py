@@ -8,6 +8,8 @@ ratio to raw ``comm.Allreduce`` on the same buffers:
 - 4 B: raw comm.Allreduce, persistent MPI_Allreduce_init (Start + Wait), mar.prepare(...)(),
   mar.allreduce(algorithm="mpi"), mar.allreduce (auto); and where auto's time goes: the same
   MPI_Allreduce on the library's duplicate, and auto's short path called without the entry point;
+  a call that cannot take the short path (a strided x: the general path); entering np.errstate
+  (what the reductions no longer do per call);
 - 64 KiB: raw, a prepared call (agreed once, no per-call check), allreduce(algorithm="mpi") with the
   signature check that calls from 64 KiB on make by default, and that check alone; then auto
   (shared_memory here, which waits for the codes in place of its first barrier) and mpi, each with
@@ -64,6 +66,12 @@ def main():
     short_path = world.fast_calls[(x.shape, x.dtype, "sum", "auto")]
     library = world.library
 
+    strided = np.ones(2, np.float32)[::2]  # one element, strided: the general path
+
+    def enter_errstate():
+        with np.errstate(all="ignore"):
+            pass
+
     rows = [("4 B", compare({
         "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(x, out),
         "MPI_Allreduce_init Start+Wait": start_wait,
@@ -72,6 +80,8 @@ def main():
         "allreduce (auto)": lambda: mar.allreduce(x, out=out),
         "its MPI_Allreduce on the library's duplicate": lambda: library.Allreduce(x, out, MPI.SUM),
         "its short path alone": lambda: short_path(x, out),
+        "allreduce of a strided x (the general path)": lambda: mar.allreduce(strided),
+        "entering np.errstate (no MPI)": enter_errstate,
     }, 4000))]
 
     y = np.ones(16384, np.float32)

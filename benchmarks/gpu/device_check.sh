@@ -158,7 +158,7 @@ step "CuPy compiles a kernel" 60 info.txt compiles && [ -f "$work/cuda-env" ] &&
 #    stand-in's versions of the device tests that a GPU run would select.
 if [ $dry_run = 1 ]; then
     selection="stand_in and (mappings_closed or kernel_follows or round_trip)"
-    rank_counts="2 2"
+    rank_counts="2 3"
 else
     selection="cupy or torch_cuda"
     rank_counts="2 4"
