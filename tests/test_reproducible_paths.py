@@ -1,0 +1,68 @@
+"""The reproducible sum's two conversion paths give the same integers and the same results.
+
+Blocks whose largest exponents are all normal take the fast path (a rounding constant instead of
+np.rint, the result rounded straight into the dtype); blocks holding a zero, subnormal, inf or NaN
+largest take the general one. Which path an element takes depends on its neighbours (its block),
+so a different bucket or fusion could move it from one to the other: their bits must agree."""
+import numpy as np
+import pytest
+
+from mpiallreduce import reproducible
+
+
+def contributions(dtype, count, ranks, seed):
+    """Values spread over many binades, with exact ties on the grid (1.5 and 2.5 grid steps below a
+    contribution of 1.0 at every 4th element), and both signs."""
+    fmt = reproducible.FORMATS[np.dtype(dtype).name]
+    rng = np.random.default_rng(seed)
+    spread = 12 if dtype == "float16" else 40
+    rows = []
+    for r in range(ranks):
+        values = rng.standard_normal(count) * np.exp2(rng.integers(-spread, spread, count))
+        if r == 0:
+            values[::4] = 1.0
+        else:
+            step = 2.0 ** (1 - fmt.k)  # the grid under a largest of 1.0
+            ties = rng.choice([1.5, 2.5, -1.5, -2.5, 3.5], values[::4].size) * step
+            values[::4] = ties if dtype != "float16" else 0.25  # (float16 cannot hold 2^-50)
+        rows.append(values.astype(dtype))
+    return rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fast_and_general_paths_give_the_same_words_and_sums(dtype):
+    fmt = reproducible.FORMATS[dtype]
+    rows = contributions(dtype, 5000, 3, seed=1)
+    largest = np.maximum.reduce([reproducible.exponent_codes(row, fmt) for row in rows])
+    assert reproducible._all_normal(largest, fmt)
+    words = []
+    for row in rows:
+        fast = np.empty(row.size, np.int64)
+        scratch = (np.empty(row.size, np.int64), np.empty(row.size, np.float64))
+        reproducible._to_words_normal_block(row, largest, fmt, scratch, fast)
+        general = reproducible._to_words_block(row, largest, fmt)
+        assert np.array_equal(fast, general)
+        assert np.array_equal(reproducible.to_words(row, largest, fmt), general)
+        words.append(fast)
+    summed = np.sum(words, axis=0)
+    bits = np.uint16 if dtype == "float16" else np.uint32
+    fast_result = reproducible.from_words(summed, largest, fmt, dtype=np.dtype(dtype))
+    general_result = reproducible._from_words_block(summed, largest, fmt, 1).astype(dtype)
+    assert np.array_equal(fast_result.view(bits), general_result.view(bits))
+
+
+def test_a_zero_in_the_block_changes_the_path_not_the_bits():
+    """The same elements converted in a block of their own and in a block that also holds an
+    all-zero element (so the general path): the same words for them, the same results."""
+    fmt = reproducible.FORMATS["float32"]
+    rows = contributions("float32", 3000, 2, seed=2)
+    with_zero = [np.concatenate([row, np.zeros(1, np.float32)]) for row in rows]
+    largest = np.maximum.reduce([reproducible.exponent_codes(row, fmt) for row in with_zero])
+    assert not reproducible._all_normal(largest, fmt)
+    alone = [reproducible.to_words(row, largest[:-1], fmt) for row in rows]
+    mixed = [reproducible.to_words(row, largest, fmt) for row in with_zero]
+    for a, m in zip(alone, mixed):
+        assert np.array_equal(a, m[:-1])
+    summed_alone, summed_mixed = np.sum(alone, axis=0), np.sum(mixed, axis=0)
+    assert np.array_equal(reproducible.from_words(summed_alone, largest[:-1], fmt, dtype=np.float32),
+                          reproducible.from_words(summed_mixed, largest, fmt, dtype=np.float32)[:-1])
