@@ -26,7 +26,9 @@ setup(
         "bench": ["matplotlib>=3.5"],
         "torch": ["torch>=2.1"],
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "matplotlib>=3.5",
-                 "ml_dtypes>=0.3"],
+                 "ml_dtypes>=0.3", "numba>=0.60"],
+        # the reproducible sum's float32 conversions compiled (mpiallreduce/reproducible_kernels.py)
+        "fast": ["numba>=0.60"],
         "cuda12": ["cupy-cuda12x>=13"],
         "cuda13": ["cupy-cuda13x>=14"],
     },

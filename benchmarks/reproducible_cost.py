@@ -3,8 +3,8 @@
     mpiallreduce launch -n 2 -- python benchmarks/reproducible_cost.py [--mib 64]
 
 For a float32 sum of --mib MiB (default 64): the ordinary sum (auto), the reproducible sum, and its
-parts timed alone: the conversions (exponent codes, to fixed point, back, to float32; numpy, on
-each rank) and the communication (the MAX-allreduce of one exponent byte per element and the
+parts timed alone: the conversions (exponent codes, to fixed point, back to float32; compiled by
+numba where it is installed, else numpy passes; on each rank) and the communication (the MAX-allreduce of one exponent byte per element and the
 SUM-allreduce of one int64 word per element, with the algorithm auto picks for them). The
 communication alone is the floor of this design whatever the conversions cost: on a machine where
 allreduce is bound by memory bandwidth, 1 + 8 bytes per element against 4. Median over 5
@@ -45,10 +45,12 @@ def main():
     words = reproducible.to_words(x, largest, fmt)
     summed = mar.allreduce(words)
 
-    def conversions():
-        reproducible.exponent_codes(x, fmt)
-        reproducible.to_words(x, largest, fmt)
-        reproducible.from_words(summed, largest, fmt, dtype=np.float32)
+    codes_out, words_out = np.empty_like(codes), np.empty_like(words)
+
+    def conversions():  # (into arrays made once, as the reproducible sum's own work arrays are)
+        reproducible.exponent_codes(x, fmt, out=codes_out)
+        reproducible.to_words(x, largest, fmt, out=words_out)
+        reproducible.from_words(summed, largest, fmt, dtype=np.float32, out=out)
 
     def communication():
         mar.allreduce(codes, op="max", out=largest)
@@ -66,8 +68,10 @@ def main():
             times[name].append(timed(call))
     if COMM.Get_rank() == 0:
         base = statistics.median(times["ordinary sum (auto)"])
+        from mpiallreduce import reproducible_kernels
         print(f"# {COMM.Get_size()} ranks, float32 sum of {args.mib:g} MiB; median of {REPETITIONS} interleaved "
-              "repetitions, slowest rank")
+              "repetitions, slowest rank; conversions "
+              + ("compiled (numba)" if reproducible_kernels.available() else "in numpy passes (no numba)"))
         for name, seconds in times.items():
             median = statistics.median(seconds)
             print(f"{name:<36} {median * 1e3:9.1f} ms  {median / base:6.1f}x")

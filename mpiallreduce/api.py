@@ -166,8 +166,9 @@ def _reproducible_steps(x, op, algorithm, comm, out, check, axis, mesh, groups, 
     from .algorithms import HOST_ALGORITHMS
     steps_algorithm = algorithm if algorithm in HOST_ALGORITHMS else "auto"
 
-    def reduce(array, step_op):
-        return allreduce(array, op=step_op, algorithm=steps_algorithm, comm=comm, check=check, timeout=timeout)
+    def reduce(array, step_op):  # (in place: the work arrays of mpiallreduce.reproducible)
+        return allreduce(array, op=step_op, algorithm=steps_algorithm, comm=comm, out=array, check=check,
+                         timeout=timeout)
     reduce.size = comm.Get_size()
     return comm, reduce
 

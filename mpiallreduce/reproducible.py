@@ -24,6 +24,7 @@ float64: at most one ulp). With p <= 1024 ranks that is within 2 ulps of max(|S|
 dtype. Contributions within 2^(K-mantissa bits) of M lie on the grid exactly. Device (CuPy) arrays
 go through the host.
 """
+import functools
 import sys
 
 import numpy as np
@@ -67,15 +68,38 @@ def check_reproducible(x, op, comm_size):
         raise ValueError(f"reproducible=True supports up to {MAX_RANKS} ranks, this communicator has {comm_size}")
 
 
-def exponent_codes(values, fmt):
-    """Each element's biased exponent (0..all ones), as fmt.code."""
+def _compiled(fmt):
+    """mpiallreduce.reproducible_kernels (numba, float32, one pass each way) where it applies, else None."""
+    if fmt.bits is not np.uint32:
+        return None
+    from . import reproducible_kernels as kernels
+    return kernels if kernels.available() else None
+
+
+@functools.lru_cache(maxsize=None)
+def _scale_tables(bias, k):
+    from .reproducible_kernels import scale_tables
+    return scale_tables(bias, k)
+
+
+def exponent_codes(values, fmt, out=None):
+    """Each element's biased exponent (0..all ones), as fmt.code (into ``out`` if given)."""
+    kernels = _compiled(fmt)
+    if kernels is not None and values.flags.c_contiguous:
+        codes = np.empty(values.shape, np.uint8) if out is None else out
+        kernels.exponent_codes_f32(values.reshape(-1).view(np.uint32), codes.reshape(-1))
+        return codes
     if fmt.bits is np.uint32 and values.flags.c_contiguous and sys.byteorder == "little":
         # float32: the high 16 bits hold sign and exponent; shifted right by 7 the exponent is the
         # low byte, which the cast to uint8 keeps (two passes over half the bytes)
         high = values.reshape(-1).view(np.uint16)[1::2]
-        return np.right_shift(high, 7).astype(np.uint8).reshape(values.shape)
-    bits = values.view(fmt.bits)
-    return ((bits >> fmt.shift) & fmt.all_ones).astype(fmt.code)
+        codes = np.right_shift(high, 7).astype(np.uint8).reshape(values.shape)
+    else:
+        codes = ((values.view(fmt.bits) >> fmt.shift) & fmt.all_ones).astype(fmt.code)
+    if out is None:
+        return codes
+    np.copyto(out.reshape(codes.shape), codes)
+    return out
 
 
 def _grid_exponents(largest, fmt):
@@ -102,12 +126,25 @@ def _power_of_two(exponents):
     return ((exponents + 1023) << 52).view(np.float64)
 
 
-def to_words(values, largest, fmt):
+def to_words(values, largest, fmt, out=None):
     """The contributions as integers on the grid (see the module's diagram): an int64 array of
-    fmt.words words per element (float64: high word, then low word)."""
+    fmt.words words per element (float64: high word, then low word); ``out`` if given."""
     flat, largest = values.reshape(-1), largest.reshape(-1)
-    words = np.empty(flat.size * fmt.words, np.int64)
+    words = np.empty(flat.size * fmt.words, np.int64) if out is None else out
     normal = fmt.words == 1 and _all_normal(largest, fmt)
+    kernels = _compiled(fmt)
+    if kernels is not None:  # one compiled pass over each stretch of normal blocks
+        down = _scale_tables(fmt.bias, fmt.k)[0]
+        if normal:
+            kernels.to_words_f32(flat, largest, down, words)
+            return words
+        for start in range(0, flat.size, BLOCK):
+            stop = min(start + BLOCK, flat.size)
+            if _all_normal(largest[start:stop], fmt):
+                kernels.to_words_f32(flat[start:stop], largest[start:stop], down, words[start:stop])
+            else:
+                words[start:stop] = _to_words_block(flat[start:stop], largest[start:stop], fmt)
+        return words
     scratch = (np.empty(min(BLOCK, flat.size), np.int64), np.empty(min(BLOCK, flat.size), np.float64))
     for start in range(0, flat.size, BLOCK):
         stop = min(start + BLOCK, flat.size)
@@ -192,15 +229,33 @@ def _split_field(word):
     return below, (word - below) >> FIELD
 
 
-def from_words(summed, largest, fmt, divide_by=1, dtype=np.float64):
+def from_words(summed, largest, fmt, divide_by=1, dtype=np.float64, out=None):
     """The exact sums (summed words) as float64, rounded once (see the module's diagram), divided
-    by ``divide_by`` for a mean, then rounded to ``dtype``."""
+    by ``divide_by`` for a mean, then rounded to ``dtype`` (into ``out``, 1-D, if given)."""
     largest = largest.reshape(-1)
     dtype = np.dtype(dtype)
     if dtype.kind != "f":  # (ml_dtypes' bfloat16: through float64, cast at the end)
-        return from_words(summed, largest, fmt, divide_by).astype(dtype)
-    result = np.empty(largest.size, dtype)
+        result = from_words(summed, largest, fmt, divide_by).astype(dtype)
+        if out is None:
+            return result
+        np.copyto(out, result)
+        return out
+    result = np.empty(largest.size, dtype) if out is None else out
     normal = fmt.words == 1 and divide_by == 1 and _all_normal(largest, fmt)
+    kernels = _compiled(fmt) if dtype == np.float32 else None
+    if kernels is not None:  # (a mean's division too: in float64, before the rounding to float32)
+        up, divide = _scale_tables(fmt.bias, fmt.k)[1], float(divide_by)
+        if _all_normal(largest, fmt):
+            kernels.from_words_f32(summed, largest, up, divide, result)
+            return result
+        for start in range(0, largest.size, BLOCK):
+            stop = min(start + BLOCK, largest.size)
+            if _all_normal(largest[start:stop], fmt):
+                kernels.from_words_f32(summed[start:stop], largest[start:stop], up, divide, result[start:stop])
+            else:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    result[start:stop] = _from_words_block(summed[start:stop], largest[start:stop], fmt, divide_by)
+        return result
     scale, wide = np.empty(min(BLOCK, largest.size), np.int64), np.empty(min(BLOCK, largest.size), np.float64)
     for start in range(0, largest.size, BLOCK):
         stop = min(start + BLOCK, largest.size)
@@ -258,17 +313,24 @@ def reproducible_allreduce(x, op, out, reduce):
 
     ``reduce(array, op)`` is the allreduce to use for the two integer steps (the caller's
     algorithm, communicator, timeout); ``x`` may be numpy or CuPy (through the host)."""
+    from .buffers import scratch
     from .device import namespace
     xp = namespace(x)
     host = np.ascontiguousarray(x if xp is None else xp.asnumpy(x))
     fmt = FORMATS[np.dtype(host.dtype).name]
     flat = host.reshape(-1)
-    largest = reduce(exponent_codes(flat, fmt), "max")
-    summed = reduce(to_words(flat, largest, fmt), "sum")
-    size = reduce.size
+    # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced in place
+    codes = exponent_codes(flat, fmt, out=scratch("reproducible.codes", flat.size, fmt.code))
+    largest = reduce(codes, "max")
+    summed = reduce(to_words(flat, largest, fmt, out=scratch("reproducible.words", flat.size * fmt.words, np.int64)),
+                    "sum")
+    direct = xp is None and out is not None and out.flags.c_contiguous  # (x itself, for in place, is read by now)
     with np.errstate(over="ignore", invalid="ignore"):
-        result = from_words(summed, largest, fmt, divide_by=size if op == "mean" else 1,
-                            dtype=host.dtype).reshape(host.shape)
+        result = from_words(summed, largest, fmt, divide_by=reduce.size if op == "mean" else 1, dtype=host.dtype,
+                            out=out.reshape(-1) if direct else None)
+    if direct:
+        return out
+    result = result.reshape(host.shape)
     if xp is not None:
         result = xp.asarray(result)
     if out is None:

@@ -30,5 +30,5 @@ def test_pip_install_dot_into_a_fresh_venv_runs_two_ranks(tmp_path):
     requires = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.requires('mpiallreduce'))"],
                               env=env, capture_output=True, text=True, timeout=60).stdout
     for extra, package in (("cuda12", "cupy-cuda12x"), ("cuda13", "cupy-cuda13x"), ("torch", "torch"),
-                           ("bench", "matplotlib")):
+                           ("bench", "matplotlib"), ("fast", "numba")):
         assert package in requires and f'extra == "{extra}"' in requires, (extra, requires)

@@ -66,3 +66,32 @@ def test_a_zero_in_the_block_changes_the_path_not_the_bits():
     summed_alone, summed_mixed = np.sum(alone, axis=0), np.sum(mixed, axis=0)
     assert np.array_equal(reproducible.from_words(summed_alone, largest[:-1], fmt, dtype=np.float32),
                           reproducible.from_words(summed_mixed, largest, fmt, dtype=np.float32)[:-1])
+
+
+@pytest.mark.parametrize("divide_by", [1, 3])
+def test_compiled_kernels_give_the_numpy_passes_bits(monkeypatch, divide_by):
+    """numba's one-pass float32 conversions against the numpy passes, on blocks of every kind:
+    normal ones with ties on the grid, and ones holding zeros, subnormals, infinities and NaN."""
+    pytest.importorskip("numba")
+    from mpiallreduce import reproducible_kernels
+    if not reproducible_kernels.available():
+        pytest.skip("numba switched off (MPIALLREDUCE_REPRODUCIBLE_KERNELS=numpy)")
+    fmt = reproducible.FORMATS["float32"]
+    rows = contributions("float32", 3 * reproducible.BLOCK + 77, 3, seed=3)
+    specials = np.array([0.0, -0.0, 1e-45, -3e-42, np.inf, -np.inf, np.nan], np.float32)
+    for r, row in enumerate(rows):  # the second block gets a few of each special value
+        row[reproducible.BLOCK + 5:reproducible.BLOCK + 5 + specials.size] = np.roll(specials, r)
+
+    def convert():
+        codes = [reproducible.exponent_codes(row, fmt) for row in rows]
+        largest = np.maximum.reduce(codes)
+        words = [reproducible.to_words(row, largest, fmt) for row in rows]
+        result = reproducible.from_words(np.sum(words, axis=0), largest, fmt, divide_by, dtype=np.float32)
+        return codes, words, result
+
+    compiled = convert()
+    monkeypatch.setattr(reproducible, "_compiled", lambda fmt: None)
+    passes = convert()
+    for a, b in zip(compiled[0] + compiled[1], passes[0] + passes[1]):
+        assert np.array_equal(a, b)
+    assert np.array_equal(compiled[2].view(np.uint32), passes[2].view(np.uint32))

@@ -146,16 +146,22 @@ def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch, use_
     def run():
         x = _input_written_by_a_kernel(fake_cupy, 1000, comm.Get_rank())
         result = mar.allreduce(x, algorithm=algorithm)
-        if comm.Get_rank() > 0 and algorithm == "device_to_device":
-            # device_to_device reads peers' memory in kernels: let rank 0 read before the others'
-            # queued kernels run (on a GPU the race goes either way)
-            time.sleep(0.5)
         right = np.array_equal(result.get(), expected)
         return comm.allreduce(int(not right))  # how many ranks got a wrong answer
 
     assert run() == 0
     monkeypatch.setattr(transports, "synchronize", lambda xp: None)
     monkeypatch.setattr(device_to_device, "synchronize", lambda xp: None)
+    if algorithm == "device_to_device" and comm.Get_rank() > 0:
+        # device_to_device reads peers' memory in kernels, which the stand-in runs when the
+        # mappings are closed at the call's end: there, let rank 0 read before the others' queued
+        # kernels (their inputs' too) run (on a GPU the race goes either way)
+        close = device_to_device.PeerMappings.close
+
+        def close_later(self):
+            time.sleep(0.5)
+            close(self)
+        monkeypatch.setattr(device_to_device.PeerMappings, "close", close_later)
     wrong_without = run()
     fake_cupy.synchronize_all()
     assert wrong_without > 0, "skipping the stream synchronization went unnoticed"
