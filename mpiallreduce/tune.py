@@ -3,9 +3,15 @@
     mpiallreduce launch -n 4 -- python -m mpiallreduce tune --output my-table.json
     mpiallreduce launch -n 4 --nodes 2 -- python -m mpiallreduce tune --output my-table.json
     MPIALLREDUCE_TUNING=my-table.json python my_training.py
+    mpiallreduce tune --from-bench results/gpu/bench-gpu.json --output my-table.json
 
 On ranks that span nodes it measures what runs across nodes and writes the table's ``by_nodes``
 section (for that node and rank count), which ``auto`` reads on such communicators.
+
+``--from-bench`` measures nothing: it reads a ``bench --device gpu`` run's bench.json (the GPU
+check's bench-gpu.json) and writes the table's ``device`` section from it (one node: the fastest
+of Open MPI's path, which becomes ``mpi``, and ours at each size; ``"measured": true``), keeping
+the section's rules across nodes, which one node cannot measure.
 
 The table's format and how it is read: mpiallreduce.tuning.
 """
@@ -13,14 +19,49 @@ import json
 import os
 
 from .arguments import ArgumentParser, size_list
-from .tuning import TUNING_ENV, rules_from_measurements
+from .tuning import GUESSED_DEVICE_SECTION, TUNING_ENV, rules_from_measurements
 
 __all__ = ["main"]
 
 
-def main(argv=None):
-    from mpi4py import MPI
+def device_section_from_bench(bench, previous=None):
+    """The tuning table's ``device`` section from a ``bench --device gpu`` run (bench.json, loaded)."""
+    if bench.get("metadata", {}).get("device") not in ("gpu", "fake-gpu"):
+        raise ValueError("not a bench run on device arrays (bench --device gpu)")
+    from .bench import BASELINE
+    measured = [(m["nbytes"], "mpi" if m["algorithm"] == BASELINE else m["algorithm"], m["time_us"])
+                for m in bench["measurements"]
+                if not m["in_place"] and m["algorithm"] != "auto" and ":" not in m["algorithm"] and not m["wrong"]]
+    if not measured:
+        raise ValueError("the run has no out-of-place measurements without wrong elements")
+    section = dict(previous or GUESSED_DEVICE_SECTION)
+    section.update(measured=bench["metadata"].get("device") == "gpu", one_node=rules_from_measurements(measured),
+                   source={key: bench["metadata"].get(key) for key in ("date_utc", "git_commit", "hosts", "ranks",
+                                                                        "mpi_library", "cuda_aware")})
+    return section
 
+
+def _write_device_section(path, output):
+    with open(path) as f:
+        bench = json.load(f)
+    table = {"metadata": {}, "by_ranks": {}}
+    if os.path.exists(output):
+        with open(output) as f:
+            table = json.load(f)
+    table["device"] = device_section_from_bench(bench, table.get("device"))
+    with open(output, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    print(f"# device arrays on one node: auto will use ({'measured' if table['device']['measured'] else 'stand-in'})")
+    low = 0
+    for rule in table["device"]["one_node"]:
+        high = rule["up_to_bytes"]
+        print(f"  {low:>10} .. {'' if high is None else high:<10} bytes: {rule['algorithm']}")
+        low = (high or 0) + 1
+    print(f"# written to {output}")
+    return 0
+
+
+def main(argv=None):
     from .algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, run_metadata
     from .bench.driver import runnable_here
@@ -32,7 +73,15 @@ def main(argv=None):
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--output", default=os.environ.get(TUNING_ENV) or "tuning.json",
                         help="table to write or update (default: $MPIALLREDUCE_TUNING or ./tuning.json)")
+    parser.add_argument("--from-bench", metavar="BENCH_JSON",
+                        help="write the device section from a bench --device gpu run's bench.json; measure nothing")
     args = parser.parse_args(argv)
+    if args.from_bench:
+        try:
+            return _write_device_section(args.from_bench, args.output)
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--from-bench {args.from_bench}: {error}")
+    from mpi4py import MPI
     comm = MPI.COMM_WORLD
     sizes = args.sizes
     state = state_of(comm).make_ready()

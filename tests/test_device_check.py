@@ -52,6 +52,17 @@ def test_dry_run_goes_to_the_end_and_writes_every_file(wheels, tmp_path):
     scaling = (tmp_path / "scaling-cpu.txt").read_text()
     assert "### 2 ranks on 2 node(s)" in scaling and "node0, node1" in scaling
 
+    # what a GPU run's results then become: the tuning table's device section (a stand-in run's
+    # is not "measured")
+    table = tmp_path / "table.json"
+    tuned = subprocess.run([sys.executable, "-m", "mpiallreduce", "tune", "--from-bench",
+                            str(tmp_path / "bench-gpu.json"), "--output", str(table)],
+                           capture_output=True, text=True, timeout=60)
+    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
+    device = json.loads(table.read_text())["device"]
+    assert device["measured"] is False and device["one_node"][-1]["up_to_bytes"] is None
+    assert device["across_nodes"] == {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}
+
 
 def test_without_the_wheels_it_says_what_to_fetch_and_carry(tmp_path):
     empty = tmp_path / "no-wheels"

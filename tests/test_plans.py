@@ -129,6 +129,31 @@ def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
+def test_a_gpu_bench_run_becomes_the_measured_device_section():
+    """tune --from-bench: the fastest per size of Open MPI's path (as mpi) and ours, out of place,
+    wrong results and auto left out; the planner then follows it and stops calling it a guess."""
+    import numpy as np
+    from mpiallreduce import tuning
+    from mpiallreduce.planner import CallFacts, plan_call
+    from mpiallreduce.tune import device_section_from_bench
+
+    def m(nbytes, algorithm, us, in_place=False, wrong=0):
+        return dict(nbytes=nbytes, algorithm=algorithm, time_us=us, in_place=in_place, wrong=wrong)
+    bench = {"metadata": {"device": "gpu", "git_commit": "abc", "ranks": 4},
+             "measurements": [m(1 << 20, "openmpi", 50), m(1 << 20, "device_to_device", 80), m(1 << 20, "auto", 1),
+                              m(1 << 26, "openmpi", 5000), m(1 << 26, "device_to_device", 600),
+                              m(1 << 26, "staged_ring", 400, wrong=3), m(1 << 26, "ring", 100, in_place=True)]}
+    section = device_section_from_bench(bench)
+    assert section["measured"] is True and section["source"]["git_commit"] == "abc"
+    assert [r["algorithm"] for r in section["one_node"]] == ["mpi", "device_to_device"]
+    try:
+        tuning.set_tuning_table(dict(tuning.tuning_table(), device=section))
+        plan = plan_call(CallFacts(size=4), True, np.dtype(np.float32), 1 << 26, "sum", "auto")
+        assert plan.name == "device_to_device" and "unmeasured" not in plan.reason
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
 def test_shipped_table_names_only_known_algorithms():
     from mpiallreduce import tuning
     from mpiallreduce.algorithms import ALGORITHMS
