@@ -31,6 +31,9 @@ import numpy as np
 
 __all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "reproducible_allreduce", "check_reproducible"]
 
+#: "numpy" forces the numpy passes (for comparisons); anything else uses numba where installed
+#: (mpiallreduce.reproducible_kernels)
+KERNELS_ENV = "MPIALLREDUCE_REPRODUCIBLE_KERNELS"
 #: at most this many ranks: p * 2^51 must stay below 2^63 (and p * 2^41 below 2^53 for float64)
 MAX_RANKS = 1024
 FIELD = 40  # the bit where a word's count field starts (zero signs, NaN); -inf's count at bit 20

@@ -19,8 +19,7 @@ import numpy as np
 
 __all__ = ["available", "exponent_codes_f32", "to_words_f32", "from_words_f32", "scale_tables"]
 
-#: "numpy" forces the numpy passes (for comparisons); anything else uses numba where installed
-KERNELS_ENV = "MPIALLREDUCE_REPRODUCIBLE_KERNELS"
+from .reproducible import KERNELS_ENV
 
 try:
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
