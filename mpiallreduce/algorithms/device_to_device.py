@@ -12,7 +12,8 @@ cut into p slices; rank r owns slice r. Example p = 3, in_q = rank q's input, ou
     agree   (every slice is reduced; or every rank raises what failed where)
     step 2  rank r copies slice q from out_q, for every q != r
     close   each rank unmaps its peers' memory (cudaIpcCloseMemHandle)
-    barrier (nobody frees or reuses a buffer that a peer still reads or still has mapped)
+    agree   (the last barrier: nobody frees or reuses a buffer that a peer still reads or still has
+            mapped; or every rank raises what failed where)
 
 Each slice is reduced once, in rank order, by its owner, then copied: bitwise identical results.
 Step 1 is one p-input kernel (an ElementwiseKernel made once per op and p): it reads the p slices
@@ -24,6 +25,7 @@ undefined, and a mapping kept open pins memory its owner has freed; closing befo
 barrier means that once any rank returns, no peer holds a mapping of its buffers. The price is one
 cudaIpcOpenMemHandle per peer and buffer per call (not yet measured on a GPU).
 """
+import contextlib
 import functools
 
 import numpy as np
@@ -71,13 +73,13 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
         a, b = plan.slices[rank]
         own_slice = recv[a:b]
         source = recv if send is None else send
-        synchronize(xp)  # this rank's input is written before any peer reads it
-        handles = exchange_handles(comm, xp, [source, recv])
+        # Each step that can fail on one rank alone (a CUDA error, a peer's memory that cannot be
+        # mapped) ends in an agreement, a collective, so that every rank raises it instead of the
+        # others going on into the next collective and waiting there for ever.
+        handles = exchange_handles(comm, xp, [source, recv])  # (synchronizes first: the input is written)
         mappings = PeerMappings(xp)
         try:
-            # Step 1: reduce this rank's slice over every rank's input, in rank order, in one kernel.
-            # Opening a peer's memory can fail on one rank alone: the ranks agree on that instead of
-            # a barrier.
+            # Step 1: reduce this rank's slice over every rank's input, in rank order, in one kernel
             error = None
             try:
                 sources, results = peer_arrays(comm, xp, [source, recv], handles, mappings)
@@ -88,13 +90,20 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
                 error = failure
             agree_on_outcome(comm, error, "device_to_device: mapping the peers' memory (CUDA IPC)")
 
-            # Step 2: copy every other slice from its owner's result
-            for q, (c, d) in enumerate(plan.slices):
-                if q != rank:
-                    copy_into(recv[c:d], results[q][c:d])
+            # Step 2: copy every other slice from its owner's result, then unmap; the agreement is
+            # the last barrier (nobody frees or reuses a buffer a peer still reads or has mapped)
+            try:
+                for q, (c, d) in enumerate(plan.slices):
+                    if q != rank:
+                        copy_into(recv[c:d], results[q][c:d])
+                mappings.close()
+            except Exception as failure:  # noqa: BLE001 - raised on every rank by agree_on_outcome
+                error = failure
+            agree_on_outcome(comm, error, "device_to_device: copying the peers' slices and unmapping them")
         finally:
-            mappings.close()
-        comm.Barrier()
+            if mappings.bases:  # (after a failure every rank raises already: what is left is unmapped quietly)
+                with contextlib.suppress(Exception):
+                    mappings.close()
 
 
 class PeerMappings:
@@ -118,8 +127,14 @@ class PeerMappings:
         bases, self.bases = self.bases, {}
         if bases:
             self.xp.cuda.get_current_stream().synchronize()
-        for base in bases.values():
-            close_ipc_mapping(self.xp, base)
+        failure = None
+        for base in bases.values():  # (all of them, even after one fails; then the first failure)
+            try:
+                close_ipc_mapping(self.xp, base)
+            except Exception as error:  # noqa: BLE001 - raised below, once every mapping was tried
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
 
 #: bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t)
@@ -130,10 +145,12 @@ RECORD_BYTES = IPC_HANDLE_BYTES + 8 + 8
 
 def exchange_handles(comm, xp, arrays):
     """Every rank's (IPC handle, offset, device id) for each of ``arrays``: one allgather, rows by rank.
-    A rank that cannot export its memory says so in that allgather (a status byte), and every rank raises."""
+    A rank that cannot synchronize its stream or export its memory says so in that allgather (a
+    status byte), and every rank raises."""
     mine = np.zeros(1 + len(arrays) * RECORD_BYTES, dtype=np.uint8)  # status, then the records
     error = None
     try:
+        synchronize(xp)  # this rank's input is written before any peer reads it
         for i, array in enumerate(arrays):
             base, _ = allocation_range(xp, array.data.ptr)
             start = 1 + i * RECORD_BYTES
@@ -147,7 +164,7 @@ def exchange_handles(comm, xp, arrays):
     everyone = np.empty((comm.Get_size(), mine.size), dtype=np.uint8)
     comm.Allgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
     if everyone[:, 0].any():
-        agree_on_outcome(comm, error, "device_to_device: exporting device memory (CUDA IPC)")
+        agree_on_outcome(comm, error, "device_to_device: synchronizing and exporting device memory (CUDA IPC)")
     records = []
     for row in everyone:
         entries = []

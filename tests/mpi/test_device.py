@@ -332,10 +332,10 @@ def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
     assert not problems, problems
 
 
-@pytest.mark.parametrize("step", ["export", "open"])
+@pytest.mark.parametrize("step", ["export", "open", "close"])
 def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeypatch):
-    """Exporting or mapping device memory that fails on the last rank only: every rank raises,
-    naming it, instead of the others going on into the next collective; the next call works."""
+    """Exporting, mapping or unmapping device memory that fails on the last rank only: every rank
+    raises, naming it, instead of the others going on into the next collective; the next call works."""
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
         pytest.skip("one rank reduces alone")
@@ -346,8 +346,15 @@ def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeyp
             raise RuntimeError("cudaErrorMapBufferObjectFailed (injected)")
         if step == "export":
             monkeypatch.setattr(device_to_device, "allocation_range", refuse)
-        else:
+        elif step == "open":
             monkeypatch.setattr(fake_cupy.cuda.runtime, "ipcOpenMemHandle", refuse)
+        else:
+            close = fake_cupy.cuda.runtime.ipcCloseMemHandle
+
+            def close_then_refuse(ptr):  # (the mapping goes, as on a driver that reports an error late)
+                close(ptr)
+                refuse()
+            monkeypatch.setattr(fake_cupy.cuda.runtime, "ipcCloseMemHandle", close_then_refuse)
     with pytest.raises(RuntimeError, match=rf"failed on rank {last} of {comm.Get_size()}:\n  rank {last}: "
                                            r"RuntimeError: cudaErrorMapBufferObjectFailed \(injected\)"):
         mar.allreduce(x, algorithm="device_to_device")
