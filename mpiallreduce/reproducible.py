@@ -116,14 +116,6 @@ def _grid_exponents(largest, fmt):
 BLOCK = 1 << 16
 
 
-def _scale_bits(largest, fmt, direction):
-    """2.0 ** (-grid) (direction +1) or 2.0 ** grid (-1) where no element is tiny: two passes."""
-    constant = fmt.bias - 1 + fmt.k  # -grid = constant - largest
-    exponents = np.subtract(1023 + constant, largest, dtype=np.int64) if direction > 0 else \
-        np.add(largest, 1023 - constant, dtype=np.int64)
-    return np.left_shift(exponents, 52, out=exponents).view(np.float64)
-
-
 def _power_of_two(exponents):
     """2.0 ** exponents (int64, within float64's normal range), built from the bits."""
     return ((exponents + 1023) << 52).view(np.float64)
@@ -135,27 +127,21 @@ def to_words(values, largest, fmt, out=None):
     flat, largest = values.reshape(-1), largest.reshape(-1)
     words = np.empty(flat.size * fmt.words, np.int64) if out is None else out
     normal = fmt.words == 1 and _all_normal(largest, fmt)
-    kernels = _compiled(fmt)
-    if kernels is not None:  # one compiled pass over each stretch of normal blocks
-        down = _scale_tables(fmt.bias, fmt.k)[0]
-        if normal:
-            kernels.to_words_f32(flat, largest, down, words)
-            return words
-        for start in range(0, flat.size, BLOCK):
-            stop = min(start + BLOCK, flat.size)
-            if _all_normal(largest[start:stop], fmt):
-                kernels.to_words_f32(flat[start:stop], largest[start:stop], down, words[start:stop])
-            else:
-                words[start:stop] = _to_words_block(flat[start:stop], largest[start:stop], fmt)
+    kernels = _compiled(fmt)  # (one compiled pass over normal stretches; else numpy passes by block)
+    down = None if kernels is None else _scale_tables(fmt.bias, fmt.k)[0]
+    if normal and kernels is not None:
+        kernels.to_words_f32(flat, largest, down, words)
         return words
     scratch = (np.empty(min(BLOCK, flat.size), np.int64), np.empty(min(BLOCK, flat.size), np.float64))
     for start in range(0, flat.size, BLOCK):
         stop = min(start + BLOCK, flat.size)
         block, codes, target = flat[start:stop], largest[start:stop], words[start * fmt.words:stop * fmt.words]
-        if normal or (fmt.words == 1 and _all_normal(codes, fmt)):
-            _to_words_normal_block(block, codes, fmt, [a[:stop - start] for a in scratch], target)
-        else:
+        if not (normal or (fmt.words == 1 and _all_normal(codes, fmt))):
             target[...] = _to_words_block(block, codes, fmt)
+        elif kernels is not None:
+            kernels.to_words_f32(block, codes, down, target)
+        else:
+            _to_words_normal_block(block, codes, fmt, [a[:stop - start] for a in scratch], target)
     return words
 
 
@@ -201,7 +187,7 @@ def _to_words_block(values, largest, fmt):
             special = largest == fmt.all_ones
             wide = np.where(special, 0.0, wide)
         if fmt.words == 1:  # |x| / q < 2^51: scale by a power of two built from the bits, round, convert
-            np.multiply(wide, _power_of_two(-grid) if tiny_any else _scale_bits(largest, fmt, +1), out=wide)
+            np.multiply(wide, _power_of_two(-grid) if tiny_any else _scale_into(np.empty(largest.shape, np.int64), largest, fmt, +1), out=wide)
             high = np.rint(wide, out=wide).astype(np.int64)
             low = None
         else:  # float64: 2^-grid may leave float64's range, ldexp does not
@@ -244,34 +230,30 @@ def from_words(summed, largest, fmt, divide_by=1, dtype=np.float64, out=None):
         np.copyto(out, result)
         return out
     result = np.empty(largest.size, dtype) if out is None else out
-    normal = fmt.words == 1 and divide_by == 1 and _all_normal(largest, fmt)
-    kernels = _compiled(fmt) if dtype == np.float32 else None
-    if kernels is not None:  # (a mean's division too: in float64, before the rounding to float32)
-        up, divide = _scale_tables(fmt.bias, fmt.k)[1], float(divide_by)
-        if _all_normal(largest, fmt):
-            kernels.from_words_f32(summed, largest, up, divide, result)
-            return result
-        for start in range(0, largest.size, BLOCK):
-            stop = min(start + BLOCK, largest.size)
-            if _all_normal(largest[start:stop], fmt):
-                kernels.from_words_f32(summed[start:stop], largest[start:stop], up, divide, result[start:stop])
-            else:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    result[start:stop] = _from_words_block(summed[start:stop], largest[start:stop], fmt, divide_by)
+    normal = fmt.words == 1 and _all_normal(largest, fmt)
+    kernels = _compiled(fmt) if dtype == np.float32 else None  # (one compiled pass; else numpy passes)
+    up = None if kernels is None else _scale_tables(fmt.bias, fmt.k)[1]
+    if normal and kernels is not None:
+        kernels.from_words_f32(summed, largest, up, float(divide_by), result)
         return result
     scale, wide = np.empty(min(BLOCK, largest.size), np.int64), np.empty(min(BLOCK, largest.size), np.float64)
     for start in range(0, largest.size, BLOCK):
         stop = min(start + BLOCK, largest.size)
         words, codes = summed[start * fmt.words:stop * fmt.words], largest[start:stop]
-        if normal or (fmt.words == 1 and divide_by == 1 and _all_normal(codes, fmt)):
-            # one rounding to float64, times a power of two (exact), then one rounding to dtype
+        if not (normal or (fmt.words == 1 and _all_normal(codes, fmt))):
+            with np.errstate(over="ignore", invalid="ignore"):
+                result[start:stop] = _from_words_block(words, codes, fmt, divide_by)
+        elif kernels is not None:
+            kernels.from_words_f32(words, codes, up, float(divide_by), result[start:stop])
+        else:
+            # one rounding to float64, times a power of two (exact), a mean's division, then one
+            # rounding to dtype: _from_words_block's operations
             block = wide[:stop - start]
             np.copyto(block, words, casting="unsafe")
             np.multiply(block, _scale_into(scale[:stop - start], codes, fmt, -1), out=block)
+            if divide_by != 1:
+                np.divide(block, divide_by, out=block)
             np.copyto(result[start:stop], block, casting="unsafe")
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):
-                result[start:stop] = _from_words_block(words, codes, fmt, divide_by)
     return result
 
 
@@ -292,7 +274,7 @@ def _from_words_block(summed, largest, fmt, divide_by):
     with np.errstate(invalid="ignore", over="ignore"):
         if low is None:  # < 2^62: one rounding, to 53 bits; then a power of two (exact)
             result = high.astype(np.float64)
-            np.multiply(result, _power_of_two(grid) if tiny_any else _scale_bits(largest, fmt, -1), out=result)
+            np.multiply(result, _power_of_two(grid) if tiny_any else _scale_into(np.empty(largest.shape, np.int64), largest, fmt, -1), out=result)
         else:
             total = np.ldexp(high.astype(np.float64), FIELD) + low.astype(np.float64)  # exact terms, one rounding
             result = np.ldexp(total, grid)

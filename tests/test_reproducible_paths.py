@@ -46,9 +46,10 @@ def test_fast_and_general_paths_give_the_same_words_and_sums(dtype):
         words.append(fast)
     summed = np.sum(words, axis=0)
     bits = np.uint16 if dtype == "float16" else np.uint32
-    fast_result = reproducible.from_words(summed, largest, fmt, dtype=np.dtype(dtype))
-    general_result = reproducible._from_words_block(summed, largest, fmt, 1).astype(dtype)
-    assert np.array_equal(fast_result.view(bits), general_result.view(bits))
+    for divide_by in (1, 3):  # (a sum, and a mean of 3 ranks)
+        fast_result = reproducible.from_words(summed, largest, fmt, divide_by, dtype=np.dtype(dtype))
+        general_result = reproducible._from_words_block(summed, largest, fmt, divide_by).astype(dtype)
+        assert np.array_equal(fast_result.view(bits), general_result.view(bits)), divide_by
 
 
 def test_a_zero_in_the_block_changes_the_path_not_the_bits():
