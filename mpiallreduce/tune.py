@@ -19,7 +19,7 @@ import json
 import os
 
 from .arguments import ArgumentParser, size_list
-from .tuning import GUESSED_DEVICE_SECTION, TUNING_ENV, rules_from_measurements
+from .tuning import TUNING_ENV, rules_from_measurements, shipped_device_section
 
 __all__ = ["main"]
 
@@ -34,7 +34,7 @@ def device_section_from_bench(bench, previous=None):
                 if not m["in_place"] and m["algorithm"] != "auto" and ":" not in m["algorithm"] and not m["wrong"]]
     if not measured:
         raise ValueError("the run has no out-of-place measurements without wrong elements")
-    section = dict(previous or GUESSED_DEVICE_SECTION)
+    section = dict(previous or shipped_device_section())
     section.update(measured=bench["metadata"].get("device") == "gpu", one_node=rules_from_measurements(measured),
                    source={key: bench["metadata"].get(key) for key in ("date_utc", "git_commit", "hosts", "ranks",
                                                                         "mpi_library", "cuda_aware")})

@@ -31,13 +31,14 @@ says so in its reason) until a GPU run (benchmarks/gpu/device_check.sh) replaces
                              {"up_to_bytes": null, "algorithm": "device_to_device"}],
                 "across_nodes": {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}}
 """
+import functools
 import hashlib
 import json
 import math
 import os
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "choose_across_nodes", "choose_on_device", "rules_from_measurements", "table_digest"]
+           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "table_digest"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tuning.json")
@@ -129,17 +130,18 @@ def choose_across_nodes(nbytes, nodes, size, known):
     return _choices[key]
 
 
-#: what "auto" runs on device arrays when the table has no device section
-GUESSED_DEVICE_SECTION = {"measured": False,
-                          "one_node": [{"up_to_bytes": 65535, "algorithm": "mpi"},
-                                       {"up_to_bytes": None, "algorithm": "device_to_device"}],
-                          "across_nodes": {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}}
+@functools.lru_cache(maxsize=None)
+def shipped_device_section():
+    """The shipped table's device section: what "auto" runs on device arrays when the table in use
+    has none (a table ``tune`` wrote before it had one, say)."""
+    with open(DEFAULT_TABLE) as f:
+        return json.load(f)["device"]
 
 
 def choose_on_device(nbytes, spans_nodes, cuda_aware, known):
     """(algorithm name, measured) for device arrays of ``nbytes`` bytes: the table's device section
     (``measured`` False while its rules are guesses)."""
-    section = tuning_table().get("device") or GUESSED_DEVICE_SECTION
+    section = tuning_table().get("device") or shipped_device_section()
     if spans_nodes:
         name = section["across_nodes"]["cuda_aware" if cuda_aware else "not_cuda_aware"]
         return (name if name in known else "staged_ring"), bool(section.get("measured"))

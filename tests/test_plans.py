@@ -125,6 +125,8 @@ def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses
         assert plan(65536).name == "staged_ring" and plan((1 << 20) + 1).name == "device_to_device"
         assert "unmeasured" not in plan(65536).reason
         assert plan(1 << 20, spans_nodes=True, node_count=2, cuda_aware=True).name == "rabenseifner"
+        tuning.set_tuning_table({"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "ring"}]}})  # no device section
+        assert plan(1 << 20).name == "device_to_device" and "unmeasured guess" in plan(1 << 20).reason
     finally:
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
