@@ -32,8 +32,9 @@ from .faults.rendezvous import Rendezvous
 from .faults.watch import PeerWatch
 from .faults.ulfm import failure_of
 from .mesh import resolve_communicator
-from .ops import get_op, ignore_float_errors, restore_float_errors
+from .ops import OPS, get_op, ignore_float_errors, restore_float_errors
 from .planner import CallFacts, check_algorithm_name, plan_call
+from .reproducible import sum_by_words
 from .settings import settings
 from .startup import check_world_matches_slurm
 from .state import state_of
@@ -123,12 +124,11 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     unknown = set(kwargs) - {"axis", "mesh", "groups", "timeout", "reproducible"}
     if unknown:
         raise TypeError(f"allreduce_async got unexpected keyword arguments {sorted(unknown)}")
-    if kwargs.pop("reproducible", False):  # two integer allreduces, run in turn on the worker
-        comm, reduce = _reproducible_steps(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
-                                           kwargs.get("groups"), kwargs.get("timeout"))
-        from .reproducible import reproducible_allreduce
+    if kwargs.pop("reproducible", False):  # (its call is numbered on the worker, in the order of submission)
+        run = _reproducible_call(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
+                                 kwargs.get("groups"), kwargs.get("timeout"))
         description = f"reproducible allreduce of {x.shape} {x.dtype} op={op}"
-        return submit(lambda: reproducible_allreduce(x, op, out, reduce), x, description, Meeting(None, ""))
+        return submit(run, x, description, Meeting(None, ""))
     call = _Call.start(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
                        kwargs.get("groups"), kwargs.get("timeout"))
     meeting = call.meeting = Meeting(call.timeout, call.site)
@@ -139,17 +139,17 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
 
 
 def _reproducible(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout):
-    from .reproducible import reproducible_allreduce
-    comm, reduce = _reproducible_steps(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout)
+    run = _reproducible_call(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout)
     if _worker.pending and threading.current_thread() is not _worker.thread:
-        return run_in_order(lambda: reproducible_allreduce(x, op, out, reduce))
-    return reproducible_allreduce(x, op, out, reduce)
+        return run_in_order(run)
+    return run()
 
 
-def _reproducible_steps(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout):
-    """Check a reproducible call's arguments (no communication); its communicator and the
-    allreduce its integer steps use (the caller's algorithm where it takes host arrays)."""
-    from .reproducible import check_reproducible
+def _reproducible_call(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout):
+    """Check a reproducible call's arguments (no communication; on every rank with ``check``); the
+    function that runs it: one allreduce of host arrays with op ``EXACT_OPS[op]``, whose plan says
+    how (mpiallreduce.planner: the direct route in shared memory, else the words route)."""
+    from .reproducible import EXACT_OPS, check_reproducible, reproducible_allreduce
     if axis is not None or mesh is not None or groups is not None:
         comm = resolve_communicator(comm, axis, mesh, groups)
     comm = _check_comm(_WORLD if comm is None else comm)
@@ -164,13 +164,11 @@ def _reproducible_steps(x, op, algorithm, comm, out, check, axis, mesh, groups, 
     else:
         validate()  # a bad argument raises here, before any communication
     from .algorithms import HOST_ALGORITHMS
-    steps_algorithm = algorithm if algorithm in HOST_ALGORITHMS else "auto"
+    host_algorithm = algorithm if algorithm in HOST_ALGORITHMS else "auto"  # (device arrays go through the host)
 
-    def reduce(array, step_op):  # (in place: the work arrays of mpiallreduce.reproducible)
-        return allreduce(array, op=step_op, algorithm=steps_algorithm, comm=comm, out=array, check=check,
-                         timeout=timeout)
-    reduce.size = comm.Get_size()
-    return comm, reduce
+    def run_on_host(host, host_out):
+        return _Call.start(host, EXACT_OPS[op], host_algorithm, comm, host_out, check, None, None, None, timeout).run()
+    return lambda: reproducible_allreduce(x, op, out, run_on_host)
 
 
 class _Call:
@@ -385,7 +383,12 @@ def execute(state, plan, flat, op, datatype, xp, sequence, signature=None, timeo
         options["signature"] = signature
     ignoring = ignore_float_errors()
     try:
-        if plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
+        if op.exact and not plan.algorithm.sees_every_contribution:  # a reproducible sum's words route
+            def allreduce_in_place(array, step_op):
+                _run(plan, comm, None, array, OPS[step_op], buffers.mpi_datatype(array.dtype), None, options)
+            allreduce_in_place.size = size
+            sum_by_words(flat.send, flat.recv, op.mean, allreduce_in_place)
+        elif plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
             wide = (flat.recv if flat.send is None else flat.send).astype(plan.accumulate)
             _run(plan, comm, None, wide, op, buffers.mpi_datatype(plan.accumulate), xp, options)
             op.finish(wide, size)

@@ -45,6 +45,8 @@ class ReduceOp:
     mpi: MPI.Op
     divide_by_size: bool = False
     defined_for_complex: bool = True
+    #: True for mpiallreduce.reproducible.ExactSumOp (reproducible sums), which never reduces pairwise
+    exact = False
 
     def check_dtype(self, dtype):
         """Raise TypeError if this op is not defined for ``dtype``."""
@@ -122,7 +124,10 @@ OPS = {
 
 
 def get_op(name):
-    """The ReduceOp called ``name``; ValueError (TypeError for a non-string) naming the choices otherwise."""
+    """The ReduceOp called ``name``; ValueError (TypeError for a non-string) naming the choices otherwise.
+    A ReduceOp is itself (the library's own ops: mpiallreduce.reproducible.EXACT_OPS)."""
+    if isinstance(name, ReduceOp):
+        return name
     if not isinstance(name, str):
         raise TypeError(f"op must be a string, one of {', '.join(OPS)}; got {type(name).__name__} {name!r}")
     try:

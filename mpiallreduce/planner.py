@@ -19,6 +19,12 @@ Rules, in order:
   64 KiB, ``device_to_device`` from there on), by CUDA-awareness across nodes (``ring`` through a
   CUDA-aware MPI, else ``staged_ring``). Until a GPU run measures them these are guesses, and the
   plan's reason says "unmeasured guess";
+- reproducible sums (op ``reproducible_sum``/``reproducible_mean``, mpiallreduce.reproducible), numpy
+  arrays: ``auto`` runs ``pairwise_exchange``, on one node or across nodes, which sums each element
+  from every contribution at once, straight from the floats (the direct route; so does
+  ``shared_memory`` when asked for); any other algorithm asked for reduces their exponent bytes,
+  then their fixed-point words (the words route); they accumulate in nothing wider: the same bits
+  either way;
 - float16 and bfloat16 accumulate in float32 in every hand-written algorithm (and in ``mpi`` on
   device arrays); ``mpi`` on numpy arrays keeps the library's own float16 arithmetic;
 - calls of at least ``signature_min_bytes`` (64 KiB by default) compare shape, dtype and op across
@@ -122,6 +128,10 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:
             raise ValueError(f"the {algorithm} algorithm needs every rank of the communicator on one node; "
                              f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})")
+    elif op_name.startswith("reproducible_") and not on_device:
+        chosen = REGISTRY["pairwise_exchange"]
+        reason = ("a reproducible sum: every contribution of an element on one rank, summed exactly from the "
+                  "floats themselves")
     elif on_device:
         name, measured = choose_on_device(nbytes, facts.spans_nodes, facts.cuda_aware, REGISTRY)
         chosen = REGISTRY[name]
@@ -152,8 +162,10 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     if on_device:
         from .transports import device_path
         path = device_path(chosen, facts.cuda_aware)
+    if op_name.startswith("reproducible_") and not chosen.sees_every_contribution:
+        reason += "; a reproducible sum: its exponent bytes, then its fixed-point words, reduced by it"
     accumulate = None
-    if low_precision and (chosen.name != "mpi" or on_device):
+    if low_precision and (chosen.name != "mpi" or on_device) and not op_name.startswith("reproducible_"):
         accumulate = np.dtype(np.float32)
     check_signature = 0 <= facts.signature_min_bytes <= nbytes
     return CallPlan(chosen, auto, reason, path, accumulate, False, check_signature, inner)

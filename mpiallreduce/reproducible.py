@@ -2,34 +2,46 @@
 ranks that contribute zeros (``allreduce(x, reproducible=True)``).
 
     step 1  exponents     each element's IEEE biased exponent E (0: zero or subnormal; all ones:
-                          inf or NaN; 1 byte for float16, bfloat16, float32, 2 for float64),
-                          MAX-allreduced: every rank learns each element's largest exponent Emax
-    step 2  fixed point   every rank puts each element on the grid q = 2^(Emax - bias + 1 - K), so
-                          that |x| / q < 2^K, rounding x / q to the nearest integer (ties to even):
+                          inf or NaN; 1 byte for float16, bfloat16, float32, 2 for float64); the
+                          largest over the ranks, Emax
+    step 2  fixed point   each contribution put on the grid q = 2^(Emax - bias + 1 - K), so that
+                          |x| / q < 2^K, rounding x / q to the nearest integer (ties to even):
                           one int64 word (K = 51), or for float64 two words 40 bits apart (K = 81).
                           Where Emax is 0 the grid is the dtype's subnormal unit (exact) and a bit
                           field counts the contributions that are not -0; where Emax is all ones,
                           bit fields count +inf, -inf and NaN
-    step 3  integer sum   SUM-allreduce of the words (any algorithm: integers add exactly, in any
-                          order, and zeros add nothing)
+    step 3  integer sum   the sum of the words (integers add exactly, in any order, and zeros add nothing)
     step 4  back          sum * q, rounded once (float64: the two words' sum rounded once), then
                           to the dtype; -0 if every contribution was -0; inf, -inf or NaN as IEEE
                           addition says (+inf with -inf is NaN)
 
-The result depends only on the multiset of contributions. Bytes: 1 + 8 per element against a
-float32 sum's 4 (float64: 2 + 16 against 8). Accuracy, per element, against the exact sum S of its
-contributions, whose largest magnitude is M: each contribution moves by at most q/2 <= 2^-K M, so
-|result - S| <= p 2^-K M plus one rounding of S (float16, bfloat16 and float32 round through
-float64: at most one ulp). With p <= 1024 ranks that is within 2 ulps of max(|S|, M), whatever the
-dtype. Contributions within 2^(K-mantissa bits) of M lie on the grid exactly. Device (CuPy) arrays
-go through the host.
+Two routes run these steps, with the same operations, so the same bits (mpiallreduce.planner
+picks one; op ``EXACT_OPS[op]`` through the ordinary call path):
+
+    direct route  an algorithm in which one rank holds every contribution of an element
+                  (pairwise_exchange, what auto runs, on one node or across nodes; shared_memory):
+                  that rank runs steps 1-4 for its slice straight from the p floats
+                  (exact_sum_into; compiled for float32). Bytes moved: an ordinary sum's
+    words route   any other algorithm asked for by name: step 1 as a MAX-allreduce of the
+                  exponent bytes, step 3 as a SUM-allreduce of the words (sum_by_words). Bytes:
+                  1 + 8 per element against a float32 sum's 4 (float64: 2 + 16 against 8)
+
+The result depends only on the multiset of contributions. Accuracy, per element, against the exact
+sum S of its contributions, whose largest magnitude is M: each contribution moves by at most q/2
+<= 2^-K M, so |result - S| <= p 2^-K M plus one rounding of S (float16, bfloat16 and float32 round
+through float64: at most one ulp). With p <= 1024 ranks that is within 2 ulps of max(|S|, M),
+whatever the dtype. Contributions within 2^(K-mantissa bits) of M lie on the grid exactly. Device
+(CuPy) arrays go through the host.
 """
 import functools
 import sys
 
 import numpy as np
 
-__all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "reproducible_allreduce", "check_reproducible"]
+from .ops import ReduceOp
+
+__all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "EXACT_OPS", "ExactSumOp", "reproducible_allreduce", "exact_sum_into",
+           "sum_by_words", "check_reproducible"]
 
 #: "numpy" forces the numpy passes (for comparisons); anything else uses numba where installed
 #: (mpiallreduce.reproducible_kernels)
@@ -293,32 +305,112 @@ def _from_words_block(summed, largest, fmt, divide_by):
     return result
 
 
-def reproducible_allreduce(x, op, out, reduce):
+def exact_sum_into(contributions, out, divide_by=1):
+    """The direct route: ``out`` = the reproducible sum of the p ``contributions`` (1-D arrays of
+    one dtype and length; ``out`` may be one of them), divided by ``divide_by``, per element.
+
+    The words route's operations on one rank that holds every contribution (shared memory): each
+    element's largest exponent from its p contributions, their words summed here, converted back:
+    the same bits as the words route. Float32 blocks run compiled where numba is (one loop,
+    mpiallreduce.reproducible_kernels.exact_sum_f32); blocks holding an inf or NaN, other dtypes,
+    or no numba: the words route's numpy passes, by block."""
+    fmt = FORMATS[np.dtype(out.dtype).name]
+    count = out.size
+    kernels = _compiled(fmt)
+    start = 0
+    if kernels is not None and out.flags.c_contiguous and all(c.flags.c_contiguous for c in contributions):
+        values = tuple(contributions)
+        bits = tuple(c.view(np.uint32) for c in contributions)
+        largest = np.empty(kernels.EXACT_BLOCK, np.uint32)
+        while start < count:  # compiled up to a block holding an inf or NaN largest, which the numpy passes take
+            start = kernels.exact_sum_f32(values, bits, float(divide_by), out, start, largest)
+            stop = min(start + kernels.EXACT_BLOCK, count)
+            if start < stop:
+                _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
+            start = stop
+        return out
+    for start in range(0, count, BLOCK):
+        stop = min(start + BLOCK, count)
+        _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
+    return out
+
+
+def _exact_sum_block(contributions, out, fmt, divide_by):
+    """exact_sum_into's numpy passes: the words route's own functions, on one block."""
+    largest = np.maximum.reduce([exponent_codes(c, fmt) for c in contributions])
+    summed = to_words(contributions[0], largest, fmt)
+    for c in contributions[1:]:
+        summed += to_words(c, largest, fmt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        from_words(summed, largest, fmt, divide_by=divide_by, dtype=out.dtype, out=out)
+
+
+def sum_by_words(send, recv, mean, allreduce_in_place):
+    """The words route: ``recv`` = the reproducible sum (or mean) over the ranks of ``send`` (or of
+    ``recv``'s contents when ``send`` is None), both 1-D contiguous numpy arrays.
+    ``allreduce_in_place(array, op_name)``: the allreduce of the two integer steps (the call's
+    algorithm, communicator and watch; mpiallreduce.api.execute); it has a ``size``."""
+    from .buffers import scratch
+    values = recv if send is None else send
+    fmt = FORMATS[np.dtype(values.dtype).name]
+    # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced in place
+    codes = exponent_codes(values, fmt, out=scratch("reproducible.codes", values.size, fmt.code))
+    allreduce_in_place(codes, "max")
+    words = to_words(values, codes, fmt, out=scratch("reproducible.words", values.size * fmt.words, np.int64))
+    allreduce_in_place(words, "sum")  # (values, for in place, is read by now)
+    with np.errstate(over="ignore", invalid="ignore"):
+        from_words(words, codes, fmt, divide_by=allreduce_in_place.size if mean else 1, dtype=values.dtype, out=recv)
+
+
+class ExactSumOp(ReduceOp):
+    """``op`` for a reproducible sum or mean, through the planner and any algorithm: one that holds
+    every contribution of an element in one place (``sees_every_contribution``: shared_memory)
+    calls ``reduce_all_into`` (the direct route); any other reduces the exponent bytes and then the
+    words (``sum_by_words``, run by mpiallreduce.api.execute). It never reduces pairwise."""
+
+    exact = True
+
+    def __init__(self, mean):
+        super().__init__("reproducible_mean" if mean else "reproducible_sum", np.add, None)
+        object.__setattr__(self, "mean", mean)
+
+    def __repr__(self):
+        return self.name
+
+    def check_dtype(self, dtype):
+        check_reproducible(np.empty(0, dtype), "mean" if self.mean else "sum", 1)
+
+    def reduce_local(self, a, b, out):
+        raise TypeError(f"{self.name} sums every contribution at once (reduce_all_into), never two at a time")
+
+    def mpi_op(self, dtype):
+        raise TypeError(f"{self.name} is no MPI op: its steps reduce with MPI.MAX and MPI.SUM")
+
+    def reduce_all_into(self, pieces, out):
+        exact_sum_into(pieces, out, divide_by=len(pieces) if self.mean else 1)
+
+    def finish(self, result, size):
+        """One rank (a local copy): the reproducible sum of its one contribution, as with more ranks
+        (a NaN becomes the canonical NaN, a mean divides by 1)."""
+        if size == 1:
+            exact_sum_into([result], result)
+
+
+EXACT_OPS = {"sum": ExactSumOp(mean=False), "mean": ExactSumOp(mean=True)}
+
+
+def reproducible_allreduce(x, op, out, run):
     """The reproducible sum (or mean) of ``x`` over the ranks, written to ``out`` (or a new array).
 
-    ``reduce(array, op)`` is the allreduce to use for the two integer steps (the caller's
-    algorithm, communicator, timeout); ``x`` may be numpy or CuPy (through the host)."""
-    from .buffers import scratch
+    ``run(host, host_out)``: the allreduce of host arrays with ``EXACT_OPS[op]`` (mpiallreduce.api);
+    ``x`` may be numpy or CuPy (through the host)."""
     from .device import namespace
     xp = namespace(x)
-    host = np.ascontiguousarray(x if xp is None else xp.asnumpy(x))
-    fmt = FORMATS[np.dtype(host.dtype).name]
-    flat = host.reshape(-1)
-    # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced in place
-    codes = exponent_codes(flat, fmt, out=scratch("reproducible.codes", flat.size, fmt.code))
-    largest = reduce(codes, "max")
-    summed = reduce(to_words(flat, largest, fmt, out=scratch("reproducible.words", flat.size * fmt.words, np.int64)),
-                    "sum")
-    direct = xp is None and out is not None and out.flags.c_contiguous  # (x itself, for in place, is read by now)
-    with np.errstate(over="ignore", invalid="ignore"):
-        result = from_words(summed, largest, fmt, divide_by=reduce.size if op == "mean" else 1, dtype=host.dtype,
-                            out=out.reshape(-1) if direct else None)
-    if direct:
-        return out
-    result = result.reshape(host.shape)
-    if xp is not None:
-        result = xp.asarray(result)
+    if xp is None:
+        return run(x, out)
+    result = run(np.ascontiguousarray(xp.asnumpy(x)), None)
+    result = xp.asarray(result)
     if out is None:
         return result
-    (xp or np).copyto(out, result)
+    xp.copyto(out, result)
     return out

@@ -259,3 +259,35 @@ def test_rabenseifner_plan_reduces_every_element_once_everywhere(p):
                 buffers[r] = list(buffers[plans[r].fold.fold_into])
         for r in range(p):
             assert all(element == full(p) for element in buffers[r]), (p, count, r)
+
+
+@pytest.mark.parametrize("p", RANK_COUNTS)
+def test_pairwise_exchange_plan_gives_every_rank_every_contribution_of_its_slice(p):
+    """Step 1 sends slice q of every input to rank q (which then holds all p contributions of it);
+    step 3 sends every reduced slice to every other rank: each element ends reduced once, everywhere."""
+    for count in counts_for(p):
+        plans = [REGISTRY["pairwise_exchange"].plan(p, r, count) for r in range(p)]
+        assert all(plan.slices == plans[0].slices for plan in plans)
+        assert [i for a, b in plans[0].slices for i in range(a, b)] == list(range(count))
+        for r, plan in enumerate(plans):
+            assert sorted(plan.peers) == [q for q in range(p) if q != r]
+            received = Counter([r] + [q for q in range(p) if r in plans[q].peers])  # (whose slice r arrives here)
+            assert received == full(p)
+
+
+def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_for():
+    """op reproducible_sum (mpiallreduce.reproducible.EXACT_OPS): auto runs pairwise_exchange (every
+    contribution of an element on one rank) on one node and across nodes; an algorithm asked for
+    runs as asked, and one that reduces pairwise is told to reduce words; never a wider accumulator."""
+    import numpy as np
+    from mpiallreduce.planner import CallFacts, plan_call
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
+    for facts in (CallFacts(size=4), CallFacts(size=8, spans_nodes=True, node_count=2)):
+        plan = plan_call(facts, False, f32, 1 << 26, "reproducible_sum", "auto")
+        assert plan.name == "pairwise_exchange" and "exactly from the floats" in plan.reason
+        assert plan_call(facts, False, f16, 1 << 10, "reproducible_mean", "auto").accumulate is None
+        assert plan_call(facts, False, f32, 1 << 26, "sum", "auto").name != "pairwise_exchange"  # (not the table's)
+    ring = plan_call(CallFacts(size=4), False, f16, 1 << 20, "reproducible_sum", "ring")
+    assert ring.name == "ring" and "fixed-point words" in ring.reason and ring.accumulate is None
+    shared = plan_call(CallFacts(size=4), False, f32, 1 << 20, "reproducible_sum", "shared_memory")
+    assert shared.name == "shared_memory" and "words" not in shared.reason

@@ -96,3 +96,71 @@ def test_compiled_kernels_give_the_numpy_passes_bits(monkeypatch, divide_by):
     for a, b in zip(compiled[0] + compiled[1], passes[0] + passes[1]):
         assert np.array_equal(a, b)
     assert np.array_equal(compiled[2].view(np.uint32), passes[2].view(np.uint32))
+
+
+def words_route(rows, divide_by, dtype):
+    """The words route played on one process: codes, their max, words, their sum, back."""
+    fmt = reproducible.FORMATS[np.dtype(dtype).name]
+    largest = np.maximum.reduce([reproducible.exponent_codes(row, fmt) for row in rows])
+    summed = np.sum([reproducible.to_words(row, largest, fmt) for row in rows], axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return reproducible.from_words(summed, largest, fmt, divide_by, dtype=np.dtype(dtype))
+
+
+def with_specials(rows, tiny_at, special_at):
+    """At ``tiny_at``, elements whose contributions are all zero or subnormal (+0, -0, every one -0,
+    subnormals cancelling) and one with a normal largest and subnormal others; at ``special_at``
+    inf, -inf, inf - inf and NaN."""
+    p = len(rows)
+    tiny = float(np.finfo(rows[0].dtype).smallest_subnormal)
+    tiny_columns = [[0.0] * p, [-0.0] * p, [-0.0] * (p - 1) + [0.0], [tiny * (r + 1) * (-1) ** r for r in range(p)],
+                    [tiny] + [-tiny] * (p - 1), [1.0] + [tiny] * (p - 1)]
+    special_columns = [[np.inf] + [1.0] * (p - 1), [-np.inf] * p, [np.inf] + [-np.inf] * (p - 1),
+                       [np.nan] + [1.0] * (p - 1)]
+    for at, columns in ((tiny_at, tiny_columns), (special_at, special_columns)):
+        for c, column in enumerate(columns):
+            for r, row in enumerate(rows):
+                row[at + c] = column[r]
+    return rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+def test_the_direct_route_gives_the_words_route_bits(monkeypatch, dtype, ranks):
+    """exact_sum_into (every contribution on one rank: shared memory, pairwise_exchange) against the
+    words route played here, compiled and in numpy passes, sum and mean, into a new array and into
+    the first contribution (in place). Zero and subnormal largests sit in one block (the compiled
+    loop takes them), inf and NaN in another (the numpy passes do); the rest are normal."""
+    rows = with_specials(contributions(dtype, 2 * reproducible.BLOCK + 77, ranks, seed=ranks), 40,
+                         reproducible.BLOCK + 11)
+    bits = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(reproducible, "_compiled", lambda fmt: None)
+        for divide_by in (1, ranks):
+            want = words_route(rows, divide_by, dtype).view(bits)
+            got = reproducible.exact_sum_into(rows, np.empty_like(rows[0]), divide_by)
+            assert np.array_equal(got.view(bits), want), (compiled, divide_by, np.nonzero(got.view(bits) != want))
+            in_place = [row.copy() for row in rows]
+            reproducible.exact_sum_into(in_place, in_place[0], divide_by)
+            assert np.array_equal(in_place[0].view(bits), want)
+
+
+def test_the_compiled_direct_route_leaves_no_element_to_chance():
+    """Blocks of the compiled loop: the largest exponent of every element, normal or zero or
+    subnormal, at every position of a block, with ties on the grid: random values against the words
+    route, over many blocks."""
+    pytest.importorskip("numba")
+    from mpiallreduce import reproducible_kernels
+    if not reproducible_kernels.available():
+        pytest.skip("numba switched off (MPIALLREDUCE_REPRODUCIBLE_KERNELS=numpy)")
+    rng = np.random.default_rng(11)
+    count = 20 * reproducible_kernels.EXACT_BLOCK + 5
+    rows = [(rng.standard_normal(count) * np.exp2(rng.integers(-160, 120, count))).astype(np.float32)
+            for _ in range(4)]
+    rows[1][::9] = -rows[0][::9]  # exact cancellations
+    for row in rows:
+        row[::13] = rng.choice([0.0, -0.0, 1e-45, -1e-45, 1e-40], row[::13].size)  # zero or subnormal largests
+    want = words_route(rows, 1, "float32").view(np.uint32)
+    got = reproducible.exact_sum_into(rows, np.empty(count, np.float32)).view(np.uint32)
+    assert np.array_equal(got, want), np.nonzero(got != want)

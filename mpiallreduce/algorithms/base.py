@@ -10,7 +10,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Tuple
 
-__all__ = ["Algorithm", "CallTags", "OneNodeSlicedAlgorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly", "reduce_in_rank_order_into"]
+__all__ = ["Algorithm", "CallTags", "OneNodeSlicedAlgorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly",
+           "reduce_in_rank_order_into", "wait_all"]
 
 
 class Algorithm:
@@ -42,6 +43,10 @@ class Algorithm:
     #: True when ``execute`` takes ``signature=``: a function that compares the call across the
     #: ranks, which the algorithm makes in place of a synchronization of its own (no extra collective)
     carries_signature = False
+    #: True when one rank reduces each element from every rank's contribution at once (through
+    #: ``reduce_in_rank_order_into``), never from partial results: a reproducible sum then runs
+    #: straight on the floats (mpiallreduce.reproducible's direct route), not on fixed-point words
+    sees_every_contribution = False
     #: True when ``execute`` takes ``inner=``: the planner's plan for the ranks it runs across nodes
     #: with (one per node: hierarchical's leaders, two_level's rails)
     takes_inner_plan = False
@@ -179,7 +184,11 @@ def ring_neighbours(size, rank):
 
 def reduce_in_rank_order_into(op, pieces, out):
     """out = pieces[0] (op) pieces[1] (op) ... left to right: one fixed order, the same bits wherever
-    it runs. ``out`` may be one of the pieces only if it is ``pieces[0]`` or ``pieces[1]``."""
+    it runs. ``out`` may be one of the pieces only if it is ``pieces[0]`` or ``pieces[1]``. An exact
+    op (a reproducible sum) sums every piece at once instead."""
+    if op.exact:
+        op.reduce_all_into(pieces, out)
+        return
     op.reduce_local(pieces[0], pieces[1], out=out)
     for piece in pieces[2:]:
         op.reduce_local(out, piece, out=out)

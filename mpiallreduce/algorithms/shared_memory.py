@@ -75,6 +75,8 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     #: first barrier: the check that calls from 64 KiB make by default costs a few loads here, and
     #: smaller calls compare their sizes the same way (mpiallreduce.api._size_code)
     carries_signature = True
+    #: each slice is reduced from every rank's segment at once (a reproducible sum's direct route)
+    sees_every_contribution = True
 
     def execute(self, plan, comm, send, recv, op, datatype, signature=None):
         """``signature``: the call's mpiallreduce.api.CallSignature, compared across the ranks."""

@@ -36,6 +36,7 @@ def same_everywhere(comm, value):
 
 @pytest.mark.parametrize("name", DTYPES)
 def test_every_algorithm_in_place_or_not_gives_one_set_of_bits(comm, name):
+    """The direct route (pairwise_exchange, shared_memory, auto) and the words route (every other)."""
     x = contribution(comm.Get_rank(), name)
     digests = set()
     for algorithm in list(mar.HOST_ALGORITHMS) + ["auto"]:
@@ -138,12 +139,13 @@ def exact_sum(values):
     return sum(Fraction(float(v)) for v in values)
 
 
+@pytest.mark.parametrize("algorithm", ["auto", "ring"])  # (the direct route; the words route)
 @pytest.mark.parametrize("name", DTYPES)
-def test_adversarial_inputs_are_within_two_ulps_of_the_exact_sum_per_element(comm, name):
+def test_adversarial_inputs_are_within_two_ulps_of_the_exact_sum_per_element(comm, name, algorithm):
     size = comm.Get_size()
     x = adversarial(comm.Get_rank(), size, name)
     with np.errstate(over="ignore", invalid="ignore"):
-        result = mar.allreduce(x, comm=comm, reproducible=True).astype(np.float64)
+        result = mar.allreduce(x, comm=comm, reproducible=True, algorithm=algorithm).astype(np.float64)
     gathered = np.array(comm.allgather(x.astype(np.float64)))
     finfo = np.finfo(np.float16) if name == "float16" else np.finfo(np.float32) if name != "float64" else \
         np.finfo(np.float64)
