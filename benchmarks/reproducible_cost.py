@@ -2,13 +2,15 @@
 
     mpiallreduce launch -n 2 -- python benchmarks/reproducible_cost.py [--mib 64]
 
-For a float32 sum of --mib MiB (default 64): the ordinary sum (auto), the reproducible sum, and its
-parts timed alone: the conversions (exponent codes, to fixed point, back to float32; compiled by
-numba where it is installed, else numpy passes; on each rank) and the communication (the MAX-allreduce of one exponent byte per element and the
-SUM-allreduce of one int64 word per element, with the algorithm auto picks for them). The
-communication alone is the floor of this design whatever the conversions cost: on a machine where
-allreduce is bound by memory bandwidth, 1 + 8 bytes per element against 4. Median over 5
-interleaved repetitions of the slowest rank's time, milliseconds.
+For a float32 sum of --mib MiB (default 64), each a median over 5 interleaved repetitions of the
+slowest rank's time:
+- the ordinary sum: auto, and pairwise_exchange (the messages of the direct route);
+- the reproducible sum: auto (the direct route: pairwise_exchange, each rank summing its slice
+  exactly from the p floats), and the words route (ring_pipelined reducing exponent bytes, then
+  int64 words);
+- the direct route's exact sums alone: each rank's exact_sum_into on p slices of n/p elements
+  (compiled where numba is installed, else numpy passes), against numpy adding the same slices:
+  what the direct route costs beyond the ordinary sum's messages.
 """
 import argparse
 import statistics
@@ -36,31 +38,26 @@ def main():
     parser.add_argument("--mib", type=float, default=64)
     args = parser.parse_args()
     count = int(args.mib * (1 << 20)) // 4
+    size = COMM.Get_size()
     rng = np.random.default_rng(COMM.Get_rank())
     x = rng.standard_normal(count).astype(np.float32)
     out = np.empty_like(x)
-    fmt = reproducible.FORMATS["float32"]
-    codes = reproducible.exponent_codes(x, fmt)
-    largest = mar.allreduce(codes, op="max")
-    words = reproducible.to_words(x, largest, fmt)
-    summed = mar.allreduce(words)
+    slices = [rng.standard_normal(count // size).astype(np.float32) for _ in range(size)]
+    slice_out = np.empty(count // size, np.float32)
 
-    codes_out, words_out = np.empty_like(codes), np.empty_like(words)
-
-    def conversions():  # (into arrays made once, as the reproducible sum's own work arrays are)
-        reproducible.exponent_codes(x, fmt, out=codes_out)
-        reproducible.to_words(x, largest, fmt, out=words_out)
-        reproducible.from_words(summed, largest, fmt, dtype=np.float32, out=out)
-
-    def communication():
-        mar.allreduce(codes, op="max", out=largest)
-        mar.allreduce(words, out=summed)
+    def numpy_adds():
+        np.add(slices[0], slices[1], out=slice_out)
+        for s in slices[2:]:
+            np.add(slice_out, s, out=slice_out)
 
     contenders = {
         "ordinary sum (auto)": lambda: mar.allreduce(x, out=out),
-        "reproducible sum": lambda: mar.allreduce(x, out=out, reproducible=True),
-        "  its conversions alone": conversions,
-        "  its two integer allreduces alone": communication,
+        "ordinary sum (pairwise_exchange)": lambda: mar.allreduce(x, out=out, algorithm="pairwise_exchange"),
+        "reproducible sum (auto: direct route)": lambda: mar.allreduce(x, out=out, reproducible=True),
+        "reproducible sum (words route)": lambda: mar.allreduce(x, out=out, reproducible=True,
+                                                                algorithm="ring_pipelined"),
+        "  exact sums of a rank's slice alone": lambda: reproducible.exact_sum_into(slices, slice_out),
+        "  numpy adding the same slices": numpy_adds,
     }
     times = {name: [] for name in contenders}
     for _ in range(REPETITIONS):
@@ -69,12 +66,12 @@ def main():
     if COMM.Get_rank() == 0:
         base = statistics.median(times["ordinary sum (auto)"])
         from mpiallreduce import reproducible_kernels
-        print(f"# {COMM.Get_size()} ranks, float32 sum of {args.mib:g} MiB; median of {REPETITIONS} interleaved "
-              "repetitions, slowest rank; conversions "
+        print(f"# {size} ranks, float32 sum of {args.mib:g} MiB; median of {REPETITIONS} interleaved "
+              "repetitions, slowest rank; exact sums "
               + ("compiled (numba)" if reproducible_kernels.available() else "in numpy passes (no numba)"))
         for name, seconds in times.items():
             median = statistics.median(seconds)
-            print(f"{name:<36} {median * 1e3:9.1f} ms  {median / base:6.1f}x")
+            print(f"{name:<40} {median * 1e3:9.1f} ms  {median / base:6.2f}x")
 
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
             MPIALLREDUCE_TIMEOUT; None there: wait for ever); see mpiallreduce.faults.
         reproducible: True (op "sum" or "mean"; float16, bfloat16, float32, float64): the same bits
             whatever the algorithm, segment size, rank order, or ranks that add zeros: exact
-            fixed-point accumulation, two integer allreduces (mpiallreduce.reproducible, which
-            states the error bound).
+            fixed-point accumulation (mpiallreduce.reproducible, which states the error bound);
+            ``auto`` moves the bytes of an ordinary sum (pairwise_exchange, the direct route).
 
     Returns:
         the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.

@@ -117,13 +117,13 @@ def collect(comm=MPI.COMM_WORLD):
 
 
 def _reproducible_conversions():
-    """How reproducible sums convert float32 here (without importing numba, which takes a while)."""
+    """How reproducible sums of float32 run here (without importing numba, which takes a while)."""
     from importlib import metadata
     from .reproducible import KERNELS_ENV
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
         return f"numpy passes ({KERNELS_ENV}=numpy)"
     try:
-        return f"compiled, one pass each way (numba {metadata.version('numba')})"
+        return f"compiled, the exact sums in one loop (numba {metadata.version('numba')})"
     except metadata.PackageNotFoundError:
         return "numpy passes (pip install 'mpiallreduce[fast]' compiles them with numba)"
 
@@ -159,7 +159,7 @@ def format_report(info):
         f"algorithms        {', '.join(info['algorithms'])}",
         "path of CuPy arrays, by algorithm:",
     ] + [f"  {name:<20} {path}" for name, path in info["device_paths"].items()]
-    lines.append(f"reproducible sums float32 conversions: {info['reproducible_conversions']}")
+    lines.append(f"reproducible float32 sums: {info['reproducible_conversions']}")
     lines.append(f"what auto runs here (float32 sum, {info['ranks']} ranks; mpiallreduce.planner):")
     lines += [f"  {int(nbytes):>10} B  {text}" for nbytes, text in info.get("auto_plans", {}).items()]
     lines.append("settings          " + ", ".join(f"{k}={v!r}" for k, v in info.get("settings", {}).items()))

@@ -84,7 +84,7 @@ def check_reproducible(x, op, comm_size):
 
 
 def _compiled(fmt):
-    """mpiallreduce.reproducible_kernels (numba, float32, one pass each way) where it applies, else None."""
+    """mpiallreduce.reproducible_kernels (numba, float32) where it applies, else None."""
     if fmt.bits is not np.uint32:
         return None
     from . import reproducible_kernels as kernels
@@ -314,14 +314,15 @@ def exact_sum_into(contributions, out, divide_by=1):
     the same bits as the words route. Float32 blocks run compiled where numba is (one loop,
     mpiallreduce.reproducible_kernels.exact_sum_f32); blocks holding an inf or NaN, other dtypes,
     or no numba: the words route's numpy passes, by block."""
-    fmt = FORMATS[np.dtype(out.dtype).name]
+    from .buffers import scratch
+    fmt = FORMATS[out.dtype.name]
     count = out.size
     kernels = _compiled(fmt)
     start = 0
     if kernels is not None and out.flags.c_contiguous and all(c.flags.c_contiguous for c in contributions):
         values = tuple(contributions)
         bits = tuple(c.view(np.uint32) for c in contributions)
-        largest = np.empty(kernels.EXACT_BLOCK, np.uint32)
+        largest = scratch("reproducible.exact_largest", kernels.EXACT_BLOCK, np.uint32)
         while start < count:  # compiled up to a block holding an inf or NaN largest, which the numpy passes take
             start = kernels.exact_sum_f32(values, bits, float(divide_by), out, start, largest)
             stop = min(start + kernels.EXACT_BLOCK, count)
@@ -378,7 +379,8 @@ class ExactSumOp(ReduceOp):
         return self.name
 
     def check_dtype(self, dtype):
-        check_reproducible(np.empty(0, dtype), "mean" if self.mean else "sum", 1)
+        if dtype.name not in FORMATS:
+            check_reproducible(np.empty(0, dtype), "mean" if self.mean else "sum", 1)  # (raises, saying why)
 
     def reduce_local(self, a, b, out):
         raise TypeError(f"{self.name} sums every contribution at once (reduce_all_into), never two at a time")
