@@ -88,7 +88,7 @@ class Settings:
     #: MPIALLREDUCE_SIGNATURE_MIN_BYTES: calls of at least this many bytes compare shape, dtype
     #: and op across ranks before moving data (one 16-byte allreduce); "off" never (-1)
     signature_min_bytes: int = 64 << 10
-    #: MPIALLREDUCE_RING_SEGMENT_BYTES: ring_pipelined's segment
+    #: MPIALLREDUCE_RING_SEGMENT_BYTES: the segment of ring_pipelined and of pairwise_exchange's reduce-scatter
     ring_segment_bytes: int = 1 << 20
     #: MPIALLREDUCE_STAGED_SEGMENT_BYTES: staged_ring's segment (not yet tuned on a GPU)
     staged_segment_bytes: int = 4 << 20
