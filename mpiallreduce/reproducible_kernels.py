@@ -12,9 +12,11 @@ The direct route (every contribution of an element in one place, as in shared me
     exact_sum_f32        x_0 .. x_(p-1) -> float32(float64(sum_j round(x_j * 2^-grid)) * 2^grid / p)
                          by blocks: pass 1 finds each element's largest exponent byte (and stops
                          at a block holding an inf or NaN largest, for the numpy passes); pass 2
-                         converts, sums the p words and converts back, without leaving registers;
-                         a zero or subnormal largest (grid: the subnormal unit, and a count of the
-                         contributions that are not -0) is handled in the same loop, by selects
+                         converts, sums the p words and converts back, without leaving registers:
+                         with p <= 4 and every largest normal the words (integers below 2^51) are
+                         summed in float64, exactly; otherwise in int64, a zero or subnormal largest
+                         (grid: the subnormal unit, and a count of the contributions that are not
+                         -0) handled in the same loop, by selects
 
 The same IEEE operations as mpiallreduce.reproducible's numpy passes (a float32 widened exactly,
 a product with a power of two, exact; rounding to the nearest integer, ties to even; int64 to
@@ -116,14 +118,25 @@ if njit is not None:
             base = np.uint64(first)  # (unsigned indices: no negative-index wraparound, so LLVM vectorizes)
             for i in range(m):  # pass 1: the largest exponent byte of each element
                 k = base + np.uint64(i)
-                e = np.uint32(0)
+                magnitude = np.uint32(0)  # (the largest magnitude's bits hold the largest exponent)
                 for j in range(p):
-                    e = max(e, (bits[j][k] >> np.uint32(23)) & np.uint32(0xFF))
+                    magnitude = max(magnitude, bits[j][k] & np.uint32(0x7FFFFFFF))
+                e = magnitude >> np.uint32(23)
                 largest[i] = e
                 special |= np.uint32(e == np.uint32(255))
                 tiny_any |= np.uint32(e == np.uint32(0))
             if special:
                 return first
+            if not tiny_any and p <= 4:  # pass 2, every largest normal, at most 4 words: summed in float64
+                for i in range(m):  # (integers below 2^51: any 4 add exactly in float64, so no int64 at all)
+                    k = base + np.uint64(i)
+                    e = np.int64(largest[i])
+                    down = _as_float64((np.int64(_DOWN_NORMAL) - e) << 52)
+                    exact = 0.0
+                    for j in range(p):
+                        exact += (np.float64(values[j][k]) * down + _ROUNDING) - _ROUNDING
+                    out[k] = np.float32(exact * _as_float64((np.int64(_UP_NORMAL) + e) << 52) / divide_by)
+                continue
             if not tiny_any:  # pass 2, every largest normal: to words, their sum, back
                 for i in range(m):
                     k = base + np.uint64(i)
