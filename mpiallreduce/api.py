@@ -34,7 +34,7 @@ from .faults.ulfm import failure_of
 from .mesh import resolve_communicator
 from .ops import OPS, get_op, ignore_float_errors, restore_float_errors
 from .planner import CallFacts, check_algorithm_name, plan_call
-from .reproducible import sum_by_words
+from .reproducible import EXACT_OPS, sum_by_words
 from .settings import settings
 from .startup import check_world_matches_slurm
 from .state import state_of
@@ -82,7 +82,7 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         reproducible: True (op "sum" or "mean"; float16, bfloat16, float32, float64): the same bits
             whatever the algorithm, segment size, rank order, or ranks that add zeros: exact
             fixed-point accumulation (mpiallreduce.reproducible, which states the error bound);
-            ``auto`` moves the bytes of an ordinary sum (pairwise_exchange, the direct route).
+            ``auto`` moves the bytes of an ordinary sum (the direct route).
 
     Returns:
         the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.
@@ -95,6 +95,14 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
     if reproducible:
+        if (check is False and timeout is None and axis is None and mesh is None and groups is None
+                and type(x) is np.ndarray and not _worker.pending and op in EXACT_OPS):  # (a repeated call: its short path)
+            fast = (_WORLD_FAST_CALLS if comm is None else _fast_calls_of(comm)).get((x.shape, x.dtype, EXACT_OPS[op],
+                                                                                      algorithm))
+            if fast is not None:
+                result = fast(x, out)
+                if result is not None:
+                    return result
         return _reproducible(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout)
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
             and type(x) is np.ndarray and not _worker.pending):
@@ -447,10 +455,10 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
     Everything it needs is bound here, once; it makes the same collectives as the general path."""
     strides = np.empty(shape, dtype).strides  # C order (the key holds x's shape and dtype)
     datatype = buffers.mpi_datatype(dtype)
-    mpi_op = reduce_op.mpi_op(dtype)
     divide = reduce_op.divide_by_size
     algorithm = plan.algorithm
     direct = algorithm.name == "mpi"
+    mpi_op = reduce_op.mpi_op(dtype) if direct else None
     # mpi4py finds a predefined datatype from the array itself: no [buffer, datatype] list to make
     raw = datatype.is_predefined and dtype.char in "bhilqBHILQefdgFDG?"
     empty, ndarray, in_place, divide_ufunc = np.empty, np.ndarray, MPI.IN_PLACE, np.divide
@@ -506,14 +514,15 @@ def _short_path(state, plan, shape, dtype, reduce_op, code, describe):
 
 def _remember_fast_call(state, x, op, algorithm, plan, reduce_op):
     key = (x.shape, x.dtype, op, algorithm)
-    if (key in state.fast_calls or plan.local_only or len(state.fast_calls) >= 256 or not isinstance(op, str)
-            or not isinstance(algorithm, str)):
-        return  # (already made: a call that takes the general path anyway, with strided or other arrays)
+    if (key in state.fast_calls or plan.local_only or len(state.fast_calls) >= 256 or not isinstance(algorithm, str)
+            or not (isinstance(op, str) or (reduce_op.exact and plan.algorithm.sees_every_contribution))):
+        return  # (already made: a call that takes the general path anyway, with strided or other arrays, or
+        # a reproducible sum's words route, two reductions in execute)
     shape, dtype_name = x.shape, str(x.dtype)
     code = _signature_code(x, op, plan) if plan.check_signature else None
 
     def describe():
-        return {"memory": "host", "shape": tuple(shape), "dtype": dtype_name, "op": op, "algorithm": plan.name}
+        return {"memory": "host", "shape": tuple(shape), "dtype": dtype_name, "op": _plain(op), "algorithm": plan.name}
     state.fast_calls[key] = _short_path(state, plan, x.shape, x.dtype, reduce_op,
                                                                        code, describe)
     if state.handle not in _fast_states:  # (COMM_WORLD too, when it is passed as comm=)

@@ -18,8 +18,8 @@ ranks that contribute zeros (``allreduce(x, reproducible=True)``).
 Two routes run these steps, with the same operations, so the same bits (mpiallreduce.planner
 picks one; op ``EXACT_OPS[op]`` through the ordinary call path):
 
-    direct route  an algorithm in which one rank holds every contribution of an element
-                  (pairwise_exchange, what auto runs, on one node or across nodes; shared_memory):
+    direct route  an algorithm in which one rank holds every contribution of an element, what
+                  auto runs (shared_memory on one node below 4 MiB, else pairwise_exchange):
                   that rank runs steps 1-4 for its slice straight from the p floats
                   (exact_sum_into; compiled for float32). Bytes moved: an ordinary sum's
     words route   any other algorithm asked for by name: step 1 as a MAX-allreduce of the

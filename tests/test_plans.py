@@ -276,15 +276,18 @@ def test_pairwise_exchange_plan_gives_every_rank_every_contribution_of_its_slice
 
 
 def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_for():
-    """op reproducible_sum (mpiallreduce.reproducible.EXACT_OPS): auto runs pairwise_exchange (every
-    contribution of an element on one rank) on one node and across nodes; an algorithm asked for
+    """op reproducible_sum (mpiallreduce.reproducible.EXACT_OPS): auto runs an algorithm that holds
+    every contribution of an element on one rank: shared_memory on one node below 4 MiB,
+    pairwise_exchange from there and across nodes; an algorithm asked for
     runs as asked, and one that reduces pairwise is told to reduce words; never a wider accumulator."""
     import numpy as np
     from mpiallreduce.planner import CallFacts, plan_call
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     for facts in (CallFacts(size=4), CallFacts(size=8, spans_nodes=True, node_count=2)):
-        plan = plan_call(facts, False, f32, 1 << 26, "reproducible_sum", "auto")
+        plan = plan_call(facts, False, f32, 4 << 20, "reproducible_sum", "auto")
         assert plan.name == "pairwise_exchange" and "exactly from the floats" in plan.reason
+        small = plan_call(facts, False, f32, (4 << 20) - 4, "reproducible_sum", "auto").name
+        assert small == ("pairwise_exchange" if facts.spans_nodes else "shared_memory")
         assert plan_call(facts, False, f16, 1 << 10, "reproducible_mean", "auto").accumulate is None
         assert plan_call(facts, False, f32, 1 << 26, "sum", "auto").name != "pairwise_exchange"  # (not the table's)
     ring = plan_call(CallFacts(size=4), False, f16, 1 << 20, "reproducible_sum", "ring")

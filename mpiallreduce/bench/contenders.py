@@ -16,7 +16,7 @@ BASELINE = "openmpi"
 FORCED_PREFIX = "openmpi:"
 DEVICE_ALGORITHMS = ("staged_ring", "device_to_device", "ring", "auto")
 MPI_ALLREDUCE = REGISTRY["mpi"]
-#: the contender ``allreduce(..., reproducible=True)`` (auto: the direct route, pairwise_exchange)
+#: the contender ``allreduce(..., reproducible=True)`` (auto: the direct route)
 REPRODUCIBLE = "reproducible"
 
 

@@ -185,3 +185,33 @@ def test_with_check_a_call_refused_on_one_rank_is_refused_on_every_rank(comm):
     with pytest.raises(TypeError, match=rf"(?s)rejected on rank {comm.Get_size() - 1} .*float16, bfloat16, float32"):
         mar.allreduce(x, comm=comm, reproducible=True, check=True)
     assert np.all(mar.allreduce(np.ones(8, np.float32), comm=comm, reproducible=True, check=True) == comm.Get_size())
+
+
+def test_a_repeated_reproducible_call_takes_the_short_path_with_the_same_bits(comm):
+    """The second call of the same shape and dtype runs the short path of the direct route (no
+    checks, no plan made again): the bits of the first call, and of the words route."""
+    from mpiallreduce.reproducible import EXACT_OPS
+    from mpiallreduce.state import state_of
+    x = contribution(comm.Get_rank(), "float32", 70_000)
+    first = digest(mar.allreduce(x, comm=comm, reproducible=True))
+    again = [digest(mar.allreduce(x, comm=comm, reproducible=True)) for _ in range(2)]
+    in_place = x.copy()
+    mar.allreduce(in_place, comm=comm, out=in_place, reproducible=True)
+    words = digest(mar.allreduce(x, comm=comm, reproducible=True, algorithm="ring"))
+    assert {first, words, digest(in_place)} | set(again) == {first}
+    if comm.Get_size() > 1:
+        assert (x.shape, x.dtype, EXACT_OPS["sum"], "auto") in state_of(comm).fast_calls
+        assert (x.shape, x.dtype, EXACT_OPS["sum"], "ring") not in state_of(comm).fast_calls  # (two reductions)
+
+
+def test_a_reproducible_sum_on_some_ranks_only_is_an_error_on_every_rank(comm):
+    """Rank 0 asks for a reproducible sum, the others for an ordinary one (from 64 KiB the calls'
+    signatures are compared): every rank raises naming the op, first call and repeated call."""
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: nothing to compare")
+    x = contribution(comm.Get_rank(), "float32", 70_000)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="reproducible_sum"):
+            mar.allreduce(x, comm=comm, reproducible=comm.Get_rank() == 0)
+    assert digest(mar.allreduce(x, comm=comm, reproducible=True)) == digest(
+        mar.allreduce(x, comm=comm, reproducible=True, algorithm="ring"))
