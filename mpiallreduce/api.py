@@ -95,8 +95,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
     if reproducible:
-        if (check is False and timeout is None and axis is None and mesh is None and groups is None
-                and type(x) is np.ndarray and not _worker.pending and op in EXACT_OPS):  # (a repeated call: its short path)
+        if (check is False and timeout is None and axis is None and mesh is None and groups is None and type(x) is
+                np.ndarray and not _worker.pending and isinstance(op, str) and op in EXACT_OPS):  # (its short path)
             fast = (_WORLD_FAST_CALLS if comm is None else _fast_calls_of(comm)).get((x.shape, x.dtype, EXACT_OPS[op],
                                                                                       algorithm))
             if fast is not None:
@@ -156,8 +156,8 @@ def _reproducible(x, op, algorithm, comm, out, check, axis, mesh, groups, timeou
 def _reproducible_call(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout):
     """Check a reproducible call's arguments (no communication; on every rank with ``check``); the
     function that runs it: one allreduce of host arrays with op ``EXACT_OPS[op]``, whose plan says
-    how (mpiallreduce.planner: the direct route in shared memory, else the words route)."""
-    from .reproducible import EXACT_OPS, check_reproducible, reproducible_allreduce
+    how (mpiallreduce.planner: the direct route, or the words route for an algorithm asked for)."""
+    from .reproducible import check_reproducible, reproducible_allreduce
     if axis is not None or mesh is not None or groups is not None:
         comm = resolve_communicator(comm, axis, mesh, groups)
     comm = _check_comm(_WORLD if comm is None else comm)

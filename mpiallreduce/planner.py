@@ -135,9 +135,10 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     elif op_name.startswith("reproducible_") and not on_device:
         shared = not facts.spans_nodes and nbytes < REPRODUCIBLE_SHARED_MEMORY_BELOW
         chosen = REGISTRY["shared_memory" if shared else "pairwise_exchange"]
+        where = ("across nodes" if facts.spans_nodes else
+                 f"{'below' if shared else 'from'} {REPRODUCIBLE_SHARED_MEMORY_BELOW >> 20} MiB on one node")
         reason = ("a reproducible sum: every contribution of an element on one rank, summed exactly from the "
-                  f"floats themselves ({'below' if shared else 'from'} {REPRODUCIBLE_SHARED_MEMORY_BELOW >> 20} MiB"
-                  f"{' on one node' if shared else ''})")
+                  f"floats themselves ({where})")
     elif on_device:
         name, measured = choose_on_device(nbytes, facts.spans_nodes, facts.cuda_aware, REGISTRY)
         chosen = REGISTRY[name]

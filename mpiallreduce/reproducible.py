@@ -309,17 +309,19 @@ def exact_sum_into(contributions, out, divide_by=1):
     """The direct route: ``out`` = the reproducible sum of the p ``contributions`` (1-D arrays of
     one dtype and length; ``out`` may be one of them), divided by ``divide_by``, per element.
 
-    The words route's operations on one rank that holds every contribution (shared memory): each
-    element's largest exponent from its p contributions, their words summed here, converted back:
-    the same bits as the words route. Float32 blocks run compiled where numba is (one loop,
-    mpiallreduce.reproducible_kernels.exact_sum_f32); blocks holding an inf or NaN, other dtypes,
-    or no numba: the words route's numpy passes, by block."""
+    The words route's operations on one rank that holds every contribution (shared_memory,
+    pairwise_exchange): each element's largest exponent from its p contributions, their words
+    summed here, converted back: the same bits as the words route. Float32 blocks of up to 8
+    contributions run compiled where numba is (one loop, mpiallreduce.reproducible_kernels.exact_sum_f32);
+    blocks holding an inf or NaN, more contributions, other dtypes, or no numba: the words route's
+    passes (numpy, and numba's one-array kernels where they apply), by block."""
     from .buffers import scratch
     fmt = FORMATS[out.dtype.name]
     count = out.size
     kernels = _compiled(fmt)
     start = 0
-    if kernels is not None and out.flags.c_contiguous and all(c.flags.c_contiguous for c in contributions):
+    if (kernels is not None and len(contributions) <= kernels.EXACT_MOST_CONTRIBUTIONS and out.flags.c_contiguous
+            and all(c.flags.c_contiguous for c in contributions)):
         values = tuple(contributions)
         bits = tuple(c.view(np.uint32) for c in contributions)
         largest = scratch("reproducible.exact_largest", kernels.EXACT_BLOCK, np.uint32)
@@ -365,8 +367,8 @@ def sum_by_words(send, recv, mean, allreduce_in_place):
 
 class ExactSumOp(ReduceOp):
     """``op`` for a reproducible sum or mean, through the planner and any algorithm: one that holds
-    every contribution of an element in one place (``sees_every_contribution``: shared_memory)
-    calls ``reduce_all_into`` (the direct route); any other reduces the exponent bytes and then the
+    every contribution of an element in one place (``sees_every_contribution``: shared_memory,
+    pairwise_exchange) calls ``reduce_all_into`` (the direct route); any other reduces the exponent bytes and then the
     words (``sum_by_words``, run by mpiallreduce.api.execute). It never reduces pairwise."""
 
     exact = True

@@ -286,8 +286,9 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
     for facts in (CallFacts(size=4), CallFacts(size=8, spans_nodes=True, node_count=2)):
         plan = plan_call(facts, False, f32, 4 << 20, "reproducible_sum", "auto")
         assert plan.name == "pairwise_exchange" and "exactly from the floats" in plan.reason
-        small = plan_call(facts, False, f32, (4 << 20) - 4, "reproducible_sum", "auto").name
-        assert small == ("pairwise_exchange" if facts.spans_nodes else "shared_memory")
+        small = plan_call(facts, False, f32, (4 << 20) - 4, "reproducible_sum", "auto")
+        assert small.name == ("pairwise_exchange" if facts.spans_nodes else "shared_memory")
+        assert ("across nodes" if facts.spans_nodes else "below 4 MiB on one node") in small.reason
         assert plan_call(facts, False, f16, 1 << 10, "reproducible_mean", "auto").accumulate is None
         assert plan_call(facts, False, f32, 1 << 26, "sum", "auto").name != "pairwise_exchange"  # (not the table's)
     ring = plan_call(CallFacts(size=4), False, f16, 1 << 20, "reproducible_sum", "ring")

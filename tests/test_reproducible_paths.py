@@ -164,3 +164,16 @@ def test_the_compiled_direct_route_leaves_no_element_to_chance():
     want = words_route(rows, 1, "float32").view(np.uint32)
     got = reproducible.exact_sum_into(rows, np.empty(count, np.float32)).view(np.uint32)
     assert np.array_equal(got, want), np.nonzero(got != want)
+
+
+def test_more_contributions_than_the_compiled_loop_takes_give_the_same_bits():
+    """Past EXACT_MOST_CONTRIBUTIONS the direct route takes the words route's passes: 9 and 12
+    contributions (zero and subnormal largests included) against the words route."""
+    rng = np.random.default_rng(12)
+    for p in (9, 12):
+        rows = [(rng.standard_normal(5000) * np.exp2(rng.integers(-30, 30, 5000))).astype(np.float32) for _ in range(p)]
+        rows = with_specials(rows, 10, 3000)
+        for divide_by in (1, p):
+            want = words_route(rows, divide_by, "float32").view(np.uint32)
+            got = reproducible.exact_sum_into(rows, np.empty(5000, np.float32), divide_by).view(np.uint32)
+            assert np.array_equal(got, want), (p, divide_by)
