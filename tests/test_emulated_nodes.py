@@ -49,6 +49,9 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     assert len(lines) == nranks * (len(mpiallreduce.HOST_ALGORITHMS) + 1), explain(result)
     device = re.findall(r"^rank \d+ node node\d device-auto (.*)$", result.output, re.M)
     assert device == ["ok"] * nranks, explain(result)  # device arrays (the CuPy stand-in) through auto
+    # reproducible sums: auto's direct route (pairwise_exchange) and the words route, one set of bits
+    reproducible = re.findall(r"^rank \d+ node node\d reproducible-sums (.*)$", result.output, re.M)
+    assert reproducible == ["ok"] * nranks, explain(result)
     assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
     equal_nodes = nranks % nodes == 0
     for rank, node, name, outcome in lines:

@@ -3,7 +3,9 @@
 Prints one line per rank and algorithm: ``rank R node H ALGORITHM ok`` when the result equals numpy's
 on the gathered inputs and has the same bits on every rank, else what went wrong; algorithms that
 need one node must refuse on every rank (``refused``). Sizes straddle the signature threshold.
-Then ``rank R node H device-auto ...``: device arrays (the CuPy stand-in,
+Then ``rank R node H reproducible-sums ...``: reproducible sums through auto (the direct route,
+pairwise_exchange) and three algorithms of the words route, one set of bits everywhere and
+numpy's sum (the inputs sum exactly). Then ``rank R node H device-auto ...``: device arrays (the CuPy stand-in,
 mpiallreduce.testing.fake_cupy) through auto, which across nodes must not take device_to_device.
 """
 import hashlib
@@ -14,6 +16,7 @@ from mpi4py import MPI
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0] + "/mpi")
 import mpiallreduce as mar  # noqa: E402
 from mpiallreduce.algorithms import REGISTRY  # noqa: E402
+from mpiallreduce.reproducible import EXACT_OPS  # noqa: E402
 from reference import exact_input, gather_inputs, numpy_reference, values_equal  # noqa: E402
 
 comm = MPI.COMM_WORLD
@@ -38,6 +41,21 @@ for name in list(mar.HOST_ALGORITHMS) + ["auto"]:
     needs = "" if name == "auto" else (" (needs one node)" if REGISTRY[name].needs_one_node else
                                        " (needs equal nodes)" if REGISTRY[name].needs_equal_nodes else "")
     print(f"rank {rank} node {node} {name} {outcome}{needs}", flush=True)
+
+outcome = "ok"  # reproducible sums: the direct route (auto: pairwise_exchange across nodes), the words route
+for count in (1009, (1 << 20) + 3):
+    x = exact_input("float32", count, rank, "sum")
+    want = numpy_reference("sum", gather_inputs(comm, x))
+    results = {name: mar.allreduce(x, algorithm=name, reproducible=True) for name in ("auto", "ring", "hierarchical", "mpi")}
+    digests = comm.allgather(sorted({hashlib.sha256(got.tobytes()).hexdigest() for got in results.values()}))
+    if not all(values_equal(got, want) for got in results.values()) or len({tuple(d) for d in digests}) != 1 \
+            or len(digests[0]) != 1:
+        outcome = f"wrong at count {count}: {len(digests[0])} sets of bits here"
+        break
+    if "pairwise_exchange" not in mar.describe_call(x, op=EXACT_OPS["sum"]):
+        outcome = f"auto planned {mar.describe_call(x, op=EXACT_OPS['sum'])}"
+        break
+print(f"rank {rank} node {node} reproducible-sums {outcome}", flush=True)
 
 import mpiallreduce.testing.fake_cupy as fake_cupy  # noqa: E402
 
