@@ -1,6 +1,7 @@
 """Where the time of a reproducible sum goes, against the ordinary sum, side by side in one run.
 
     mpiallreduce launch -n 2 -- python benchmarks/reproducible_cost.py [--mib 64]
+    mpiallreduce launch -n 2 -- python benchmarks/reproducible_cost.py --direct-sizes 4K,64K,1M,4M,16M
 
 For a float32 sum of --mib MiB (default 64), each a median over 5 interleaved repetitions of the
 slowest rank's time:
@@ -11,6 +12,10 @@ slowest rank's time:
 - the direct route's exact sums alone: each rank's exact_sum_into on p slices of n/p elements
   (compiled where numba is installed, else numpy passes), against numpy adding the same slices:
   what the direct route costs beyond the ordinary sum's messages.
+
+With --direct-sizes: the two algorithms of the direct route, shared_memory and pairwise_exchange,
+for reproducible sums of each size (medians of 15 interleaved repetitions, 101 up to 1 MiB): where
+mpiallreduce.planner's REPRODUCIBLE_SHARED_MEMORY_BELOW comes from.
 """
 import argparse
 import statistics
@@ -21,6 +26,7 @@ from mpi4py import MPI
 
 import mpiallreduce as mar
 from mpiallreduce import reproducible
+from mpiallreduce.arguments import size_list
 
 COMM = MPI.COMM_WORLD
 REPETITIONS = 5
@@ -36,7 +42,12 @@ def timed(call):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=float, default=64)
+    parser.add_argument("--direct-sizes", type=size_list,
+                        help="compare the direct route's algorithms at these sizes (4K,1M,...)")
     args = parser.parse_args()
+    if args.direct_sizes:
+        compare_direct_route(args.direct_sizes)
+        return
     count = int(args.mib * (1 << 20)) // 4
     size = COMM.Get_size()
     rng = np.random.default_rng(COMM.Get_rank())
@@ -72,6 +83,21 @@ def main():
         for name, seconds in times.items():
             median = statistics.median(seconds)
             print(f"{name:<40} {median * 1e3:9.1f} ms  {median / base:6.2f}x")
+
+
+def compare_direct_route(sizes):
+    for nbytes in sizes:
+        x = np.random.default_rng([COMM.Get_rank(), nbytes]).standard_normal(nbytes // 4).astype(np.float32)
+        out = np.empty_like(x)
+        names = ("shared_memory", "pairwise_exchange")
+        times = {name: [] for name in names}
+        for _ in range(101 if nbytes <= 1 << 20 else 15):
+            for name in names:
+                times[name].append(timed(lambda: mar.allreduce(x, out=out, algorithm=name, reproducible=True)))
+        if COMM.Get_rank() == 0:
+            medians = {name: statistics.median(seconds) * 1e3 for name, seconds in times.items()}
+            print(f"{nbytes:>10} B  " + "  ".join(f"{name} {ms:8.3f} ms" for name, ms in medians.items())
+                  + f"  shared_memory / pairwise_exchange {medians['shared_memory'] / medians['pairwise_exchange']:.2f}")
 
 
 if __name__ == "__main__":

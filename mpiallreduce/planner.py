@@ -46,8 +46,9 @@ NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_on
                     | {name for name, a in REGISTRY.items() if a.takes_inner_plan})
 _LOW_PRECISION = ("float16", "bfloat16")
 #: a reproducible sum's direct route on one node runs shared_memory below this size, pairwise_exchange
-#: from it: medians of interleaved calls of both at 4 KiB to 16 MiB on 2 and 4 ranks here (2026-12-01):
-#: shared_memory 20-30% faster up to 1 MiB, pairwise_exchange 10-30% faster at 16 MiB, 4 MiB even
+#: from it: `mpiallreduce launch -n 2 (and 4) -- python benchmarks/reproducible_cost.py --direct-sizes
+#: 4K,64K,1M,4M,16M` (medians of interleaved calls of both; two runs, 2026-12-01): shared_memory
+#: took 0.59-0.92x pairwise_exchange's time up to 1 MiB, 0.95-1.04x at 4 MiB, 1.07-1.40x at 16 MiB
 REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
 
 
