@@ -69,7 +69,7 @@ bench-nodes: $(BENCH_STAMP)
 	$(BIN)/mpiallreduce report results/nodes $(wildcard results/bench-$(RANKS)ranks) --output results/nodes
 	@echo "results: results/nodes/ (one folder per layout; report.txt, report.csv, scaling.png)"
 
-# Training end to end, the Deep Speech 2 way (python -m mpiallreduce.train_bench): the same torch
+# Training end to end, the Deep Speech 2 way (python -m mpiallreduce.tools.train_bench): the same torch
 # model, data and steps through DistributedOptimizer (with and without fp16 compression), one
 # mpi4py MPI_Allreduce per gradient, and torch DDP over gloo; samples/s, the communication each
 # step waits for, per epoch, and the parameters against one process. On RANKS ranks on one node,
@@ -79,9 +79,9 @@ TRAIN_BENCH_ARGS ?=
 bench-train: $(STAMP)
 	mkdir -p results/train
 	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 1200 -- \
-		$(BIN)/python -m mpiallreduce.train_bench --output results/train/$(RANKS)ranks $(TRAIN_BENCH_ARGS)
+		$(BIN)/python -m mpiallreduce.tools.train_bench --output results/train/$(RANKS)ranks $(TRAIN_BENCH_ARGS)
 	$(BIN)/mpiallreduce launch -n $(RANKS) --nodes $(TRAIN_NODES) --timeout 1200 -- \
-		$(BIN)/python -m mpiallreduce.train_bench --output results/train/$(TRAIN_NODES)nodes-$(RANKS)ranks \
+		$(BIN)/python -m mpiallreduce.tools.train_bench --output results/train/$(TRAIN_NODES)nodes-$(RANKS)ranks \
 		$(TRAIN_BENCH_ARGS)
 	@echo "results: results/train/ (train.txt, train.json per layout)"
 

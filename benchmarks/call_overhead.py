@@ -24,9 +24,9 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce import settings as settings_module
+from mpiallreduce.core import settings as settings_module
 from mpiallreduce.api import agree_on_signature
-from mpiallreduce.state import state_of
+from mpiallreduce.core.state import state_of
 
 COMM = MPI.COMM_WORLD
 REPETITIONS = 7

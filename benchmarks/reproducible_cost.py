@@ -25,8 +25,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce import reproducible
-from mpiallreduce.arguments import size_list
+from mpiallreduce.reproducible import exact as reproducible
+from mpiallreduce.tools.arguments import size_list
 
 COMM = MPI.COMM_WORLD
 REPETITIONS = 5
@@ -76,7 +76,7 @@ def main():
             times[name].append(timed(call))
     if COMM.Get_rank() == 0:
         base = statistics.median(times["ordinary sum (auto)"])
-        from mpiallreduce import reproducible_kernels
+        from mpiallreduce.reproducible import kernels as reproducible_kernels
         print(f"# {size} ranks, float32 sum of {args.mib:g} MiB; median of {REPETITIONS} interleaved "
               "repetitions, slowest rank; exact sums "
               + ("compiled (numba)" if reproducible_kernels.available() else "in numpy passes (no numba)"))

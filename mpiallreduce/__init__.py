@@ -9,27 +9,74 @@ Names are loaded on first use, so that ``import mpiallreduce`` (the ``mpiallredu
 among others) does not start MPI by itself; the first use of the API does.
 """
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "allreduce": ".api", "prepare": ".api", "PreparedAllreduce": ".api", "describe_call": ".api", "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api",
-    "allreduce_async": ".api",
-    "GradientSync": ".gradients", "broadcast_parameters": ".gradients", "check_replicas": ".gradients",
-    "Mesh": ".mesh",
+    "allreduce": ".api", "prepare": ".api", "PreparedAllreduce": ".api", "describe_call": ".api",
+    "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api", "allreduce_async": ".api",
+    "GradientSync": ".training.gradients", "broadcast_parameters": ".training.gradients",
+    "check_replicas": ".training.gradients",
+    "Mesh": ".core.mesh",
     "ALGORITHMS": ".algorithms",
     "HOST_ALGORITHMS": ".algorithms",
     "select_gpu": ".device",
-    "OPS": ".ops",
+    "OPS": ".core.ops",
     "AllreduceTimeout": ".faults", "RankFailure": ".faults", "AllreduceStallWarning": ".faults",
     "AllreduceAborted": ".faults",
     "survivors": ".faults", "exit_after_rank_failures": ".faults",
-    "abort_on_exception": ".aborting",
+    "abort_on_exception": ".faults.aborting",
 }
+
+#: where the modules of the flat layout went (docs/architecture.md): their old import paths still
+#: work, as the same module objects (``import mpiallreduce.torch``, ``mpiallreduce.gradients``...)
+MOVED = {
+    "aborting": "faults.aborting", "agreement": "core.consistency", "arguments": "tools.arguments",
+    "asynchronous": "core.worker", "bench": "tools.bench", "buckets": "training.buckets",
+    "buffers": "core.buffers", "cli": "tools.cli", "comms": "core.comms", "compression": "training.compression",
+    "gradients": "training.gradients", "info": "tools.info", "launch": "tools.launch", "mesh": "core.mesh",
+    "model": "tools.model", "mpilib": "core.mpilib", "openmpi_tuned": "tools.openmpi_tuned", "ops": "core.ops",
+    "planner": "core.planner", "plot": "tools.plot", "reproducible_kernels": "reproducible.kernels",
+    "results": "tools.results", "scaling": "tools.report", "settings": "core.settings",
+    "startup": "core.startup", "state": "core.state", "topology": "core.topology", "torch": "training.torch",
+    "train_bench": "tools.train_bench", "transports": "device.transports", "tune": "tools.tune",
+    "tuning": "core.tuning",
+}
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads an old module path as the module that now lives elsewhere (the same object)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module):
+        pass
+
+
+class _MovedModules(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        prefix = __name__ + "."
+        if not name.startswith(prefix):
+            return None
+        old = name[len(prefix):]
+        for before, after in MOVED.items():
+            if old == before or old.startswith(before + "."):
+                return importlib.util.spec_from_loader(name, _Alias(prefix + after + old[len(before):]))
+        return None
+
+
+sys.meta_path.insert(0, _MovedModules())
 
 __all__ = list(_EXPORTS) + ["__version__"]
 
-from .aborting import abort_on_exception_from_environment  # noqa: E402 (no MPI at import)
+from .faults.aborting import abort_on_exception_from_environment  # noqa: E402 (no MPI at import)
 
 abort_on_exception_from_environment()
 

@@ -22,23 +22,23 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers
-from .agreement import agree_on_call, describe_differences
+from .core import buffers
+from .core.consistency import agree_on_call, describe_differences
 from .algorithms.base import CallTags
-from .asynchronous import Meeting, _worker, check_thread_level, run_in_order, submit, submit_prepared
-from .device import namespace
+from .core.worker import Meeting, _worker, check_thread_level, run_in_order, submit, submit_prepared
+from .device.arrays import namespace
 from .faults.errors import AllreduceAborted, AllreduceTimeout, call_site
 from .faults.rendezvous import Rendezvous
 from .faults.watch import PeerWatch
 from .faults.ulfm import failure_of
-from .mesh import resolve_communicator
-from .ops import OPS, get_op, ignore_float_errors, restore_float_errors
-from .planner import CallFacts, check_algorithm_name, plan_call
-from .reproducible import EXACT_OPS, sum_by_words
-from .settings import settings
-from .startup import check_world_matches_slurm
-from .state import state_of
-from .transports import run_on_device
+from .core.mesh import resolve_communicator
+from .core.ops import OPS, get_op, ignore_float_errors, restore_float_errors
+from .core.planner import CallFacts, check_algorithm_name, plan_call
+from .reproducible.exact import EXACT_OPS, sum_by_words
+from .core.settings import settings
+from .core.startup import check_world_matches_slurm
+from .core.state import state_of
+from .device.transports import run_on_device
 
 __all__ = ["allreduce", "allreduce_async", "prepare", "PreparedAllreduce", "describe_call", "psum", "pmean", "pmax", "pmin",
            "CHECK_ENV"]
@@ -157,7 +157,7 @@ def _reproducible_call(x, op, algorithm, comm, out, check, axis, mesh, groups, t
     """Check a reproducible call's arguments (no communication; on every rank with ``check``); the
     function that runs it: one allreduce of host arrays with op ``EXACT_OPS[op]``, whose plan says
     how (mpiallreduce.planner: the direct route, or the words route for an algorithm asked for)."""
-    from .reproducible import check_reproducible, reproducible_allreduce
+    from .reproducible.exact import check_reproducible, reproducible_allreduce
     if axis is not None or mesh is not None or groups is not None:
         comm = resolve_communicator(comm, axis, mesh, groups)
     comm = _check_comm(_WORLD if comm is None else comm)
@@ -269,7 +269,7 @@ def _validate(x, op, algorithm, out):
 
 
 def _facts(state):
-    from .device import cuda_aware
+    from .device.arrays import cuda_aware
     return CallFacts(size=state.size, spans_nodes=state.spans_nodes, node_count=state.node_count,
                      equal_nodes=state.equal_nodes,
                      cuda_aware=bool(state.settings.cuda_aware) if state.settings.cuda_aware is not None

@@ -4,8 +4,8 @@ import itertools
 import numpy as np
 import pytest
 
-from mpiallreduce.buckets import Slot, digest_elements, digest_of, digests_agree, plan_buckets
-from mpiallreduce.compression import from_wire, to_wire
+from mpiallreduce.training.buckets import Slot, digest_elements, digest_of, digests_agree, plan_buckets
+from mpiallreduce.training.compression import from_wire, to_wire
 
 
 def slots(*specs):
@@ -64,7 +64,7 @@ def test_torchs_conversions_give_numpys_bits(compression, monkeypatch):
     """The compressed allreduce converts with torch when the program has imported it, else with
     numpy: the same bits either way (NaN payloads aside)."""
     torch = pytest.importorskip("torch")
-    from mpiallreduce import compression as module
+    from mpiallreduce.training import compression as module
     values = np.random.default_rng(1).standard_normal(5000).astype(np.float32) * np.float32(300)
     encoded = {}
     for name, found in (("torch", torch), ("numpy", None)):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mpiallreduce.launch import ranks_per_emulated_node, run
+from mpiallreduce.tools.launch import ranks_per_emulated_node, run
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -122,7 +122,7 @@ def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_
 def test_under_ulfm_a_rank_killed_on_one_node_leaves_the_survivors_on_both_nodes_going_on():
     """2 nodes x 2 ranks under ULFM; rank 2 (on node1) is killed mid-allreduce: every survivor, on
     node0 and node1, raises RankFailure, then they reduce right among themselves."""
-    from mpiallreduce.launch import FAULT_TOLERANT_FLAGS
+    from mpiallreduce.tools.launch import FAULT_TOLERANT_FLAGS
     # Open MPI's ULFM across (emulated) nodes sometimes never tells one survivor of the failure:
     # neither the revoke nor the dead rank reaches it (2026-11-30: in 15-50% of runs, the code of
     # before that day included; rank 1 on node0 polls a receive from rank 0, which has left for

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpiallreduce.launch import FAULT_TOLERANT_FLAGS, run
+from mpiallreduce.tools.launch import FAULT_TOLERANT_FLAGS, run
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT = ROOT / "tests" / "faults" / "inject.py"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from mpiallreduce import launch
+from mpiallreduce.tools import launch
 from processes import processes_with
 
 

@@ -84,8 +84,8 @@ def test_recursive_doubling_plan_reduces_every_element_once_everywhere(p):
 
 
 def test_auto_follows_the_tuning_table():
-    from mpiallreduce import tuning
-    from mpiallreduce.planner import choose_algorithm
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.planner import choose_algorithm
     table = {"by_ranks": {"2": [{"up_to_bytes": 1000, "algorithm": "recursive_doubling"},
                                 {"up_to_bytes": None, "algorithm": "ring"}],
                           "4": [{"up_to_bytes": None, "algorithm": "rabenseifner"}]}}
@@ -104,8 +104,8 @@ def test_auto_follows_the_tuning_table():
 
 def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses():
     import numpy as np
-    from mpiallreduce import tuning
-    from mpiallreduce.planner import CallFacts, plan_call
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.planner import CallFacts, plan_call
     f32 = np.dtype(np.float32)
 
     def plan(nbytes, **facts):
@@ -135,9 +135,9 @@ def test_a_gpu_bench_run_becomes_the_measured_device_section():
     """tune --from-bench: the fastest per size of Open MPI's path (as mpi) and ours, out of place,
     wrong results and auto left out; the planner then follows it and stops calling it a guess."""
     import numpy as np
-    from mpiallreduce import tuning
-    from mpiallreduce.planner import CallFacts, plan_call
-    from mpiallreduce.tune import device_section_from_bench
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.planner import CallFacts, plan_call
+    from mpiallreduce.tools.tune import device_section_from_bench
 
     def m(nbytes, algorithm, us, in_place=False, wrong=0):
         return dict(nbytes=nbytes, algorithm=algorithm, time_us=us, in_place=in_place, wrong=wrong)
@@ -157,7 +157,7 @@ def test_a_gpu_bench_run_becomes_the_measured_device_section():
 
 
 def test_shipped_table_names_only_known_algorithms():
-    from mpiallreduce import tuning
+    from mpiallreduce.core import tuning
     from mpiallreduce.algorithms import ALGORITHMS
     table = tuning.tuning_table()
     assert table["by_ranks"], "the package ships a measured table"
@@ -169,7 +169,7 @@ def test_shipped_table_names_only_known_algorithms():
 
 
 def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
-    from mpiallreduce.tuning import rules_from_measurements
+    from mpiallreduce.core.tuning import rules_from_measurements
     measured = [(4, "mpi", 1.0), (4, "ring", 0.97),        # ring 3% faster: keep MPI's own
                 (64, "mpi", 1.0), (64, "ring", 2.0),
                 (1024, "mpi", 10.0), (1024, "ring", 5.0),
@@ -180,7 +180,7 @@ def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
 
 def test_cost_model_fits_synthetic_times_within_and_between_nodes():
     """Times made from known constants on 1, 2 and 3 nodes give those constants back, exactly."""
-    from mpiallreduce.model import MODELLED, Row, cost_terms, fit
+    from mpiallreduce.tools.model import MODELLED, Row, cost_terms, fit
     constants = np.array([1e-6, 1 / 10e9, 30e-6, 1 / 1e9, 1 / 4e9])
     rows = [Row((nodes, p), a, n, cost_terms(a, p, n, nodes), float(cost_terms(a, p, n, nodes) @ constants))
             for a in MODELLED for nodes, p in ((1, 2), (1, 3), (1, 4), (2, 2), (2, 4), (3, 3))
@@ -193,7 +193,7 @@ def test_cost_model_fits_synthetic_times_within_and_between_nodes():
 def test_cost_model_leaves_oversubscribed_runs_out_of_its_fit_and_says_so():
     """Rows of a run with more ranks than cores (10x too slow here) do not move the fit; the report
     says they were not fitted and how far off they are."""
-    from mpiallreduce.model import MODELLED, Row, cost_terms, fit, fitted_rows, report_fit
+    from mpiallreduce.tools.model import MODELLED, Row, cost_terms, fit, fitted_rows, report_fit
     constants = np.array([1e-6, 1 / 10e9, 30e-6, 1 / 1e9, 1 / 4e9])
     rows = [Row((nodes, p), a, n, cost_terms(a, p, n, nodes), slow * float(cost_terms(a, p, n, nodes) @ constants),
                 crowded)
@@ -207,7 +207,7 @@ def test_cost_model_leaves_oversubscribed_runs_out_of_its_fit_and_says_so():
 
 
 def test_cost_terms_send_across_nodes_only_what_crosses():
-    from mpiallreduce.model import cost_terms
+    from mpiallreduce.tools.model import cost_terms
     n = 1 << 20
     # one node: nothing on the network
     assert not cost_terms("rabenseifner", 4, n, nodes=1)[2:4].any()
@@ -281,7 +281,7 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
     pairwise_exchange from there and across nodes; an algorithm asked for
     runs as asked, and one that reduces pairwise is told to reduce words; never a wider accumulator."""
     import numpy as np
-    from mpiallreduce.planner import CallFacts, plan_call
+    from mpiallreduce.core.planner import CallFacts, plan_call
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     for facts in (CallFacts(size=4), CallFacts(size=8, spans_nodes=True, node_count=2)):
         plan = plan_call(facts, False, f32, 4 << 20, "reproducible_sum", "auto")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mpiallreduce.launch import run
+from mpiallreduce.tools.launch import run
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 120
@@ -106,7 +106,7 @@ SHELL_BLOCKS = list(shell_blocks())
 @pytest.mark.parametrize("lines", [b for _, b in SHELL_BLOCKS], ids=[name for name, _ in SHELL_BLOCKS])
 def test_readme_shell_example_runs_with_sizes_cut_down(lines, tmp_path):
     import subprocess
-    from mpiallreduce.launch import launch_environment
+    from mpiallreduce.tools.launch import launch_environment
     (tmp_path / "my_script.py").write_text(MY_SCRIPT)
     env = launch_environment(dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
                                   PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe"))

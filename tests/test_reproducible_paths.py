@@ -7,7 +7,7 @@ so a different bucket or fusion could move it from one to the other: their bits 
 import numpy as np
 import pytest
 
-from mpiallreduce import reproducible
+from mpiallreduce.reproducible import exact as reproducible
 
 
 def contributions(dtype, count, ranks, seed):
@@ -74,7 +74,7 @@ def test_compiled_kernels_give_the_numpy_passes_bits(monkeypatch, divide_by):
     """numba's one-pass float32 conversions against the numpy passes, on blocks of every kind:
     normal ones with ties on the grid, and ones holding zeros, subnormals, infinities and NaN."""
     pytest.importorskip("numba")
-    from mpiallreduce import reproducible_kernels
+    from mpiallreduce.reproducible import kernels as reproducible_kernels
     if not reproducible_kernels.available():
         pytest.skip("numba switched off (MPIALLREDUCE_REPRODUCIBLE_KERNELS=numpy)")
     fmt = reproducible.FORMATS["float32"]
@@ -151,7 +151,7 @@ def test_the_compiled_direct_route_leaves_no_element_to_chance():
     subnormal, at every position of a block, with ties on the grid: random values against the words
     route, over many blocks."""
     pytest.importorskip("numba")
-    from mpiallreduce import reproducible_kernels
+    from mpiallreduce.reproducible import kernels as reproducible_kernels
     if not reproducible_kernels.available():
         pytest.skip("numba switched off (MPIALLREDUCE_REPRODUCIBLE_KERNELS=numpy)")
     rng = np.random.default_rng(11)

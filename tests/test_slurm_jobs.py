@@ -147,7 +147,7 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
     assert "step   300 " in output, output
     # the same parameters as a run that was never interrupted (same rank count: the same bits)
     import numpy as np
-    from mpiallreduce.launch import run
+    from mpiallreduce.tools.launch import run
     straight = tmp_path / "straight.npz"
     result = run(2, [sys.executable, "-m", "mpiallreduce.train", "--steps", "300", "--save-params", str(straight)],
                  timeout=JOB_TIMEOUT, cwd=tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpiallreduce.launch import kill, run, start
+from mpiallreduce.tools.launch import kill, run, start
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 180
@@ -88,7 +88,7 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
     ones end where one process on the whole batch ends (float32), the unsynchronized one does not."""
     pytest.importorskip("torch")
     import json
-    result = run(2, [sys.executable, "-m", "mpiallreduce.train_bench", "--width", "32", "--depth", "2",
+    result = run(2, [sys.executable, "-m", "mpiallreduce.tools.train_bench", "--width", "32", "--depth", "2",
                      "--rounds", "1", "--steps-per-round", "3", "--output", str(tmp_path)], timeout=TIMEOUT, cwd=ROOT)
     assert result.returncode == 0, result.output[-5000:]
     report = json.loads((tmp_path / "train.json").read_text())

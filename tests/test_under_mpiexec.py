@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mpiallreduce.launch import run
+from mpiallreduce.tools.launch import run
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -247,7 +247,7 @@ def test_tune_writes_the_table_auto_then_reads(tmp_path):
     # now a table of our own choosing, read through the environment variable
     table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": 100, "algorithm": "recursive_doubling"},
                                                     {"up_to_bytes": None, "algorithm": "rabenseifner"}]}}))
-    script = ("from mpiallreduce.planner import choose_algorithm as c; "
+    script = ("from mpiallreduce.core.planner import choose_algorithm as c; "
               "print('chose', c(100, 2).name, c(101, 2).name)")
     result = run(2, [sys.executable, "-c", script], timeout=SHORT_TIMEOUT, cwd=ROOT,
                  env=dict(os.environ, MPIALLREDUCE_TUNING=str(table)))

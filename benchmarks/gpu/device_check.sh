@@ -12,7 +12,7 @@
 #                    measured, then the tables (Open MPI's path for device memory against staged_ring,
 #                    device_to_device, ring and auto; busbw against the GPU's device copy bandwidth)
 #   bench-gpu.json   the same results, machine-readable (bench.json)
-#   train-gpu.txt    python -m mpiallreduce.train_bench --device cuda, 4 ranks on the GPU
+#   train-gpu.txt    python -m mpiallreduce.tools.train_bench --device cuda, 4 ranks on the GPU
 #   scaling-cpu.txt  mpiallreduce bench on numpy arrays at 4, 8 and 16 ranks on one node, then 2 emulated
 #                    nodes x 8 ranks (a few sizes each)
 #
@@ -192,10 +192,10 @@ step "GPU benchmark, $bench_ranks ranks, $bench_sizes" 150 bench-gpu.txt gpu_ben
 # ---------------------------------------------------------------------------------------------------
 # 5. Training end to end on the GPU (the dry run: on the CPU, a small model).
 if [ $dry_run = 1 ]; then
-    train() { launch -n 2 --timeout 50 -- "$py" -m mpiallreduce.train_bench --device cpu --width 64 --depth 1 \
+    train() { launch -n 2 --timeout 50 -- "$py" -m mpiallreduce.tools.train_bench --device cpu --width 64 --depth 1 \
         --rounds 1 --steps-per-round 1 --contenders mpiallreduce; }
 else
-    train() { launch -n 4 --timeout 50 -- "$py" -m mpiallreduce.train_bench --device cuda --rounds 3 \
+    train() { launch -n 4 --timeout 50 -- "$py" -m mpiallreduce.tools.train_bench --device cuda --rounds 3 \
         --contenders mpiallreduce,mpiallreduce-fp16,mpi4py,ddp-gloo; }
 fi
 export -f train

@@ -31,9 +31,9 @@ import functools
 import numpy as np
 from mpi4py import MPI
 
-from ..agreement import agree_on_outcome
-from ..buffers import copy_into
-from ..device import allocation_range, close_ipc_mapping, namespace, synchronize
+from ..core.consistency import agree_on_outcome
+from ..core.buffers import copy_into
+from ..device.arrays import allocation_range, close_ipc_mapping, namespace, synchronize
 from .base import OneNodeSlicedAlgorithm
 
 #: CUDA code for min and max with numpy's rules (NaN wins; on a tie the first argument)

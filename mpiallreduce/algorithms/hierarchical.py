@@ -13,7 +13,7 @@ bits; the broadcast copies them: every rank ends with the same bits. Nodes come 
 """
 from mpi4py import MPI
 
-from ..topology import leader_communicator, node_communicator
+from ..core.topology import leader_communicator, node_communicator
 from .base import Algorithm
 
 LEADER = 0

@@ -22,8 +22,8 @@ route), across nodes as well, where pairwise algorithms must reduce fixed-point 
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..buffers import scratch
-from ..settings import settings
+from ..core.buffers import scratch
+from ..core.settings import settings
 from .base import Algorithm, reduce_in_rank_order_into, slices_plan, wait_all
 
 REDUCE_SCATTER_TAG = 301

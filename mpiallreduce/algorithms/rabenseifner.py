@@ -20,7 +20,7 @@ one chain of pairwise reductions, then copied: the same bits on every rank.
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..buffers import copy_into, scratch
+from ..core.buffers import copy_into, scratch
 from .base import Algorithm, split_evenly
 from .power_of_two import Fold, fold_in, fold_out, fold_plan
 

@@ -20,7 +20,7 @@ payloads); folded-out ranks get a copy. Cost lg p (alpha + n beta + n gamma): fo
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..buffers import copy_into, scratch
+from ..core.buffers import copy_into, scratch
 from .base import Algorithm
 from .power_of_two import Fold, fold_in, fold_out, fold_plan, reduce_in_rank_order
 

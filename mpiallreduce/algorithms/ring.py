@@ -31,7 +31,7 @@ bits whatever the op or dtype.
 from dataclasses import dataclass
 from typing import Tuple
 
-from ..buffers import scratch
+from ..core.buffers import scratch
 from .base import Algorithm, ring_neighbours, split_evenly
 
 # Tags of this algorithm's messages (it runs on a private duplicate communicator; distinct tags

@@ -11,8 +11,8 @@ still in cache when it is reduced, instead of a chunk-sized buffer that went out
 allgather copies whole chunks (nothing to reduce, nothing to overlap). Bits as the ring's: every
 chunk reduced once along one chain of ranks, then copied.
 """
-from ..buffers import scratch
-from ..settings import settings
+from ..core.buffers import scratch
+from ..core.settings import settings
 from .base import wait_all
 from .ring import REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds, ring_allgather
 

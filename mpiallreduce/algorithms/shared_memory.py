@@ -21,7 +21,7 @@ must share a node; otherwise every rank raises ValueError (use "hierarchical").
 import numpy as np
 from mpi4py import MPI
 
-from ..comms import cached, replace_cached
+from ..core.comms import cached, replace_cached
 from .base import OneNodeSlicedAlgorithm, reduce_in_rank_order_into
 
 MIN_WINDOW_BYTES = 1 << 16

@@ -19,10 +19,10 @@ h2d stream as it arrives, overlapping the next transfer.
 """
 import threading
 
-from ..buffers import scratch
-from ..settings import settings
-from ..device import namespace
-from ..transports import pinned
+from ..core.buffers import scratch
+from ..core.settings import settings
+from ..device.arrays import namespace
+from ..device.transports import pinned
 from .base import wait_all
 from .ring import REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds, ring_allgather
 

@@ -21,7 +21,7 @@ names the nodes' sizes: use ``hierarchical``).
 """
 from mpi4py import MPI
 
-from ..topology import node_communicator, node_sizes, rail_communicator
+from ..core.topology import node_communicator, node_sizes, rail_communicator
 from .base import Algorithm, split_evenly
 
 

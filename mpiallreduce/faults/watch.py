@@ -21,7 +21,7 @@ import time
 
 from mpi4py import MPI
 
-from ..state import yield_core
+from ..core.state import yield_core
 from .errors import AllreduceAborted, AllreduceTimeout
 from .rendezvous import FAILED, GAVE_UP, _channel
 

@@ -47,7 +47,7 @@ def use_settings():
     normally read once from the environment), every rank alike; the old ones come back after."""
     import dataclasses
 
-    from mpiallreduce import settings as settings_module
+    from mpiallreduce.core import settings as settings_module
     original = settings_module.settings()
 
     def apply(**changes):

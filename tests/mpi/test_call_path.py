@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce import state as state_module
+from mpiallreduce.core import state as state_module
 from mpiallreduce.algorithms import HOST_ALGORITHMS, REGISTRY
 from mpiallreduce.algorithms.base import CallTags
 from reference import exact_input, gather_inputs, numpy_reference, values_equal
@@ -490,7 +490,7 @@ def test_an_input_changed_before_the_reduction_ends_is_caught_with_check_on_ever
     writes into x while the call is queued (behind a gate on the worker); every rank's wait()
     raises, naming rank 0; unchecked, nothing is compared."""
     import threading
-    from mpiallreduce import asynchronous
+    from mpiallreduce.core import worker as asynchronous
     rank = WORLD.Get_rank()
     x = exact_input("float64", 1000, rank, "sum")
     gate = threading.Event()

@@ -150,8 +150,8 @@ def test_many_calls_in_a_row_stay_in_step(comm):
 
 def test_auto_is_right_on_both_sides_of_every_switch_in_the_table(comm):
     """Sizes at which the tuning table hands over from one algorithm to the next."""
-    from mpiallreduce.planner import choose_algorithm
-    from mpiallreduce.tuning import _rules_for
+    from mpiallreduce.core.planner import choose_algorithm
+    from mpiallreduce.core.tuning import _rules_for
     rank, size = comm.Get_rank(), comm.Get_size()
     chosen = set()
     for rule in _rules_for(size):

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import mpiallreduce as mar
 import mpiallreduce.testing.fake_cupy as fake_cupy
-from mpiallreduce import device, transports
+from mpiallreduce.device import arrays as device, transports
 from mpiallreduce.algorithms import device_to_device
 from reference import exact_input, gather_inputs, numpy_reference, problems_with
 

@@ -190,8 +190,8 @@ def test_with_check_a_call_refused_on_one_rank_is_refused_on_every_rank(comm):
 def test_a_repeated_reproducible_call_takes_the_short_path_with_the_same_bits(comm):
     """The second call of the same shape and dtype runs the short path of the direct route (no
     checks, no plan made again): the bits of the first call, and of the words route."""
-    from mpiallreduce.reproducible import EXACT_OPS
-    from mpiallreduce.state import state_of
+    from mpiallreduce.reproducible.exact import EXACT_OPS
+    from mpiallreduce.core.state import state_of
     x = contribution(comm.Get_rank(), "float32", 70_000)
     first = digest(mar.allreduce(x, comm=comm, reproducible=True))
     again = [digest(mar.allreduce(x, comm=comm, reproducible=True)) for _ in range(2)]

@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce.topology import leader_communicator, node_communicator
+from mpiallreduce.core.topology import leader_communicator, node_communicator
 from reference import (digests_differ, exact_input, gather_inputs, numpy_reference, op_applies, problems_with,
                        values_equal)
 
@@ -59,7 +59,7 @@ def test_shared_memory_refuses_a_communicator_over_several_nodes_on_every_rank(p
 
 def test_auto_runs_hierarchical_across_nodes_where_the_table_has_nothing_measured_across_nodes(
         pretend_nodes, monkeypatch):
-    from mpiallreduce import tuning
+    from mpiallreduce.core import tuning
     from mpiallreduce.algorithms import REGISTRY
     comm, per_node = pretend_nodes
     ran = []
@@ -76,7 +76,7 @@ def test_auto_runs_hierarchical_across_nodes_where_the_table_has_nothing_measure
 
 
 def test_auto_never_hands_a_multi_node_communicator_to_shared_memory(pretend_nodes):
-    from mpiallreduce import tuning
+    from mpiallreduce.core import tuning
     comm, _ = pretend_nodes
     tuning.set_tuning_table({"by_ranks": {"1": [{"up_to_bytes": None, "algorithm": "shared_memory"}]}})
     try:

@@ -80,7 +80,7 @@ def test_tensor_allreduce_new_and_in_place_against_numpy_on_the_gathered_inputs(
 def test_horovod_style_rank_size_and_node_local_rank_and_size():
     """Each node's local ranks are 0..local_size-1, once each (numbered as the launcher numbers
     them: Open MPI's local rank need not follow the world order)."""
-    from mpiallreduce.topology import node_communicator
+    from mpiallreduce.core.topology import node_communicator
     node = node_communicator(WORLD)
     assert (mt.rank(), mt.size()) == (WORLD.Get_rank(), WORLD.Get_size())
     assert mt.local_size() == node.Get_size()

@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from .algorithms import ALGORITHMS, REGISTRY, Algorithm
+from ..algorithms import ALGORITHMS, REGISTRY, Algorithm
 from .tuning import choose_across_nodes, choose_name, choose_on_device
 
 __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
@@ -168,7 +168,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         inner = plan_call(leaders, False, dtype, nbytes, op_name, leader_choice)
     path = None
     if on_device:
-        from .transports import device_path
+        from ..device.transports import device_path
         path = device_path(chosen, facts.cuda_aware)
     if op_name.startswith("reproducible_") and not chosen.sees_every_contribution:
         reason += "; a reproducible sum: its exponent bytes, then its fixed-point words, reduced by it"

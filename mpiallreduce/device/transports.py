@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from .device import cuda_aware, synchronize
+from .arrays import cuda_aware, synchronize
 
 __all__ = ["device_path", "run_on_device", "pinned", "pinned_in_use", "DeviceComm", "StagingComm"]
 

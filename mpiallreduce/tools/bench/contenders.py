@@ -1,13 +1,13 @@
 """The contenders: small adapters that each perform one allreduce of ``send`` into ``out``, and
 where the buffers live (host or device memory)."""
-from ..algorithms import REGISTRY
-from ..api import allreduce
-from ..buffers import aligned_empty, mpi_datatype
-from ..device import select_gpu, synchronize
+from ...algorithms import REGISTRY
+from ...api import allreduce
+from ...core.buffers import aligned_empty, mpi_datatype
+from ...device.arrays import select_gpu, synchronize
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
-from ..state import state_of
-from ..ops import get_op
-from ..transports import run_on_device
+from ...core.state import state_of
+from ...core.ops import get_op
+from ...device.transports import run_on_device
 
 __all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "HostMemory", "DeviceMemory",
            "device_memory", "contenders"]
@@ -72,7 +72,7 @@ def device_memory(kind):
     if kind == "cpu":
         return HostMemory()
     if kind == "fake-gpu":
-        from ..testing import fake_cupy
+        from ...testing import fake_cupy
         return DeviceMemory(fake_cupy)
     import cupy
     select_gpu(xp=cupy)

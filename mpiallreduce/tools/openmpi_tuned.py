@@ -9,7 +9,7 @@ MPI's default, each of its algorithms and ours side by side.
 """
 import ctypes
 
-from .mpilib import loaded_libmpi
+from ..core.mpilib import loaded_libmpi
 
 __all__ = ["TUNED_ALLREDUCE_ALGORITHMS", "forced_allreduce_communicator", "han_off_communicator",
            "default_allreduce_component"]

@@ -16,7 +16,7 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 
 from mpi4py import MPI
 
-from .device import namespace, synchronize
+from ..device.arrays import namespace, synchronize
 
 __all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order",
            "check_thread_level", "Meeting"]
@@ -38,7 +38,7 @@ class Meeting:
         self.deadline = None
 
     def __call__(self, state, sequence, site):
-        from .faults.rendezvous import Rendezvous
+        from ..faults.rendezvous import Rendezvous
         self.rendezvous = Rendezvous(state, sequence, self.timeout, self.site)
         if self.deadline is not None:
             self.rendezvous.bring_deadline_forward(self.deadline)
@@ -82,7 +82,7 @@ class AllreduceHandle:
         except FutureTimeout:
             if self._future.done():  # the call's own AllreduceTimeout (a TimeoutError, as FutureTimeout is)
                 raise
-        from .faults.errors import AllreduceTimeout
+        from ..faults.errors import AllreduceTimeout
         rendezvous = self._meeting.rendezvous
         if not timed:
             raise AllreduceTimeout(f"{self._description}: not finished after {timeout} s; it goes on (started "
@@ -173,7 +173,7 @@ def submit(run, x, description, meeting, checksum_comm=None):
 
     def finish(result):
         if checksum is not None:
-            from .agreement import agree_on_outcome
+            from .consistency import agree_on_outcome
             error = None
             if x is not result and _checksum(x) != checksum:
                 error = RuntimeError("x changed between allreduce_async and the end of the reduction")

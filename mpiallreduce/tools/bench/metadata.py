@@ -7,9 +7,9 @@ import subprocess
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__
-from ..mpilib import library_version
-from ..state import state_of
+from ... import __version__
+from ...core.mpilib import library_version
+from ...core.state import state_of
 
 __all__ = ["run_metadata"]
 

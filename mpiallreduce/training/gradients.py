@@ -26,12 +26,12 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
-from .agreement import describe_differences
+from ..core.consistency import describe_differences
 from .buckets import (DIGEST_ELEMENTS, GradientSpec, Slot, accumulation_dtype, digest_elements, digest_of,
                       digests_agree, plan_buckets)
-from .buffers import mpi_datatype
+from ..core.buffers import mpi_datatype
 from .compression import check_compression, compressed_allreduce
-from .device import namespace, synchronize
+from ..device.arrays import namespace, synchronize
 
 __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replicas"]
 
@@ -238,7 +238,7 @@ class GradientSync:
         (zeros where a gradient is missing; the last bucket's followed by the step's digest), its
         large ones in place. The n-th bucket's buffer and prepared call are made at its first
         start (mpiallreduce.prepare: agreed on and planned once) and kept."""
-        from .api import allreduce_async, prepare_at
+        from ..api import allreduce_async, prepare_at
         xp = self._device_xp if bucket.device else np
         if xp is None:  # a device bucket none of whose gradients came: any device module will do
             import cupy as xp
@@ -324,8 +324,8 @@ class GradientSync:
         return elements
 
     def _start_compressed(self, fused, digest):
-        from .asynchronous import submit
-        from .state import state_of
+        from ..core.worker import submit
+        from ..core.state import state_of
         state = state_of(self.comm)  # (on the caller's thread, in program order: collective the first time)
         xp = namespace(fused)
         mean, postscale, compression = self.op == "mean", self.postscale, self.compression

@@ -106,7 +106,7 @@ class CommState:
             if self._library_request is not None:
                 self._library_request.Wait()
                 self._library_request = None
-            from .faults.rendezvous import announce_given_up
+            from ..faults.rendezvous import announce_given_up
             announce_given_up(self)
             try:
                 self._agree_on_settings()
@@ -125,7 +125,7 @@ class CommState:
         self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
         if extremes[0] == -extremes[1]:  # max == min: every rank has the same digest
             return
-        from .agreement import describe_differences
+        from .consistency import describe_differences
         everyone = self.library.allgather(agreed)
         raise SettingsMismatch(
             f"rank {self.rank}: the settings that must match on every rank of this communicator of "
@@ -145,7 +145,7 @@ class CommState:
             self.equal_nodes = bool(extremes[0] == -extremes[1])
         # (not under ULFM: a barrier that meets a dead rank there fails with MPI_ERR_OTHER and no
         # failed rank known, where the allreduce of the other way reports the failure)
-        from .faults.ulfm import fault_tolerant
+        from ..faults.ulfm import fault_tolerant
         if self.node_count == 1 and self.size > 1 and self.signature_slots is None and not fault_tolerant():
             self.signature_slots = SignatureSlots(self.library)
 
@@ -166,7 +166,7 @@ class CommState:
     def free(self):
         for forget in self.on_free:
             forget()
-        from .faults.rendezvous import free_channel
+        from ..faults.rendezvous import free_channel
         free_channel(self)
         if self.signature_slots is not None:
             self.signature_slots.free()

@@ -6,12 +6,12 @@ import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-from . import __version__
-from .algorithms import ALGORITHMS, REGISTRY
-from .settings import settings
-from .device import CUDA_AWARE_ENV, cuda_aware as cuda_aware_decision
-from .mpilib import cuda_aware, library_version, loaded_libmpi
-from .transports import device_path
+from .. import __version__
+from ..algorithms import ALGORITHMS, REGISTRY
+from ..core.settings import settings
+from ..device.arrays import CUDA_AWARE_ENV, cuda_aware as cuda_aware_decision
+from ..core.mpilib import cuda_aware, library_version, loaded_libmpi
+from ..device.transports import device_path
 
 __all__ = ["launch_method", "slurm_variables", "collect", "format_report"]
 
@@ -54,7 +54,7 @@ def gpu_choice(local_rank, environ=None):
     The visible GPUs are CuPy's count where CuPy sees any, else the entries of CUDA_VISIBLE_DEVICES
     (what Slurm's --gpus-per-task / --gpu-bind set), so a job's binding can be checked anywhere.
     """
-    from .device import gpu_for_local_rank
+    from ..device.arrays import gpu_for_local_rank
     env = os.environ if environ is None else environ
     visible = env.get("CUDA_VISIBLE_DEVICES")
     devices = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else None
@@ -119,7 +119,7 @@ def collect(comm=MPI.COMM_WORLD):
 def _reproducible_conversions():
     """How reproducible sums of float32 run here (without importing numba, which takes a while)."""
     from importlib import metadata
-    from .reproducible import KERNELS_ENV
+    from ..reproducible.exact import KERNELS_ENV
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
         return f"numpy passes ({KERNELS_ENV}=numpy)"
     try:
@@ -135,7 +135,7 @@ PLAN_SIZES = (4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 def _auto_plans(comm):
     """{bytes: plan.describe()} of ``allreduce(float32 x, op="sum")`` on ``comm`` (collective: the
     communicator's state is made), numpy arrays; what mpiallreduce.planner decides, and why."""
-    from .api import describe_call
+    from ..api import describe_call
     return {nbytes: describe_call(np.empty(nbytes // 4, np.float32), comm=comm) for nbytes in PLAN_SIZES}
 
 

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__
-from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
-from ..algorithms import REGISTRY
+from ... import __version__
+from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
+from ...algorithms import REGISTRY
 from ..arguments import ArgumentParser, size_list, unknown
-from ..buffers import aligned_empty
-from ..device import cuda_aware
+from ...core.buffers import aligned_empty
+from ...device.arrays import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
-from ..ops import OPS, get_op
-from ..state import state_of
-from ..topology import node_communicator
+from ...core.ops import OPS, get_op
+from ...core.state import state_of
+from ...core.topology import node_communicator
 from .contenders import (BASELINE, DEVICE_ALGORITHMS, REPRODUCIBLE, HostMemory, contenders as make_contenders,
                          device_memory)
 from .metadata import run_metadata

@@ -38,7 +38,7 @@ import sys
 
 import numpy as np
 
-from .ops import ReduceOp
+from ..core.ops import ReduceOp
 
 __all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "EXACT_OPS", "ExactSumOp", "reproducible_allreduce", "exact_sum_into",
            "sum_by_words", "check_reproducible"]
@@ -87,13 +87,13 @@ def _compiled(fmt):
     """mpiallreduce.reproducible_kernels (numba, float32) where it applies, else None."""
     if fmt.bits is not np.uint32:
         return None
-    from . import reproducible_kernels as kernels
+    from . import kernels as kernels
     return kernels if kernels.available() else None
 
 
 @functools.lru_cache(maxsize=None)
 def _scale_tables(bias, k):
-    from .reproducible_kernels import scale_tables
+    from .kernels import scale_tables
     return scale_tables(bias, k)
 
 
@@ -315,7 +315,7 @@ def exact_sum_into(contributions, out, divide_by=1):
     contributions run compiled where numba is (one loop, mpiallreduce.reproducible_kernels.exact_sum_f32);
     blocks holding an inf or NaN, more contributions, other dtypes, or no numba: the words route's
     passes (numpy, and numba's one-array kernels where they apply), by block."""
-    from .buffers import scratch
+    from ..core.buffers import scratch
     fmt = FORMATS[out.dtype.name]
     count = out.size
     kernels = _compiled(fmt)
@@ -353,7 +353,7 @@ def sum_by_words(send, recv, mean, allreduce_in_place):
     ``recv``'s contents when ``send`` is None), both 1-D contiguous numpy arrays.
     ``allreduce_in_place(array, op_name)``: the allreduce of the two integer steps (the call's
     algorithm, communicator and watch; mpiallreduce.api.execute); it has a ``size``."""
-    from .buffers import scratch
+    from ..core.buffers import scratch
     values = recv if send is None else send
     fmt = FORMATS[np.dtype(values.dtype).name]
     # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced in place
@@ -408,7 +408,7 @@ def reproducible_allreduce(x, op, out, run):
 
     ``run(host, host_out)``: the allreduce of host arrays with ``EXACT_OPS[op]`` (mpiallreduce.api);
     ``x`` may be numpy or CuPy (through the host)."""
-    from .device import namespace
+    from ..device.arrays import namespace
     xp = namespace(x)
     if xp is None:
         return run(x, out)

@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .buffers import mpi_datatype
-from .device import namespace
+from ..device.arrays import namespace
 
 __all__ = ["ReduceOp", "OPS", "get_op", "ignore_float_errors", "restore_float_errors"]
 

@@ -41,7 +41,7 @@ __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "c
            "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "table_digest"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
-DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tuning.json")
+DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
 #: tune prefers MPI_Allreduce (the reference) unless another algorithm is faster by more than this
 PREFER_MPI_WITHIN = 0.05
 
@@ -59,7 +59,7 @@ def set_tuning_table(path_or_table):
             _table = json.load(f)
     _choices.clear()
     import sys
-    planner, state = sys.modules.get("mpiallreduce.planner"), sys.modules.get("mpiallreduce.state")
+    planner, state = sys.modules.get("mpiallreduce.core.planner"), sys.modules.get("mpiallreduce.core.state")
     if planner is not None:  # what was planned with the old table is forgotten
         planner.plan_call.cache_clear()
     if state is not None:

@@ -65,7 +65,7 @@ def synchronize(xp):
 
 @functools.lru_cache(maxsize=None)
 def _library_cuda_aware():
-    from .mpilib import cuda_aware as ask_library
+    from ..core.mpilib import cuda_aware as ask_library
     aware, how = ask_library()
     return bool(aware), how
 
@@ -76,7 +76,7 @@ def cuda_aware():
     ``MPIALLREDUCE_CUDA_AWARE=1|0`` (mpiallreduce.settings) decides if set; otherwise the MPI library is asked
     (``MPIX_Query_cuda_support`` / ``MPIX_GPU_query_support``), and "unknown" counts as no.
     """
-    from .settings import settings
+    from ..core.settings import settings
     forced = settings().cuda_aware
     if forced is not None:
         return forced, f"{CUDA_AWARE_ENV}={int(forced)}"
@@ -100,8 +100,8 @@ def local_rank(comm=None):
             if value.isdigit():
                 return int(value)
     from mpi4py import MPI
-    from .topology import node_communicator
-    from .state import state_of
+    from ..core.topology import node_communicator
+    from ..core.state import state_of
     comm = MPI.COMM_WORLD if comm is None else comm
     return node_communicator(state_of(comm).make_ready().library).Get_rank()
 

@@ -1,9 +1,9 @@
 """Training end to end, the Deep Speech 2 way: the same model, data and steps through each gradient
 synchronization, with what allreduce costs a training epoch.
 
-    mpiallreduce launch -n 2 -- python -m mpiallreduce.train_bench --output results/train/2ranks
-    mpiallreduce launch -n 2 --nodes 2 -- python -m mpiallreduce.train_bench     (emulated nodes)
-    mpiallreduce launch -n 4 -- python -m mpiallreduce.train_bench --device cuda  (GPU = local rank % GPUs)
+    mpiallreduce launch -n 2 -- python -m mpiallreduce.tools.train_bench --output results/train/2ranks
+    mpiallreduce launch -n 2 --nodes 2 -- python -m mpiallreduce.tools.train_bench     (emulated nodes)
+    mpiallreduce launch -n 4 -- python -m mpiallreduce.tools.train_bench --device cuda  (GPU = local rank % GPUs)
 
 Contenders (each trains its own copy of the model from the same start, on the same batches):
 
@@ -148,7 +148,7 @@ def table(rows, args, size, nodes, gradient_bytes):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mpiallreduce.train_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mpiallreduce.tools.train_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--contenders", default=",".join(CONTENDERS),
                         help=f"comma-separated, from {', '.join(CONTENDERS)} (none is always run)")
     parser.add_argument("--width", type=int, default=2048)
@@ -185,7 +185,7 @@ def main(argv=None):
     if args.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("train_bench --device cuda: torch sees no CUDA device")
-        from .device import gpu_for_local_rank
+        from ..device.arrays import gpu_for_local_rank
         device = torch.device("cuda", gpu_for_local_rank(node.Get_rank(), torch.cuda.device_count()))
         torch.cuda.set_device(device)
     if "ddp-gloo" in names:

@@ -19,7 +19,7 @@ import json
 import os
 
 from .arguments import ArgumentParser, size_list
-from .tuning import TUNING_ENV, rules_from_measurements, shipped_device_section
+from ..core.tuning import TUNING_ENV, rules_from_measurements, shipped_device_section
 
 __all__ = ["main"]
 
@@ -62,10 +62,10 @@ def _write_device_section(path, output):
 
 
 def main(argv=None):
-    from .algorithms import HOST_ALGORITHMS as ALGORITHMS
+    from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, run_metadata
     from .bench.driver import runnable_here
-    from .state import state_of
+    from ..core.state import state_of
 
     parser = ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=size_list, default=[4 ** k for k in range(1, 14)],

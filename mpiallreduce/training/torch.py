@@ -57,7 +57,7 @@ def allreduce(tensor, op="sum", algorithm="auto", comm=None, **options):
     mesh, groups) as ``mpiallreduce.allreduce``: "sum" by default, as torch.distributed's; Horovod's
     ``hvd.allreduce`` averages by default, here that is ``op="mean"``. CPU tensors travel through
     numpy and CUDA tensors through CuPy (DLPack), without copies; what requires grad is detached."""
-    from .api import allreduce as reduce_array
+    from ..api import allreduce as reduce_array
     if tensor.dtype == torch.bfloat16:  # summed in float32, rounded once (numpy has no bfloat16)
         return allreduce(tensor.float(), op, algorithm, comm, **options).to(torch.bfloat16)
     return _as_tensor(reduce_array(_as_array(tensor), op=op, algorithm=algorithm, comm=comm, **options), tensor)
@@ -66,7 +66,7 @@ def allreduce(tensor, op="sum", algorithm="auto", comm=None, **options):
 def allreduce_(tensor, op="sum", algorithm="auto", comm=None, **options):
     """``tensor`` reduced over the ranks in place (Horovod's ``allreduce_``, torch.distributed's
     ``all_reduce``); returns it. Keywords as :func:`allreduce`."""
-    from .api import allreduce as reduce_array
+    from ..api import allreduce as reduce_array
     if tensor.dtype == torch.bfloat16:
         with torch.no_grad():
             tensor.copy_(allreduce(tensor.float(), op, algorithm, comm, **options))
@@ -93,15 +93,15 @@ def local_rank():
     """This process's rank among the ranks of its node (``hvd.local_rank()``), 0..local_size()-1:
     as the launcher numbers them (Open MPI's need not follow the world ranks' order), else from
     the node communicator (collective over COMM_WORLD the first time)."""
-    from .device import local_rank as node_local_rank
+    from ..device.arrays import local_rank as node_local_rank
     return node_local_rank()
 
 
 def local_size():
     """The number of ranks on this process's node (``hvd.local_size()``; collective over COMM_WORLD
     the first time)."""
-    from .state import state_of
-    from .topology import node_communicator
+    from ..core.state import state_of
+    from ..core.topology import node_communicator
     return node_communicator(state_of(MPI.COMM_WORLD).make_ready().library).Get_size()
 
 

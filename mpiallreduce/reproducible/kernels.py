@@ -36,7 +36,7 @@ import numpy as np
 __all__ = ["available", "exponent_codes_f32", "to_words_f32", "from_words_f32", "exact_sum_f32", "scale_tables",
            "EXACT_BLOCK", "EXACT_MOST_CONTRIBUTIONS"]
 
-from .reproducible import KERNELS_ENV
+from .exact import KERNELS_ENV
 
 try:
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":

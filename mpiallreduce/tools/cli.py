@@ -64,7 +64,7 @@ def _launch(argv):
         parser.error(f"--nodes {args.nodes}: give between 1 and the rank count")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout {args.timeout}: give a positive number of seconds")
-    from .aborting import ABORT_ENV
+    from ..faults.aborting import ABORT_ENV
     from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
     # One rank's uncaught exception ends the job with its traceback (in programs that import
     # mpiallreduce), unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
@@ -93,7 +93,7 @@ def _tune(argv):
 
 
 def _report(argv):
-    from .scaling import main
+    from .report import main
     return main(argv)
 
 
