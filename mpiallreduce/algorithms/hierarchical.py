@@ -28,9 +28,10 @@ class HierarchicalAllreduce(Algorithm):
     def plan(self, size, rank, count):
         return None
 
-    def execute(self, plan, comm, send, recv, op, datatype, inner=None):
-        """``inner``: the leaders' CallPlan (mpiallreduce.planner); without one (a single node) the
-        leaders are one rank and step 2 is empty."""
+    def execute(self, plan, comm, send, recv, op, datatype, inner=None, wrap=None):
+        """``inner``: the leaders' CallPlan (mpiallreduce.core.planner); without one (a single node)
+        the leaders are one rank and step 2 is empty. ``wrap(comm)``: the leaders' communicator as
+        the inner algorithm talks on it (the executor's: the call's tags and peer watch)."""
         node = node_communicator(comm)
         leaders = leader_communicator(comm)
         mpi_op = op.mpi_op(recv.dtype)
@@ -47,7 +48,7 @@ class HierarchicalAllreduce(Algorithm):
                 raise ValueError("hierarchical: the node leaders need a plan of their own (mpiallreduce.planner)")
             # The leaders' communicator is the library's own (split from its duplicate): messages
             # cannot meet the user's.
-            inner.algorithm.run(leaders, None, recv, op, datatype)
+            inner.algorithm.run(leaders if wrap is None else wrap(leaders), None, recv, op, datatype)
 
         # Step 3: share within the node
         node.Bcast([recv, datatype], root=LEADER)

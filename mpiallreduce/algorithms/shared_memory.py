@@ -4,7 +4,7 @@ The ranks (all on one node) share an MPI-3 window (``Win.Allocate_shared``) with
 rank. The buffer is cut into p slices s0..s(p-1). p = 3:
 
     step 1   rank q copies its input into segment q               seg0 = x0, seg1 = x1, seg2 = x2
-             (and its call's signature code, mpiallreduce.state.SignatureSlots)
+             (and its call's signature code, mpiallreduce.core.slots)
     --- barrier ---                                               (or: wait for the p codes, compare)
     step 2   rank r reduces slice r over all segments, in rank order, and publishes it in its segment
              rank 0: s0 = seg0[s0] + seg1[s0] + seg2[s0]   rank 1: s1 = ...   rank 2: s2 = ...
@@ -71,17 +71,17 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     memory = "host"
     across_nodes = "hierarchical"
 
-    #: the ranks' signature codes, published in shared memory, are waited for in place of the
-    #: first barrier: the check that calls from 64 KiB make by default costs a few loads here, and
-    #: smaller calls compare their sizes the same way (mpiallreduce.api._size_code)
+    #: the ranks' signature codes, published in shared memory, can be waited for in place of the
+    #: first barrier (the planner says when: one node, the call compared)
     carries_signature = True
     #: each slice is reduced from every rank's segment at once (a reproducible sum's direct route)
     sees_every_contribution = True
 
     def execute(self, plan, comm, send, recv, op, datatype, signature=None):
-        """``signature``: the call's mpiallreduce.api.CallSignature, compared across the ranks."""
+        """``signature``: the call's signature comparison when the plan says this algorithm carries
+        it (mpiallreduce.core.executor: published with the input, compared in place of the barrier)."""
         window = cached(comm, "shared_window", lambda: None)
-        if signature is not None and (not signature.shared() or window is None or window.half_bytes < recv.nbytes):
+        if signature is not None and (window is None or window.half_bytes < recv.nbytes):
             signature.agree()  # making or growing the window is collective: compare first
             signature = None
         window = shared_window(comm, recv.nbytes)

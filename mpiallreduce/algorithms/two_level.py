@@ -36,9 +36,10 @@ class TwoLevelAllreduce(Algorithm):
     def plan(self, size, rank, count):
         return None
 
-    def execute(self, plan, comm, send, recv, op, datatype, inner=None):
-        """``inner``: the rails' CallPlan (mpiallreduce.planner); without one (a single node) the
-        rails are one rank each and step 2 is empty."""
+    def execute(self, plan, comm, send, recv, op, datatype, inner=None, wrap=None):
+        """``inner``: the rails' CallPlan (mpiallreduce.core.planner); without one (a single node)
+        the rails are one rank each and step 2 is empty. ``wrap(comm)``: the rail as the inner
+        algorithm talks on it (the executor's: the call's tags and peer watch)."""
         sizes = node_sizes(comm)
         if len(set(sizes)) > 1:  # (the same sizes on every rank: every rank raises)
             raise ValueError(f"the two_level algorithm needs the same number of ranks on every node; these "
@@ -62,7 +63,7 @@ class TwoLevelAllreduce(Algorithm):
         if rail.Get_size() > 1 and shard.size:  # (the same on the whole rail: its shards are alike)
             if inner is None or inner.inner is not None:
                 raise ValueError("two_level: the rails need a plan of their own (mpiallreduce.planner)")
-            inner.algorithm.run(rail, None, shard, op, datatype)
+            inner.algorithm.run(rail if wrap is None else wrap(rail), None, shard, op, datatype)
 
         # Step 3: allgather the shards within the node
         if k > 1:

@@ -1,14 +1,75 @@
-"""Checks that all ranks agree on before anyone enters the next collective.
+"""The consistency service: everything the ranks must have alike is compared here, and only here.
 
 A check that fails on one rank only and raises there leaves the other ranks waiting in the next
-collective: a hang, not an error. Here each rank runs its checks locally, then all ranks exchange
-the outcome (one small allgather) and every rank raises the same exception, naming the ranks and
-what was wrong, or every rank goes on.
+collective: a hang, not an error. So every comparison is collective and ends the same way on every
+rank: all go on, or all raise the same exception naming the ranks and what differs.
+
+    digest(value, bits)        the one digest scheme: call signatures, settings, gradient buckets
+    compare(state, code, ...)  a call's signature code against every rank's, before data moves:
+                               the shared slots on one node (mpiallreduce.core.slots), else one
+                               16-byte allreduce (max of (code, -code)); bounded by the call's
+                               deadline, noticing a failed peer (its PeerWatch); on a mismatch,
+                               every rank gathers what each called and raises ValueError
+    codes_agree(comm, code)    the same allreduce, for what is compared once per communicator
+                               (settings) or per step (a gradient bucket's digest rides in the
+                               bucket's own allreduce instead: mpiallreduce.training.buckets)
+    agree_on_call(...)         ``check=True`` and prepared calls: everything compared, arguments
+                               validated on every rank, in one allgather
+    agree_on_outcome(...)      a step that can fail on one rank (inside an algorithm) made collective
 """
+import hashlib
+
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["agree_on_call", "agree_on_outcome"]
+__all__ = ["digest", "compare", "SignatureMismatch", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
+           "describe_differences"]
+
+
+def digest(value, bits=63):
+    """A ``bits``-bit number that differs (but for a 2**-bits chance) when ``repr(value)`` differs."""
+    text = repr(value).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> (64 - bits)
+
+
+def codes_agree(comm, code, buffer=None, watch=None):
+    """Collective: whether every rank of ``comm`` gave the same ``code`` (a signed 64-bit number):
+    one 16-byte allreduce of (code, -code) with MPI_MAX. With ``watch`` (a PeerWatch) the wait is
+    bounded by its deadline and notices a failed peer."""
+    extremes = np.empty(2, dtype=np.int64) if buffer is None else buffer
+    extremes[0], extremes[1] = code, -code
+    if watch is None:
+        comm.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)
+    else:
+        watch.wait([comm.Iallreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)])
+    return extremes[0] == -extremes[1]
+
+
+class SignatureMismatch(ValueError):
+    """The ranks' calls differ (raised on every rank, before any data moved)."""
+
+
+def compare(state, code, describe, watch, sequence):
+    """Raise SignatureMismatch (a ValueError) on every rank of ``state``'s communicator, naming what
+    differs, unless every rank's call #``sequence`` has the same ``code``. ``describe()``: this
+    rank's signature as a dict, gathered only when the codes differ. ``watch()``: the call's
+    PeerWatch (its deadline, its peers), made only when a wait needs it."""
+    slots = state.signature_slots
+    if slots is not None:
+        slots.publish(code, sequence)
+        if slots.all_equal(code, sequence, watch):
+            return
+    elif codes_agree(state.library, code, state.signature_buffer, watch()):
+        return
+    raise_signature_mismatch(state, describe, sequence)
+
+
+def raise_signature_mismatch(state, describe, sequence):
+    """Collective, on ranks that all know the codes differ: gather what each rank called, raise."""
+    differences = describe_differences(state.library.allgather(describe()))
+    raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} differs between the {state.size} ranks "
+                     "(shape, dtype, op, algorithm or route; see also check=True); nothing was reduced:\n  "
+                     + "\n  ".join(differences or ["(the calls' digests differ)"]))
 
 
 def agree_on_call(comm, prepare, signature, resolve=None):

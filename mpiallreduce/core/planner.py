@@ -27,9 +27,17 @@ Rules, in order:
   wider: the same bits either way;
 - float16 and bfloat16 accumulate in float32 in every hand-written algorithm (and in ``mpi`` on
   device arrays); ``mpi`` on numpy arrays keeps the library's own float16 arithmetic;
-- calls of at least ``signature_min_bytes`` (64 KiB by default) compare shape, dtype and op across
-  ranks before moving data.
+- every call on more than one rank compares its signature (shape, dtype, op, algorithm, route)
+  across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
+  in the communicator's shared slots on one node (a few loads and stores), else in a 16-byte
+  allreduce; shared_memory carries it in place of its first barrier. A prepared call is compared
+  once, when it is made (``signature="agreed once"``).
+
+A plan is a pure function of its inputs and of CallFacts, which hold only what every rank of the
+communicator agreed on (mpiallreduce.core.state.CommState.make_ready: node layout, CUDA-awareness,
+the settings); so it is the same on every rank. ``plan_call`` is the one plan cache.
 """
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -60,9 +68,11 @@ class CallFacts:
     spans_nodes: bool = False
     node_count: int = 1
     cuda_aware: bool = False
-    signature_min_bytes: int = 64 << 10
+    signature_min_bytes: int = 0
     #: every node has the same rank count (two_level needs it)
     equal_nodes: bool = True
+    #: the communicator has shared signature slots (one node, not under ULFM)
+    shared_slots: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,22 +92,50 @@ class CallPlan:
     check_signature: bool
     #: hierarchical: the node leaders' plan
     inner: Optional["CallPlan"] = None
+    #: what the call computes: "plain" (the op itself), "reproducible direct" (an exact sum straight
+    #: from the floats), "reproducible words" (exponent bytes, then fixed-point words, reduced by
+    #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression)
+    route: str = "plain"
+    #: how the ranks compare the call before data moves: "none", "shared slots", "16-byte allreduce",
+    #: "carried by <algorithm>" (in place of its first barrier), "agreed once" (a prepared call)
+    signature: str = "none"
 
     @property
     def name(self):
         return self.algorithm.name
 
+    @property
+    def compares(self):
+        """Whether each run compares the signature (before or inside the algorithm)."""
+        return self.signature not in ("none", "agreed once")
+
+    @property
+    def carried(self):
+        return self.signature.startswith("carried")
+
+    @property
+    def inner_on_tags(self):
+        """Whether the inner plan talks through CallTags and the call's PeerWatch (its messages
+        offset by the call's number, its waits bounded and watching the peers)."""
+        return self.inner is not None and self.inner.algorithm.messages_only
+
+    def agreed_once(self):
+        """This plan for a prepared call: compared when made, then run unchecked."""
+        return dataclasses.replace(self, signature="agreed once" if self.compares else self.signature)
+
     def describe(self):
         """What the call will run and why, in a line or two."""
         text = f"{self.name} ({'auto: ' if self.auto else 'asked for: '}{self.reason})"
+        if self.route != "plain":
+            text += f"; route: {self.route}"
         if self.device_path:
             text += f"; device memory travels by {self.device_path}"
         if self.accumulate is not None:
             text += f"; accumulates in {self.accumulate}"
         if self.inner is not None:
-            text += f"; node leaders run {self.inner.name}"
-        if self.check_signature:
-            text += "; ranks compare shape, dtype and op first"
+            text += (f"; node leaders run {self.inner.name}"
+                     + (" (on the call's tags, watching the peers)" if self.inner_on_tags else ""))
+        text += f"; signature: {self.signature}"
         return text
 
 
@@ -121,19 +159,33 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     Raises ValueError (the same on every rank, since the facts are) for an algorithm that cannot run
     on this communicator.
     """
+    reproducible = op_name.startswith("reproducible_")
+    compressed = op_name.startswith("compressed_")
+    if reproducible and on_device:  # reproducible sums of device arrays run on the host (a round trip)
+        if algorithm != "auto" and REGISTRY[algorithm].memory == "device":
+            algorithm = "auto"
+        plan = plan_call(facts, False, dtype, nbytes, op_name, algorithm)
+        return dataclasses.replace(plan, device_path="host round trip")
     check_algorithm_name(algorithm, on_device)
     auto = algorithm == "auto"
     low_precision = dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
+    compared = facts.size > 1 and 0 <= facts.signature_min_bytes <= nbytes
+    signature = "none" if not compared else "shared slots" if facts.shared_slots else "16-byte allreduce"
     if facts.size == 1 or nbytes == 0:
         return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
-                        None, True, False)
+                        None, True, compared, signature=signature)
+    if compressed:
+        return CallPlan(REGISTRY["mpi"], auto, "16-bit values through MPI_Alltoall, summed in float32 by "
+                        "each slice's owner, then MPI_Allgather (mpiallreduce.training.compression)",
+                        "host round trip" if on_device else None, None, False, compared,
+                        route=op_name.replace("_", " "), signature=signature)
     inner = None
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"
         if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:
             raise ValueError(f"the {algorithm} algorithm needs every rank of the communicator on one node; "
                              f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})")
-    elif op_name.startswith("reproducible_") and not on_device:
+    elif reproducible:
         shared = not facts.spans_nodes and nbytes < REPRODUCIBLE_SHARED_MEMORY_BELOW
         chosen = REGISTRY["shared_memory" if shared else "pairwise_exchange"]
         where = ("across nodes" if facts.spans_nodes else
@@ -170,13 +222,17 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     if on_device:
         from ..device.transports import device_path
         path = device_path(chosen, facts.cuda_aware)
-    if op_name.startswith("reproducible_") and not chosen.sees_every_contribution:
-        reason += "; a reproducible sum: its exponent bytes, then its fixed-point words, reduced by it"
+    route = "plain"
+    if reproducible:
+        route = "reproducible direct" if chosen.sees_every_contribution else "reproducible words"
+        if route == "reproducible words":
+            reason += "; a reproducible sum: its exponent bytes, then its fixed-point words, reduced by it"
     accumulate = None
-    if low_precision and (chosen.name != "mpi" or on_device) and not op_name.startswith("reproducible_"):
+    if low_precision and (chosen.name != "mpi" or on_device) and not reproducible:
         accumulate = np.dtype(np.float32)
-    check_signature = 0 <= facts.signature_min_bytes <= nbytes
-    return CallPlan(chosen, auto, reason, path, accumulate, False, check_signature, inner)
+    if compared and chosen.carries_signature and not on_device and facts.shared_slots:
+        signature = f"carried by {chosen.name}"
+    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature)
 
 
 def choose_algorithm(nbytes, size):

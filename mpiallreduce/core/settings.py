@@ -10,13 +10,12 @@ communicator, on its first use (``state.CommState``: one 16-byte allreduce of a 
 table is gathered only when the digests differ), and a difference raises on every rank, naming the
 setting and the ranks.
 """
-import hashlib
 import math
 import os
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
-__all__ = ["Settings", "settings", "reset_settings", "digest_of", "parse_bool", "parse_bytes", "TRUE_WORDS", "FALSE_WORDS"]
+__all__ = ["Settings", "settings", "reset_settings", "parse_bool", "parse_bytes", "TRUE_WORDS", "FALSE_WORDS"]
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
@@ -85,9 +84,10 @@ class Settings:
     timeout: Optional[float] = None
     #: MPIALLREDUCE_TIMEOUT_WARN_FRACTION: a stall warning after this fraction of the timeout
     warn_fraction: float = 0.5
-    #: MPIALLREDUCE_SIGNATURE_MIN_BYTES: calls of at least this many bytes compare shape, dtype
-    #: and op across ranks before moving data (one 16-byte allreduce); "off" never (-1)
-    signature_min_bytes: int = 64 << 10
+    #: MPIALLREDUCE_SIGNATURE_MIN_BYTES: calls of at least this many bytes compare shape, dtype,
+    #: op and algorithm across ranks before moving data (mpiallreduce.core.consistency); 0, the
+    #: default, every call; "off" never (-1): a mismatch may then give wrong values
+    signature_min_bytes: int = 0
     #: MPIALLREDUCE_RING_SEGMENT_BYTES: the segment of ring_pipelined and of pairwise_exchange's reduce-scatter
     ring_segment_bytes: int = 1 << 20
     #: MPIALLREDUCE_STAGED_SEGMENT_BYTES: staged_ring's segment (not yet tuned on a GPU)
@@ -123,7 +123,7 @@ class Settings:
             warn_fraction=_fraction("MPIALLREDUCE_TIMEOUT_WARN_FRACTION", env.get("MPIALLREDUCE_TIMEOUT_WARN_FRACTION"),
                                     0.5),
             signature_min_bytes=(-1 if signature.lower() in FALSE_WORDS - {"0"} else
-                                 parse_bytes("MPIALLREDUCE_SIGNATURE_MIN_BYTES", signature, 64 << 10)),
+                                 parse_bytes("MPIALLREDUCE_SIGNATURE_MIN_BYTES", signature, 0)),
             ring_segment_bytes=_positive(parse_bytes("MPIALLREDUCE_RING_SEGMENT_BYTES",
                                                      env.get("MPIALLREDUCE_RING_SEGMENT_BYTES"), 1 << 20),
                                          "MPIALLREDUCE_RING_SEGMENT_BYTES"),
@@ -147,12 +147,6 @@ class Settings:
 
     def as_dict(self):
         return asdict(self)
-
-
-def digest_of(agreed):
-    """A 63-bit number that differs (but for a 2**-63 chance) when ``agreed`` differs."""
-    text = repr(sorted(agreed.items())).encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
 def _positive(value, name):

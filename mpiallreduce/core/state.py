@@ -22,16 +22,15 @@ States are found by the communicator's handle (a dict: cheaper than an MPI attri
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
 communicator is freed (at MPI_Finalize for COMM_WORLD).
 """
-import os
 import threading
 
 import numpy as np
 from mpi4py import MPI
 
-from .settings import digest_of, settings
+from .settings import settings
 from .tuning import table_digest
 
-__all__ = ["CommState", "state_of", "world_state", "forget_plans", "SettingsMismatch"]
+__all__ = ["CommState", "state_of", "known_state", "world_state", "forget_plans", "SettingsMismatch"]
 
 
 class SettingsMismatch(ValueError):
@@ -66,8 +65,11 @@ class CommState:
         self.spans_nodes = False
         self.node_count = 1
         self.equal_nodes = True
-        #: the planner's facts of this communicator (mpiallreduce.api), once ready
+        #: the planner's facts of this communicator (mpiallreduce.core.planner.CallFacts): what every
+        #: rank agreed on, once ready
         self.facts = None
+        #: whether every rank's MPI takes device pointers (agreed: all of them, or it counts as no)
+        self.cuda_aware = False
         #: callables run when the communicator is freed
         self.on_free = []
         #: an exception every later call re-raises (the ranks' settings differ)
@@ -76,13 +78,21 @@ class CommState:
         self.channel = None
         #: requests of calls given up midway, kept with their buffers (mpiallreduce.faults.watch)
         self.left_behind = []
-        #: the per-call cache of prepared host calls (mpiallreduce.api)
+        #: repeated calls' (plan, bound buffers), by (shape, dtype, op, algorithm, reproducible): the
+        #: short path (mpiallreduce.core.bound)
         self.fast_calls = {}
-        #: where the signature check's 16 bytes are reduced (mpiallreduce.api.agree_on_signature)
+        #: where the signature check's 16 bytes are reduced (mpiallreduce.core.consistency)
         self.signature_buffer = np.zeros(2, dtype=np.int64)
-        #: on one node, the ranks' signature codes in shared memory instead (SignatureSlots)
+        #: on one node, the ranks' signature codes in shared memory instead (mpiallreduce.core.slots)
         self.signature_slots = None
         self.lock = threading.Lock()
+
+    def number(self):
+        """Number the next call on this communicator (1, 2, ...): every call that reaches
+        communication is numbered here, on the caller's thread, in program order
+        (mpiallreduce.core.call), so the numbers match across the ranks whatever thread runs it."""
+        self.sequence += 1
+        return self.sequence
 
     # -- completing the duplicate --------------------------------------------------------------
 
@@ -119,13 +129,10 @@ class CommState:
         return self
 
     def _agree_on_settings(self):
+        from .consistency import codes_agree, describe_differences, digest
         agreed = self.settings.agreed(tuning_table=table_digest())
-        mine = digest_of(agreed)
-        extremes = np.array([mine, -mine], dtype=np.int64)
-        self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
-        if extremes[0] == -extremes[1]:  # max == min: every rank has the same digest
+        if codes_agree(self.library, digest(sorted(agreed.items()))):
             return
-        from .consistency import describe_differences
         everyone = self.library.allgather(agreed)
         raise SettingsMismatch(
             f"rank {self.rank}: the settings that must match on every rank of this communicator of "
@@ -147,7 +154,26 @@ class CommState:
         # failed rank known, where the allreduce of the other way reports the failure)
         from ..faults.ulfm import fault_tolerant
         if self.node_count == 1 and self.size > 1 and self.signature_slots is None and not fault_tolerant():
+            from .slots import SignatureSlots
             self.signature_slots = SignatureSlots(self.library)
+        self._agree_on_cuda_awareness()
+        from .planner import CallFacts
+        self.facts = CallFacts(size=self.size, spans_nodes=self.spans_nodes, node_count=self.node_count,
+                               equal_nodes=self.equal_nodes, cuda_aware=self.cuda_aware,
+                               signature_min_bytes=self.settings.signature_min_bytes,
+                               shared_slots=self.signature_slots is not None)
+
+    def _agree_on_cuda_awareness(self):
+        """Device pointers go to MPI only if every rank's MPI takes them: the ranks' answers are
+        combined here (a rank-local fact the plan depends on is agreed, never assumed equal)."""
+        forced = self.settings.cuda_aware  # (an agreed setting: the same on every rank)
+        if forced is not None:
+            self.cuda_aware = bool(forced)
+            return
+        from ..device.arrays import cuda_aware
+        votes = np.array([1 if cuda_aware()[0] else 0], dtype=np.int64)
+        self.library.Allreduce(MPI.IN_PLACE, [votes, MPI.INT64_T], op=MPI.MIN)
+        self.cuda_aware = bool(votes[0])
 
     def renew_settings(self, current):
         """The process's settings were replaced (``settings.reset_settings``; every rank at the same
@@ -185,84 +211,6 @@ class CommState:
         self.library = self.control = None
 
 
-class SignatureSlots:
-    """The ranks' signature codes in shared memory (every rank of the communicator on one node),
-    compared with no collective: each rank publishes (its code, its count of compared calls) in a
-    cache line of its own, waits until every rank has published the same count, and reads their
-    codes. So a check costs a few stores and loads, not a barrier, and shared_memory uses the wait
-    as its own first barrier. Two pairs per rank, used in turn: a rank cannot publish call k + 2
-    before every rank has read call k (call k + 1 needs them all)."""
-
-    #: int64s per rank: (code, count) for odd counts, then for even counts; a cache line each
-    _PER_RANK = 8
-
-    def __init__(self, comm):
-        self.comm = comm
-        self.window = MPI.Win.Allocate_shared(8 * self._PER_RANK, 8, comm=comm)
-        # memoryviews of int64s: indexing one costs a tenth of a numpy scalar's
-        self.slots = [memoryview(self.window.Shared_query(r)[0]).cast("B")[:8 * self._PER_RANK].cast("q")
-                      for r in range(comm.Get_size())]
-        self.mine = self.slots[comm.Get_rank()]
-        self.others = [slot for r, slot in enumerate(self.slots) if r != comm.Get_rank()]
-        self.window.Lock_all(MPI.MODE_NOCHECK)
-        for i in range(self._PER_RANK):
-            self.mine[i] = 0
-        self.window.Sync()
-        comm.Barrier()  # (every rank's counts are zero before anyone reads them)
-        self.window.Sync()
-        self.count = 0
-
-    def _progress(self):
-        """Let MPI progress while this rank waits (as it would inside a barrier): a peer may still be
-        finishing the previous call's transfers."""
-        self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-
-    def publish(self, code):
-        """This rank's code for its next compared call, visible to every rank after it together
-        with everything this rank stored before it (the call's input, for shared_memory)."""
-        self.count += 1
-        at = 2 * (self.count & 1)
-        mine = self.mine
-        mine[at] = code
-        self.window.Sync()  # (the code, and what came before, before the count)
-        mine[at + 1] = self.count
-
-    def all_equal(self, code):
-        """Wait until every rank has published this call's code; whether they all equal ``code``.
-        Every rank reads the same codes. Like a barrier, it waits for a rank that never comes."""
-        at, count = 2 * (self.count & 1), self.count
-        for slot in self.others:
-            if slot[at + 1] != count:
-                _wait_until(lambda: slot[at + 1] == count, self._progress)
-        self.window.Sync()  # (the counts before the codes, and before what the ranks stored earlier)
-        for slot in self.others:
-            if slot[at] != code:
-                return False
-        return True
-
-    def free(self):
-        try:
-            self.window.Unlock_all()
-            self.window.Free()
-        except MPI.Exception:
-            pass
-
-
-def _wait_until(arrived, progress):
-    """Spin on ``arrived()`` (a load from shared memory); after the first two hundred tries, call
-    ``progress()`` and yield the core (and the GIL) between tries: ranks may outnumber cores."""
-    for _ in range(200):
-        if arrived():
-            return
-    while not arrived():
-        progress()
-        yield_core()
-
-
-#: give the core to another process (a rank waiting on a peer that shares it)
-yield_core = getattr(os, "sched_yield", lambda: None)
-
-
 def _forget(comm, keyval, state):
     with _lock:
         _states.pop(state.handle, None)
@@ -290,6 +238,11 @@ def state_of(comm, blocking=True):
         comm.Set_attr(_keyval, state)
         _states[comm.handle] = state
         return state
+
+
+def known_state(comm):
+    """The CommState of ``comm`` if it was made (no communication), else None."""
+    return _states.get(comm.handle)
 
 
 def forget_plans():

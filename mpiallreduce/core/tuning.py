@@ -32,7 +32,6 @@ says so in its reason) until a GPU run (benchmarks/gpu/device_check.sh) replaces
                 "across_nodes": {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}}
 """
 import functools
-import hashlib
 import json
 import math
 import os
@@ -76,9 +75,10 @@ def tuning_table():
 def table_digest():
     """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
     table = tuning_table()
+    from .consistency import digest
     text = json.dumps([table.get("by_ranks", {}), table.get("by_nodes", {}), table.get("device", {})],
-                      sort_keys=True).encode()
-    return hashlib.blake2b(text, digest_size=8).hexdigest()
+                      sort_keys=True)
+    return f"{digest(text):016x}"
 
 
 def _nearest(section, count):

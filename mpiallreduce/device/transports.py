@@ -17,17 +17,17 @@ import threading
 
 import numpy as np
 
-from .arrays import cuda_aware, synchronize
+from .arrays import synchronize
 
 __all__ = ["device_path", "run_on_device", "pinned", "pinned_in_use", "DeviceComm", "StagingComm"]
 
 
-def device_path(algorithm, aware=None):
-    """The path (a name from this module's table) device arrays take with ``algorithm``."""
+def device_path(algorithm, aware):
+    """The path (a name from this module's table) device arrays take with ``algorithm``, when the
+    ranks agreed that their MPI is (``aware``) or is not CUDA-aware: the planner's decision
+    (mpiallreduce.core.planner), which the executor follows."""
     if algorithm.memory == "device":
         return algorithm.device_path
-    if aware is None:
-        aware = cuda_aware()[0]
     if algorithm.memory == "host":
         return "host round trip"
     if aware:
@@ -35,22 +35,21 @@ def device_path(algorithm, aware=None):
     return "staged messages" if algorithm.blocking_messages_only else "host round trip"
 
 
-def run_on_device(algorithm, comm, send, recv, op, datatype, xp):
-    """Run ``algorithm`` on device buffers ``send``/``recv`` along the path :func:`device_path` names."""
-    path = device_path(algorithm)
+def run_on_device(path, algorithm, comm, send, recv, op, datatype, xp, **options):
+    """Run ``algorithm`` on device buffers ``send``/``recv`` along ``path`` (the plan's)."""
     if path == "cuda-aware":
-        algorithm.run(DeviceComm(comm, xp), send, recv, op, datatype)
+        algorithm.run(DeviceComm(comm, xp), send, recv, op, datatype, **options)
     elif path == "staged messages":
-        algorithm.run(StagingComm(comm, xp), send, recv, op, datatype)
+        algorithm.run(StagingComm(comm, xp), send, recv, op, datatype, **options)
     elif path == "host round trip":
         host = pinned(xp, "round_trip", recv.size, recv.dtype)
         xp.asnumpy(recv if send is None else send, out=host)  # blocking: waits for the current stream
-        algorithm.run(comm, None, host, op, datatype)
+        algorithm.run(comm, None, host, op, datatype, **options)
         stream = xp.cuda.get_current_stream()
         recv.set(host, stream=stream)  # asynchronous: `host` is read after this call returns
         pinned_in_use(xp, "round_trip", stream)
     else:  # the device-only algorithms talk on their own
-        algorithm.run(comm, send, recv, op, datatype)
+        algorithm.run(comm, send, recv, op, datatype, **options)
 
 
 class _PinnedPool(threading.local):

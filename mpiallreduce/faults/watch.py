@@ -21,7 +21,7 @@ import time
 
 from mpi4py import MPI
 
-from ..core.state import yield_core
+from ..core.slots import yield_core
 from .errors import AllreduceAborted, AllreduceTimeout
 from .rendezvous import FAILED, GAVE_UP, _channel
 
@@ -92,22 +92,25 @@ class PeerWatch:
         if _test_all(requests, statuses):
             return
         started = time.monotonic()
-        # the timeout bounds each wait, not the whole algorithm: a long call that keeps moving is
-        # not a stall (the rendezvous bounded the arrival)
-        self.deadline = started + self.timeout if self.timeout is not None else math.inf
+        self.start_waiting(started)
         look_at = started + _QUIET_SECONDS
         while True:
             if _test_all(requests, statuses):
                 return
             now = time.monotonic()
             if now >= look_at:
-                self._look_around(requests, now)
+                self.look_around(requests, now)
                 look_at = now + _LOOK_EVERY_SECONDS
             yield_core()
 
-    def _look_around(self, requests, now):
+    def start_waiting(self, now):
+        """A wait begins: the timeout bounds each wait, not the whole algorithm (a long call that
+        keeps moving is not a stall; the rendezvous bounded the arrival)."""
+        self.deadline = now + self.timeout if self.timeout is not None else math.inf
+
+    def look_around(self, requests, now):
         """Raise if a peer gave the call up, the communicator was revoked (ULFM), or the deadline
-        has passed."""
+        has passed (``requests``, the wait's own, are left behind first)."""
         if _under_ulfm() and any(_revoked(c) or _knows_failed(c) for c in self.state.library_communicators()):
             # A survivor that saw the failure revoked the communicator, or this process knows of a
             # dead rank in it; a request here that waits for a live peer (which has left the call)
@@ -122,10 +125,12 @@ class PeerWatch:
         if now >= self.deadline:
             self._leave_behind(requests)
             self.fail()
+            where, missing = (("in the middle of the algorithm", "a message it waited for from a peer") if requests
+                              else ("comparing the ranks' calls", "every rank's signature"))
             raise AllreduceTimeout(
                 f"rank {self.state.rank}: allreduce call #{self.sequence} ({self.name}) on {self.state.size} "
-                f"ranks timed out in the middle of the algorithm: {self.timeout:g} s without a message it "
-                "waited for from a peer; the other ranks are told", sequence=self.sequence, waited=self.timeout)
+                f"ranks timed out {where}: {self.timeout:g} s without {missing}; the other ranks are told",
+                sequence=self.sequence, waited=self.timeout)
 
     def fail(self):
         """This rank leaves the call midway: tell every peer (once)."""

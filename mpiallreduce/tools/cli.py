@@ -66,8 +66,9 @@ def _launch(argv):
         parser.error(f"--timeout {args.timeout}: give a positive number of seconds")
     from ..faults.aborting import ABORT_ENV
     from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
-    # One rank's uncaught exception ends the job with its traceback (in programs that import
-    # mpiallreduce), unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
+    # One rank's uncaught exception (with its traceback) or sys.exit(n), n nonzero, ends the job with
+    # status 1 or n (in programs that import mpiallreduce; faults/aborting.py), rather than leaving
+    # the others waiting for it, unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
     env = launch_environment(dict(os.environ, **{ABORT_ENV: os.environ.get(ABORT_ENV, "1")}))
     if args.timeout is None:  # become the launcher, so that signals reach it and its ranks directly
         argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant, nodes=args.nodes)

@@ -67,7 +67,7 @@ def test_device_arrays_match_numpy(xp, aware, algorithm, in_place):
             expected = numpy_reference(op, gather_inputs(comm, host))
             x = xp.asarray(host)
             result = mar.allreduce(x, op=op, algorithm=algorithm, out=x if in_place else None)
-            case = f"{op} {dtype} count={count} path={transports.device_path(mar.algorithms.get_algorithm(algorithm)) if algorithm != 'auto' else 'auto'}"
+            case = f"{op} {dtype} count={count} plan={mar.describe_call(x, op=op, algorithm=algorithm)}"
             if type(result) is not type(x):
                 problems.append(f"{case}: returned {type(result).__name__}, not a device array")
                 continue

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from reference import exact_input, gather_inputs, numpy_reference, values_equal
+from reference import bits_equal, exact_input, gather_inputs, numpy_reference, values_equal
 
 pytestmark = pytest.mark.mpi
 
@@ -167,3 +167,134 @@ def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(comm):
     mar.GradientSync(comm=comm, op="mean").synchronize([grad])
     assert grad.dtype == ml_dtypes.bfloat16
     assert np.array_equal(grad.astype(np.float32), expected.astype(np.float32)), (grad, expected)
+
+
+#: float64 elements of a gradient over GradientSync's DIRECT_MIN_BYTES (1 MiB): reduced on its own,
+#: not fused in a bucket's buffer
+LARGE = 200_000
+
+
+def scaled_reference(comm, grad, op, prescale, postscale):
+    """numpy on every rank's ``grad``, times prescale and postscale (powers of two: exact in any order)."""
+    return numpy_reference(op, gather_inputs(comm, grad)) * (prescale * postscale)
+
+
+@pytest.mark.parametrize("change", ["extra gradient", "changed shape"])
+@pytest.mark.parametrize("op, prescale, postscale, bucket_bytes", [
+    ("sum", 1.0, 1.0, 25 << 20), ("mean", 1.0, 1.0, 1000), ("sum", 0.5, 4.0, 1000), ("mean", 2.0, 0.25, 25 << 20)])
+def test_gradients_changed_alike_on_every_rank_are_replanned_and_each_reduced_once(comm, change, op, prescale,
+                                                                                  postscale, bucket_bytes):
+    """Without parameters, a step whose gradients differ from the first step's alike on every rank
+    is planned anew and replayed: a large gradient is not summed twice, nor prescaled twice."""
+    rank = comm.Get_rank()
+    sync = mar.GradientSync(comm=comm, op=op, prescale=prescale, postscale=postscale, bucket_bytes=bucket_bytes)
+    counts = [{"A": LARGE, "B": 10}, {"A": LARGE, "B": 10, "C": 7} if change == "extra gradient" else
+              {"A": LARGE, "B": 12}]
+    for step, layout in enumerate(counts + counts[1:]):  # the first step, the changed one, the same again
+        grads = {name: exact_input("float64", count, rank + 3 * step + i, "sum")
+                 for i, (name, count) in enumerate(layout.items())}
+        want = {name: scaled_reference(comm, g, op, prescale, postscale) for name, g in grads.items()}
+        for name, g in grads.items():
+            sync.ready(g, name=name)
+        assert sync.wait() == {}
+        for name, g in grads.items():
+            assert values_equal(g, want[name]), (step, name, g[:4], want[name][:4])
+    assert sync.buckets and sorted(n for b in sync.buckets for n in b) == sorted(counts[1])
+
+
+@pytest.mark.parametrize("prescale", [1.0, 2.0])
+def test_a_declared_gradient_not_marked_ready_is_refused_with_no_gradient_changed(comm, prescale):
+    """find_unused=False, every rank marks only the large gradient A ready: every rank raises, and A
+    (reduced out of place) is bitwise what this rank gave; the next complete step works."""
+    rank = comm.Get_rank()
+    declared = {"A": np.zeros(LARGE), "B": np.zeros(10)}
+    sync = mar.GradientSync(comm=comm, parameters=declared, prescale=prescale, op="sum")
+    a = exact_input("float64", LARGE, rank, "sum")
+    before = a.copy()
+    sync.ready(a, name="A")
+    with pytest.raises(ValueError, match=r"not marked ready: \['B'\].*no gradient was changed"):
+        sync.wait()
+    assert bits_equal(a, before)
+    b = exact_input("float64", 10, rank + 1, "sum")
+    want = {"A": scaled_reference(comm, a, "sum", prescale, 1.0), "B": scaled_reference(comm, b, "sum", prescale, 1.0)}
+    sync.ready(b, name="B")
+    sync.ready(a, name="A")
+    assert sync.wait() == {}
+    assert values_equal(a, want["A"]) and values_equal(b, want["B"])
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_digest_mismatch_with_a_large_gradient_present_changes_no_gradient(comm, declared):
+    """The last rank gives B of another shape: every rank raises the same ValueError, and neither
+    the large gradient A nor B has changed anywhere."""
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    rank, last = comm.Get_rank(), comm.Get_rank() == comm.Get_size() - 1
+    parameters = {"A": np.zeros(LARGE), "B": np.zeros(10)} if declared else None
+    sync = mar.GradientSync(comm=comm, parameters=parameters, prescale=2.0, bucket_bytes=1000)
+    if not declared:  # the first step declares A and B, alike on every rank
+        sync.ready(exact_input("float64", LARGE, rank, "sum"), name="A")
+        sync.ready(exact_input("float64", 10, rank, "sum"), name="B")
+        sync.wait()
+    grads = {"A": exact_input("float64", LARGE, rank + 1, "sum"), "B": exact_input("float64", 11 if last else 10,
+                                                                                  rank + 2, "sum")}
+    before = {name: g.copy() for name, g in grads.items()}
+    for name, g in grads.items():
+        sync.ready(g, name=name)
+    with pytest.raises(ValueError, match=r"(?s)gradients differ.*no gradient was changed.*'B' \(10,\) float64 differs"):
+        sync.wait()
+    for name, g in grads.items():
+        assert bits_equal(g, before[name]), name
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_bucket_that_times_out_changes_no_gradient():
+    """The last rank comes late to a step: every rank's wait() raises what the buckets' allreduces
+    raised, and every gradient, the large one included, is bitwise what that rank gave."""
+    rank, last = WORLD.Get_rank(), WORLD.Get_rank() == WORLD.Get_size() - 1
+    sync = mar.GradientSync(parameters={"A": np.zeros(LARGE), "B": np.zeros(10)}, prescale=2.0, timeout=0.5)
+    for step in range(2):  # the first step on time (each bucket's call is prepared then), the second late
+        grads = {"A": exact_input("float64", LARGE, rank + step, "sum"),
+                 "B": exact_input("float64", 10, rank + step + 1, "sum")}
+        before = {name: g.copy() for name, g in grads.items()}
+        if step == 1 and last:
+            time.sleep(2.5)  # past both allreduces' timeouts (the fused bucket's, then A's)
+        for name in ("B", "A"):  # backward's order: the buckets are not rebuilt (nor prepared again)
+            sync.ready(grads[name], name=name)
+        if step == 0:
+            sync.wait()
+            continue
+        with pytest.raises(mar.AllreduceTimeout):
+            sync.wait()
+        for name, g in grads.items():
+            assert bits_equal(g, before[name]), name
+    WORLD.Barrier()
+
+
+@pytest.mark.parametrize("op", ["mean", "sum"])
+def test_a_large_gradient_summed_reproducibly_is_reduced_out_of_place_and_written_back_at_wait(comm, op):
+    rank = comm.Get_rank()
+    sync = mar.GradientSync(comm=comm, op=op, prescale=2.0, postscale=0.5, reproducible=True)
+    for step in range(2):
+        grads = [exact_input("float64", LARGE, rank + step, "sum"), exact_input("float32", 9, rank + step + 1, "sum")]
+        want = [scaled_reference(comm, g, op, 2.0, 0.5) for g in grads]
+        sync.synchronize(grads)
+        for g, w in zip(grads, want):
+            assert values_equal(g, w), (step, g.dtype)
+
+
+def test_a_large_device_gradient_is_reduced_out_of_place_and_written_back_at_wait(comm):
+    """With the CuPy stand-in: a large gradient and a small one, prescaled, averaged."""
+    import mpiallreduce.testing.fake_cupy as fake_cupy
+    rank = comm.Get_rank()
+    host = {"A": exact_input("float64", LARGE, rank, "sum"), "B": exact_input("float64", 10, rank + 1, "sum")}
+    want = {name: scaled_reference(comm, h, "mean", 2.0, 1.0) for name, h in host.items()}
+    grads = {name: fake_cupy.asarray(h) for name, h in host.items()}
+    sync = mar.GradientSync(comm=comm, parameters=grads, prescale=2.0)
+    for step in range(2):
+        for name in ("B", "A"):
+            fake_cupy.copyto(grads[name], fake_cupy.asarray(host[name]))
+            sync.ready(grads[name], name=name)
+        sync.wait()
+        for name, g in grads.items():
+            assert values_equal(fake_cupy.asnumpy(g), want[name]), (step, name)

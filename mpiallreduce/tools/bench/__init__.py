@@ -20,7 +20,8 @@ rank's. The figure reported is the median over repetitions. Every contender's re
 bitwise with MPI_Allreduce's and the wrong elements counted (the data are small integers, so every
 summation order gives the same bits).
 
-The package: driver.py (sizes, timing, the command), contenders.py (the adapters; Open MPI's are
+The package: driver.py (the command), timing.py (buffers, warm-up, timing, the wrong-element count),
+limits.py (the copy and link bandwidths measured in the run), contenders.py (the adapters; Open MPI's are
 algorithms/mpi.py and mpiallreduce.transports, as ours), report.py (tables and files),
 metadata.py (what a result needs to be read later).
 """

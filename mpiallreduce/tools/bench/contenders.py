@@ -3,11 +3,11 @@ where the buffers live (host or device memory)."""
 from ...algorithms import REGISTRY
 from ...api import allreduce
 from ...core.buffers import aligned_empty, mpi_datatype
-from ...device.arrays import select_gpu, synchronize
+from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
 from ...core.state import state_of
 from ...core.ops import get_op
-from ...device.transports import run_on_device
+from ...device.transports import device_path, run_on_device
 
 __all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "HostMemory", "DeviceMemory",
            "device_memory", "contenders"]
@@ -99,7 +99,7 @@ def _mpi_allreduce_of_device_memory(op, xp):
     reduce_op = get_op(op)
 
     def call(send, out, comm):
-        run_on_device(MPI_ALLREDUCE, comm, None if send is out else send, out, reduce_op, mpi_datatype(send.dtype), xp)
+        run_on_device(device_path(MPI_ALLREDUCE, cuda_aware()[0]), MPI_ALLREDUCE, comm, None if send is out else send, out, reduce_op, mpi_datatype(send.dtype), xp)
         reduce_op.finish(out, comm.Get_size())
 
     return call

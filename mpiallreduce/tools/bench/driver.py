@@ -1,9 +1,7 @@
-"""The driver: sizes, buffers, warm-up, interleaved timing, the wrong-element count, and the command."""
+"""The command: its arguments checked, the algorithms that can run here, the run (timing.py, against
+the limits of limits.py) and its header, tables and files."""
 import argparse
 import os
-import statistics
-import time
-from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -12,110 +10,21 @@ from ... import __version__
 from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
 from ...algorithms import REGISTRY
 from ..arguments import ArgumentParser, size_list, unknown
-from ...core.buffers import aligned_empty
 from ...device.arrays import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
 from ...core.ops import OPS, get_op
 from ...core.state import state_of
-from ...core.topology import node_communicator
-from .contenders import (BASELINE, DEVICE_ALGORITHMS, REPRODUCIBLE, HostMemory, contenders as make_contenders,
-                         device_memory)
+from .contenders import DEVICE_ALGORITHMS, REPRODUCIBLE, device_memory
+# the timing loop and the physical limits: their names stay importable from here
+from .limits import MEMCPY_BYTES, device_copy_bandwidth, link_bandwidth, memory_copy_bandwidth  # noqa: F401
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
+from .timing import Measurement, compare, count_wrong  # noqa: F401
 
 __all__ = ["Measurement", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
            "main", "DEFAULT_SIZES"]
 
 DEFAULT_SIZES = tuple(1 << k for k in range(2, 29))  # 4 B .. 256 MiB, powers of two
-SECONDS_PER_REPETITION = 0.02
-MAX_ITERATIONS = 200
-MEMCPY_BYTES = 64 << 20
-
-
-@dataclass
-class Measurement:
-    ranks: int
-    nbytes: int
-    count: int
-    dtype: str
-    op: str
-    algorithm: str
-    in_place: bool
-    iterations: int
-    repetitions: int
-    time_us: float  # median over repetitions of the slowest rank's time per call
-    algbw_gbs: float  # bytes / time
-    busbw_gbs: float  # algbw * 2(p-1)/p
-    wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
-
-
-def _input(count, dtype, rank):
-    """Small integers that depend on rank and index: every reduction order gives the same bits."""
-    values = (np.arange(count, dtype=np.int64) * 7 + rank * 3) % 11 - 5
-    return values.astype(dtype)
-
-
-def count_wrong(result, expected):
-    """How many elements of ``result`` are not bitwise equal to ``expected``'s."""
-    itemsize = result.dtype.itemsize
-    differing_bytes = result.view(np.uint8).reshape(-1, itemsize) != expected.view(np.uint8).reshape(-1, itemsize)
-    return int(np.count_nonzero(differing_bytes.any(axis=1)))
-
-
-def _iterations(probe_seconds):
-    return int(min(MAX_ITERATIONS, max(1, SECONDS_PER_REPETITION / max(probe_seconds, 1e-7))))
-
-
-def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
-    if prepare is not None:
-        prepare()
-    memory.finish()
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        call()
-    memory.finish()
-    elapsed = (time.perf_counter() - start) / iterations
-    return comm.allreduce(elapsed, op=MPI.MAX)
-
-
-def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory()):
-    size = comm.Get_size()
-    count = max(1, nbytes // dtype.itemsize)
-    source = memory.array(_input(count, dtype, comm.Get_rank()))
-    expected = memory.empty(count, dtype)
-    contenders[BASELINE](source, expected, comm)
-    expected = memory.to_host(expected)
-    out = memory.empty(count, dtype)
-    send = out if in_place else source
-
-    def reset():
-        if in_place:  # in place, the input is the output: put it back (outside the timed calls)
-            memory.copy(out, source)
-
-    # Warm up every contender and count its wrong elements; size the repetitions from the baseline.
-    # In the timed calls in place, each call reduces the previous result again, as nccl-tests does.
-    wrong, probe = {}, {}
-    for name, contender in contenders.items():
-        probe[name] = _time_calls(lambda c=contender: c(send, out, comm), 1, comm, reset, memory)
-        wrong[name] = comm.allreduce(count_wrong(memory.to_host(out), expected), op=MPI.SUM)
-    iterations = _iterations(probe[BASELINE])
-    times = {name: [] for name in contenders}
-    with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
-        for _ in range(repetitions):
-            for name, contender in contenders.items():
-                times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset,
-                                               memory))
-    results = []
-    for name in contenders:
-        seconds = statistics.median(times[name])
-        algbw = count * dtype.itemsize / seconds / 1e9
-        results.append(Measurement(
-            ranks=size, nbytes=count * dtype.itemsize, count=count, dtype=str(dtype), op=op,
-            algorithm=name, in_place=in_place, iterations=iterations, repetitions=repetitions,
-            time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * 2 * (size - 1) / size,
-            wrong=wrong[name]))
-    return results
 
 
 def runnable_here(comm, names):
@@ -136,90 +45,6 @@ def runnable_here(comm, names):
         else:
             kept.append(name)
     return kept, skipped
-
-
-def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
-            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory(),
-            progress=None):
-    """Measure every contender at every size and mode (in_place False/True); collective.
-
-    Returns a list of Measurements (complete on every rank). ``progress(measurements)``, if given,
-    is called with each size and mode's measurements as soon as they are taken.
-    """
-    dtype = np.dtype(dtype)
-    contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory)
-    try:
-        results = []
-        for nbytes in sizes:
-            for in_place in modes:
-                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory)
-                if progress is not None:
-                    progress(measured)
-                results.extend(measured)
-        return results
-    finally:
-        for c in made:
-            c.Free()
-
-
-def memory_copy_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
-    """One core's memory copy bandwidth (GB/s, bytes copied per second), measured on rank 0 alone.
-
-    The physical limit for an allreduce on one node: every byte must at least be copied once.
-    """
-    result = 0.0
-    if comm.Get_rank() == 0:
-        a = aligned_empty(nbytes, np.uint8)
-        a[:] = 1
-        b = aligned_empty(nbytes, np.uint8)
-        np.copyto(b, a)
-        seconds = []
-        for _ in range(repetitions):
-            start = time.perf_counter()
-            np.copyto(b, a)
-            seconds.append(time.perf_counter() - start)
-        result = nbytes / statistics.median(seconds) / 1e9
-    return comm.bcast(result, root=0)
-
-
-def link_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
-    """(GB/s each way, peer) of a plain MPI_Sendrecv of ``nbytes`` between rank 0 and the first rank
-    on another node, both ways at once (what a ring step between nodes asks of the link); None where
-    every rank is on one node. Collective; the other ranks wait."""
-    leaders = comm.allgather(node_communicator(comm).Get_rank() == 0)
-    peer = next((r for r in range(1, comm.Get_size()) if leaders[r]), None)
-    if peer is None:
-        return None
-    result = 0.0
-    if comm.Get_rank() in (0, peer):
-        other = peer if comm.Get_rank() == 0 else 0
-        send, receive = aligned_empty(nbytes, np.uint8), aligned_empty(nbytes, np.uint8)
-        send[:] = 1
-        seconds = []
-        for _ in range(repetitions + 1):  # (the first one warms the connection up)
-            start = time.perf_counter()
-            comm.Sendrecv(send, other, 0, receive, other, 0)
-            seconds.append(time.perf_counter() - start)
-        result = nbytes / statistics.median(seconds[1:]) / 1e9
-    comm.Barrier()
-    return comm.bcast(result, root=0), peer
-
-
-def device_copy_bandwidth(comm, memory, nbytes=MEMCPY_BYTES, repetitions=5):
-    """The GPU's device-to-device copy bandwidth (GB/s, bytes copied per second), rank 0 alone."""
-    result = 0.0
-    if comm.Get_rank() == 0:
-        a = memory.array(np.ones(nbytes, np.uint8))
-        b = memory.empty(nbytes, np.uint8)
-        seconds = []
-        for _ in range(repetitions + 1):
-            memory.finish()
-            start = time.perf_counter()
-            memory.copy(b, a)
-            memory.finish()
-            seconds.append(time.perf_counter() - start)
-        result = nbytes / statistics.median(seconds[1:]) / 1e9
-    return comm.bcast(result, root=0)
 
 
 def _checked_arguments(parser, args):

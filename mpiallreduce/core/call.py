@@ -1,0 +1,202 @@
+"""A call: its arguments checked and captured, numbered and bound to its communicator's state on the
+caller's thread, in program order; then planned and run by the executor.
+
+    Call.start(...)    caller's thread: arguments checked (locally, unless ``check``), the
+                       communicator resolved (mesh axis, groups) and its state made
+                       (mpiallreduce.core.state), the call numbered (CommState.number)
+    call.run()         any thread, in the order calls were started: the rendezvous of a timed
+                       call (mpiallreduce.faults.rendezvous), the state made ready, the plan
+                       (mpiallreduce.core.planner; with ``check``, agreed on by every rank first),
+                       the Execution of that plan (mpiallreduce.core.executor: kept per kind of
+                       call, the short path of the next repeat), the flat buffers, the run
+    Prepared(call)     ``prepare``: agreed on once, one Execution and one set of flat buffers
+                       bound for good; each run is numbered, then executed
+
+Every entry builds a Call: ``allreduce``, ``allreduce_async`` (reproducible or not), ``prepare``,
+GradientSync's buckets (mpiallreduce.training), ``psum`` & co., ``mpiallreduce.torch``.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from ..device.arrays import namespace
+from ..faults.errors import call_site
+from ..faults.rendezvous import Rendezvous
+from . import buffers
+from .consistency import agree_on_call
+from .executor import Execution
+from .ops import get_op
+from .planner import check_algorithm_name, plan_call
+from .settings import settings
+from .state import state_of
+
+__all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
+
+WORLD = MPI.COMM_WORLD
+
+
+def check_comm(comm):
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator (MPI.Intracomm), got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    return comm
+
+
+def _op_of(op, reproducible):
+    """The ReduceOp a call runs: ``op`` itself, or its reproducible sum (mpiallreduce.reproducible)."""
+    if not reproducible:
+        return get_op(op)
+    from ..reproducible.exact import EXACT_OPS
+    if isinstance(op, str) and op in EXACT_OPS:
+        return EXACT_OPS[op]
+    return get_op(op)  # (a ReduceOp already, or an op the validation rejects)
+
+
+def validate(x, op, algorithm, out, reproducible=False, size=1):
+    """Every check that needs no communication; TypeError/ValueError naming what is wrong."""
+    buffers.check_array(x)
+    if reproducible:
+        from ..reproducible.exact import check_reproducible
+        check_reproducible(x, op, size)
+    get_op(op).check_dtype(x.dtype)
+    check_algorithm_name(algorithm, type(x) is not np.ndarray and namespace(x) is not None)
+    buffers.check_out(out, x)
+
+
+def plan_for(state, x, op, algorithm):
+    """The plan of a call of ``x`` with ReduceOp ``op`` on a ready state (the one plan cache:
+    mpiallreduce.core.planner.plan_call)."""
+    on_device = type(x) is not np.ndarray and namespace(x) is not None
+    return plan_call(state.facts, on_device, x.dtype, x.nbytes, op.name, algorithm)
+
+
+def execution_for(state, x, op, reduce_op, algorithm, reproducible):
+    """The Execution of this kind of call, made once and kept on the state (the short path's key)."""
+    key = (x.shape, x.dtype, op, algorithm, reproducible, type(x))
+    execution = state.fast_calls.get(key)
+    if execution is None:
+        plan = plan_for(state, x, reduce_op, algorithm)
+        execution = Execution(state, plan, reduce_op, x.shape, x.dtype, "host" if type(x) is np.ndarray else "device")
+        if len(state.fast_calls) < 256 and isinstance(algorithm, str) and isinstance(op, str):
+            state.fast_calls[key] = execution
+    return execution
+
+
+class Call:
+    """One call's arguments, captured by the entry point on the caller's thread."""
+
+    __slots__ = ("x", "op", "reduce_op", "algorithm", "out", "check", "timeout", "site", "state", "sequence",
+                 "meeting", "reproducible")
+
+    @classmethod
+    def start(cls, x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, site=None, reproducible=False):
+        """Resolve the communicator, make its state and number the call: on the caller's thread."""
+        call = cls()
+        if not isinstance(check, bool):
+            raise TypeError(f"check must be True or False, got {type(check).__name__} {check!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+                raise ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
+        if axis is not None or mesh is not None or groups is not None:
+            from .mesh import resolve_communicator
+            comm = resolve_communicator(comm, axis, mesh, groups)
+        comm = check_comm(WORLD if comm is None else comm)
+        current = settings()
+        call.x, call.op, call.algorithm, call.out = x, op, algorithm, out
+        call.reproducible = bool(reproducible)
+        call.check = check or current.check
+        call.timeout = current.timeout if timeout is None else timeout
+        # the call site (a walk up the stack) only where it is compared or reported
+        call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
+        call.meeting = None
+        call.state = state = state_of(comm, blocking=call.timeout is None)
+        if state.settings is not current:  # settings replaced (tests): agree on them again
+            state.renew_settings(current)
+        if not call.check:  # a bad argument raises here, before any communication
+            validate(x, op, algorithm, out, call.reproducible, state.size)
+        call.reduce_op = None
+        call.sequence = state.number()
+        return call
+
+    def _meet(self):
+        """A timed call's rendezvous (the same on every rank: it is collective), then the state ready."""
+        state = self.state
+        if self.timeout is not None:
+            if self.meeting is not None:  # allreduce_async: wait(timeout) may bring the deadline forward
+                self.meeting(state, self.sequence, self.site).run()
+            else:
+                Rendezvous(state, self.sequence, self.timeout, self.site).run()
+        state.make_ready()
+
+    def signature(self):
+        """What must be equal on every rank, for ``check`` (everything, call number and site too)."""
+        x = self.x
+        names = {"op": _plain(self.op), "algorithm": _plain(self.algorithm), "reproducible": self.reproducible,
+                 "call_number": self.sequence, "call_site": self.site}
+        if isinstance(x, np.ndarray) or namespace(x) is not None:
+            return {"memory": "host" if isinstance(x, np.ndarray) else "device", "shape": tuple(x.shape),
+                    "dtype": str(x.dtype), **names}
+        return {"x": type(x).__name__, **names}
+
+    def agreed_execution(self):
+        """Validate on every rank and compare everything (one allgather; ``check`` and ``prepare``);
+        the Execution of the agreed plan, which then compares nothing more."""
+        state = self.state
+
+        def prepare():
+            validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
+            reduce_op = _op_of(self.op, self.reproducible)
+            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm)
+        reduce_op, plan = agree_on_call(state.library, prepare, self.signature(),
+                                        resolve=lambda prepared: {"runs": prepared[1].describe()})
+        kind = "host" if type(self.x) is np.ndarray else "device"
+        return Execution(state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind)
+
+    def run(self):
+        self._meet()
+        state, x = self.state, self.x
+        if self.check:
+            execution = self.agreed_execution()
+        else:
+            execution = execution_for(state, x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
+                                      self.reproducible)
+        flat = buffers.flat_buffers(x, self.out)
+        xp = None if type(x) is np.ndarray else namespace(x)
+        execution.run(flat.send, flat.recv, self.sequence, self.timeout, xp)
+        return flat.finish()
+
+
+def _plain(value):
+    return value if isinstance(value, str) else repr(value)
+
+
+class Prepared:
+    """A call agreed on and planned once, its buffers bound once: ``run(n)`` runs it as call #n."""
+
+    def __init__(self, call):
+        call._meet()
+        self.state, self.timeout, self.site = call.state, call.timeout, call.site
+        self.x = call.x
+        self.execution = call.agreed_execution()
+        self.plan = self.execution.plan
+        self.op = self.execution.op
+        self.xp = None if type(call.x) is np.ndarray else namespace(call.x)
+        self.flat = buffers.flat_buffers(call.x, call.out)
+        flat = self.flat
+        #: the flat input is x itself (a view), or a copy to refresh before each run
+        self.input_is_x = flat.send is None and flat.write_back is None or (
+            flat.send is not None and _views(flat.send, call.x))
+
+    def run(self, sequence):
+        if self.timeout is not None:
+            Rendezvous(self.state, sequence, self.timeout, self.site).run()
+        flat = self.flat
+        if not self.input_is_x:  # a strided or overlapping x: refresh the contiguous copy
+            buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
+        self.execution.run(flat.send, flat.recv, sequence, self.timeout, self.xp)
+        return flat.finish()
+
+
+def _views(a, b):
+    """Whether flat ``a`` is a view of ``b``'s memory (so needs no refresh)."""
+    return a.size == b.size and buffers.array_module(a).may_share_memory(a, b)

@@ -1,0 +1,201 @@
+"""The executor: one Plan bound to one kind of call, run on the call's buffers.
+
+    Execution(state, plan, op, shape, dtype, kind)       made once per kind of call and kept: the
+                                                         short path of a repeated call is this
+                                                         object found again, a prepared call holds one
+    .run(send, recv, n, timeout, xp)   1. compare call #n's signature (mpiallreduce.core.consistency),
+                                          unless the plan says it was agreed once or the algorithm
+                                          carries it
+                                       2. the route: MPI_Allreduce itself, or the algorithm on the
+                                          library's communicator (CallTags + PeerWatch for one that
+                                          only sends messages, and for hierarchical's and
+                                          two_level's inner plan), through the device path,
+                                          widened to the accumulation dtype, or the reproducible
+                                          sum's words route
+                                       3. what remains of the op (a mean's division)
+
+This module is the only place that runs a plan, translates an MPI error (a dead rank becomes
+RankFailure, a truncated message a ValueError) and masks floating-point errors (np.errstate, as
+MPI's own reductions ignore them). It decides nothing: every choice is the plan's.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms.base import CallTags
+from ..faults.errors import AllreduceAborted, AllreduceTimeout
+from ..faults.ulfm import failure_of
+from ..faults.watch import PeerWatch
+from . import buffers
+from .consistency import SignatureMismatch, compare, digest
+from .ops import OPS, ignore_float_errors, restore_float_errors
+
+__all__ = ["Execution", "raise_failed"]
+
+
+class Execution:
+    """What every run of one plan needs, bound once (see the module's docstring)."""
+
+    __slots__ = ("state", "plan", "op", "shape", "dtype", "datatype", "code", "describe", "compares_first",
+                 "direct", "mpi_op", "strides", "watched", "options", "carried")
+
+    def __init__(self, state, plan, op, shape, dtype, kind):
+        """``kind``: "host" or "device" (the memory of the call's arrays); ``op`` a ReduceOp."""
+        self.state, self.plan, self.op, self.shape, self.dtype = state, plan, op, tuple(shape), np.dtype(dtype)
+        self.datatype = buffers.mpi_datatype(self.dtype)
+        signature = {"memory": kind, "shape": self.shape, "dtype": str(self.dtype), "op": op.name,
+                     "algorithm": plan.name, "route": plan.route}
+        #: the call's signature code: what every rank's must equal (the planner's name for what runs
+        #: is in it, so ranks whose plans differ never run different algorithms together)
+        self.code = digest(tuple(signature.items()))
+        self.describe = lambda: signature
+        self.compares_first = plan.compares and not plan.carried
+        self.carried = plan.carried
+        self.direct = (plan.name == "mpi" and plan.route == "plain" and plan.accumulate is None
+                       and not plan.local_only and plan.device_path is None and not op.divide_by_size)
+        self.mpi_op = op.mpi_op(self.dtype) if self.direct else None
+        self.strides = np.empty(self.shape, self.dtype).strides if kind == "host" else None
+        self.watched = plan.algorithm.messages_only or plan.inner_on_tags
+        self.options = {} if plan.inner is None else {"inner": plan.inner}
+
+    def run(self, send, recv, sequence, timeout=None, xp=None):
+        """Reduce ``send`` (flat, or None when ``recv`` holds this rank's input) into ``recv`` (flat)
+        as call #``sequence``; ``xp``: CuPy for device arrays, else None."""
+        state = self.state
+        watch = PeerWatch(state, sequence, timeout, self.plan.name) if self.watched else None
+        try:
+            if self.compares_first:
+                compare(state, self.code, self.describe,
+                        lambda: watch or PeerWatch(state, sequence, timeout, "signature"), sequence)
+            if self.direct:
+                state.library.Allreduce(MPI.IN_PLACE if send is None else [send, self.datatype],
+                                        [recv, self.datatype], self.mpi_op)
+                return recv
+            ignoring = ignore_float_errors()
+            try:
+                self._reduce(send, recv, sequence, timeout, xp, watch)
+            finally:
+                restore_float_errors(ignoring)
+        except BaseException as error:
+            raise_failed(error, state, sequence, watch)
+        return recv
+
+    def _reduce(self, send, recv, sequence, timeout, xp, watch):
+        plan, op, size = self.plan, self.op, self.state.size
+        if plan.local_only:
+            if send is not None:
+                buffers.copy_into(recv, send)
+            op.finish(recv, size)
+            return
+        options = self.options
+        if plan.inner_on_tags:
+            options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))
+        if self.carried:
+            options = dict(options, signature=_CarriedSignature(self, sequence, timeout, watch))
+        comm = CallTags(self.state.library, sequence, watch) if plan.algorithm.messages_only else self.state.library
+        if xp is not None and plan.device_path == "host round trip":  # the whole call on pinned host memory
+            from ..device.transports import pinned, pinned_in_use
+            host = pinned(xp, "round_trip", recv.size, recv.dtype)
+            xp.asnumpy(recv if send is None else send, out=host)  # blocking: waits for the current stream
+            self._route(comm, None, host, None, options)
+            stream = xp.cuda.get_current_stream()
+            recv.set(host, stream=stream)  # asynchronous: `host` is read after this call returns
+            pinned_in_use(xp, "round_trip", stream)
+            return
+        self._route(comm, send, recv, xp, options)
+
+    def _route(self, comm, send, recv, xp, options):
+        plan, op, size = self.plan, self.op, self.state.size
+        if plan.route == "reproducible words":
+            from ..reproducible.exact import sum_by_words
+
+            def allreduce_in_place(array, step_op):
+                plan.algorithm.run(comm, None, array, OPS[step_op], buffers.mpi_datatype(array.dtype), **options)
+            allreduce_in_place.size = size
+            sum_by_words(send, recv, op.mean, allreduce_in_place)
+        elif plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
+            wide = (recv if send is None else send).astype(plan.accumulate)
+            self._algorithm(comm, None, wide, buffers.mpi_datatype(plan.accumulate), xp, options)
+            op.finish(wide, size)
+            buffers.array_module(wide).copyto(recv, wide, casting="unsafe")
+        else:
+            self._algorithm(comm, send, recv, self.datatype, xp, options)
+            op.finish(recv, size)
+
+    def _algorithm(self, comm, send, recv, datatype, xp, options):
+        if xp is None:
+            self.plan.algorithm.run(comm, send, recv, self.op, datatype, **options)
+        else:
+            from ..device.transports import run_on_device
+            run_on_device(self.plan.device_path, self.plan.algorithm, comm, send, recv, self.op, datatype, xp,
+                          **options)
+
+    def short(self, x, out):
+        """The short path of a repeated call on contiguous numpy arrays: the result, or None when these
+        arrays need the general path (strided, views, another kind of out). Numbered here, on the
+        caller's thread (the entry point checked that no asynchronous call is pending)."""
+        if x.strides != self.strides:
+            return None
+        if out is None:
+            result, send = np.empty(self.shape, self.dtype), x.reshape(-1)
+        elif out is x:
+            result, send = x, None
+        elif (type(out) is np.ndarray and out.dtype is self.dtype and out.shape == self.shape
+              and out.strides == self.strides
+              and ((out.base is None and x.base is None) or not np.may_share_memory(x, out))):
+            result, send = out, x.reshape(-1)  # (they do not overlap; MPI refuses a read-only out)
+        else:
+            return None
+        self.run(send, result.reshape(-1), self.state.number())
+        return result
+
+
+class _CarriedSignature:
+    """The comparison an algorithm makes in place of its first barrier (``carries_signature``:
+    shared_memory): ``publish()`` then ``compare()``, or ``agree()`` before a step that is itself
+    collective (growing its window)."""
+
+    __slots__ = ("execution", "sequence", "timeout", "watch")
+
+    def __init__(self, execution, sequence, timeout, watch):
+        self.execution, self.sequence, self.timeout, self.watch = execution, sequence, timeout, watch
+
+    def _watch(self):
+        return self.watch or PeerWatch(self.execution.state, self.sequence, self.timeout, "signature")
+
+    def shared(self):
+        return self.execution.state.signature_slots is not None
+
+    def agree(self):
+        e = self.execution
+        compare(e.state, e.code, e.describe, self._watch, self.sequence)
+
+    def publish(self):
+        self.execution.state.signature_slots.publish(self.execution.code, self.sequence)
+
+    def compare(self):
+        from .consistency import raise_signature_mismatch
+        e = self.execution
+        if not e.state.signature_slots.all_equal(e.code, self.sequence, self._watch):
+            raise_signature_mismatch(e.state, e.describe, self.sequence)  # (collective: every rank is here)
+
+
+def raise_failed(error, state, sequence, watch):
+    """Raise what a call that failed with ``error`` on this rank raises: RankFailure for a dead rank
+    (ULFM, on every survivor); ValueError for a truncated message (the ranks' calls differ in size:
+    a prepared call, or a size the signature check was set to skip); else ``error`` itself, after
+    telling the peers of a watched algorithm that this rank left it midway (AllreduceAborted is a
+    peer's failure, already known to all; a timeout in the algorithm has told them; a signature
+    mismatch is raised on every rank)."""
+    if isinstance(error, MPI.Exception):
+        failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
+        if failure is not None:
+            raise failure from error
+        if error.Get_error_class() == MPI.ERR_TRUNCATE:
+            if watch is not None:
+                watch.fail()
+            raise ValueError(f"rank {state.rank}: allreduce call #{sequence} received more data than its buffer "
+                             "holds: the ranks' calls differ in size (a prepared call, or calls below "
+                             "MPIALLREDUCE_SIGNATURE_MIN_BYTES, are not compared)") from error
+    if watch is not None and not isinstance(error, (AllreduceAborted, AllreduceTimeout, SignatureMismatch)):
+        watch.fail()
+    raise error

@@ -1,0 +1,128 @@
+"""The timing loop: buffers, warm-up, interleaved repetitions of every contender at every size and
+mode, the slowest rank's time per call, and the wrong-element count against MPI_Allreduce's result."""
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
+from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS
+from .contenders import BASELINE, HostMemory, contenders as make_contenders
+
+__all__ = ["Measurement", "compare", "count_wrong"]
+
+SECONDS_PER_REPETITION = 0.02
+MAX_ITERATIONS = 200
+
+
+@dataclass
+class Measurement:
+    ranks: int
+    nbytes: int
+    count: int
+    dtype: str
+    op: str
+    algorithm: str
+    in_place: bool
+    iterations: int
+    repetitions: int
+    time_us: float  # median over repetitions of the slowest rank's time per call
+    algbw_gbs: float  # bytes / time
+    busbw_gbs: float  # algbw * 2(p-1)/p
+    wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
+
+
+def _input(count, dtype, rank):
+    """Small integers that depend on rank and index: every reduction order gives the same bits."""
+    values = (np.arange(count, dtype=np.int64) * 7 + rank * 3) % 11 - 5
+    return values.astype(dtype)
+
+
+def count_wrong(result, expected):
+    """How many elements of ``result`` are not bitwise equal to ``expected``'s."""
+    itemsize = result.dtype.itemsize
+    differing_bytes = result.view(np.uint8).reshape(-1, itemsize) != expected.view(np.uint8).reshape(-1, itemsize)
+    return int(np.count_nonzero(differing_bytes.any(axis=1)))
+
+
+def _iterations(probe_seconds):
+    return int(min(MAX_ITERATIONS, max(1, SECONDS_PER_REPETITION / max(probe_seconds, 1e-7))))
+
+
+def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
+    if prepare is not None:
+        prepare()
+    memory.finish()
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        call()
+    memory.finish()
+    elapsed = (time.perf_counter() - start) / iterations
+    return comm.allreduce(elapsed, op=MPI.MAX)
+
+
+def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory()):
+    size = comm.Get_size()
+    count = max(1, nbytes // dtype.itemsize)
+    source = memory.array(_input(count, dtype, comm.Get_rank()))
+    expected = memory.empty(count, dtype)
+    contenders[BASELINE](source, expected, comm)
+    expected = memory.to_host(expected)
+    out = memory.empty(count, dtype)
+    send = out if in_place else source
+
+    def reset():
+        if in_place:  # in place, the input is the output: put it back (outside the timed calls)
+            memory.copy(out, source)
+
+    # Warm up every contender and count its wrong elements; size the repetitions from the baseline.
+    # In the timed calls in place, each call reduces the previous result again, as nccl-tests does.
+    wrong, probe = {}, {}
+    for name, contender in contenders.items():
+        probe[name] = _time_calls(lambda c=contender: c(send, out, comm), 1, comm, reset, memory)
+        wrong[name] = comm.allreduce(count_wrong(memory.to_host(out), expected), op=MPI.SUM)
+    iterations = _iterations(probe[BASELINE])
+    times = {name: [] for name in contenders}
+    with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
+        for _ in range(repetitions):
+            for name, contender in contenders.items():
+                times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset,
+                                               memory))
+    results = []
+    for name in contenders:
+        seconds = statistics.median(times[name])
+        algbw = count * dtype.itemsize / seconds / 1e9
+        results.append(Measurement(
+            ranks=size, nbytes=count * dtype.itemsize, count=count, dtype=str(dtype), op=op,
+            algorithm=name, in_place=in_place, iterations=iterations, repetitions=repetitions,
+            time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * 2 * (size - 1) / size,
+            wrong=wrong[name]))
+    return results
+
+
+def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
+            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory(),
+            progress=None):
+    """Measure every contender at every size and mode (in_place False/True); collective.
+
+    Returns a list of Measurements (complete on every rank). ``progress(measurements)``, if given,
+    is called with each size and mode's measurements as soon as they are taken.
+    """
+    dtype = np.dtype(dtype)
+    contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory)
+    try:
+        results = []
+        for nbytes in sizes:
+            for in_place in modes:
+                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory)
+                if progress is not None:
+                    progress(measured)
+                results.extend(measured)
+        return results
+    finally:
+        for c in made:
+            c.Free()
+

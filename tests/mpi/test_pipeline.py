@@ -1,0 +1,153 @@
+"""One call pipeline (issue: one pipeline, layers in folders): regression tests of the defects found
+where calls left it, and a mismatch at every size an error on every rank. Expected values come from
+numpy on the gathered inputs (tests/mpi/reference.py)."""
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from mpiallreduce.algorithms import HOST_ALGORITHMS, REGISTRY
+from mpiallreduce.algorithms.base import CallTags
+from reference import exact_input, gather_inputs, numpy_reference, values_equal
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+
+
+def _skip_on_one_rank():
+    if WORLD.Get_size() == 1:
+        pytest.skip("one rank: no other rank to cross or to differ from")
+
+
+def test_a_reproducible_async_call_is_numbered_in_program_order_beside_a_plain_call():
+    """Defect 1: allreduce_async(reproducible=True) was numbered on the worker thread, so a plain
+    allreduce made meanwhile took the number the other rank gave the reproducible call, and two
+    ring calls waited in Sendrecv on each other's tags for ever. Here the ranks are skewed both
+    ways around the worker's start; both results are right on every rank."""
+    _skip_on_one_rank()
+    rank = WORLD.Get_rank()
+    big = exact_input("float32", 1 << 20, rank, "sum")  # 4 MiB: a GradientSync bucket
+    loss = exact_input("float64", 3, rank, "sum")
+    want_big = numpy_reference("sum", gather_inputs(WORLD, big))
+    want_loss = numpy_reference("sum", gather_inputs(WORLD, loss))
+    for slow in range(WORLD.Get_size()):
+        handle = mar.allreduce_async(big, algorithm="ring", reproducible=True)
+        if rank == slow:
+            time.sleep(0.05)  # the worker has started the reproducible call here, not yet elsewhere
+        assert values_equal(mar.allreduce(loss, algorithm="ring"), want_loss)
+        assert values_equal(handle.wait(timeout=120), want_big)
+
+
+def test_the_first_use_of_a_communicator_by_a_reproducible_async_call_does_not_cross_the_users_dup():
+    """Defect 1, first use: the library's Idup of a new communicator was made on the worker, where
+    it could cross the user's own Dup() made meanwhile on the caller's thread."""
+    _skip_on_one_rank()
+    rank = WORLD.Get_rank()
+    x = exact_input("float64", 1000, rank, "sum")
+    want = numpy_reference("sum", gather_inputs(WORLD, x))
+    for _ in range(3):
+        fresh = WORLD.Dup()
+        handle = mar.allreduce_async(x, comm=fresh, reproducible=True)
+        if rank == 0:
+            time.sleep(0.02)
+        mine = fresh.Dup()  # the user's collective on the same communicator, meanwhile
+        assert values_equal(handle.wait(timeout=120), want)
+        assert mine.allreduce(rank) == sum(range(WORLD.Get_size()))
+        mine.Free()
+        fresh.Free()
+
+
+def test_a_timed_call_never_waits_for_ever_in_the_shared_slots(use_settings):
+    """Defect 3: rank 0's 128 KiB call compared its signature in the shared slots, the others' 1 KiB
+    calls (below the size that compared, as once by default) did not: rank 0 spun for ever. With
+    the slots' wait bounded by the call's deadline and watching the peers, every rank raises within
+    the timeout; with the default (every size compared), every rank raises ValueError at once."""
+    _skip_on_one_rank()
+    rank = WORLD.Get_rank()
+    count = (128 << 10) // 8 if rank == 0 else 128
+    use_settings(signature_min_bytes=64 << 10)
+    started = time.monotonic()
+    with pytest.raises((mar.AllreduceTimeout, mar.AllreduceAborted)):
+        mar.allreduce(np.ones(count), algorithm="ring", timeout=3)
+    assert time.monotonic() - started < 30
+    use_settings(signature_min_bytes=0)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="differs between the"):
+        mar.allreduce(np.ones(count), algorithm="ring", timeout=3)
+    assert time.monotonic() - started < 3
+    x = exact_input("float64", 7, rank, "sum")  # and the communicator goes on
+    assert values_equal(mar.allreduce(x, timeout=30), numpy_reference("sum", gather_inputs(WORLD, x)))
+
+
+@pytest.mark.parametrize("algorithm", ["auto"] + [a for a in HOST_ALGORITHMS if not REGISTRY[a].takes_inner_plan])
+def test_calls_that_differ_below_64_kib_are_an_error_on_every_rank(comm, algorithm):
+    """Item 4: 100 against 101 elements (and 0 against 5) used to give wrong values on some ranks
+    and MPI_ERR_TRUNCATE or MPI_ERR_IN_STATUS on others; now every rank raises the same ValueError,
+    before any data moves, and the communicator goes on."""
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: nothing to compare")
+    rank = comm.Get_rank()
+    for counts in ((100, 101), (5, 0), (1, 2)):
+        x = np.ones(counts[0] if rank == 0 else counts[1], np.float32)
+        with pytest.raises(ValueError, match=r"differs between the .*\n  shape differs"):
+            mar.allreduce(x, comm=comm, algorithm=algorithm)
+    x = exact_input("int64", 100, rank, "sum")
+    assert values_equal(mar.allreduce(x, comm=comm, algorithm=algorithm),
+                        numpy_reference("sum", gather_inputs(comm, x)))
+
+
+def test_an_op_or_dtype_that_differs_on_the_short_path_is_an_error_on_every_rank(comm):
+    """A repeated call (the short path) compares like the first one: rank 0 changes its op."""
+    if comm.Get_size() == 1:
+        pytest.skip("one rank: nothing to compare")
+    x = np.ones(16, np.float64)
+    for _ in range(3):
+        mar.allreduce(x, comm=comm)  # the short path is made
+    with pytest.raises(ValueError, match="op differs"):
+        mar.allreduce(x, comm=comm, op="max" if comm.Get_rank() == 0 else "sum")
+    with pytest.raises(ValueError, match="dtype differs"):
+        mar.allreduce(x.astype(np.float32) if comm.Get_rank() == 0 else x, comm=comm)
+
+
+def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(use_settings, monkeypatch):
+    """Also seen: across nodes, hierarchical and two_level ran their inner algorithm on the leaders'
+    communicator directly, without the call's tag offset and peer watch. The plan now says so
+    (inner_on_tags) and the executor wraps the leaders' communicator."""
+    from mpiallreduce.core.executor import Execution
+    from mpiallreduce.core.ops import get_op
+    from mpiallreduce.core.planner import CallFacts, plan_call
+    from mpiallreduce.core.state import state_of
+    if WORLD.Get_size() < 3:
+        pytest.skip("needs two emulated nodes of which one has two ranks")
+    comm = WORLD.Dup()
+    try:
+        use_settings(ranks_per_node=2)
+        state = state_of(comm).make_ready()
+        x = exact_input("float64", 1000, comm.Get_rank(), "sum")
+        for outer in ("hierarchical", "two_level"):
+            if outer == "two_level" and not state.facts.equal_nodes:
+                continue
+            plan = plan_call(state.facts, False, x.dtype, x.nbytes, "sum", outer)
+            leaders = CallFacts(size=state.node_count, spans_nodes=True, node_count=state.node_count,
+                                signature_min_bytes=-1)
+            plan = dataclasses.replace(plan, inner=plan_call(leaders, False, x.dtype, x.nbytes, "sum", "ring"))
+            assert plan.inner_on_tags and "on the call's tags, watching the peers" in plan.describe()
+            seen = []
+            original = REGISTRY["ring"].execute
+            monkeypatch.setattr(REGISTRY["ring"], "execute", lambda p, c, *a, **k: seen.append(c) or original(
+                p, c, *a, **k))
+            execution = Execution(state, plan, get_op("sum"), x.shape, x.dtype, "host")
+            result = x.copy()
+            sequence = state.number()
+            execution.run(None, result, sequence)
+            monkeypatch.undo()
+            assert values_equal(result, numpy_reference("sum", gather_inputs(comm, x)))
+            for talked_on in seen:
+                assert isinstance(talked_on, CallTags) and talked_on.watch is not None
+                assert talked_on.offset == (sequence % CallTags.calls_apart) * CallTags.slot
+    finally:
+        comm.Free()
