@@ -1,4 +1,5 @@
-"""The launcher: flags and environment in one place, and a timeout that leaves nothing running."""
+"""The launcher: flags and environment in one place, a timeout that leaves nothing running, and one
+rank's exception or failing exit that ends the job (with its status) instead of hanging it."""
 import os
 import sys
 import time
@@ -110,3 +111,51 @@ def test_under_launch_one_ranks_exception_ends_the_job_unless_switched_off(tmp_p
     switched_off = subprocess.run(short_timeout, capture_output=True, text=True, timeout=60,
                                   env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="0"))
     assert switched_off.returncode == 124, switched_off.stdout + switched_off.stderr  # the hang it prevents
+
+
+RANK_THAT_EXITS = """
+import sys
+import numpy as np
+from mpi4py import MPI
+import mpiallreduce as mar
+mar.allreduce(np.ones(4))
+# per rank: the status it exits with, "-" to go on to a second allreduce, "caught" to go on after
+# a sys.exit(5) it catches
+status = sys.argv[1].split(",")[MPI.COMM_WORLD.Get_rank()]
+if status == "caught":
+    try:
+        sys.exit(5)
+    except SystemExit:
+        pass
+elif status != "-":
+    sys.exit(int(status))
+mar.allreduce(np.ones(4))
+"""
+
+
+def launch_exits(tmp_path, statuses):
+    """`mpiallreduce launch -n 2 --timeout 60` of RANK_THAT_EXITS: (its return code, seconds, output)."""
+    import subprocess
+    script = tmp_path / "exits.py"
+    script.write_text(RANK_THAT_EXITS)
+    started = time.monotonic()
+    ended = subprocess.run([sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "60", "--",
+                            sys.executable, str(script), statuses], capture_output=True, text=True, timeout=120)
+    return ended.returncode, time.monotonic() - started, ended.stdout + ended.stderr
+
+
+def test_under_launch_one_ranks_nonzero_exit_ends_the_job_with_its_status(tmp_path):
+    """Rank 1 leaves with sys.exit(3) while rank 0 waits for it in an allreduce: not a hang until the
+    timeout (rank 1 waiting in MPI_Finalize for rank 0) but the job's end, with status 3."""
+    returncode, seconds, output = launch_exits(tmp_path, "-,3")
+    assert returncode == 3 and seconds < 20, (returncode, seconds, output)
+    assert "[rank 1] mpiallreduce: rank 1 exits with status 3" in output, output
+
+
+@pytest.mark.parametrize("statuses, expected", [("99,99", 99), ("0,0", 0), ("caught,caught", 0)],
+                         ids=["every-rank-exits-99", "every-rank-exits-0", "a-caught-exit-is-no-exit"])
+def test_under_launch_exits_that_end_every_rank_keep_their_status(tmp_path, statuses, expected):
+    """99 (the training program's "checkpoint written, requeue me") still comes out as 99, and
+    sys.exit(0), or a nonzero sys.exit that the program catches and goes on from, ends normally."""
+    returncode, seconds, output = launch_exits(tmp_path, statuses)
+    assert returncode == expected and seconds < 20, (returncode, seconds, output)
