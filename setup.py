@@ -24,7 +24,7 @@ setup(
     ],
     extras_require={
         "bench": ["matplotlib>=3.5"],
-        "torch": ["torch>=2.1"],
+        "torch": ["torch>=2.1", "ml_dtypes>=0.3"],
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "matplotlib>=3.5",
                  "ml_dtypes>=0.3", "numba>=0.60"],
         # the reproducible sum's float32 conversions compiled (mpiallreduce/reproducible_kernels.py)

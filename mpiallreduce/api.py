@@ -149,15 +149,13 @@ class PreparedAllreduce:
 
     def __call__(self):
         """Reduce the current contents of ``x``; returns the result array (the same every run)."""
-        sequence = self.state.number()  # numbered on the caller's thread, in program order
-        return run_in_order(lambda: self._prepared.run(sequence))
+        return self._prepared()
 
     run = __call__
 
     def start(self):
         """Run in the background (allreduce_async's worker); an AllreduceHandle."""
-        sequence = self.state.number()  # numbered here, on the caller's thread
-        return submit_prepared(self, lambda: self._prepared.run(sequence))
+        return self._prepared.start(lambda run: submit_prepared(self, run))
 
     def __repr__(self):
         return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self._prepared.op.name}: {self.plan.describe()}>"

@@ -187,6 +187,17 @@ class Prepared:
         self.input_is_x = flat.send is None and flat.write_back is None or (
             flat.send is not None and _views(flat.send, call.x))
 
+    def __call__(self):
+        """Number this run (on the caller's thread, in program order) and run it in its turn."""
+        from .worker import run_in_order
+        sequence = self.state.number()
+        return run_in_order(lambda: self.run(sequence))
+
+    def start(self, submit):
+        """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
+        sequence = self.state.number()
+        return submit(lambda: self.run(sequence))
+
     def run(self, sequence):
         if self.timeout is not None:
             Rendezvous(self.state, sequence, self.timeout, self.site).run()

@@ -5,6 +5,7 @@ collective: a hang, not an error. So every comparison is collective and ends the
 rank: all go on, or all raise the same exception naming the ranks and what differs.
 
     digest(value, bits)        the one digest scheme: call signatures, settings, gradient buckets
+    content_digest(array)      the same for an array's bytes: replicas, an input that must not change
     compare(state, code, ...)  a call's signature code against every rank's, before data moves:
                                the shared slots on one node (mpiallreduce.core.slots), else one
                                16-byte allreduce (max of (code, -code)); bounded by the call's
@@ -22,7 +23,7 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["digest", "compare", "SignatureMismatch", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
+__all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
            "describe_differences"]
 
 
@@ -30,6 +31,15 @@ def digest(value, bits=63):
     """A ``bits``-bit number that differs (but for a 2**-bits chance) when ``repr(value)`` differs."""
     text = repr(value).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> (64 - bits)
+
+
+def content_digest(array):
+    """A 63-bit digest of an array's bytes (host or device): replicas and inputs compared by content."""
+    from .buffers import array_module
+    xp = array_module(array)
+    host = array if xp.__name__ == "numpy" else xp.asnumpy(array)
+    data = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
 def codes_agree(comm, code, buffer=None, watch=None):

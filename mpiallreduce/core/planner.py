@@ -171,14 +171,14 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     low_precision = dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
     compared = facts.size > 1 and 0 <= facts.signature_min_bytes <= nbytes
     signature = "none" if not compared else "shared slots" if facts.shared_slots else "16-byte allreduce"
-    if facts.size == 1 or nbytes == 0:
-        return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
-                        None, True, compared, signature=signature)
-    if compressed:
+    if compressed:  # (on one rank too: each value rounded to 16 bits, as with more)
         return CallPlan(REGISTRY["mpi"], auto, "16-bit values through MPI_Alltoall, summed in float32 by "
                         "each slice's owner, then MPI_Allgather (mpiallreduce.training.compression)",
                         "host round trip" if on_device else None, None, False, compared,
                         route=op_name.replace("_", " "), signature=signature)
+    if facts.size == 1 or nbytes == 0:
+        return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
+                        None, True, compared, signature=signature)
     inner = None
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"

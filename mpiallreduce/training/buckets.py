@@ -20,7 +20,6 @@ summation order. A rank whose digit is d sees sum(d) = p*d and sum(d*d) = p*d*d 
 rank's digit is d (the variance is zero), so when the ranks' contents differ, every rank sees it,
 with no extra message.
 """
-import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -116,8 +115,10 @@ def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):
 
 
 def digest_of(contents):
-    """32 bits that name what a rank put in a bucket (a tuple of plain values)."""
-    return zlib.crc32(repr(contents).encode())
+    """32 bits that name what a rank put in a bucket (a tuple of plain values): the library's one
+    digest (mpiallreduce.core.consistency), cut to what the bucket's digest elements carry."""
+    from ..core.consistency import digest
+    return digest(contents, bits=32)
 
 
 def digest_elements(digest):

@@ -24,7 +24,9 @@ carries half the bytes, the copy to the host does not.
 """
 import numpy as np
 
-__all__ = ["COMPRESSIONS", "check_compression", "to_wire", "from_wire", "compressed_allreduce"]
+from ..core.ops import ReduceOp
+
+__all__ = ["COMPRESSIONS", "check_compression", "to_wire", "from_wire", "compressed_allreduce", "CompressedSum"]
 
 #: the 16-bit formats on the wire
 COMPRESSIONS = ("fp16", "bf16")
@@ -128,3 +130,32 @@ def compressed_allreduce(comm, values, compression, digest, mean=False, postscal
         part = values[rank * chunk:min((rank + 1) * chunk, count)]
         _decode_into(part, gathered[rank, :part.size], compression)
     return bool(np.all(gathered[:, chunk] == 1))
+
+
+class CompressedSum(ReduceOp):
+    """One compressed bucket's reduction, as an op of the call pipeline: the planner gives its calls
+    the route "compressed fp16" (or bf16), and the executor hands the whole flat buffer to
+    ``reduce_whole`` (``compressed_allreduce`` on the library's communicator). The bucket's 32-bit
+    ``digest`` rides in the wire rows; ``agreed``, after the run, says whether every rank sent the
+    same. One op per call (it carries that call's digest)."""
+
+    def __init__(self, compression, digest, mean=False, postscale=1.0):
+        super().__init__(f"compressed_{compression}", np.add, None)
+        for name, value in (("compression", compression), ("digest", digest), ("mean", mean),
+                            ("postscale", postscale), ("agreed", None)):
+            object.__setattr__(self, name, value)
+
+    def __repr__(self):
+        return self.name
+
+    def check_dtype(self, dtype):
+        if dtype.kind != "f":
+            raise TypeError(f"{self.name} compresses float gradients, got dtype {dtype}")
+
+    def mpi_op(self, dtype):
+        raise TypeError(f"{self.name} is no MPI op: it runs as a whole (reduce_whole)")
+
+    def reduce_whole(self, comm, values):
+        """``values`` (flat, host) replaced by the compressed sum over ``comm``'s ranks."""
+        object.__setattr__(self, "agreed", compressed_allreduce(comm, values, self.compression, self.digest,
+                                                                self.mean, self.postscale))

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..device.arrays import namespace
 from .buckets import DIGEST_ELEMENTS, digest_elements, digests_agree
-from .compression import compressed_allreduce
+from .compression import CompressedSum
 
 __all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
 
@@ -113,7 +113,7 @@ class BucketReducer:
                     continue
                 if index is None and bucket.index == len(self.buckets) - 1:
                     if compressed:
-                        agreed = result
+                        agreed = handle.compressed_op.agreed
                     else:
                         tail = self._buffers[bucket.index][0][bucket.count:]
                         agreed = digests_agree(tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
@@ -172,17 +172,12 @@ class BucketReducer:
         return elements
 
     def _start_compressed(self, fused, digest):
-        from ..core.worker import submit
-        from ..core.state import state_of
-        state = state_of(self.comm)  # (on the caller's thread, in program order: collective the first time)
-        xp = namespace(fused)
-        mean, postscale, compression = self.op == "mean", self.postscale, self.compression
-
-        def run():
-            state.make_ready()
-            host = fused if xp is None else xp.asnumpy(fused)
-            agreed = compressed_allreduce(state.library, host, compression, digest, mean, postscale)
-            if xp is not None:
-                xp.copyto(fused, xp.asarray(host))
-            return agreed
-        return submit(run, fused, f"{compression} bucket of {fused.size} {fused.dtype}", None)
+        """A compressed bucket through the call pipeline (route "compressed fp16"/"bf16"): numbered
+        here, on the caller's thread; the handle's op says whether the digests agreed."""
+        from ..core.call import Call
+        from ..core.worker import Meeting, submit
+        op = CompressedSum(self.compression, digest, self.op == "mean", self.postscale)
+        call = Call.start(fused, op, "auto", self.comm, fused, False, None, None, None, None, site="")
+        handle = submit(call.run, fused, f"{self.compression} bucket of {fused.size} {fused.dtype}", Meeting(None, ""))
+        handle.compressed_op = op
+        return handle

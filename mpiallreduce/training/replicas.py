@@ -6,13 +6,12 @@
 Both take a list of arrays or a dict {name: array} (numpy or CuPy) and first compare every rank's
 names, shapes and dtypes (else the same ValueError on every rank).
 """
-import hashlib
 
 import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import mpi_datatype
-from ..core.consistency import describe_differences
+from ..core.consistency import content_digest, describe_differences
 from ..device.arrays import namespace, synchronize
 
 __all__ = ["broadcast_parameters", "check_replicas"]
@@ -62,7 +61,7 @@ def check_replicas(arrays, comm=None):
     comm = MPI.COMM_WORLD if comm is None else comm
     named = _named(arrays)
     _agree_on_layout(comm, named, "check_replicas")
-    digests = [hashlib.sha256(np.ascontiguousarray(_on_host(a)).tobytes()).hexdigest()[:16] for _, a in named]
+    digests = [f"{content_digest(a):016x}" for _, a in named]
     everyone = comm.allgather(digests)
     for index, (name, _) in enumerate(named):
         groups = {}
@@ -71,8 +70,3 @@ def check_replicas(arrays, comm=None):
         if len(groups) > 1:
             parts = "; ".join(f"ranks {ranks} hold {digest}" for digest, ranks in groups.items())
             raise ValueError(f"replicas differ: array {name!r} is not the same on every rank ({parts})")
-
-
-def _on_host(array):
-    xp = namespace(array)
-    return array if xp is None else xp.asnumpy(array)

@@ -32,9 +32,14 @@ __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_
 
 
 def _as_array(tensor):
-    """The tensor's memory as a numpy array (CPU) or a CuPy array (CUDA), shared, not copied."""
+    """The tensor's memory as a numpy array (CPU) or a CuPy array (CUDA), shared, not copied. A CPU
+    bfloat16 tensor is an ml_dtypes bfloat16 array: the planner then sums it in float32 and rounds
+    once, as any bfloat16 array (mpiallreduce.core.planner)."""
     tensor = tensor.detach()
     if tensor.device.type == "cpu":
+        if tensor.dtype == torch.bfloat16:
+            import ml_dtypes
+            return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return tensor.numpy()
     if tensor.device.type == "cuda":
         import cupy
@@ -45,6 +50,8 @@ def _as_array(tensor):
 def _as_tensor(array, like):
     """A tensor sharing ``array``'s memory (numpy or CuPy), on ``like``'s device."""
     if like.device.type == "cpu":
+        if like.dtype == torch.bfloat16:
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
     import cupy
     cupy.cuda.get_current_stream().synchronize()  # what CuPy queued has been written
@@ -58,7 +65,7 @@ def allreduce(tensor, op="sum", algorithm="auto", comm=None, **options):
     ``hvd.allreduce`` averages by default, here that is ``op="mean"``. CPU tensors travel through
     numpy and CUDA tensors through CuPy (DLPack), without copies; what requires grad is detached."""
     from ..api import allreduce as reduce_array
-    if tensor.dtype == torch.bfloat16:  # summed in float32, rounded once (numpy has no bfloat16)
+    if tensor.dtype == torch.bfloat16 and tensor.device.type == "cuda":  # (CuPy has no bfloat16: widened here)
         return allreduce(tensor.float(), op, algorithm, comm, **options).to(torch.bfloat16)
     return _as_tensor(reduce_array(_as_array(tensor), op=op, algorithm=algorithm, comm=comm, **options), tensor)
 
@@ -67,7 +74,7 @@ def allreduce_(tensor, op="sum", algorithm="auto", comm=None, **options):
     """``tensor`` reduced over the ranks in place (Horovod's ``allreduce_``, torch.distributed's
     ``all_reduce``); returns it. Keywords as :func:`allreduce`."""
     from ..api import allreduce as reduce_array
-    if tensor.dtype == torch.bfloat16:
+    if tensor.dtype == torch.bfloat16 and tensor.device.type == "cuda":  # (CuPy has no bfloat16: widened here)
         with torch.no_grad():
             tensor.copy_(allreduce(tensor.float(), op, algorithm, comm, **options))
         return tensor
