@@ -52,6 +52,8 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     # reproducible sums: auto's direct route (pairwise_exchange) and the words route, one set of bits
     reproducible = re.findall(r"^rank \d+ node node\d reproducible-sums (.*)$", result.output, re.M)
     assert reproducible == ["ok"] * nranks, explain(result)
+    mismatch = re.findall(r"^rank \d+ node node\d mismatched-calls (.*)$", result.output, re.M)
+    assert mismatch == ["ok"] * nranks, explain(result)  # calls that differ: a ValueError on every rank
     assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
     equal_nodes = nranks % nodes == 0
     for rank, node, name, outcome in lines:

@@ -36,7 +36,7 @@ class Execution:
     """What every run of one plan needs, bound once (see the module's docstring)."""
 
     __slots__ = ("state", "plan", "op", "shape", "dtype", "datatype", "code", "describe", "compares_first",
-                 "direct", "mpi_op", "strides", "watched", "options", "carried")
+                 "direct", "mpi_op", "strides", "watched", "options", "carried", "raw")
 
     def __init__(self, state, plan, op, shape, dtype, kind):
         """``kind``: "host" or "device" (the memory of the call's arrays); ``op`` a ReduceOp."""
@@ -53,6 +53,8 @@ class Execution:
         self.direct = (plan.name == "mpi" and plan.route == "plain" and plan.accumulate is None
                        and not plan.local_only and plan.device_path is None and not op.divide_by_size)
         self.mpi_op = op.mpi_op(self.dtype) if self.direct else None
+        #: mpi4py finds a predefined datatype from the numpy array itself: no [buffer, datatype] to make
+        self.raw = self.datatype.is_predefined and self.dtype.char in "bhilqBHILQefdgFDG?" and kind == "host"
         self.strides = np.empty(self.shape, self.dtype).strides if kind == "host" else None
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
         self.options = {} if plan.inner is None else {"inner": plan.inner}
@@ -67,8 +69,11 @@ class Execution:
                 compare(state, self.code, self.describe,
                         lambda: watch or PeerWatch(state, sequence, timeout, "signature"), sequence)
             if self.direct:
-                state.library.Allreduce(MPI.IN_PLACE if send is None else [send, self.datatype],
-                                        [recv, self.datatype], self.mpi_op)
+                if self.raw:
+                    state.library.Allreduce(MPI.IN_PLACE if send is None else send, recv, self.mpi_op)
+                else:
+                    state.library.Allreduce(MPI.IN_PLACE if send is None else [send, self.datatype],
+                                            [recv, self.datatype], self.mpi_op)
                 return recv
             ignoring = ignore_float_errors()
             try:
@@ -132,6 +137,22 @@ class Execution:
             from ..device.transports import run_on_device
             run_on_device(self.plan.device_path, self.plan.algorithm, comm, send, recv, self.op, datatype, xp,
                           **options)
+
+    def bound(self, send, recv, timeout, xp):
+        """``run`` with its buffers bound for good (a prepared call): a function of the call's number.
+        The plain MPI_Allreduce of an unchecked, untimed host call is bound with its arguments."""
+        if self.direct and not self.compares_first and timeout is None and xp is None:
+            state, library, mpi_op = self.state, self.state.library, self.mpi_op
+            args = ((MPI.IN_PLACE if send is None else send, recv, mpi_op) if self.raw else
+                    (MPI.IN_PLACE if send is None else [send, self.datatype], [recv, self.datatype], mpi_op))
+
+            def run_bound(sequence):
+                try:
+                    library.Allreduce(*args)
+                except BaseException as error:
+                    raise_failed(error, state, sequence, None)
+            return run_bound
+        return lambda sequence: self.run(send, recv, sequence, timeout, xp)
 
     def short(self, x, out):
         """The short path of a repeated call on contiguous numpy arrays: the result, or None when these

@@ -7,6 +7,9 @@ Then ``rank R node H reproducible-sums ...``: reproducible sums through auto (th
 pairwise_exchange) and three algorithms of the words route, one set of bits everywhere and
 numpy's sum (the inputs sum exactly). Then ``rank R node H device-auto ...``: device arrays (the CuPy stand-in,
 mpiallreduce.testing.fake_cupy) through auto, which across nodes must not take device_to_device.
+Then ``rank R node H mismatched-calls ...``: calls that differ in size below 64 KiB (100 against 101
+elements), for every algorithm that runs across nodes and auto, are the same ValueError on every
+rank (the signature compared in a 16-byte allreduce across nodes), and the next call is right.
 """
 import hashlib
 import sys
@@ -77,3 +80,19 @@ for count in (1, 1009, (1 << 16) + 3, (1 << 20) + 3):
         outcome = f"planned device_to_device across nodes: {plan}"
         break
 print(f"rank {rank} node {node} device-auto {outcome}", flush=True)
+
+outcome = "ok"  # calls that differ in size: a ValueError on every rank, never values
+for name in ["auto"] + [a for a in mar.HOST_ALGORITHMS if not REGISTRY[a].needs_one_node
+                        and not REGISTRY[a].needs_equal_nodes]:
+    try:
+        mar.allreduce(exact_input("float64", 100 if rank == 0 else 101, rank, "sum"), algorithm=name)
+        outcome = f"{name}: no error"
+    except ValueError as error:
+        if "shape differs" not in str(error):
+            outcome = f"{name}: {error}"
+    x = exact_input("float64", 100, rank, "sum")
+    if not values_equal(mar.allreduce(x, algorithm=name), numpy_reference("sum", gather_inputs(comm, x))):
+        outcome = f"{name}: wrong after the mismatch"
+    if outcome != "ok":
+        break
+print(f"rank {rank} node {node} mismatched-calls {outcome}", flush=True)
