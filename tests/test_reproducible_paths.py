@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mpiallreduce.reproducible import exact as reproducible
+from mpiallreduce.reproducible import routes
 
 
 def contributions(dtype, count, ranks, seed):
@@ -139,10 +140,10 @@ def test_the_direct_route_gives_the_words_route_bits(monkeypatch, dtype, ranks):
             monkeypatch.setattr(reproducible, "_compiled", lambda fmt: None)
         for divide_by in (1, ranks):
             want = words_route(rows, divide_by, dtype).view(bits)
-            got = reproducible.exact_sum_into(rows, np.empty_like(rows[0]), divide_by)
+            got = routes.exact_sum_into(rows, np.empty_like(rows[0]), divide_by)
             assert np.array_equal(got.view(bits), want), (compiled, divide_by, np.nonzero(got.view(bits) != want))
             in_place = [row.copy() for row in rows]
-            reproducible.exact_sum_into(in_place, in_place[0], divide_by)
+            routes.exact_sum_into(in_place, in_place[0], divide_by)
             assert np.array_equal(in_place[0].view(bits), want)
 
 
@@ -162,7 +163,7 @@ def test_the_compiled_direct_route_leaves_no_element_to_chance():
     for row in rows:
         row[::13] = rng.choice([0.0, -0.0, 1e-45, -1e-45, 1e-40], row[::13].size)  # zero or subnormal largests
     want = words_route(rows, 1, "float32").view(np.uint32)
-    got = reproducible.exact_sum_into(rows, np.empty(count, np.float32)).view(np.uint32)
+    got = routes.exact_sum_into(rows, np.empty(count, np.float32)).view(np.uint32)
     assert np.array_equal(got, want), np.nonzero(got != want)
 
 
@@ -175,5 +176,5 @@ def test_more_contributions_than_the_compiled_loop_takes_give_the_same_bits():
         rows = with_specials(rows, 10, 3000)
         for divide_by in (1, p):
             want = words_route(rows, divide_by, "float32").view(np.uint32)
-            got = reproducible.exact_sum_into(rows, np.empty(5000, np.float32), divide_by).view(np.uint32)
+            got = routes.exact_sum_into(rows, np.empty(5000, np.float32), divide_by).view(np.uint32)
             assert np.array_equal(got, want), (p, divide_by)

@@ -47,7 +47,7 @@ def _op_of(op, reproducible):
     """The ReduceOp a call runs: ``op`` itself, or its reproducible sum (mpiallreduce.reproducible)."""
     if not reproducible:
         return get_op(op)
-    from ..reproducible.exact import EXACT_OPS
+    from ..reproducible.routes import EXACT_OPS
     if isinstance(op, str) and op in EXACT_OPS:
         return EXACT_OPS[op]
     return get_op(op)  # (a ReduceOp already, or an op the validation rejects)
@@ -57,7 +57,7 @@ def validate(x, op, algorithm, out, reproducible=False, size=1):
     """Every check that needs no communication; TypeError/ValueError naming what is wrong."""
     buffers.check_array(x)
     if reproducible:
-        from ..reproducible.exact import check_reproducible
+        from ..reproducible.routes import check_reproducible
         check_reproducible(x, op, size)
     get_op(op).check_dtype(x.dtype)
     check_algorithm_name(algorithm, type(x) is not np.ndarray and namespace(x) is not None)

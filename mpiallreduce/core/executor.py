@@ -115,7 +115,7 @@ class Execution:
                 buffers.copy_into(recv, send)
             op.reduce_whole(self.state.library, recv)
         elif plan.route == "reproducible words":
-            from ..reproducible.exact import sum_by_words
+            from ..reproducible.routes import sum_by_words
 
             def allreduce_in_place(array, step_op):
                 plan.algorithm.run(comm, None, array, OPS[step_op], buffers.mpi_datatype(array.dtype), **options)

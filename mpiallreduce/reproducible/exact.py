@@ -15,8 +15,9 @@ ranks that contribute zeros (``allreduce(x, reproducible=True)``).
                           to the dtype; -0 if every contribution was -0; inf, -inf or NaN as IEEE
                           addition says (+inf with -inf is NaN)
 
-Two routes run these steps, with the same operations, so the same bits (mpiallreduce.planner
-picks one; op ``EXACT_OPS[op]`` through the ordinary call path):
+Two routes run these steps, with the same operations, so the same bits (mpiallreduce.core.planner
+picks one; op ``EXACT_OPS[op]`` through the ordinary call path; the routes: ``routes``, the steps'
+conversions: here):
 
     direct route  an algorithm in which one rank holds every contribution of an element, what
                   auto runs (shared_memory on one node below 4 MiB, else pairwise_exchange):
@@ -38,10 +39,9 @@ import sys
 
 import numpy as np
 
-from ..core.ops import ReduceOp
 
-__all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "EXACT_OPS", "ExactSumOp", "reproducible_allreduce", "exact_sum_into",
-           "sum_by_words", "check_reproducible"]
+__all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "FORMATS", "exponent_codes", "to_words",
+           "from_words"]
 
 #: "numpy" forces the numpy passes (for comparisons); anything else uses numba where installed
 #: (mpiallreduce.reproducible_kernels)
@@ -69,18 +69,6 @@ FORMATS = {
     "float64": _Format(np.uint64, 52, 11, 1023, 52, 2, 81),
 }
 REPRODUCIBLE_DTYPES = tuple(FORMATS)
-
-
-def check_reproducible(x, op, comm_size):
-    """TypeError/ValueError (no communication) unless ``reproducible=True`` applies to this call."""
-    name = np.dtype(x.dtype).name
-    if name not in FORMATS:
-        raise TypeError(f"reproducible=True sums float16, bfloat16, float32 and float64; got dtype {name}")
-    if op not in ("sum", "mean"):
-        raise ValueError(f"reproducible=True applies to op 'sum' and 'mean' (min, max and prod of floats are "
-                         f"reproducible already), got {op!r}")
-    if comm_size > MAX_RANKS:
-        raise ValueError(f"reproducible=True supports up to {MAX_RANKS} ranks, this communicator has {comm_size}")
 
 
 def _compiled(fmt):
@@ -303,118 +291,3 @@ def _from_words_block(summed, largest, fmt, divide_by):
         infinity = np.where(positive > 0, np.inf, -np.inf)
         result = np.where(special, np.where(nan | ((positive > 0) & (negative > 0)), np.nan, infinity), result)
     return result
-
-
-def exact_sum_into(contributions, out, divide_by=1):
-    """The direct route: ``out`` = the reproducible sum of the p ``contributions`` (1-D arrays of
-    one dtype and length; ``out`` may be one of them), divided by ``divide_by``, per element.
-
-    The words route's operations on one rank that holds every contribution (shared_memory,
-    pairwise_exchange): each element's largest exponent from its p contributions, their words
-    summed here, converted back: the same bits as the words route. Float32 blocks of up to 8
-    contributions run compiled where numba is (one loop, mpiallreduce.reproducible_kernels.exact_sum_f32);
-    blocks holding an inf or NaN, more contributions, other dtypes, or no numba: the words route's
-    passes (numpy, and numba's one-array kernels where they apply), by block."""
-    from ..core.buffers import scratch
-    fmt = FORMATS[out.dtype.name]
-    count = out.size
-    kernels = _compiled(fmt)
-    start = 0
-    if (kernels is not None and len(contributions) <= kernels.EXACT_MOST_CONTRIBUTIONS and out.flags.c_contiguous
-            and all(c.flags.c_contiguous for c in contributions)):
-        values = tuple(contributions)
-        bits = tuple(c.view(np.uint32) for c in contributions)
-        largest = scratch("reproducible.exact_largest", kernels.EXACT_BLOCK, np.uint32)
-        while start < count:  # compiled up to a block holding an inf or NaN largest, which the numpy passes take
-            start = kernels.exact_sum_f32(values, bits, float(divide_by), out, start, largest)
-            stop = min(start + kernels.EXACT_BLOCK, count)
-            if start < stop:
-                _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
-            start = stop
-        return out
-    for start in range(0, count, BLOCK):
-        stop = min(start + BLOCK, count)
-        _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
-    return out
-
-
-def _exact_sum_block(contributions, out, fmt, divide_by):
-    """exact_sum_into's numpy passes: the words route's own functions, on one block."""
-    largest = np.maximum.reduce([exponent_codes(c, fmt) for c in contributions])
-    summed = to_words(contributions[0], largest, fmt)
-    for c in contributions[1:]:
-        summed += to_words(c, largest, fmt)
-    with np.errstate(over="ignore", invalid="ignore"):
-        from_words(summed, largest, fmt, divide_by=divide_by, dtype=out.dtype, out=out)
-
-
-def sum_by_words(send, recv, mean, allreduce_in_place):
-    """The words route: ``recv`` = the reproducible sum (or mean) over the ranks of ``send`` (or of
-    ``recv``'s contents when ``send`` is None), both 1-D contiguous numpy arrays.
-    ``allreduce_in_place(array, op_name)``: the allreduce of the two integer steps (the call's
-    algorithm, communicator and watch; mpiallreduce.api.execute); it has a ``size``."""
-    from ..core.buffers import scratch
-    values = recv if send is None else send
-    fmt = FORMATS[np.dtype(values.dtype).name]
-    # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced in place
-    codes = exponent_codes(values, fmt, out=scratch("reproducible.codes", values.size, fmt.code))
-    allreduce_in_place(codes, "max")
-    words = to_words(values, codes, fmt, out=scratch("reproducible.words", values.size * fmt.words, np.int64))
-    allreduce_in_place(words, "sum")  # (values, for in place, is read by now)
-    with np.errstate(over="ignore", invalid="ignore"):
-        from_words(words, codes, fmt, divide_by=allreduce_in_place.size if mean else 1, dtype=values.dtype, out=recv)
-
-
-class ExactSumOp(ReduceOp):
-    """``op`` for a reproducible sum or mean, through the planner and any algorithm: one that holds
-    every contribution of an element in one place (``sees_every_contribution``: shared_memory,
-    pairwise_exchange) calls ``reduce_all_into`` (the direct route); any other reduces the exponent bytes and then the
-    words (``sum_by_words``, run by mpiallreduce.api.execute). It never reduces pairwise."""
-
-    exact = True
-
-    def __init__(self, mean):
-        super().__init__("reproducible_mean" if mean else "reproducible_sum", np.add, None)
-        object.__setattr__(self, "mean", mean)
-
-    def __repr__(self):
-        return self.name
-
-    def check_dtype(self, dtype):
-        if dtype.name not in FORMATS:
-            check_reproducible(np.empty(0, dtype), "mean" if self.mean else "sum", 1)  # (raises, saying why)
-
-    def reduce_local(self, a, b, out):
-        raise TypeError(f"{self.name} sums every contribution at once (reduce_all_into), never two at a time")
-
-    def mpi_op(self, dtype):
-        raise TypeError(f"{self.name} is no MPI op: its steps reduce with MPI.MAX and MPI.SUM")
-
-    def reduce_all_into(self, pieces, out):
-        exact_sum_into(pieces, out, divide_by=len(pieces) if self.mean else 1)
-
-    def finish(self, result, size):
-        """One rank (a local copy): the reproducible sum of its one contribution, as with more ranks
-        (a NaN becomes the canonical NaN, a mean divides by 1)."""
-        if size == 1:
-            exact_sum_into([result], result)
-
-
-EXACT_OPS = {"sum": ExactSumOp(mean=False), "mean": ExactSumOp(mean=True)}
-
-
-def reproducible_allreduce(x, op, out, run):
-    """The reproducible sum (or mean) of ``x`` over the ranks, written to ``out`` (or a new array).
-
-    ``run(host, host_out)``: the allreduce of host arrays with ``EXACT_OPS[op]`` (mpiallreduce.api);
-    ``x`` may be numpy or CuPy (through the host)."""
-    from ..device.arrays import namespace
-    xp = namespace(x)
-    if xp is None:
-        return run(x, out)
-    result = run(np.ascontiguousarray(xp.asnumpy(x)), None)
-    result = xp.asarray(result)
-    if out is None:
-        return result
-    xp.copyto(out, result)
-    return out

@@ -165,7 +165,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: this node's cores / its ranks, at least 1)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where the model trains: cuda puts rank r on GPU (node-local rank % GPUs)")
+                        help="where the model trains: cuda puts rank r on GPU (node-local rank %% GPUs)")
     parser.add_argument("--output", help="folder for train.json and train.txt")
     args = parser.parse_args(argv)
     names = ["none"] + [n for n in args.contenders.split(",") if n and n != "none"]

@@ -19,7 +19,7 @@ from mpi4py import MPI
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0] + "/mpi")
 import mpiallreduce as mar  # noqa: E402
 from mpiallreduce.algorithms import REGISTRY  # noqa: E402
-from mpiallreduce.reproducible.exact import EXACT_OPS  # noqa: E402
+from mpiallreduce.reproducible.routes import EXACT_OPS  # noqa: E402
 from reference import exact_input, gather_inputs, numpy_reference, values_equal  # noqa: E402
 
 comm = MPI.COMM_WORLD
