@@ -59,6 +59,10 @@ class _Alias(importlib.abc.Loader):
     def exec_module(self, module):
         pass
 
+    def get_code(self, name):
+        """The moved module's code (``python -m`` with an old path runs the module that moved)."""
+        return importlib.util.find_spec(self.target).loader.get_code(self.target)
+
 
 class _MovedModules(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):

@@ -19,7 +19,7 @@ from mpi4py import MPI
 from .core.call import WORLD, Call, Prepared, check_comm, plan_for, validate
 from .core.startup import check_world_matches_slurm
 from .core.state import known_state, state_of
-from .core.worker import Meeting, check_thread_level, pending_elsewhere, run_in_order, submit, submit_prepared
+from .core.worker import Meeting, _worker, check_thread_level, run_in_order, submit, submit_prepared
 from .core.settings import settings
 from .faults.errors import call_site
 
@@ -79,7 +79,7 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
-            and type(x) is np.ndarray and not pending_elsewhere()):  # the short path of a repeated call
+            and type(x) is np.ndarray and not _worker.pending):  # the short path of a repeated call
         execution = _fast_calls(comm).get((x.shape, x.dtype, op, algorithm, reproducible, np.ndarray))
         if execution is not None:
             result = execution.short(x, out)
@@ -91,12 +91,21 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
 
 def _fast_calls(comm):
     """The Executions kept for ``comm``'s repeated calls (none before its first call)."""
+    global _world_calls
     if comm is None:
-        comm = WORLD
-    elif type(comm) not in _COMMUNICATOR_TYPES:
+        if _world_calls is None:
+            state = known_state(WORLD)
+            if state is None:
+                return _NO_CALLS
+            _world_calls = state.fast_calls  # (the same dict for the life of COMM_WORLD's state)
+        return _world_calls
+    if type(comm) not in _COMMUNICATOR_TYPES:
         return _NO_CALLS
     state = known_state(comm)
     return _NO_CALLS if state is None else state.fast_calls
+
+
+_world_calls = None
 
 
 def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=False, **kwargs):
@@ -138,27 +147,20 @@ def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis
     return run_in_order(lambda: PreparedAllreduce(call))
 
 
-class PreparedAllreduce:
-    """An allreduce agreed on and planned once (see ``prepare``)."""
+class PreparedAllreduce(Prepared):
+    """An allreduce agreed on and planned once (see ``prepare``): call it (or ``.run()``) for the
+    result, the same array every run; ``.start()`` runs it in the background (an AllreduceHandle)."""
 
     def __init__(self, call):
-        self._prepared = Prepared(call)
-        self.plan, self.state, self.x = self._prepared.plan, call.state, call.x
-        self.result = self._prepared.flat.result
-        self.site = call.site
-
-    def __call__(self):
-        """Reduce the current contents of ``x``; returns the result array (the same every run)."""
-        return self._prepared()
-
-    run = __call__
+        super().__init__(call)
+        self.result = self.flat.result
 
     def start(self):
         """Run in the background (allreduce_async's worker); an AllreduceHandle."""
-        return self._prepared.start(lambda run: submit_prepared(self, run))
+        return super().start(lambda run: submit_prepared(self, run))
 
     def __repr__(self):
-        return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self._prepared.op.name}: {self.plan.describe()}>"
+        return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}>"
 
 
 def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False):

@@ -28,7 +28,7 @@ from .ops import get_op
 from .planner import check_algorithm_name, plan_call
 from .settings import settings
 from .state import state_of
-from .worker import pending_elsewhere, run_in_order
+from .worker import _worker, run_in_order
 
 __all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
 
@@ -71,14 +71,15 @@ def plan_for(state, x, op, algorithm):
     return plan_call(state.facts, on_device, x.dtype, x.nbytes, op.name, algorithm)
 
 
-def execution_for(state, x, op, reduce_op, algorithm, reproducible):
-    """The Execution of this kind of call, made once and kept on the state (the short path's key)."""
+def execution_for(state, x, op, reduce_op, algorithm, reproducible, keep):
+    """The Execution of this kind of call, made once and kept on the state when ``keep`` (an
+    untimed call: the key the short path finds it by says nothing of a timeout)."""
     key = (x.shape, x.dtype, op, algorithm, reproducible, type(x))
     execution = state.fast_calls.get(key)
     if execution is None:
         plan = plan_for(state, x, reduce_op, algorithm)
         execution = Execution(state, plan, reduce_op, x.shape, x.dtype, "host" if type(x) is np.ndarray else "device")
-        if len(state.fast_calls) < 256 and isinstance(algorithm, str) and isinstance(op, str):
+        if keep and len(state.fast_calls) < 256 and isinstance(algorithm, str) and isinstance(op, str):
             state.fast_calls[key] = execution
     return execution
 
@@ -160,7 +161,7 @@ class Call:
             execution = self.agreed_execution()
         else:
             execution = execution_for(state, x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                      self.reproducible)
+                                      self.reproducible, keep=self.timeout is None)
         flat = buffers.flat_buffers(x, self.out)
         xp = None if type(x) is np.ndarray else namespace(x)
         execution.run(flat.send, flat.recv, self.sequence, self.timeout, xp)
@@ -172,7 +173,8 @@ def _plain(value):
 
 
 class Prepared:
-    """A call agreed on and planned once, its buffers bound once: ``run(n)`` runs it as call #n."""
+    """A call agreed on and planned once, its buffers bound once: ``prepared()`` numbers a run and
+    runs it in its turn, ``start(submit)`` hands it to the worker, ``run_numbered(n)`` runs call #n."""
 
     def __init__(self, call):
         call._meet()
@@ -188,22 +190,26 @@ class Prepared:
         self.input_is_x = flat.send is None and flat.write_back is None or (
             flat.send is not None and _views(flat.send, call.x))
         self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp)
+        self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
 
     def __call__(self):
-        """Number this run (on the caller's thread, in program order) and run it in its turn."""
+        """Reduce the current contents of ``x`` (numbered here, on the caller's thread, in program
+        order; run in its turn); the result array."""
         sequence = self.state.number()
-        if self.fast and not pending_elsewhere():
+        if self.fast and not _worker.pending:
             self.execute(sequence)
-            return self.flat.result
-        return run_in_order(lambda: self.run(sequence))
+            return self.result
+        return run_in_order(lambda: self.run_numbered(sequence))
+
+    run = __call__
 
     def start(self, submit):
         """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
         sequence = self.state.number()
-        return submit(lambda: self.run(sequence))
+        return submit(lambda: self.run_numbered(sequence))
 
-    def run(self, sequence):
+    def run_numbered(self, sequence):
         if self.timeout is not None:
             Rendezvous(self.state, sequence, self.timeout, self.site).run()
         flat = self.flat

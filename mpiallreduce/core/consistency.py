@@ -59,14 +59,16 @@ class SignatureMismatch(ValueError):
     """The ranks' calls differ (raised on every rank, before any data moved)."""
 
 
-def compare(state, code, describe, watch, sequence):
+def compare(state, code, describe, watch, sequence, published=False):
     """Raise SignatureMismatch (a ValueError) on every rank of ``state``'s communicator, naming what
     differs, unless every rank's call #``sequence`` has the same ``code``. ``describe()``: this
     rank's signature as a dict, gathered only when the codes differ. ``watch()``: the call's
-    PeerWatch (its deadline, its peers), made only when a wait needs it."""
+    PeerWatch (its deadline, its peers), made only when a wait needs it. ``published``: this
+    rank's code is in the shared slots already (SignatureSlots.agree found it not yet agreed)."""
     slots = state.signature_slots
     if slots is not None:
-        slots.publish(code, sequence)
+        if not published:
+            slots.publish(code, sequence)
         if slots.all_equal(code, sequence, watch):
             return
     elif codes_agree(state.library, code, state.signature_buffer, watch()):

@@ -161,16 +161,29 @@ class Execution:
         if x.strides != self.strides:
             return None
         if out is None:
-            result, send = np.empty(self.shape, self.dtype), x.reshape(-1)
+            result, send = np.empty(self.shape, self.dtype), x
         elif out is x:
             result, send = x, None
         elif (type(out) is np.ndarray and out.dtype is self.dtype and out.shape == self.shape
               and out.strides == self.strides
               and ((out.base is None and x.base is None) or not np.may_share_memory(x, out))):
-            result, send = out, x.reshape(-1)  # (they do not overlap; MPI refuses a read-only out)
+            result, send = out, x  # (they do not overlap; MPI refuses a read-only out)
         else:
             return None
-        self.run(send, result.reshape(-1), self.state.number())
+        state = self.state
+        sequence = state.number()
+        if self.raw and self.direct:  # MPI_Allreduce itself, on the arrays as they are (any shape)
+            try:
+                if self.compares_first:
+                    slots = state.signature_slots
+                    if slots is None or not slots.agree(self.code, sequence):
+                        compare(state, self.code, self.describe, lambda: PeerWatch(state, sequence, None, "signature"),
+                                sequence, published=slots is not None)
+                state.library.Allreduce(MPI.IN_PLACE if send is None else send, result, self.mpi_op)
+            except BaseException as error:
+                raise_failed(error, state, sequence, None)
+            return result
+        self.run(None if send is None else send.reshape(-1), result.reshape(-1), sequence)
         return result
 
 

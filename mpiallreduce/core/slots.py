@@ -65,6 +65,25 @@ class SignatureSlots:
         self.window.Sync()  # (the code, and what came before, before the number)
         mine[at + 1] = number
 
+    def agree(self, code, number):
+        """publish and all_equal in one, for a call whose ranks have all published already (the
+        common case, no wait): True when every rank's code for call #``number`` equals ``code``;
+        False when some rank has not published yet or a code differs (then ``all_equal`` waits,
+        compares and says which)."""
+        at = 2 * (number & 1)
+        mine = self.mine
+        mine[at] = code
+        self.window.Sync()
+        mine[at + 1] = number
+        for slot in self.others:
+            if slot[at + 1] != number:
+                return False
+        self.window.Sync()
+        for slot in self.others:
+            if slot[at] != code:
+                return False
+        return True
+
     def all_equal(self, code, number, watch):
         """Wait until every rank has published call #``number``; whether all their codes equal
         ``code``. Every rank reads the same codes. ``watch()`` (the call's PeerWatch, made only if

@@ -18,8 +18,7 @@ from mpi4py import MPI
 
 from ..device.arrays import namespace, synchronize
 
-__all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "pending_elsewhere",
-           "run_in_order",
+__all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order",
            "check_thread_level", "Meeting"]
 
 
@@ -145,12 +144,6 @@ def check_thread_level():
 def asynchronous_calls_pending():
     """Whether calls started by allreduce_async are still queued or running (seen from another thread)."""
     return _worker.busy()
-
-
-def pending_elsewhere():
-    """Whether asynchronous calls are queued or running and this is not the worker (a call made
-    now must wait its turn: ``run_in_order``)."""
-    return _worker.pending > 0 and threading.current_thread() is not _worker.thread
 
 
 def run_in_order(function):

@@ -151,3 +151,19 @@ def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(use
                 assert talked_on.offset == (sequence % CallTags.calls_apart) * CallTags.slot
     finally:
         comm.Free()
+
+
+def test_with_a_timeout_setting_every_repeated_call_meets_the_others_first(use_settings, monkeypatch):
+    """MPIALLREDUCE_TIMEOUT times every call: a repeated call must not take the short path (which
+    has no rendezvous) just because its own ``timeout`` argument is None."""
+    from mpiallreduce.faults import rendezvous
+    _skip_on_one_rank()
+    use_settings(timeout=60.0)
+    met = []
+    original = rendezvous.Rendezvous.run
+    monkeypatch.setattr(rendezvous.Rendezvous, "run", lambda self: met.append(self.sequence) or original(self))
+    x = exact_input("float64", 10, WORLD.Get_rank(), "sum")
+    want = numpy_reference("sum", gather_inputs(WORLD, x))
+    for _ in range(3):
+        assert values_equal(mar.allreduce(x), want)
+    assert len(met) == 3 and len(set(met)) == 3, met
