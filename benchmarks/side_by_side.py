@@ -13,7 +13,8 @@ each configuration's ratio to the first.
 
 With ``--bench "ARGS"`` each launch is ``mpiallreduce bench ARGS`` instead, and the table is each
 contender's gain (Open MPI's default time / its time, in that launch: make bench's gain column).
-``--output FILE`` also writes the table there.
+``--output FILE`` also writes the table there, and every launch's measurements to FILE.json;
+``--from FILE.json`` prints the table again from those (no launch).
 """
 import argparse
 import json
@@ -46,16 +47,30 @@ def main(argv=None):
     parser.add_argument("--nodes", type=int, default=None)
     parser.add_argument("--program", default=str(HERE / "call_price.py"))
     parser.add_argument("--bench", default=None, help="arguments of mpiallreduce bench (gains instead of us)")
-    parser.add_argument("--output", default=None, help="also write the table to this file")
+    parser.add_argument("--output", default=None, help="also write the table to this file (and FILE.json)")
+    parser.add_argument("--from", dest="source", default=None, help="the table of a FILE.json written before")
+    if "--from" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(config=[])
+        for action in parser._actions:
+            action.required = False
     args = parser.parse_args(argv)
-    ratios = {name: [] for name, _ in args.config}
-    micros = {name: [] for name, _ in args.config}
-    for _ in range(args.rounds):
-        for name, extra in args.config:
-            env = dict(os.environ, **extra)
-            measured = _bench(args, env, name) if args.bench is not None else _call_price(args, env, name)
-            micros[name].append(measured)
-            ratios[name].append({size: {c: us / row["raw"] for c, us in row.items()} for size, row in measured.items()})
+    if args.source is not None:
+        saved = json.loads(Path(args.source).read_text())
+        args.config = [(name, {}) for name in saved["configurations"]]
+        args.ranks, args.nodes, args.rounds, args.bench = saved["ranks"], saved["nodes"], saved["rounds"], saved["bench"]
+        micros = saved["launches"]
+    else:
+        micros = {name: [] for name, _ in args.config}
+        for _ in range(args.rounds):
+            for name, extra in args.config:
+                env = dict(os.environ, **extra)
+                micros[name].append(_bench(args, env, name) if args.bench is not None else _call_price(args, env, name))
+        if args.output:
+            Path(args.output + ".json").write_text(json.dumps(
+                {"configurations": {name: extra for name, extra in args.config}, "ranks": args.ranks,
+                 "nodes": args.nodes, "rounds": args.rounds, "bench": args.bench, "launches": micros}, indent=1))
+    ratios = {name: [{size: {c: us / row["raw"] for c, us in row.items()} for size, row in measured.items()}
+                     for measured in launches] for name, launches in micros.items()}
     lines = []
     print = lines.append  # noqa: A001 - the table goes to stdout and to --output
     first = args.config[0][0]
@@ -80,7 +95,7 @@ def main(argv=None):
             print("  " + f"{name}/{first}".ljust(14) + "".join(cell.rjust(22) for cell in cells))
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
-    if args.output:
+    if args.output and args.source is None:
         Path(args.output).write_text(text)
 
 
