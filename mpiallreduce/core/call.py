@@ -116,6 +116,10 @@ class Call:
             state.renew_settings(current)
         if not call.check:  # a bad argument raises here, before any communication
             validate(x, op, algorithm, out, call.reproducible, state.size)
+        if not state.ready and call.timeout is None:
+            # the communicator's first call: its collectives (the settings, the node layout and the
+            # communicators made from it) here, in program order, not on the asynchronous worker
+            state.make_ready()
         call.reduce_op = None
         call.sequence = state.number()
         return call

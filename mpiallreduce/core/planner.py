@@ -26,7 +26,8 @@ Rules, in order:
   exponent bytes, then their fixed-point words (the words route); they accumulate in nothing
   wider: the same bits either way;
 - float16 and bfloat16 accumulate in float32 in every hand-written algorithm (and in ``mpi`` on
-  device arrays); ``mpi`` on numpy arrays keeps the library's own float16 arithmetic;
+  device arrays, and for bfloat16, which MPI has no type for, in ``mpi`` too); ``mpi`` on numpy
+  float16 arrays keeps the library's own float16 arithmetic;
 - every call on more than one rank compares its signature (shape, dtype, op, algorithm, route)
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
   in the communicator's shared slots on one node (a few loads and stores), else in a 16-byte
@@ -228,7 +229,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         if route == "reproducible words":
             reason += "; a reproducible sum: its exponent bytes, then its fixed-point words, reduced by it"
     accumulate = None
-    if low_precision and (chosen.name != "mpi" or on_device) and not reproducible:
+    if low_precision and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16") and not reproducible:
         accumulate = np.dtype(np.float32)
     if compared and chosen.carries_signature and not on_device and facts.shared_slots:
         signature = f"carried by {chosen.name}"

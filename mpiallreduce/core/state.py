@@ -139,7 +139,7 @@ class CommState:
             f"{self.size} ranks differ (see mpiallreduce.settings):\n  " + "\n  ".join(describe_differences(everyone)))
 
     def _learn_topology(self):
-        from .topology import node_communicator
+        from .topology import leader_communicator, node_communicator, node_sizes, rail_communicator
         node = node_communicator(self.library)
         leaders = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int64)
         self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
@@ -150,6 +150,13 @@ class CommState:
             extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
             self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
             self.equal_nodes = bool(extremes[0] == -extremes[1])
+            # what hierarchical and two_level talk on, made here, in program order, never by a call
+            # running on the asynchronous worker: making communicators on two threads at once can
+            # deadlock Open MPI's context-id agreement (the stress test saw it, two_level's rail
+            # split on the worker against a new communicator's Idup on the caller's thread)
+            leader_communicator(self.library)
+            rail_communicator(self.library)
+            node_sizes(self.library)
         # (not under ULFM: a barrier that meets a dead rank there fails with MPI_ERR_OTHER and no
         # failed rank known, where the allreduce of the other way reports the failure)
         from ..faults.ulfm import fault_tolerant
