@@ -60,8 +60,10 @@ class _Alias(importlib.abc.Loader):
         pass
 
     def get_code(self, name):
-        """The moved module's code (``python -m`` with an old path runs the module that moved)."""
-        return importlib.util.find_spec(self.target).loader.get_code(self.target)
+        """``python -m`` with an old path: code that runs the moved module as ``__main__`` under its
+        own name (its relative imports resolve in its own package)."""
+        return compile(f"import runpy\nrunpy.run_module({self.target!r}, run_name='__main__', alter_sys=True)\n",
+                       f"<{name}: {self.target}>", "exec")
 
 
 class _MovedModules(importlib.abc.MetaPathFinder):

@@ -52,8 +52,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         check: True (or MPIALLREDUCE_CHECK=1) to have the ranks first agree that their arguments
             are valid and that shape, dtype, op, the algorithm ``auto`` resolved to, the call's
             number on ``comm`` and its call site (file:line) match; otherwise every rank raises the
-            same ValueError/TypeError naming the ranks and what differs. Without it, calls of at
-            calls of every size still compare shape, dtype, op, algorithm and route before any
+            same ValueError/TypeError naming the ranks and what differs. Without it, calls of
+            every size still compare shape, dtype, op, algorithm and route before any
             data moves (MPIALLREDUCE_SIGNATURE_MIN_BYTES raises that size), so that a mismatch is
             the same ValueError on every rank, never wrong values.
         axis: a mesh axis name or tuple of names: reduce over the ranks along it, of ``mesh`` or of

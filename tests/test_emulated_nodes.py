@@ -54,6 +54,8 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     assert reproducible == ["ok"] * nranks, explain(result)
     mismatch = re.findall(r"^rank \d+ node node\d mismatched-calls (.*)$", result.output, re.M)
     assert mismatch == ["ok"] * nranks, explain(result)  # calls that differ: a ValueError on every rank
+    timed = re.findall(r"^rank \d+ node node\d timed-on-one-rank (.*)$", result.output, re.M)
+    assert timed == ["ok"] * nranks, explain(result)
     assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
     equal_nodes = nranks % nodes == 0
     for rank, node, name, outcome in lines:

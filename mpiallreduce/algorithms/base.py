@@ -96,12 +96,16 @@ class CallTags:
     calls_apart = None  # (MPI_TAG_UB + 1) // slot - 1: 2**21 - 1 calls with Open MPI's TAG_UB of 2**31 - 1
     # (the last slot is left out: its top tag, MPI_TAG_UB, carries the control messages)
 
-    def __init__(self, comm, sequence, watch=None):
+    #: where in a call's slot the signature comparison's messages go (mpiallreduce.core.consistency),
+    #: above every algorithm's tags (all below 512)
+    SIGNATURE_BASE = 512
+
+    def __init__(self, comm, sequence, watch=None, base=0):
         if CallTags.calls_apart is None:
             from mpi4py import MPI
             CallTags.calls_apart = max(1, (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1) // self.slot - 1)
         self.comm = comm
-        self.offset = (sequence % CallTags.calls_apart) * self.slot
+        self.offset = (sequence % CallTags.calls_apart) * self.slot + base
         self.watch = watch
 
     def Send(self, buf, dest, tag=0):

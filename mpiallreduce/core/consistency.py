@@ -7,13 +7,14 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
     digest(value, bits)        the one digest scheme: call signatures, settings, gradient buckets
     content_digest(array)      the same for an array's bytes: replicas, an input that must not change
     compare(state, code, ...)  a call's signature code against every rank's, before data moves:
-                               the shared slots on one node (mpiallreduce.core.slots), else one
-                               16-byte allreduce (max of (code, -code)); bounded by the call's
-                               deadline, noticing a failed peer (its PeerWatch); on a mismatch,
-                               every rank gathers what each called and raises ValueError
-    codes_agree(comm, code)    the same allreduce, for what is compared once per communicator
-                               (settings) or per step (a gradient bucket's digest rides in the
-                               bucket's own allreduce instead: mpiallreduce.training.buckets)
+                               the shared slots on one node (mpiallreduce.core.slots), else the
+                               max of (code, -code) by recursive doubling in messages on the
+                               call's tags; the waits notice a failed or departed peer (the call's
+                               PeerWatch; a timed call's arrival is bounded by its rendezvous);
+                               on a mismatch, every rank gathers what each called and raises
+    codes_agree(comm, code)    a 16-byte allreduce, for what is compared once per communicator
+                               (settings; a gradient bucket's digest rides in the bucket's own
+                               allreduce instead: mpiallreduce.training.buckets)
     agree_on_call(...)         ``check=True`` and prepared calls: everything compared, arguments
                                validated on every rank, in one allgather
     agree_on_outcome(...)      a step that can fail on one rank (inside an algorithm) made collective
@@ -71,9 +72,24 @@ def compare(state, code, describe, watch, sequence, published=False):
             slots.publish(code, sequence)
         if slots.all_equal(code, sequence, watch):
             return
-    elif codes_agree(state.library, code, state.signature_buffer, watch()):
+    elif _codes_agree_by_messages(state, code, sequence, watch()):
         return
     raise_signature_mismatch(state, describe, sequence)
+
+
+def _codes_agree_by_messages(state, code, sequence, watch):
+    """Across nodes (or under ULFM): max of (code, -code) by recursive doubling, in messages on the
+    call's own tags (CallTags.SIGNATURE_BASE) waited for through its PeerWatch. A rank that gives the
+    call up leaves only receives behind, on tags no later call uses (a collective, once started,
+    could not be given up: every later one would pair with it)."""
+    from ..algorithms import REGISTRY
+    from ..algorithms.base import CallTags
+    from .ops import OPS
+    extremes = state.signature_buffer
+    extremes[0], extremes[1] = code, -code
+    REGISTRY["recursive_doubling"].run(CallTags(state.library, sequence, watch, CallTags.SIGNATURE_BASE), None,
+                                       extremes, OPS["max"], MPI.INT64_T)
+    return extremes[0] == -extremes[1]
 
 
 def raise_signature_mismatch(state, describe, sequence):

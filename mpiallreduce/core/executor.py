@@ -65,9 +65,9 @@ class Execution:
         state = self.state
         watch = PeerWatch(state, sequence, timeout, self.plan.name) if self.watched else None
         try:
-            if self.compares_first:
-                compare(state, self.code, self.describe,
-                        lambda: watch or PeerWatch(state, sequence, timeout, "signature"), sequence)
+            if self.compares_first:  # (no deadline: a timed call's ranks all committed at its rendezvous)
+                compare(state, self.code, self.describe, lambda: PeerWatch(state, sequence, None, "signature"),
+                        sequence)
             if self.direct:
                 if self.raw:
                     state.library.Allreduce(MPI.IN_PLACE if send is None else send, recv, self.mpi_op)
@@ -165,9 +165,9 @@ class Execution:
         elif out is x:
             result, send = x, None
         elif (type(out) is np.ndarray and out.dtype is self.dtype and out.shape == self.shape
-              and out.strides == self.strides
+              and out.strides == self.strides and out.flags.writeable
               and ((out.base is None and x.base is None) or not np.may_share_memory(x, out))):
-            result, send = out, x  # (they do not overlap; MPI refuses a read-only out)
+            result, send = out, x  # (they do not overlap; a read-only out: the general path refuses it)
         else:
             return None
         state = self.state
@@ -198,7 +198,7 @@ class _CarriedSignature:
         self.execution, self.sequence, self.timeout, self.watch = execution, sequence, timeout, watch
 
     def _watch(self):
-        return self.watch or PeerWatch(self.execution.state, self.sequence, self.timeout, "signature")
+        return PeerWatch(self.execution.state, self.sequence, None, "signature")
 
     def shared(self):
         return self.execution.state.signature_slots is not None

@@ -5,7 +5,7 @@
 A CallPlan names the algorithm (what ``auto`` resolved to, on one node or across nodes), how device
 memory travels (mpiallreduce.transports), the dtype the reduction accumulates in, the plan of the
 node leaders for ``hierarchical``, and whether the ranks compare the call's signature first. Executing
-a plan (mpiallreduce.api) decides nothing; ``plan.describe()`` and ``mpiallreduce info`` say what a
+a plan (mpiallreduce.core.executor) decides nothing; ``plan.describe()`` and ``mpiallreduce info`` say what a
 call will run and why.
 
 Rules, in order:

@@ -79,7 +79,7 @@ class CommState:
         #: requests of calls given up midway, kept with their buffers (mpiallreduce.faults.watch)
         self.left_behind = []
         #: repeated calls' (plan, bound buffers), by (shape, dtype, op, algorithm, reproducible): the
-        #: short path (mpiallreduce.core.bound)
+        #: short path (mpiallreduce.core.executor.Execution, found by mpiallreduce.core.call.execution_for)
         self.fast_calls = {}
         #: where the signature check's 16 bytes are reduced (mpiallreduce.core.consistency)
         self.signature_buffer = np.zeros(2, dtype=np.int64)

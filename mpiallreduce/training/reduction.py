@@ -125,12 +125,13 @@ class BucketReducer:
         for the planned gradients that were not given."""
         size = self.comm.Get_size()
         unused = {}
-        for bucket, handles, _, _, divide in in_flight:
+        for bucket, handles, _, compressed, divide in in_flight:
             for index, _ in handles:
                 if index is None:  # the fused members: from the buffer
                     payload = self._buffers[bucket.index][0][:bucket.count]
                     xp = namespace(payload) or np
-                    self._finish(xp, payload, payload, bucket, size, divide)
+                    if not compressed:  # (a compressed sum was divided and scaled before its one rounding)
+                        self._finish(xp, payload, payload, bucket, size, divide)
                     for member, offset in zip(bucket.fused, bucket.offsets):
                         slot = self.slots[member]
                         result = payload[offset:offset + slot.count].reshape(slot.shape)

@@ -167,3 +167,55 @@ def test_with_a_timeout_setting_every_repeated_call_meets_the_others_first(use_s
     for _ in range(3):
         assert values_equal(mar.allreduce(x), want)
     assert len(met) == 3 and len(set(met)) == 3, met
+
+
+def test_timed_calls_under_skew_end_alike_on_every_rank_and_never_hang():
+    """Review finding: a rank that timed out waiting for the others' signatures (after the rendezvous
+    had committed every rank) left its slot published, and a peer went on into MPI_Allreduce for
+    ever. The comparison after the rendezvous now waits without a deadline (every rank committed)
+    while it watches the peers: every rank counts the same results and the same timeouts."""
+    _skip_on_one_rank()
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    rng = np.random.default_rng([rank, 24])
+    outcomes = []
+    for i in range(150):
+        if rng.random() < 0.2:
+            time.sleep(rng.random() * 0.006)
+        x = np.full(16, float(rank + 1 + i), np.float32)
+        try:
+            result = mar.allreduce(x, timeout=0.003)
+            outcomes.append("ok" if np.all(result == size * (size + 1) / 2 + size * i) else "wrong")
+        except (mar.AllreduceTimeout, mar.AllreduceAborted):
+            outcomes.append("gave up")
+    assert "wrong" not in outcomes
+    everyone = WORLD.allgather(outcomes)
+    assert all(theirs == everyone[0] for theirs in everyone), "the ranks' calls ended differently"
+
+
+def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication():
+    """Review finding: the short path took a read-only ``out``, numbered the call and published its
+    signature, then failed in MPI (BufferError) while the peers waited. Now every rank that is given
+    one raises ValueError before any communication, and the next call is right."""
+    x = exact_input("float64", 1024, WORLD.Get_rank(), "sum")
+    out = np.empty_like(x)
+    for _ in range(3):
+        mar.allreduce(x, out=out)  # the short path is made
+    frozen = np.empty_like(x)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        mar.allreduce(x, out=frozen)
+    assert values_equal(mar.allreduce(x, out=out), numpy_reference("sum", gather_inputs(WORLD, x)))
+
+
+def test_a_compressed_bucket_is_scaled_once(comm):
+    """Review finding: compressed buckets applied ``postscale`` twice (before the rounding and again
+    at write-back)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    grads = {"a": np.full(10, 1.0 + rank, np.float32), "c": np.full(3, 1.0 + rank, np.complex64)}
+    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=16, compression="fp16", postscale=2.0,
+                            op="sum")
+    for name, g in grads.items():
+        sync.ready(g, name=name)
+    sync.wait()
+    want = 2.0 * sum(1.0 + r for r in range(size))
+    assert np.all(grads["a"] == want) and np.all(grads["c"] == want)

@@ -9,7 +9,9 @@ numpy's sum (the inputs sum exactly). Then ``rank R node H device-auto ...``: de
 mpiallreduce.testing.fake_cupy) through auto, which across nodes must not take device_to_device.
 Then ``rank R node H mismatched-calls ...``: calls that differ in size below 64 KiB (100 against 101
 elements), for every algorithm that runs across nodes and auto, are the same ValueError on every
-rank (the signature compared in a 16-byte allreduce across nodes), and the next call is right.
+rank (the signature compared in messages across nodes), and the next call is right. Then
+``rank R node H timed-on-one-rank ...``: a call timed on rank 0 only ends with an error on every
+rank, and the next calls are right (nothing of it is left to pair with them).
 """
 import hashlib
 import sys
@@ -96,3 +98,14 @@ for name in ["auto"] + [a for a in mar.HOST_ALGORITHMS if not REGISTRY[a].needs_
     if outcome != "ok":
         break
 print(f"rank {rank} node {node} mismatched-calls {outcome}", flush=True)
+
+outcome = "ok"  # a call timed on one rank only: an error on every rank, and the communicator goes on
+try:
+    mar.allreduce(exact_input("float64", 100, rank, "sum"), timeout=2 if rank == 0 else None)
+    outcome = "no error"
+except (mar.AllreduceTimeout, mar.AllreduceAborted):
+    pass
+x = exact_input("float64", (1 << 15) + 1, rank, "sum")
+if not values_equal(mar.allreduce(x, algorithm="ring", timeout=30), numpy_reference("sum", gather_inputs(comm, x))):
+    outcome = "wrong after the call timed on one rank"
+print(f"rank {rank} node {node} timed-on-one-rank {outcome}", flush=True)
