@@ -107,7 +107,7 @@ class BucketReducer:
         for bucket, handles, digest, compressed, _ in in_flight:
             for index, handle in handles:
                 try:
-                    result = handle.wait()
+                    handle.wait()
                 except Exception as error:  # noqa: BLE001 - the caller raises it, once every bucket is done
                     first_error = first_error or error
                     continue

@@ -1,0 +1,59 @@
+"""Seeded stress test (issue #24, item 6): tests/scripts/stress.py, every kind of entry of the public API
+interleaved under random rank skew, on 2, 3 and 4 ranks of one node and 2 emulated nodes of 2 ranks.
+
+The seed is MPIALLREDUCE_STRESS_SEED, else drawn from the clock once per session; it is printed,
+and every failure message gives it with the command that replays the same operations (the
+timings, and so a race, may still differ). MPIALLREDUCE_STRESS_OPS changes the operation count.
+"""
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpiallreduce.tools.launch import run
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+SCRIPT = TESTS / "scripts" / "stress.py"
+TIMEOUT = 240  # seconds per launch (a layout takes 5-40 s on 2 cores); a hang the script misses ends it
+STALL = 45  # seconds without progress on a rank that the script itself reports as a hang, with its stacks
+SEED = int(os.environ.get("MPIALLREDUCE_STRESS_SEED") or time.time_ns() // 1000 % 1_000_000_000)
+OPS = int(os.environ.get("MPIALLREDUCE_STRESS_OPS") or 300)
+EMULATED = os.geteuid() == 0 and shutil.which("unshare") is not None
+
+# (ranks, emulated nodes or None): ids as tests/test_emulated_nodes.py names layouts, nodes x ranks per node
+LAYOUTS = [
+    pytest.param(2, None, id="1x2"),
+    pytest.param(3, None, id="1x3"),
+    pytest.param(4, None, id="1x4"),
+    pytest.param(4, 2, id="2x2",
+                 marks=pytest.mark.skipif(not EMULATED, reason="emulated nodes need root and unshare(1)")),
+]
+FINAL = re.compile(r"^stress: seed (\d+), ranks (\d+), (\d+) operations, (\d+) wrong", re.M)
+
+
+def replay_command(nranks, nodes):
+    return (f"mpiallreduce launch -n {nranks}{f' --nodes {nodes}' if nodes else ''} --timeout {TIMEOUT} -- "
+            f"python tests/scripts/stress.py --seed {SEED} --ops {OPS}")
+
+
+def explain(result, nranks, nodes):
+    outcome = (f"timed out after {result.seconds:.0f} s" if result.timed_out else
+               f"return code {result.returncode} after {result.seconds:.1f} s")
+    return (f"stress seed {SEED}, {nranks} ranks{f' on {nodes} nodes' if nodes else ''}: {outcome}\n"
+            f"replay: {replay_command(nranks, nodes)}\n{result.output[-12000:]}")
+
+
+@pytest.mark.parametrize("nranks, nodes", LAYOUTS)
+def test_every_entry_interleaved_under_skew_gives_exact_results(nranks, nodes):
+    print(f"stress seed {SEED}: {replay_command(nranks, nodes)}")
+    result = run(nranks, [sys.executable, str(SCRIPT), "--seed", str(SEED), "--ops", str(OPS), "--stall", str(STALL)],
+                 timeout=TIMEOUT, cwd=ROOT, nodes=nodes)
+    message = explain(result, nranks, nodes)
+    assert not result.timed_out, message
+    assert result.returncode == 0, message
+    assert FINAL.findall(result.output) == [(str(SEED), str(nranks), str(OPS), "0")] * nranks, message
