@@ -150,6 +150,7 @@ class CommState:
             extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
             self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
             self.equal_nodes = bool(extremes[0] == -extremes[1])
+        if self.size > 1:
             # what hierarchical and two_level talk on, made here, in program order, never by a call
             # running on the asynchronous worker: making communicators on two threads at once can
             # deadlock Open MPI's context-id agreement (the stress test saw it, two_level's rail
@@ -197,6 +198,8 @@ class CommState:
         return (self.library,) if self.library is not None else ()
 
     def free(self):
+        if self.library is None:  # (freed already: at exit, then by the communicator's own free)
+            return
         for forget in self.on_free:
             forget()
         from ..faults.rendezvous import free_channel
@@ -221,6 +224,8 @@ class CommState:
 def _forget(comm, keyval, state):
     with _lock:
         _states.pop(state.handle, None)
+        if state in _made:
+            _made.remove(state)
     if not MPI.Is_finalized():
         state.free()
 
@@ -244,7 +249,31 @@ def state_of(comm, blocking=True):
         state.handle = comm.handle
         comm.Set_attr(_keyval, state)
         _states[comm.handle] = state
+        if not _made:
+            import atexit
+            atexit.register(_free_all_before_finalize)  # (after mpi4py's: so it runs before MPI_Finalize)
+        _made.append(state)
         return state
+
+
+#: every state, in the order it was made: program order, the same on every rank of each communicator
+_made = []
+
+
+def _free_all_before_finalize():
+    """At exit, before MPI_Finalize: free every state that is still alive, the last made first. Its
+    windows and duplicates are freed collectively; Open MPI would otherwise free them inside
+    MPI_Finalize in an order of its own, which differs between ranks that belong to different
+    communicators, and wait there for ever (3 ranks, shared_memory on a two-rank and a one-rank
+    half: the stress test). The reverse order of making is the same on every rank of each."""
+    from ..faults import aborting
+    if MPI.Is_finalized() or aborting.exit_status() is not None:  # (a rank leaving early: the job aborts)
+        return
+    for state in reversed(_made):
+        with _lock:
+            _states.pop(state.handle, None)
+        state.free()
+    _made.clear()
 
 
 def known_state(comm):

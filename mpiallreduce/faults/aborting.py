@@ -108,6 +108,12 @@ def _exit(status=None):
         raise
 
 
+def exit_status():
+    """The status of the nonzero ``sys.exit`` that is ending this rank's program (with
+    abort_on_exception), else None: the job is about to be aborted, nothing collective may start."""
+    return _exit_status
+
+
 def _abort_after_exit():
     """At exit (before mpi4py's MPI_Finalize): if a nonzero sys.exit() ended the program, abort the
     job with its status rather than wait in MPI_Finalize for ranks that may be waiting for this one."""
