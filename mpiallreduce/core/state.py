@@ -249,19 +249,25 @@ def state_of(comm, blocking=True):
         state.handle = comm.handle
         comm.Set_attr(_keyval, state)
         _states[comm.handle] = state
-        if not _made:
+        if not _made and not _made_keyval:
+            # at exit (before mpi4py's MPI_Finalize: atexit runs the last registered first), and at
+            # the start of an MPI_Finalize the program calls itself (it frees COMM_SELF first, while
+            # MPI still works: its attribute's delete callback)
             import atexit
-            atexit.register(_free_all_before_finalize)  # (after mpi4py's: so it runs before MPI_Finalize)
+            atexit.register(_free_all_before_finalize)
+            _made_keyval.append(MPI.Comm.Create_keyval(delete_fn=lambda comm, keyval, value: _free_all_before_finalize()))
+            MPI.COMM_SELF.Set_attr(_made_keyval[0], True)
         _made.append(state)
         return state
 
 
 #: every state, in the order it was made: program order, the same on every rank of each communicator
 _made = []
+_made_keyval = []
 
 
 def _free_all_before_finalize():
-    """At exit, before MPI_Finalize: free every state that is still alive, the last made first. Its
+    """At the start of MPI_Finalize: free every state that is still alive, the last made first. Its
     windows and duplicates are freed collectively; Open MPI would otherwise free them inside
     MPI_Finalize in an order of its own, which differs between ranks that belong to different
     communicators, and wait there for ever (3 ranks, shared_memory on a two-rank and a one-rank
