@@ -80,7 +80,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
     """
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
             and type(x) is np.ndarray and not _worker.pending):  # the short path of a repeated call
-        execution = _fast_calls(comm).get((x.shape, x.dtype, op, algorithm, reproducible, np.ndarray))
+        calls = _world_calls if comm is None and _world_calls is not None else _fast_calls(comm)
+        execution = calls.get((x.shape, x.dtype, op, algorithm, reproducible, np.ndarray))
         if execution is not None:
             result = execution.short(x, out)
             if result is not None:

@@ -142,13 +142,13 @@ class Execution:
         """``run`` with its buffers bound for good (a prepared call): a function of the call's number.
         The plain MPI_Allreduce of an unchecked, untimed host call is bound with its arguments."""
         if self.direct and not self.compares_first and timeout is None and xp is None:
-            state, library, mpi_op = self.state, self.state.library, self.mpi_op
-            args = ((MPI.IN_PLACE if send is None else send, recv, mpi_op) if self.raw else
-                    (MPI.IN_PLACE if send is None else [send, self.datatype], [recv, self.datatype], mpi_op))
+            state, allreduce, mpi_op = self.state, self.state.library.Allreduce, self.mpi_op
+            source, target = ((MPI.IN_PLACE if send is None else send, recv) if self.raw else
+                              (MPI.IN_PLACE if send is None else [send, self.datatype], [recv, self.datatype]))
 
             def run_bound(sequence):
                 try:
-                    library.Allreduce(*args)
+                    allreduce(source, target, mpi_op)
                 except BaseException as error:
                     raise_failed(error, state, sequence, None)
             return run_bound
