@@ -18,7 +18,6 @@ ratio to raw ``comm.Allreduce`` on the same buffers:
 """
 import dataclasses
 import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -29,16 +28,10 @@ from mpiallreduce.core.consistency import compare as compare_signature
 from mpiallreduce.core.state import state_of
 from mpiallreduce.faults.watch import PeerWatch
 
+from call_price import per_call  # (the slowest rank's seconds per call: benchmarks/call_price.py)
+
 COMM = MPI.COMM_WORLD
 REPETITIONS = 7
-
-
-def per_call(call, iterations):
-    COMM.Barrier()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        call()
-    return COMM.allreduce((time.perf_counter() - start) / iterations, op=MPI.MAX)
 
 
 def compare(contenders, iterations):
