@@ -43,16 +43,13 @@ def content_digest(array):
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
-def codes_agree(comm, code, buffer=None, watch=None):
+def codes_agree(comm, code):
     """Collective: whether every rank of ``comm`` gave the same ``code`` (a signed 64-bit number):
-    one 16-byte allreduce of (code, -code) with MPI_MAX. With ``watch`` (a PeerWatch) the wait is
-    bounded by its deadline and notices a failed peer."""
-    extremes = np.empty(2, dtype=np.int64) if buffer is None else buffer
-    extremes[0], extremes[1] = code, -code
-    if watch is None:
-        comm.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)
-    else:
-        watch.wait([comm.Iallreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)])
+    one 16-byte blocking allreduce of (code, -code) with MPI_MAX. Only for what is compared once per
+    communicator, when it is made ready (a call's signature goes through ``compare``, whose waits
+    watch the peers)."""
+    extremes = np.array([code, -code], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX)
     return extremes[0] == -extremes[1]
 
 
@@ -64,7 +61,8 @@ def compare(state, code, describe, watch, sequence, published=False):
     """Raise SignatureMismatch (a ValueError) on every rank of ``state``'s communicator, naming what
     differs, unless every rank's call #``sequence`` has the same ``code``. ``describe()``: this
     rank's signature as a dict, gathered only when the codes differ. ``watch()``: the call's
-    PeerWatch (its deadline, its peers), made only when a wait needs it. ``published``: this
+    PeerWatch (watching the peers; no deadline: a timed call's rendezvous bounded the ranks'
+    arrival), made only when a wait needs it. ``published``: this
     rank's code is in the shared slots already (SignatureSlots.agree found it not yet agreed)."""
     slots = state.signature_slots
     if slots is not None:

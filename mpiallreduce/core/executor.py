@@ -95,7 +95,7 @@ class Execution:
         if plan.inner_on_tags:
             options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))
         if self.carried:
-            options = dict(options, signature=_CarriedSignature(self, sequence, timeout, watch))
+            options = dict(options, signature=_CarriedSignature(self, sequence))
         comm = CallTags(self.state.library, sequence, watch) if plan.algorithm.messages_only else self.state.library
         if xp is not None and plan.device_path == "host round trip":  # the whole call on pinned host memory
             from ..device.transports import pinned, pinned_in_use
@@ -192,10 +192,10 @@ class _CarriedSignature:
     shared_memory): ``publish()`` then ``compare()``, or ``agree()`` before a step that is itself
     collective (growing its window)."""
 
-    __slots__ = ("execution", "sequence", "timeout", "watch")
+    __slots__ = ("execution", "sequence")
 
-    def __init__(self, execution, sequence, timeout, watch):
-        self.execution, self.sequence, self.timeout, self.watch = execution, sequence, timeout, watch
+    def __init__(self, execution, sequence):
+        self.execution, self.sequence = execution, sequence
 
     def _watch(self):
         return PeerWatch(self.execution.state, self.sequence, None, "signature")

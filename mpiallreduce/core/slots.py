@@ -12,8 +12,10 @@ communicator (mpiallreduce.core.call), not by a count of comparisons: a call tha
 pairs per rank, used in turn: a rank cannot publish call n + 2 before every rank has read call n,
 because every call between them moves data with every rank.
 
-The wait is the call's: it has the call's deadline and watches the peers (PeerWatch.look_around:
-a peer that failed or gave the call up, a revoked communicator), so it never spins for ever.
+The wait watches the peers (PeerWatch.look_around: a peer that failed or gave the call up, a
+revoked communicator), so it never spins on a departed rank. It has no deadline of its own: a
+timed call's rendezvous has bounded the ranks' arrival, and after it every rank has committed (a
+rank that timed out here, its code published, once left a peer in MPI_Allreduce for ever).
 """
 import os
 import time
@@ -86,9 +88,8 @@ class SignatureSlots:
 
     def all_equal(self, code, number, watch):
         """Wait until every rank has published call #``number``; whether all their codes equal
-        ``code``. Every rank reads the same codes. ``watch()`` (the call's PeerWatch, made only if
-        the wait is long) bounds the wait by the call's deadline and raises when a peer failed or
-        gave the call up."""
+        ``code``. Every rank reads the same codes. ``watch()`` (a PeerWatch, made only if the wait
+        is long) raises when a peer failed or gave the call up."""
         at, count = 2 * (number & 1), number
         for slot in self.others:
             if slot[at + 1] != count:
@@ -110,7 +111,7 @@ class SignatureSlots:
 def wait_until(arrived, progress, watch):
     """Spin on ``arrived()`` (a load from shared memory); after the first two hundred tries, call
     ``progress()`` and yield the core (and the GIL) between tries (ranks may outnumber cores), and
-    every millisecond let the PeerWatch ``watch()`` makes look at the peers and the deadline (it raises)."""
+    every millisecond let the PeerWatch ``watch()`` makes look at the peers (it raises)."""
     for _ in range(200):
         if arrived():
             return
