@@ -19,7 +19,7 @@ from mpi4py import MPI
 from .core.call import WORLD, Call, Prepared, check_comm, plan_for, validate
 from .core.startup import check_world_matches_slurm
 from .core.state import known_state, state_of
-from .core.worker import Meeting, _worker, check_thread_level, run_in_order, submit, submit_prepared
+from .core.worker import Meeting, _worker, check_thread_level, run_here, submit, submit_prepared
 from .core.settings import settings
 from .faults.errors import call_site
 
@@ -87,7 +87,7 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
             if result is not None:
                 return result
     call = Call.start(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, reproducible=reproducible)
-    return run_in_order(call.run)  # (after the pending asynchronous calls, if there are any)
+    return call.in_turn()  # (after the pending asynchronous calls, if there are any)
 
 
 def _fast_calls(comm):
@@ -131,7 +131,8 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     description = (f"{'reproducible ' if reproducible else ''}allreduce of {getattr(x, 'shape', '?')} "
                    f"{getattr(x, 'dtype', type(x).__name__)} op={op}")
     checked = call.check or settings().debug_inputs
-    return submit(call.run, x, description, meeting, checksum_comm=call.state.library if checked else None)
+    return submit(call.run, x, description, meeting, checksum_comm=call.state.library if checked else None,
+                  here=call.sets_up())
 
 
 def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
@@ -145,7 +146,7 @@ def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis
     """``prepare`` with the call site to compare given (the library's own prepared calls, GradientSync's
     buckets, give "": they are compared by what they reduce, not by where the user's code was)."""
     call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site)
-    return run_in_order(lambda: PreparedAllreduce(call))
+    return run_here(lambda: PreparedAllreduce(call))  # (it makes its shared window, if it needs one)
 
 
 class PreparedAllreduce(Prepared):

@@ -51,6 +51,17 @@ class Algorithm:
     #: with (one per node: hierarchical's leaders, two_level's rails)
     takes_inner_plan = False
 
+    def needs_set_up(self, comm, nbytes):
+        """Whether a run over ``nbytes`` bytes (of the dtype it reduces) on ``comm`` must first make
+        something that is collective to make (shared_memory: a larger window). Such a run is made on
+        the caller's thread (mpiallreduce.core.call), never on the asynchronous worker: Open MPI
+        gives communicators and windows their ids in one order across threads, so one made on the
+        worker while the caller's thread (the user's code, or the library) makes another can hang."""
+        return False
+
+    def set_up(self, comm, nbytes):
+        """Make what ``needs_set_up`` says is missing (collective over ``comm``)."""
+
     def plan(self, size, rank, count):
         """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""
         raise NotImplementedError

@@ -77,6 +77,13 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     #: each slice is reduced from every rank's segment at once (a reproducible sum's direct route)
     sees_every_contribution = True
 
+    def needs_set_up(self, comm, nbytes):
+        window = cached(comm, "shared_window", lambda: None)
+        return window is None or window.half_bytes < nbytes
+
+    def set_up(self, comm, nbytes):
+        shared_window(comm, nbytes)
+
     def execute(self, plan, comm, send, recv, op, datatype, signature=None):
         """``signature``: the call's signature comparison when the plan says this algorithm carries
         it (mpiallreduce.core.executor: published with the input, compared in place of the barrier)."""

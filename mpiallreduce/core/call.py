@@ -4,6 +4,10 @@ caller's thread, in program order; then planned and run by the executor.
     Call.start(...)    caller's thread: arguments checked (locally, unless ``check``), the
                        communicator resolved (mesh axis, groups) and its state made
                        (mpiallreduce.core.state), the call numbered (CommState.number)
+    call.in_turn()     runs it in program order: here, or on the asynchronous worker's queue
+                       behind the pending calls; a call that ``sets_up()`` something collective
+                       (its communicator's first timed call, a shared window that grows) always
+                       here, once those have finished (mpiallreduce.core.worker.run_here)
     call.run()         any thread, in the order calls were started: the rendezvous of a timed
                        call (mpiallreduce.faults.rendezvous), the state made ready, the plan
                        (mpiallreduce.core.planner; with ``check``, agreed on by every rank first),
@@ -23,14 +27,14 @@ from ..faults.errors import call_site
 from ..faults.rendezvous import Rendezvous
 from . import buffers
 from .consistency import agree_on_call
-from .executor import Execution
+from .executor import Execution, raise_failed
 from .ops import get_op
 from .planner import check_algorithm_name, plan_call
 from .settings import settings
 from .state import state_of
-from .worker import _worker, run_in_order
+from .worker import _worker, run_here, run_in_order
 
-__all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
+__all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "gather_from_ranks", "WORLD"]
 
 WORLD = MPI.COMM_WORLD
 
@@ -124,6 +128,26 @@ class Call:
         call.sequence = state.number()
         return call
 
+    def sets_up(self):
+        """Whether running this call first makes something collective: the communicator's first
+        call (a timed one is made ready when it runs, after its rendezvous) or a shared window that
+        must grow. Such a call never runs on the worker (mpiallreduce.core.worker)."""
+        state = self.state
+        if not state.ready:
+            return True
+        try:
+            execution = execution_for(state, self.x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
+                                      self.reproducible, keep=self.timeout is None)
+        except Exception:  # (an argument that check=True validates on every rank: raised when it runs)
+            return True
+        return execution.needs_set_up()
+
+    def in_turn(self):
+        """Run this call in program order (see the module's docstring); its result."""
+        if _worker.busy() and self.sets_up():
+            return run_here(self.run)
+        return run_in_order(self.run)
+
     def _meet(self):
         """A timed call's rendezvous (the same on every rank: it is collective), then the state ready."""
         state = self.state
@@ -172,6 +196,26 @@ class Call:
         return flat.finish()
 
 
+def gather_from_ranks(comm, value, timeout=None, site=""):
+    """Every rank's ``value``, in rank order: a collective of the library's own, made like a call
+    (numbered here, on the caller's thread; run here after the pending asynchronous calls, on the
+    library's duplicate of ``comm``). With ``timeout`` the ranks meet first, so a rank that does not
+    come raises AllreduceTimeout on every rank that did; a dead peer raises RankFailure (ULFM).
+    For what the library compares that is not a call's signature (GradientSync's gradients)."""
+    state = state_of(check_comm(comm), blocking=timeout is None)
+    sequence = state.number()
+
+    def gather():
+        if timeout is not None:
+            Rendezvous(state, sequence, timeout, site).run()
+        state.make_ready()
+        try:
+            return state.library.allgather(value)
+        except BaseException as error:
+            raise_failed(error, state, sequence, None)
+    return run_here(gather)
+
+
 def _plain(value):
     return value if isinstance(value, str) else repr(value)
 
@@ -185,6 +229,7 @@ class Prepared:
         self.state, self.timeout, self.site = call.state, call.timeout, call.site
         self.x = call.x
         self.execution = call.agreed_execution()
+        self.execution.set_up()  # (agreed: every rank makes it now, so no run, on any thread, has to)
         self.plan = self.execution.plan
         self.op = self.execution.op
         self.xp = None if type(call.x) is np.ndarray else namespace(call.x)

@@ -121,22 +121,33 @@ class Execution:
                 plan.algorithm.run(comm, None, array, OPS[step_op], buffers.mpi_datatype(array.dtype), **options)
             allreduce_in_place.size = size
             sum_by_words(send, recv, op.mean, allreduce_in_place)
-        elif plan.accumulate is not None:  # float16/bfloat16: accumulate in float32, round once
-            wide = (recv if send is None else send).astype(plan.accumulate)
-            self._algorithm(comm, None, wide, buffers.mpi_datatype(plan.accumulate), xp, options)
+        elif plan.accumulate is not None:  # float16/bfloat16 (or its words): accumulate in float32, round once
+            wide = op.widen(recv if send is None else send, plan.accumulate)
+            self._algorithm(comm, None, wide, buffers.mpi_datatype(plan.accumulate), xp, options, op.widened_op())
             op.finish(wide, size)
-            buffers.array_module(wide).copyto(recv, wide, casting="unsafe")
+            op.narrow(wide, recv)
         else:
-            self._algorithm(comm, send, recv, self.datatype, xp, options)
+            self._algorithm(comm, send, recv, self.datatype, xp, options, op)
             op.finish(recv, size)
 
-    def _algorithm(self, comm, send, recv, datatype, xp, options):
+    def _algorithm(self, comm, send, recv, datatype, xp, options, op):
         if xp is None:
-            self.plan.algorithm.run(comm, send, recv, self.op, datatype, **options)
+            self.plan.algorithm.run(comm, send, recv, op, datatype, **options)
         else:
             from ..device.transports import run_on_device
-            run_on_device(self.plan.device_path, self.plan.algorithm, comm, send, recv, self.op, datatype, xp,
-                          **options)
+            run_on_device(self.plan.device_path, self.plan.algorithm, comm, send, recv, op, datatype, xp, **options)
+
+    def needs_set_up(self):
+        """Whether a run must first make something collective (a larger shared window): then it runs
+        on the caller's thread, after the pending asynchronous calls (mpiallreduce.core.call)."""
+        plan = self.plan
+        return not plan.local_only and plan.algorithm.needs_set_up(self.state.library, plan.working_bytes)
+
+    def set_up(self):
+        """Make it (collective: every rank, after the call was agreed on; a prepared call, once)."""
+        plan = self.plan
+        if not plan.local_only:
+            plan.algorithm.set_up(self.state.library, plan.working_bytes)
 
     def bound(self, send, recv, timeout, xp):
         """``run`` with its buffers bound for good (a prepared call): a function of the call's number.

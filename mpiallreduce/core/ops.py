@@ -14,7 +14,7 @@ from mpi4py import MPI
 from .buffers import mpi_datatype
 from ..device.arrays import namespace
 
-__all__ = ["ReduceOp", "OPS", "get_op", "ignore_float_errors", "restore_float_errors"]
+__all__ = ["ReduceOp", "Bfloat16Bits", "OPS", "get_op", "ignore_float_errors", "restore_float_errors"]
 
 try:  # numpy 2: the error state is a context variable, set here directly (entering np.errstate costs ~2 us)
     from numpy._core.umath import _extobj_contextvar, _make_extobj
@@ -84,6 +84,62 @@ class ReduceOp:
         if self.divide_by_size and size != 1:
             xp = np if type(result) is np.ndarray else namespace(result)
             xp.divide(result, result.dtype.type(size), out=result)
+
+    def widened_op(self):
+        """The op the algorithm runs on the widened values (this one: Bfloat16Bits's differs)."""
+        return self
+
+    def widen(self, values, dtype):
+        """``values`` in the plan's accumulation dtype (a new array)."""
+        return values.astype(dtype)
+
+    def narrow(self, wide, out):
+        """``wide`` rounded once into ``out`` (of the call's dtype)."""
+        _module(out).copyto(out, wide, casting="unsafe")
+
+
+def _module(array):
+    return np if type(array) is np.ndarray else namespace(array)
+
+
+class Bfloat16Bits(ReduceOp):
+    """``op`` over bfloat16 values held as their 16-bit words, in uint16 arrays: CUDA bfloat16
+    tensors (mpiallreduce.torch), which CuPy has no dtype for. The planner gives such a call the
+    route "bfloat16 bits" and float32 accumulation, as for any bfloat16 array: the words are widened
+    exactly (``widen``), reduced in float32 and rounded once to nearest even (``narrow``, the
+    rounding of ml_dtypes and torch), so the result has the bits a numpy bfloat16 array's would."""
+
+    def __init__(self, op):
+        # (no MPI op of its own: the algorithm runs ``op`` on the widened values)
+        super().__init__(f"bfloat16_bits_{op.name}", op.ufunc, None, op.divide_by_size, False)
+        object.__setattr__(self, "_widened", op)
+
+    def widened_op(self):
+        return self._widened
+
+    def mpi_op(self, dtype):
+        raise TypeError(f"{self.name} is no MPI op: its words are widened to float32 first")
+
+    def __repr__(self):
+        return self.name
+
+    def check_dtype(self, dtype):
+        if dtype != np.uint16:
+            raise TypeError(f"{self.name} reduces bfloat16 words held as uint16, got dtype {dtype}")
+
+    def widen(self, values, dtype):
+        xp = _module(values)
+        wide = xp.empty(values.shape, xp.float32)
+        xp.left_shift(values.astype(xp.uint32), xp.uint32(16), out=wide.view(xp.uint32))
+        return wide
+
+    def narrow(self, wide, out):
+        xp, bits = _module(wide), wide.view(np.uint32)
+        top = xp.right_shift(bits, xp.uint32(16))
+        rounded = xp.add(xp.add(bits, xp.uint32(0x7FFF)), xp.bitwise_and(top, xp.uint32(1)))
+        xp.right_shift(rounded, xp.uint32(16), out=rounded)
+        quiet = xp.bitwise_or(top, xp.uint32(0x40))  # (a NaN stays a NaN, its sign kept)
+        xp.copyto(out, xp.where(xp.isnan(wide), quiet, rounded), casting="unsafe")
 
 
 @functools.lru_cache(maxsize=None)

@@ -95,11 +95,15 @@ class CallPlan:
     inner: Optional["CallPlan"] = None
     #: what the call computes: "plain" (the op itself), "reproducible direct" (an exact sum straight
     #: from the floats), "reproducible words" (exponent bytes, then fixed-point words, reduced by
-    #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression)
+    #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression),
+    #: "bfloat16 bits" (bfloat16 words held as uint16, widened to float32: mpiallreduce.core.ops)
     route: str = "plain"
     #: how the ranks compare the call before data moves: "none", "shared slots", "16-byte allreduce",
     #: "carried by <algorithm>" (in place of its first barrier), "agreed once" (a prepared call)
     signature: str = "none"
+    #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
+    #: set-up it needs is sized by (shared_memory's window: mpiallreduce.algorithms.base.needs_set_up)
+    working_bytes: int = 0
 
     @property
     def name(self):
@@ -169,7 +173,8 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         return dataclasses.replace(plan, device_path="host round trip")
     check_algorithm_name(algorithm, on_device)
     auto = algorithm == "auto"
-    low_precision = dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
+    bits = op_name.startswith("bfloat16_bits_")  # (bfloat16 words in uint16: mpiallreduce.core.ops.Bfloat16Bits)
+    low_precision = bits or dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
     compared = facts.size > 1 and 0 <= facts.signature_min_bytes <= nbytes
     signature = "none" if not compared else "shared slots" if facts.shared_slots else "16-byte allreduce"
     if compressed:  # (on one rank too: each value rounded to 16 bits, as with more)
@@ -229,11 +234,14 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         if route == "reproducible words":
             reason += "; a reproducible sum: its exponent bytes, then its fixed-point words, reduced by it"
     accumulate = None
-    if low_precision and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16") and not reproducible:
+    if bits:
+        route = "bfloat16 bits"
+    if low_precision and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16" or bits) and not reproducible:
         accumulate = np.dtype(np.float32)
     if compared and chosen.carries_signature and not on_device and facts.shared_slots:
         signature = f"carried by {chosen.name}"
-    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature)
+    working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
+    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working)
 
 
 def choose_algorithm(nbytes, size):

@@ -6,22 +6,21 @@
                                   (mpiallreduce.faults.rendezvous)
 
 The duplicate is made the first time a communicator is used, on the thread that called the
-library, in program order, with ``MPI_Comm_idup``: waited for at once when that call is untimed,
-left pending when it is timed, so that a straggler on the very first call is reported, not waited
-for. (One duplicate, left outstanding only while a timed first call waits: CI saw a duplicate hang, and ranks grow to
-11 GiB until the kernel killed them, when two Idups per communicator stayed outstanding while the
-program went on making communicators; Open MPI's non-blocking context-id agreement is fragile
-there, open-mpi/ompi#2025.) so the library's collectives never meet
-the user's own on the user's communicator, whatever the user does meanwhile (``comm.allreduce``,
-``check_replicas``) and whichever thread runs the library's call (allreduce_async's worker). The
-first call then completes them (at once when untimed; within its timeout when timed, so that a
-straggler on the very first call is reported, not waited for), compares the settings that must
-match (mpiallreduce.settings) and learns whether the ranks span several nodes.
+library, in program order, with ``MPI_Comm_idup``, so the library's collectives never meet the
+user's own on the user's communicator, whatever the user does meanwhile (``comm.allreduce``,
+``check_replicas``). It is waited for at once when that first call is untimed, and left pending
+when it is timed, so that a straggler on the very first call is reported, not waited for (one
+outstanding duplicate at most: with two per communicator left pending while the program went on
+making communicators, CI saw a hang and ranks grow to 11 GiB; open-mpi/ompi#2025). The first call
+then, on the caller's thread too (mpiallreduce.core.worker: never on the asynchronous worker),
+compares the settings that must match (mpiallreduce.settings), learns the node layout and makes
+the communicators and shared slots it needs.
 
 States are found by the communicator's handle (a dict: cheaper than an MPI attribute lookup); an
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
 communicator is freed (at MPI_Finalize for COMM_WORLD).
 """
+import sys
 import threading
 
 import numpy as np
@@ -30,7 +29,7 @@ from mpi4py import MPI
 from .settings import settings
 from .tuning import table_digest
 
-__all__ = ["CommState", "state_of", "known_state", "world_state", "forget_plans", "SettingsMismatch"]
+__all__ = ["CommState", "state_of", "known_state", "forget_plans", "SettingsMismatch"]
 
 
 class SettingsMismatch(ValueError):
@@ -151,15 +150,11 @@ class CommState:
             self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
             self.equal_nodes = bool(extremes[0] == -extremes[1])
         if self.size > 1:
-            # what hierarchical and two_level talk on, made here, in program order, never by a call
-            # running on the asynchronous worker: making communicators on two threads at once can
-            # deadlock Open MPI's context-id agreement (the stress test saw it, two_level's rail
-            # split on the worker against a new communicator's Idup on the caller's thread)
+            # what hierarchical and two_level talk on, made here, in program order (see the docstring)
             leader_communicator(self.library)
             rail_communicator(self.library)
             node_sizes(self.library)
-        # (not under ULFM: a barrier that meets a dead rank there fails with MPI_ERR_OTHER and no
-        # failed rank known, where the allreduce of the other way reports the failure)
+        # (not under ULFM: a barrier that meets a dead rank fails there with no failed rank known)
         from ..faults.ulfm import fault_tolerant
         if self.node_count == 1 and self.size > 1 and self.signature_slots is None and not fault_tolerant():
             from .slots import SignatureSlots
@@ -195,7 +190,7 @@ class CommState:
             self.ready = False
 
     def library_communicators(self):
-        return (self.library,) if self.library is not None else ()
+        return () if self.library is None else (self.library,)
 
     def free(self):
         if self.library is None:  # (freed already: at exit, then by the communicator's own free)
@@ -261,20 +256,29 @@ def state_of(comm, blocking=True):
         return state
 
 
+#: how long the exit waits for asynchronous calls nobody waited for, before freeing what they use
+EXIT_WAIT_SECONDS = 60
+
 #: every state, in the order it was made: program order, the same on every rank of each communicator
 _made = []
 _made_keyval = []
 
 
 def _free_all_before_finalize():
-    """At the start of MPI_Finalize: free every state that is still alive, the last made first. Its
-    windows and duplicates are freed collectively; Open MPI would otherwise free them inside
-    MPI_Finalize in an order of its own, which differs between ranks that belong to different
-    communicators, and wait there for ever (3 ranks, shared_memory on a two-rank and a one-rank
-    half: the stress test). The reverse order of making is the same on every rank of each."""
+    """At the start of MPI_Finalize, once the asynchronous calls have ended: free every state still
+    alive, the last made first (the same order on every rank of each), collectively. Inside
+    MPI_Finalize Open MPI frees them in an order of its own, which differs between ranks of
+    different communicators, and waits for ever (3 ranks, shared_memory on 2- and 1-rank halves)."""
     from ..faults import aborting
+    from .worker import finish_pending
     if MPI.Is_finalized() or aborting.exit_status() is not None:  # (a rank leaving early: the job aborts)
         return
+    # asynchronous calls nobody waited for still use them (every rank made them: they end)
+    timeout = settings().timeout
+    waited = EXIT_WAIT_SECONDS if timeout is None else max(EXIT_WAIT_SECONDS, 2 * timeout)
+    if not finish_pending(waited):
+        return print(f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at "
+                     f"exit after {waited} s; the library's communicators are left to MPI_Finalize", file=sys.stderr)
     for state in reversed(_made):
         with _lock:
             _states.pop(state.handle, None)
@@ -292,7 +296,3 @@ def forget_plans():
     with _lock:
         for state in _states.values():
             state.fast_calls.clear()
-
-
-def world_state():
-    return state_of(MPI.COMM_WORLD)

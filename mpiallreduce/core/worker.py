@@ -6,7 +6,12 @@
 Every rank submits its calls in the same order and one worker per process runs them in that order,
 so the collectives of all ranks match, as in Horovod's background thread; handles may be waited on
 in any order. While calls are pending, a synchronous ``allreduce`` from any thread joins the same
-queue, so it cannot overtake them. MPI must be initialised with MPI_THREAD_MULTIPLE (mpi4py's
+queue, so it cannot overtake them. A call that must first make something collective (its
+communicator's first call, a shared window that grows) runs on the caller's thread instead, once
+the pending calls have finished (``run_here``; its handle is done when returned): the worker never
+makes a communicator or a window, because Open MPI gives them ids in one order across all threads,
+and one made on the worker while the caller's thread makes another (the user's ``Split``, the
+library's duplicate of a new communicator) can hang. MPI must be initialised with MPI_THREAD_MULTIPLE (mpi4py's
 default). The caller must not touch ``x`` (or ``out``) until the handle is done.
 """
 import queue
@@ -18,7 +23,8 @@ from mpi4py import MPI
 
 from ..device.arrays import namespace, synchronize
 
-__all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order",
+__all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order", "run_here",
+           "finish_pending",
            "check_thread_level", "Meeting"]
 
 
@@ -104,15 +110,17 @@ class _Worker:
         self.pending = 0
         self.lock = threading.Lock()
         self.thread = None
+        #: held by a call that runs on the caller's thread (``run_here``): no call joins the queue meanwhile
+        self.exclusive = threading.RLock()
 
     def submit(self, function):
         future = Future()
-        with self.lock:
+        with self.exclusive, self.lock:
             self.pending += 1
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="mpiallreduce-worker", daemon=True)
                 self.thread.start()
-        self.tasks.put((function, future))
+            self.tasks.put((function, future))
         return future
 
     def _run(self):
@@ -153,6 +161,38 @@ def run_in_order(function):
     return function()
 
 
+def run_here(function):
+    """Run ``function`` on this thread, once the pending asynchronous calls have finished (a call
+    that makes a communicator or a window: see the module's docstring)."""
+    with _worker.exclusive:
+        if _worker.busy():
+            _worker.submit(lambda: None).result()
+        return function()
+
+
+def _done(function):
+    """A Future holding what ``run_here(function)`` returned or raised."""
+    future = Future()
+    future.set_running_or_notify_cancel()
+    try:
+        future.set_result(run_here(function))
+    except Exception as exc:  # delivered to whoever waits, as the worker's are
+        future.set_exception(exc)
+    return future
+
+
+def finish_pending(seconds):
+    """Wait up to ``seconds`` for the queued and running asynchronous calls to finish (at exit, before
+    the windows and communicators they use are freed); whether they have."""
+    if not _worker.busy():
+        return True
+    try:
+        _worker.submit(lambda: None).result(seconds)
+        return True
+    except FutureTimeout:
+        return False
+
+
 def submit_prepared(prepared, run):
     """Run a PreparedAllreduce (``run``: its numbered run) on the worker; an AllreduceHandle."""
     check_thread_level()
@@ -160,8 +200,8 @@ def submit_prepared(prepared, run):
     return submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
 
 
-def submit(run, x, description, meeting, checksum_comm=None):
-    """Run ``run`` on the worker; an AllreduceHandle.
+def submit(run, x, description, meeting, checksum_comm=None, here=False):
+    """Run ``run`` on the worker (``here``: on this thread, after the pending calls); an AllreduceHandle.
 
     ``checksum_comm`` (check=True, or MPIALLREDUCE_DEBUG_INPUTS=1: the call's communicator): ``x``
     is checksummed here and again once the reduction has finished (unless ``x`` is the output); the
@@ -182,7 +222,7 @@ def submit(run, x, description, meeting, checksum_comm=None):
         return result
 
     if xp is None:
-        future = _worker.submit(lambda: finish(run()))
+        job = lambda: finish(run())  # noqa: E731
     else:
         # Device arrays: the caller's kernels that wrote x finish before the worker thread (with
         # its own current stream) reads it: an event on the caller's stream, waited for by the
@@ -196,8 +236,8 @@ def submit(run, x, description, meeting, checksum_comm=None):
                 result = run()
                 synchronize(xp)
                 return finish(result)
-
-        future = _worker.submit(on_device)
+        job = on_device
+    future = _done(job) if here else _worker.submit(job)
     return AllreduceHandle(future, description, meeting)
 
 

@@ -184,6 +184,21 @@ def may_share_memory(a, b, max_work=None):
     return np.may_share_memory(a._host, b._host)
 
 
+def isnan(a):
+    out = empty(a.shape, np.bool_)
+    source, target = a._host, out._host
+    _launch(lambda: np.isnan(source, out=target))
+    return out
+
+
+def where(condition, a, b):
+    hosts = [v._host if isinstance(v, ndarray) else v for v in (condition, a, b)]
+    out = empty(np.broadcast_shapes(*(np.shape(h) for h in hosts)), np.result_type(*hosts[1:]))
+    target = out._host
+    _launch(lambda: np.copyto(target, np.where(*hosts)))
+    return out
+
+
 def _elementwise(ufunc):
     def kernel(a, b, out=None):
         a_host = a._host if isinstance(a, ndarray) else a
@@ -238,3 +253,7 @@ minimum = _elementwise(np.minimum)
 maximum = _elementwise(np.maximum)
 divide = _elementwise(np.divide)
 true_divide = divide
+left_shift = _elementwise(np.left_shift)
+right_shift = _elementwise(np.right_shift)
+bitwise_and = _elementwise(np.bitwise_and)
+bitwise_or = _elementwise(np.bitwise_or)

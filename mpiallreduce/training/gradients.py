@@ -32,7 +32,7 @@ from .buckets import GradientSpec, digest_of, plan_buckets
 from .compression import check_compression
 from .reduction import DIRECT_MIN_BYTES, BucketReducer
 from .replicas import broadcast_parameters, check_replicas
-from .steps import Step, agree_on_slots, describe_step_differences, given_slot, on_device, problem
+from .steps import Step, agree_on_slots, describe_step_differences, gather_from_ranks, given_slot, on_device, problem
 from ..device.arrays import namespace
 
 __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replicas"]
@@ -115,7 +115,7 @@ class GradientSync:
             problems = [f"{slot.describe()}: {reason}" for slot, (_, array) in zip(slots, named)
                         if not isinstance(array, GradientSpec) and (reason := problem(array)) is not None
                         and "read-only" not in reason]  # (parameters may be read-only views: only their shape counts)
-            agree_on_slots(self.comm, slots, "GradientSync(parameters=...)", self._options, problems)
+            agree_on_slots(self.comm, slots, "GradientSync(parameters=...)", self._options, problems, timeout)
             self._by_identity = {id(array): i for i, (_, array) in enumerate(named)}
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
@@ -229,7 +229,8 @@ class GradientSync:
             slots = [given_slot(name if name is not None else i, grad) for i, (grad, name) in enumerate(calls)]
             problems = [f"{slot.describe()}: {reason}" for slot, (grad, _) in zip(slots, calls)
                         if (reason := problem(grad)) is not None]
-            agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options, problems)
+            agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options, problems,
+                           self.timeout)
             if not slots:
                 self._new_step()
                 return {}
@@ -276,7 +277,7 @@ class GradientSync:
         """DDP's bucket rebuild: if every rank marked all the gradients ready once, in one same order,
         fill the buckets in that order from now on (collective, once)."""
         complete = sorted(a for a in arrivals if a is not None) == list(range(len(self._slots)))
-        orders = self.comm.allgather(list(arrivals) if complete else None)
+        orders = gather_from_ranks(self.comm, list(arrivals) if complete else None, self.timeout)
         if orders[0] is not None and all(order == orders[0] for order in orders):
             if [m for b in self._buckets for m in b.members] != orders[0]:
                 self._use_slots(self._slots, order=orders[0])

@@ -11,6 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import mpi_datatype
+from ..core.call import gather_from_ranks
 from ..core.consistency import content_digest, describe_differences
 from ..device.arrays import namespace, synchronize
 
@@ -27,7 +28,7 @@ def _named(arrays):
 def _agree_on_layout(comm, named, what):
     layout = {"names": [name for name, _ in named]}
     layout.update((name, (tuple(a.shape), str(a.dtype))) for name, a in named)
-    differences = describe_differences(comm.allgather(layout))
+    differences = describe_differences(gather_from_ranks(comm, layout))
     if differences:
         raise ValueError(f"{what}: the ranks hold different arrays:\n  " + "\n  ".join(differences))
 
@@ -62,7 +63,7 @@ def check_replicas(arrays, comm=None):
     named = _named(arrays)
     _agree_on_layout(comm, named, "check_replicas")
     digests = [f"{content_digest(a):016x}" for _, a in named]
-    everyone = comm.allgather(digests)
+    everyone = gather_from_ranks(comm, digests)
     for index, (name, _) in enumerate(named):
         groups = {}
         for rank, rank_digests in enumerate(everyone):

@@ -10,6 +10,7 @@ parameters, or the first step's gradients).
 """
 import numpy as np
 
+from ..core.call import gather_from_ranks
 from ..core.consistency import describe_differences
 from ..device.arrays import namespace
 from .buckets import GradientSpec, Slot, accumulation_dtype
@@ -93,7 +94,7 @@ class Step:
 
 def describe_step_differences(comm, step, buckets):
     """Every rank's contents of ``step``, compared (collective): the message each rank raises."""
-    everyone = comm.allgather(step.contents())
+    everyone = gather_from_ranks(comm, step.contents())  # (every rank is here: its digests disagreed)
     lines = describe_differences(everyone)
     bucket_of = {step.slots[i].describe(): bucket.index for bucket in buckets for i in bucket.members}
     where = next((bucket_of[line.split(" differs:")[0]] for line in lines
@@ -135,10 +136,11 @@ def given_slot(name, grad):
     return Slot(str(name), tuple(getattr(grad, "shape", ())), type(grad).__name__, False)
 
 
-def agree_on_slots(comm, slots, what, options, problems=()):
-    """One allgather: every rank has the same options and slots and no rank has a problem with its
-    gradients, or every rank raises the same error naming the ranks and the first difference."""
-    everyone = comm.allgather((options, list(problems), slots))
+def agree_on_slots(comm, slots, what, options, problems=(), timeout=None):
+    """One allgather (bounded by ``timeout``: mpiallreduce.core.call.gather_from_ranks): every rank has
+    the same options and slots and no rank has a problem with its gradients, or every rank raises the
+    same error naming the ranks and the first difference."""
+    everyone = gather_from_ranks(comm, (options, list(problems), slots), timeout)
     troubled = [(rank, p) for rank, (_, theirs, _) in enumerate(everyone) for p in theirs]
     if troubled:
         raise TypeError(f"{what}: gradients that are not writeable float or complex arrays:\n  "

@@ -33,8 +33,9 @@ __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_
 
 def _as_array(tensor):
     """The tensor's memory as a numpy array (CPU) or a CuPy array (CUDA), shared, not copied. A CPU
-    bfloat16 tensor is an ml_dtypes bfloat16 array: the planner then sums it in float32 and rounds
-    once, as any bfloat16 array (mpiallreduce.core.planner)."""
+    bfloat16 tensor is an ml_dtypes bfloat16 array, and a CUDA one (CuPy has no bfloat16) a uint16
+    array of its words, reduced with the op ``_op_for`` gives it: either way the planner sums it in
+    float32 and rounds once, as any bfloat16 array (mpiallreduce.core.planner)."""
     tensor = tensor.detach()
     if tensor.device.type == "cpu":
         if tensor.dtype == torch.bfloat16:
@@ -42,8 +43,10 @@ def _as_array(tensor):
             return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return tensor.numpy()
     if tensor.device.type == "cuda":
-        import cupy
-        return cupy.from_dlpack(tensor)  # (DLPack: CuPy's current stream waits for torch's, on the GPU)
+        import cupy  # (DLPack: CuPy's current stream waits for torch's, on the GPU)
+        if tensor.dtype == torch.bfloat16:
+            return cupy.from_dlpack(tensor.view(torch.int16)).view(cupy.uint16)
+        return cupy.from_dlpack(tensor)
     raise TypeError(f"mpiallreduce.torch handles CPU and CUDA tensors; got one on {tensor.device}")
 
 
@@ -55,7 +58,20 @@ def _as_tensor(array, like):
         return torch.from_numpy(array)
     import cupy
     cupy.cuda.get_current_stream().synchronize()  # what CuPy queued has been written
+    if like.dtype == torch.bfloat16:
+        return torch.from_dlpack(array.view(cupy.int16)).view(torch.bfloat16)
     return torch.from_dlpack(array)
+
+
+def _op_for(tensor, op, options):
+    """The op a tensor is reduced with: ``op``, or for a CUDA bfloat16 tensor's words its
+    Bfloat16Bits (mpiallreduce.core.ops)."""
+    if tensor.dtype != torch.bfloat16 or tensor.device.type != "cuda":
+        return op
+    if options.get("reproducible"):
+        raise TypeError("reproducible sums of CUDA bfloat16 tensors are not supported; reduce a float32 copy")
+    from ..core.ops import Bfloat16Bits, get_op
+    return Bfloat16Bits(get_op(op))
 
 
 def allreduce(tensor, op="sum", algorithm="auto", comm=None, **options):
@@ -65,21 +81,16 @@ def allreduce(tensor, op="sum", algorithm="auto", comm=None, **options):
     ``hvd.allreduce`` averages by default, here that is ``op="mean"``. CPU tensors travel through
     numpy and CUDA tensors through CuPy (DLPack), without copies; what requires grad is detached."""
     from ..api import allreduce as reduce_array
-    if tensor.dtype == torch.bfloat16 and tensor.device.type == "cuda":  # (CuPy has no bfloat16: widened here)
-        return allreduce(tensor.float(), op, algorithm, comm, **options).to(torch.bfloat16)
-    return _as_tensor(reduce_array(_as_array(tensor), op=op, algorithm=algorithm, comm=comm, **options), tensor)
+    return _as_tensor(reduce_array(_as_array(tensor), op=_op_for(tensor, op, options), algorithm=algorithm, comm=comm,
+                                   **options), tensor)
 
 
 def allreduce_(tensor, op="sum", algorithm="auto", comm=None, **options):
     """``tensor`` reduced over the ranks in place (Horovod's ``allreduce_``, torch.distributed's
     ``all_reduce``); returns it. Keywords as :func:`allreduce`."""
     from ..api import allreduce as reduce_array
-    if tensor.dtype == torch.bfloat16 and tensor.device.type == "cuda":  # (CuPy has no bfloat16: widened here)
-        with torch.no_grad():
-            tensor.copy_(allreduce(tensor.float(), op, algorithm, comm, **options))
-        return tensor
     array = _as_array(tensor)
-    reduce_array(array, op=op, algorithm=algorithm, comm=comm, out=array, **options)
+    reduce_array(array, op=_op_for(tensor, op, options), algorithm=algorithm, comm=comm, out=array, **options)
     if tensor.device.type == "cuda":
         import cupy
         cupy.cuda.get_current_stream().synchronize()

@@ -4,6 +4,7 @@
 ``__cuda_array_interface__``, kernels queued on streams until synchronized) on every run, and real
 CuPy where a GPU is present (benchmarks/gpu/device_check.sh runs those with ``-k cupy``).
 """
+import functools
 import time
 
 import numpy as np
@@ -121,6 +122,32 @@ def test_bfloat16_on_the_host(algorithm):
         assert np.allclose(result.astype(np.float32), expected.astype(np.float32), rtol=2e-2)
     else:
         assert np.array_equal(result.view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "shared_memory", "device_to_device"])
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_bfloat16_words_on_the_device(xp, algorithm, op):
+    """A CUDA bfloat16 tensor reaches the library as its 16-bit words (CuPy has no bfloat16), reduced
+    with Bfloat16Bits (mpiallreduce.torch): widened exactly, reduced in float32, rounded once to
+    nearest even. Expected: ml_dtypes on the gathered values (their float32 sums are exact)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from mpiallreduce.core.ops import OPS, Bfloat16Bits
+    comm = MPI.COMM_WORLD
+    p, rank = comm.Get_size(), comm.Get_rank()
+    index = np.arange(1001)
+    values = ((index % 7 - 3) * (1 + rank / 8) + index * 2.0 ** -9).astype(ml_dtypes.bfloat16)
+    values[:3] = [np.inf if rank == 0 else 1, -0.0, np.nan if rank == p - 1 else 2]
+    wide = gather_inputs(comm, values).astype(np.float32)
+    ufunc = np.maximum if op == "max" else np.add  # (in rank order, IEEE's: -0.0 + -0.0 is -0.0, as in MPI)
+    reduced = functools.reduce(ufunc, wide) / np.float32(p if op == "mean" else 1)
+    expected = reduced.astype(ml_dtypes.bfloat16)
+    words = xp.asarray(values.view(np.uint16))
+    result = xp.asnumpy(mar.allreduce(words, op=Bfloat16Bits(OPS[op]), algorithm=algorithm))
+    assert result.dtype == np.uint16
+    got = result.view(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(expected.astype(np.float32)))
+    finite = ~np.isnan(got)
+    assert np.array_equal(result[finite], expected.view(np.uint16)[finite]), (result[:8], expected[:8].view(np.uint16))
 
 
 def _input_written_by_a_kernel(xp, count, rank):

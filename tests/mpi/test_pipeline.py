@@ -61,6 +61,47 @@ def test_the_first_use_of_a_communicator_by_a_reproducible_async_call_does_not_c
         fresh.Free()
 
 
+def test_the_worker_never_makes_a_communicator_or_a_window():
+    """Defect 1, its other forms: a timed asynchronous first call made its communicator ready on the
+    worker (its node communicator, its shared slots), and an asynchronous shared_memory call whose
+    window had to grow made the window there. Either crossed a communicator that the caller's
+    thread made meanwhile (the user's Split, the library's duplicate of a new communicator): Open
+    MPI gives them ids in one order across threads, and 3 ranks hung. Such calls now run on the
+    caller's thread, after the pending ones."""
+    _skip_on_one_rank()
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    small = exact_input("float64", 3, rank, "sum")
+    want_small = numpy_reference("sum", gather_inputs(WORLD, small))
+    for late in (0, size - 1):  # a timed first call, asynchronous, with one rank late
+        sub = WORLD.Split(0, size - 1 - rank)
+        if rank == late:
+            time.sleep(0.3)
+        handle = mar.allreduce_async(small, comm=sub, timeout=60)
+        if rank == late:
+            handle.wait()
+        other = WORLD.Split(0, rank)  # the user's own, meanwhile; then its first use: the library's duplicate
+        assert values_equal(mar.allreduce(small, comm=other), want_small)
+        assert values_equal(handle.wait(), want_small)
+        other.Free()
+        sub.Free()
+    from mpiallreduce.core.state import state_of
+    if state_of(WORLD).make_ready().spans_nodes:
+        return  # (shared_memory runs on one node)
+    big = exact_input("float64", 1 << 16, rank, "sum")  # 512 KiB: the window made by the first call grows
+    want_big = numpy_reference("sum", gather_inputs(WORLD, big))
+    for late in (0, size - 1):
+        fresh = WORLD.Dup()
+        assert values_equal(mar.allreduce(small, comm=fresh, algorithm="shared_memory"), want_small)
+        handle = mar.allreduce_async(big, comm=fresh, algorithm="shared_memory")
+        if rank != late:
+            handle.wait()
+        other = WORLD.Split(0, size - 1 - rank)
+        assert values_equal(mar.allreduce(small, comm=other), want_small)
+        assert values_equal(handle.wait(), want_big)
+        other.Free()
+        fresh.Free()
+
+
 def test_a_timed_call_never_waits_for_ever_in_the_shared_slots(use_settings):
     """Defect 3: rank 0's 128 KiB call compared its signature in the shared slots, the others' 1 KiB
     calls (below the size that compared, as once by default) did not: rank 0 spun for ever. With
