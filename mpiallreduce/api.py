@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from .core.call import WORLD, Call, Prepared, check_comm, plan_for, validate
 from .core.startup import check_world_matches_slurm
-from .core.state import known_state, state_of
+from .core.state import WORLD_FAST_CALLS, known_state, state_of
 from .core.worker import Meeting, _worker, check_thread_level, run_here, submit, submit_prepared
 from .core.settings import settings
 from .faults.errors import call_site
@@ -80,8 +80,9 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
     """
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
             and type(x) is np.ndarray and not _worker.pending):  # the short path of a repeated call
-        calls = _world_calls if comm is None and _world_calls is not None else _fast_calls(comm)
-        execution = calls.get((x.shape, x.dtype, op, algorithm, reproducible, np.ndarray))
+        execution = (WORLD_FAST_CALLS if comm is None else _fast_calls(comm)).get(
+            (x.shape, x.dtype, op, algorithm) if reproducible is False else  # (the keys execution_for keeps)
+            (x.shape, x.dtype, op, algorithm, bool(reproducible), np.ndarray))
         if execution is not None:
             result = execution.short(x, out)
             if result is not None:
@@ -92,21 +93,10 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
 
 def _fast_calls(comm):
     """The Executions kept for ``comm``'s repeated calls (none before its first call)."""
-    global _world_calls
-    if comm is None:
-        if _world_calls is None:
-            state = known_state(WORLD)
-            if state is None:
-                return _NO_CALLS
-            _world_calls = state.fast_calls  # (the same dict for the life of COMM_WORLD's state)
-        return _world_calls
     if type(comm) not in _COMMUNICATOR_TYPES:
         return _NO_CALLS
     state = known_state(comm)
     return _NO_CALLS if state is None else state.fast_calls
-
-
-_world_calls = None
 
 
 def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=False, **kwargs):

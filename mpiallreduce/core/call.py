@@ -78,7 +78,8 @@ def plan_for(state, x, op, algorithm):
 def execution_for(state, x, op, reduce_op, algorithm, reproducible, keep):
     """The Execution of this kind of call, made once and kept on the state when ``keep`` (an
     untimed call: the key the short path finds it by says nothing of a timeout)."""
-    key = (x.shape, x.dtype, op, algorithm, reproducible, type(x))
+    key = ((x.shape, x.dtype, op, algorithm) if type(x) is np.ndarray and not reproducible  # (the short path's key)
+           else (x.shape, x.dtype, op, algorithm, reproducible, type(x)))
     execution = state.fast_calls.get(key)
     if execution is None:
         plan = plan_for(state, x, reduce_op, algorithm)

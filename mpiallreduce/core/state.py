@@ -29,7 +29,7 @@ from mpi4py import MPI
 from .settings import settings
 from .tuning import table_digest
 
-__all__ = ["CommState", "state_of", "known_state", "forget_plans", "SettingsMismatch"]
+__all__ = ["CommState", "state_of", "known_state", "forget_plans", "SettingsMismatch", "WORLD_FAST_CALLS"]
 
 
 class SettingsMismatch(ValueError):
@@ -37,6 +37,8 @@ class SettingsMismatch(ValueError):
 
 
 _lock = threading.RLock()
+#: COMM_WORLD's state's ``fast_calls``: found by the short path without looking the state up
+WORLD_FAST_CALLS = {}
 _states = {}  # user communicator handle -> CommState
 _keyval = None
 
@@ -79,7 +81,7 @@ class CommState:
         self.left_behind = []
         #: repeated calls' (plan, bound buffers), by (shape, dtype, op, algorithm, reproducible): the
         #: short path (mpiallreduce.core.executor.Execution, found by mpiallreduce.core.call.execution_for)
-        self.fast_calls = {}
+        self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
         #: where the signature check's 16 bytes are reduced (mpiallreduce.core.consistency)
         self.signature_buffer = np.zeros(2, dtype=np.int64)
         #: on one node, the ranks' signature codes in shared memory instead (mpiallreduce.core.slots)

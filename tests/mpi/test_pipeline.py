@@ -233,10 +233,14 @@ def test_timed_calls_under_skew_end_alike_on_every_rank_and_never_hang():
     assert all(theirs == everyone[0] for theirs in everyone), "the ranks' calls ended differently"
 
 
-def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication():
+@pytest.mark.parametrize("compared", [True, False])
+def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication(use_settings, compared):
     """Review finding: the short path took a read-only ``out``, numbered the call and published its
     signature, then failed in MPI (BufferError) while the peers waited. Now every rank that is given
-    one raises ValueError before any communication, and the next call is right."""
+    one raises ValueError before any communication, and the next call is right: compared (the
+    short path looks at the flag) or not (mpi4py refuses it before MPI; the call is not numbered)."""
+    if not compared:
+        use_settings(signature_min_bytes=-1)
     x = exact_input("float64", 1024, WORLD.Get_rank(), "sum")
     out = np.empty_like(x)
     for _ in range(3):
