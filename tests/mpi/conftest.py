@@ -24,14 +24,17 @@ KINDS = (["world"] if MPI.COMM_WORLD.Get_size() == 1 else
          ["world", "split", "dup"] if MPI.COMM_WORLD.Get_size() < 4 else ["world", "split"])
 
 
-@pytest.fixture(params=KINDS)
-def comm(request):
-    """Each test runs on COMM_WORLD, on a Split of it and (up to 3 ranks) on a Dup of it (made once,
-    collectively)."""
-    kind = request.param
+def communicator(kind):
+    """The communicator of ``kind`` ("world", "split", "dup"), made once, collectively."""
     if kind not in _communicators:
         _communicators[kind] = _make(kind)
     return _communicators[kind]
+
+
+@pytest.fixture(params=KINDS)
+def comm(request):
+    """Each test runs on COMM_WORLD, on a Split of it and (up to 3 ranks) on a Dup of it."""
+    return communicator(request.param)
 
 
 def pytest_sessionfinish(session):
