@@ -25,16 +25,17 @@ from mpi4py import MPI
 from ..device.arrays import namespace
 from ..faults.errors import call_site
 from ..faults.rendezvous import Rendezvous
+from ..faults.watch import PeerWatch
 from . import buffers
-from .consistency import agree_on_call
-from .executor import Execution, raise_failed
+from .consistency import SignatureMismatch, agree_on_call, compare, digest
+from .executor import Execution
 from .ops import get_op
 from .planner import check_algorithm_name, plan_call
 from .settings import settings
 from .state import state_of
 from .worker import _worker, run_here, run_in_order
 
-__all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "gather_from_ranks", "WORLD"]
+__all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
 
 WORLD = MPI.COMM_WORLD
 
@@ -117,17 +118,38 @@ class Call:
         call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
         call.meeting = None
         call.state = state = state_of(comm, blocking=call.timeout is None)
-        if state.settings is not current:  # settings replaced (tests): agree on them again
-            state.renew_settings(current)
-        if not call.check:  # a bad argument raises here, before any communication
-            validate(x, op, algorithm, out, call.reproducible, state.size)
-        if not state.ready and call.timeout is None:
-            # the communicator's first call: its collectives (the settings, the node layout and the
-            # communicators made from it) here, in program order, not on the asynchronous worker
-            state.make_ready()
+        rejected = None
+        if not call.check:  # a bad argument raises here, before any data moves
+            try:
+                validate(x, op, algorithm, out, call.reproducible, state.size)
+            except (TypeError, ValueError) as error:
+                if state.size == 1 or current.signature_min_bytes != 0:
+                    raise  # (the other ranks may not compare this call: raised here alone)
+                rejected = error
+        if state.settings is not current or (not state.ready and call.timeout is None):
+            # settings replaced (tests: agreed on again), or the communicator's first untimed call:
+            # its collectives (the settings, the node layout and the communicators made from it)
+            # here, in program order, after the pending asynchronous calls, never on the worker
+            run_here(lambda: _renew_and_ready(state, current, call.timeout is None))
         call.reduce_op = None
         call.sequence = state.number()
+        if rejected is not None:
+            run_here(lambda: call._agree_on_rejection(rejected))
         return call
+
+    def _agree_on_rejection(self, error):
+        """A bad argument on this rank: the others' call of this number compares its signature first
+        (every call does, by default), so this rank does too, with a code of its own, then raises
+        ``error``; they raise SignatureMismatch naming it. Raised here alone, this rank's next call
+        would pair with this one elsewhere, and the values of two calls would mix."""
+        self._meet()
+        state, sequence, text = self.state, self.sequence, f"{type(error).__name__}: {error}"
+        try:
+            compare(state, digest(("rejected", text)), lambda: {"rejected": text},
+                    lambda: PeerWatch(state, sequence, None, "signature"), sequence)
+        except SignatureMismatch:
+            pass  # (the others raise it; this rank raises its own error)
+        raise error
 
     def sets_up(self):
         """Whether running this call first makes something collective: the communicator's first
@@ -197,24 +219,11 @@ class Call:
         return flat.finish()
 
 
-def gather_from_ranks(comm, value, timeout=None, site=""):
-    """Every rank's ``value``, in rank order: a collective of the library's own, made like a call
-    (numbered here, on the caller's thread; run here after the pending asynchronous calls, on the
-    library's duplicate of ``comm``). With ``timeout`` the ranks meet first, so a rank that does not
-    come raises AllreduceTimeout on every rank that did; a dead peer raises RankFailure (ULFM).
-    For what the library compares that is not a call's signature (GradientSync's gradients)."""
-    state = state_of(check_comm(comm), blocking=timeout is None)
-    sequence = state.number()
-
-    def gather():
-        if timeout is not None:
-            Rendezvous(state, sequence, timeout, site).run()
+def _renew_and_ready(state, current, untimed):
+    if state.settings is not current:
+        state.renew_settings(current)
+    if untimed:  # (a timed call is made ready after its rendezvous: Call.sets_up)
         state.make_ready()
-        try:
-            return state.library.allgather(value)
-        except BaseException as error:
-            raise_failed(error, state, sequence, None)
-    return run_here(gather)
 
 
 def _plain(value):

@@ -80,19 +80,30 @@ def _codes_agree_by_messages(state, code, sequence, watch):
     call's own tags (CallTags.SIGNATURE_BASE) waited for through its PeerWatch. A rank that gives the
     call up leaves only receives behind, on tags no later call uses (a collective, once started,
     could not be given up: every later one would pair with it)."""
-    from ..algorithms import REGISTRY
-    from ..algorithms.base import CallTags
-    from .ops import OPS
+    if not _BY_MESSAGES:  # (imported on first use: the algorithms import the core)
+        from ..algorithms import REGISTRY
+        from ..algorithms.base import CallTags
+        from .ops import OPS
+        _BY_MESSAGES.extend((REGISTRY["recursive_doubling"].run, CallTags, OPS["max"]))
+    run, tags, maximum = _BY_MESSAGES
     extremes = state.signature_buffer
     extremes[0], extremes[1] = code, -code
-    REGISTRY["recursive_doubling"].run(CallTags(state.library, sequence, watch, CallTags.SIGNATURE_BASE), None,
-                                       extremes, OPS["max"], MPI.INT64_T)
+    run(tags(state.library, sequence, watch, tags.SIGNATURE_BASE), None, extremes, maximum, MPI.INT64_T)
     return extremes[0] == -extremes[1]
+
+
+_BY_MESSAGES = []
 
 
 def raise_signature_mismatch(state, describe, sequence):
     """Collective, on ranks that all know the codes differ: gather what each rank called, raise."""
-    differences = describe_differences(state.library.allgather(describe()))
+    everyone = state.library.allgather(describe())
+    rejected = [f"rank {rank}: {theirs['rejected']}" for rank, theirs in enumerate(everyone) if "rejected" in theirs]
+    if rejected:  # (a bad argument there: mpiallreduce.core.call)
+        raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} was rejected on "
+                                f"{_ranks_phrase([r for r, t in enumerate(everyone) if 'rejected' in t])} before any "
+                                "data moved; nothing was reduced:\n  " + "\n  ".join(rejected))
+    differences = describe_differences(everyone)
     raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} differs between the {state.size} ranks "
                      "(shape, dtype, op, algorithm or route; see also check=True); nothing was reduced:\n  "
                      + "\n  ".join(differences or ["(the calls' digests differ)"]))
@@ -165,7 +176,7 @@ def agree_on_outcome(comm, local_error, what):
 def describe_differences(signatures):
     """One line per field whose value is not the same on every rank, naming which ranks had which."""
     lines = []
-    for field in signatures[0]:
+    for field in dict.fromkeys(field for sig in signatures for field in sig):  # (every rank's, in order)
         ranks_by_value = {}
         for rank, sig in enumerate(signatures):
             ranks_by_value.setdefault(repr(sig.get(field)), []).append(rank)

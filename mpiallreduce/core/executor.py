@@ -197,7 +197,7 @@ class Execution:
                     raise_failed(error, state, state.number(), None)
                 state.number()  # (the same count as numbering first: this call talks on no tag of its number)
                 return result
-            if result is out and out is not x and not out.flags.writeable:
+            if out is not None and not result.flags.writeable:
                 return None  # (refused before any communication, by the general path)
             sequence = state.number()
             if raw_direct:

@@ -167,6 +167,13 @@ def settings():
 
 
 def reset_settings(value=None):
-    """Use ``value`` (a Settings), or read the environment again at the next use (tests)."""
+    """Use ``value`` (a Settings), or read the environment again at the next use (tests). Repeated
+    calls then leave the short path once, so that their communicator agrees on the new settings."""
     global _settings
     _settings = value
+    for forget in ON_RESET:
+        forget()
+
+
+#: what reset_settings calls (mpiallreduce.core.state: forget every short path)
+ON_RESET = []

@@ -20,13 +20,12 @@ States are found by the communicator's handle (a dict: cheaper than an MPI attri
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
 communicator is freed (at MPI_Finalize for COMM_WORLD).
 """
-import sys
 import threading
 
 import numpy as np
 from mpi4py import MPI
 
-from .settings import settings
+from .settings import ON_RESET, settings
 from .tuning import table_digest
 
 __all__ = ["CommState", "state_of", "known_state", "forget_plans", "SettingsMismatch", "WORLD_FAST_CALLS"]
@@ -223,7 +222,8 @@ def _forget(comm, keyval, state):
         _states.pop(state.handle, None)
         if state in _made:
             _made.remove(state)
-    if not MPI.Is_finalized():
+    from .worker import pending_calls_finished
+    if not MPI.Is_finalized() and pending_calls_finished("the communicator's free"):
         state.free()
 
 
@@ -258,9 +258,6 @@ def state_of(comm, blocking=True):
         return state
 
 
-#: how long the exit waits for asynchronous calls nobody waited for, before freeing what they use
-EXIT_WAIT_SECONDS = 60
-
 #: every state, in the order it was made: program order, the same on every rank of each communicator
 _made = []
 _made_keyval = []
@@ -272,15 +269,11 @@ def _free_all_before_finalize():
     MPI_Finalize Open MPI frees them in an order of its own, which differs between ranks of
     different communicators, and waits for ever (3 ranks, shared_memory on 2- and 1-rank halves)."""
     from ..faults import aborting
-    from .worker import finish_pending
     if MPI.Is_finalized() or aborting.exit_status() is not None:  # (a rank leaving early: the job aborts)
         return
-    # asynchronous calls nobody waited for still use them (every rank made them: they end)
-    timeout = settings().timeout
-    waited = EXIT_WAIT_SECONDS if timeout is None else max(EXIT_WAIT_SECONDS, 2 * timeout)
-    if not finish_pending(waited):
-        return print(f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at "
-                     f"exit after {waited} s; the library's communicators are left to MPI_Finalize", file=sys.stderr)
+    from .worker import pending_calls_finished
+    if not pending_calls_finished("exit"):
+        return
     for state in reversed(_made):
         with _lock:
             _states.pop(state.handle, None)
@@ -294,7 +287,10 @@ def known_state(comm):
 
 
 def forget_plans():
-    """Drop every communicator's remembered plans (the tuning table changed)."""
+    """Drop every communicator's remembered plans (the tuning table or the settings changed)."""
     with _lock:
         for state in _states.values():
             state.fast_calls.clear()
+
+
+ON_RESET.append(forget_plans)

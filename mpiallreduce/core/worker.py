@@ -15,6 +15,7 @@ library's duplicate of a new communicator) can hang. MPI must be initialised wit
 default). The caller must not touch ``x`` (or ``out``) until the handle is done.
 """
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
@@ -24,7 +25,7 @@ from mpi4py import MPI
 from ..device.arrays import namespace, synchronize
 
 __all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order", "run_here",
-           "finish_pending",
+           "pending_calls_finished",
            "check_thread_level", "Meeting"]
 
 
@@ -181,15 +182,25 @@ def _done(function):
     return future
 
 
-def finish_pending(seconds):
-    """Wait up to ``seconds`` for the queued and running asynchronous calls to finish (at exit, before
-    the windows and communicators they use are freed); whether they have."""
+#: how long a free (at exit, or of a communicator) waits for asynchronous calls nobody waited for
+FREE_WAIT_SECONDS = 60
+
+
+def pending_calls_finished(when):
+    """Wait for the asynchronous calls still queued or running (every rank made them: they end)
+    before the windows and communicators they use are freed, at ``when``; False, said on stderr, if
+    they have not ended within FREE_WAIT_SECONDS (or twice the timeout setting)."""
     if not _worker.busy():
         return True
+    from .settings import settings
+    timeout = settings().timeout
+    waited = FREE_WAIT_SECONDS if timeout is None else max(FREE_WAIT_SECONDS, 2 * timeout)
     try:
-        _worker.submit(lambda: None).result(seconds)
+        _worker.submit(lambda: None).result(waited)
         return True
     except FutureTimeout:
+        print(f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at {when} "
+              f"after {waited} s; the library's communicators are left to MPI_Finalize", file=sys.stderr)
         return False
 
 

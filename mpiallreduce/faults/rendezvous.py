@@ -140,6 +140,7 @@ class Rendezvous:
         self.started = None
         self.deadline = math.inf
         self.missing = None  # set of ranks, once round 1 has begun
+        self.first_contact = False
         self.arrived = False  # round 1 complete
 
     def bring_deadline_forward(self, deadline):
@@ -153,6 +154,9 @@ class Rendezvous:
         self.started = time.monotonic()
         if self.timeout is not None:
             self.bring_deadline_forward(self.started + self.timeout)
+        #: the communicator's duplicate was still being made: a peer that came and gave up before it
+        #: was made could not say so (it will at its next call)
+        self.first_contact = not state.control_ready()
         self._complete_control_channel()
         announce_given_up(state)
         channel = _channel(state)
@@ -271,6 +275,9 @@ class Rendezvous:
         if elsewhere:
             message += "; " + "; ".join(f"rank {r} is waiting in its call #{n}" for r, n in sorted(elsewhere.items()))
             message += " -- the ranks' calls do not match: a rank skipped a call or made one more"
+        elif self.first_contact:
+            message += (" -- or, this being the communicator's first call, had come and given up before this rank "
+                        "came: a rank can only tell the others once every rank has reached the first call")
         return AllreduceTimeout(message, missing_ranks=self.missing, sequence=self.sequence,
                                 waited=now - self.started, elsewhere=elsewhere)
 

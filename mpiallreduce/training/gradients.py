@@ -189,10 +189,13 @@ class GradientSync:
             return
         self._arrived[self._bucket_of[index]] += 1
         last = len(self._buckets) - 1  # (the last bucket starts at wait(): its digest counts the extras)
-        while self._next_bucket < last and self._arrived[self._next_bucket] == len(
-                self._buckets[self._next_bucket].members):
-            self._start(self._buckets[self._next_bucket])
-            self._next_bucket += 1
+        try:
+            while step.failed is None and self._next_bucket < last and self._arrived[self._next_bucket] == len(
+                    self._buckets[self._next_bucket].members):
+                self._start(self._buckets[self._next_bucket])
+                self._next_bucket += 1
+        except Exception as error:  # (a bucket's first start meets the other ranks: a timeout there)
+            step.failed = error  # no later bucket starts; wait() raises it on every rank that saw it
 
     def _start(self, bucket):
         last = bucket.index == len(self._buckets) - 1
@@ -229,8 +232,12 @@ class GradientSync:
             slots = [given_slot(name if name is not None else i, grad) for i, (grad, name) in enumerate(calls)]
             problems = [f"{slot.describe()}: {reason}" for slot, (grad, _) in zip(slots, calls)
                         if (reason := problem(grad)) is not None]
-            agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options, problems,
-                           self.timeout)
+            try:
+                agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options, problems,
+                               self.timeout)
+            except Exception:
+                self._new_step()  # (this step is over: the next one starts afresh)
+                raise
             if not slots:
                 self._new_step()
                 return {}
@@ -238,6 +245,8 @@ class GradientSync:
             self._replay(calls)
         step, in_flight = self._step, self._in_flight
         try:
+            if step.failed is not None:
+                raise step.failed
             for bucket in self._buckets[self._next_bucket:]:
                 self._start(bucket)
         except Exception:  # (a bucket's first start agrees with the other ranks: a timeout there)

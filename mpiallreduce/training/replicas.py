@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import mpi_datatype
-from ..core.call import gather_from_ranks
+from ..core.gather import gather_from_ranks
 from ..core.consistency import content_digest, describe_differences
 from ..device.arrays import namespace, synchronize
 

@@ -10,7 +10,7 @@ parameters, or the first step's gradients).
 """
 import numpy as np
 
-from ..core.call import gather_from_ranks
+from ..core.gather import gather_from_ranks
 from ..core.consistency import describe_differences
 from ..device.arrays import namespace
 from .buckets import GradientSpec, Slot, accumulation_dtype
@@ -38,6 +38,7 @@ class Step:
         self.extras = []  # gradients that have no slot
         self.arrivals = []  # slot indices, in the order they were marked ready
         self.calls = []  # (grad, name): what this step was given, to replan from
+        self.failed = None  # what starting a bucket raised (a timeout at its first start): wait() raises it
 
     def mark(self, index, grad, given, trouble, check_name):
         """Record ``grad`` (whose Slot is ``given``; ``trouble``: why it cannot be a gradient, or
@@ -137,7 +138,7 @@ def given_slot(name, grad):
 
 
 def agree_on_slots(comm, slots, what, options, problems=(), timeout=None):
-    """One allgather (bounded by ``timeout``: mpiallreduce.core.call.gather_from_ranks): every rank has
+    """One allgather (bounded by ``timeout``: mpiallreduce.core.gather.gather_from_ranks): every rank has
     the same options and slots and no rank has a problem with its gradients, or every rank raises the
     same error naming the ranks and the first difference."""
     everyone = gather_from_ranks(comm, (options, list(problems), slots), timeout)

@@ -271,6 +271,38 @@ def test_a_bucket_that_times_out_changes_no_gradient():
     WORLD.Barrier()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_rank_late_at_the_first_step_fails_that_step_only(declared):
+    """Review findings: with declared parameters, the first bucket's prepare (inside ``ready``) timed
+    out and escaped from ``ready``, and the next step failed too ("marked ready twice"); without
+    them, the first ``wait``'s agreement timed out and its gradients stayed in the step, to be
+    reduced (and written) with the next one's. Now that step raises AllreduceTimeout at ``wait`` on
+    every rank with no gradient changed, and the next step is right."""
+    rank, late = WORLD.Get_rank(), WORLD.Get_rank() == WORLD.Get_size() - 1
+    names = [f"g{i}" for i in range(4)]
+    specs = {name: np.zeros(50) for name in names} if declared else None
+    sync = mar.GradientSync(parameters=specs, bucket_bytes=800, timeout=0.5)
+    for step in range(2):
+        grads = {name: exact_input("float64", 50, 10 * rank + i + step, "sum") for i, name in enumerate(names)}
+        before = {name: g.copy() for name, g in grads.items()}
+        want = {name: numpy_reference("mean", gather_inputs(WORLD, g)) for name, g in grads.items()}
+        if step == 0 and late:
+            time.sleep(2.0)
+        for name in reversed(names):
+            sync.ready(grads[name], name=name if declared else None)
+        if step == 0:
+            with pytest.raises(mar.AllreduceTimeout):
+                sync.wait()
+            for name, g in grads.items():
+                assert bits_equal(g, before[name]), name
+            WORLD.Barrier()
+            continue
+        sync.wait()
+        for name, g in grads.items():
+            assert values_equal(g, want[name]), name
+
+
 @pytest.mark.parametrize("op", ["mean", "sum"])
 def test_a_large_gradient_summed_reproducibly_is_reduced_out_of_place_and_written_back_at_wait(comm, op):
     rank = comm.Get_rank()

@@ -252,6 +252,62 @@ def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication(
     assert values_equal(mar.allreduce(x, out=out), numpy_reference("sum", gather_inputs(WORLD, x)))
 
 
+@pytest.mark.parametrize("entry", ["sync", "async", "timed", "repeated"])
+def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank_and_the_calls_stay_in_step(entry):
+    """Review finding: a bad argument on one rank raised there alone, before any communication; the
+    others' call then paired with that rank's next call, of the same shape: the values of two calls
+    mixed, silently, and the ranks hung later. Now the rank takes part in the signature comparison
+    with a code of its own: it raises its error, every other rank a ValueError naming it, and the
+    next call is right on every rank."""
+    _skip_on_one_rank()
+    rank = WORLD.Get_rank()
+    x = exact_input("float64", 100, rank, "sum")
+    y = 2 * x
+    want_y = numpy_reference("sum", gather_inputs(WORLD, y))
+    out = np.empty_like(x)
+    if entry == "repeated":
+        for _ in range(2):
+            mar.allreduce(x, out=out)  # the short path is made
+    if rank == 0:
+        out.flags.writeable = False
+    timed = {"timeout": 60} if entry == "timed" else {}
+    with pytest.raises(ValueError, match="read-only" if rank == 0 else "rejected on rank 0"):
+        if entry == "async":
+            mar.allreduce_async(x, out=out).wait()  # (rank 0: raised by allreduce_async itself)
+        else:
+            mar.allreduce(x, out=out, **timed)
+    assert values_equal(mar.allreduce(y), want_y)
+
+
+def test_repeated_calls_follow_settings_replaced_on_every_rank(use_settings):
+    """Review finding: the short path of a repeated call never looked at the settings, so a timeout
+    set on every rank (``reset_settings``) did not apply to it: a late rank was waited for."""
+    _skip_on_one_rank()
+    rank, late = WORLD.Get_rank(), WORLD.Get_rank() == WORLD.Get_size() - 1
+    x = exact_input("float64", 1000, rank, "sum")
+    for _ in range(2):
+        mar.allreduce(x)  # the short path is made
+    use_settings(timeout=0.5)
+    if late:
+        time.sleep(1.5)
+    with pytest.raises(mar.AllreduceTimeout):
+        mar.allreduce(x)
+    WORLD.Barrier()
+
+
+def test_freeing_a_communicator_waits_for_its_asynchronous_calls():
+    """Review finding: freeing a communicator while an asynchronous call on it ran freed the
+    library's duplicate and window under the worker (an AttributeError, then a segmentation fault).
+    MPI_Comm_free lets pending operations complete; so does the library."""
+    _skip_on_one_rank()
+    rank = WORLD.Get_rank()
+    sub = WORLD.Split(0, rank)
+    x = exact_input("float64", 300000, rank, "sum")
+    handle = mar.allreduce_async(x, algorithm="ring", comm=sub)
+    sub.Free()
+    assert values_equal(handle.wait(), numpy_reference("sum", gather_inputs(WORLD, x)))
+
+
 def test_a_compressed_bucket_is_scaled_once(comm):
     """Review finding: compressed buckets applied ``postscale`` twice (before the rounding and again
     at write-back)."""
