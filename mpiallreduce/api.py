@@ -72,8 +72,10 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         the result: ``out`` if given, else a new C-contiguous array shaped like ``x``.
 
     Raises:
-        TypeError, ValueError: bad arguments, raised before any communication on the rank given
-            them (on every rank, with ``check``); ValueError on every rank when the ranks' calls
+        TypeError, ValueError: bad arguments, raised before any data moves on the rank given them,
+            while every other rank raises a ValueError naming that rank and its error (the ranks
+            compare the call first; with MPIALLREDUCE_SIGNATURE_MIN_BYTES set above 0, only on the
+            rank given them, unless ``check``); ValueError on every rank when the ranks' calls
             differ, or their settings do (mpiallreduce.core.settings).
         AllreduceTimeout: not every rank reached this call within ``timeout``, on every rank that did.
         RankFailure: a rank died during the call (under ULFM), on every survivor.

@@ -175,6 +175,7 @@ class Execution:
         state, shape, dtype, strides, mpi_op = self.state, self.shape, self.dtype, self.strides, self.mpi_op
         raw_unchecked, raw_direct, code, describe = self.raw_unchecked, self.raw and self.direct, self.code, self.describe
         empty, ndarray, may_share_memory, in_place = np.empty, np.ndarray, np.may_share_memory, MPI.IN_PLACE
+        allreduce, number = state.library.Allreduce, state.number  # (the state's for its life: freed, it is forgotten)
 
         def short(x, out):
             if x.strides != strides:
@@ -190,12 +191,12 @@ class Execution:
                 return None
             if raw_unchecked:  # MPI_Allreduce itself, on the arrays as they are (any shape)
                 try:
-                    state.library.Allreduce(send, result, mpi_op)
+                    allreduce(send, result, mpi_op)
                 except BufferError:  # (a read-only out, refused by mpi4py before MPI: the general path says so)
                     return None
                 except BaseException as error:
-                    raise_failed(error, state, state.number(), None)
-                state.number()  # (the same count as numbering first: this call talks on no tag of its number)
+                    raise_failed(error, state, number(), None)
+                number()  # (the same count as numbering first: this call talks on no tag of its number)
                 return result
             if out is not None and not result.flags.writeable:
                 return None  # (refused before any communication, by the general path)
