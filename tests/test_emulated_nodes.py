@@ -56,6 +56,8 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     assert mismatch == ["ok"] * nranks, explain(result)  # calls that differ: a ValueError on every rank
     timed = re.findall(r"^rank \d+ node node\d timed-on-one-rank (.*)$", result.output, re.M)
     assert timed == ["ok"] * nranks, explain(result)
+    refused = re.findall(r"^rank \d+ node node\d refused-on-one-rank (.*)$", result.output, re.M)
+    assert refused == ["ok"] * nranks, explain(result)  # refused by the planner on one rank: an error on all
     assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
     equal_nodes = nranks % nodes == 0
     for rank, node, name, outcome in lines:

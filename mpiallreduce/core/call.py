@@ -4,10 +4,8 @@ caller's thread, in program order; then planned and run by the executor.
     Call.start(...)    caller's thread: arguments checked (locally, unless ``check``), the
                        communicator resolved (mesh axis, groups) and its state made
                        (mpiallreduce.core.state), the call numbered (CommState.number)
-    call.in_turn()     runs it in program order: here, or on the asynchronous worker's queue
-                       behind the pending calls; a call that ``sets_up()`` something collective
-                       (its communicator's first timed call, a shared window that grows) always
-                       here, once those have finished (mpiallreduce.core.worker.run_here)
+    call.in_turn()     in program order: here, or queued behind pending asynchronous calls;
+                       one that ``sets_up()`` something collective, here after them (run_here)
     call.run()         any thread, in the order calls were started: the rendezvous of a timed
                        call (mpiallreduce.faults.rendezvous), the state made ready, the plan
                        (mpiallreduce.core.planner; with ``check``, agreed on by every rank first),
@@ -99,12 +97,13 @@ class Call:
     @classmethod
     def start(cls, x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, site=None, reproducible=False):
         """Resolve the communicator, make its state and number the call: on the caller's thread."""
-        call = cls()
+        call, rejected = cls(), None
         if not isinstance(check, bool):
-            raise TypeError(f"check must be True or False, got {type(check).__name__} {check!r}")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-                raise ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
+            rejected, check = TypeError(f"check must be True or False, got {type(check).__name__} {check!r}"), False
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            rejected = rejected or ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
+            timeout = None
         if axis is not None or mesh is not None or groups is not None:
             from .mesh import resolve_communicator
             comm = resolve_communicator(comm, axis, mesh, groups)
@@ -118,14 +117,13 @@ class Call:
         call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
         call.meeting = None
         call.state = state = state_of(comm, blocking=call.timeout is None)
-        rejected = None
-        if not call.check:  # a bad argument raises here, before any data moves
+        if not call.check and rejected is None:  # a bad argument raises here, before any data moves
             try:
                 validate(x, op, algorithm, out, call.reproducible, state.size)
             except (TypeError, ValueError) as error:
-                if state.size == 1 or current.signature_min_bytes != 0:
-                    raise  # (the other ranks may not compare this call: raised here alone)
                 rejected = error
+        if rejected is not None and (state.size == 1 or current.signature_min_bytes != 0):
+            raise rejected  # (the other ranks may not compare this call: raised here alone)
         if state.settings is not current or (not state.ready and call.timeout is None):
             # settings replaced (tests: agreed on again), or the communicator's first untimed call:
             # its collectives (the settings, the node layout and the communicators made from it)
@@ -137,12 +135,13 @@ class Call:
             run_here(lambda: call._agree_on_rejection(rejected))
         return call
 
-    def _agree_on_rejection(self, error):
+    def _agree_on_rejection(self, error, met=False):
         """A bad argument on this rank: the others' call of this number compares its signature first
         (every call does, by default), so this rank does too, with a code of its own, then raises
         ``error``; they raise SignatureMismatch naming it. Raised here alone, this rank's next call
         would pair with this one elsewhere, and the values of two calls would mix."""
-        self._meet()
+        if not met:
+            self._meet()
         state, sequence, text = self.state, self.sequence, f"{type(error).__name__}: {error}"
         try:
             compare(state, digest(("rejected", text)), lambda: {"rejected": text},
@@ -193,8 +192,13 @@ class Call:
 
     def agreed_execution(self):
         """Validate on every rank and compare everything (one allgather; ``check`` and ``prepare``);
-        the Execution of the agreed plan, which then compares nothing more."""
+        the Execution of the agreed plan, which then compares nothing more. First one code for every
+        checked call, where unchecked calls compare theirs: a rank without ``check`` sees a mismatch."""
         state = self.state
+        if _compared(state):
+            sequence = self.sequence
+            compare(state, _CHECKED, lambda: {"check": True}, lambda: PeerWatch(state, sequence, None, "signature"),
+                    sequence)
 
         def prepare():
             validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
@@ -211,12 +215,25 @@ class Call:
         if self.check:
             execution = self.agreed_execution()
         else:
-            execution = execution_for(state, x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                      self.reproducible, keep=self.timeout is None)
+            try:
+                execution = execution_for(state, x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
+                                          self.reproducible, keep=self.timeout is None)
+            except (TypeError, ValueError) as error:  # (refused by the planner: an algorithm that cannot run here)
+                if _compared(state):
+                    self._agree_on_rejection(error, met=True)
+                raise
         flat = buffers.flat_buffers(x, self.out)
         xp = None if type(x) is np.ndarray else namespace(x)
         execution.run(flat.send, flat.recv, self.sequence, self.timeout, xp)
         return flat.finish()
+
+
+#: the code every checked call compares first (Call.agreed_execution)
+_CHECKED = digest(("check=True",))
+
+
+def _compared(state):  # (every call on this communicator compares its signature before data moves)
+    return state.size > 1 and state.settings.signature_min_bytes == 0
 
 
 def _renew_and_ready(state, current, untimed):

@@ -103,6 +103,11 @@ def raise_signature_mismatch(state, describe, sequence):
         raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} was rejected on "
                                 f"{_ranks_phrase([r for r, t in enumerate(everyone) if 'rejected' in t])} before any "
                                 "data moved; nothing was reduced:\n  " + "\n  ".join(rejected))
+    checked = [rank for rank, theirs in enumerate(everyone) if theirs.get("check")]
+    if checked:  # (mpiallreduce.core.call.Call.agreed_execution)
+        raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} was made with check=True on "
+                                f"{_ranks_phrase(checked)} and without it on the others (check must be the same "
+                                "on every rank, or set for all by MPIALLREDUCE_CHECK=1); nothing was reduced")
     differences = describe_differences(everyone)
     raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} differs between the {state.size} ranks "
                      "(shape, dtype, op, algorithm or route; see also check=True); nothing was reduced:\n  "

@@ -252,7 +252,7 @@ def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication(
     assert values_equal(mar.allreduce(x, out=out), numpy_reference("sum", gather_inputs(WORLD, x)))
 
 
-@pytest.mark.parametrize("entry", ["sync", "async", "timed", "repeated"])
+@pytest.mark.parametrize("entry", ["sync", "async", "timed", "repeated", "bad timeout", "bad check", "checked"])
 def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank_and_the_calls_stay_in_step(entry):
     """Review finding: a bad argument on one rank raised there alone, before any communication; the
     others' call then paired with that rank's next call, of the same shape: the values of two calls
@@ -268,10 +268,17 @@ def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank_and_the_calls_stay
     if entry == "repeated":
         for _ in range(2):
             mar.allreduce(x, out=out)  # the short path is made
-    if rank == 0:
+    if rank == 0 and entry not in ("bad timeout", "bad check"):
         out.flags.writeable = False
     timed = {"timeout": 60} if entry == "timed" else {}
-    with pytest.raises(ValueError, match="read-only" if rank == 0 else "rejected on rank 0"):
+    if rank == 0 and entry in ("bad timeout", "bad check", "checked"):  # (also: check=True here only)
+        timed = {"bad timeout": {"timeout": -1}, "bad check": {"check": "yes"}, "checked": {"check": True}}[entry]
+    message = {"bad timeout": "timeout must be", "bad check": "check must be"}.get(entry, "read-only")
+    if entry == "checked":  # (rank 0's checked call compares a code of its own first: that mismatch is named)
+        message = others = "check=True on rank 0"
+    else:
+        others = "rejected on rank 0"
+    with pytest.raises((TypeError, ValueError), match=message if rank == 0 else others):
         if entry == "async":
             mar.allreduce_async(x, out=out).wait()  # (rank 0: raised by allreduce_async itself)
         else:
@@ -306,6 +313,17 @@ def test_freeing_a_communicator_waits_for_its_asynchronous_calls():
     handle = mar.allreduce_async(x, algorithm="ring", comm=sub)
     sub.Free()
     assert values_equal(handle.wait(), numpy_reference("sum", gather_inputs(WORLD, x)))
+
+
+def test_check_on_one_rank_only_is_an_error_on_every_rank():
+    """Review finding: a call with check=True on one rank and without it on the others hung (an
+    allgather against the shared slots). The checked call now compares a code of its own first."""
+    _skip_on_one_rank()
+    rank = WORLD.Get_rank()
+    x = exact_input("float64", 100, rank, "sum")
+    with pytest.raises(ValueError, match="check=True on rank 0"):
+        mar.allreduce(x, check=rank == 0)
+    assert values_equal(mar.allreduce(x), numpy_reference("sum", gather_inputs(WORLD, x)))
 
 
 def test_a_compressed_bucket_is_scaled_once(comm):

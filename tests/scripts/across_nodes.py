@@ -11,7 +11,10 @@ Then ``rank R node H mismatched-calls ...``: calls that differ in size below 64 
 elements), for every algorithm that runs across nodes and auto, are the same ValueError on every
 rank (the signature compared in messages across nodes), and the next call is right. Then
 ``rank R node H timed-on-one-rank ...``: a call timed on rank 0 only ends with an error on every
-rank, and the next calls are right (nothing of it is left to pair with them).
+rank, and the next calls are right (nothing of it is left to pair with them). Then
+``rank R node H refused-on-one-rank ...``: an algorithm the planner refuses across nodes, asked for
+on rank 0 only, is an error on every rank (rank 0 takes part in the comparison), and the next call
+is right.
 """
 import hashlib
 import sys
@@ -109,3 +112,15 @@ x = exact_input("float64", (1 << 15) + 1, rank, "sum")
 if not values_equal(mar.allreduce(x, algorithm="ring", timeout=30), numpy_reference("sum", gather_inputs(comm, x))):
     outcome = "wrong after the call timed on one rank"
 print(f"rank {rank} node {node} timed-on-one-rank {outcome}", flush=True)
+
+outcome = "ok"  # refused by the planner on rank 0 only: an error on every rank, and the next call is right
+try:
+    mar.allreduce(exact_input("float64", 100, rank, "sum"), algorithm="shared_memory" if rank == 0 else "ring")
+    outcome = "no error"
+except ValueError as error:
+    if rank != 0 and "rejected on rank 0" not in str(error):
+        outcome = f"{error}"
+x = exact_input("float64", 100, rank, "sum")
+if not values_equal(mar.allreduce(x), numpy_reference("sum", gather_inputs(comm, x))):
+    outcome = "wrong after the refused call"
+print(f"rank {rank} node {node} refused-on-one-rank {outcome}", flush=True)
