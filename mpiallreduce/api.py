@@ -82,9 +82,12 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
     """
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
             and type(x) is np.ndarray and not _worker.pending):  # the short path of a repeated call
-        execution = (WORLD_FAST_CALLS if comm is None else _fast_calls(comm)).get(
-            (x.shape, x.dtype, op, algorithm) if reproducible is False else  # (the keys execution_for keeps)
-            (x.shape, x.dtype, op, algorithm, bool(reproducible), np.ndarray))
+        try:
+            execution = (WORLD_FAST_CALLS if comm is None else _fast_calls(comm)).get(
+                (x.shape, x.dtype, op, algorithm) if reproducible is False else  # (the keys execution_for keeps)
+                (x.shape, x.dtype, op, algorithm, bool(reproducible), np.ndarray))
+        except TypeError:  # (an unhashable op, MPI.SUM say: the general path takes it, or names the choices)
+            execution = None
         if execution is not None:
             result = execution.short(x, out)
             if result is not None:

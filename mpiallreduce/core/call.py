@@ -27,7 +27,7 @@ from ..faults.watch import PeerWatch
 from . import buffers
 from .consistency import SignatureMismatch, agree_on_call, compare, digest
 from .executor import Execution
-from .ops import get_op
+from .ops import get_op, name_of
 from .planner import check_algorithm_name, plan_call
 from .settings import settings
 from .state import state_of
@@ -109,11 +109,11 @@ class Call:
             comm = resolve_communicator(comm, axis, mesh, groups)
         comm = check_comm(WORLD if comm is None else comm)
         current = settings()
+        op = name_of(op)  # (op=MPI.SUM: "sum")
         call.x, call.op, call.algorithm, call.out = x, op, algorithm, out
         call.reproducible = bool(reproducible)
         call.check = check or current.check
         call.timeout = current.timeout if timeout is None else timeout
-        # the call site (a walk up the stack) only where it is compared or reported
         call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
         call.meeting = None
         call.state = state = state_of(comm, blocking=call.timeout is None)

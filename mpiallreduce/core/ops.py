@@ -14,7 +14,7 @@ from mpi4py import MPI
 from .buffers import mpi_datatype
 from ..device.arrays import namespace
 
-__all__ = ["ReduceOp", "Bfloat16Bits", "OPS", "get_op", "ignore_float_errors", "restore_float_errors"]
+__all__ = ["ReduceOp", "Bfloat16Bits", "OPS", "get_op", "name_of", "ignore_float_errors", "restore_float_errors"]
 
 try:  # numpy 2: the error state is a context variable, set here directly (entering np.errstate costs ~2 us)
     from numpy._core.umath import _extobj_contextvar, _make_extobj
@@ -179,13 +179,24 @@ OPS = {
 }
 
 
+#: mpi4py's predefined ops that are ops here too, by their Fortran handle (an MPI.Op is unhashable)
+_MPI_NAMES = {MPI.SUM.py2f(): "sum", MPI.PROD.py2f(): "prod", MPI.MIN.py2f(): "min", MPI.MAX.py2f(): "max"}
+
+
+def name_of(op):
+    """``op`` as the library names it: mpi4py's MPI.SUM, PROD, MIN or MAX its name, else ``op`` itself."""
+    return _MPI_NAMES.get(op.py2f(), op) if isinstance(op, MPI.Op) else op
+
+
 def get_op(name):
     """The ReduceOp called ``name``; ValueError (TypeError for a non-string) naming the choices otherwise.
     A ReduceOp is itself (the library's own ops: mpiallreduce.reproducible.EXACT_OPS)."""
     if isinstance(name, ReduceOp):
         return name
+    name = name_of(name)  # (op=MPI.SUM, as with mpi4py)
     if not isinstance(name, str):
-        raise TypeError(f"op must be a string, one of {', '.join(OPS)}; got {type(name).__name__} {name!r}")
+        raise TypeError(f"op must be a string, one of {', '.join(OPS)} (or MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX); "
+                        f"got {type(name).__name__} {name!r}")
     try:
         return OPS[name]
     except KeyError:

@@ -326,6 +326,20 @@ def test_check_on_one_rank_only_is_an_error_on_every_rank():
     assert values_equal(mar.allreduce(x), numpy_reference("sum", gather_inputs(WORLD, x)))
 
 
+@pytest.mark.parametrize("op, name", [(MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"), (MPI.MAX, "max")])
+def test_mpi4py_ops_are_taken_for_their_names(comm, op, name):
+    """A new user's finding: ``op=MPI.SUM``, natural to an mpi4py user, gave "unhashable type:
+    'mpi4py.MPI.Op'" from the short path's key. mpi4py's predefined ops are now their names' ops,
+    repeated calls included; another MPI op is refused with the choices named."""
+    x = exact_input("float64", 100, comm.Get_rank(), name)
+    want = numpy_reference(name, gather_inputs(comm, x))
+    for _ in range(3):  # (the general path, then the short path)
+        assert values_equal(mar.allreduce(x, op=op, comm=comm), want)
+    assert values_equal(mar.allreduce_async(x, op=op, comm=comm).wait(), want)
+    with pytest.raises(TypeError, match="or MPI.SUM"):
+        mar.allreduce(x, op=MPI.BAND, comm=comm, check=True)
+
+
 def test_a_compressed_bucket_is_scaled_once(comm):
     """Review finding: compressed buckets applied ``postscale`` twice (before the rounding and again
     at write-back)."""
