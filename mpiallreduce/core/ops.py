@@ -179,13 +179,13 @@ OPS = {
 }
 
 
-#: mpi4py's predefined ops that are ops here too, by their Fortran handle (an MPI.Op is unhashable)
-_MPI_NAMES = {MPI.SUM.py2f(): "sum", MPI.PROD.py2f(): "prod", MPI.MIN.py2f(): "min", MPI.MAX.py2f(): "max"}
+#: mpi4py's predefined ops that are ops here too (an MPI.Op is unhashable; == compares handles, no MPI call)
+_MPI_NAMES = ((MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"), (MPI.MAX, "max"))
 
 
 def name_of(op):
     """``op`` as the library names it: mpi4py's MPI.SUM, PROD, MIN or MAX its name, else ``op`` itself."""
-    return _MPI_NAMES.get(op.py2f(), op) if isinstance(op, MPI.Op) else op
+    return next((name for mpi, name in _MPI_NAMES if op == mpi), op) if isinstance(op, MPI.Op) else op
 
 
 def get_op(name):
