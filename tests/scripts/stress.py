@@ -344,13 +344,16 @@ class Stress:
 
     # --- the kinds ----------------------------------------------------------------------------
 
-    def op_sync(self, key, asynchronous=False):
+    def pick_call(self):
+        """A communicator, dtype, op, shape, algorithm, out mode and strided-or-not (in this order of draws)."""
         c = self.pick_comm()
         dtype, op = self.pick_dtype_op()
         shape = self.pick_shape(dtype)
         algorithm = self.pick_algorithm(c)
-        out_mode = int(self.rng.integers(3))
-        strided = bool(self.rng.random() < 0.1)
+        return c, dtype, op, shape, algorithm, int(self.rng.integers(3)), bool(self.rng.random() < 0.1)
+
+    def op_sync(self, key, asynchronous=False):
+        c, dtype, op, shape, algorithm, out_mode, strided = self.pick_call()
         check = self.flag("check", 0.2)
         timeout = TIMEOUT if self.flag("timeout", 0.2) else None
         comm = None if c.name == "world" and self.rng.random() < 0.5 else c.comm
@@ -434,12 +437,7 @@ class Stress:
             self.verify(got, want, what, out)
 
     def op_prepared(self, key):
-        c = self.pick_comm()
-        dtype, op = self.pick_dtype_op()
-        shape = self.pick_shape(dtype)
-        algorithm = self.pick_algorithm(c)
-        out_mode = int(self.rng.integers(3))
-        strided = bool(self.rng.random() < 0.1)
+        c, dtype, op, shape, algorithm, out_mode, strided = self.pick_call()
         timeout = TIMEOUT if self.flag("timeout", 0.2) else None
         runs = int(self.rng.integers(1, 5))
         x = self.make_x((key, 0), shape, dtype, strided)
