@@ -25,7 +25,7 @@ from ..faults.errors import call_site
 from ..faults.rendezvous import Rendezvous
 from ..faults.watch import PeerWatch
 from . import buffers
-from .consistency import SignatureMismatch, agree_on_call, compare, digest
+from .consistency import agree_on_call, compare, digest
 from .executor import Execution
 from .ops import get_op, name_of
 from .planner import check_algorithm_name, plan_call
@@ -146,8 +146,8 @@ class Call:
         try:
             compare(state, digest(("rejected", text)), lambda: {"rejected": text},
                     lambda: PeerWatch(state, sequence, None, "signature"), sequence)
-        except SignatureMismatch:
-            pass  # (the others raise it; this rank raises its own error)
+        except Exception as other:  # (a mismatch, or the others gave a timed call up): this rank's own error
+            raise error from other
         raise error
 
     def sets_up(self):

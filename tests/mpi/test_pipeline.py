@@ -315,6 +315,17 @@ def test_freeing_a_communicator_waits_for_its_asynchronous_calls():
     assert values_equal(handle.wait(), numpy_reference("sum", gather_inputs(WORLD, x)))
 
 
+def test_a_bad_timeout_on_one_rank_against_timed_calls_elsewhere_ends_on_every_rank():
+    """The others' timed call meets first and gives up within its timeout; the rank given the bad
+    timeout raises its own ValueError (not the others' giving up), and the next call is right."""
+    _skip_on_one_rank()
+    rank = WORLD.Get_rank()
+    x = exact_input("float64", 100, rank, "sum")
+    with pytest.raises(ValueError, match="timeout must be") if rank == 0 else pytest.raises(mar.AllreduceTimeout):
+        mar.allreduce(x, timeout=-1 if rank == 0 else 1)
+    assert values_equal(mar.allreduce(x), numpy_reference("sum", gather_inputs(WORLD, x)))
+
+
 def test_check_on_one_rank_only_is_an_error_on_every_rank():
     """Review finding: a call with check=True on one rank and without it on the others hung (an
     allgather against the shared slots). The checked call now compares a code of its own first."""
