@@ -1,8 +1,10 @@
 """benchmarks/gpu/device_check.sh, the GPU machine's one command, run here with --dry-run: the same
-venv and install steps from the carried wheels (--no-index), the same steps and files, on the CuPy
-stand-in with small sizes, to the end."""
+venv and install steps from the carried wheels (--no-index), from a Python that is itself a venv
+(this project's), the same steps and files, on the CuPy stand-in with small sizes, to the end; its
+info step and second test step with CUDA IPC refused, as a sandbox may."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu" / "device_check.sh"
 FETCH = ROOT / "benchmarks" / "gpu" / "fetch_wheels.sh"
 WHEELS = ROOT / "benchmarks" / "gpu" / "wheels"
 FILES = ["steps.txt", "info.txt", "tests-2ranks.txt", "tests-4ranks.txt", "bench-gpu.txt", "bench-gpu.json",
-         "train-gpu.txt", "scaling-cpu.txt"]
+         "train-gpu.txt"]
 
 
 @pytest.fixture(scope="module")
@@ -33,24 +35,32 @@ def dry_run(out, timeout=400, **env):
 
 
 def test_dry_run_goes_to_the_end_and_writes_every_file(wheels, tmp_path):
-    result = dry_run(tmp_path, BUDGET_SECONDS="300")
+    result = dry_run(tmp_path)  # (the default budget: 300 s)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "every file written; 0 step(s) failed" in result.stdout
     for name in FILES:
         assert (tmp_path / name).stat().st_size > 0, name
+    assert not (tmp_path / "scaling-cpu.txt").exists()  # (opt-in: --cpu-scaling)
     steps = (tmp_path / "steps.txt").read_text()
     assert not any(word in steps for word in ("FAILED", "TIMED OUT", "SKIPPED")), steps
+    used = [int(n) for n in re.findall(r"; (\d+)s of the 300s budget used\)", steps)]
+    assert len(used) == 7 and used == sorted(used) and used[-1] <= 300, steps
     info = (tmp_path / "info.txt").read_text()
-    assert "smoke test: a kernel ran: [2. 2.]" in info and "Open MPI" in info
-    for name in ("tests-2ranks.txt", "tests-4ranks.txt"):
-        assert " passed" in (tmp_path / name).read_text() and "failed" not in (tmp_path / name).read_text()
+    assert "smoke test: a float16 kernel and the preamble kernel ran, as numpy" in info and "Open MPI" in info
+    assert re.search(r"^kernel release    \S+", info, re.M) and "compute mode Default" in info, info
+    assert "CUDA IPC          refused: opening the peers' memory handles" in info, info
+    assert re.search(r"65536 B  staged_ring \(auto: .*; not device_to_device, which needs CUDA IPC, refused", info), info
+    two, three = (tmp_path / "tests-2ranks.txt").read_text(), (tmp_path / "tests-4ranks.txt").read_text()
+    for text in (two, three):  # (-v: each test's name and verdict)
+        assert re.search(r"^tests/mpi/test_device.py::test_\w+\[.*stand_in.*\] PASSED", text, re.M), text
+        assert " passed" in text and not re.search(r"\d+ failed| FAILED", text), text
+    assert "device_to_device" in two and "CUDA IPC is refused here" not in two
+    assert re.search(r"SKIPPED \[\d+\] .*CUDA IPC is refused here, so device_to_device never runs: refused", three), three
     bench = (tmp_path / "bench-gpu.txt").read_text()
     assert "# measured 65536 B out of place: openmpi" in bench and "device_to_device" in bench
     measurements = json.loads((tmp_path / "bench-gpu.json").read_text())
-    assert sum(m["wrong"] for m in measurements["measurements"]) == 0
+    assert sum(m["wrong"] for m in measurements["measurements"]) == 0 and measurements["failed"] == []
     assert "contender" in (tmp_path / "train-gpu.txt").read_text()
-    scaling = (tmp_path / "scaling-cpu.txt").read_text()
-    assert "### 2 ranks on 2 node(s)" in scaling and "node0, node1" in scaling
 
     # what a GPU run's results then become: the tuning table's device section (a stand-in run's
     # is not "measured")
@@ -62,6 +72,20 @@ def test_dry_run_goes_to_the_end_and_writes_every_file(wheels, tmp_path):
     device = json.loads(table.read_text())["device"]
     assert device["measured"] is False and device["one_node"][-1]["up_to_bytes"] is None
     assert device["across_nodes"] == {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}
+
+
+def test_a_gpu_test_that_finds_no_gpu_fails_in_the_gpu_run():
+    """What the GPU run sets (MPIALLREDUCE_REQUIRE_GPU=1): a CuPy test that would skip here, for lack
+    of CuPy or a device, fails and says why, so a broken install cannot pass as "ok"."""
+    import importlib.util
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the test needs a machine without it")
+    from mpiallreduce.tools.launch import run
+    result = run(1, [sys.executable, "tests/mpi_pytest.py", "tests/mpi/test_device.py::test_strided_device_arrays_and_out"
+                     "[cupy-mpi]", "-q", "--color=no", "-p", "no:cacheprovider"], timeout=120, cwd=ROOT,
+                 env=dict(os.environ, MPIALLREDUCE_REQUIRE_GPU="1"))
+    assert result.returncode != 0 and "1 error" in result.output and "skipped" not in result.output, result.output
+    assert "MPIALLREDUCE_REQUIRE_GPU=1 and no usable GPU: CuPy does not import" in result.output, result.output
 
 
 def test_without_the_wheels_it_says_what_to_fetch_and_carry(tmp_path):

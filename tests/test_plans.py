@@ -295,3 +295,31 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
     assert ring.name == "ring" and "fixed-point words" in ring.reason and ring.accumulate is None
     shared = plan_call(CallFacts(size=4), False, f32, 1 << 20, "reproducible_sum", "shared_memory")
     assert shared.name == "shared_memory" and "words" not in shared.reason
+
+
+def test_device_to_device_runs_only_where_cuda_ipc_works():
+    """device_to_device maps the peers' memory: untested, its plan asks the executor to probe first
+    (and plan again with these arguments); refused, auto takes the device table's choice across
+    nodes and says why, and asking for it by name is a ValueError; small calls are not affected."""
+    import dataclasses
+
+    from mpiallreduce.core.planner import CallFacts, plan_call
+    f32 = np.dtype(np.float32)
+    untested = CallFacts(size=4)
+    plan = plan_call(untested, True, f32, 1 << 20, "sum", "auto")
+    assert plan.name == "device_to_device" and plan.ipc_probe == (True, f32, 1 << 20, "sum", "auto")
+    assert "CUDA IPC not yet probed" in plan.describe()
+    works = dataclasses.replace(untested, cuda_ipc="works")
+    assert plan_call(works, True, f32, 1 << 20, "sum", "auto").ipc_probe is None
+    assert plan_call(works, True, f32, 1 << 20, "sum", "device_to_device").name == "device_to_device"
+    for aware, fallback in ((False, "staged_ring"), (True, "ring")):
+        refused = dataclasses.replace(untested, cuda_ipc="refused: rank 1: cudaErrorMapBufferObjectFailed",
+                                      cuda_aware=aware)
+        plan = plan_call(refused, True, f32, 1 << 20, "sum", "auto")
+        assert plan.name == fallback and plan.ipc_probe is None, plan.describe()
+        assert "not device_to_device, which needs CUDA IPC, refused: rank 1: cudaErrorMapBufferObjectFailed" in plan.reason
+        with pytest.raises(ValueError, match=r"maps the peers' device memory \(CUDA IPC\), which this machine "
+                                             r"refused \(use algorithm='staged_ring' or 'auto'\)"):
+            plan_call(refused, True, f32, 1 << 20, "sum", "device_to_device")
+        assert plan_call(refused, True, f32, 1024, "sum", "auto").name == "mpi"
+        assert plan_call(refused, False, f32, 1 << 20, "sum", "auto").name != "device_to_device"

@@ -201,13 +201,30 @@ def test_bench_writes_csv_and_json_with_metadata(bench_run):
     assert "\x00" not in result.output
 
 
-def test_a_planted_wrong_result_is_counted(tmp_path):
-    result = run_bench(2, tmp_path, "--algorithms", "ring,mpi", "--openmpi-forced", "none", "--plant-wrong", "ring")
+def test_a_planted_wrong_result_is_counted_and_a_failing_contender_recorded(tmp_path):
+    """On the stand-in refusing CUDA IPC: device_to_device raises at every size (a ValueError, on
+    every rank) and is a FAILED row with its error, in the table and the JSON; ring's planted wrong
+    element is counted; the others are measured; the JSON is written; the exit status is 1."""
+    import json
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "bench", "--device", "fake-gpu", "--sizes", "4K,64K",
+                     "--repetitions", "2", "--mode", "out-of-place", "--algorithms", "ring,device_to_device,auto",
+                     "--openmpi-forced", "none", "--plant-wrong", "ring", "--output", str(tmp_path)],
+                 timeout=SHORT_TIMEOUT, cwd=ROOT, env=dict(os.environ, MPIALLREDUCE_FAKE_CUPY_IPC="refuse"))
     assert result.returncode == 1, explain(result)
     rows = BENCH_ROW.findall(result.output)
-    assert {r[3]: r[7] for r in rows if r[3] == "ring"} == {"ring": "1"}, explain(result)
-    assert all(r[7] == "0" for r in rows if r[3] != "ring"), explain(result)
-    assert "wrong elements in all" in result.output
+    assert sorted((r[3], r[0], r[7]) for r in rows) == [
+        ("auto", "4096", "0"), ("auto", "65536", "0"), ("openmpi", "4096", "0"), ("openmpi", "65536", "0"),
+        ("ring", "4096", "1"), ("ring", "65536", "1")], explain(result)
+    failed = re.findall(r"^\s*(\d+)\s+out\s+device_to_device FAILED: rank 0: ValueError: the device_to_device "
+                        r"algorithm maps the peers' device memory \(CUDA IPC\), which this machine refused", result.output,
+                        re.M)
+    assert failed == ["4096", "65536"], explain(result)
+    assert "wrong elements in all" in result.output and "contender(s) failed" in result.output
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert [(f["algorithm"], f["nbytes"]) for f in data["failed"]] == [("device_to_device", 4096),
+                                                                       ("device_to_device", 65536)]
+    assert "cudaErrorMapBufferObjectFailed" in data["failed"][0]["error"]
+    assert sum(m["wrong"] for m in data["measurements"]) == 2
 
 
 def test_plot_writes_figures(bench_run, tmp_path):

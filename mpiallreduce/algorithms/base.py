@@ -36,6 +36,9 @@ class Algorithm:
     blocking_messages_only = False
     #: for memory == "device": the name of the path it is (see mpiallreduce.transports)
     device_path = None
+    #: True when it maps the peers' device memory (CUDA IPC): the planner runs it only where the
+    #: communicator's probe found that works (CallFacts.cuda_ipc)
+    needs_cuda_ipc = False
     #: True when it talks only with Send/Recv/Sendrecv/Isend/Irecv: its tags are then offset by
     #: the call's number (CallTags), so that a message left behind by a call that failed midway
     #: can never be taken for the next call's

@@ -36,10 +36,12 @@ from ..core.buffers import copy_into
 from ..device.arrays import allocation_range, close_ipc_mapping, namespace, synchronize
 from .base import OneNodeSlicedAlgorithm
 
-#: CUDA code for min and max with numpy's rules (NaN wins; on a tie the first argument)
+#: CUDA code for min and max with numpy's rules: a NaN wins (the first, if both are); on a tie the
+#: second argument (np.maximum(0.0, -0.0) is -0.0). The CuPy stand-in runs these expressions as
+#: they are written (mpiallreduce.testing.fake_cupy_arrays), so CI compares them with numpy.
 RANK_ORDER_PREAMBLE = """
-template <typename T> __device__ T mpiallreduce_max(T a, T b) { return (a >= b || a != a) ? a : b; }
-template <typename T> __device__ T mpiallreduce_min(T a, T b) { return (a <= b || a != a) ? a : b; }
+template <typename T> __device__ T mpiallreduce_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> __device__ T mpiallreduce_min(T a, T b) { return (a < b || a != a) ? a : b; }
 """
 _COMBINE = {"sum": "({a} + {b})", "mean": "({a} + {b})", "prod": "({a} * {b})",
             "max": "mpiallreduce_max({a}, {b})", "min": "mpiallreduce_min({a}, {b})"}
@@ -66,6 +68,8 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
     memory = "device"
     device_path = "device-to-device"
     across_nodes = "staged_ring"
+    #: it maps the peers' memory: the planner uses it only where probe_cuda_ipc found that works
+    needs_cuda_ipc = True
 
     def execute(self, plan, comm, send, recv, op, datatype):
         xp = namespace(recv)
@@ -190,6 +194,41 @@ def peer_arrays(comm, xp, arrays, handles, mappings):
             memory = xp.cuda.UnownedMemory(mappings.base(handle) + offset, array.nbytes, None, device_id)
             views[i][q] = xp.ndarray(array.shape, array.dtype, xp.cuda.MemoryPointer(memory, 0))
     return views
+
+
+def probe_cuda_ipc(comm, xp):
+    """Collective over ``comm``: whether every rank can map every other's device memory. "works",
+    or "refused: " and what failed on which ranks (the same text on every rank). Sandboxes (gVisor,
+    some containers) and some drivers refuse CUDA IPC; then the planner never runs this algorithm.
+
+        every rank   a 256-byte allocation; its IPC handle exported         (exchange_handles)
+        allgather    the handles, with a status byte                        (exchange_handles)
+        every rank   each peer's allocation opened, then closed             (PeerMappings)
+        agree        it works only if it worked on every rank               (agree_on_outcome)
+
+    Raises (on every rank) only if a rank cannot allocate 256 bytes of device memory at all.
+    """
+    error, buffer = None, None
+    try:
+        buffer = xp.zeros(256, dtype=np.uint8)
+    except Exception as failure:  # noqa: BLE001 - raised on every rank by agree_on_outcome
+        error = failure
+    agree_on_outcome(comm, error, "the CUDA IPC probe: allocating 256 bytes of device memory")
+    mappings = PeerMappings(xp)
+    try:
+        handles = exchange_handles(comm, xp, [buffer])  # (agreed: raises on every rank if one failed)
+        try:
+            peer_arrays(comm, xp, [buffer], handles, mappings)
+            mappings.close()
+        except Exception as failure:  # noqa: BLE001 - agreed just below
+            error = failure
+        agree_on_outcome(comm, error, "opening the peers' memory handles (cudaIpcOpenMemHandle)")
+    except RuntimeError as refused:  # (agree_on_outcome's: the same on every rank)
+        return f"refused: {refused}"
+    finally:
+        with contextlib.suppress(Exception):
+            mappings.close()
+    return "works"
 
 
 ALGORITHM = DeviceToDeviceAllreduce()

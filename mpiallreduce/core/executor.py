@@ -36,7 +36,8 @@ class Execution:
     """What every run of one plan needs, bound once (see the module's docstring)."""
 
     __slots__ = ("state", "plan", "op", "shape", "dtype", "datatype", "code", "describe", "compares_first",
-                 "direct", "mpi_op", "strides", "watched", "options", "carried", "raw", "raw_unchecked", "short")
+                 "direct", "mpi_op", "strides", "watched", "options", "carried", "raw", "raw_unchecked", "short",
+                 "after_probe")
 
     def __init__(self, state, plan, op, shape, dtype, kind):
         """``kind``: "host" or "device" (the memory of the call's arrays); ``op`` a ReduceOp."""
@@ -60,30 +61,48 @@ class Execution:
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
         self.options = {} if plan.inner is None else {"inner": plan.inner}
         self.short = self._short_path() if kind == "host" else None
+        self.after_probe = None
 
-    def run(self, send, recv, sequence, timeout=None, xp=None):
+    def _probed(self, xp):
+        """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator: this
+        call's turn on every rank, past its signature check), then planned again with the verdict."""
+        if self.after_probe is None:
+            from .planner import plan_call
+            self.state.learn_cuda_ipc(xp)
+            self.after_probe = Execution(self.state, plan_call(self.state.facts, *self.plan.ipc_probe), self.op,
+                                         self.shape, self.dtype, "device")
+        return self.after_probe
+
+    def run(self, send, recv, sequence, timeout=None, xp=None, compared=False):
         """Reduce ``send`` (flat, or None when ``recv`` holds this rank's input) into ``recv`` (flat)
-        as call #``sequence``; ``xp``: CuPy for device arrays, else None."""
+        as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
+        was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
         watch = PeerWatch(state, sequence, timeout, self.plan.name) if self.watched else None
+        probed = None
         try:
-            if self.compares_first:  # (no deadline: a timed call's ranks all committed at its rendezvous)
-                compare(state, self.code, self.describe, lambda: PeerWatch(state, sequence, None, "signature"),
-                        sequence)
-            if self.direct:
+            if self.compares_first and not compared:  # (no deadline: a timed call's ranks all committed
+                compare(state, self.code, self.describe,  # at its rendezvous)
+                        lambda: PeerWatch(state, sequence, None, "signature"), sequence)
+            if self.plan.ipc_probe is not None:
+                probed = self._probed(xp)
+            elif self.direct:
                 if self.raw:
                     state.library.Allreduce(MPI.IN_PLACE if send is None else send, recv, self.mpi_op)
                 else:
                     state.library.Allreduce(MPI.IN_PLACE if send is None else [send, self.datatype],
                                             [recv, self.datatype], self.mpi_op)
                 return recv
-            ignoring = ignore_float_errors()
-            try:
-                self._reduce(send, recv, sequence, timeout, xp, watch)
-            finally:
-                restore_float_errors(ignoring)
+            else:
+                ignoring = ignore_float_errors()
+                try:
+                    self._reduce(send, recv, sequence, timeout, xp, watch)
+                finally:
+                    restore_float_errors(ignoring)
         except BaseException as error:
             raise_failed(error, state, sequence, watch)
+        if probed is not None:
+            return probed.run(send, recv, sequence, timeout, xp, compared=True)
         return recv
 
     def _reduce(self, send, recv, sequence, timeout, xp, watch):

@@ -18,7 +18,10 @@ Rules, in order:
 - ``auto``, device arrays: the tuning table's device section, by size on one node (``mpi`` below
   64 KiB, ``device_to_device`` from there on), by CUDA-awareness across nodes (``ring`` through a
   CUDA-aware MPI, else ``staged_ring``). Until a GPU run measures them these are guesses, and the
-  plan's reason says "unmeasured guess";
+  plan's reason says "unmeasured guess". ``device_to_device`` maps the peers' memory (CUDA IPC):
+  where the communicator's probe found that refused, ``auto`` runs the table's choice across nodes
+  instead and a call asking for it by name is refused; until the first call that would run it has
+  probed (the executor does, after the signature check), the plan carries ``ipc_probe``;
 - reproducible sums (op ``reproducible_sum``/``reproducible_mean``, mpiallreduce.reproducible), numpy
   arrays: ``auto`` runs an algorithm that sums each element from every contribution at once,
   straight from the floats (the direct route): ``shared_memory`` on one node below 4 MiB,
@@ -74,6 +77,9 @@ class CallFacts:
     equal_nodes: bool = True
     #: the communicator has shared signature slots (one node, not under ULFM)
     shared_slots: bool = False
+    #: CUDA IPC among its ranks: "untested" (until a call that would use it probes it:
+    #: mpiallreduce.core.state.CommState.learn_cuda_ipc), "works", or "refused: why"
+    cuda_ipc: str = "untested"
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,9 @@ class CallPlan:
     #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
     #: set-up it needs is sized by (shared_memory's window: mpiallreduce.algorithms.base.needs_set_up)
     working_bytes: int = 0
+    #: an algorithm that needs CUDA IPC on a communicator that has not probed it yet: plan_call's
+    #: arguments, to plan again with once the executor has probed it (the verdict in the facts)
+    ipc_probe: Optional[tuple] = None
 
     @property
     def name(self):
@@ -141,6 +150,8 @@ class CallPlan:
             text += (f"; node leaders run {self.inner.name}"
                      + (" (on the call's tags, watching the peers)" if self.inner_on_tags else ""))
         text += f"; signature: {self.signature}"
+        if self.ipc_probe is not None:
+            text += "; CUDA IPC not yet probed: the first call probes it, and plans again if it is refused"
         return text
 
 
@@ -191,6 +202,10 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:
             raise ValueError(f"the {algorithm} algorithm needs every rank of the communicator on one node; "
                              f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})")
+        if chosen.needs_cuda_ipc and facts.cuda_ipc.startswith("refused"):
+            raise ValueError(f"the {algorithm} algorithm maps the peers' device memory (CUDA IPC), which "
+                             f"this machine refused (use algorithm={chosen.across_nodes!r} or 'auto'); the "
+                             f"probe's {facts.cuda_ipc}")
     elif reproducible:
         shared = not facts.spans_nodes and nbytes < REPRODUCIBLE_SHARED_MEMORY_BELOW
         chosen = REGISTRY["shared_memory" if shared else "pairwise_exchange"]
@@ -200,11 +215,17 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
                   f"floats themselves ({where})")
     elif on_device:
         name, measured = choose_on_device(nbytes, facts.spans_nodes, facts.cuda_aware, REGISTRY)
-        chosen = REGISTRY[name]
         where = f"across {facts.node_count} nodes" if facts.spans_nodes else "on one node"
         reason = (f"the device table for device arrays {where}, {nbytes} bytes"
                   + (f", MPI {'is' if facts.cuda_aware else 'is not'} CUDA-aware" if facts.spans_nodes else "")
                   + ("" if measured else " (unmeasured guess)"))
+        if REGISTRY[name].needs_cuda_ipc and facts.cuda_ipc.startswith("refused"):
+            # (the table's choice across nodes: the ranks' own messages, staged or CUDA-aware)
+            refused, (name, _) = name, choose_on_device(nbytes, True, facts.cuda_aware, REGISTRY)
+            reason += (f"; not {refused}, which needs CUDA IPC, {' '.join(facts.cuda_ipc.split())}; "
+                       f"the table's choice across nodes instead (MPI {'is' if facts.cuda_aware else 'is not'} "
+                       "CUDA-aware)")
+        chosen = REGISTRY[name]
     elif facts.spans_nodes:
         measured = choose_across_nodes(nbytes, facts.node_count, facts.size, REGISTRY)
         if measured is not None and (facts.equal_nodes or not REGISTRY[measured].needs_equal_nodes):
@@ -241,7 +262,10 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     if compared and chosen.carries_signature and not on_device and facts.shared_slots:
         signature = f"carried by {chosen.name}"
     working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
-    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working)
+    probe = None
+    if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested":
+        probe = (on_device, dtype, nbytes, op_name, algorithm)
+    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe)
 
 
 def choose_algorithm(nbytes, size):

@@ -5,21 +5,18 @@
                                   its own tag (TAG_UB) the rendezvous of timed calls
                                   (mpiallreduce.faults.rendezvous)
 
-The duplicate is made the first time a communicator is used, on the thread that called the
-library, in program order, with ``MPI_Comm_idup``, so the library's collectives never meet the
-user's own on the user's communicator, whatever the user does meanwhile (``comm.allreduce``,
-``check_replicas``). It is waited for at once when that first call is untimed, and left pending
-when it is timed, so that a straggler on the very first call is reported, not waited for (one
-outstanding duplicate at most: with two per communicator left pending while the program went on
-making communicators, CI saw a hang and ranks grow to 11 GiB; open-mpi/ompi#2025). The first call
-then, on the caller's thread too (mpiallreduce.core.worker: never on the asynchronous worker),
-compares the settings that must match (mpiallreduce.settings), learns the node layout and makes
-the communicators and shared slots it needs.
+The duplicate (``MPI_Comm_idup``) is made on the first use, on the caller's thread, in program order:
+the library's collectives never meet the user's own (``comm.allreduce``). It is waited for at once
+when that first call is untimed, left pending when it is timed, so that a straggler on the first call
+is reported, not waited for (one pending duplicate at most: with two, CI saw a hang and 11 GiB
+ranks; open-mpi/ompi#2025). The first call then, on the caller's thread too (never on the worker),
+compares the settings, learns the node layout and makes the communicators and shared slots it needs.
 
 States are found by the communicator's handle (a dict: cheaper than an MPI attribute lookup); an
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
 communicator is freed (at MPI_Finalize for COMM_WORLD).
 """
+import dataclasses
 import threading
 
 import numpy as np
@@ -70,6 +67,8 @@ class CommState:
         self.facts = None
         #: whether every rank's MPI takes device pointers (agreed: all of them, or it counts as no)
         self.cuda_aware = False
+        #: "untested", "works" or "refused: why": CUDA IPC among the ranks (learn_cuda_ipc)
+        self.cuda_ipc = "untested"
         #: callables run when the communicator is freed
         self.on_free = []
         #: an exception every later call re-raises (the ranks' settings differ)
@@ -160,24 +159,22 @@ class CommState:
         if self.node_count == 1 and self.size > 1 and self.signature_slots is None and not fault_tolerant():
             from .slots import SignatureSlots
             self.signature_slots = SignatureSlots(self.library)
-        self._agree_on_cuda_awareness()
+        from ..device.arrays import agree_on_cuda_awareness
+        self.cuda_aware = agree_on_cuda_awareness(self.library, self.settings.cuda_aware)
         from .planner import CallFacts
         self.facts = CallFacts(size=self.size, spans_nodes=self.spans_nodes, node_count=self.node_count,
-                               equal_nodes=self.equal_nodes, cuda_aware=self.cuda_aware,
+                               equal_nodes=self.equal_nodes, cuda_aware=self.cuda_aware, cuda_ipc=self.cuda_ipc,
                                signature_min_bytes=self.settings.signature_min_bytes,
                                shared_slots=self.signature_slots is not None)
 
-    def _agree_on_cuda_awareness(self):
-        """Device pointers go to MPI only if every rank's MPI takes them: the ranks' answers are
-        combined here (a rank-local fact the plan depends on is agreed, never assumed equal)."""
-        forced = self.settings.cuda_aware  # (an agreed setting: the same on every rank)
-        if forced is not None:
-            self.cuda_aware = bool(forced)
-            return
-        from ..device.arrays import cuda_aware
-        votes = np.array([1 if cuda_aware()[0] else 0], dtype=np.int64)
-        self.library.Allreduce(MPI.IN_PLACE, [votes, MPI.INT64_T], op=MPI.MIN)
-        self.cuda_aware = bool(votes[0])
+    def learn_cuda_ipc(self, xp):
+        """Probe CUDA IPC once (collective: in a call's turn, on every rank) and plan with the verdict."""
+        if self.cuda_ipc == "untested":
+            from ..algorithms.device_to_device import probe_cuda_ipc
+            self.cuda_ipc = probe_cuda_ipc(self.library, xp)
+            self.facts = dataclasses.replace(self.facts, cuda_ipc=self.cuda_ipc)
+            self.fast_calls.clear()  # (plans made before it probe; the next ones need not)
+        return self.cuda_ipc
 
     def renew_settings(self, current):
         """The process's settings were replaced (``settings.reset_settings``; every rank at the same

@@ -8,6 +8,9 @@ import functools
 import os
 import sys
 
+import numpy as np
+from mpi4py import MPI
+
 __all__ = [
     "CUDA_AWARE_ENV",
     "namespace",
@@ -81,6 +84,17 @@ def cuda_aware():
     if forced is not None:
         return forced, f"{CUDA_AWARE_ENV}={int(forced)}"
     return _library_cuda_aware()
+
+
+def agree_on_cuda_awareness(comm, forced):
+    """Collective over ``comm`` unless ``forced`` (an agreed setting, the same on every rank): device
+    pointers go to MPI only if every rank's MPI takes them (a rank-local fact the plan depends on
+    is agreed, never assumed equal). Called by mpiallreduce.core.state.CommState.make_ready."""
+    if forced is not None:
+        return bool(forced)
+    votes = np.array([1 if cuda_aware()[0] else 0], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, [votes, MPI.INT64_T], op=MPI.MIN)
+    return bool(votes[0])
 
 
 #: variables in which launchers tell a process its rank among the processes of its node

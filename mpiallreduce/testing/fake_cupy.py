@@ -42,6 +42,7 @@ del _class
 runtime = types.SimpleNamespace(
     getDeviceCount=_device_count,
     getDevice=lambda: _Device._selected,
+    getDeviceProperties=lambda device: {"name": b"the CuPy stand-in", "computeMode": 0},
     setDevice=lambda i: _Device(i).use(),
     ipcGetMemHandle=_ipc_get_mem_handle,
     ipcOpenMemHandle=_ipc_open_mem_handle,
@@ -65,3 +66,10 @@ cuda = types.SimpleNamespace(
 def synchronize_all():
     """Run every queued kernel of every stream this module knows of (for tests' teardown)."""
     _null_stream.synchronize()
+
+
+def refuse_ipc(refused=True):
+    """Make opening a peer's memory fail (True) or work again (False), as in a sandbox that refuses
+    CUDA IPC (MPIALLREDUCE_FAKE_CUPY_IPC=refuse does it from the start)."""
+    from . import fake_cupy_memory
+    fake_cupy_memory.refuse_ipc = bool(refused)

@@ -1,6 +1,7 @@
 """fake_cupy's arrays and kernels: ``ndarray`` (``__cuda_array_interface__`` over fake device memory),
 the functions that make and copy arrays, and the asynchronous kernels (elementwise, ElementwiseKernel)."""
 import ctypes
+import re
 
 import numpy as np
 
@@ -217,10 +218,10 @@ def _elementwise(ufunc):
 class ElementwiseKernel:
     """``cupy.ElementwiseKernel`` for the operations mpiallreduce writes: one assignment to the
     output whose right side is also a Python expression (names, ``+``, ``*``, parentheses, calls of
-    ``mpiallreduce_max``/``mpiallreduce_min``, which the preamble defines on a GPU and numpy's
-    maximum/minimum stand in for here). Evaluated with numpy, in the inputs' dtype, when the stream runs it."""
-
-    _functions = {"mpiallreduce_max": np.maximum, "mpiallreduce_min": np.minimum}
+    functions that the preamble defines). The preamble's functions are run as they are written
+    there (``preamble_functions``), not replaced by numpy's: a rule of theirs that differs from
+    numpy's (which argument wins a tie, say) shows here as it would on a GPU. Evaluated with numpy,
+    in the inputs' dtype, when the stream runs it."""
 
     def __init__(self, in_params, out_params, operation, name="kernel", preamble="", **options):
         self.inputs = [param.split()[-1] for param in in_params.split(",")]
@@ -230,6 +231,7 @@ class ElementwiseKernel:
             raise NotImplementedError(f"the stand-in runs one assignment to the one output, not {operation!r}")
         self.code = compile(expression.strip(), name, "eval")
         self.name = name
+        self._functions = preamble_functions(preamble)
 
     def __call__(self, *args):
         if len(args) != len(self.inputs) + 1:
@@ -245,6 +247,29 @@ class ElementwiseKernel:
         counts["elementwise_launches"] += 1
         _launch(run)
         return args[-1]
+
+
+#: a preamble function the stand-in can run: ``template <typename T> __device__ T f(T a, T b)
+#: { return (CONDITION) ? a : b; }``, CONDITION comparisons joined by ``||`` or ``&&``
+_DEVICE_FUNCTION = re.compile(r"template\s*<typename T>\s*__device__\s+T\s+(\w+)\s*\(\s*T\s+(\w+)\s*,\s*T\s+(\w+)\s*\)"
+                              r"\s*\{\s*return\s*\((.*?)\)\s*\?\s*(\w+)\s*:\s*(\w+)\s*;\s*\}")
+
+
+def preamble_functions(preamble):
+    """The preamble's two-argument functions as numpy functions that evaluate the same condition
+    elementwise (``np.where``); NotImplementedError for a preamble of any other form."""
+    functions = {}
+    for name, a, b, condition, chosen, other in _DEVICE_FUNCTION.findall(preamble):
+        if "||" in condition and "&&" in condition:
+            raise NotImplementedError(f"the stand-in cannot run {condition!r} (both || and &&)")
+        joiner = "||" if "||" in condition else "&&"
+        python = {"||": " | ", "&&": " & "}[joiner].join(f"({part.strip()})" for part in condition.split(joiner))
+        code = compile(f"where({python}, {chosen}, {other})", name, "eval")
+        functions[name] = (lambda code, a, b: lambda x, y: eval(code, {"where": np.where}, {a: x, b: y}))(code, a, b)
+    leftover = _DEVICE_FUNCTION.sub("", preamble).strip()
+    if leftover:
+        raise NotImplementedError(f"the stand-in cannot run this preamble: {leftover!r}")
+    return functions
 
 
 add = _elementwise(np.add)

@@ -70,7 +70,15 @@ def _ipc_get_mem_handle(ptr):
     return memory.name.encode().ljust(64, b"\0")
 
 
+#: set (or MPIALLREDUCE_FAKE_CUPY_IPC=refuse in the environment): opening a peer's memory fails,
+#: as CUDA IPC does in sandboxes that refuse it (gVisor, some containers)
+refuse_ipc = os.environ.get("MPIALLREDUCE_FAKE_CUPY_IPC") == "refuse"
+
+
 def _ipc_open_mem_handle(handle, flags=1):
+    if refuse_ipc:
+        raise RuntimeError("cudaErrorMapBufferObjectFailed: mapping of buffer object failed "
+                           "(the CuPy stand-in refuses CUDA IPC: MPIALLREDUCE_FAKE_CUPY_IPC=refuse)")
     name = bytes(handle).rstrip(b"\0").decode()
     fd = os.open(os.path.join(_SHM_DIR or "/tmp", name), os.O_RDWR)
     try:

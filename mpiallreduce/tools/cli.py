@@ -22,11 +22,14 @@ commands:
 
 
 def _info(argv):
-    ArgumentParser(prog="mpiallreduce info").parse_args(argv)
+    parser = ArgumentParser(prog="mpiallreduce info")
+    parser.add_argument("--device", choices=["gpu", "fake-gpu"], default="gpu",
+                        help="the GPU part: real CuPy (default), or the stand-in (tests, the device check's dry run)")
+    args = parser.parse_args(argv)
     from mpi4py import MPI
 
     from .info import collect, format_report
-    info = collect(MPI.COMM_WORLD)
+    info = collect(MPI.COMM_WORLD, device=args.device)
     if info is not None:
         print(format_report(info), flush=True)
     return 0

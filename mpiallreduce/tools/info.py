@@ -12,6 +12,7 @@ from ..core.settings import settings
 from ..device.arrays import CUDA_AWARE_ENV, cuda_aware as cuda_aware_decision
 from ..core.mpilib import cuda_aware, library_version, loaded_libmpi
 from ..device.transports import device_path
+from .gpu_info import format_gpu, gpu_facts
 
 __all__ = ["launch_method", "slurm_variables", "collect", "format_report"]
 
@@ -72,8 +73,9 @@ def gpu_choice(local_rank, environ=None):
     return index, devices[index] if devices and index < len(devices) else str(index)
 
 
-def collect(comm=MPI.COMM_WORLD):
-    """Everything ``info`` reports; collective over ``comm``, complete on rank 0 (None elsewhere)."""
+def collect(comm=MPI.COMM_WORLD, device="gpu"):
+    """Everything ``info`` reports; collective over ``comm``, complete on rank 0 (None elsewhere).
+    ``device``: "gpu" (CuPy, if it is usable) or "fake-gpu" (mpiallreduce.tools.gpu_info)."""
     local_rank, local_size = _node_local_rank(comm)
     per_rank = {
         "rank": comm.Get_rank(),
@@ -88,6 +90,7 @@ def collect(comm=MPI.COMM_WORLD):
     }
     everyone = comm.gather(per_rank, root=0)
     plans = _auto_plans(comm)
+    gpu = gpu_facts(comm, device)
     if comm.Get_rank() != 0:
         return None
     aware, how = cuda_aware()
@@ -112,6 +115,7 @@ def collect(comm=MPI.COMM_WORLD):
         "settings": settings().as_dict(),
         "reproducible_conversions": _reproducible_conversions(),
         "auto_plans": plans,
+        "gpu": gpu,
         "per_rank": everyone,
     }
 
@@ -162,6 +166,8 @@ def format_report(info):
     lines.append(f"reproducible float32 sums: {info['reproducible_conversions']}")
     lines.append(f"what auto runs here (float32 sum, {info['ranks']} ranks; mpiallreduce.planner):")
     lines += [f"  {int(nbytes):>10} B  {text}" for nbytes, text in info.get("auto_plans", {}).items()]
+    if info.get("gpu"):
+        lines += format_gpu(info["gpu"])
     lines.append("settings          " + ", ".join(f"{k}={v!r}" for k, v in info.get("settings", {}).items()))
     slurm = first["slurm"]
     if slurm:

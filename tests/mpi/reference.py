@@ -5,8 +5,10 @@ the raw bytes), never from mpiallreduce. Exact inputs are small integers (in eve
 order of summation gives the same bits and results can be compared bitwise.
 """
 import hashlib
+import os
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 NUMPY_REDUCTIONS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "mean": np.add}
@@ -96,3 +98,15 @@ def problems_with(comm, result, expected, case):
     if differ:
         problems.append(f"{case}: {differ}")
     return problems
+
+
+#: set by benchmarks/gpu/device_check.sh on the GPU machine: there a CuPy or torch-CUDA test that
+#: finds no CuPy or no device fails instead of skipping (a broken install must not read as "ok")
+REQUIRE_GPU = os.environ.get("MPIALLREDUCE_REQUIRE_GPU") == "1"
+
+
+def no_gpu(reason):
+    """Skip a GPU test for ``reason``; under MPIALLREDUCE_REQUIRE_GPU=1, fail it."""
+    if REQUIRE_GPU:
+        pytest.fail(f"MPIALLREDUCE_REQUIRE_GPU=1 and {reason}", pytrace=False)
+    pytest.skip(reason)

@@ -14,28 +14,21 @@ from mpi4py import MPI
 import mpiallreduce as mar
 import mpiallreduce.testing.fake_cupy as fake_cupy
 from mpiallreduce.device import arrays as device, transports
-from mpiallreduce.algorithms import device_to_device
-from reference import exact_input, gather_inputs, numpy_reference, problems_with
+from mpiallreduce.algorithms import REGISTRY, device_to_device
+from mpiallreduce.core.state import state_of
+from reference import exact_input, gather_inputs, no_gpu, numpy_reference, problems_with
 
 pytestmark = pytest.mark.mpi
-
-
-def _real_cupy():
-    try:
-        import cupy
-        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:  # no cupy, or no driver / no device
-        return None
 
 
 @pytest.fixture(params=["stand_in", "cupy"], scope="module")
 def xp(request):
     if request.param == "stand_in":
         return fake_cupy
-    cupy = _real_cupy()
+    from mpiallreduce.tools.gpu_info import usable_cupy
+    cupy, why = usable_cupy()  # (this rank's GPU selected)
     if cupy is None:
-        pytest.skip("no GPU (CuPy not installed or no CUDA device)")
-    mar.select_gpu(xp=cupy)
+        no_gpu(f"no usable GPU: {why}")
     return cupy
 
 
@@ -46,6 +39,17 @@ def aware(request, use_settings, xp):
         pytest.skip("this MPI is not CUDA-aware: device pointers would crash it")  # the stand-in's are host memory
     use_settings(cuda_aware=wanted)
     return wanted
+
+
+def needs_cuda_ipc(xp, algorithm="device_to_device"):
+    """Skip a test of an algorithm that maps the peers' memory where CUDA IPC is refused (a sandbox):
+    COMM_WORLD's probe, collective, agreed, so every rank skips. Called before anything is patched."""
+    comm = MPI.COMM_WORLD
+    if algorithm == "auto" or not REGISTRY[algorithm].needs_cuda_ipc or comm.Get_size() == 1:
+        return
+    verdict = state_of(comm).make_ready().learn_cuda_ipc(xp)
+    if verdict != "works":
+        pytest.skip(f"CUDA IPC is refused here, so {algorithm} never runs: {verdict}")
 
 
 ALGORITHMS = list(mar.ALGORITHMS) + ["auto"]
@@ -60,6 +64,7 @@ def sizes_for(p):
 @pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_device_arrays_match_numpy(xp, aware, algorithm, in_place):
+    needs_cuda_ipc(xp, algorithm)
     comm = MPI.COMM_WORLD
     problems = []
     for op, dtype in CASES:
@@ -80,6 +85,7 @@ def test_device_arrays_match_numpy(xp, aware, algorithm, in_place):
 
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "staged_ring", "device_to_device", "mpi"])
 def test_strided_device_arrays_and_out(xp, algorithm):
+    needs_cuda_ipc(xp, algorithm)
     comm = MPI.COMM_WORLD
     host = exact_input("float64", 6 * 5, comm.Get_rank(), "sum").reshape(6, 5)
     expected = numpy_reference("sum", gather_inputs(comm, host))
@@ -99,6 +105,7 @@ def test_strided_device_arrays_and_out(xp, algorithm):
 def test_low_precision_accumulates_in_float32(xp, algorithm):
     """1024 + 1 + 1 + ... in float16 stays 1024 step by step (spacing 1 above 1024 is 1, above 2048
     is 2); summed in float32 and rounded once it is exact. Each algorithm must give the latter."""
+    needs_cuda_ipc(xp, algorithm)
     comm = MPI.COMM_WORLD
     p = comm.Get_size()
     host = np.full(4099, 0.25, dtype=np.float16)
@@ -131,6 +138,7 @@ def test_bfloat16_words_on_the_device(xp, algorithm, op):
     with Bfloat16Bits (mpiallreduce.torch): widened exactly, reduced in float32, rounded once to
     nearest even. Expected: ml_dtypes on the gathered values (their float32 sums are exact)."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
+    needs_cuda_ipc(xp, algorithm)
     from mpiallreduce.core.ops import OPS, Bfloat16Bits
     comm = MPI.COMM_WORLD
     p, rank = comm.Get_size(), comm.Get_rank()
@@ -167,6 +175,7 @@ def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch, use_
     p = comm.Get_size()
     if p == 1:
         pytest.skip("one rank does not communicate")
+    needs_cuda_ipc(fake_cupy, algorithm)
     use_settings(cuda_aware=True)
     expected = np.full(1000, float(p * (p + 1)), dtype=np.float32)
 
@@ -208,6 +217,7 @@ def test_pinned_buffers_are_reused_and_ipc_mappings_closed(xp, use_settings):
 
     if xp is not fake_cupy:
         return
+    needs_cuda_ipc(xp)
     before = dict(fake_cupy.counts)
     for _ in range(3):
         mar.allreduce(x, algorithm="device_to_device", out=out)
@@ -226,6 +236,7 @@ def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op):
     """The one p-input kernel: NaN wins min and max, -0.0 and 0.0 tie as numpy's maximum/minimum
     decide, sums and products in rank order, infinities; bit for bit numpy's ufunc applied left to
     right over the gathered inputs."""
+    needs_cuda_ipc(xp)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     values = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0, 3.5, 1e30, -2.0], np.float32)
@@ -366,6 +377,7 @@ def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeyp
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
         pytest.skip("one rank reduces alone")
+    needs_cuda_ipc(fake_cupy)
     last = comm.Get_size() - 1
     x = fake_cupy.asarray(np.ones(5000, np.float32))
     if comm.Get_rank() == last:
@@ -388,3 +400,41 @@ def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeyp
     monkeypatch.undo()
     result = mar.allreduce(x, algorithm="device_to_device")
     assert np.array_equal(fake_cupy.asnumpy(result), np.full(5000, comm.Get_size(), np.float32))
+
+
+def test_refused_cuda_ipc_is_probed_once_and_never_planned_again():
+    """A machine that refuses CUDA IPC (the stand-in refuses on request): the first call that would
+    run device_to_device probes it (every rank, after the signature check), then runs the device
+    table's choice across nodes instead, right; describe_call says why; asked for by name it is a
+    ValueError on every rank; a prepared call falls back the same way. Other communicators keep theirs."""
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        pytest.skip("one rank maps no peer's memory")
+    comm = world.Dup()
+    host = exact_input("float32", 1 << 16, comm.Get_rank(), "sum")
+    expected = numpy_reference("sum", gather_inputs(comm, host))
+    x = fake_cupy.asarray(host)
+    fake_cupy.refuse_ipc(True)
+    try:
+        before = mar.describe_call(x, comm=comm)
+        assert before.startswith("device_to_device") and "CUDA IPC not yet probed" in before, before
+        problems = problems_with(comm, fake_cupy.asnumpy(mar.allreduce(x, comm=comm)), expected, "auto, probing")
+        after = mar.describe_call(x, comm=comm)
+        assert after.startswith("staged_ring") and "not device_to_device, which needs CUDA IPC, refused" in after, after
+        assert "cudaErrorMapBufferObjectFailed" in after, after
+        with pytest.raises(ValueError, match=r"the device_to_device algorithm maps the peers' device memory "
+                                             r"\(CUDA IPC\), which this machine refused"):
+            mar.allreduce(x, comm=comm, algorithm="device_to_device")
+        problems += problems_with(comm, fake_cupy.asnumpy(mar.allreduce(x, comm=comm)), expected, "auto, after")
+        fresh = comm.Dup()
+        prepared = mar.prepare(x, comm=fresh)  # (planned before the probe: it probes at its first run)
+        assert prepared.plan.ipc_probe is not None
+        for _ in range(2):
+            problems += problems_with(fresh, fake_cupy.asnumpy(prepared()), expected, "prepared")
+        assert mar.describe_call(x, comm=fresh).startswith("staged_ring")
+        fresh.Free()
+    finally:
+        fake_cupy.refuse_ipc(False)
+    assert not problems, problems
+    assert mar.describe_call(x, comm=world).startswith("device_to_device")  # (probed apart: it works there)
+    comm.Free()

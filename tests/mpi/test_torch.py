@@ -6,6 +6,7 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 import mpiallreduce as mar  # noqa: E402
 import mpiallreduce.torch as mt  # noqa: E402
+from reference import no_gpu  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -27,8 +28,11 @@ def device(request):
     """Each test on CPU tensors, and on CUDA tensors (through CuPy and DLPack) where a GPU exists."""
     if request.param == "cuda":
         if not torch.cuda.is_available():
-            pytest.skip("no CUDA device")
-        pytest.importorskip("cupy")
+            no_gpu(f"torch {torch.__version__} sees no CUDA device")
+        try:
+            import cupy  # noqa: F401 - CUDA tensors reach the library as CuPy arrays
+        except Exception as error:  # noqa: BLE001
+            no_gpu(f"CuPy does not import: {type(error).__name__}: {error}")
         torch.cuda.set_device(mar.select_gpu())
     return torch.device(request.param)
 

@@ -46,7 +46,8 @@ MPI_Finalize, at the end: its stacks, exit 1).
 What a correct program must not do is left out: mismatched calls between ranks (a separate check),
 a collective between two GradientSync.ready() calls made in a different order on different ranks
 (ready() may prepare a bucket's call, collectively), and waiting for a handle while another rank
-is inside mpi4py's comm.allreduce of a Python int, which holds the GIL (see op_user).
+is inside mpi4py's comm.allreduce of a Python int, which holds the GIL (op_user puts a Barrier
+before it).
 """
 import argparse
 import collections
@@ -531,25 +532,24 @@ class Stress:
         if u > 0 and ("sync" in self.kinds or "async" in self.kinds):
             self.op_sync(key, asynchronous=u == 2)
         elif "user" in self.kinds:
-            self.op_user(key, holding_the_gil=False)
+            self.op_user(key)
 
-    def op_user(self, key, holding_the_gil=True):
+    def op_user(self, key):
         """The user's own collective on a communicator the library uses too, async calls in flight.
 
         mpi4py's comm.allreduce of a Python int holds the GIL while it waits for the other ranks
         (mpi4py 4.1.2; its other collectives let it go), so the library's worker thread cannot run
-        on a rank inside it: a rank that waits for a handle meanwhile waits for that worker for
-        ever. So no rank waits for a handle just before the kind "user" (run() skips maybe_wait),
-        and where ranks may have (between two ready()s: ``holding_the_gil`` False) the user's
-        collective is another one (allgather)."""
+        on a rank inside it: a rank that waits for a handle meanwhile (at any point before its own
+        allreduce, in ready() too) waits for that worker for ever. As a user must, every rank first
+        passes a Barrier (which lets the GIL go): no rank is still waiting for a handle when another
+        enters the allreduce (docs/architecture.md, "The worker thread and the GIL")."""
         c = self.pick_comm()
         how = int(self.rng.integers(5))
-        if how == 0 and not holding_the_gil:
-            how = 4
         comm = c.comm
         self.current = f"user's {('allreduce(int)', 'Barrier()', 'bcast', 'Allreduce(numpy)', 'allgather')[how]} " \
                        f"on {c.name} with {len(self.pending)} handles in flight here"
         if how == 0:
+            comm.Barrier()
             got = comm.allreduce(mix(self.seed, key, self.rank) % 1000)
             ok = got == sum(mix(self.seed, key, r) % 1000 for r in c.order)
         elif how == 1:
@@ -670,8 +670,7 @@ class Stress:
                 continue
             self.current = kind
             self.skew()
-            if kind != "user":  # (see op_user)
-                self.maybe_wait()
+            self.maybe_wait()
             if args.trace:
                 print(f"[r{self.rank}] #{i} {kind}", flush=True)
             getattr(self, "op_" + kind)((i,))

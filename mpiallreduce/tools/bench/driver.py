@@ -130,8 +130,10 @@ def main(argv=None):
         limit = ("the GPU copies device memory at {:.2f} GB/s (device to device, "
                  f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)")
     link = link_bandwidth(comm)  # across nodes: the link's own speed, in the same run
+    failed = []
     results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
-                      args.plant_wrong, memory, progress=print_progress if args.progress and comm.Get_rank() == 0 else None)
+                      args.plant_wrong, memory, progress=print_progress if args.progress and comm.Get_rank() == 0 else None,
+                      failed=failed)
     metadata = run_metadata(comm, vars(args))
     metadata["device"] = args.device
     metadata["skipped"] = skipped
@@ -158,16 +160,18 @@ def main(argv=None):
                                   if metadata["openmpi_default"] == "han" else ")"))
         if args.device != "cpu":
             print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
-        print(format_field_table(results, memcpy_gbs, args.wide))
+        print(format_field_table(results, memcpy_gbs, args.wide, failed))
         for mode in modes:
             print()
             print(f"# Deep Speech 2 table, {'in place' if mode else 'out of place'}: "
                   "gain = Open MPI default time / our time (>1: ours is faster)")
             print(format_gain_table(gain_rows(results, mode), args.wide))
         if args.output:
-            write_results(args.output, results, metadata, memcpy_gbs)
+            write_results(args.output, results, metadata, memcpy_gbs, failed)
             print(f"# written: {os.path.join(args.output, 'bench.csv')}, {os.path.join(args.output, 'bench.json')}")
     wrong = sum(m.wrong for m in results)
     if wrong and comm.Get_rank() == 0:
         print(f"# {wrong} wrong elements in all: see the #wrong column")
-    return 1 if wrong else 0
+    if failed and comm.Get_rank() == 0:
+        print(f"# {len(failed)} contender(s) failed at a size: see the FAILED rows")
+    return 1 if wrong or failed else 0

@@ -9,9 +9,10 @@ from .contenders import BASELINE, FORCED_PREFIX
 __all__ = ["format_field_table", "gain_rows", "format_gain_table", "write_results"]
 
 
-def format_field_table(results, memcpy_gbs=None, wide=False):
+def format_field_table(results, memcpy_gbs=None, wide=False, failed=()):
     """nccl-tests' columns, one row per (size, mode, algorithm), under 120 characters; ``wide``: and
-    busbw as a share of the one-core memory copy bandwidth ``memcpy_gbs``."""
+    busbw as a share of the one-core memory copy bandwidth ``memcpy_gbs``; each of ``failed`` (a
+    contender that raised at a size: mpiallreduce.tools.bench.timing.compare) a FAILED row."""
     share = wide and memcpy_gbs is not None
     lines = [f"{'size(B)':>10} {'count':>10} {'type':>8} {'op':>5} {'place':>6} {'algorithm':>26} "
              f"{'time(us)':>11} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7}"
@@ -20,6 +21,9 @@ def format_field_table(results, memcpy_gbs=None, wide=False):
         lines.append(f"{m.nbytes:>10} {m.count:>10} {m.dtype:>8} {m.op:>5} {'in' if m.in_place else 'out':>6} "
                      f"{m.algorithm:>26} {m.time_us:>11.1f} {m.algbw_gbs:>11.3f} {m.busbw_gbs:>11.3f} {m.wrong:>7}"
                      + (f" {m.busbw_gbs / memcpy_gbs:>11.0%}" if share else ""))
+    for f in failed:
+        lines.append(f"{f['nbytes']:>10} {'':>10} {'':>8} {'':>5} {'in' if f['in_place'] else 'out':>6} "
+                     f"{f['algorithm']:>26} FAILED: {f['error'][:200]}")
     return "\n".join(lines)
 
 
@@ -78,9 +82,10 @@ def format_gain_table(rows, wide=False):
     return "\n".join(lines)
 
 
-def write_results(directory, results, metadata, memcpy_gbs):
+def write_results(directory, results, metadata, memcpy_gbs, failed=()):
     """bench.csv (a header row, then one row per measurement: what csv.DictReader and pandas read) and
-    bench.json (metadata, measurements, gain tables)."""
+    bench.json (metadata, measurements, gain tables, and "failed": the contenders that raised, with
+    their errors, at the sizes where they did)."""
     os.makedirs(directory, exist_ok=True)
     columns = [f.name for f in (fields(results[0]) if results else ())] + ["busbw_share_of_memcpy"]
     with open(os.path.join(directory, "bench.csv"), "w", newline="") as f:
@@ -91,7 +96,7 @@ def write_results(directory, results, metadata, memcpy_gbs):
     modes = sorted({m.in_place for m in results})
     with open(os.path.join(directory, "bench.json"), "w") as f:
         json.dump({"metadata": metadata, "memcpy_gbs": memcpy_gbs,
-                   "measurements": [asdict(m) for m in results],
+                   "measurements": [asdict(m) for m in results], "failed": list(failed),
                    "gains": {("in_place" if mode else "out_of_place"): gain_rows(results, mode) for mode in modes}},
                   f, indent=1)
 

@@ -64,7 +64,23 @@ def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
     return comm.allreduce(elapsed, op=MPI.MAX)
 
 
-def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory()):
+def _warm_up(comm, name, contender, send, out, reset, expected, memory):
+    """(seconds of one call, wrong elements over all ranks, None) or (None, None, the error): each
+    contender on its own, so that one that raises is recorded as failed and the others go on. The
+    ranks agree on the error (the library raises its errors on every rank; any other is gathered)."""
+    error = wrong = seconds = None
+    try:
+        seconds = _time_calls(lambda: contender(send, out, comm), 1, comm, reset, memory)
+        wrong = count_wrong(memory.to_host(out), expected)
+    except Exception as failure:  # noqa: BLE001 - recorded with its rank, on every rank
+        error = f"{type(failure).__name__}: {failure}"
+    errors = [(rank, text) for rank, text in enumerate(comm.allgather(error)) if text is not None]
+    if errors:
+        return None, None, "; ".join(f"rank {rank}: {text}" for rank, text in errors[:2])
+    return seconds, comm.allreduce(wrong, op=MPI.SUM), None
+
+
+def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory(), failed=None):
     size = comm.Get_size()
     count = max(1, nbytes // dtype.itemsize)
     source = memory.array(_input(count, dtype, comm.Get_rank()))
@@ -81,9 +97,14 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     # Warm up every contender and count its wrong elements; size the repetitions from the baseline.
     # In the timed calls in place, each call reduces the previous result again, as nccl-tests does.
     wrong, probe = {}, {}
-    for name, contender in contenders.items():
-        probe[name] = _time_calls(lambda c=contender: c(send, out, comm), 1, comm, reset, memory)
-        wrong[name] = comm.allreduce(count_wrong(memory.to_host(out), expected), op=MPI.SUM)
+    for name, contender in list(contenders.items()):
+        probe[name], wrong[name], error = _warm_up(comm, name, contender, send, out, reset, expected, memory)
+        if error is not None:
+            if failed is None or name == BASELINE:
+                raise RuntimeError(f"{name} failed at {nbytes} bytes ({'in' if in_place else 'out of'} place): {error}")
+            failed.append({"ranks": size, "nbytes": count * dtype.itemsize, "in_place": in_place, "algorithm": name,
+                           "error": error})
+    contenders = {name: c for name, c in contenders.items() if probe[name] is not None}
     iterations = _iterations(probe[BASELINE])
     times = {name: [] for name in contenders}
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
@@ -105,11 +126,13 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
 
 def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
             modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory(),
-            progress=None):
+            progress=None, failed=None):
     """Measure every contender at every size and mode (in_place False/True); collective.
 
     Returns a list of Measurements (complete on every rank). ``progress(measurements)``, if given,
-    is called with each size and mode's measurements as soon as they are taken.
+    is called with each size and mode's measurements as soon as they are taken. ``failed``: a list
+    that gets a dict (ranks, nbytes, in_place, algorithm, error) for each contender that raised at
+    a size, the others going on; without it, such an error is raised (Open MPI's default's always).
     """
     dtype = np.dtype(dtype)
     contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory)
@@ -117,7 +140,7 @@ def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repet
         results = []
         for nbytes in sizes:
             for in_place in modes:
-                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory)
+                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory, failed)
                 if progress is not None:
                     progress(measured)
                 results.extend(measured)
