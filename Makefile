@@ -18,8 +18,10 @@ $(BENCH_STAMP): setup.py
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 
-# What the tests need on top: pytest and its plugins, and PyTorch for its tests (the CPU build
-# pinned: an unpinned torch pulls a multi-GB CUDA build).
+# What the tests need on top: pytest and its plugins, and PyTorch for its tests, pinned to
+# torch==$(TORCH_VERSION). On plain PyPI that pin resolves to the CUDA build for Linux x86-64 (torch,
+# triton and about 15 nvidia-* packages, several GB) unless pip is pointed at PyTorch's CPU index
+# (https://download.pytorch.org/whl/cpu) or the CPU build is in $(VENV) already (README.md says how).
 $(STAMP): $(BENCH_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'

@@ -167,12 +167,18 @@ def test_under_ulfm_training_goes_on_with_the_survivors_when_a_rank_is_killed(al
     params = tmp_path / "params.npz"
     script = tmp_path / "train_and_die.py"
     script.write_text(
-        "import os, signal, sys, threading\n"
+        "import os, signal, sys\n"
         "from mpi4py import MPI\n"
-        f"if MPI.COMM_WORLD.Get_rank() == {LATE}:\n"
-        "    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()\n"
         "import mpiallreduce as mar\n"
         "from mpiallreduce.train import main\n"
+        f"if MPI.COMM_WORLD.Get_rank() == {LATE}:  # killed at its 5th step's wait, whatever the load\n"
+        "    wait, waits = mar.GradientSync.wait, []\n"
+        "    def wait_then_die(self, *args, **kwargs):\n"
+        "        waits.append(1)\n"
+        "        if len(waits) == 5:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        return wait(self, *args, **kwargs)\n"
+        "    mar.GradientSync.wait = wait_then_die\n"
         "mar.exit_after_rank_failures(main(sys.argv[1:]))\n")
     started = time.monotonic()
     result = run(RANKS, [sys.executable, str(script), "--fault-tolerant", "--check-replicas", "--steps", "40",

@@ -1,98 +1,187 @@
-"""The README's examples run as written: Python on the rank count each needs, shell with sizes cut.
+"""The docs' examples run as written: every code block of README.md, docs/*.md and jobs/README.md.
 
-Every ```python block of README.md and jobs/README.md must have an entry in EXAMPLES (keyed by its
-first line): the ranks it needs and the few names it takes from the text around it (``x``, a
-model...). A block added without an entry fails here, so that no snippet goes untried; a changed
-API or a snippet that cannot run on its own rank count fails CI.
+Python. The first line of every ```python block says how it runs, in one of two forms:
 
-Every ```sh block runs line by line in one folder, in order (so later lines read what earlier
-ones wrote), with `bench` and `tune` cut to two sizes (64 B, 4 KiB) and two repetitions. Not run here: `make`
-(CI runs it), `pip` (it would reinstall), the GPU check (tests/test_device_check.py runs its dry
-run), and what needs a cluster (`srun`, `sbatch`, `launch` without -n, which is for inside an
-allocation). Plain `mpiexec` runs as written, its 4 ranks allowed onto this 2-core machine by
-PRRTE's oversubscribe policy in the environment (a cluster node has the slots).
+    # 2 ranks: mpiallreduce launch -n 2 -- python first.py     a complete program, named first.py
+    # 2 ranks, continues the block above                         the page's blocks before it, then this
+
+(a complete program that needs ULFM says `--fault-tolerant` before the `--`, and is launched so). A
+block in neither form fails test_every_python_block_says_how_it_runs, which names the page and the
+line. A complete block and the continuations that follow it on its page make a chain: their texts
+in order, run as one program in one launch, on the rank count of the chain's last block, so a page
+costs one launch per chain, not per block. Nothing is prepended: every name a block uses is defined
+in it or in the chain before it. A chain that imports cupy is skipped where CuPy has no usable
+GPU; one that imports torch (or mpiallreduce.torch) where torch does not import.
+
+Shell. Every ```sh block runs line by line in one folder, in order (so later lines read what earlier
+ones wrote). The folder holds every page's complete programs under the names their first lines
+give (`python first.py` runs README.md's first program). `bench` and `tune` are cut to two sizes
+(64 B, 4 KiB) and two repetitions; `--device gpu` and programs that import cupy run only where a
+GPU is usable, `--nodes` (emulated nodes) only as root with unshare. Not run here:
+`make` (CI runs it), `pip` and making a venv (they would install), `pytest` (these are the tests),
+the GPU check's scripts (tests/test_device_check.py runs its dry run), and what needs a cluster
+(`srun`, `sbatch`, `module`, and `launch` without -n, which is for inside an allocation), and a
+program's own launch line, as its first line gives it (the Python test ran that program). Plain
+`mpiexec` runs as written, its extra ranks allowed onto a small machine by PRRTE's oversubscribe
+policy in the environment (a cluster node has the slots).
 """
 import os
 import re
+import shutil
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from mpiallreduce.tools.launch import run
+from mpiallreduce.tools.launch import FAULT_TOLERANT_FLAGS, launch_environment, run
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "jobs" / "README.md"]
 TIMEOUT = 120
 
-COMMON = """
-import numpy as np
-import mpiallreduce as mar
-from mpi4py import MPI
-rank = MPI.COMM_WORLD.Get_rank()
-x = np.arange(1000, dtype=np.float32) * (rank + 1)
-g = np.ones(1000, dtype=np.float32) * rank
-"""
-
-#: first line of the block -> (ranks, what the block takes from the text around it, module it needs)
-EXAMPLES = {
-    "import numpy as np": (2, "", None),
-    "import cupy as cp, mpiallreduce as mar": (2, "", "cupy"),
-    "h = mar.allreduce_async(x, op=\"mean\")": (2, COMMON + """
-import torch
-grads = [np.full(n, rank, np.float32) for n in (10, 300, 7)]
-params = [np.full(5, rank, np.float64), np.zeros(3)]
-model = torch.nn.Linear(3, 2)
-""", "torch"),
-    "mar.allreduce(x, timeout=60)": (2, COMMON + "comm = MPI.COMM_WORLD\nstatus = 0\n", None),
-    "mesh = mar.Mesh((2, 3), (\"data\", \"model\"))": (6, COMMON, None),
-    "y = mar.allreduce(x, reproducible=True)": (2, COMMON + "named = {'g': np.ones(4)}\n", None),
-}
+COMPLETE = re.compile(r"# (\d+) ranks?: mpiallreduce launch -n \1 (--fault-tolerant )?-- python ([\w.-]+\.py)")
+CONTINUES = re.compile(r"# (\d+) ranks?, continues the block above")
+FORMS = ("'# 2 ranks: mpiallreduce launch -n 2 -- python example.py' or "
+         "'# 2 ranks, continues the block above'")
 
 
-def python_blocks():
-    for path in (ROOT / "README.md", ROOT / "jobs" / "README.md"):
-        for block in re.findall(r"^```python\n(.*?)^```", path.read_text(), re.M | re.S):
-            yield f"{path.relative_to(ROOT)}: {block.splitlines()[0][:40]}", block
+def fenced_blocks(path, language, problems):
+    """[(line number of the block's first line, its text)] of every ```language block of ``path``."""
+    blocks, fence, lines = [], None, path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if fence is None and stripped.startswith("```"):
+            fence = (stripped[3:], number)
+        elif fence is not None and stripped == "```":
+            if fence[0] == language:
+                blocks.append((fence[1] + 1, "\n".join(lines[fence[1]:number - 1]) + "\n"))
+            fence = None
+    if fence is not None:
+        problems.append(f"{path.relative_to(ROOT)}:{fence[1]}: a ``` block that is never closed")
+    return blocks
 
 
-BLOCKS = list(python_blocks())
+@dataclass
+class Chain:
+    """A complete program and the blocks that continue it: one launch."""
+    page: str
+    line: int
+    name: str
+    ranks: int
+    flags: tuple
+    first_block: str
+    text: str
+
+    @property
+    def id(self):
+        return f"{self.page}:{self.line}:{self.name}"
 
 
-@pytest.mark.parametrize("block", [b for _, b in BLOCKS], ids=[name for name, _ in BLOCKS])
-def test_readme_python_example_runs_as_written(block, tmp_path):
-    first = block.splitlines()[0]
-    entry = next((value for key, value in EXAMPLES.items() if first.startswith(key)), None)
-    assert entry is not None, f"a README example without an entry in tests/test_readme.py EXAMPLES: {first!r}"
-    ranks, preamble, needs = entry
-    if needs:
-        module = pytest.importorskip(needs)
-        if needs == "cupy":
+def python_chains():
+    """Every page's chains, and what is wrong with the pages' ```python blocks."""
+    chains, problems = [], []
+    for path in PAGES:
+        page, chain = str(path.relative_to(ROOT)), None
+        for line, text in fenced_blocks(path, "python", problems):
+            first = text.splitlines()[0] if text.strip() else ""
+            complete, continues = COMPLETE.fullmatch(first), CONTINUES.fullmatch(first)
+            if complete:
+                chain = Chain(page, line, complete[3], int(complete[1]),
+                              FAULT_TOLERANT_FLAGS if complete[2] else (), text, text)
+                chains.append(chain)
+            elif continues and chain is not None:
+                chain.ranks, chain.text = int(continues[1]), chain.text + text
+            elif continues:
+                problems.append(f"{page}:{line}: {first!r} continues no complete block above it on its page")
+            else:
+                problems.append(f"{page}:{line}: the first line {first!r} says neither {FORMS}")
+    names = [chain.name for chain in chains]
+    problems += [f"{chain.id}: the program name {chain.name} is taken by another page's program too"
+                 for chain in chains if names.count(chain.name) > 1]
+    return chains, problems
+
+
+CHAINS, PROBLEMS = python_chains()
+
+
+def needs(text):
+    """The optional modules a program needs: 'cupy', 'torch'."""
+    return [module for module, pattern in (("cupy", r"^\s*(import|from) cupy\b"),
+                                           ("torch", r"^\s*(import|from) (torch|mpiallreduce\.torch)\b"))
+            if re.search(pattern, text, re.M)]
+
+
+def no_gpu():
+    """Why CuPy cannot run here, or None where it can."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no GPU"
+    except Exception as error:  # (not installed, no driver, no device)
+        return f"no usable GPU: {type(error).__name__}: {error}"
+    return None
+
+
+def missing(modules):
+    """Why a program that needs ``modules`` cannot run here, or None."""
+    for module in modules:
+        if module == "cupy" and no_gpu():
+            return no_gpu()
+        if module == "torch":
             try:
-                module.cuda.runtime.getDeviceCount()
-            except Exception as e:  # (no driver, no device)
-                pytest.skip(f"no GPU: {e}")
-    script = tmp_path / "example.py"
-    script.write_text(preamble + block)
-    result = run(ranks, [sys.executable, str(script)], timeout=TIMEOUT, cwd=tmp_path,
+                import torch  # noqa: F401
+            except Exception as error:
+                return f"torch does not import: {type(error).__name__}: {error}"
+    return None
+
+
+def test_every_python_block_says_how_it_runs():
+    assert CHAINS, "no ```python block found in the pages"
+    assert not PROBLEMS, "\n".join(PROBLEMS)
+
+
+@pytest.mark.parametrize("chain", CHAINS, ids=[chain.id for chain in CHAINS])
+def test_python_example_runs_as_written(chain, tmp_path):
+    reason = missing(needs(chain.text))
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / chain.name
+    script.write_text(chain.text)
+    result = run(chain.ranks, [sys.executable, str(script)], timeout=TIMEOUT, extra_flags=chain.flags, cwd=tmp_path,
                  env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="1"))
-    assert result.returncode == 0, f"{preamble + block}\n---\n{result.output[-4000:]}"
+    assert result.returncode == 0, (f"{chain.id} on {chain.ranks} ranks\n{chain.text}\n---\n"
+                                    f"{result.output[-4000:]}")
 
 
-NOT_RUN_HERE = ("make ", "python -m pip", "srun ", "sbatch ", "benchmarks/gpu/", "OUT=")
-MY_SCRIPT = "import numpy as np, mpiallreduce as mar\nprint(mar.allreduce(np.ones(4)))\n"
+NOT_RUN_HERE = re.compile(r"(^|\s)(make|pytest|module)(\s|$)|-m pip\b|\bpip install\b|-m venv\b"
+                          r"|\b(srun|sbatch|salloc)\b|benchmarks/gpu/|^OUT=")
 
 
 def shell_blocks():
-    for path in (ROOT / "README.md", ROOT / "jobs" / "README.md"):
-        for block in re.findall(r"^```sh\n(.*?)^```", path.read_text(), re.M | re.S):
-            lines = [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines()]
-            yield f"{path.relative_to(ROOT)}: {lines[0][:40]}", [line for line in lines if line]
+    """(id, lines) of every ```sh block: continuation lines joined, comments dropped."""
+    problems = []
+    for path in PAGES:
+        for line, block in fenced_blocks(path, "sh", problems):
+            lines = [text.split("  #")[0].strip() for text in block.replace("\\\n", " ").splitlines()]
+            yield f"{path.relative_to(ROOT)}:{line}", [text for text in lines if text]
 
 
 def cut_down(line):
-    """The command to run here: None if it is not for this machine; bench and tune made short."""
-    if line.startswith(NOT_RUN_HERE) or (line.startswith("mpiallreduce launch") and " -n " not in line):
+    """The command to run here (bench and tune made short), or None if it is not for this machine."""
+    if NOT_RUN_HERE.search(line) or re.search(r"mpiallreduce launch(?! -n )", line):
         return None
+    if any(chain.first_block.splitlines()[0].split(": ", 1)[1] == line for chain in CHAINS):
+        return None  # (a program's own launch line: test_python_example_runs_as_written ran it)
+    if "--device gpu" in line and no_gpu():
+        return None  # (tests/test_device_check.py runs bench on the CuPy stand-in, --device fake-gpu)
+    if " --nodes " in line and (shutil.which("unshare") is None or os.geteuid() != 0):
+        return None  # (emulated nodes need root: tests/test_emulated_nodes.py says so where it skips)
+    for program in re.findall(r"python ([\w.-]+\.py)\b", line):
+        chain = next((chain for chain in CHAINS if chain.name == program), None)
+        if chain is not None and missing(needs(chain.first_block)):
+            return None
     if re.search(r"mpiallreduce (bench|tune)\b", line):
         line = re.sub(r"--sizes \S+", "", line) + " --sizes 64,4K --repetitions 2"
         if "mpiallreduce bench" in line and "--openmpi-forced" not in line:
@@ -103,14 +192,15 @@ def cut_down(line):
 SHELL_BLOCKS = list(shell_blocks())
 
 
-@pytest.mark.parametrize("lines", [b for _, b in SHELL_BLOCKS], ids=[name for name, _ in SHELL_BLOCKS])
-def test_readme_shell_example_runs_with_sizes_cut_down(lines, tmp_path):
-    import subprocess
-    from mpiallreduce.tools.launch import launch_environment
-    (tmp_path / "my_script.py").write_text(MY_SCRIPT)
+@pytest.mark.parametrize("lines", [lines for _, lines in SHELL_BLOCKS], ids=[name for name, _ in SHELL_BLOCKS])
+def test_shell_example_runs_with_sizes_cut_down(lines, tmp_path):
+    commands = [command for command in map(cut_down, lines) if command]
+    if not commands:
+        pytest.skip("nothing here runs on this machine: " + "; ".join(lines))
+    for chain in CHAINS:
+        (tmp_path / chain.name).write_text(chain.first_block)
     env = launch_environment(dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
                                   PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe"))
-    commands = [c for c in map(cut_down, lines) if c]
     for command in commands:
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT)

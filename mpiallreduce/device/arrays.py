@@ -142,7 +142,14 @@ def select_gpu(comm=None, xp=None):
         except ModuleNotFoundError:
             raise ModuleNotFoundError("select_gpu needs CuPy: pip install 'mpiallreduce[cuda12]' (or [cuda13], "
                                       "for the CUDA major version of the driver)") from None
-    index = gpu_for_local_rank(local_rank(comm), xp.cuda.runtime.getDeviceCount())
+    try:
+        count = xp.cuda.runtime.getDeviceCount()
+    except Exception as error:  # (cudaErrorInsufficientDriver, cudaErrorNoDevice, ...): one clear message
+        raise RuntimeError(f"CuPy {getattr(xp, '__version__', '')} is installed but no GPU is usable here: "
+                           f"{type(error).__name__}: {error}. No NVIDIA driver, one older than CuPy's CUDA, or no "
+                           "device visible; `mpiallreduce info` says which. Without a GPU, use numpy arrays."
+                           ) from error
+    index = gpu_for_local_rank(local_rank(comm), count)
     xp.cuda.Device(index).use()
     return index
 

@@ -264,12 +264,12 @@ def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(xp, 
     use_settings(cuda_aware=False)
     first_stream, second_stream = xp.cuda.Stream(non_blocking=True), xp.cuda.Stream(non_blocking=True)
 
-    def two_calls():
-        first_input = xp.asarray(np.full(3000, comm.Get_rank() + 1, np.float64))
-        second_input = xp.asarray(np.full(3000, 100.0 * (comm.Get_rank() + 1), np.float64))
-        with first_stream:
+    def two_calls():  # (each input written on the stream that reads it: non-blocking streams do not
+        with first_stream:  # wait for the legacy stream)
+            first_input = xp.asarray(np.full(3000, comm.Get_rank() + 1, np.float64))
             first = mar.allreduce(first_input, algorithm="mpi")  # host round trip (not CUDA-aware)
         with second_stream:
+            second_input = xp.asarray(np.full(3000, 100.0 * (comm.Get_rank() + 1), np.float64))
             second = mar.allreduce(second_input, algorithm="mpi")
         first_stream.synchronize()
         second_stream.synchronize()
@@ -312,6 +312,13 @@ def test_select_gpu_by_node_local_rank(monkeypatch):
     assert device.gpu_for_local_rank(7, 4) == 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(RuntimeError, match="no CUDA device is visible"):
+        mar.select_gpu(comm, xp=fake_cupy)
+
+    def no_driver():  # (what CuPy raises where it is installed and no driver is)
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
+    monkeypatch.setattr(fake_cupy.cuda.runtime, "getDeviceCount", no_driver)
+    with pytest.raises(RuntimeError, match=r"is installed but no GPU is usable here: RuntimeError: "
+                                           r"cudaErrorInsufficientDriver.*`mpiallreduce info` says which"):
         mar.select_gpu(comm, xp=fake_cupy)
 
 

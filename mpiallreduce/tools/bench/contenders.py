@@ -2,7 +2,7 @@
 where the buffers live (host or device memory)."""
 from ...algorithms import REGISTRY
 from ...api import allreduce
-from ...core.buffers import aligned_empty, mpi_datatype
+from ...core.buffers import aligned_empty, array_module, mpi_datatype
 from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
 from ...core.state import state_of
@@ -116,7 +116,8 @@ def _planted_wrong(call):
     def wrong(send, out, comm):
         call(send, out, comm)
         if comm.Get_rank() == 0 and out.size:
-            out[0] += 1
+            first = out[:1]
+            array_module(out).add(first, 1, out=first)  # (numpy, CuPy or the stand-in alike)
     return wrong
 
 

@@ -64,20 +64,28 @@ def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
     return comm.allreduce(elapsed, op=MPI.MAX)
 
 
-def _warm_up(comm, name, contender, send, out, reset, expected, memory):
+def _warm_up(comm, contender, send, out, reset, expected, memory):
     """(seconds of one call, wrong elements over all ranks, None) or (None, None, the error): each
-    contender on its own, so that one that raises is recorded as failed and the others go on. The
-    ranks agree on the error (the library raises its errors on every rank; any other is gathered)."""
-    error = wrong = seconds = None
+    contender on its own, so that one that raises is recorded as failed and the others go on. Every
+    rank reaches the one allgather that agrees on it, whatever raised where (the library raises its
+    errors on every rank; a contender's own, or a check's, may be one rank's)."""
+    error = seconds = wrong = None
     try:
-        seconds = _time_calls(lambda: contender(send, out, comm), 1, comm, reset, memory)
+        reset()
+        memory.finish()
+        comm.Barrier()
+        start = time.perf_counter()
+        contender(send, out, comm)
+        memory.finish()
+        seconds = time.perf_counter() - start
         wrong = count_wrong(memory.to_host(out), expected)
     except Exception as failure:  # noqa: BLE001 - recorded with its rank, on every rank
         error = f"{type(failure).__name__}: {failure}"
-    errors = [(rank, text) for rank, text in enumerate(comm.allgather(error)) if text is not None]
+    everyone = comm.allgather((error, seconds, wrong))
+    errors = [(rank, text) for rank, (text, _, _) in enumerate(everyone) if text is not None]
     if errors:
         return None, None, "; ".join(f"rank {rank}: {text}" for rank, text in errors[:2])
-    return seconds, comm.allreduce(wrong, op=MPI.SUM), None
+    return max(s for _, s, _ in everyone), sum(w for _, _, w in everyone), None
 
 
 def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory(), failed=None):
@@ -98,7 +106,7 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     # In the timed calls in place, each call reduces the previous result again, as nccl-tests does.
     wrong, probe = {}, {}
     for name, contender in list(contenders.items()):
-        probe[name], wrong[name], error = _warm_up(comm, name, contender, send, out, reset, expected, memory)
+        probe[name], wrong[name], error = _warm_up(comm, contender, send, out, reset, expected, memory)
         if error is not None:
             if failed is None or name == BASELINE:
                 raise RuntimeError(f"{name} failed at {nbytes} bytes ({'in' if in_place else 'out of'} place): {error}")
