@@ -51,11 +51,12 @@ slurm-packages:
 
 # Every algorithm against Open MPI's default MPI_Allreduce (and each of Open MPI's own algorithms
 # forced in turn) on this machine, RANKS ranks (default 2 = this machine's cores), 4 B .. 256 MiB.
-# Tables on stdout; CSV, JSON and PNG figures in results/bench-$(RANKS)ranks/.
+# On stdout a line per size and mode as it is measured, then the Deep Speech 2 tables; every row
+# (size, mode, contender, #wrong) in table.txt, with CSV, JSON and PNG figures, in results/bench-$(RANKS)ranks/.
 bench: $(BENCH_STAMP)
 	mkdir -p results
 	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 3600 -- \
-		$(BIN)/python -m mpiallreduce bench --output results/bench-$(RANKS)ranks $(BENCH_ARGS)
+		$(BIN)/python -m mpiallreduce bench --progress --summary --output results/bench-$(RANKS)ranks $(BENCH_ARGS)
 	$(BIN)/mpiallreduce plot results/bench-$(RANKS)ranks
 	@echo "results: results/bench-$(RANKS)ranks/ (bench.csv, bench.json, busbw_*.png, gain_*.png)"
 

@@ -1,6 +1,8 @@
 """The data-parallel training program: same parameters as one process on the whole batch, replicas
 identical after every step, checkpoint and resume, and a signal that checkpoints and exits."""
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,27 +62,40 @@ def test_checkpoint_and_resume_continue_exactly(tmp_path):
     assert_close(params(tmp_path / "resumed.npz"), params(tmp_path / "straight.npz"), tolerance=0)
 
 
-def test_sigusr1_checkpoints_at_the_next_step_and_exits_for_requeue(tmp_path):
+@pytest.mark.parametrize("how", ["SIGUSR1", "SIGTERM", "SIGHUP", "Ctrl-C"])
+def test_a_signal_to_the_launcher_checkpoints_at_the_next_step_and_exits_99_for_requeue(how, tmp_path):
+    """The requeue contract (jobs/train.sbatch): ``mpiallreduce launch -n 2 -- python -m
+    mpiallreduce.train --checkpoint ...`` told to stop (SIGUSR1 passed on by mpiexec; SIGTERM, SIGHUP
+    and Ctrl-C, SIGINT to the launcher's process group, reaching the ranks as SIGTERM) checkpoints
+    at the next step on every rank and exits 99, and no rank is left."""
     checkpoint = tmp_path / "ckpt.npz"
-    process = start(2, [sys.executable, "-m", "mpiallreduce.train", "--steps", "100000", "--step-seconds", "0.05",
-                        "--checkpoint", str(checkpoint)], cwd=ROOT)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--grace", "60", "--", sys.executable, "-m",
+         "mpiallreduce.train", "--steps", "100000", "--step-seconds", "0.05", "--checkpoint", str(checkpoint)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         seen = ""
         while "step     3 " not in seen and time.monotonic() < deadline:
-            seen += process.stdout.readline()
-        process.send_signal(signal.SIGUSR1)  # mpiexec passes it on to the ranks
-        rest, _ = process.communicate(timeout=60)
+            seen += launcher.stdout.readline()
+        if how == "Ctrl-C":  # (the terminal sends SIGINT to the foreground process group)
+            os.killpg(launcher.pid, signal.SIGINT)
+        else:
+            launcher.send_signal(getattr(signal, how))
+        rest, _ = launcher.communicate(timeout=60)
     except BaseException:
-        kill(process)
+        os.killpg(launcher.pid, signal.SIGKILL)
         raise
     output = seen + rest
-    assert process.returncode == 99, output[-3000:]
-    assert "signal received: checkpoint at step" in output, output[-3000:]
+    assert launcher.returncode == 99, output[-3000:]
+    assert output.count("signal received: checkpoint at step") >= 1, output[-3000:]
     with np.load(checkpoint) as saved:
         assert int(saved["step"]) >= 3
-    resumed = train(2, "--steps", int(np.load(checkpoint)["step"]) + 2, "--checkpoint", checkpoint, "--resume")
-    assert "resumed from" in resumed.output
+    left = subprocess.run(["pgrep", "-f", str(checkpoint)], capture_output=True, text=True).stdout.split()
+    assert not left, f"ranks left after the launcher exited: {left}"
+    if how == "SIGUSR1":
+        resumed = train(2, "--steps", int(np.load(checkpoint)["step"]) + 2, "--checkpoint", checkpoint, "--resume")
+        assert "resumed from" in resumed.output
 
 
 def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_path):

@@ -1,6 +1,8 @@
 """The ``mpiallreduce`` command: ``info``, ``bench``, ``plot``, ``tune``, ``report``, ``model`` and ``launch``."""
 import os
+import signal
 import sys
+from pathlib import Path
 
 from .arguments import ArgumentParser, unknown
 
@@ -48,6 +50,10 @@ def _launch(argv):
     parser.add_argument("-n", "--ranks", type=int, default=None,
                         help="rank count (default inside Slurm: the allocation's task count)")
     parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
+    parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                        help="after SIGTERM, SIGINT (Ctrl-C) or SIGHUP, which reach every rank as SIGTERM, how long "
+                             "the ranks get to checkpoint and end before they are killed (default 30); the launcher "
+                             "exits with their status (99 after a checkpoint: jobs/train.sbatch requeues on it)")
     parser.add_argument("--fault-tolerant", action="store_true",
                         help="ULFM (mpiexec --with-ft ulfm): ranks survive the death of others")
     parser.add_argument("--nodes", type=int, default=None, metavar="N",
@@ -67,22 +73,27 @@ def _launch(argv):
         parser.error(f"--nodes {args.nodes}: give between 1 and the rank count")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout {args.timeout}: give a positive number of seconds")
+    if not args.grace >= 0:
+        parser.error(f"--grace {args.grace}: give a number of seconds, 0 or more")
     from ..faults.aborting import ABORT_ENV
     from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
     # One rank's uncaught exception (with its traceback) or sys.exit(n), n nonzero, ends the job with
     # status 1 or n (in programs that import mpiallreduce; faults/aborting.py), rather than leaving
     # the others waiting for it, unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
     env = launch_environment(dict(os.environ, **{ABORT_ENV: os.environ.get(ABORT_ENV, "1")}))
-    if args.timeout is None:  # become the launcher, so that signals reach it and its ranks directly
-        argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant, nodes=args.nodes)
+    argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant, nodes=args.nodes)
+    if Path(argv[0]).name == "srun":  # (srun passes signals on to its tasks itself: become it)
+        if args.timeout is not None:
+            parser.error("--timeout is for mpiexec; under Slurm give srun or sbatch --time")
         os.execvpe(argv[0], argv, env)
-    if args.ranks is None:
-        parser.error("--timeout needs -n")
-    result = run(args.ranks, command, timeout=args.timeout, capture=False, env=env, forward_signals=True,
-                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else (), nodes=args.nodes)
+    # mpiexec: stay its parent, so that TERM, INT and HUP reach the ranks as SIGTERM, with --grace
+    # seconds to checkpoint (mpiallreduce.tools.ranks), and the ranks' exit status is the launcher's
+    nranks = args.ranks if args.ranks is not None else int(argv[argv.index("-n") + 1])
+    result = run(nranks, command, timeout=args.timeout, capture=False, env=env, forward_signals=True,
+                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else (), nodes=args.nodes, grace=args.grace)
     if result.timed_out:
-        print(f"mpiallreduce launch: killed after {args.timeout} s", file=sys.stderr)
-        return 124
+        print(f"mpiallreduce launch: {result.killed}", file=sys.stderr)
+        return 124 if "timeout" in result.killed else 128 + signal.SIGTERM
     return result.returncode
 
 

@@ -8,11 +8,12 @@ Tests, ``make bench``, the Slurm jobs in jobs/ and users go through here
       one, with ``--oversubscribe`` so that more ranks than cores start (Open MPI then yields when
       idle) and, as root, Open MPI's two ``OMPI_ALLOW_RUN_AS_ROOT*`` variables;
     - from tests every launch has a timeout after which the whole process session is killed; from
-      the command line without --timeout the launcher replaces the calling process (``exec``), so
-      that signals (Slurm's ``--signal``) reach it directly; with --timeout it stays the parent,
-      passes every signal it gets (TERM, INT, HUP, USR1, USR2) on to mpiexec, which passes them to
-      the ranks, and mpiexec gets SIGTERM if it dies (Linux's parent-death signal), so the ranks
-      never outlive it.
+      the command line the launcher stays mpiexec's parent (srun's: it replaces itself with srun,
+      which passes signals on itself): SIGTERM, SIGINT (Ctrl-C) and SIGHUP become SIGTERM to every
+      rank, which get --grace seconds (30) to checkpoint and exit (99: the requeue contract)
+      before they are killed, and it exits with the ranks' status; SIGUSR1/SIGUSR2 go to mpiexec,
+      which passes them on (mpiallreduce.tools.ranks); mpiexec gets SIGTERM if the launcher dies
+      (Linux's parent-death signal), so the ranks never outlive it.
 """
 import ctypes
 import os
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .ranks import GracefulStop, kill_group
+
 __all__ = ["find_mpiexec", "mpiexec_command", "srun_command", "choose_launcher", "launch_command",
            "launch_environment", "start", "kill", "run", "LaunchResult", "emulated_nodes_flags",
            "ranks_per_emulated_node"]
@@ -34,10 +37,6 @@ ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"
 # network is present; the shared-memory one is what a single node wants anyway.
 DEFAULT_MCA_ENV = {"OMPI_MCA_osc": "^ucx"}
 MPIEXEC_FLAGS = ("--oversubscribe",)
-# after a timeout: SIGTERM to the process group, then SIGKILL this long after
-KILL_GRACE_SECONDS = 5
-#: what a launcher that stays the parent passes on to mpiexec (which passes them to the ranks)
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -172,9 +171,10 @@ def launch_environment(base=None):
 @dataclass
 class LaunchResult:
     argv: list
-    returncode: Optional[int]  # None when the timeout killed it
+    returncode: Optional[int]  # None when the timeout (or the end of a stop's grace period) killed it
     output: str  # stdout and stderr, interleaved as they came (empty if not captured)
     seconds: float
+    killed: str = ""  # why it was killed, if it was
 
     @property
     def timed_out(self):
@@ -208,83 +208,48 @@ def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nod
 
 def kill(process):
     """End ``process`` (a start() result) and every process of its session."""
-    _kill_group(process)
-
-
-def _forward_signals(process):
-    """Pass FORWARDED_SIGNALS on to ``process`` from now on; returns the handlers to restore."""
-    def forward(signum, _frame):
-        try:
-            process.send_signal(signum)
-        except ProcessLookupError:
-            pass
-    return {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    kill_group(process)
 
 
 def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None, nodes=None,
-        forward_signals=False):
+        forward_signals=False, grace=30.0):
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) and wait at most
-    ``timeout`` seconds.
+    ``timeout`` seconds (None: for ever).
 
     On timeout the whole process group (mpiexec, its daemons, the ranks) is terminated, then killed.
-    ``forward_signals`` (main thread only): signals this process gets go on to mpiexec meanwhile.
+    ``forward_signals`` (main thread only): meanwhile SIGTERM, SIGINT and SIGHUP to this process
+    become SIGTERM to every rank, which then get ``grace`` seconds to end (checkpoint, exit 99)
+    before they are killed; SIGUSR1 and SIGUSR2 go to mpiexec, which passes them on
+    (mpiallreduce.tools.ranks.GracefulStop).
     """
     started = time.monotonic()
     process = start(nranks, command, extra_flags, env, capture, cwd, nodes)
     argv = process.args
-    previous = _forward_signals(process) if forward_signals else {}
+    stop = GracefulStop(process, grace) if forward_signals else None
+    output, returncode, note = "", None, ""
     try:
-        output, _ = process.communicate(timeout=timeout)
-        returncode = process.returncode
-    except subprocess.TimeoutExpired:
-        _kill_group(process)
-        output, _ = process.communicate()
-        output = (output or "") + f"\n[mpiallreduce.launch] killed after the {timeout} s timeout\n"
-        returncode = None
+        while True:
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            try:
+                output, _ = process.communicate(timeout=0.2 if left is None else max(0.01, min(left, 0.2)))
+                returncode = process.returncode
+                break
+            except subprocess.TimeoutExpired:
+                if stop is not None and stop.expired():
+                    note = f"killed: the ranks had not ended {stop.grace:g} s after {stop.signal}"
+                elif left is not None and left <= 0:
+                    note = f"killed after the {timeout} s timeout"
+                else:
+                    continue
+                kill_group(process)
+                output, _ = process.communicate()
+                break
     except BaseException:
-        _kill_group(process)
+        kill_group(process)
         raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return LaunchResult(argv, returncode, output or "", time.monotonic() - started)
-
-
-def _kill_group(process):
-    """Terminate, then kill, every process of the session ``process`` leads (ranks included)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _session_members(process.pid):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            process.wait(KILL_GRACE_SECONDS)
-            if sig == signal.SIGTERM and not _session_members(process.pid):
-                return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _session_members(session_id):
-    """Pids whose session is ``session_id`` (Linux /proc; elsewhere just the leader).
-
-    A rank may sit in a process group of its own, but it stays in the session mpiexec started.
-    """
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return [session_id]
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # after the command name: state, ppid, pgrp, session, ...
-        if len(fields) > 3 and int(fields[3]) == session_id and fields[0] != "Z":
-            members.append(int(entry))
-    return members
+        if stop is not None:
+            stop.restore()
+    if note:
+        output = (output or "") + f"\n[mpiallreduce.launch] {note}\n"
+    return LaunchResult(argv, returncode, output or "", time.monotonic() - started, note)

@@ -115,6 +115,9 @@ def main(argv=None):
                         help="tables with every column (busbw as a share of memcpy, both busbw), over 120 characters")
     parser.add_argument("--progress", action="store_true",
                         help="print each size's times as soon as they are measured (the tables come at the end)")
+    parser.add_argument("--summary", action="store_true",
+                        help="print the Deep Speech 2 tables only: the row per size, mode and contender (about a "
+                             "thousand rows at the default sizes) goes to OUTPUT/table.txt instead (make bench)")
     parser.add_argument("--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS)  # tests of #wrong
     args = parser.parse_args(argv)
     sizes, algorithms, forced = _checked_arguments(parser, args)
@@ -160,7 +163,14 @@ def main(argv=None):
                                   if metadata["openmpi_default"] == "han" else ")"))
         if args.device != "cpu":
             print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
-        print(format_field_table(results, memcpy_gbs, args.wide, failed))
+        table = format_field_table(results, memcpy_gbs, args.wide, failed)
+        if args.summary and args.output:
+            os.makedirs(args.output, exist_ok=True)
+            with open(os.path.join(args.output, "table.txt"), "w") as f:
+                f.write(table + "\n")
+            print(f"# every row (size, mode, contender; #wrong): {os.path.join(args.output, 'table.txt')}")
+        else:
+            print(table)
         for mode in modes:
             print()
             print(f"# Deep Speech 2 table, {'in place' if mode else 'out of place'}: "
