@@ -65,11 +65,11 @@ say() { echo "[device_check $(elapsed)s] $*" | tee -a "$out/steps.txt"; }
 
 # step NAME MAX_SECONDS KEEP FILE COMMAND...: run COMMAND with its output (NUL bytes dropped) going to
 # FILE as it comes, for at most MAX_SECONDS, and never into the KEEP seconds that the steps after it
-# are given (then TERM, and KILL 10 s later).
+# are given (then TERM, and KILL 10 s later: the 15 s kept back at the end cover that and the rest).
 step() {
     local name=$1 most=$2 keep=$3 file=$4 left limit begin code
     shift 4
-    left=$(( budget - $(elapsed) - 5 - keep ))
+    left=$(( budget - $(elapsed) - 15 - keep ))
     limit=$(( most < left ? most : left ))
     if [ "$limit" -lt 10 ]; then
         say "$name: SKIPPED, ${left}s of the ${budget}s budget left"
@@ -130,7 +130,7 @@ make_environment() {
 }
 export system_python venv wheels work out
 export -f make_environment
-step "environment (venv from $wheels, Python $python_version)" 20 275 info.txt make_environment || exit 2
+step "environment (venv from $wheels, Python $python_version)" 20 265 info.txt make_environment || exit 2
 py=$venv/bin/python
 launch() { "$py" -m mpiallreduce launch "$@"; }
 export py
@@ -186,8 +186,8 @@ compiles() {
 export cupy_check device
 export -f describe compiles
 # (the dry run's info: CUDA IPC refused by the stand-in, as a sandbox may; the later steps say what it changes)
-step "info" 30 245 info.txt env $([ $dry_run = 1 ] && echo MPIALLREDUCE_FAKE_CUPY_IPC=refuse) bash -c describe
-step "CuPy compiles a kernel" 30 215 info.txt compiles && [ -f "$work/cuda-env" ] && . "$work/cuda-env"
+step "info" 30 235 info.txt env $([ $dry_run = 1 ] && echo MPIALLREDUCE_FAKE_CUPY_IPC=refuse) bash -c describe
+step "CuPy compiles a kernel" 30 205 info.txt compiles && [ -f "$work/cuda-env" ] && . "$work/cuda-env"
 
 # ---------------------------------------------------------------------------------------------------
 # 3. Tests: real CuPy (and torch on CUDA) with 2 and 4 ranks sharing the GPU, each test's name and
@@ -212,7 +212,7 @@ export selection
 export -f tests
 set -- $rank_counts
 # (cold kernel caches: the first step compiles every kernel, about 50 tests; the second finds them cached)
-step "tests, $1 ranks on the GPU" 110 105 tests-2ranks.txt tests "$1" 105
+step "tests, $1 ranks on the GPU" 100 105 tests-2ranks.txt tests "$1" 95
 step "tests, $2 ranks on the GPU" 50 55 tests-4ranks.txt \
     env $([ "$refuse_at" = "$2" ] && echo MPIALLREDUCE_FAKE_CUPY_IPC=refuse) bash -c 'tests "$@"' tests "$2" 45
 

@@ -159,7 +159,7 @@ class Call:
             return True
         try:
             execution = execution_for(state, self.x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                      self.reproducible, keep=self.timeout is None)
+                                      self.reproducible, keep=False)  # (the worker may be changing the facts)
         except Exception:  # (an argument that check=True validates on every rank: raised when it runs)
             return True
         return execution.needs_set_up()

@@ -6,13 +6,12 @@
     .run(send, recv, n, timeout, xp)   1. compare call #n's signature (mpiallreduce.core.consistency),
                                           unless the plan says it was agreed once or the algorithm
                                           carries it
-                                       2. the route: MPI_Allreduce itself, or the algorithm on the
-                                          library's communicator (CallTags + PeerWatch for one that
-                                          only sends messages, and for hierarchical's and
-                                          two_level's inner plan), through the device path,
-                                          widened to the accumulation dtype, or the reproducible
-                                          sum's words route
-                                       3. what remains of the op (a mean's division)
+                                       2. (a plan with ipc_probe: CUDA IPC probed, planned again)
+                                       3. the route: MPI_Allreduce itself, or the algorithm on the
+                                          library's communicator (CallTags + PeerWatch for messages
+                                          only, and hierarchical's and two_level's inner plan), via
+                                          the device path, widened to the accumulation dtype, or
+                                          the reproducible sum's words route; then a mean's division
 
 This module is the only place that runs a plan, translates an MPI error (a dead rank becomes
 RankFailure, a truncated message a ValueError) and masks floating-point errors (np.errstate, as
@@ -64,13 +63,26 @@ class Execution:
         self.after_probe = None
 
     def _probed(self, xp):
-        """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator: this
-        call's turn on every rank, past its signature check), then planned again with the verdict."""
+        """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator, in this
+        call's turn, past its signature check), then planned again and compared (one allgather: one
+        rank may have asked for device_to_device by name, now refused, and another for "auto")."""
         if self.after_probe is None:
             from .planner import plan_call
-            self.state.learn_cuda_ipc(xp)
-            self.after_probe = Execution(self.state, plan_call(self.state.facts, *self.plan.ipc_probe), self.op,
-                                         self.shape, self.dtype, "device")
+            state = self.state
+            state.learn_cuda_ipc(xp)
+            after = error = None
+            try:
+                after = Execution(state, plan_call(state.facts, *self.plan.ipc_probe), self.op, self.shape,
+                                  self.dtype, "device")
+            except (TypeError, ValueError) as refused:
+                error = refused
+            everyone = state.library.allgather(f"{type(error).__name__}: {error}" if after is None else after.code)
+            if len(set(everyone)) > 1:
+                raise SignatureMismatch(f"rank {state.rank}: once CUDA IPC was probed, the ranks' plans for this call "
+                                        f"differ ('auto' on some, by name on others?): {everyone}") from error
+            if error is not None:
+                raise error
+            self.after_probe = after
         return self.after_probe
 
     def run(self, send, recv, sequence, timeout=None, xp=None, compared=False):

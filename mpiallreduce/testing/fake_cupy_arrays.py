@@ -255,6 +255,9 @@ _DEVICE_FUNCTION = re.compile(r"template\s*<typename T>\s*__device__\s+T\s+(\w+)
                               r"\s*\{\s*return\s*\((.*?)\)\s*\?\s*(\w+)\s*:\s*(\w+)\s*;\s*\}")
 
 
+_COMPARISON = re.compile(r"\w+\s*(==|!=|<=|>=|<|>)\s*\w+")
+
+
 def preamble_functions(preamble):
     """The preamble's two-argument functions as numpy functions that evaluate the same condition
     elementwise (``np.where``); NotImplementedError for a preamble of any other form."""
@@ -263,7 +266,11 @@ def preamble_functions(preamble):
         if "||" in condition and "&&" in condition:
             raise NotImplementedError(f"the stand-in cannot run {condition!r} (both || and &&)")
         joiner = "||" if "||" in condition else "&&"
-        python = {"||": " | ", "&&": " & "}[joiner].join(f"({part.strip()})" for part in condition.split(joiner))
+        parts = [part.strip() for part in condition.split(joiner)]
+        odd = [part for part in parts if not _COMPARISON.fullmatch(part)]
+        if odd:  # (anything else could mean one thing in C and another in Python: refused, not guessed)
+            raise NotImplementedError(f"the stand-in runs comparisons of two names joined by || or &&, not {odd}")
+        python = {"||": " | ", "&&": " & "}[joiner].join(f"({part})" for part in parts)
         code = compile(f"where({python}, {chosen}, {other})", name, "eval")
         functions[name] = (lambda code, a, b: lambda x, y: eval(code, {"where": np.where}, {a: x, b: y}))(code, a, b)
     leftover = _DEVICE_FUNCTION.sub("", preamble).strip()

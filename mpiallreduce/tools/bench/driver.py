@@ -133,10 +133,20 @@ def main(argv=None):
         limit = ("the GPU copies device memory at {:.2f} GB/s (device to device, "
                  f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)")
     link = link_bandwidth(comm)  # across nodes: the link's own speed, in the same run
-    failed = []
-    results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
-                      args.plant_wrong, memory, progress=print_progress if args.progress and comm.Get_rank() == 0 else None,
-                      failed=failed)
+    failed, measured = [], []
+
+    def progress(measurements):
+        measured.extend(measurements)
+        if args.progress and comm.Get_rank() == 0:
+            print_progress(measurements)
+    try:
+        results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
+                          args.plant_wrong, memory, progress=progress, failed=failed)
+    except Exception as error:  # (after the warm-up, or Open MPI's own default): what was measured is kept
+        if args.output and comm.Get_rank() == 0:
+            write_results(args.output, measured, {"error": f"{type(error).__name__}: {error}", "partial": True},
+                          memcpy_gbs, failed)
+        raise
     metadata = run_metadata(comm, vars(args))
     metadata["device"] = args.device
     metadata["skipped"] = skipped

@@ -1,6 +1,7 @@
 """The timing loop: buffers, warm-up, interleaved repetitions of every contender at every size and
 mode, the slowest rank's time per call, and the wrong-element count against MPI_Allreduce's result."""
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -64,28 +65,43 @@ def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
     return comm.allreduce(elapsed, op=MPI.MAX)
 
 
+#: how long a rank whose contender raised waits for the others to agree on it: a contender that raised
+#: on one rank alone, inside a collective, leaves the others there, and then the job is aborted
+AGREE_SECONDS = 60
+
+
 def _warm_up(comm, contender, send, out, reset, expected, memory):
     """(seconds of one call, wrong elements over all ranks, None) or (None, None, the error): each
-    contender on its own, so that one that raises is recorded as failed and the others go on. Every
-    rank reaches the one allgather that agrees on it, whatever raised where (the library raises its
-    errors on every rank; a contender's own, or a check's, may be one rank's)."""
-    error = seconds = wrong = None
+    contender on its own, so that one that raises is recorded as failed and the others go on. The
+    ranks agree on it in one Iallgather, waited for at most AGREE_SECONDS (the library raises its
+    errors on every rank; one rank's own error inside a collective ends the job, saying so)."""
+    reset()
+    memory.finish()
+    comm.Barrier()
+    error = None
+    mine = np.zeros(3)  # raised, seconds, wrong elements
+    start = time.perf_counter()
     try:
-        reset()
-        memory.finish()
-        comm.Barrier()
-        start = time.perf_counter()
         contender(send, out, comm)
         memory.finish()
-        seconds = time.perf_counter() - start
-        wrong = count_wrong(memory.to_host(out), expected)
+        mine[1] = time.perf_counter() - start
+        mine[2] = count_wrong(memory.to_host(out), expected)
     except Exception as failure:  # noqa: BLE001 - recorded with its rank, on every rank
-        error = f"{type(failure).__name__}: {failure}"
-    everyone = comm.allgather((error, seconds, wrong))
-    errors = [(rank, text) for rank, (text, _, _) in enumerate(everyone) if text is not None]
-    if errors:
+        error, mine[0] = f"{type(failure).__name__}: {failure}", 1
+    everyone = np.empty((comm.Get_size(), 3))
+    request = comm.Iallgather(mine, everyone)
+    deadline = time.monotonic() + AGREE_SECONDS
+    while not request.Test():
+        if time.monotonic() > deadline:
+            print(f"mpiallreduce bench: rank {comm.Get_rank()}: {error}; the other ranks did not come to agree on "
+                  f"it within {AGREE_SECONDS} s (raised here alone, inside a collective?): aborting the job",
+                  file=sys.stderr, flush=True)
+            comm.Abort(1)
+        time.sleep(0.001)
+    if everyone[:, 0].any():
+        errors = [(rank, text) for rank, text in enumerate(comm.allgather(error)) if text is not None]
         return None, None, "; ".join(f"rank {rank}: {text}" for rank, text in errors[:2])
-    return max(s for _, s, _ in everyone), sum(w for _, _, w in everyone), None
+    return float(everyone[:, 1].max()), int(everyone[:, 2].sum()), None
 
 
 def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory(), failed=None):
