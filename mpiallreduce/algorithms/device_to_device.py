@@ -37,12 +37,15 @@ from ..device.arrays import allocation_range, close_ipc_mapping, namespace, sync
 from .base import OneNodeSlicedAlgorithm
 
 #: CUDA code for min and max with numpy's rules: a NaN wins (the first, if both are); on a tie the
-#: second argument (np.maximum(0.0, -0.0) is -0.0). The CuPy stand-in runs these expressions as
-#: they are written (mpiallreduce.testing.fake_cupy_arrays), so CI compares them with numpy.
+#: second argument (np.maximum(0.0, -0.0) is -0.0), in float32 and float64. The CuPy stand-in runs
+#: these expressions as they are written (mpiallreduce.testing.fake_cupy_arrays), so CI compares
+#: them with numpy.
 RANK_ORDER_PREAMBLE = """
 template <typename T> __device__ T mpiallreduce_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> __device__ T mpiallreduce_min(T a, T b) { return (a < b || a != a) ? a : b; }
 """
+#: numpy's float16 loops keep the first argument on a tie (np.maximum(f16(0), f16(-0.0)) is +0)
+FIRST_ON_TIES_PREAMBLE = RANK_ORDER_PREAMBLE.replace("a > b", "a >= b").replace("a < b", "a <= b")
 _COMBINE = {"sum": "({a} + {b})", "mean": "({a} + {b})", "prod": "({a} * {b})",
             "max": "mpiallreduce_max({a}, {b})", "min": "mpiallreduce_min({a}, {b})"}
 
@@ -56,11 +59,13 @@ def rank_order_operation(op_name, count):
 
 
 @functools.lru_cache(maxsize=None)
-def rank_order_kernel(xp, op_name, count):
-    """One ElementwiseKernel that reduces ``count`` same-typed inputs in rank order into ``result``."""
+def rank_order_kernel(xp, op_name, count, first_on_ties=False):
+    """One ElementwiseKernel that reduces ``count`` same-typed inputs in rank order into ``result``
+    (``first_on_ties``: min and max as numpy's float16 loops break ties)."""
     inputs = ", ".join(f"T in{i}" for i in range(count))
     return xp.ElementwiseKernel(inputs, "T result", rank_order_operation(op_name, count),
-                                f"mpiallreduce_rank_order_{op_name}_{count}", preamble=RANK_ORDER_PREAMBLE)
+                                f"mpiallreduce_rank_order_{op_name}_{count}{'_first' if first_on_ties else ''}",
+                                preamble=FIRST_ON_TIES_PREAMBLE if first_on_ties else RANK_ORDER_PREAMBLE)
 
 
 class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
@@ -88,7 +93,7 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
             try:
                 sources, results = peer_arrays(comm, xp, [source, recv], handles, mappings)
                 pieces = [own_slice if q == rank and send is None else peer[a:b] for q, peer in enumerate(sources)]
-                rank_order_kernel(xp, op.name, len(pieces))(*pieces, own_slice)
+                rank_order_kernel(xp, op.name, len(pieces), recv.dtype == np.float16)(*pieces, own_slice)
                 synchronize(xp)
             except Exception as failure:  # noqa: BLE001 - raised on every rank by agree_on_outcome
                 error = failure

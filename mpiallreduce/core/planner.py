@@ -30,7 +30,8 @@ Rules, in order:
   wider: the same bits either way;
 - float16 and bfloat16 accumulate in float32 in every hand-written algorithm (and in ``mpi`` on
   device arrays, and for bfloat16, which MPI has no type for, in ``mpi`` too); ``mpi`` on numpy
-  float16 arrays keeps the library's own float16 arithmetic;
+  float16 arrays keeps the library's own float16 arithmetic; max and min of float16 are not widened
+  (they are exact, and numpy's float16 loops break ties unlike its float32 ones);
 - every call on more than one rank compares its signature (shape, dtype, op, algorithm, route)
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
   in the communicator's shared slots on one node (a few loads and stores), else in a 16-byte
@@ -257,7 +258,9 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     accumulate = None
     if bits:
         route = "bfloat16 bits"
-    if low_precision and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16" or bits) and not reproducible:
+    exact_anyway = op_name in ("max", "min") and not bits  # (max and min of float16 are exact: numpy's rules kept)
+    if (low_precision and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16" or bits) and not reproducible
+            and not exact_anyway):
         accumulate = np.dtype(np.float32)
     if compared and chosen.carries_signature and not on_device and facts.shared_slots:
         signature = f"carried by {chosen.name}"

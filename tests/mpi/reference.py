@@ -110,3 +110,11 @@ def no_gpu(reason):
     if REQUIRE_GPU:
         pytest.fail(f"MPIALLREDUCE_REQUIRE_GPU=1 and {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def timing_test_at_three_ranks():
+    """Skip, except at 3 ranks, a fault test that sleeps on purpose (a straggler, a timeout): at 3 one
+    rank is late among several, which covers what 2 would show (make test runs the suite at 1 to 5
+    ranks; make check, at 2, leaves them to it: docs/performance.md, the suite's time)."""
+    if MPI.COMM_WORLD.Get_size() != 3:
+        pytest.skip("a timing test (sleeps on purpose): run at 3 ranks only")

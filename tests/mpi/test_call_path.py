@@ -12,7 +12,7 @@ import mpiallreduce as mar
 from mpiallreduce.core import state as state_module
 from mpiallreduce.algorithms import HOST_ALGORITHMS, REGISTRY
 from mpiallreduce.algorithms.base import CallTags
-from reference import exact_input, gather_inputs, numpy_reference, values_equal
+from reference import exact_input, gather_inputs, numpy_reference, values_equal, timing_test_at_three_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -157,6 +157,7 @@ def test_a_segment_size_that_differs_between_ranks_is_refused_on_every_rank(use_
 def test_an_exception_in_round_1_of_the_rendezvous_ends_the_call_on_every_rank():
     """Rank 0 turns the stall warning into an error (-W error) while the last rank is late: rank 0
     raises it, the others learn that rank 0 gave up; nobody hangs and the next call works."""
+    timing_test_at_three_ranks()
     comm = _fresh()
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
@@ -279,6 +280,7 @@ def test_a_call_timed_on_one_rank_only_ends_with_an_error_on_every_rank(algorith
     """Rank 0 gives a timeout, the others do not: rank 0's rendezvous times out and gives up, and
     the others, waiting in the algorithm for rank 0, learn it (faults.watch). The next calls agree
     and are right. (On a communicator's very first call this is not so: see the README.)"""
+    timing_test_at_three_ranks()
     comm = _fresh()
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
@@ -312,6 +314,7 @@ def test_float16_overflow_under_seterr_raise_gives_inf_not_an_exception():
 def test_call_numbers_far_apart_never_confuse_tags_or_control_messages():
     """Tags wrap around after CallTags.calls_apart calls; control messages carry the whole call
     number. Jump every rank's numbering across the wrap, with a given-up call behind: still right."""
+    timing_test_at_three_ranks()
     comm = _fresh()
     rank, size = comm.Get_rank(), comm.Get_size()
     try:
@@ -338,6 +341,7 @@ def test_call_numbers_far_apart_never_confuse_tags_or_control_messages():
 
 @pytest.mark.parametrize("first_use", [False, True], ids=["used_before", "first_use"])
 def test_a_straggler_on_the_first_timed_call_is_diagnosed_and_no_later_call_is_blamed(first_use):
+    timing_test_at_three_ranks()
     comm = _fresh()
     rank, size = comm.Get_rank(), comm.Get_size()
     late = size - 1

@@ -232,15 +232,16 @@ def test_pinned_buffers_are_reused_and_ipc_mappings_closed(xp, use_settings):
     assert np.array_equal(xp.asnumpy(out), np.full(5000, comm.Get_size(), np.float32))
 
 
-@pytest.mark.parametrize("op", ["max", "min", "sum", "prod"])
-def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op):
+@pytest.mark.parametrize("op, dtype", [("max", "float32"), ("min", "float32"), ("sum", "float32"), ("prod", "float32"),
+                                       ("max", "float16"), ("min", "float16"), ("max", "float64")])
+def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op, dtype):
     """The one p-input kernel: NaN wins min and max, -0.0 and 0.0 tie as numpy's maximum/minimum
     decide, sums and products in rank order, infinities; bit for bit numpy's ufunc applied left to
     right over the gathered inputs."""
     needs_cuda_ipc(xp)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    values = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0, 3.5, 1e30, -2.0], np.float32)
+    values = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0, 3.5, 1e30, -2.0], np.float32).astype(dtype)
     host = np.roll(values, rank)
     host[rank % 7] = -0.0 if rank % 2 else 0.0
     gathered = gather_inputs(comm, host)
@@ -250,7 +251,8 @@ def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op):
         for row in gathered[1:]:
             ufunc(expected, row, out=expected)
     result = xp.asnumpy(mar.allreduce(xp.asarray(host), op=op, algorithm="device_to_device"))
-    assert np.array_equal(result.view(np.uint32), expected.view(np.uint32)), (result, expected)
+    bits = np.dtype(f"uint{8 * expected.itemsize}")
+    assert np.array_equal(result.view(bits), expected.view(bits)), (result, expected)
 
 
 def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(xp, use_settings, monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from reference import bits_equal, exact_input, gather_inputs, numpy_reference, values_equal
+from reference import bits_equal, exact_input, gather_inputs, numpy_reference, values_equal, timing_test_at_three_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -251,6 +251,7 @@ def test_a_digest_mismatch_with_a_large_gradient_present_changes_no_gradient(com
 def test_a_bucket_that_times_out_changes_no_gradient():
     """The last rank comes late to a step: every rank's wait() raises what the buckets' allreduces
     raised, and every gradient, the large one included, is bitwise what that rank gave."""
+    timing_test_at_three_ranks()
     rank, last = WORLD.Get_rank(), WORLD.Get_rank() == WORLD.Get_size() - 1
     sync = mar.GradientSync(parameters={"A": np.zeros(LARGE), "B": np.zeros(10)}, prescale=2.0, timeout=0.5)
     for step in range(2):  # the first step on time (each bucket's call is prepared then), the second late
@@ -279,6 +280,7 @@ def test_a_rank_late_at_the_first_step_fails_that_step_only(declared):
     them, the first ``wait``'s agreement timed out and its gradients stayed in the step, to be
     reduced (and written) with the next one's. Now that step raises AllreduceTimeout at ``wait`` on
     every rank with no gradient changed, and the next step is right."""
+    timing_test_at_three_ranks()
     rank, late = WORLD.Get_rank(), WORLD.Get_rank() == WORLD.Get_size() - 1
     names = [f"g{i}" for i in range(4)]
     specs = {name: np.zeros(50) for name in names} if declared else None

@@ -11,7 +11,7 @@ from mpi4py import MPI
 import mpiallreduce as mar
 from mpiallreduce.algorithms import HOST_ALGORITHMS, REGISTRY
 from mpiallreduce.algorithms.base import CallTags
-from reference import exact_input, gather_inputs, numpy_reference, values_equal
+from reference import exact_input, gather_inputs, numpy_reference, values_equal, timing_test_at_three_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -107,6 +107,7 @@ def test_a_timed_call_never_waits_for_ever_in_the_shared_slots(use_settings):
     calls (below the size that compared, as once by default) did not: rank 0 spun for ever. With
     the slots' wait bounded by the call's deadline and watching the peers, every rank raises within
     the timeout; with the default (every size compared), every rank raises ValueError at once."""
+    timing_test_at_three_ranks()
     _skip_on_one_rank()
     rank = WORLD.Get_rank()
     count = (128 << 10) // 8 if rank == 0 else 128
