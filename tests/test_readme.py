@@ -16,7 +16,8 @@ GPU; one that imports torch (or mpiallreduce.torch) where torch does not import.
 Shell. Every ```sh block runs line by line in one folder, in order (so later lines read what earlier
 ones wrote). The folder holds every page's complete programs under the names their first lines
 give (`python first.py` runs README.md's first program). `bench` and `tune` are cut to two sizes
-(64 B, 4 KiB) and two repetitions; `--device gpu` and programs that import cupy run only where a
+(64 B, 4 KiB) and two repetitions, and `bench` to `auto` and `ring` where it names no algorithms
+and one of Open MPI's forced ones (tests/test_under_mpiexec.py runs every contender); `--device gpu` and programs that import cupy run only where a
 GPU is usable, `--nodes` (emulated nodes) only as root with unshare. Not run here:
 `make` (CI runs it), `pip` and making a venv (they would install), `pytest` (these are the tests),
 the GPU check's scripts (tests/test_device_check.py runs its dry run), and what needs a cluster
@@ -186,6 +187,8 @@ def cut_down(line):
         line = re.sub(r"--sizes \S+", "", line) + " --sizes 64,4K --repetitions 2"
         if "mpiallreduce bench" in line and "--openmpi-forced" not in line:
             line += " --openmpi-forced 4"
+        if "mpiallreduce bench" in line and "--algorithms" not in line:  # (every algorithm: test_under_mpiexec)
+            line += " --algorithms auto,ring"
     return line
 
 
@@ -205,3 +208,20 @@ def test_shell_example_runs_with_sizes_cut_down(lines, tmp_path):
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT)
         assert done.returncode == 0, f"{command}\n---\n{(done.stdout + done.stderr)[-4000:]}"
+
+
+def test_the_results_page_is_what_its_command_writes(tmp_path):
+    """docs/results.md is generated, never pasted: its first lines name the command, and running that
+    command on the results folders in the repository now writes the same page."""
+    import subprocess
+    page = (ROOT / "docs" / "results.md").read_text()
+    command = re.search(r"Written by `mpiallreduce report --markdown (\S+) ([^`]+)`", page)
+    assert command, "docs/results.md does not say which command wrote it"
+    folders = command.group(2).split()
+    written = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, "-m", "mpiallreduce", "report", "--markdown", str(written), *folders],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert written.read_text().replace(str(written), command.group(1)) == page, (
+        "docs/results.md differs from what its command writes: run `mpiallreduce report --markdown "
+        f"docs/results.md {' '.join(folders)}`")

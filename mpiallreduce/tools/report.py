@@ -117,9 +117,22 @@ def main(argv=None):
     parser.add_argument("--sizes", type=size_list, help="sizes to draw in scaling.png (default: up to 6 every "
                                                         "layout measured)")
     parser.add_argument("--wide", action="store_true", help="with both busbw columns (over 120 characters)")
+    parser.add_argument("--markdown", metavar="PAGE",
+                        help="write the runs, each with its date, commit, machine and command, and its tables, "
+                             "as a Markdown page (docs/results.md) instead")
     parser.add_argument("--output", metavar="DIR",
                         help="write report.txt, report.csv and scaling.png there (default: print the table only)")
     args = parser.parse_args(argv)
+    if args.markdown:
+        from .results_page import markdown_page
+        try:
+            runs = find_runs(args.results)
+        except ResultsError as e:
+            parser.error(str(e))
+        with open(args.markdown, "w") as f:
+            f.write(markdown_page(runs, "mpiallreduce report --markdown " + " ".join([args.markdown, *args.results])))
+        print(f"written: {args.markdown} ({len(runs)} runs)")
+        return 0
     try:
         rows, notes = merged_rows(find_runs(args.results), in_place=args.mode == "in-place")
     except ResultsError as e:

@@ -1,0 +1,66 @@
+"""``mpiallreduce report --markdown PAGE RESULTS...``: the measured results as a page of the docs.
+
+One section per run (a ``bench.json`` of ``mpiallreduce bench --output``): its date, commit,
+machine and the command that made it, then its Deep Speech 2 tables, as ``bench`` prints them. The
+page says which command wrote it; docs/results.md is written this way from the results folders in
+the repository (tests/test_readme.py checks that it is what the command writes now).
+"""
+from .bench.contenders import FORCED_PREFIX
+from .bench.report import format_gain_table, gain_rows
+from .results import run_nodes, run_oversubscribed
+
+__all__ = ["markdown_page", "bench_command"]
+
+#: bench's defaults: a run's command names only what differs from them
+_DEFAULTS = {"device": "cpu", "dtype": "float32", "op": "sum", "repetitions": 5, "mode": "both",
+             "openmpi_forced": "all", "algorithms": None}
+
+
+def bench_command(meta):
+    """The command line that made a run, from its metadata (ranks, nodes, bench's arguments)."""
+    arguments = meta.get("arguments") or {}
+    nodes = int(meta.get("nodes") or 1)
+    words = [f"mpiallreduce launch -n {meta.get('ranks', '?')}" + (f" --nodes {nodes}" if nodes > 1 else ""),
+             "-- python -m mpiallreduce bench"]
+    sizes = arguments.get("sizes")
+    if sizes and sizes != "default":
+        words.append(f"--sizes {sizes if isinstance(sizes, str) else ','.join(map(str, sizes))}")
+    for key, default in _DEFAULTS.items():
+        value = arguments.get(key, default)
+        if value is not None and value != default and str(value) != str(default):
+            words.append(f"--{key.replace('_', '-')} {value}")
+    return " ".join(words)
+
+
+def _machine(meta, results):
+    library = str(meta.get("mpi_library", "?")).split(",")[0]
+    text = (f"{', '.join(meta.get('hosts', [])) or '?'}: {meta.get('ranks', '?')} ranks on {run_nodes(results)} "
+            f"node(s), {library}")
+    crowded = run_oversubscribed(results)
+    if crowded:
+        text += f"; **oversubscribed** ({crowded[0]} ranks on {crowded[1]} cores: times not the hardware's)"
+    return text
+
+
+def markdown_page(runs, command):
+    """The page, from ``runs`` ((path, results) pairs: mpiallreduce.tools.results.find_runs)."""
+    lines = ["# Measured results", "",
+             f"Written by `{command}` from the results folders in the repository. Do not edit it: run the",
+             "command again. Gain = Open MPI's default time / our time, both measured in the same run",
+             "(interleaved repetitions, the median); above 1, ours is faster. `auto` is what the library",
+             "runs by default. How to read them: [benchmarks.md](benchmarks.md).", ""]
+    for path, results in runs:
+        meta = results.get("metadata", {})
+        measurements = results["measurements"]
+        lines += [f"## {path}", "",
+                  f"- date: {meta.get('date_utc', '?')}",
+                  f"- commit: {str(meta.get('git_commit', '?'))[:12]}",
+                  f"- machine: {_machine(meta, results)}",
+                  f"- command: `{bench_command(meta)}`",
+                  f"- Open MPI's forced algorithms measured: "
+                  f"{'yes' if any(m['algorithm'].startswith(FORCED_PREFIX) for m in measurements) else 'no'}", ""]
+        for in_place in sorted({m["in_place"] for m in measurements}):
+            from types import SimpleNamespace
+            rows = gain_rows([SimpleNamespace(**m) for m in measurements], in_place)
+            lines += [f"{'In place' if in_place else 'Out of place'}:", "", "```text", format_gain_table(rows), "```", ""]
+    return "\n".join(lines)
