@@ -24,7 +24,7 @@
 # At most eight files: as many as the device tool brings back. Results go to $OUT if set, else
 # results/gpu/. The bench's JSON is kept whatever its exit status (wrong elements, a failed contender).
 #
-# Usage (on the device machine, from the repository root; see README.md, "GPU arrays"):
+# Usage (on the device machine, from the repository root; see docs/gpu.md, "The GPU check"):
 #   benchmarks/gpu/fetch_wheels.sh                    here, where pip has a network; then carry
 #                                                     benchmarks/gpu/wheels with the working tree
 #   benchmarks/gpu/device_check.sh [--cpu-scaling]    there
