@@ -193,9 +193,12 @@ def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nod
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) in a new session and
     return the mpiexec Popen (output merged into ``.stdout`` when captured). The caller waits, with
     a timeout, and may signal it. If the caller dies, mpiexec gets SIGTERM and ends the ranks."""
+    environment = launch_environment(env)
+    if nodes is not None:  # (emulated nodes' names resolve nowhere; every address is this machine's loopback,
+        environment.setdefault("GLOO_SOCKET_IFNAME", "lo")  # so torch's gloo is told, and does not warn)
     return subprocess.Popen(
         mpiexec_command(nranks, command, extra_flags, nodes),
-        env=launch_environment(env),
+        env=environment,
         cwd=cwd,
         stdout=subprocess.PIPE if capture else None,
         stderr=subprocess.STDOUT if capture else None,
