@@ -25,7 +25,7 @@ from ..faults.errors import AllreduceAborted, AllreduceTimeout
 from ..faults.ulfm import failure_of
 from ..faults.watch import PeerWatch
 from . import buffers
-from .consistency import SignatureMismatch, compare, digest
+from .consistency import SignatureMismatch, agree_on_call, compare, digest
 from .ops import OPS, ignore_float_errors, restore_float_errors
 
 __all__ = ["Execution", "raise_failed"]
@@ -70,18 +70,10 @@ class Execution:
             from .planner import plan_call
             state = self.state
             state.learn_cuda_ipc(xp)
-            after = error = None
-            try:
-                after = Execution(state, plan_call(state.facts, *self.plan.ipc_probe), self.op, self.shape,
-                                  self.dtype, "device")
-            except (TypeError, ValueError) as refused:
-                error = refused
-            everyone = state.library.allgather(f"{type(error).__name__}: {error}" if after is None else after.code)
-            if len(set(everyone)) > 1:
-                raise SignatureMismatch(f"rank {state.rank}: once CUDA IPC was probed, the ranks' plans for this call "
-                                        f"differ ('auto' on some, by name on others?): {everyone}") from error
-            if error is not None:
-                raise error
+            # (the one comparison of arguments and plans: a plan refused on some ranks is raised on all)
+            after = agree_on_call(state.library, lambda: Execution(
+                state, plan_call(state.facts, *self.plan.ipc_probe), self.op, self.shape, self.dtype, "device"),
+                {}, resolve=lambda execution: {"plan once CUDA IPC was probed": execution.plan.describe()})
             self.after_probe = after
         return self.after_probe
 

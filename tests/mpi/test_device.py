@@ -15,7 +15,6 @@ import mpiallreduce as mar
 import mpiallreduce.testing.fake_cupy as fake_cupy
 from mpiallreduce.device import arrays as device, transports
 from mpiallreduce.algorithms import REGISTRY, device_to_device
-from mpiallreduce.core.consistency import SignatureMismatch
 from mpiallreduce.core.state import state_of
 from reference import exact_input, gather_inputs, no_gpu, numpy_reference, problems_with
 
@@ -444,7 +443,8 @@ def test_refused_cuda_ipc_is_probed_once_and_never_planned_again():
         assert mar.describe_call(x, comm=fresh).startswith("staged_ring")
         fresh.Free()
         mixed = comm.Dup()  # rank 0 by name, the others "auto": both plans say device_to_device until the probe
-        with pytest.raises(SignatureMismatch, match="once CUDA IPC was probed, the ranks' plans for this call differ"):
+        with pytest.raises(ValueError, match=r"allreduce arguments rejected on rank 0 of \d+:\n  rank 0: ValueError: "
+                                             r"the device_to_device algorithm maps the peers' device memory"):
             mar.allreduce(x, comm=mixed, algorithm="device_to_device" if comm.Get_rank() == 0 else "auto")
         problems += problems_with(mixed, fake_cupy.asnumpy(mar.allreduce(x, comm=mixed)), expected, "after a mismatch")
         mixed.Free()
