@@ -87,7 +87,7 @@ def _warm_up(comm, contender, send, out, reset, expected, memory):
         mine[1] = time.perf_counter() - start
         mine[2] = count_wrong(memory.to_host(out), expected)
     except Exception as failure:  # noqa: BLE001 - recorded with its rank, on every rank
-        error, mine[0] = f"{type(failure).__name__}: {failure}", 1
+        error, mine[0] = " ".join(f"{type(failure).__name__}: {failure}".split()), 1  # (one line: a table cell)
     everyone = np.empty((comm.Get_size(), 3))
     request = comm.Iallgather(mine, everyone)
     deadline = time.monotonic() + AGREE_SECONDS
