@@ -107,6 +107,9 @@ def test_under_launch_one_ranks_exception_ends_the_job_unless_switched_off(tmp_p
     ended = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert ended.returncode not in (0, 124) and time.monotonic() - started < 20, ended.stdout + ended.stderr
     assert "[rank 1] RuntimeError: rank 1 went wrong" in ended.stdout + ended.stderr
+    assert_no_abort_notice(ended.stdout + ended.stderr)
+    shown = subprocess.run(command[:4] + ["--mpi-notices"] + command[4:], capture_output=True, text=True, timeout=60)
+    assert "MPI_ABORT was invoked on rank 1" in shown.stderr, shown.stdout + shown.stderr
     short_timeout = command[:command.index("--timeout") + 1] + ["4"] + command[command.index("--timeout") + 2:]
     switched_off = subprocess.run(short_timeout, capture_output=True, text=True, timeout=60,
                                   env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="0"))
@@ -133,6 +136,12 @@ mar.allreduce(np.ones(4))
 """
 
 
+def assert_no_abort_notice(output):
+    """The ranks said why the job ended: Open MPI's notices about it are left out (tools/notices.py)."""
+    for phrase in ("MPI_ABORT was invoked", "prterun has exited due to", "-" * 74):
+        assert phrase not in output, output
+
+
 def launch_exits(tmp_path, statuses):
     """`mpiallreduce launch -n 2 --timeout 60` of RANK_THAT_EXITS: (its return code, seconds, output)."""
     import subprocess
@@ -150,6 +159,7 @@ def test_under_launch_one_ranks_nonzero_exit_ends_the_job_with_its_status(tmp_pa
     returncode, seconds, output = launch_exits(tmp_path, "-,3")
     assert returncode == 3 and seconds < 20, (returncode, seconds, output)
     assert "[rank 1] mpiallreduce: rank 1 exits with status 3" in output, output
+    assert_no_abort_notice(output)
 
 
 @pytest.mark.parametrize("statuses, expected", [("99,99", 99), ("0,0", 0), ("caught,caught", 0)],
@@ -159,3 +169,46 @@ def test_under_launch_exits_that_end_every_rank_keep_their_status(tmp_path, stat
     sys.exit(0), or a nonzero sys.exit that the program catches and goes on from, ends normally."""
     returncode, seconds, output = launch_exits(tmp_path, statuses)
     assert returncode == expected and seconds < 20, (returncode, seconds, output)
+    assert_no_abort_notice(output)
+
+
+RULE = "-" * 74
+ABORT_NOTICE = f"{RULE}\nMPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n  Errorcode: 99\n{RULE}\n"
+SETPGID = "[vm:21363] plm:ssh: Warning: setpgid(21366,21366) failed in parent with errno=Permission denied(13)\n"
+OTHER_NOTICE = f"{RULE}\nThere are not enough slots available in the system to satisfy the 9\n{RULE}\n"
+
+
+def test_notices_are_left_out_only_once_a_rank_said_why_and_others_stay():
+    from mpiallreduce.tools.notices import filter_text
+    said = "[rank 1] mpiallreduce: rank 1 exits with status 99; aborting the MPI job with it in 3 s\n"
+    assert filter_text(said + ABORT_NOTICE + "after\n") == said + "after\n"
+    assert filter_text(ABORT_NOTICE) == ABORT_NOTICE  # (nobody said why: the notice is all there is)
+    assert filter_text(said + OTHER_NOTICE) == said + OTHER_NOTICE
+    assert filter_text("a\n" + SETPGID + "b\n") == "a\nb\n"
+    assert filter_text(said + ABORT_NOTICE + SETPGID, show_all=True) == said + ABORT_NOTICE + SETPGID
+    unfinished = RULE + "\n" + "".join(f"line {i}\n" for i in range(60))  # (dashes, then no notice)
+    assert filter_text(unfinished) == unfinished
+
+
+def test_the_output_pump_writes_partial_lines_at_once_and_filters_whole_ones():
+    """A prompt without its newline goes out before the rest of its line comes; whole lines are filtered."""
+    import io
+    import threading
+    from mpiallreduce.tools.notices import NoticeFilter, pump
+    read_end, write_end = os.pipe()
+    written = []
+    wrote = threading.Event()
+
+    class Destination(io.BytesIO):
+        def flush(self):
+            written.append(self.getvalue().decode())
+            wrote.set()
+
+    destination = Destination()
+    thread = pump(os.fdopen(read_end, "rb"), destination, NoticeFilter())
+    os.write(write_end, b"password? ")
+    assert wrote.wait(10) and written[-1] == "password? "
+    os.write(write_end, b"secret\n" + SETPGID.encode() + b"[rank 0] done\n")
+    os.close(write_end)
+    thread.join(10)
+    assert written[-1] == "password? secret\n[rank 0] done\n"

@@ -110,11 +110,15 @@ def test_bench_job_sweeps_node_counts_skips_what_needs_one_node_and_report_merge
     assert (tmp_path / "report" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
+#: the training job's steps, 0.05 s each: USR1 comes after step 10, several seconds before the end
+TRAIN_STEPS = 120
+
+
 def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):
     """jobs/train.sbatch as a user submits it with -N 2 (one rank on each Slurm node): USR1, the
     checkpoint, the requeue and the resume, across the nodes."""
     job = slurm.submit([f"--chdir={tmp_path}", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-                        "--export=ALL,TRAIN_ARGS=--steps 300 --step-seconds 0.05,CHECKPOINT_EVERY=1000",
+                        f"--export=ALL,TRAIN_ARGS=--steps {TRAIN_STEPS} --step-seconds 0.05,CHECKPOINT_EVERY=1000",
                         str(JOBS / "train.sbatch")], cwd=tmp_path)
     log = tmp_path / f"mpiallreduce-train-{job}.out"
     deadline = time.monotonic() + JOB_TIMEOUT
@@ -144,16 +148,17 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
     resumed_at = int(resumed.group(1))
     assert resumed_at >= 10
     assert f"step {resumed_at + 1:>5} " in output.split("resumed from")[1], output
-    assert "step   300 " in output, output
+    assert f"step {TRAIN_STEPS:>5} " in output, output
     # the same parameters as a run that was never interrupted (same rank count: the same bits)
     import numpy as np
     from mpiallreduce.tools.launch import run
     straight = tmp_path / "straight.npz"
-    result = run(2, [sys.executable, "-m", "mpiallreduce.train", "--steps", "300", "--save-params", str(straight)],
+    result = run(2, [sys.executable, "-m", "mpiallreduce.train", "--steps", str(TRAIN_STEPS), "--save-params",
+                                  str(straight)],
                  timeout=JOB_TIMEOUT, cwd=tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     with np.load(tmp_path / "checkpoints" / f"train-{job}.npz") as interrupted, np.load(straight) as reference:
-        assert int(interrupted["step"]) == 300
+        assert int(interrupted["step"]) == TRAIN_STEPS
         for name in reference.files:
             assert np.array_equal(interrupted[name], reference[name]), name
 

@@ -1,5 +1,5 @@
 """Seeded stress test (issue #24, item 6): tests/scripts/stress.py, every kind of entry of the public API
-interleaved under random rank skew, on 2, 3 and 4 ranks of one node and 2 emulated nodes of 2 ranks.
+interleaved under random rank skew, on 3 ranks of one node and 2 emulated nodes of 2 ranks.
 
 The seed is MPIALLREDUCE_STRESS_SEED, else drawn from the clock once per session; it is printed,
 and every failure message gives it with the command that replays the same operations (the
@@ -25,11 +25,12 @@ SEED = int(os.environ.get("MPIALLREDUCE_STRESS_SEED") or time.time_ns() // 1000 
 OPS = int(os.environ.get("MPIALLREDUCE_STRESS_OPS") or 300)
 EMULATED = os.geteuid() == 0 and shutil.which("unshare") is not None
 
-# (ranks, emulated nodes or None): ids as tests/test_emulated_nodes.py names layouts, nodes x ranks per node
+# (ranks, emulated nodes or None): ids as tests/test_emulated_nodes.py names layouts, nodes x ranks per node.
+# 3 ranks on one node (an odd count: every algorithm's folding, the shared window with a third rank)
+# and 2 nodes x 2 ranks (the paths between nodes); 2 and 4 ranks on one node add no entry or path
+# of their own, only time (the suite's: docs/performance.md); replay any layout with --seed S.
 LAYOUTS = [
-    pytest.param(2, None, id="1x2"),
     pytest.param(3, None, id="1x3"),
-    pytest.param(4, None, id="1x4"),
     pytest.param(4, 2, id="2x2",
                  marks=pytest.mark.skipif(not EMULATED, reason="emulated nodes need root and unshare(1)")),
 ]

@@ -62,6 +62,9 @@ def _launch(argv):
                              "node's daemon in a UTS namespace of its own, so Open MPI sees N nodes, shared memory "
                              "within them and TCP between them. Needs root. Not a cluster: one machine's cores and "
                              "memory bandwidth, the kernel's loopback for a network")
+    parser.add_argument("--mpi-notices", action="store_true",
+                        help="show every notice of Open MPI's, also the abort notices that follow a rank's own "
+                             "explanation (an uncaught exception, sys.exit(n)) and the setpgid warnings of --nodes")
     parser.add_argument("command", nargs="...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -90,7 +93,8 @@ def _launch(argv):
     # seconds to checkpoint (mpiallreduce.tools.ranks), and the ranks' exit status is the launcher's
     nranks = args.ranks if args.ranks is not None else int(argv[argv.index("-n") + 1])
     result = run(nranks, command, timeout=args.timeout, capture=False, env=env, forward_signals=True,
-                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else (), nodes=args.nodes, grace=args.grace)
+                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else (), nodes=args.nodes, grace=args.grace,
+                 mpi_notices=args.mpi_notices)
     if result.timed_out:
         print(f"mpiallreduce launch: {result.killed}", file=sys.stderr)
         return 124 if "timeout" in result.killed else 128 + signal.SIGTERM

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .notices import NoticeFilter, filter_text, pump
 from .ranks import GracefulStop, kill_group
 
 __all__ = ["find_mpiexec", "mpiexec_command", "srun_command", "choose_launcher", "launch_command",
@@ -189,24 +190,35 @@ def _terminate_with_parent():
         pass
 
 
-def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nodes=None):
+def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nodes=None, pipes=False):
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) in a new session and
-    return the mpiexec Popen (output merged into ``.stdout`` when captured). The caller waits, with
-    a timeout, and may signal it. If the caller dies, mpiexec gets SIGTERM and ends the ranks."""
+    return the mpiexec Popen (output merged into ``.stdout`` when captured; ``pipes``: not captured,
+    but stdout and stderr each a pipe of its own, read from ``.output_pipes``, binary files). The
+    caller waits, with a timeout, and may signal it. If the caller dies, mpiexec gets SIGTERM and ends the ranks."""
     environment = launch_environment(env)
     if nodes is not None:  # (emulated nodes' names resolve nowhere; every address is this machine's loopback,
         environment.setdefault("GLOO_SOCKET_IFNAME", "lo")  # so torch's gloo is told, and does not warn)
-    return subprocess.Popen(
-        mpiexec_command(nranks, command, extra_flags, nodes),
-        env=environment,
-        cwd=cwd,
-        stdout=subprocess.PIPE if capture else None,
-        stderr=subprocess.STDOUT if capture else None,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-        preexec_fn=_terminate_with_parent if sys.platform.startswith("linux") else None,
-    )
+    # pipes: mpiexec holds their read ends too, so that if this process dies (SIGKILL) its writes do
+    # not meet a pipe without readers: prterun's SIGPIPE handler then exits without ending the ranks
+    ends = [os.pipe(), os.pipe()] if pipes and not capture else []
+    try:
+        process = subprocess.Popen(
+            mpiexec_command(nranks, command, extra_flags, nodes),
+            env=environment,
+            cwd=cwd,
+            stdout=subprocess.PIPE if capture else ends[0][1] if ends else None,
+            stderr=subprocess.STDOUT if capture else ends[1][1] if ends else None,
+            pass_fds=tuple(read for read, _ in ends),
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent if sys.platform.startswith("linux") else None,
+        )
+    finally:
+        for _, write in ends:
+            os.close(write)
+    process.output_pipes = tuple(os.fdopen(read, "rb") for read, _ in ends)  # (stdout's, stderr's)
+    return process
 
 
 def kill(process):
@@ -215,7 +227,7 @@ def kill(process):
 
 
 def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None, nodes=None,
-        forward_signals=False, grace=30.0):
+        forward_signals=False, grace=30.0, mpi_notices=False):
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) and wait at most
     ``timeout`` seconds (None: for ever).
 
@@ -224,17 +236,28 @@ def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=No
     become SIGTERM to every rank, which then get ``grace`` seconds to end (checkpoint, exit 99)
     before they are killed; SIGUSR1 and SIGUSR2 go to mpiexec, which passes them on
     (mpiallreduce.tools.ranks.GracefulStop).
+    Open MPI's notices that say nothing the ranks have not said are left out of the output, unless
+    ``mpi_notices`` (mpiallreduce.tools.notices).
     """
     started = time.monotonic()
-    process = start(nranks, command, extra_flags, env, capture, cwd, nodes)
+    piped = not capture and not mpi_notices and hasattr(sys.stdout, "buffer") and hasattr(sys.stderr, "buffer")
+    process = start(nranks, command, extra_flags, env, capture, cwd, nodes, pipes=piped)
     argv = process.args
+    if piped:  # (the two streams share what the ranks said)
+        said_why = [False]
+        pumps = [pump(process.output_pipes[0], sys.stdout.buffer, NoticeFilter(said_why)),
+                 pump(process.output_pipes[1], sys.stderr.buffer, NoticeFilter(said_why))]
     stop = GracefulStop(process, grace) if forward_signals else None
     output, returncode, note = "", None, ""
     try:
         while True:
             left = None if timeout is None else timeout - (time.monotonic() - started)
             try:
-                output, _ = process.communicate(timeout=0.2 if left is None else max(0.01, min(left, 0.2)))
+                wait = 0.2 if left is None else max(0.01, min(left, 0.2))
+                if capture:
+                    output = process.communicate(timeout=wait)[0]
+                else:
+                    process.wait(wait)
                 returncode = process.returncode
                 break
             except subprocess.TimeoutExpired:
@@ -245,7 +268,7 @@ def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=No
                 else:
                     continue
                 kill_group(process)
-                output, _ = process.communicate()
+                output = process.communicate()[0] if capture else (process.wait(), "")[1]
                 break
     except BaseException:
         kill_group(process)
@@ -253,6 +276,10 @@ def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=No
     finally:
         if stop is not None:
             stop.restore()
+        for thread in pumps if piped else ():
+            thread.join(5)  # (the ranks are gone: their output ends)
+    if capture and not mpi_notices:
+        output = filter_text(output or "")
     if note:
         output = (output or "") + f"\n[mpiallreduce.launch] {note}\n"
     return LaunchResult(argv, returncode, output or "", time.monotonic() - started, note)

@@ -1,9 +1,12 @@
 """``mpiallreduce plot RESULTS``: PNG figures of a bench run (matplotlib, no display needed).
 
-busbw_<mode>.png: bus bandwidth against message size, one line per contender, with the one-core
-memory copy bandwidth measured in the same run as the physical limit.
+busbw_<mode>.png: bus bandwidth against message size, one line per contender (ours solid, each
+Open MPI algorithm dashed with a dash pattern and marker of its own, its default black), and one
+core's memory copy bandwidth measured in the same run: a reference line, not a limit (below a few
+MiB the data sits in caches, which go faster).
 gain_<mode>.png: Open MPI default time / our time against message size, one line per algorithm
-of ours; above 1 ours is faster.
+of ours; above 1 ours is faster; a hollow circle marks a gain within the noise (the repetitions of
+the two overlap: mpiallreduce.tools.bench.report.within_noise).
 """
 import os
 
@@ -36,20 +39,26 @@ def plot_results(results, output_dir):
         names = list(dict.fromkeys(m["algorithm"] for m in measured))
 
         fig, ax = plt.subplots(figsize=(9, 5.5))
-        for name, colour, style in _line_styles(plt, names):
+        for name, colour, style, marker in _line_styles(plt, names):
             points = sorted((m["nbytes"], m["busbw_gbs"]) for m in measured if m["algorithm"] == name)
-            ax.plot(*zip(*points), style, marker="x" if name.startswith("openmpi") else ".", color=colour,
+            ax.plot(*zip(*points), linestyle=style, marker=marker, color=colour,
                     linewidth=2.5 if name == "openmpi" else 1.2, label=name)
-        ax.axhline(results["memcpy_gbs"], color="black", linestyle=":", label="memcpy, one core")
+        ax.axhline(results["memcpy_gbs"], color="black", linestyle=":", linewidth=0.8,
+                   label="one core's memcpy, this run (a reference: caches beat it)")
         written.append(_finish(plt, fig, ax, "busbw (GB/s) = bytes/time x 2(p-1)/p",
                                f"allreduce bus bandwidth, {mode.replace('_', ' ')}: {title}",
                                os.path.join(output_dir, f"busbw_{mode}.png"), columns=2))
 
         fig, ax = plt.subplots(figsize=(9, 5.5))
         ours = list(rows[0]["gain_by_algorithm"]) if rows else []
-        for name, colour, style in _line_styles(plt, ours):
-            ax.plot([r["nbytes"] for r in rows], [r["gain_by_algorithm"][name] for r in rows], style, marker=".",
-                    color=colour, label=name)
+        for name, colour, style, marker in _line_styles(plt, ours):
+            ax.plot([r["nbytes"] for r in rows], [r["gain_by_algorithm"][name] for r in rows], linestyle=style,
+                    marker=marker, color=colour, label=name)
+            noisy = [r for r in rows if r.get("noise_by_algorithm", {}).get(name)]
+            ax.plot([r["nbytes"] for r in noisy], [r["gain_by_algorithm"][name] for r in noisy], "o", markersize=8,
+                    markerfacecolor="none", color=colour)
+        if any(any(r.get("noise_by_algorithm", {}).values()) for r in rows):
+            ax.plot([], [], "o", markersize=8, markerfacecolor="none", color="black", label="within the noise")
         ax.axhline(1.0, color="black", linewidth=1)
         ax.set_yscale("log", base=2)
         written.append(_finish(plt, fig, ax, "gain = Open MPI default time / our time",
@@ -58,17 +67,23 @@ def plot_results(results, output_dir):
     return written
 
 
+#: Open MPI's forced algorithms: told apart by dash pattern and marker, not by shades of grey
+DASHES = [(0, (6, 2)), (0, (2, 2)), (0, (6, 2, 2, 2)), (0, (10, 3)), (0, (1, 1)), (0, (6, 2, 2, 2, 2, 2)),
+          (0, (4, 4)), (0, (3, 1, 1, 1, 1, 1))]
+MARKERS = ["v", "^", "s", "D", "P", "X", "<", ">"]
+
+
 def _line_styles(plt, names):
-    """(name, colour, line style) for each contender: ours solid, each in a colour of its own (tab10,
-    then tab20's light shades, no grey); Open MPI's dashed, in greys, its default black."""
+    """(name, colour, line style, marker) for each contender: ours solid with dots, each in a colour
+    of its own (tab10, then tab20's light shades, no grey); Open MPI's forced algorithms grey, each
+    with a dash pattern and a hollow-able marker of its own; its default black, dashed, with crosses."""
     ours = [n for n in names if not n.startswith("openmpi")]
     theirs = [n for n in names if n.startswith("openmpi") and n != "openmpi"]
     palette = ([plt.get_cmap("tab10")(i) for i in range(10) if i != 7]  # (7 is grey: Open MPI's)
                + [plt.get_cmap("tab20")(2 * i + 1) for i in range(10) if i != 7])
-    greys = plt.get_cmap("Greys")
-    styles = {n: (palette[i % len(palette)], "-") for i, n in enumerate(ours)}
-    styles.update({n: (greys(0.35 + 0.55 * i / max(1, len(theirs) - 1)), "--") for i, n in enumerate(theirs)})
-    styles["openmpi"] = ("black", "--")
+    styles = {n: (palette[i % len(palette)], "-", ".") for i, n in enumerate(ours)}
+    styles.update({n: ("0.45", DASHES[i % len(DASHES)], MARKERS[i % len(MARKERS)]) for i, n in enumerate(theirs)})
+    styles["openmpi"] = ("black", "--", "x")
     return [(n, *styles[n]) for n in names]
 
 

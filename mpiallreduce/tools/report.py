@@ -9,7 +9,9 @@ and both bus bandwidths. Gains are within one run: each run times Open MPI and o
 so runs on different days can be merged without comparing one day's Open MPI with another's.
 
 scaling.png: time against layout for each size, our best (solid) against Open MPI's default
-(dashed), one colour per size. report.txt and report.csv hold the table.
+(dashed), one colour per size, without the oversubscribed layouts (more ranks than cores: the
+scheduler's times, not the hardware's; the title names them). report.txt and report.csv hold the
+table, whose notes name the oversubscribed runs.
 """
 import csv
 import os
@@ -43,7 +45,7 @@ def merged_rows(runs, in_place=False):
             notes.append(f"{path}: {crowded[0]} ranks ran on {crowded[1]} cores (oversubscribed): its times are "
                          "not the hardware's; compare its results for correctness")
         for row in gain_rows(measurements, in_place):
-            row.update(nodes=run_nodes(results), openmpi_default=meta.get("openmpi_default"),
+            row.update(nodes=run_nodes(results), openmpi_default=meta.get("openmpi_default"), oversubscribed=bool(crowded),
                        date_utc=meta.get("date_utc", ""), source=path)
             key = (row["nodes"], row["ranks"], row["nbytes"])
             if key in chosen:
@@ -72,12 +74,16 @@ def _plotted_sizes(rows, sizes=None):
 
 
 def plot_scaling(rows, path, sizes=None):
-    """Time against layout (ranks, then nodes) for each size: our best against Open MPI's default."""
+    """Time against layout (ranks, then nodes) for each size: our best against Open MPI's default.
+    Oversubscribed layouts (more ranks than cores) are left out, and the title says which: their
+    times are the scheduler's, not the hardware's."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from .plot import _size_label
+    crowded = sorted({_layout(r) for r in rows if r.get("oversubscribed")}, key=lambda l: (l[1], l[0]))
+    rows = [r for r in rows if not r.get("oversubscribed")]
     layouts = sorted({_layout(r) for r in rows}, key=lambda l: (l[1], l[0]))
     fig, ax = plt.subplots(figsize=(9, 5.5))
     colours = plt.get_cmap("tab10")
@@ -92,7 +98,10 @@ def plot_scaling(rows, path, sizes=None):
     ax.set_xticklabels([f"{p} ranks\n{n} node{'s' if n > 1 else ''}" for n, p in layouts], fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("time per allreduce (us)")
-    ax.set_title("allreduce time against ranks and nodes: ours (solid) and Open MPI's default (dashed)", fontsize=9)
+    left_out = ", ".join(f"{n}x{p // n}" for n, p in crowded)
+    ax.set_title("allreduce time against ranks and nodes: ours (solid) and Open MPI's default (dashed)"
+                 + (f"\noversubscribed layouts left out (nodes x ranks per node): {left_out}" if crowded else ""),
+                 fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()

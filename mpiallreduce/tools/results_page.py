@@ -48,7 +48,8 @@ def markdown_page(runs, command):
              f"Written by `{command}` from the results folders in the repository. Do not edit it: run the",
              "command again. Gain = Open MPI's default time / our time, both measured in the same run",
              "(interleaved repetitions, the median); above 1, ours is faster. `auto` is what the library",
-             "runs by default. How to read them: [benchmarks.md](benchmarks.md).", ""]
+             "runs by default. A gain marked `?` is within the noise: the repetitions of the two overlap.",
+             "How to read them: [benchmarks.md](benchmarks.md).", ""]
     for path, results in runs:
         meta = results.get("metadata", {})
         measurements = results["measurements"]

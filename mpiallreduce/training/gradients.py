@@ -32,7 +32,8 @@ from .buckets import GradientSpec, digest_of, plan_buckets
 from .compression import check_compression
 from .reduction import DIRECT_MIN_BYTES, BucketReducer
 from .replicas import broadcast_parameters, check_replicas
-from .steps import Step, agree_on_slots, describe_step_differences, gather_from_ranks, given_slot, on_device, problem
+from .steps import (UNNAMED_TWIN, Step, agree_on_slots, describe_step_differences, gather_from_ranks, given_slot,
+                    on_device, problem, refuse_unnamed_twins, twins)
 from ..device.arrays import namespace
 
 __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replicas"]
@@ -59,9 +60,9 @@ class GradientSync:
             only shape, dtype and device are read). Collective: the ranks compare them here.
             ``ready(grad, name=...)`` then names the gradient (a dict key, or a list index); without
             a name, ``grad`` must be the declared array itself. Without ``parameters``, the first
-            step's ``ready`` calls declare them, in their order (that step's buckets start at
-            ``wait``), and the n-th ``ready`` of a later step is the n-th gradient; if every rank
-            changes the gradients alike, the buckets are made again from that step.
+            step's ``ready`` calls declare them, by ``name``, else by position (the n-th ``ready``
+            is the n-th gradient: unnamed ones of one shape and dtype are a ValueError on every
+            rank, as a swap could not be seen); if every rank changes them alike, they are planned anew.
         find_unused: a declared gradient that this rank did not mark ready counts as zeros here
             (torch DDP's ``find_unused_parameters``); ``wait()`` returns its result. Without it, a
             missing gradient is a ValueError on every rank at ``wait()``.
@@ -124,7 +125,7 @@ class GradientSync:
 
     def _use_slots(self, slots, order):
         self._slots = slots
-        self._by_name = {slot.name: i for i, slot in enumerate(slots)}
+        self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._buckets = plan_buckets(slots, self.bucket_bytes, list(order),
                                      None if self.compression else DIRECT_MIN_BYTES)
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
@@ -169,10 +170,8 @@ class GradientSync:
         ``grad`` is read, not written, until ``wait()``: it must not change before then."""
         if self._no_sync:
             return
-        # Nothing here raises: what is wrong with a gradient (it is not a writeable float array,
-        # not declared, of another shape...) is recorded and reaches every rank through the
-        # digest, so that every rank's wait() raises, not only this one's (leaving the others in
-        # the next bucket's allreduce).
+        # Nothing here raises: what is wrong with a gradient is recorded and reaches every rank through
+        # the digest, so that every rank's wait() raises, not this one's alone (leaving the others).
         trouble = problem(grad)
         if trouble is None and self._device_xp is None and on_device(grad):
             self._device_xp = namespace(grad)
@@ -180,12 +179,13 @@ class GradientSync:
         step.calls.append((grad, name))
         if self._slots is None:  # the first step declares the gradients: its buckets start at wait()
             return
-        if self.declared:
+        if name is not None or self.declared:  # (by name, else the declared array itself)
             index = self._by_name.get(str(name)) if name is not None else self._by_identity.get(id(grad))
-        else:
+        else:  # (by position: the n-th ready is the n-th gradient, unless another has its shape and dtype)
             index = len(step.arrivals) if len(step.arrivals) < len(self._slots) else None
+            trouble = UNNAMED_TWIN if trouble is None and index in self._twins else trouble
         given = given_slot(name if name is not None else index, grad)
-        if not step.mark(index, grad, given, trouble, check_name=not self.declared and name is not None):
+        if not step.mark(index, grad, given, trouble):
             return
         self._arrived[self._bucket_of[index]] += 1
         last = len(self._buckets) - 1  # (the last bucket starts at wait(): its digest counts the extras)
@@ -233,8 +233,9 @@ class GradientSync:
             problems = [f"{slot.describe()}: {reason}" for slot, (grad, _) in zip(slots, calls)
                         if (reason := problem(grad)) is not None]
             try:
-                agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options, problems,
-                               self.timeout)
+                slots = agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options,
+                                       problems, self.timeout, any_order=True)
+                refuse_unnamed_twins(slots, [name for _, name in calls])  # (alike everywhere: the slots agreed)
             except Exception:
                 self._new_step()  # (this step is over: the next one starts afresh)
                 raise
@@ -264,7 +265,7 @@ class GradientSync:
             raise ValueError(message)
         trouble = step.trouble()
         if trouble:  # the same on every rank (the digests agreed)
-            if not self.declared:  # every rank's gradients changed alike: plan anew from this step
+            if not self.declared and UNNAMED_TWIN not in str(trouble):  # changed alike: plan anew from this step
                 self._slots = None  # (nothing was written: the step is replayed as it was given)
                 self._replay(step.calls)
                 return self.wait()
@@ -292,8 +293,8 @@ class GradientSync:
                 self._use_slots(self._slots, order=orders[0])
 
     def synchronize(self, gradients):
-        """``ready`` every gradient in order, then ``wait``; returns the gradients."""
-        for grad in gradients:
-            self.ready(grad)
+        """``ready`` every gradient in order (named by position), then ``wait``; returns the gradients."""
+        for i, grad in enumerate(gradients):
+            self.ready(grad, name=None if self.declared else i)
         self.wait()
         return gradients

@@ -8,6 +8,8 @@ gathers every rank's contents and names the first gradient that differs and the 
 ``agree_on_slots`` is the one collective comparison of a plan's gradients and options (declared
 parameters, or the first step's gradients).
 """
+from collections import Counter
+
 import numpy as np
 
 from ..core.gather import gather_from_ranks
@@ -15,7 +17,11 @@ from ..core.consistency import describe_differences
 from ..device.arrays import namespace
 from .buckets import GradientSpec, Slot, accumulation_dtype
 
-__all__ = ["Step", "agree_on_slots", "describe_step_differences", "given_slot", "on_device", "problem"]
+__all__ = ["Step", "agree_on_slots", "describe_step_differences", "given_slot", "on_device", "problem", "twins",
+           "refuse_unnamed_twins", "UNNAMED_TWIN"]
+
+#: why an unnamed gradient cannot be told from another (a later step's ready() without a name)
+UNNAMED_TWIN = "unnamed, and another gradient has its shape and dtype: give ready(..., name=)"
 
 
 class _Text(str):
@@ -40,7 +46,7 @@ class Step:
         self.calls = []  # (grad, name): what this step was given, to replan from
         self.failed = None  # what starting a bucket raised (a timeout at its first start): wait() raises it
 
-    def mark(self, index, grad, given, trouble, check_name):
+    def mark(self, index, grad, given, trouble):
         """Record ``grad`` (whose Slot is ``given``; ``trouble``: why it cannot be a gradient, or
         None) for slot ``index`` (None: no slot). Returns whether it counts towards its bucket."""
         described = given.describe() + (f" ({trouble})" if trouble else "")
@@ -52,8 +58,7 @@ class Step:
         if index in self.filled or index in self.status:
             self.status[index] = f"marked ready twice (once as {described})"
             return False
-        if trouble is not None or (given.shape, given.dtype, given.device) != (slot.shape, slot.dtype, slot.device) or (
-                check_name and given.name != slot.name):
+        if trouble is not None or (given.shape, given.dtype, given.device) != (slot.shape, slot.dtype, slot.device):
             self.status[index] = f"given {described}"
         else:
             self.filled[index] = grad
@@ -137,10 +142,32 @@ def given_slot(name, grad):
     return Slot(str(name), tuple(getattr(grad, "shape", ())), type(grad).__name__, False)
 
 
-def agree_on_slots(comm, slots, what, options, problems=(), timeout=None):
+def twins(slots):
+    """The indices of the slots whose shape, dtype and device another slot has too: gradients that
+    only a name, or a declared parameter, tells apart."""
+    kinds = Counter((slot.shape, slot.dtype, slot.device) for slot in slots)
+    return {i for i, slot in enumerate(slots) if kinds[(slot.shape, slot.dtype, slot.device)] > 1}
+
+
+def refuse_unnamed_twins(slots, names):
+    """The first step declared, without ``names`` (None), gradients that another of the same shape
+    and dtype could stand in for: a rank that marks them in another order would go unnoticed (and
+    its means be wrong), so raise. The same on every rank once the ranks' slots agree."""
+    unnamed = [i for i in sorted(twins(slots)) if names[i] is None]
+    if unnamed:
+        raise ValueError(
+            f"GradientSync: gradients #{', #'.join(map(str, unnamed[:8]))} of the first step were marked ready "
+            f"without a name and share their shape and dtype with another ({slots[unnamed[0]].describe()}): "
+            "their order cannot be checked across ranks, and a rank that swapped them would get wrong means. "
+            "Pass ready(grad, name=...) or GradientSync(parameters=...); no gradient was changed")
+
+
+def agree_on_slots(comm, slots, what, options, problems=(), timeout=None, any_order=False):
     """One allgather (bounded by ``timeout``: mpiallreduce.core.gather.gather_from_ranks): every rank has
     the same options and slots and no rank has a problem with its gradients, or every rank raises the
-    same error naming the ranks and the first difference."""
+    same error naming the ranks and the first difference. Returns the slots agreed on: ``any_order``
+    (a first step's, named by ``name`` or by position), every rank's slots may come in its own order
+    if they are the same by name, and rank 0's order is taken."""
     everyone = gather_from_ranks(comm, (options, list(problems), slots), timeout)
     troubled = [(rank, p) for rank, (_, theirs, _) in enumerate(everyone) for p in theirs]
     if troubled:
@@ -151,7 +178,10 @@ def agree_on_slots(comm, slots, what, options, problems=(), timeout=None):
         raise ValueError(f"{what}: the ranks' GradientSync options differ:\n  " + "\n  ".join(differences))
     every_slots = [theirs for _, _, theirs in everyone]
     if all(theirs == every_slots[0] for theirs in every_slots):
-        return
+        return every_slots[0]
+    by_name = [sorted(theirs, key=lambda slot: slot.name) for theirs in every_slots]
+    if any_order and len({slot.name for slot in slots}) == len(slots) and all(b == by_name[0] for b in by_name):
+        return every_slots[0]
     lengths = {len(theirs) for theirs in every_slots}
     fields = [{"count": len(theirs)} for theirs in every_slots] if len(lengths) > 1 else []
     if not fields:

@@ -42,29 +42,33 @@ def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_th
             assert values_equal(fresh[name], want[name]), (step, name)
 
 
-def test_ready_order_differing_without_declared_parameters_is_one_error_on_every_rank(comm):
-    if comm.Get_size() == 1:
-        pytest.skip("needs two ranks")
+def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(comm):
+    """GradientSync(bucket_bytes=1000), two float64 gradients of one shape marked ready [a, b] on even
+    ranks and [b, a] on odd ones, nothing declared: unnamed, every rank raises at the first step (a
+    swap could not be seen) and nothing changes; named, the means are right, step after step; a
+    later step that drops the names raises on every rank too."""
     rank = comm.Get_rank()
     grads = two_gradients(rank)
-    want = expected_means(comm, grads)
+    before = {name: g.copy() for name, g in grads.items()}
+    order = ("a", "b") if rank % 2 == 0 else ("b", "a")
     sync = mar.GradientSync(comm=comm, bucket_bytes=1000)
-    for name in ("a", "b"):  # the first step declares them, the same on every rank
-        sync.ready(grads[name], name=name)
-    sync.wait()
-    assert values_equal(grads["a"], want["a"]) and values_equal(grads["b"], want["b"])
-    swapped = two_gradients(rank)
-    before = {name: g.copy() for name, g in swapped.items()}
-    for name in (("b", "a") if rank == 1 else ("a", "b")):
-        sync.ready(swapped[name], name=name)
-    with pytest.raises(ValueError, match=r"(?s)gradients differ \(first in bucket 0 of 2\).*'a' \(250,\) float64 differs: "
-                                         r"ready on ranks? 0.*; given 'b' \(250,\) float64 on rank 1"):
+    for name in order:
+        sync.ready(grads[name])
+    with pytest.raises(ValueError, match=r"#0, #1 of the first step .* without a name .* Pass ready\(grad, name=\.\.\.\)"):
         sync.wait()
-    assert all(np.array_equal(swapped[name], before[name]) for name in swapped)  # nothing was changed
-    for name in ("a", "b"):  # and the next step, in order again, works
-        sync.ready(swapped[name], name=name)
-    sync.wait()
-    assert values_equal(swapped["a"], want["a"])
+    assert all(np.array_equal(grads[name], before[name]) for name in grads)  # nothing was changed
+    for step in range(2):
+        want = expected_means(comm, grads)
+        for name in order if step == 0 else order[::-1]:
+            sync.ready(grads[name], name=name)
+        assert sync.wait() == {}
+        assert all(values_equal(grads[name], want[name]) for name in grads), step
+    kept = {name: g.copy() for name, g in grads.items()}
+    for name in order:
+        sync.ready(grads[name])
+    with pytest.raises(ValueError, match=r"on every rank, .*unnamed, and another gradient has its shape and dtype"):
+        sync.wait()
+    assert all(np.array_equal(grads[name], kept[name]) for name in grads)
 
 
 @pytest.mark.parametrize("count", SIZES)

@@ -292,7 +292,7 @@ def test_a_rank_late_at_the_first_step_fails_that_step_only(declared):
         if step == 0 and late:
             time.sleep(2.0)
         for name in reversed(names):
-            sync.ready(grads[name], name=name if declared else None)
+            sync.ready(grads[name], name=name)
         if step == 0:
             with pytest.raises(mar.AllreduceTimeout):
                 sync.wait()

@@ -156,6 +156,11 @@ class GradSync:
                                      algorithm=self.algorithm, timeout=self.timeout, parameters=params,
                                      find_unused=self.find_unused, reproducible=self.reproducible)
 
+    def needs_name(self, j):
+        """Undeclared, gradient j has a twin (its shape and dtype): only a name tells them apart
+        (GradientSync refuses unnamed twins); the others go by position."""
+        return sum((shape, dtype) == self.grads[j][1:] for _, shape, dtype in self.grads) > 1
+
     @staticmethod
     def draw_gradient(rng, j):
         dtype = FLOATS[int(rng.integers(2))]
@@ -505,7 +510,7 @@ class Stress:
                 name = gs.grads[j][0]
                 if self.rank not in left_out[j]:
                     self.current = f"{what}: ready({name})"
-                    gs.sync.ready(arrays[j], name=name if gs.declared else None)
+                    gs.sync.ready(arrays[j], name=name if gs.declared or gs.needs_name(j) else None)
                 self.skew()
                 if fillers[t] < 0.25 and shared_order and not gs.find_unused:
                     # something else between two ready()s, only where every rank has started the same

@@ -6,7 +6,7 @@ from dataclasses import asdict, fields
 
 from .contenders import BASELINE, FORCED_PREFIX
 
-__all__ = ["format_field_table", "gain_rows", "format_gain_table", "write_results"]
+__all__ = ["format_field_table", "gain_rows", "format_gain_table", "write_results", "within_noise"]
 
 
 def format_field_table(results, memcpy_gbs=None, wide=False, failed=()):
@@ -25,6 +25,17 @@ def format_field_table(results, memcpy_gbs=None, wide=False, failed=()):
         lines.append(f"{f['nbytes']:>10} {'':>10} {'':>8} {'':>5} {'in' if f['in_place'] else 'out':>6} "
                      f"{f['algorithm']:>26} FAILED: {f['error'][:200]}")
     return "\n".join(lines)
+
+
+def within_noise(a, b):
+    """Whether two measurements' repetitions overlap (the fastest of one no faster than the slowest
+    of the other's, both ways): then the gain between them is smaller than the spread it was measured
+    with, and says nothing. None when a measurement has no spread (results from before it was kept)."""
+    spreads = [(getattr(m, "time_us_low", None), getattr(m, "time_us_high", None)) for m in (a, b)]
+    if any(None in spread for spread in spreads):
+        return None
+    (low_a, high_a), (low_b, high_b) = spreads
+    return low_a <= high_b and low_b <= high_a
 
 
 def gain_rows(results, in_place=False):
@@ -54,22 +65,29 @@ def gain_rows(results, in_place=False):
             "gain_over_best_forced": best_forced.time_us / best.time_us if best_forced else None,
             "openmpi_busbw_gbs": baseline.busbw_gbs, "ours_busbw_gbs": best.busbw_gbs,
             "gain_by_algorithm": {m.algorithm: baseline.time_us / m.time_us for m in ours},
+            # (gains within the repetitions' spread: noise, marked "?" in the tables, hollow in the plots)
+            "noise_by_algorithm": {m.algorithm: within_noise(baseline, m) for m in ours},
         })
     return rows
 
 
-def _gain(value):
-    return f"{value:>5.2f}x" if value is not None else f"{'-':>6}"
+def _gain(value, noise=None):
+    return (f"{value:>5.2f}x" if value is not None else f"{'-':>6}") + ("?" if noise else " ")
+
+
+def _noise(row, algorithm):
+    return row.get("noise_by_algorithm", {}).get(algorithm)
 
 
 def format_gain_table(rows, wide=False):
     """One line per (ranks, bytes), at most 120 characters; ``wide``: and both busbw. With the nodes
     and Open MPI's default component ("coll": tuned, han) when the rows carry them (mpiallreduce
-    report). Each algorithm's gain is in the JSON and the gain figure."""
+    report). Each algorithm's gain is in the JSON and the gain figure. A gain marked "?" is within
+    the noise: the repetitions of the two overlap (within_noise)."""
     nodes = any("nodes" in r for r in rows)
     lines = [(f"{'nodes':>5} {'ranks':>5} {'coll':>5} " if nodes else f"{'ranks':>5} ")
-             + f"{'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>9} {'best of ours':>18} {'gain':>6} "
-             f"{'auto':>6}  {'OMPI best forced':>18} {'(us)':>8} {'gain':>6}"
+             + f"{'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>9} {'best of ours':>18} {'gain':>6}  "
+             f"{'auto':>6}   {'OMPI best forced':>18} {'(us)':>8} {'gain':>6}"
              + (f" | {'busbw ours/OMPI (GB/s)':>22}" if wide else "")]
     for r in rows:
         forced = (f"{r['openmpi_best_forced']:>18} {r['openmpi_best_forced_us']:>8.1f} {_gain(r['gain_over_best_forced'])}"
@@ -77,8 +95,11 @@ def format_gain_table(rows, wide=False):
         layout = (f"{r['nodes']:>5} {r['ranks']:>5} {r.get('openmpi_default') or '?':>5} " if nodes
                   else f"{r['ranks']:>5} ")
         lines.append(layout + f"{r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>9.1f} "
-                     f"{r['ours_algorithm']:>18} {_gain(r['gain'])} {_gain(r.get('auto_gain'))}  {forced}"
+                     f"{r['ours_algorithm']:>18} {_gain(r['gain'], _noise(r, r['ours_algorithm']))} "
+                     f"{_gain(r.get('auto_gain'), _noise(r, 'auto'))}  {forced}"
                      + (f" | {r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}" if wide else ""))
+    if any(r.get("noise_by_algorithm", {}).get(a) for r in rows for a in (r["ours_algorithm"], "auto")):
+        lines.append("?: within the noise (the repetitions of the two overlap); rerun on a quieter machine")
     return "\n".join(lines)
 
 

@@ -33,6 +33,8 @@ class Measurement:
     algbw_gbs: float  # bytes / time
     busbw_gbs: float  # algbw * 2(p-1)/p
     wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
+    time_us_low: float = None  # the fastest and slowest repetition (each the slowest rank's): the spread
+    time_us_high: float = None  # that tells a gain from noise (report.within_noise)
 
 
 def _input(count, dtype, rank):
@@ -144,7 +146,7 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
             ranks=size, nbytes=count * dtype.itemsize, count=count, dtype=str(dtype), op=op,
             algorithm=name, in_place=in_place, iterations=iterations, repetitions=repetitions,
             time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * 2 * (size - 1) / size,
-            wrong=wrong[name]))
+            wrong=wrong[name], time_us_low=min(times[name]) * 1e6, time_us_high=max(times[name]) * 1e6))
     return results
 
 
