@@ -36,6 +36,12 @@ def _machine(meta, results):
     library = str(meta.get("mpi_library", "?")).split(",")[0]
     text = (f"{', '.join(meta.get('hosts', [])) or '?'}: {meta.get('ranks', '?')} ranks on {run_nodes(results)} "
             f"node(s), {library}")
+    if meta.get("openmpi_default"):
+        text += f", Open MPI's default component {meta['openmpi_default']}"
+    if results.get("memcpy_gbs"):
+        text += f"; one core's memcpy {results['memcpy_gbs']:.1f} GB/s"
+    if meta.get("link_between_nodes_gbs"):
+        text += f"; link between nodes {meta['link_between_nodes_gbs']:.2f} GB/s each way (MPI_Sendrecv of 64 MiB)"
     crowded = run_oversubscribed(results)
     if crowded:
         text += f"; **oversubscribed** ({crowded[0]} ranks on {crowded[1]} cores: times not the hardware's)"
