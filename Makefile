@@ -86,16 +86,20 @@ bench-nodes: $(BENCH_STAMP)
 # mpi4py MPI_Allreduce per gradient, and torch DDP over gloo; samples/s, the communication each
 # step waits for, per epoch, and the parameters against one process. On RANKS ranks on one node,
 # then across TRAIN_NODES emulated nodes (needs root). Needs torch: the test environment.
+# Each of TRAIN_MODELS: the MLP (8 large gradients) and a small transformer (about 100 tensors).
 TRAIN_NODES ?= 2
+TRAIN_MODELS ?= mlp transformer
 TRAIN_BENCH_ARGS ?=
 bench-train: $(STAMP)
 	mkdir -p results/train
-	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 1200 -- \
-		$(BIN)/python -m mpiallreduce.tools.train_bench --output results/train/$(RANKS)ranks $(TRAIN_BENCH_ARGS)
-	$(BIN)/mpiallreduce launch -n $(RANKS) --nodes $(TRAIN_NODES) --timeout 1200 -- \
-		$(BIN)/python -m mpiallreduce.tools.train_bench --output results/train/$(TRAIN_NODES)nodes-$(RANKS)ranks \
-		$(TRAIN_BENCH_ARGS)
-	@echo "results: results/train/ (train.txt, train.json per layout)"
+	for model in $(TRAIN_MODELS); do \
+		$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 1200 -- $(BIN)/python -m mpiallreduce.tools.train_bench \
+			--model $$model --output results/train/$$model-$(RANKS)ranks $(TRAIN_BENCH_ARGS) || exit 1; \
+		$(BIN)/mpiallreduce launch -n $(RANKS) --nodes $(TRAIN_NODES) --timeout 1200 -- \
+			$(BIN)/python -m mpiallreduce.tools.train_bench --model $$model \
+			--output results/train/$$model-$(TRAIN_NODES)nodes-$(RANKS)ranks $(TRAIN_BENCH_ARGS) || exit 1; \
+	done
+	@echo "results: results/train/ (train.txt, train.json per model and layout)"
 
 clean:
 	rm -rf $(VENV) results *.egg-info

@@ -134,11 +134,11 @@ def test_under_ulfm_a_rank_killed_on_one_node_leaves_the_survivors_on_both_nodes
     # Open MPI's ULFM across (emulated) nodes sometimes never tells one survivor of the failure:
     # neither the revoke nor the dead rank reaches it (2026-11-30: in 15-50% of runs, the code of
     # before that day included; rank 1 on node0 polls a receive from rank 0, which has left for
-    # MPI_Comm_shrink). Up to three tries, each bounded (a run that works takes 3 s); three hangs
-    # in a row fail the test.
-    for attempt in range(3):
+    # MPI_Comm_shrink; issue #29 has it measured at up to 6 runs in 10). Up to five tries, each
+    # bounded (a run that works takes 3 s); five hangs in a row fail the test.
+    for attempt in range(5):
         result = run(4, [sys.executable, str(TESTS / "faults" / "inject.py"), "killed_under_ulfm", "ring"],
-                     timeout=30, cwd=ROOT, nodes=2, extra_flags=FAULT_TOLERANT_FLAGS)
+                     timeout=20, cwd=ROOT, nodes=2, extra_flags=FAULT_TOLERANT_FLAGS)
         if not result.timed_out:
             break
     assert not result.timed_out, explain(result)

@@ -100,21 +100,24 @@ def test_a_signal_to_the_launcher_checkpoints_at_the_next_step_and_exits_99_for_
 
 
 def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_path):
-    """A small model through make bench-train's program: a row per contender, and the synchronized
-    ones end where one process on the whole batch ends (float32), the unsynchronized one does not."""
+    """A small transformer (the MLP runs in the GPU check's dry run) through make bench-train's
+    program: a row per contender, and the synchronized ones end where one process on the whole batch
+    ends (float32), the unsynchronized one does not."""
     pytest.importorskip("torch")
     import json
-    result = run(2, [sys.executable, "-m", "mpiallreduce.tools.train_bench", "--width", "32", "--depth", "2",
-                     "--rounds", "1", "--steps-per-round", "3", "--output", str(tmp_path)], timeout=TIMEOUT, cwd=ROOT)
+    result = run(2, [sys.executable, "-m", "mpiallreduce.tools.train_bench", "--model", "transformer", "--width", "16",
+                     "--depth", "2", "--rounds", "1", "--steps-per-round", "3", "--bucket-bytes", "4096",
+                     "--output", str(tmp_path)], timeout=TIMEOUT, cwd=ROOT)
     assert result.returncode == 0, result.output[-5000:]
     report = json.loads((tmp_path / "train.json").read_text())
     rows = report["rows"]
-    assert list(rows) == ["none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo"]
-    for name in ("mpiallreduce", "mpi4py", "ddp-gloo"):
+    assert list(rows) == ["none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce"]
+    for name in ("mpiallreduce", "mpi4py", "ddp-gloo", "ddp-mpiallreduce"):
         assert rows[name]["max_abs_difference"] < 1e-6, (name, rows[name])
     assert rows["mpiallreduce-fp16"]["max_abs_difference"] < 1e-3  # 16 bits on the wire
     assert rows["none"]["max_abs_difference"] > 10 * rows["mpiallreduce"]["max_abs_difference"]
     assert "comm s/epoch" in (tmp_path / "train.txt").read_text()
+    assert "transformer 2 layers x 16 wide (28 parameter tensors)" in (tmp_path / "train.txt").read_text()
 
 
 def test_reproducible_training_ends_bitwise_equal_whatever_the_bucket_size(tmp_path):
@@ -131,3 +134,14 @@ def test_reproducible_training_ends_bitwise_equal_whatever_the_bucket_size(tmp_p
             for flag in ("", "--reproducible")}
     assert same == {"": False, "--reproducible": True}
     assert_close(ends["--reproducible", 600], ends["", 600], tolerance=1e-12)  # and the same training
+
+
+def test_a_script_written_for_horovod_runs_with_one_line_changed():
+    """Horovod's PyTorch MNIST example (tests/scripts/horovod_mnist.py: synthetic data, `import
+    mpiallreduce.torch as hvd`), with fp16 compression and two backward passes per step: it trains,
+    its replicas end identical and its averaged metrics are the ranks' mean (the script checks)."""
+    pytest.importorskip("torch")
+    result = run(2, [sys.executable, "tests/scripts/horovod_mnist.py", "--fp16-allreduce", "--batches-per-allreduce",
+                     "2"], timeout=TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "horovod-style mnist: ok, 2 ranks" in result.output, result.output[-5000:]

@@ -16,6 +16,7 @@ Contenders (each trains its own copy of the model from the same start, on the sa
                        the rank count
     ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice; it
                        also takes CUDA tensors, where NCCL refuses ranks that share one GPU)
+    ddp-mpiallreduce   the same DDP, its buckets reduced through mpiallreduce.torch.allreduce_hook
 
 They run interleaved: --rounds rounds of --steps-per-round steps each, contender after contender,
 so that the machine's drift touches them alike; the step time is the median over the rounds of the
@@ -28,7 +29,6 @@ shows at ~1e-7).
 import argparse
 import json
 import os
-import socket
 import statistics
 import time
 
@@ -37,17 +37,45 @@ from mpi4py import MPI
 
 __all__ = ["main"]
 
-CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo")
+CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce")
 
 
-def make_model(torch, width, depth, inputs, outputs, seed):
-    torch.manual_seed(seed)
-    layers, size = [], inputs
-    for _ in range(depth):
-        layers += [torch.nn.Linear(size, width), torch.nn.ReLU()]
-        size = width
-    layers.append(torch.nn.Linear(size, outputs))
+def make_model(torch, args):
+    """--model mlp: a few large layers (8 gradients of up to 16 MiB: buckets hardly matter).
+    --model transformer: a small transformer encoder on --inputs features read as 16 tokens, about
+    100 parameter tensors of mixed sizes (where buckets and fusion matter). No dropout: each
+    contender must end where one process on the whole batch ends."""
+    torch.manual_seed(args.seed)
+    if args.model == "transformer":
+        return tiny_transformer(torch, args)
+    layers, size = [], args.inputs
+    for _ in range(args.depth):
+        layers += [torch.nn.Linear(size, args.width), torch.nn.ReLU()]
+        size = args.width
+    layers.append(torch.nn.Linear(size, args.outputs))
     return torch.nn.Sequential(*layers)
+
+
+def tiny_transformer(torch, args, tokens=16, heads=4):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = torch.nn.TransformerEncoderLayer(args.width, heads, 4 * args.width, dropout=0.0, batch_first=True)
+            self.embed = torch.nn.Linear(args.inputs // tokens, args.width)
+            self.encoder = torch.nn.TransformerEncoder(layer, args.depth, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(args.width, args.outputs)
+
+        def forward(self, x):
+            h = self.encoder(self.embed(x.reshape(x.shape[0], tokens, -1)))
+            return self.head(h.mean(dim=1))
+    return Model()
+
+
+def describe_model(args, model):
+    tensors = sum(1 for _ in model.parameters())
+    if args.model == "transformer":
+        return f"transformer {args.depth} layers x {args.width} wide ({tensors} parameter tensors)"
+    return f"MLP {args.depth}x{args.width} ({tensors} parameter tensors)"
 
 
 def global_batch(torch, seed, step, samples, inputs, outputs):
@@ -62,15 +90,17 @@ class Contender:
     def __init__(self, name, torch, args, comm, device):
         import mpiallreduce.torch as mt
         self.name, self.torch, self.comm, self.device = name, torch, comm, device
-        self.model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed).to(device)
+        self.model = make_model(torch, args).to(device)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
         self.forward = self.model
         if name.startswith("mpiallreduce"):
             optimizer = mt.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters(), comm=comm,
                                                 bucket_bytes=args.bucket_bytes,
                                                 compression="fp16" if name.endswith("fp16") else None)
-        elif name == "ddp-gloo":
+        elif name.startswith("ddp"):
             self.forward = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=args.bucket_bytes / 2**20)
+            if name == "ddp-mpiallreduce":
+                self.forward.register_comm_hook(mt.HookState(comm=comm), mt.allreduce_hook)
         self.optimizer = optimizer
         self.step_seconds = []
         self.steps = 0
@@ -106,7 +136,7 @@ class Contender:
 
 def single_process_parameters(torch, args, size, steps, device):
     """One process, the whole batch (p * b samples), the same steps: what data parallelism must match."""
-    model = make_model(torch, args.width, args.depth, args.inputs, args.outputs, args.seed).to(device)
+    model = make_model(torch, args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(steps):
         x, y = global_batch(torch, args.seed, step, args.local_batch * size, args.inputs, args.outputs)
@@ -117,21 +147,15 @@ def single_process_parameters(torch, args, size, steps, device):
 
 
 def start_gloo(torch, comm):
-    """torch.distributed over gloo, its rendezvous on rank 0's loopback port (given out through MPI)."""
-    port = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
-                                         world_size=comm.Get_size())
+    """torch.distributed over gloo (its rendezvous given out through MPI: mpiallreduce.torch)."""
+    from ..training.ddp_hooks import init_process_group
+    init_process_group("gloo", comm)
 
 
-def table(rows, args, size, nodes, gradient_bytes):
+def table(rows, args, size, nodes, gradient_bytes, model):
     baseline = rows["none"]["step_s"]
     steps_per_epoch = args.epoch_samples / (args.local_batch * size)
-    lines = [f"training end to end: {size} ranks on {nodes} node(s), {args.device}, MLP {args.depth}x{args.width} "
+    lines = [f"training end to end: {size} ranks on {nodes} node(s), {args.device}, {model} "
              f"({gradient_bytes / 2**20:.1f} MiB of float32 gradients), local batch {args.local_batch}, "
              f"median of {args.rounds} interleaved rounds of {args.steps_per_round} steps; "
              f"an epoch = {args.epoch_samples} samples = {steps_per_epoch:.0f} steps",
@@ -151,8 +175,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mpiallreduce.tools.train_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--contenders", default=",".join(CONTENDERS),
                         help=f"comma-separated, from {', '.join(CONTENDERS)} (none is always run)")
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--depth", type=int, default=3, help="hidden layers (width x width each after the first)")
+    parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    parser.add_argument("--width", type=int, default=None, help="MLP: 2048 (default); transformer: 128")
+    parser.add_argument("--depth", type=int, default=None,
+                        help="MLP: hidden layers (width x width each after the first; 3); transformer: layers (8)")
     parser.add_argument("--inputs", type=int, default=256)
     parser.add_argument("--outputs", type=int, default=16)
     parser.add_argument("--local-batch", type=int, default=32)
@@ -168,6 +194,8 @@ def main(argv=None):
                         help="where the model trains: cuda puts rank r on GPU (node-local rank %% GPUs)")
     parser.add_argument("--output", help="folder for train.json and train.txt")
     args = parser.parse_args(argv)
+    args.width = args.width or (128 if args.model == "transformer" else 2048)
+    args.depth = args.depth or (8 if args.model == "transformer" else 3)
     names = ["none"] + [n for n in args.contenders.split(",") if n and n != "none"]
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:
@@ -188,7 +216,8 @@ def main(argv=None):
         from ..device.arrays import gpu_for_local_rank
         device = torch.device("cuda", gpu_for_local_rank(node.Get_rank(), torch.cuda.device_count()))
         torch.cuda.set_device(device)
-    if "ddp-gloo" in names:
+    ddp = any(name.startswith("ddp") for name in names)
+    if ddp:
         start_gloo(torch, comm)
     contenders = [Contender(name, torch, args, comm, device) for name in names]
     gradient_bytes = sum(p.numel() * 4 for p in contenders[0].model.parameters())
@@ -210,7 +239,7 @@ def main(argv=None):
                                             for a, b in zip(contender.parameters(), reference))
         rows[contender.name] = row
     if rank == 0:
-        text = table(rows, args, size, nodes, gradient_bytes)
+        text = table(rows, args, size, nodes, gradient_bytes, describe_model(args, contenders[0].model))
         print(text, flush=True)
         if args.output:
             os.makedirs(args.output, exist_ok=True)
@@ -219,7 +248,7 @@ def main(argv=None):
             with open(os.path.join(args.output, "train.json"), "w") as out:
                 json.dump({"ranks": size, "nodes": nodes, "gradient_bytes": gradient_bytes, "steps": total_steps,
                            "arguments": vars(args), "rows": rows}, out, indent=1)
-    if "ddp-gloo" in names:
+    if ddp:
         torch.distributed.destroy_process_group()
     return 0
 

@@ -1,4 +1,7 @@
-"""mpiallreduce.torch on every rank: averaged gradients, broadcast parameters and optimizer state."""
+"""mpiallreduce.torch on every rank: averaged gradients, broadcast parameters and optimizer state,
+Horovod's API, and DDP's comm hooks against DDP over gloo."""
+import contextlib
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -70,9 +73,11 @@ def test_tensor_allreduce_new_and_in_place_against_numpy_on_the_gathered_inputs(
     values = (np.arange(1001, dtype=np.float64) * (rank + 1)) % 17 - 3.25 * rank
     expected = np.sum(WORLD.allgather(values), axis=0)
     tensor = torch.tensor(values, device=device, requires_grad=True)
-    summed = mt.allreduce(tensor)
+    summed = mt.allreduce(tensor, op=mt.Sum)
     assert isinstance(summed, torch.Tensor) and summed.device == tensor.device and summed.dtype == torch.float64
     np.testing.assert_array_equal(_on_host(summed), expected)
+    np.testing.assert_allclose(_on_host(mt.allreduce(tensor)), expected / size, rtol=1e-12)  # Horovod's default
+    np.testing.assert_array_equal(_on_host(mt.allreduce(tensor, average=False)), expected)
     np.testing.assert_array_equal(_on_host(tensor), values)  # the input as it was
     metrics = torch.tensor(values, device=device, dtype=torch.float32)
     assert mt.allreduce_(metrics, op="mean") is metrics
@@ -143,20 +148,23 @@ def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(device):
     assert weight.grad.dtype == torch.bfloat16
     expected = torch.tensor(contributions.sum(axis=0) / size).to(torch.bfloat16)  # rounded once
     assert torch.equal(weight.grad.cpu(), expected)
-    summed = mt.allreduce(scale)  # the tensor allreduce, too
+    summed = mt.allreduce(scale, op=mt.Sum)  # the tensor allreduce, too
     assert summed.dtype == torch.bfloat16
     assert torch.equal(summed.cpu(), torch.tensor(np.array(WORLD.allgather(_on_host(scale.float()))).sum(axis=0)
                                                   .astype(np.float32)).to(torch.bfloat16))
 
 
-def test_no_sync_accumulates_locally_then_reduces_once(device):
+@pytest.mark.parametrize("how", ["no_sync", "backward_passes_per_step"])
+def test_no_sync_accumulates_locally_then_reduces_once(device, how):
+    """DDP's no_sync() around the first micro-batches, or Horovod's backward_passes_per_step=4."""
     model = model_on_this_rank().to(device)
     optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                        named_parameters=model.named_parameters())
+                                        named_parameters=model.named_parameters(),
+                                        backward_passes_per_step=4 if how == "backward_passes_per_step" else 1)
     batches = [torch.randn(4, 5, generator=torch.Generator().manual_seed(10 * WORLD.Get_rank() + i),
                            dtype=torch.float64).to(device) for i in range(4)]
     optimizer.zero_grad()
-    with optimizer.no_sync():
+    with optimizer.no_sync() if how == "no_sync" else contextlib.nullcontext():
         for x in batches[:3]:
             model(x).pow(2).sum().backward()
     model(batches[3]).pow(2).sum().backward()
@@ -165,3 +173,84 @@ def test_no_sync_accumulates_locally_then_reduces_once(device):
     for name, p in model.named_parameters():
         np.testing.assert_allclose(_on_host(p.grad), np.mean(WORLD.allgather(local[name]), axis=0), rtol=1e-12,
                                    err_msg=name)
+
+
+def test_horovod_api_async_objects_and_op_rules():
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    mt.init()
+    values = torch.arange(10, dtype=torch.float64) * (rank + 1)
+    expected = np.sum(WORLD.allgather(values.numpy().copy()), axis=0)
+    handles = [mt.allreduce_async(values, op=mt.Sum), mt.allreduce_async_(values.clone(), average=True)]
+    assert torch.equal(mt.synchronize(handles[0]), torch.tensor(expected))
+    np.testing.assert_allclose(mt.synchronize(handles[1]).numpy(), expected / size, rtol=1e-12)
+    assert mt.poll(handles[0])
+    np.testing.assert_array_equal(values.numpy(), np.arange(10) * (rank + 1))  # out of place left it alone
+    with pytest.raises(ValueError, match="op= or average=, not both"):
+        mt.allreduce(values, average=True, op=mt.Sum)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        mt.allreduce(values, op=mt.Adasum)
+    scaled = mt.allreduce(values, op=mt.Sum, prescale_factor=0.5, postscale_factor=4.0, compression=mt.Compression.fp16)
+    assert scaled.dtype == torch.float64
+    np.testing.assert_allclose(scaled.numpy(), expected * 2.0, rtol=2e-3)  # (fp16 on the way: 11 bits)
+    assert mt.broadcast_object({"epoch": rank}, root_rank=size - 1) == {"epoch": size - 1}
+    assert mt.allgather_object(rank * 10) == [r * 10 for r in range(size)]
+    np.testing.assert_array_equal(mt.broadcast(values, root_rank=0).numpy(), np.arange(10.0))
+
+
+class Branchy(torch.nn.Module):
+    """Two heads; odd ranks never use the second (DDP's find_unused_parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.head, self.extra = torch.nn.Linear(6, 16), torch.nn.Linear(16, 3), torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.trunk(x))
+        return self.head(h) + (self.extra(h) if WORLD.Get_rank() % 2 == 0 else 0)
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """torch.distributed over gloo on the world's ranks (DDP needs a process group for its setup)."""
+    if not torch.distributed.is_initialized():
+        mt.init_process_group("gloo")
+    return torch.distributed
+
+
+@pytest.mark.parametrize("hook, rtol", [("allreduce_hook", 1e-6), ("reproducible_hook", 1e-6),
+                                        ("fp16_compress_hook", 2e-3), ("bf16_compress_hook", 2e-2)])
+def test_ddp_with_our_hook_trains_as_ddp_over_gloo(gloo, hook, rtol):
+    """The same DDP model (no_sync micro-batches, find_unused_parameters, a bucket cap that makes
+    several buckets) with our comm hook and over gloo alone: the same parameters after 4 steps,
+    within float32 rounding (16-bit hooks: within their rounding)."""
+    rank = WORLD.Get_rank()
+    ours, theirs = (torch.nn.parallel.DistributedDataParallel(Branchy(), find_unused_parameters=True,
+                                                              bucket_cap_mb=0.0005) for _ in range(2))
+    ours.register_comm_hook(mt.HookState(), getattr(mt, hook))
+    optimizers = [torch.optim.SGD(model.parameters(), lr=0.1) for model in (ours, theirs)]
+    for step in range(4):
+        batches = [torch.randn(5, 6, generator=torch.Generator().manual_seed(100 * step + 10 * rank + i))
+                   for i in range(2)]
+        for model, optimizer in zip((ours, theirs), optimizers):
+            optimizer.zero_grad()
+            with model.no_sync():
+                model(batches[0]).pow(2).mean().backward()
+            model(batches[1]).pow(2).mean().backward()
+            optimizer.step()
+    for (name, a), (_, b) in zip(ours.module.named_parameters(), theirs.module.named_parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=rtol * 1e-2, err_msg=name)
+    mar.check_replicas([p.detach().numpy() for p in ours.parameters()])
+
+
+def test_the_optimizer_is_a_torch_optimizer_to_lr_schedulers_and_skip_synchronize_waits_once():
+    model = model_on_this_rank()
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0))  # (named by place)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model(torch.ones(2, 5, dtype=torch.float64)).sum().backward()
+    optimizer.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.5

@@ -1,0 +1,193 @@
+"""DistributedOptimizer: any torch optimizer, with gradients averaged over the ranks before ``step()``,
+reduced in GradientSync buckets while backward still runs; and the broadcasts that make replicas.
+
+    backward: hook(p) ──ready──> GradientSync buckets ──allreduce in the background──┐
+    step():   synchronize() ── wait, write back ───────────────────────────────────────┴──> optimizer.step()
+
+Each parameter's gradient is handed over from a post-accumulate-grad hook; the buckets are fixed
+from ``named_parameters`` (as DDP's), so full buckets are allreduced during backward, whatever
+order the hooks fire in. It takes Horovod's arguments too (``compression=Compression.fp16``,
+``backward_passes_per_step``, ``gradient_predivide_factor``, ``op=Average``) and is a
+``torch.optim.Optimizer`` to LR schedulers, its param groups and state the wrapped optimizer's.
+"""
+import contextlib
+
+import torch
+from mpi4py import MPI
+
+from .gradients import GradientSpec, GradientSync
+from .gradients import broadcast_parameters as _broadcast_arrays
+from .torch_tensors import _as_array, _as_tensor, _numpy_dtype
+
+__all__ = ["DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state"]
+
+
+class _Codec:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"Compression.{self.name or 'none'}"
+
+
+class Compression:
+    """Horovod's compression choices: gradients travel in 16 bits and are summed in float32 (Horovod
+    sums fp16 in fp16), rounded once (mpiallreduce.training.compression)."""
+    none = _Codec(None)
+    fp16 = _Codec("fp16")
+    bf16 = _Codec("bf16")
+
+
+def compression_name(compression):
+    """None, "fp16" or "bf16", from a name or a Compression member."""
+    return getattr(compression, "name", compression)
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer``: gradients are averaged (or summed) over the ranks before ``step()``.
+
+    Args:
+        optimizer: any torch optimizer.
+        named_parameters: ``model.named_parameters()``: the parameters whose gradients to
+            synchronize; their buckets are fixed from these, in reverse order (collective: the
+            ranks compare names, shapes and dtypes here). None: the optimizer's parameters, named
+            by their place in its param groups.
+        find_unused: a parameter that got no gradient on this rank in a step (a branch not taken
+            here) counts as zeros here, and gets the other ranks' mean (DDP's
+            ``find_unused_parameters``); without it, that is a ValueError on every rank.
+        compression: None, "fp16" or "bf16" (or Compression.fp16...): gradients travel in 16 bits,
+            summed in float32.
+        reproducible: True: the same bits whatever the bucket size, algorithm or rank order
+            (mpiallreduce.reproducible).
+        backward_passes_per_step: gradients accumulate locally over this many backward passes,
+            and the last one reduces them (Horovod's; as ``no_sync`` around the others).
+        gradient_predivide_factor: Horovod's: scale by 1/f before the sum and f after it.
+        comm, bucket_bytes, op, algorithm, prescale, postscale, timeout: as GradientSync.
+    """
+
+    def __init__(self, optimizer, named_parameters=None, comm=None, bucket_bytes=25 * 2**20, op="mean",
+                 algorithm="auto", prescale=1.0, postscale=1.0, timeout=None, find_unused=False, compression=None,
+                 reproducible=False, backward_passes_per_step=1, gradient_predivide_factor=1.0):
+        self.optimizer = optimizer
+        if named_parameters is None:
+            named_parameters = [(f"param.{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
+                                for j, p in enumerate(group["params"])]
+        self.named_parameters = [(name, p) for name, p in named_parameters if p.requires_grad]
+        if int(backward_passes_per_step) < 1:
+            raise ValueError(f"backward_passes_per_step must be 1 or more, got {backward_passes_per_step}")
+        self.backward_passes_per_step, self._passes = int(backward_passes_per_step), {}
+        self._options = dict(bucket_bytes=bucket_bytes, op=op, algorithm=algorithm,
+                             prescale=prescale / gradient_predivide_factor, postscale=postscale * gradient_predivide_factor,
+                             timeout=timeout, find_unused=find_unused, compression=compression_name(compression),
+                             reproducible=reproducible)
+        self._skip = False
+        self.rebind(MPI.COMM_WORLD if comm is None else comm)
+        self.parameters = [p for _, p in self.named_parameters]
+        self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
+
+    def rebind(self, comm):
+        """Synchronize over ``comm`` from now on (a survivors' communicator after a rank failure;
+        collective over it)."""
+        specs = {name: GradientSpec(tuple(p.shape), _numpy_dtype(p.dtype), p.is_cuda) for name, p in self.named_parameters}
+        self.sync = GradientSync(comm=comm, parameters=specs, **self._options)
+
+    def _hook(self, name):
+        def ready(parameter):
+            passes = self._passes[name] = self._passes.get(name, 0) + 1
+            if passes < self.backward_passes_per_step:  # (Horovod's local accumulation)
+                return
+            self._passes[name] = 0
+            if self.sync.in_no_sync:  # (gradients only accumulate: nothing to widen or hand over)
+                return
+            grad = parameter.grad
+            if grad.dtype == torch.bfloat16:
+                grad = grad.float()  # (on torch's stream; rounded back once at step())
+                self._widened[name] = (parameter, grad)
+            self.sync.ready(_as_array(grad), name=name)
+        return ready
+
+    def no_sync(self):
+        """``with optimizer.no_sync():`` backward passes accumulate gradients locally (DDP's
+        ``no_sync``); the first backward outside it reduces the accumulated gradients once."""
+        return self.sync.no_sync()
+
+    def synchronize(self):
+        """Wait for every bucket; gradients then hold the mean over the ranks."""
+        unused = self.sync.wait()
+        widened, self._widened = self._widened, {}
+        cuda = any(p.is_cuda for p in self.parameters)
+        if cuda:
+            import cupy
+            cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them (once a step)
+        with torch.no_grad():
+            for parameter, wide in widened.values():
+                parameter.grad.copy_(wide)
+            by_name = dict(self.named_parameters)
+            for name, result in unused.items():  # a parameter unused here: the other ranks' gradients
+                parameter = by_name[name]
+                grad = _as_tensor(result, parameter).to(parameter.dtype)
+                if parameter.grad is None:
+                    parameter.grad = grad
+                else:
+                    parameter.grad.copy_(grad)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's: ``optimizer.synchronize()``, then change the gradients (clip them), then
+        ``with optimizer.skip_synchronize(): optimizer.step()``, which does not wait again."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def step(self, closure=None):
+        if not self._skip:
+            self.synchronize()
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
+    # the wrapped optimizer's, for LR schedulers and anything else that reads an Optimizer
+    param_groups = property(lambda self: self.optimizer.param_groups,
+                            lambda self, value: setattr(self.optimizer, "param_groups", value))
+    state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
+    defaults = property(lambda self: self.optimizer.defaults,
+                        lambda self, value: setattr(self.optimizer, "defaults", value))
+
+    def __repr__(self):
+        return f"DistributedOptimizer({self.optimizer!r})"
+
+
+def broadcast_parameters(state_dict, root=None, comm=None, root_rank=0):
+    """Copy rank ``root``'s tensors (a ``state_dict()``, ``named_parameters()``, or a list of
+    tensors) into every rank's, in place. ``root_rank``: Horovod's name for ``root``."""
+    root = root_rank if root is None else root
+    if isinstance(state_dict, dict):
+        arrays = {name: _as_array(t) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
+    else:
+        items = list(state_dict)
+        named = all(isinstance(item, tuple) and len(item) == 2 for item in items)
+        arrays = {name: _as_array(t) for name, t in items} if named else [_as_array(t) for t in items]
+    _broadcast_arrays(arrays, root=root, comm=comm)
+    return state_dict
+
+
+def broadcast_optimizer_state(optimizer, root=None, comm=None, root_rank=0):
+    """Give every rank rank ``root``'s optimizer state (moments, step counts, hyper-parameters);
+    ``root_rank``: Horovod's name for ``root``."""
+    root = root_rank if root is None else root
+    comm = MPI.COMM_WORLD if comm is None else comm
+    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    state = comm.bcast(inner.state_dict() if comm.Get_rank() == root else None, root=root)
+    if comm.Get_rank() != root:
+        inner.load_state_dict(state)
+    return optimizer
