@@ -202,7 +202,7 @@ def test_the_output_pump_writes_partial_lines_at_once_and_filters_whole_ones():
 
     class Destination(io.BytesIO):
         def flush(self):
-            written.append(self.getvalue().decode())
+            written.append(self.getvalue().decode(errors="replace"))
             wrote.set()
 
     destination = Destination()
@@ -210,6 +210,33 @@ def test_the_output_pump_writes_partial_lines_at_once_and_filters_whole_ones():
     os.write(write_end, b"password? ")
     assert wrote.wait(10) and written[-1] == "password? "
     os.write(write_end, b"secret\n" + SETPGID.encode() + b"[rank 0] done\n")
+    os.write(write_end, RULE.encode() + b"\nstep 1\n")  # (a rank's own dashes: held while they may be a notice)
+    time.sleep(1.0)
+    assert written[-1].endswith("[rank 0] done\n" + RULE + "\nstep 1\n")  # (then let go in the quiet)
+    raw = b"\xff\xfe not UTF-8, " + "é".encode() * 40000 + b"\n"  # (and a character split between reads)
+    os.write(write_end, raw[:7] + raw[7:8])
+    os.write(write_end, raw[8:])
     os.close(write_end)
     thread.join(10)
-    assert written[-1] == "password? secret\n[rank 0] done\n"
+    assert destination.getvalue().endswith(raw)
+
+
+def test_a_closed_reader_of_the_output_is_told_once_and_the_rest_is_read():
+    """`mpiallreduce launch ... | head -1`: the launcher passes SIGPIPE on (on_broken), keeps reading."""
+    from mpiallreduce.tools.notices import pump
+    read_end, write_end = os.pipe()
+    told = []
+
+    class Closed:
+        def write(self, data):
+            raise BrokenPipeError
+
+        def flush(self):
+            pass
+
+    thread = pump(os.fdopen(read_end, "rb"), Closed(), on_broken=lambda: told.append(1))
+    for _ in range(100):
+        os.write(write_end, b"x" * 10000 + b"\n")  # (more than a pipe holds: nothing blocks)
+    os.close(write_end)
+    thread.join(10)
+    assert not thread.is_alive() and told == [1]

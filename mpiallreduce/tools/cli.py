@@ -98,7 +98,7 @@ def _launch(argv):
     if result.timed_out:
         print(f"mpiallreduce launch: {result.killed}", file=sys.stderr)
         return 124 if "timeout" in result.killed else 128 + signal.SIGTERM
-    return result.returncode
+    return 128 - result.returncode if result.returncode < 0 else result.returncode  # (a signal: as a shell says it)
 
 
 def _plot(argv):

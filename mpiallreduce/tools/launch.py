@@ -243,10 +243,10 @@ def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=No
     piped = not capture and not mpi_notices and hasattr(sys.stdout, "buffer") and hasattr(sys.stderr, "buffer")
     process = start(nranks, command, extra_flags, env, capture, cwd, nodes, pipes=piped)
     argv = process.args
-    if piped:  # (the two streams share what the ranks said)
-        said_why = [False]
-        pumps = [pump(process.output_pipes[0], sys.stdout.buffer, NoticeFilter(said_why)),
-                 pump(process.output_pipes[1], sys.stderr.buffer, NoticeFilter(said_why))]
+    if piped:  # (stdout as it comes; Open MPI's notices are on stderr; a reader that left (`| head`)
+        # ends the job, as SIGPIPE would end mpiexec without us: SIGTERM, which mpiexec passes on)
+        pumps = [pump(process.output_pipes[0], sys.stdout.buffer, on_broken=process.terminate),
+                 pump(process.output_pipes[1], sys.stderr.buffer, NoticeFilter(), on_broken=process.terminate)]
     stop = GracefulStop(process, grace) if forward_signals else None
     output, returncode, note = "", None, ""
     try:

@@ -1,6 +1,7 @@
 """Open MPI's notices in a launch's output that tell the user nothing the ranks have not told.
 
-    ranks ──(stdout, stderr)── mpiexec ──(two pipes)── NoticeFilter ── the launcher's stdout, stderr
+    ranks ──stdout── mpiexec ──pipe──────────────────── the launcher's stdout (as it comes)
+          ──stderr──         ──pipe── NoticeFilter ──── the launcher's stderr
 
 What is left out, and only that:
 - PRRTE's ``plm:ssh: Warning: setpgid(P,P) failed in parent with errno=Permission denied(13)``:
@@ -12,11 +13,13 @@ What is left out, and only that:
   (``mpiallreduce: ... aborting the MPI job``: its traceback, or its ``sys.exit(n)``; see
   mpiallreduce.faults.aborting). Without such a line they stay: then they are the only explanation.
 
-A notice is the block between two lines of 74 dashes (Open MPI's show_help). ``mpiallreduce launch
---mpi-notices`` shows everything.
+A notice is the block between two lines of 74 dashes (Open MPI's show_help), on stderr, where Open
+MPI and PRRTE write all of these; stdout is not filtered. ``mpiallreduce launch --mpi-notices``
+shows everything.
 """
 import os
 import re
+import select
 import threading
 
 __all__ = ["NoticeFilter", "filter_text", "pump"]
@@ -34,7 +37,7 @@ EXPLAINED_NOTICES = ("MPI_ABORT was invoked on rank", "has exited due to process
 
 
 class NoticeFilter:
-    """Filters one stream line by line; streams of one launch share ``said_why`` (a one-item list)."""
+    """Filters one stream line by line (stderr; ``said_why``, a one-item list, may be shared)."""
 
     def __init__(self, said_why=None, show_all=False):
         self.said_why = [False] if said_why is None else said_why
@@ -82,34 +85,56 @@ def filter_text(text, show_all=False):
     return "".join(kept + notices.flush())
 
 
-def pump(source, destination, notices):
-    """A thread copying binary file ``source`` (a pipe) to binary file ``destination`` through
-    ``notices``. A partial line that is not the start of a notice or a known line is written at
-    once (a prompt without its newline is not held back)."""
+#: how long a notice being read (or the start of a line that may be one) is held back while no
+#: more output comes: Open MPI writes a notice at once, so a pause means it is not one
+QUIET_SECONDS = 0.3
+
+
+def pump(source, destination, notices=None, on_broken=None):
+    """A thread copying binary file ``source`` (a pipe) to binary file ``destination``, bytes as
+    they are; through ``notices`` (a NoticeFilter) if given, line by line. A partial line that
+    cannot start a notice or a known line goes out at once (a prompt is not held back), and what is
+    held goes out after QUIET_SECONDS without more output. If ``destination`` is closed (``| head``),
+    ``on_broken()`` is called once and the rest is read and dropped."""
 
     def copy():
-        pending = ""
-        written = False  # part of the pending line went out already: the rest follows unfiltered
+        fd, pending, midline, broken = source.fileno(), b"", False, [False]
+
+        def write(pieces):
+            data = b"".join(p if isinstance(p, bytes) else p.encode("utf-8", "surrogateescape") for p in pieces)
+            if not data or broken[0]:
+                return
+            try:
+                destination.write(data)
+                destination.flush()
+            except (BrokenPipeError, ValueError):
+                broken[0] = True
+                if on_broken is not None:
+                    on_broken()
+
         while True:
-            chunk = os.read(source.fileno(), 65536)
+            if notices is not None and (notices.block is not None or pending):
+                if not select.select([fd], [], [], QUIET_SECONDS)[0]:  # (quiet: not a notice in the writing)
+                    write(notices.flush() + [pending])
+                    pending, midline = b"", midline or bool(pending)
+                    continue
+            chunk = os.read(fd, 65536)
             if not chunk:
                 break
-            lines = (pending + chunk.decode("utf-8", "replace")).splitlines(keepends=True)
-            pending = lines.pop() if lines and not lines[-1].endswith("\n") else ""
+            if notices is None:
+                write([chunk])
+                continue
+            *lines, pending = (pending + chunk).split(b"\n")
             out = []
             for line in lines:
-                out += [line] if written else notices.feed(line)
-                written = False
-            if pending and notices.block is None and not pending.startswith(("-", "[")):
+                line += b"\n"
+                out += [line] if midline else notices.feed(line.decode("utf-8", "surrogateescape"))
+                midline = False
+            if pending and notices.block is None and not pending.startswith((b"-", b"[")):
                 out.append(pending)
-                pending, written = "", True
-            if out:
-                destination.write("".join(out).encode())
-                destination.flush()
-        out = notices.flush() + ([pending] if pending else [])
-        if out:
-            destination.write("".join(out).encode())
-            destination.flush()
+                pending, midline = b"", True
+            write(out)
+        write((notices.flush() if notices is not None else []) + [pending])
         source.close()
 
     thread = threading.Thread(target=copy, name="mpiallreduce-launch-output", daemon=True)

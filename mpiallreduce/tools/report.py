@@ -139,7 +139,8 @@ def main(argv=None):
         except ResultsError as e:
             parser.error(str(e))
         with open(args.markdown, "w") as f:
-            f.write(markdown_page(runs, "mpiallreduce report --markdown " + " ".join([args.markdown, *args.results])))
+            f.write(markdown_page(runs, "mpiallreduce report --markdown " + " ".join([args.markdown, *args.results]),
+                                  folders=args.results))
         print(f"written: {args.markdown} ({len(runs)} runs)")
         return 0
     try:

@@ -5,6 +5,8 @@ machine and the command that made it, then its Deep Speech 2 tables, as ``bench`
 page says which command wrote it; docs/results.md is written this way from the results folders in
 the repository (tests/test_readme.py checks that it is what the command writes now).
 """
+import os
+
 from .bench.contenders import FORCED_PREFIX
 from .bench.report import format_gain_table, gain_rows
 from .results import run_nodes, run_oversubscribed
@@ -48,8 +50,9 @@ def _machine(meta, results):
     return text
 
 
-def markdown_page(runs, command):
-    """The page, from ``runs`` ((path, results) pairs: mpiallreduce.tools.results.find_runs)."""
+def markdown_page(runs, command, folders=()):
+    """The page, from ``runs`` ((path, results) pairs: mpiallreduce.tools.results.find_runs); and
+    each of ``folders``' model.txt (``mpiallreduce model DIR... > model.txt``), whole."""
     lines = ["# Measured results", "",
              f"Written by `{command}` from the results folders in the repository. Do not edit it: run the",
              "command again. Gain = Open MPI's default time / our time, both measured in the same run",
@@ -70,4 +73,12 @@ def markdown_page(runs, command):
             from types import SimpleNamespace
             rows = gain_rows([SimpleNamespace(**m) for m in measurements], in_place)
             lines += [f"{'In place' if in_place else 'Out of place'}:", "", "```text", format_gain_table(rows), "```", ""]
+    for folder in folders:
+        model = os.path.join(folder, "model.txt")
+        if os.path.isfile(model):
+            with open(model) as f:
+                text = f.read().rstrip("\n")
+            lines += [f"## {model}", "", "The cost model fitted to the runs above and projected to larger jobs, as "
+                      "`mpiallreduce model` printed it (its command is in benchmarks.md).", "", "```text", text,
+                      "```", ""]
     return "\n".join(lines)

@@ -19,10 +19,9 @@ import os
 import socket
 
 import torch
-from mpi4py import MPI
 
 from .gradients import GradientSpec, GradientSync
-from .torch_tensors import _as_array, _numpy_dtype, reduce_tensor
+from .torch_tensors import _as_array, _numpy_dtype, default_comm, reduce_tensor
 
 __all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "reproducible_hook",
            "init_process_group"]
@@ -33,7 +32,7 @@ class HookState:
     the same ranks, in the same order), the algorithm and a timeout (not with compression)."""
 
     def __init__(self, comm=None, algorithm="auto", timeout=None):
-        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.comm = default_comm() if comm is None else comm
         self.algorithm, self.timeout = algorithm, timeout
         self._syncs = {}  # (bucket index, elements, dtype, codec) -> its GradientSync
 
@@ -95,7 +94,7 @@ def init_process_group(backend="gloo", comm=None, address=None):
     rank 0's, as the others reach it. Default: MASTER_ADDR; else 127.0.0.1 when every rank runs on
     rank 0's machine (one kernel: the same boot id, emulated nodes included); else rank 0's host
     name."""
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = default_comm() if comm is None else comm
     boots = comm.allgather(_boot_id())
     where = None
     if comm.Get_rank() == 0:

@@ -184,7 +184,7 @@ class GradientSync:
         else:  # (by position: the n-th ready is the n-th gradient, unless another has its shape and dtype)
             index = len(step.arrivals) if len(step.arrivals) < len(self._slots) else None
             trouble = UNNAMED_TWIN if trouble is None and index in self._twins else trouble
-        given = given_slot(name if name is not None else index, grad)
+        given = given_slot(name if name is not None else f"#{index}", grad)
         if not step.mark(index, grad, given, trouble):
             return
         self._arrived[self._bucket_of[index]] += 1
@@ -229,7 +229,7 @@ class GradientSync:
             return {}
         if self._slots is None:
             calls = self._step.calls
-            slots = [given_slot(name if name is not None else i, grad) for i, (grad, name) in enumerate(calls)]
+            slots = [given_slot(name if name is not None else f"#{i}", grad) for i, (grad, name) in enumerate(calls)]
             problems = [f"{slot.describe()}: {reason}" for slot, (grad, _) in zip(slots, calls)
                         if (reason := problem(grad)) is not None]
             try:

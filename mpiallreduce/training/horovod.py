@@ -12,13 +12,15 @@ changed, ``import mpiallreduce.torch as hvd``.
 
 Where it differs from Horovod: fp16 and bf16 are summed in float32 and rounded once (Horovod sums
 fp16 in fp16); ``name=`` is accepted and not needed (calls are matched by their order on each
-rank, and their signatures compared); there are no process sets other than all ranks and no
-Adasum. The ranks are those of ``init(comm)``, COMM_WORLD by default.
+rank, and their signatures compared); there are no process sets other than ``init(comm)``'s ranks
+(COMM_WORLD by default), no Adasum, no tensor allgather or alltoall (docs/training.md).
 """
+import torch
 from mpi4py import MPI
 
 from .torch_optimizer import Compression, DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
-from .torch_tensors import _as_array, _as_tensor, _op_for, local_rank, local_size, rank, reduce_tensor, size
+from .torch_tensors import (_as_array, _as_tensor, _op_for, default_comm, local_rank, local_size, rank, reduce_tensor,
+                            set_default_comm, size)
 
 __all__ = ["init", "shutdown", "is_initialized", "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "synchronize", "poll", "broadcast",
@@ -30,19 +32,17 @@ __all__ = ["init", "shutdown", "is_initialized", "Average", "Sum", "Min", "Max",
 Average, Sum, Min, Max, Product = "mean", "sum", "min", "max", "prod"
 Adasum = "adasum"
 
-_comm = [None]  # the communicator of init(comm); None: COMM_WORLD
-
-
 def init(comm=None):
     """Start (MPI is already up once mpi4py is imported). ``comm``: an mpi4py communicator whose
-    ranks the module's calls then use (Horovod takes one too, or a list of world ranks)."""
+    ranks every call of mpiallreduce.torch then uses by default, ``rank()`` and ``size()``
+    included (Horovod takes one too, or a list of world ranks; collective over COMM_WORLD then)."""
     if isinstance(comm, (list, tuple)):
         comm = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(list(comm)))
-    _comm[0] = comm
+    set_default_comm(comm)
 
 
 def shutdown():
-    _comm[0] = None
+    set_default_comm(None)
 
 
 def is_initialized():
@@ -89,19 +89,39 @@ def _op(average, op):
 def _options(name, process_set, kwargs):
     if process_set is not None:
         raise NotImplementedError("process sets are not implemented by mpiallreduce: init(comm) picks the ranks")
-    kwargs.setdefault("comm", _comm[0])
+    kwargs.setdefault("comm", default_comm())
     return kwargs
 
 
+class _Allreduce(torch.autograd.Function):
+    """allreduce as autograd sees it (Horovod's): the gradient is the same reduction of the
+    gradients that reach the result."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, kwargs):
+        ctx.op, ctx.kwargs = op, kwargs
+        return reduce_tensor(tensor.detach(), op, False, **kwargs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_tensor(grad.contiguous(), ctx.op, False, **ctx.kwargs), None, None
+
+
 def _reduce(tensor, average, op, compression, prescale_factor, postscale_factor, in_place, kwargs):
-    """The reduction behind allreduce and allreduce_: scale, (compress,) reduce, scale back."""
+    """The reduction behind allreduce and allreduce_: scale, (compress,) reduce, scale back; out of
+    place on a tensor that requires grad (a sum or a mean), differentiable."""
     op = _op(average, op)
     codec = getattr(compression, "name", compression)
+    if not in_place and op in (Average, Sum) and tensor.requires_grad and torch.is_grad_enabled():
+        work = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+        if codec is not None and work.is_floating_point() and work.element_size() > 2:
+            work = work.to(torch.float16 if codec == "fp16" else torch.bfloat16)
+        result = _Allreduce.apply(work, op, kwargs)
+        return (result * postscale_factor if postscale_factor != 1.0 else result).to(tensor.dtype)
     work, copied = tensor.detach(), False
     if prescale_factor != 1.0:
         work, copied = work * prescale_factor, True
     if codec is not None and work.is_floating_point() and work.element_size() > 2:
-        import torch
         work, copied = work.to(torch.float16 if codec == "fp16" else torch.bfloat16), True
     result = reduce_tensor(work, op, in_place=copied or in_place, **kwargs)
     if postscale_factor != 1.0:
@@ -172,14 +192,10 @@ def poll(handle):
     return handle.pending.done()
 
 
-def _world():
-    return _comm[0] or MPI.COMM_WORLD
-
-
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """Rank ``root_rank``'s ``tensor`` into every rank's, in place; returns it."""
     _options(name, process_set, {})
-    broadcast_parameters([tensor], root_rank=root_rank, comm=_comm[0])
+    broadcast_parameters([tensor], root_rank=root_rank)
     return tensor
 
 
@@ -191,10 +207,10 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Rank ``root_rank``'s picklable ``obj``, on every rank."""
     _options(name, process_set, {})
-    return _world().bcast(obj, root=root_rank)
+    return default_comm().bcast(obj, root=root_rank)
 
 
 def allgather_object(obj, name=None, process_set=None):
     """Every rank's picklable ``obj``, in rank order, on every rank."""
     _options(name, process_set, {})
-    return _world().allgather(obj)
+    return default_comm().allgather(obj)

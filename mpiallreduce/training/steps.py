@@ -152,7 +152,8 @@ def twins(slots):
 def refuse_unnamed_twins(slots, names):
     """The first step declared, without ``names`` (None), gradients that another of the same shape
     and dtype could stand in for: a rank that marks them in another order would go unnoticed (and
-    its means be wrong), so raise. The same on every rank once the ranks' slots agree."""
+    its means be wrong), so raise. The same on every rank once the ranks' slots agree: an unnamed
+    gradient's slot is "#i", so a rank that names its i-th gradient "i" holds other slots."""
     unnamed = [i for i in sorted(twins(slots)) if names[i] is None]
     if unnamed:
         raise ValueError(

@@ -11,13 +11,13 @@ order the hooks fire in. It takes Horovod's arguments too (``compression=Compres
 ``torch.optim.Optimizer`` to LR schedulers, its param groups and state the wrapped optimizer's.
 """
 import contextlib
+import warnings
 
 import torch
-from mpi4py import MPI
 
 from .gradients import GradientSpec, GradientSync
 from .gradients import broadcast_parameters as _broadcast_arrays
-from .torch_tensors import _as_array, _as_tensor, _numpy_dtype
+from .torch_tensors import _as_array, _as_tensor, _numpy_dtype, default_comm
 
 __all__ = ["DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state"]
 
@@ -62,7 +62,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step: gradients accumulate locally over this many backward passes,
             and the last one reduces them (Horovod's; as ``no_sync`` around the others).
         gradient_predivide_factor: Horovod's: scale by 1/f before the sum and f after it.
-        comm, bucket_bytes, op, algorithm, prescale, postscale, timeout: as GradientSync.
+        comm, bucket_bytes, op, algorithm, prescale, postscale, timeout: as GradientSync (comm:
+            ``hvd.init(comm)``'s by default, else COMM_WORLD).
     """
 
     def __init__(self, optimizer, named_parameters=None, comm=None, bucket_bytes=25 * 2**20, op="mean",
@@ -80,8 +81,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              prescale=prescale / gradient_predivide_factor, postscale=postscale * gradient_predivide_factor,
                              timeout=timeout, find_unused=find_unused, compression=compression_name(compression),
                              reproducible=reproducible)
-        self._skip = False
-        self.rebind(MPI.COMM_WORLD if comm is None else comm)
+        self._skip = self._synchronized = False
+        self.rebind(default_comm() if comm is None else comm)
         self.parameters = [p for _, p in self.named_parameters]
         self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
@@ -94,6 +95,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _hook(self, name):
         def ready(parameter):
+            self._synchronized = False
             passes = self._passes[name] = self._passes.get(name, 0) + 1
             if passes < self.backward_passes_per_step:  # (Horovod's local accumulation)
                 return
@@ -131,6 +133,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     parameter.grad = grad
                 else:
                     parameter.grad.copy_(grad)
+        self._synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -140,11 +143,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             yield
         finally:
-            self._skip = False
+            self._skip = self._synchronized = False
 
     def step(self, closure=None):
-        if not self._skip:
+        if self._synchronized and not self._skip:  # (Horovod warns too, and does not reduce again)
+            warnings.warn("optimizer.step() after optimizer.synchronize() without optimizer.skip_synchronize(): "
+                          "the gradients were reduced already and are not reduced again", stacklevel=2)
+        elif not self._skip:
             self.synchronize()
+        self._synchronized = False
         return self.optimizer.step(closure)
 
     def zero_grad(self, set_to_none=True):
@@ -177,7 +184,7 @@ def broadcast_parameters(state_dict, root=None, comm=None, root_rank=0):
         items = list(state_dict)
         named = all(isinstance(item, tuple) and len(item) == 2 for item in items)
         arrays = {name: _as_array(t) for name, t in items} if named else [_as_array(t) for t in items]
-    _broadcast_arrays(arrays, root=root, comm=comm)
+    _broadcast_arrays(arrays, root=root, comm=default_comm() if comm is None else comm)
     return state_dict
 
 
@@ -185,7 +192,7 @@ def broadcast_optimizer_state(optimizer, root=None, comm=None, root_rank=0):
     """Give every rank rank ``root``'s optimizer state (moments, step counts, hyper-parameters);
     ``root_rank``: Horovod's name for ``root``."""
     root = root_rank if root is None else root
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = default_comm() if comm is None else comm
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     state = comm.bcast(inner.state_dict() if comm.Get_rank() == root else None, root=root)
     if comm.Get_rank() != root:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["reduce_tensor", "rank", "size", "local_rank", "local_size"]
+__all__ = ["reduce_tensor", "rank", "size", "local_rank", "local_size", "default_comm", "set_default_comm"]
 
 
 def _as_array(tensor):
@@ -64,7 +64,8 @@ def reduce_tensor(tensor, op, in_place, algorithm="auto", comm=None, **options):
     its device; what requires grad is detached. Keywords as ``mpiallreduce.allreduce``."""
     from ..api import allreduce as reduce_array
     array = _as_array(tensor)
-    result = reduce_array(array, op=_op_for(tensor, op, options), algorithm=algorithm, comm=comm,
+    result = reduce_array(array, op=_op_for(tensor, op, options), algorithm=algorithm,
+                          comm=default_comm() if comm is None else comm,
                           out=array if in_place else None, **options)
     if not in_place:
         return _as_tensor(result, tensor)
@@ -81,18 +82,31 @@ def _numpy_dtype(dtype):
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
+_default = [None]  # hvd.init(comm)'s communicator
+
+
+def default_comm():
+    """The ranks mpiallreduce.torch works over when no ``comm`` is given: ``hvd.init(comm)``'s, else
+    COMM_WORLD."""
+    return _default[0] if _default[0] is not None else MPI.COMM_WORLD
+
+
+def set_default_comm(comm):
+    _default[0] = comm
+
+
 def rank():
-    """This process's rank in COMM_WORLD (Horovod's ``hvd.rank()``)."""
-    return MPI.COMM_WORLD.Get_rank()
+    """This process's rank among default_comm()'s (Horovod's ``hvd.rank()``)."""
+    return default_comm().Get_rank()
 
 
 def size():
-    """The number of ranks in COMM_WORLD (``hvd.size()``)."""
-    return MPI.COMM_WORLD.Get_size()
+    """The number of ranks of default_comm() (``hvd.size()``)."""
+    return default_comm().Get_size()
 
 
 def local_rank():
-    """This process's rank among the ranks of its node (``hvd.local_rank()``), 0..local_size()-1:
+    """This process's rank among the ranks of its node (``hvd.local_rank()``, of COMM_WORLD's ranks), 0..local_size()-1:
     as the launcher numbers them (Open MPI's need not follow the world ranks' order), else from
     the node communicator (collective over COMM_WORLD the first time)."""
     from ..device.arrays import local_rank as node_local_rank

@@ -69,6 +69,16 @@ def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_
     with pytest.raises(ValueError, match=r"on every rank, .*unnamed, and another gradient has its shape and dtype"):
         sync.wait()
     assert all(np.array_equal(grads[name], kept[name]) for name in grads)
+    if comm.Get_size() == 1:
+        return
+    mixed = mar.GradientSync(comm=comm)  # unnamed on rank 0, named by place (synchronize) elsewhere
+    with pytest.raises(ValueError, match=r"hold different gradients(?s:.*)'#0' \(250,\) float64 on rank 0"):
+        if rank == 0:
+            mixed.ready(grads["a"])
+            mixed.ready(grads["b"])
+            mixed.wait()
+        else:
+            mixed.synchronize([grads["a"], grads["b"]])
 
 
 @pytest.mark.parametrize("count", SIZES)

@@ -112,7 +112,7 @@ def test_gradients_that_are_not_writeable_float_arrays_are_refused_at_wait_on_ev
     bad = np.ones(3, dtype=np.int32) if last else np.ones(3)
     sync = mar.GradientSync(comm=comm)
     sync.ready(bad)
-    with pytest.raises(TypeError, match=rf"rank {comm.Get_size() - 1}: '0' \(3,\) int32: gradients must be floating"):
+    with pytest.raises(TypeError, match=rf"rank {comm.Get_size() - 1}: '#0' \(3,\) int32: gradients must be floating"):
         sync.wait()
     read_only = np.ones(5)
     read_only.flags.writeable = not last

@@ -195,6 +195,33 @@ def test_horovod_api_async_objects_and_op_rules():
     assert mt.broadcast_object({"epoch": rank}, root_rank=size - 1) == {"epoch": size - 1}
     assert mt.allgather_object(rank * 10) == [r * 10 for r in range(size)]
     np.testing.assert_array_equal(mt.broadcast(values, root_rank=0).numpy(), np.arange(10.0))
+    leaf = torch.full((3,), float(rank + 1), dtype=torch.float64, requires_grad=True)
+    (mt.allreduce(leaf, op=mt.Sum) * 2.0).sum().backward()  # differentiable, as Horovod's
+    np.testing.assert_array_equal(leaf.grad.numpy(), np.full(3, 2.0 * size))
+
+
+def test_horovod_init_with_a_communicator_makes_it_every_calls_ranks():
+    """hvd.init(comm): rank(), size(), allreduce and DistributedOptimizer are that communicator's."""
+    rank = WORLD.Get_rank()
+    half = WORLD.Split(rank % 2, rank)
+    mt.init(half)
+    try:
+        assert (mt.rank(), mt.size()) == (half.Get_rank(), half.Get_size())
+        weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        optimizer = mt.DistributedOptimizer(torch.optim.SGD([weight], lr=0.0), named_parameters=[("w", weight)])
+        (weight * float(rank)).sum().backward()
+        optimizer.step()
+        expected = np.mean(half.allgather(float(rank)))
+        np.testing.assert_array_equal(weight.grad.numpy(), [expected, expected])
+        np.testing.assert_array_equal(mt.allreduce(torch.tensor([float(rank)])).numpy(), [expected])
+        optimizer.zero_grad()
+        with pytest.warns(UserWarning, match="not reduced again"):  # synchronize(), then step(): once
+            (weight * 1.0).sum().backward()
+            optimizer.synchronize()
+            optimizer.step()
+        np.testing.assert_array_equal(weight.grad.numpy(), [1.0, 1.0])
+    finally:
+        mt.shutdown()
 
 
 class Branchy(torch.nn.Module):
