@@ -10,7 +10,7 @@ algorithms through ``mpiallreduce.allreduce``.
 ``--device gpu``: the buffers are CuPy arrays on each rank's GPU (``select_gpu``). ``openmpi`` is then
 MPI_Allreduce on the device pointers where the MPI is CUDA-aware, else a host round trip (device to
 pinned host buffers allocated once, MPI_Allreduce, back: what Open MPI's coll/cuda does, minus its
-per-call malloc). The physical limit reported is the GPU's device-to-device copy bandwidth.
+per-call malloc). The reference reported is the GPU's device-to-device copy bandwidth.
 ``--device fake-gpu`` runs the same code on mpiallreduce.testing.fake_cupy (for tests).
 
 Timing: for each size and mode (out of place, in place), repetitions of the contenders are

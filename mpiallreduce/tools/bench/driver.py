@@ -15,7 +15,7 @@ from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_compon
 from ...core.ops import OPS, get_op
 from ...core.state import state_of
 from .contenders import DEVICE_ALGORITHMS, REPRODUCIBLE, device_memory
-# the timing loop and the physical limits: their names stay importable from here
+# the timing loop and the reference bandwidths: their names stay importable from here
 from .limits import MEMCPY_BYTES, device_copy_bandwidth, link_bandwidth, memory_copy_bandwidth  # noqa: F401
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
@@ -161,7 +161,7 @@ def main(argv=None):
         print(f"# mpiallreduce {__version__} ({metadata['git_commit']}), {metadata['date_utc']}")
         print(f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
               f"slowest rank's time per call")
-        print("# physical limit: " + limit.format(memcpy_gbs))
+        print("# reference (not a limit: cached sizes beat it): " + limit.format(memcpy_gbs))
         if link is not None:
             print(f"# link between nodes: {link[0]:.3f} GB/s each way (MPI_Sendrecv of {MEMCPY_BYTES >> 20} MiB, "
                   f"ranks 0 and {link[1]}, median of 5)")
