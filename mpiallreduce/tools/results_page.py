@@ -11,7 +11,7 @@ from .bench.contenders import FORCED_PREFIX
 from .bench.report import format_gain_table, gain_rows
 from .results import run_nodes, run_oversubscribed
 
-__all__ = ["markdown_page", "bench_command"]
+__all__ = ["markdown_page", "bench_command", "has_training_runs"]
 
 #: bench's defaults: a run's command names only what differs from them
 _DEFAULTS = {"device": "cpu", "dtype": "float32", "op": "sum", "repetitions": 5, "mode": "both",
@@ -50,9 +50,18 @@ def _machine(meta, results):
     return text
 
 
+def _training_runs(folder):
+    return sorted(os.path.join(root, "train.txt") for root, _dirs, files in os.walk(folder) if "train.txt" in files)
+
+
+def has_training_runs(folder):
+    """Whether ``folder`` holds train_bench runs (train.txt) and no bench run."""
+    return bool(_training_runs(folder)) and not any("bench.json" in files for _root, _dirs, files in os.walk(folder))
+
+
 def markdown_page(runs, command, folders=()):
-    """The page, from ``runs`` ((path, results) pairs: mpiallreduce.tools.results.find_runs); and
-    each of ``folders``' model.txt (``mpiallreduce model DIR... > model.txt``), whole."""
+    """The page, from ``runs`` ((path, results) pairs: mpiallreduce.tools.results.find_runs); and,
+    whole, each of ``folders``' training runs (train.txt) and model.txt (``mpiallreduce model``)."""
     lines = ["# Measured results", "",
              f"Written by `{command}` from the results folders in the repository. Do not edit it: run the",
              "command again. Gain = Open MPI's default time / our time, both measured in the same run",
@@ -74,6 +83,12 @@ def markdown_page(runs, command, folders=()):
             rows = gain_rows([SimpleNamespace(**m) for m in measurements], in_place)
             lines += [f"{'In place' if in_place else 'Out of place'}:", "", "```text", format_gain_table(rows), "```", ""]
     for folder in folders:
+        for train in _training_runs(folder):
+            with open(train) as f:
+                text = f.read().rstrip("\n")
+            lines += [f"## {train}", "", "Training end to end (`python -m mpiallreduce.tools.train_bench`, make "
+                      "bench-train; how to read it: training.md). comm ms/step is the step's time minus that of "
+                      "`none`, no synchronization.", "", "```text", text, "```", ""]
         model = os.path.join(folder, "model.txt")
         if os.path.isfile(model):
             with open(model) as f:
