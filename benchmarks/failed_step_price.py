@@ -17,22 +17,13 @@ Prints each time in ms and gradsync / in place.
 """
 import argparse
 import statistics
-import time
 
 import numpy as np
-from mpi4py import MPI
 
 import mpiallreduce as mar
+from reproducible_cost import COMM, timed  # (the slowest rank's seconds: benchmarks/reproducible_cost.py)
 
-COMM = MPI.COMM_WORLD
 REPETITIONS = 9
-
-
-def timed(call):
-    COMM.Barrier()
-    start = time.perf_counter()
-    call()
-    return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
 
 
 def main():
