@@ -235,7 +235,7 @@ class GradientSync:
             try:
                 slots = agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options,
                                        problems, self.timeout, any_order=True)
-                refuse_unnamed_twins(slots, [name for _, name in calls])  # (alike everywhere: the slots agreed)
+                refuse_unnamed_twins(slots)  # (alike everywhere: the slots agreed)
             except Exception:
                 self._new_step()  # (this step is over: the next one starts afresh)
                 raise

@@ -149,12 +149,12 @@ def twins(slots):
     return {i for i, slot in enumerate(slots) if kinds[(slot.shape, slot.dtype, slot.device)] > 1}
 
 
-def refuse_unnamed_twins(slots, names):
-    """The first step declared, without ``names`` (None), gradients that another of the same shape
-    and dtype could stand in for: a rank that marks them in another order would go unnoticed (and
-    its means be wrong), so raise. The same on every rank once the ranks' slots agree: an unnamed
-    gradient's slot is "#i", so a rank that names its i-th gradient "i" holds other slots."""
-    unnamed = [i for i in sorted(twins(slots)) if names[i] is None]
+def refuse_unnamed_twins(slots):
+    """The first step declared, without names, gradients that another of the same shape and dtype
+    could stand in for: a rank that marks them in another order would go unnoticed (and its means
+    be wrong), so raise. Read from the slots the ranks agreed on (an unnamed gradient's is "#i",
+    its place), so that every rank raises alike."""
+    unnamed = [i for i in sorted(twins(slots)) if slots[i].name == f"#{i}"]
     if unnamed:
         raise ValueError(
             f"GradientSync: gradients #{', #'.join(map(str, unnamed[:8]))} of the first step were marked ready "
