@@ -20,6 +20,7 @@ import socket
 
 import torch
 
+from ..core.gather import gather_from_ranks
 from .gradients import GradientSpec, GradientSync
 from .torch_tensors import _as_array, _numpy_dtype, default_comm, reduce_tensor
 
@@ -95,7 +96,7 @@ def init_process_group(backend="gloo", comm=None, address=None):
     rank 0's machine (one kernel: the same boot id, emulated nodes included); else rank 0's host
     name."""
     comm = default_comm() if comm is None else comm
-    boots = comm.allgather(_boot_id())
+    boots = gather_from_ranks(comm, _boot_id())  # (the library's own collectives: core.gather)
     where = None
     if comm.Get_rank() == 0:
         one_machine = boots[0] is not None and all(boot == boots[0] for boot in boots)
@@ -103,7 +104,7 @@ def init_process_group(backend="gloo", comm=None, address=None):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1" if host == "127.0.0.1" else "", 0))
             where = (host, probe.getsockname()[1])
-    host, port = comm.bcast(where, root=0)
+    host, port = gather_from_ranks(comm, where)[0]
     torch.distributed.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.Get_rank(),
                                          world_size=comm.Get_size())
 

@@ -18,6 +18,7 @@ rank, and their signatures compared); there are no process sets other than ``ini
 import torch
 from mpi4py import MPI
 
+from ..core.gather import gather_from_ranks
 from .torch_optimizer import Compression, DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
 from .torch_tensors import (_as_array, _as_tensor, _op_for, default_comm, local_rank, local_size, rank, reduce_tensor,
                             set_default_comm, size)
@@ -205,12 +206,14 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """Rank ``root_rank``'s picklable ``obj``, on every rank."""
+    """Rank ``root_rank``'s picklable ``obj``, on every rank (numbered and run as the library's own
+    collectives are: core.gather)."""
     _options(name, process_set, {})
-    return default_comm().bcast(obj, root=root_rank)
+    comm = default_comm()
+    return gather_from_ranks(comm, obj if comm.Get_rank() == root_rank else None)[root_rank]
 
 
 def allgather_object(obj, name=None, process_set=None):
     """Every rank's picklable ``obj``, in rank order, on every rank."""
     _options(name, process_set, {})
-    return default_comm().allgather(obj)
+    return gather_from_ranks(default_comm(), obj)
