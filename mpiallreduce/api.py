@@ -152,9 +152,10 @@ class PreparedAllreduce(Prepared):
         super().__init__(call)
         self.result = self.flat.result
 
-    def start(self):
-        """Run in the background (allreduce_async's worker); an AllreduceHandle."""
-        return super().start(lambda run: submit_prepared(self, run))
+    def start(self, here=False):
+        """Run in the background (allreduce_async's worker); an AllreduceHandle. ``here``: run it
+        now, on this thread (after the pending asynchronous calls), the handle holding its outcome."""
+        return super().start(lambda run: submit_prepared(self, run, here))
 
     def __repr__(self):
         return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}>"

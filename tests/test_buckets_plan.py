@@ -75,3 +75,13 @@ def test_torchs_conversions_give_numpys_bits(compression, monkeypatch):
         module._decode_into(total, encoded[name], compression, accumulate=True)
         assert np.array_equal(total, np.float32(1) + from_wire(encoded[name], compression))
     assert np.array_equal(encoded["torch"], encoded["numpy"])
+
+
+def test_a_ranks_share_of_cores_counts_the_ranks_of_its_machine_that_may_run_on_them():
+    from mpiallreduce.core.machine import share_of_cores
+    a, b = frozenset({0, 1}), frozenset({2, 3})
+    everyone = [("m1", a), ("m1", a), ("m1", b), ("m2", a)]  # two ranks unbound on 0-1, one on 2-3, one elsewhere
+    assert share_of_cores(("m1", a), everyone) == 1.0  # 2 cores, 2 ranks
+    assert share_of_cores(("m1", b), everyone) == 2.0  # 2 cores to itself: a core to spare
+    assert share_of_cores(("m2", a), everyone) == 2.0  # alone on its machine
+    assert share_of_cores(("m1", frozenset({1, 2})), everyone + [("m1", frozenset({1, 2}))]) == 0.5

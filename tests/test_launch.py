@@ -240,3 +240,17 @@ def test_a_closed_reader_of_the_output_is_told_once_and_the_rest_is_read():
     os.close(write_end)
     thread.join(10)
     assert not thread.is_alive() and told == [1]
+
+
+def test_the_abort_banner_reaches_the_processs_stderr_when_sys_stderr_is_a_buffer(capfd, monkeypatch):
+    """torch.distributed's excepthook runs the previous hook (ours) with sys.stderr swapped for an
+    io.StringIO and prints it once that hook returns: after MPI_Abort, never. Ours writes to the
+    process's own stderr then."""
+    import io
+    from mpiallreduce.faults import aborting
+    buffer = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buffer)
+    aborting._say(3, "mpiallreduce: uncaught ValueError on rank 3\nTraceback")
+    monkeypatch.undo()
+    assert buffer.getvalue() == ""
+    assert capfd.readouterr().err == "[rank 3] mpiallreduce: uncaught ValueError on rank 3\n[rank 3] Traceback\n"

@@ -111,9 +111,16 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
     assert result.returncode == 0, result.output[-5000:]
     report = json.loads((tmp_path / "train.json").read_text())
     rows = report["rows"]
-    assert list(rows) == ["none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce"]
-    for name in ("mpiallreduce", "mpi4py", "ddp-gloo", "ddp-mpiallreduce"):
+    from mpiallreduce.tools.train_bench import horovod_importable
+    horovod = ["none-horovod", "horovod"] if horovod_importable() else []  # (make horovod builds it)
+    assert list(rows) == ["none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce",
+                          *horovod]
+    for name in ("mpiallreduce", "mpi4py", "ddp-gloo", "ddp-mpiallreduce", *horovod[1:]):
         assert rows[name]["max_abs_difference"] < 1e-6, (name, rows[name])
+    if horovod:  # against its own baseline too: Horovod's thread runs from hvd.init() on
+        assert rows["horovod"]["comm_s_vs_own_baseline"] <= rows["horovod"]["comm_s_per_step"] + 0.05
+    else:
+        assert "make horovod" in result.output, result.output[-3000:]
     assert rows["mpiallreduce-fp16"]["max_abs_difference"] < 1e-3  # 16 bits on the wire
     assert rows["none"]["max_abs_difference"] > 10 * rows["mpiallreduce"]["max_abs_difference"]
     assert "comm s/epoch" in (tmp_path / "train.txt").read_text()

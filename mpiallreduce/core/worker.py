@@ -204,11 +204,14 @@ def pending_calls_finished(when):
         return False
 
 
-def submit_prepared(prepared, run):
-    """Run a PreparedAllreduce (``run``: its numbered run) on the worker; an AllreduceHandle."""
-    check_thread_level()
+def submit_prepared(prepared, run, here=False):
+    """Run a PreparedAllreduce (``run``: its numbered run) on the worker (``here``: on this thread,
+    after the pending calls); an AllreduceHandle."""
+    if not here:
+        check_thread_level()
     meeting = Meeting(None, prepared.site)
-    return submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting)
+    return submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting,
+                  here=here)
 
 
 def submit(run, x, description, meeting, checksum_comm=None, here=False):

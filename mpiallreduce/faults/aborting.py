@@ -54,14 +54,21 @@ def _rank():
 
 
 def _say(rank, text):
-    """``text`` on stderr, each line headed by the rank, after whatever stdout holds."""
+    """``text`` on stderr, each line headed by the rank, after whatever stdout holds. Where stderr
+    is a buffer in memory (torch.distributed's excepthook holds the previous hook's output in
+    one, to print it once that hook returns: after the abort, never), the process's own stderr."""
     text = "".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n"))
     try:
         sys.stdout.flush()
     except Exception:
         pass
-    sys.stderr.write(text)
-    sys.stderr.flush()
+    stream = sys.stderr
+    try:
+        stream.fileno()
+    except Exception:  # (io.StringIO and the like)
+        stream = sys.__stderr__ or stream
+    stream.write(text)
+    stream.flush()
 
 
 def _abort(kind, value, tb, where="", previous=sys.__excepthook__):

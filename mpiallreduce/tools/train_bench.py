@@ -17,16 +17,23 @@ Contenders (each trains its own copy of the model from the same start, on the sa
     ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice; it
                        also takes CUDA tensors, where NCCL refuses ranks that share one GPU)
     ddp-mpiallreduce   the same DDP, its buckets reduced through mpiallreduce.torch.allreduce_hook
+    horovod            horovod.torch.DistributedOptimizer (where Horovod imports: make horovod
+                       builds it), run last, after hvd.init(): Horovod's background thread then
+                       runs in the process (an MPI call every 1 ms cycle, even when idle), and
+                       slows compute, so it is measured against its own baseline, none-horovod
+                       (no synchronization, with that thread running), in rounds of its own
 
 They run interleaved: --rounds rounds of --steps-per-round steps each, contender after contender,
 so that the machine's drift touches them alike; the step time is the median over the rounds of the
 slowest rank's mean step. "comm/step" is the step time minus the baseline's: the communication
-that training waits for (what overlaps with backward is free). Per epoch, that is --epoch-samples
+that training waits for (what overlaps with backward is free); "vs own ms" is against the
+contender's own baseline (none-horovod for horovod, none for the others). Per epoch, that is --epoch-samples
 samples. Last, rank 0 trains one process on the whole batch for the same steps, and each
 contender's parameters are compared with it (max |difference|; float32, so the summation order
 shows at ~1e-7).
 """
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -37,7 +44,17 @@ from mpi4py import MPI
 
 __all__ = ["main"]
 
-CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce")
+CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce", "horovod")
+#: a contender's own baseline, where it is not "none"
+OWN_BASELINE = {"horovod": "none-horovod"}
+
+
+def horovod_importable():
+    try:
+        importlib.import_module("horovod.torch")
+    except Exception:  # noqa: BLE001 - not built here (make horovod), or built against another torch
+        return False
+    return True
 
 
 def make_model(torch, args):
@@ -101,6 +118,9 @@ class Contender:
             self.forward = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=args.bucket_bytes / 2**20)
             if name == "ddp-mpiallreduce":
                 self.forward.register_comm_hook(mt.HookState(comm=comm), mt.allreduce_hook)
+        elif name == "horovod":
+            import horovod.torch as hvd
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
         self.optimizer = optimizer
         self.step_seconds = []
         self.steps = 0
@@ -153,28 +173,30 @@ def start_gloo(torch, comm):
 
 
 def table(rows, args, size, nodes, gradient_bytes, model):
-    baseline = rows["none"]["step_s"]
     steps_per_epoch = args.epoch_samples / (args.local_batch * size)
     lines = [f"training end to end: {size} ranks on {nodes} node(s), {args.device}, {model} "
              f"({gradient_bytes / 2**20:.1f} MiB of float32 gradients), local batch {args.local_batch}, "
              f"median of {args.rounds} interleaved rounds of {args.steps_per_round} steps; "
              f"an epoch = {args.epoch_samples} samples = {steps_per_epoch:.0f} steps",
              f"{'contender':<18} {'samples/s':>10} {'step ms':>8} {'comm ms/step':>12} {'comm s/epoch':>12} "
-             f"{'comm share':>10} {'max |diff| vs 1 process':>24}"]
+             f"{'comm share':>10} {'vs own ms':>9} {'max |diff| vs 1 process':>24}"]
     for name, row in rows.items():
-        comm_s = max(row["step_s"] - baseline, 0.0) if name != "none" else 0.0
-        row.update(comm_s_per_step=comm_s, comm_s_per_epoch=comm_s * steps_per_epoch,
+        comm_s = max(row["step_s"] - rows["none"]["step_s"], 0.0) if not name.startswith("none") else 0.0
+        own = rows[OWN_BASELINE.get(name, "none")]["step_s"]
+        own_s = 0.0 if name.startswith("none") else max(row["step_s"] - own, 0.0)
+        row.update(comm_s_per_step=comm_s, comm_s_per_epoch=comm_s * steps_per_epoch, comm_s_vs_own_baseline=own_s,
                    comm_share=comm_s / row["step_s"], samples_per_s=args.local_batch * size / row["step_s"])
         lines.append(f"{name:<18} {row['samples_per_s']:>10,.0f} {row['step_s'] * 1e3:>8.1f} {comm_s * 1e3:>12.1f} "
-                     f"{row['comm_s_per_epoch']:>12.2f} {row['comm_share']:>10.0%} "
+                     f"{row['comm_s_per_epoch']:>12.2f} {row['comm_share']:>10.0%} {own_s * 1e3:>9.1f} "
                      f"{row['max_abs_difference']:>24.2e}")
     return "\n".join(lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mpiallreduce.tools.train_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--contenders", default=",".join(CONTENDERS),
-                        help=f"comma-separated, from {', '.join(CONTENDERS)} (none is always run)")
+    parser.add_argument("--contenders", default=None,
+                        help=f"comma-separated, from {', '.join(CONTENDERS)} (none is always run; default: all, "
+                             "horovod where it imports)")
     parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
     parser.add_argument("--width", type=int, default=None, help="MLP: 2048 (default); transformer: 128")
     parser.add_argument("--depth", type=int, default=None,
@@ -196,7 +218,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.width = args.width or (128 if args.model == "transformer" else 2048)
     args.depth = args.depth or (8 if args.model == "transformer" else 3)
-    names = ["none"] + [n for n in args.contenders.split(",") if n and n != "none"]
+    asked = args.contenders.split(",") if args.contenders else [
+        n for n in CONTENDERS if n != "horovod" or horovod_importable()]
+    names = ["none"] + [n for n in asked if n and n != "none"]
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:
         parser.error(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
@@ -219,16 +243,20 @@ def main(argv=None):
     ddp = any(name.startswith("ddp") for name in names)
     if ddp:
         start_gloo(torch, comm)
-    contenders = [Contender(name, torch, args, comm, device) for name in names]
+    if rank == 0 and not args.contenders and "horovod" not in names:
+        print("train_bench: Horovod does not import here; `make horovod` builds it into the venv "
+              "(benchmarks/horovod/build.sh)", flush=True)
+    contenders = [Contender(name, torch, args, comm, device) for name in names if name != "horovod"]
     gradient_bytes = sum(p.numel() * 4 for p in contenders[0].model.parameters())
-    for contender in contenders:  # a first step each, untimed (allocations, bucket preparation)
-        contender.train(args, rank, size, 1)
-        contender.step_seconds.clear()
-    for _ in range(args.rounds):
-        for contender in contenders:
-            contender.train(args, rank, size, args.steps_per_round)
+    run_rounds(contenders, args, rank, size)
+    if "horovod" in names:  # last: once started, Horovod's thread slows whatever runs in the process
+        import horovod.torch as hvd
+        hvd.init(comm=comm)
+        last = [Contender(name, torch, args, comm, device) for name in ("none-horovod", "horovod")]
+        run_rounds(last, args, rank, size)
+        contenders += last
     total_steps = 1 + args.rounds * args.steps_per_round
-    for contender in contenders[1:]:
+    for contender in (c for c in contenders if not c.name.startswith("none")):
         mar.check_replicas(contender.parameters(), comm=comm)  # every contender keeps replicas identical
     reference = single_process_parameters(torch, args, size, total_steps, device) if rank == 0 else None
     rows = {}
@@ -250,7 +278,19 @@ def main(argv=None):
                            "arguments": vars(args), "rows": rows}, out, indent=1)
     if ddp:
         torch.distributed.destroy_process_group()
+    if "horovod" in names:
+        hvd.shutdown()
     return 0
+
+
+def run_rounds(contenders, args, rank, size):
+    """A first step each, untimed (allocations, bucket preparation), then --rounds interleaved rounds."""
+    for contender in contenders:
+        contender.train(args, rank, size, 1)
+        contender.step_seconds.clear()
+    for _ in range(args.rounds):
+        for contender in contenders:
+            contender.train(args, rank, size, args.steps_per_round)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ summation order. A rank whose digit is d sees sum(d) = p*d and sum(d*d) = p*d*d 
 rank's digit is d (the variance is zero), so when the ranks' contents differ, every rank sees it,
 with no extra message.
 """
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -62,7 +63,7 @@ class Slot(NamedTuple):
 
     @property
     def count(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def kind(self):

@@ -21,6 +21,7 @@ import socket
 import torch
 
 from ..core.gather import gather_from_ranks
+from ..core.machine import machine_id
 from .gradients import GradientSpec, GradientSync
 from .torch_tensors import _as_array, _numpy_dtype, default_comm, reduce_tensor
 
@@ -96,10 +97,10 @@ def init_process_group(backend="gloo", comm=None, address=None):
     rank 0's machine (one kernel: the same boot id, emulated nodes included); else rank 0's host
     name."""
     comm = default_comm() if comm is None else comm
-    boots = gather_from_ranks(comm, _boot_id())  # (the library's own collectives: core.gather)
+    boots = gather_from_ranks(comm, machine_id())  # (the library's own collectives: core.gather)
     where = None
     if comm.Get_rank() == 0:
-        one_machine = boots[0] is not None and all(boot == boots[0] for boot in boots)
+        one_machine = all(boot == boots[0] for boot in boots)
         host = address or os.environ.get("MASTER_ADDR") or ("127.0.0.1" if one_machine else socket.gethostname())
         with socket.socket() as probe:
             probe.bind(("127.0.0.1" if host == "127.0.0.1" else "", 0))
@@ -108,10 +109,3 @@ def init_process_group(backend="gloo", comm=None, address=None):
     torch.distributed.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.Get_rank(),
                                          world_size=comm.Get_size())
 
-
-def _boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None

@@ -28,11 +28,12 @@ import contextlib
 import numpy as np
 from mpi4py import MPI
 
-from .buckets import GradientSpec, digest_of, plan_buckets
+from .buckets import GradientSpec, plan_buckets
 from .compression import check_compression
+from .overlap import overlap_with_backward
 from .reduction import DIRECT_MIN_BYTES, BucketReducer
 from .replicas import broadcast_parameters, check_replicas
-from .steps import (UNNAMED_TWIN, Step, agree_on_slots, describe_step_differences, gather_from_ranks, given_slot,
+from .steps import (UNNAMED_TWIN, Step, agree_on_slots, common_order, describe_step_differences, given_slot,
                     on_device, problem, refuse_unnamed_twins, twins)
 from ..device.arrays import namespace
 
@@ -40,11 +41,10 @@ __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replic
 
 
 class GradientSync:
-    """Fuses gradients into fixed buckets, allreduces each in the background as soon as all its
-    gradients are ready, writes the results back in place at ``wait()``, once every rank's step
-    succeeded. Gradients of DIRECT_MIN_BYTES (1 MiB) or more are reduced on their own, out of place:
-    that costs one more copy of each per step (into the gradient, at ``wait()``) and a buffer of its
-    size, kept from step to step.
+    """Fuses gradients into fixed buckets, allreduces each (in the background as soon as all its
+    gradients are ready, with ``overlap``), writes the results back in place at ``wait()``, once
+    every rank's step succeeded. Gradients of DIRECT_MIN_BYTES (1 MiB) or more are reduced on their
+    own, out of place, into a buffer of their size kept from step to step.
 
     Args:
         comm: communicator of the replicas (COMM_WORLD if None).
@@ -74,11 +74,14 @@ class GradientSync:
         rebuild_buckets: after the first step with declared parameters, if every rank's gradients
             arrived in one same order, refill the buckets in that order (as DDP does), so that
             each starts as early as it can.
+        overlap: True: reduce each full bucket in the background while backward goes on; False:
+            reduce every bucket at ``wait()``, on the caller's thread; None (default): True only
+            where this rank has a core to spare (mpiallreduce.training.overlap). Ranks may differ.
     """
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
                  postscale=1.0, timeout=None, *, parameters=None, find_unused=False, compression=None,
-                 reproducible=False, rebuild_buckets=True):
+                 reproducible=False, rebuild_buckets=True, overlap=None):
         if op not in ("mean", "sum"):
             raise ValueError(f"GradientSync op must be 'mean' or 'sum', got {op!r}")
         if bucket_bytes < 1:
@@ -99,6 +102,7 @@ class GradientSync:
         if self.compression and timeout is not None:
             raise ValueError("GradientSync: compressed buckets cannot be timed yet (timeout=None with compression)")
         self.declared = parameters is not None
+        self.overlap = overlap  # (decided at the first plan, when None: collective)
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
         self._slots = None
         self._by_name, self._by_identity = {}, {}
@@ -124,15 +128,17 @@ class GradientSync:
     # --- the plan ---------------------------------------------------------------------------
 
     def _use_slots(self, slots, order):
+        if self.overlap is None:  # (every rank plans here, together)
+            self.overlap = overlap_with_backward(self.comm, self.timeout)
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
+        self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
         self._buckets = plan_buckets(slots, self.bucket_bytes, list(order),
                                      None if self.compression else DIRECT_MIN_BYTES)
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
                                       compression=self.compression, reproducible=self.reproducible)
-        self._clean_digest = None  # the digest of a step where every gradient came as declared
 
     @property
     def buckets(self):
@@ -147,10 +153,7 @@ class GradientSync:
 
     # --- a step -------------------------------------------------------------------------------
 
-    @property
-    def in_no_sync(self):
-        """Whether a ``no_sync()`` block is open."""
-        return self._no_sync > 0
+    in_no_sync = property(lambda self: self._no_sync > 0, doc="Whether a ``no_sync()`` block is open.")
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -170,13 +173,18 @@ class GradientSync:
         ``grad`` is read, not written, until ``wait()``: it must not change before then."""
         if self._no_sync:
             return
+        step = self._step
+        step.calls.append((grad, name))
+        if self._slots is not None and type(grad) is np.ndarray and (name is not None or self.declared):
+            index = self._by_name.get(str(name)) if name is not None else self._by_identity.get(id(grad))
+            if (self._fits.get(index) == (grad.shape, grad.dtype) and grad.flags.writeable
+                    and step.accept(index, grad)):  # (the common case: as it came before)
+                return self._arrive(index, grad)
         # Nothing here raises: what is wrong with a gradient is recorded and reaches every rank through
         # the digest, so that every rank's wait() raises, not this one's alone (leaving the others).
         trouble = problem(grad)
         if trouble is None and self._device_xp is None and on_device(grad):
             self._device_xp = namespace(grad)
-        step = self._step
-        step.calls.append((grad, name))
         if self._slots is None:  # the first step declares the gradients: its buckets start at wait()
             return
         if name is not None or self.declared:  # (by name, else the declared array itself)
@@ -185,33 +193,30 @@ class GradientSync:
             index = len(step.arrivals) if len(step.arrivals) < len(self._slots) else None
             trouble = UNNAMED_TWIN if trouble is None and index in self._twins else trouble
         given = given_slot(name if name is not None else f"#{index}", grad)
-        if not step.mark(index, grad, given, trouble):
-            return
+        if step.mark(index, grad, given, trouble):
+            if index in step.filled and type(grad) is np.ndarray:
+                self._fits[index] = (grad.shape, grad.dtype)
+            self._arrive(index, step.filled.get(index))
+
+    def _arrive(self, index, grad):
+        """Count slot ``index`` in (``grad``: its gradient, if it fits: copied into its bucket now);
+        with ``overlap``, start every bucket then complete, in order."""
+        if grad is not None and type(grad) is np.ndarray and self._reducer.copy_in(index, grad):
+            self._step.copied.add(index)
         self._arrived[self._bucket_of[index]] += 1
-        last = len(self._buckets) - 1  # (the last bucket starts at wait(): its digest counts the extras)
+        last, step = len(self._buckets) - 1, self._step  # (the last starts at wait(): its digest counts extras)
         try:
-            while step.failed is None and self._next_bucket < last and self._arrived[self._next_bucket] == len(
-                    self._buckets[self._next_bucket].members):
+            while self.overlap and step.failed is None and self._next_bucket < last and self._arrived[
+                    self._next_bucket] == len(self._buckets[self._next_bucket].members):
                 self._start(self._buckets[self._next_bucket])
                 self._next_bucket += 1
         except Exception as error:  # (a bucket's first start meets the other ranks: a timeout there)
             step.failed = error  # no later bucket starts; wait() raises it on every rank that saw it
 
     def _start(self, bucket):
-        last = bucket.index == len(self._buckets) - 1
-        xp = self._device_xp if bucket.device else np
-        self._in_flight.append(self._reducer.start(bucket, self._step.filled, self._digest() if last else 0, xp))
-
-    def _digest(self):
-        """The digest of this step's contents; that of a step where every gradient came as declared
-        is made once (the common case: no walk over every gradient on every step)."""
-        clean = self._step.clean()
-        if clean and self._clean_digest is not None:
-            return self._clean_digest
-        digest = digest_of(tuple(self._step.contents().items()))
-        if clean:
-            self._clean_digest = digest
-        return digest
+        digest = self._reducer.digest(self._step) if bucket.index == len(self._buckets) - 1 else 0
+        self._in_flight.append(self._reducer.start(bucket, self._step.filled, self._step.copied, digest,
+                                                   self._device_xp if bucket.device else np, here=not self.overlap))
 
     def wait(self):
         """Start the buckets not yet started, wait for every bucket, then, if the step succeeded on
@@ -272,9 +277,11 @@ class GradientSync:
             self._new_step()
             raise ValueError("GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed")
         unused = self._reducer.write_back(in_flight, step.filled)
-        if self._rebuild_pending:
+        if self._rebuild_pending:  # (DDP's bucket rebuild: collective, once)
             self._rebuild_pending = False
-            self._rebuild_from(step.arrivals)
+            order = common_order(self.comm, step.arrivals, len(self._slots), self.timeout)
+            if order is not None and [m for b in self._buckets for m in b.members] != order:
+                self._use_slots(self._slots, order=order)
         self._new_step()
         return unused
 
@@ -282,15 +289,6 @@ class GradientSync:
         self._new_step()
         for grad, name in calls:
             self.ready(grad, name)
-
-    def _rebuild_from(self, arrivals):
-        """DDP's bucket rebuild: if every rank marked all the gradients ready once, in one same order,
-        fill the buckets in that order from now on (collective, once)."""
-        complete = sorted(a for a in arrivals if a is not None) == list(range(len(self._slots)))
-        orders = gather_from_ranks(self.comm, list(arrivals) if complete else None, self.timeout)
-        if orders[0] is not None and all(order == orders[0] for order in orders):
-            if [m for b in self._buckets for m in b.members] != orders[0]:
-                self._use_slots(self._slots, order=orders[0])
 
     def synchronize(self, gradients):
         """``ready`` every gradient in order (named by position), then ``wait``; returns the gradients."""

@@ -13,7 +13,7 @@ its result buffer.
 import numpy as np
 
 from ..device.arrays import namespace
-from .buckets import DIGEST_ELEMENTS, digest_elements, digests_agree
+from .buckets import DIGEST_ELEMENTS, digest_elements, digest_of, digests_agree
 from .compression import CompressedSum
 
 __all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
@@ -33,33 +33,68 @@ class BucketReducer:
         self.prescale, self.postscale = prescale, postscale
         self.compression, self.reproducible = compression, reproducible
         self._buffers = {}  # bucket index -> (fused buffer, PreparedAllreduce or None)
+        self._views = {}  # bucket index -> [(slot, its place in the fused buffer, shaped like it)]
+        self._fused_in = {i: bucket for bucket in buckets for i in bucket.fused}  # slot -> its bucket
+        self._member_at = {i: n for bucket in buckets for n, i in enumerate(bucket.fused)}  # slot -> its place
         self._results = {}  # slot -> the result buffer of a large gradient (zeros reduced where one is missing)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
+        self._clean_digest = None  # the digest of a step where every gradient came as planned
 
-    def start(self, bucket, filled, digest, xp):
-        """Start ``bucket``'s allreduces in the background (``filled``: slot -> this rank's gradient;
-        zeros for the others; ``digest``: the step's, carried by the last bucket); returns what
-        ``collect`` and ``write_back`` take. A bucket's buffer and prepared call are made at its first
-        start (mpiallreduce.prepare: agreed on and planned once) and kept."""
-        from ..api import allreduce_async, prepare_at
+    def digest(self, step):
+        """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every
+        gradient came as planned is made once (no walk over every gradient on every step)."""
+        clean = step.clean()
+        if clean and self._clean_digest is not None:
+            return self._clean_digest
+        digest = digest_of(tuple(step.contents().items()))
+        if clean:
+            self._clean_digest = digest
+        return digest
+
+    def copy_in(self, index, grad):
+        """Copy numpy gradient ``grad`` into its place in its bucket's buffer now, at ``ready()``, while
+        backward has just written it (in cache; Torch DDP copies there too). Returns whether it did
+        (not for a gradient reduced on its own, nor for device buckets)."""
+        bucket = self._fused_in.get(index)
+        if bucket is None or bucket.device:
+            return False
+        self._buffer(bucket, np)
+        np.copyto(self._views[bucket.index][self._member_at[index]][1], grad, casting="unsafe")
+        return True
+
+    def _buffer(self, bucket, xp):
+        """``bucket``'s fused buffer (made at its first use, with each member's place in it) and its
+        prepared call (None before its first start)."""
+        fused, prepared = self._buffers.get(bucket.index, (None, None))
+        if fused is None:
+            last = bucket.index == len(self.buckets) - 1
+            carries_digest = last and not (self.compression is not None and bucket.dtype.kind == "f")
+            fused = xp.empty(bucket.count + (DIGEST_ELEMENTS if carries_digest else 0), dtype=bucket.dtype)
+            self._views[bucket.index] = self._members_in(fused, bucket)
+            self._buffers[bucket.index] = (fused, None)
+        return fused, prepared
+
+    def start(self, bucket, filled, copied, digest, xp, here=False):
+        """Start ``bucket``'s allreduces in the background (``here``: run them on this thread, now)
+        (``filled``: slot -> this rank's gradient; zeros for the others; ``copied``: the slots copied
+        in already; ``digest``: the step's,
+        carried by the last bucket); returns what ``collect`` and ``write_back`` take. A bucket's
+        buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
+        planned once) and kept. Sums: a mean is divided on the way back (write_back), in the one
+        pass that copies each result into its gradient."""
+        from ..api import allreduce, allreduce_async, prepare_at
         if xp is None:  # a device bucket none of whose gradients came: any device module will do
             import cupy as xp
         last = bucket.index == len(self.buckets) - 1
         compressed = self.compression is not None and bucket.dtype.kind == "f"
         carries_digest = last and not compressed
-        # a mean is divided by the library, in the background, except where a digest rides along
-        # (and for reproducible sums: then every gradient is divided alike, in its own dtype, at the end)
-        fused_op = "sum" if carries_digest or self.reproducible else self.op
-        direct_op = "sum" if self.reproducible else self.op
         scale = bucket.dtype.type(self.prescale)
         handles = []
         if bucket.count or last:
-            fused, prepared = self._buffers.get(bucket.index, (None, None))
-            if fused is None:
-                fused = xp.empty(bucket.count + (DIGEST_ELEMENTS if carries_digest else 0), dtype=bucket.dtype)
-            for index, offset in zip(bucket.fused, bucket.offsets):
-                slot = self.slots[index]
-                view = fused[offset:offset + slot.count].reshape(slot.shape)
+            fused, prepared = self._buffer(bucket, xp)
+            for index, view in self._views[bucket.index]:
+                if index in copied:  # (copied in at ready(): copy_in)
+                    continue
                 grad = filled.get(index)
                 if grad is None:
                     view.fill(0)
@@ -73,13 +108,13 @@ class BucketReducer:
             if compressed:
                 handle = self._start_compressed(fused, digest)
             elif self.reproducible:
-                handle = allreduce_async(fused, op=fused_op, algorithm=self.algorithm, comm=self.comm, out=fused,
+                handle = allreduce_async(fused, algorithm=self.algorithm, comm=self.comm, out=fused,
                                          timeout=self.timeout, reproducible=True)
             else:
                 if prepared is None:
-                    prepared = prepare_at("", fused, op=fused_op, algorithm=self.algorithm, comm=self.comm, out=fused,
+                    prepared = prepare_at("", fused, algorithm=self.algorithm, comm=self.comm, out=fused,
                                           timeout=self.timeout)
-                handle = prepared.start()
+                handle = prepared.start(here)
             self._buffers[bucket.index] = (fused, prepared)
             handles.append((None, handle))
         for index in bucket.direct:  # out of place: the gradient is only read, until write_back
@@ -95,10 +130,10 @@ class BucketReducer:
                 source = result
             else:
                 source = grad
-            handles.append((index, allreduce_async(source, op=direct_op, algorithm=self.algorithm, comm=self.comm,
-                                                   out=result, timeout=self.timeout,
-                                                   reproducible=self.reproducible)))
-        return bucket, handles, digest, compressed, fused_op == "sum" and self.op == "mean"
+            reduce = _Done.of(allreduce) if here else allreduce_async
+            handles.append((index, reduce(source, algorithm=self.algorithm, comm=self.comm, out=result,
+                                          timeout=self.timeout, reproducible=self.reproducible)))
+        return bucket, handles, digest, compressed, self.op == "mean"
 
     def collect(self, in_flight):
         """Wait for every started allreduce. Returns (the first error raised, or None; whether
@@ -128,38 +163,44 @@ class BucketReducer:
         for bucket, handles, _, compressed, divide in in_flight:
             for index, _ in handles:
                 if index is None:  # the fused members: from the buffer
-                    payload = self._buffers[bucket.index][0][:bucket.count]
-                    xp = namespace(payload) or np
-                    if not compressed:  # (a compressed sum was divided and scaled before its one rounding)
-                        self._finish(xp, payload, payload, bucket, size, divide)
-                    for member, offset in zip(bucket.fused, bucket.offsets):
+                    xp = namespace(self._buffers[bucket.index][0]) or np
+                    for member, result in self._views[bucket.index]:
                         slot = self.slots[member]
-                        result = payload[offset:offset + slot.count].reshape(slot.shape)
                         grad = filled.get(member)
-                        if grad is not None:
-                            xp.copyto(grad, result, casting="unsafe")
+                        target = xp.empty_like(result) if grad is None else grad
+                        if compressed:  # (a compressed sum was divided and scaled before its one rounding)
+                            xp.copyto(target, result, casting="unsafe")
                         else:
-                            unused[slot.name] = result.copy()
+                            self._finish(xp, result, target, bucket, size, divide)
+                        if grad is None:
+                            unused[slot.name] = target
                     continue
                 grad, result = filled.get(index), self._results[index]
                 xp = namespace(result) or np
-                self._finish(xp, result, result if grad is None else grad, bucket, size,
-                             self.reproducible and self.op == "mean")
+                target = xp.empty_like(result) if grad is None else grad
+                self._finish(xp, result, target, bucket, size, divide)
                 if grad is None:
-                    unused[self.slots[index].name] = result.copy()
+                    unused[self.slots[index].name] = target
         return unused
 
     def _finish(self, xp, result, target, bucket, size, divide):
-        """``target`` = ``result`` divided by ``size`` (a mean the library did not divide) and times
-        ``postscale``: the copy into a large gradient, made with the first of these that applies."""
+        """``target`` = ``result`` (a sum) divided by ``size`` (a mean) and times ``postscale``: the
+        copy into a gradient, made by the first of these that applies (one pass, unless both do). A
+        narrower gradient (float16, bfloat16) gets it rounded once, from ``result``'s dtype."""
+        out = target if target.dtype == result.dtype else result
         if divide:
-            xp.divide(result, bucket.dtype.type(size), out=target)
-            result = target
+            xp.divide(result, bucket.dtype.type(size), out=out)
+            result = out
         if self.postscale != 1.0:
-            xp.multiply(result, bucket.dtype.type(self.postscale), out=target)
-            result = target
+            xp.multiply(result, bucket.dtype.type(self.postscale), out=out)
+            result = out
         if result is not target:
-            xp.copyto(target, result)
+            xp.copyto(target, result, casting="unsafe")
+
+    def _members_in(self, fused, bucket):
+        """Each fused member's place in ``fused``, shaped like its gradient (made once per buffer)."""
+        return [(index, fused[offset:offset + self.slots[index].count].reshape(self.slots[index].shape))
+                for index, offset in zip(bucket.fused, bucket.offsets)]
 
     def _digest_array(self, xp, bucket, digest):
         """The digest's elements in xp's memory: made once for each digest a bucket has (a copy to
@@ -183,3 +224,24 @@ class BucketReducer:
                         here=call.sets_up())
         handle.compressed_op = op
         return handle
+
+
+class _Done:
+    """What a call run here returned or raised, waited for like a background call's handle."""
+
+    def __init__(self, result=None, error=None):
+        self.result, self.error = result, error
+
+    @classmethod
+    def of(cls, function):
+        def run(*args, **kwargs):
+            try:
+                return cls(function(*args, **kwargs))
+            except Exception as error:  # noqa: BLE001 - raised by wait(), as a background call's is
+                return cls(error=error)
+        return run
+
+    def wait(self):
+        if self.error is not None:
+            raise self.error
+        return self.result

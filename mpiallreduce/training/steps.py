@@ -18,7 +18,7 @@ from ..device.arrays import namespace
 from .buckets import GradientSpec, Slot, accumulation_dtype
 
 __all__ = ["Step", "agree_on_slots", "describe_step_differences", "given_slot", "on_device", "problem", "twins",
-           "refuse_unnamed_twins", "UNNAMED_TWIN"]
+           "refuse_unnamed_twins", "common_order", "UNNAMED_TWIN"]
 
 #: why an unnamed gradient cannot be told from another (a later step's ready() without a name)
 UNNAMED_TWIN = "unnamed, and another gradient has its shape and dtype: give ready(..., name=)"
@@ -40,26 +40,37 @@ class Step:
     def __init__(self, slots, find_unused):
         self.slots, self.find_unused = slots, find_unused
         self.filled = {}  # slot -> the gradient given for it
+        self.copied = set()  # slots whose gradient is in its bucket's buffer already
         self.status = {}  # slot -> how it differs from the plan (its description), when it does
         self.extras = []  # gradients that have no slot
         self.arrivals = []  # slot indices, in the order they were marked ready
         self.calls = []  # (grad, name): what this step was given, to replan from
         self.failed = None  # what starting a bucket raised (a timeout at its first start): wait() raises it
 
+    def accept(self, index, grad):
+        """Record ``grad``, known to fit slot ``index`` (the short way); False if the slot has been
+        given one already (``mark`` says how)."""
+        if index in self.filled or index in self.status:
+            return False
+        self.arrivals.append(index)
+        self.filled[index] = grad
+        return True
+
     def mark(self, index, grad, given, trouble):
         """Record ``grad`` (whose Slot is ``given``; ``trouble``: why it cannot be a gradient, or
         None) for slot ``index`` (None: no slot). Returns whether it counts towards its bucket."""
-        described = given.describe() + (f" ({trouble})" if trouble else "")
+        def described():
+            return given.describe() + (f" ({trouble})" if trouble else "")
         self.arrivals.append(index)
         if index is None:
-            self.extras.append(described)
+            self.extras.append(described())
             return False
         slot = self.slots[index]
         if index in self.filled or index in self.status:
-            self.status[index] = f"marked ready twice (once as {described})"
+            self.status[index] = f"marked ready twice (once as {described()})"
             return False
         if trouble is not None or (given.shape, given.dtype, given.device) != (slot.shape, slot.dtype, slot.device):
-            self.status[index] = f"given {described}"
+            self.status[index] = f"given {described()}"
         else:
             self.filled[index] = grad
         return True
@@ -189,3 +200,11 @@ def agree_on_slots(comm, slots, what, options, problems=(), timeout=None, any_or
         first = next(i for i in range(len(slots)) if len({theirs[i] for theirs in every_slots}) > 1)
         fields = [{f"gradient #{first}": _Text(theirs[first].describe())} for theirs in every_slots]
     raise ValueError(f"{what}: the ranks hold different gradients:\n  " + "\n  ".join(describe_differences(fields)))
+
+
+def common_order(comm, arrivals, count, timeout=None):
+    """The order in which every rank marked all ``count`` gradients ready once (``arrivals``: this
+    rank's slot indices), if it is one same order (collective), else None: DDP's bucket rebuild."""
+    complete = sorted(a for a in arrivals if a is not None) == list(range(count))
+    orders = gather_from_ranks(comm, list(arrivals) if complete else None, timeout)
+    return orders[0] if orders[0] is not None and all(order == orders[0] for order in orders) else None

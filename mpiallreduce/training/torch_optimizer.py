@@ -1,12 +1,15 @@
 """DistributedOptimizer: any torch optimizer, with gradients averaged over the ranks before ``step()``,
 reduced in GradientSync buckets while backward still runs; and the broadcasts that make replicas.
 
-    backward: hook(p) ──ready──> GradientSync buckets ──allreduce in the background──┐
-    step():   synchronize() ── wait, write back ───────────────────────────────────────┴──> optimizer.step()
+    a core to spare:  backward: hook(p) ──ready──> buckets ──allreduce in the background──┐
+                      step():   synchronize() ── wait, write back ───────────────────────────┴──> optimizer.step()
+    one core a rank:  step():   synchronize() ── ready(p) for each p ── wait: allreduce, write back ──> optimizer.step()
 
-Each parameter's gradient is handed over from a post-accumulate-grad hook; the buckets are fixed
-from ``named_parameters`` (as DDP's), so full buckets are allreduced during backward, whatever
-order the hooks fire in. It takes Horovod's arguments too (``compression=Compression.fp16``,
+Where the rank has a core to spare (GradientSync's ``overlap``: mpiallreduce.training.overlap),
+each parameter's gradient is handed over from a post-accumulate-grad hook, and full buckets are
+allreduced during backward, whatever order the hooks fire in. Elsewhere no hook is registered (a
+hook costs backward about 10 us per parameter, and nothing would overlap): ``synchronize()`` hands
+every gradient over at once. The buckets are fixed from ``named_parameters`` (as DDP's). It takes Horovod's arguments too (``compression=Compression.fp16``,
 ``backward_passes_per_step``, ``gradient_predivide_factor``, ``op=Average``) and is a
 ``torch.optim.Optimizer`` to LR schedulers, its param groups and state the wrapped optimizer's.
 """
@@ -62,13 +65,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step: gradients accumulate locally over this many backward passes,
             and the last one reduces them (Horovod's; as ``no_sync`` around the others).
         gradient_predivide_factor: Horovod's: scale by 1/f before the sum and f after it.
-        comm, bucket_bytes, op, algorithm, prescale, postscale, timeout: as GradientSync (comm:
-            ``hvd.init(comm)``'s by default, else COMM_WORLD).
+        comm, bucket_bytes, op, algorithm, prescale, postscale, timeout, overlap: as GradientSync
+            (comm: ``hvd.init(comm)``'s by default, else COMM_WORLD; overlap: hooks during backward
+            or not, see above).
     """
 
     def __init__(self, optimizer, named_parameters=None, comm=None, bucket_bytes=25 * 2**20, op="mean",
                  algorithm="auto", prescale=1.0, postscale=1.0, timeout=None, find_unused=False, compression=None,
-                 reproducible=False, backward_passes_per_step=1, gradient_predivide_factor=1.0):
+                 reproducible=False, backward_passes_per_step=1, gradient_predivide_factor=1.0, overlap=None):
         self.optimizer = optimizer
         if named_parameters is None:
             named_parameters = [(f"param.{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
@@ -80,18 +84,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._options = dict(bucket_bytes=bucket_bytes, op=op, algorithm=algorithm,
                              prescale=prescale / gradient_predivide_factor, postscale=postscale * gradient_predivide_factor,
                              timeout=timeout, find_unused=find_unused, compression=compression_name(compression),
-                             reproducible=reproducible)
+                             reproducible=reproducible, overlap=overlap)
         self._skip = self._synchronized = False
-        self.rebind(default_comm() if comm is None else comm)
         self.parameters = [p for _, p in self.named_parameters]
         self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
-        self._hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
+        self._hooks = []
+        self.rebind(default_comm() if comm is None else comm)
 
     def rebind(self, comm):
         """Synchronize over ``comm`` from now on (a survivors' communicator after a rank failure;
         collective over it)."""
         specs = {name: GradientSpec(tuple(p.shape), _numpy_dtype(p.dtype), p.is_cuda) for name, p in self.named_parameters}
         self.sync = GradientSync(comm=comm, parameters=specs, **self._options)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = ([p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
+                       if self.sync.overlap else [])
 
     def _hook(self, name):
         def ready(parameter):
@@ -100,14 +108,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if passes < self.backward_passes_per_step:  # (Horovod's local accumulation)
                 return
             self._passes[name] = 0
-            if self.sync.in_no_sync:  # (gradients only accumulate: nothing to widen or hand over)
-                return
-            grad = parameter.grad
-            if grad.dtype == torch.bfloat16:
-                grad = grad.float()  # (on torch's stream; rounded back once at step())
-                self._widened[name] = (parameter, grad)
-            self.sync.ready(_as_array(grad), name=name)
+            if not self.sync.in_no_sync:  # (in it, gradients only accumulate: nothing to hand over)
+                self._hand_over(name, parameter)
         return ready
+
+    def _hand_over(self, name, parameter):
+        grad = parameter.grad
+        if grad.dtype == torch.bfloat16:
+            grad = grad.float()  # (on torch's stream; rounded back once at step())
+            self._widened[name] = (parameter, grad)
+        self.sync.ready(_as_array(grad), name=name)
 
     def no_sync(self):
         """``with optimizer.no_sync():`` backward passes accumulate gradients locally (DDP's
@@ -116,6 +126,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Wait for every bucket; gradients then hold the mean over the ranks."""
+        if not self._hooks and not self.sync.in_no_sync:  # (no core to spare: every gradient now)
+            for name, parameter in self.named_parameters:
+                if parameter.grad is not None:
+                    self._hand_over(name, parameter)
         unused = self.sync.wait()
         widened, self._widened = self._widened, {}
         cuda = any(p.is_cuda for p in self.parameters)

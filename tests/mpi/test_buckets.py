@@ -25,21 +25,38 @@ def expected_means(comm, grads):
     return {name: numpy_reference("mean", gather_inputs(comm, g)) for name, g in grads.items()}
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at_wait"])
 @pytest.mark.parametrize("count", SIZES)
-def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_them(comm, count):
+def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_them(comm, count, overlap):
     rank = comm.Get_rank()
     grads = two_gradients(rank, count)
     want = expected_means(comm, grads)
-    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=1000)  # one gradient a bucket
+    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=1000, overlap=overlap)  # one gradient a bucket
     assert sync.buckets == [["b"], ["a"]]  # reverse order, as backward produces them
     for step in range(3):
         order = ["a", "b"] if (rank + step) % 2 == 0 else ["b", "a"]
         fresh = {name: g.copy() for name, g in grads.items()}  # new arrays each step: named
         for name in order:
             sync.ready(fresh[name], name=name)
+        # with overlap, bucket 0 ("b") starts in the background once "b" is ready; at_wait: nothing before wait()
+        assert len(sync._in_flight) == (1 if overlap else 0), (order, sync._in_flight)
         assert sync.wait() == {}
         for name in grads:
             assert values_equal(fresh[name], want[name]), (step, name)
+
+
+def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
+    """The communicator's ranks on one machine, unbound (the launcher's --bind-to none), share its cores."""
+    import os
+    grads = two_gradients(comm.Get_rank())
+    on_this_machine = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        cores = len(os.sched_getaffinity(0)) / on_this_machine.Get_size()
+    finally:
+        on_this_machine.Free()
+    sync = mar.GradientSync(comm=comm, parameters=grads)
+    assert sync.overlap is (cores >= 2), cores
+    assert mar.GradientSync(comm=comm, parameters=grads, overlap=not sync.overlap).overlap is (not sync.overlap)
 
 
 def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(comm):

@@ -40,10 +40,17 @@ def device(request):
     return torch.device(request.param)
 
 
-def test_broadcasts_make_replicas_and_steps_keep_them_identical(device):
+@pytest.fixture(params=[True, False], ids=["overlap", "at_wait"])
+def overlap(request):
+    """Gradients handed over by hooks during backward (a core to spare), or all at step()."""
+    return request.param
+
+
+def test_broadcasts_make_replicas_and_steps_keep_them_identical(device, overlap):
     model = model_on_this_rank().to(device)
     optimizer = mt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
-                                        named_parameters=model.named_parameters(), bucket_bytes=64)
+                                        named_parameters=model.named_parameters(), bucket_bytes=64, overlap=overlap)
+    assert len(optimizer._hooks) == (len(list(model.parameters())) if overlap else 0)
     mt.broadcast_parameters(model.state_dict(), root=0)
     mt.broadcast_optimizer_state(optimizer, root=0)
     arrays = {name: _on_host(p) for name, p in model.named_parameters()}
@@ -114,10 +121,10 @@ class TwoBranches(torch.nn.Module):
         return (self.left if head == "left" else self.right)(torch.tanh(self.trunk(x)))
 
 
-def test_a_branch_used_only_on_some_ranks_with_find_unused_gets_the_mean_with_zeros_there(device):
+def test_a_branch_used_only_on_some_ranks_with_find_unused_gets_the_mean_with_zeros_there(device, overlap):
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     model = TwoBranches().double().to(device)
-    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap,
                                         named_parameters=model.named_parameters(), find_unused=True, bucket_bytes=100)
     head = "right" if rank == size - 1 and size > 1 else "left"  # the last rank never takes the left head
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(rank), dtype=torch.float64).to(device)
@@ -155,10 +162,10 @@ def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(device):
 
 
 @pytest.mark.parametrize("how", ["no_sync", "backward_passes_per_step"])
-def test_no_sync_accumulates_locally_then_reduces_once(device, how):
+def test_no_sync_accumulates_locally_then_reduces_once(device, how, overlap):
     """DDP's no_sync() around the first micro-batches, or Horovod's backward_passes_per_step=4."""
     model = model_on_this_rank().to(device)
-    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), overlap=overlap,
                                         named_parameters=model.named_parameters(),
                                         backward_passes_per_step=4 if how == "backward_passes_per_step" else 1)
     batches = [torch.randn(4, 5, generator=torch.Generator().manual_seed(10 * WORLD.Get_rank() + i),

@@ -8,6 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import __version__
+from ...core.machine import cpu_set, machine_id
 from ...core.mpilib import library_version
 from ...core.state import state_of
 
@@ -28,15 +29,9 @@ def _git_commit():
 
 
 def _machine():
-    """(this machine's boot id, the cores this process may run on): emulated nodes of one machine
-    share the boot id, so ranks are counted per machine, not per host name."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            machine = f.read().strip()
-    except OSError:
-        machine = socket.gethostname()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return machine, cores
+    """(this machine, the cores this process may run on): emulated nodes of one machine share the
+    machine (mpiallreduce.core.machine), so ranks are counted per machine, not per host name."""
+    return machine_id(), len(cpu_set())
 
 
 def oversubscribed(machines):
