@@ -5,6 +5,7 @@ machine and the command that made it, then its Deep Speech 2 tables, as ``bench`
 page says which command wrote it; docs/results.md is written this way from the results folders in
 the repository (tests/test_readme.py checks that it is what the command writes now).
 """
+import glob
 import os
 
 from .bench.contenders import FORCED_PREFIX
@@ -89,6 +90,11 @@ def markdown_page(runs, command, folders=()):
             lines += [f"## {train}", "", "Training end to end (`python -m mpiallreduce.tools.train_bench`, make "
                       "bench-train; how to read it: training.md). comm ms/step is the step's time minus that of "
                       "`none`, no synchronization.", "", "```text", text, "```", ""]
+        for trace in sorted(glob.glob(os.path.join(folder, "trace-*.txt"))):
+            with open(trace) as f:
+                text = f.read().rstrip("\n")
+            lines += [f"## {trace}", "", "Where a training step's time goes, phase by phase "
+                      "(`benchmarks/train_trace.py`, its command in training.md).", "", "```text", text, "```", ""]
         model = os.path.join(folder, "model.txt")
         if os.path.isfile(model):
             with open(model) as f:
