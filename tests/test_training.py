@@ -127,6 +127,24 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
     assert "transformer 2 layers x 16 wide (28 parameter tensors)" in (tmp_path / "train.txt").read_text()
 
 
+def test_the_step_trace_splits_every_contenders_step_into_its_phases(tmp_path):
+    """benchmarks/train_trace.py (make bench-trace), on a tiny transformer: a row per contender, the
+    forced overlap and at-wait variants included, each phase a time, and the phases within the step."""
+    pytest.importorskip("torch")
+    out = tmp_path / "trace.txt"
+    result = run(2, [sys.executable, "benchmarks/train_trace.py", "--model", "transformer", "--width", "16",
+                     "--depth", "1", "--steps", "2", "--output", str(out)], timeout=TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, result.output[-5000:]
+    lines = out.read_text().splitlines()
+    assert lines[1].split() == ["contender", "forward", "backward", "sync", "optimizer", "step"], lines
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in lines[2:]}
+    assert {"none", "mpiallreduce", "mpiallreduce-overlap", "mpiallreduce-at-wait", "mpi4py", "ddp-gloo",
+            "ddp-mpiallreduce"} <= set(rows), rows
+    for name, (forward, backward, sync, optimizer, step) in rows.items():
+        assert min(forward, backward, sync, optimizer) >= 0 and forward + backward <= step * 1.5 + 1, (name, rows)
+    assert rows["none"][2] < 0.5 and rows["mpi4py"][2] > rows["none"][2], rows  # (none waits for nothing)
+
+
 def test_reproducible_training_ends_bitwise_equal_whatever_the_bucket_size(tmp_path):
     """3 ranks (on 2, any sum is reproducible already: IEEE addition of two numbers commutes): with
     --reproducible, 600-byte and 25 MiB buckets end with the same bits; without, they do not."""

@@ -51,10 +51,9 @@ OWN_BASELINE = {"horovod": "none-horovod"}
 
 def horovod_importable():
     try:
-        importlib.import_module("horovod.torch")
+        return bool(importlib.import_module("horovod.torch"))
     except Exception:  # noqa: BLE001 - not built here (make horovod), or built against another torch
         return False
-    return True
 
 
 def make_model(torch, args):
@@ -218,12 +217,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.width = args.width or (128 if args.model == "transformer" else 2048)
     args.depth = args.depth or (8 if args.model == "transformer" else 3)
-    asked = args.contenders.split(",") if args.contenders else [
-        n for n in CONTENDERS if n != "horovod" or horovod_importable()]
+    horovod = all(MPI.COMM_WORLD.allgather(horovod_importable()))  # (every rank, or none)
+    asked = args.contenders.split(",") if args.contenders else [n for n in CONTENDERS if n != "horovod" or horovod]
     names = ["none"] + [n for n in asked if n and n != "none"]
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:
         parser.error(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
+    if "horovod" in names and not horovod:
+        parser.error("horovod: horovod.torch does not import on every rank; `make horovod` builds it into the venv")
 
     import torch
 

@@ -102,7 +102,7 @@ class GradientSync:
         if self.compression and timeout is not None:
             raise ValueError("GradientSync: compressed buckets cannot be timed yet (timeout=None with compression)")
         self.declared = parameters is not None
-        self.overlap = overlap  # (decided at the first plan, when None: collective)
+        self.overlap, self._asked_overlap = None, overlap  # (decided at the first plan: collective)
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
         self._slots = None
         self._by_name, self._by_identity = {}, {}
@@ -128,8 +128,9 @@ class GradientSync:
     # --- the plan ---------------------------------------------------------------------------
 
     def _use_slots(self, slots, order):
-        if self.overlap is None:  # (every rank plans here, together)
-            self.overlap = overlap_with_backward(self.comm, self.timeout)
+        if self.overlap is None:  # (every rank plans here, together, whatever it was asked)
+            cores = overlap_with_backward(self.comm, self.timeout)
+            self.overlap = cores if self._asked_overlap is None else bool(self._asked_overlap)
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way

@@ -106,10 +106,10 @@ class BucketReducer:
             if carries_digest:
                 xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
             if compressed:
-                handle = self._start_compressed(fused, digest)
+                handle = self._start_compressed(fused, digest, here)
             elif self.reproducible:
-                handle = allreduce_async(fused, algorithm=self.algorithm, comm=self.comm, out=fused,
-                                         timeout=self.timeout, reproducible=True)
+                handle = (_Done.of(allreduce) if here else allreduce_async)(
+                    fused, algorithm=self.algorithm, comm=self.comm, out=fused, timeout=self.timeout, reproducible=True)
             else:
                 if prepared is None:
                     prepared = prepare_at("", fused, algorithm=self.algorithm, comm=self.comm, out=fused,
@@ -213,7 +213,7 @@ class BucketReducer:
             elements = self._digest_arrays[key] = xp.asarray(digest_elements(digest).astype(bucket.dtype))
         return elements
 
-    def _start_compressed(self, fused, digest):
+    def _start_compressed(self, fused, digest, here=False):
         """A compressed bucket through the call pipeline (route "compressed fp16"/"bf16"): numbered
         here, on the caller's thread; the handle's op says whether the digests agreed."""
         from ..core.call import Call
@@ -221,7 +221,7 @@ class BucketReducer:
         op = CompressedSum(self.compression, digest, self.op == "mean", self.postscale)
         call = Call.start(fused, op, "auto", self.comm, fused, False, None, None, None, None, site="")
         handle = submit(call.run, fused, f"{self.compression} bucket of {fused.size} {fused.dtype}", Meeting(None, ""),
-                        here=call.sets_up())
+                        here=here or call.sets_up())
         handle.compressed_op = op
         return handle
 

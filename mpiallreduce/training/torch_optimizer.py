@@ -141,13 +141,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 parameter.grad.copy_(wide)
             by_name = dict(self.named_parameters)
             for name, result in unused.items():  # a parameter unused here: the other ranks' gradients
-                parameter = by_name[name]
-                grad = _as_tensor(result, parameter).to(parameter.dtype)
+                parameter = by_name[name]  # (result: in the accumulation dtype, float32 for 16-bit ones)
+                like = torch.empty(0, dtype=torch.float32, device=parameter.device) if parameter.dtype in (
+                    torch.float16, torch.bfloat16) else parameter
+                grad = _as_tensor(result, like).to(parameter.dtype)
                 if parameter.grad is None:
                     parameter.grad = grad
                 else:
                     parameter.grad.copy_(grad)
         self._synchronized = True
+        self._synchronized_grads = self._grad_versions()
+
+    def _grad_versions(self):
+        """Which gradients the parameters hold, and how often each was written (a new backward
+        changes them: without hooks, that is how step() knows a synchronize() is stale)."""
+        return [None if p.grad is None else (id(p.grad), p.grad._version) for p in self.parameters]
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -160,6 +168,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._skip = self._synchronized = False
 
     def step(self, closure=None):
+        if self._synchronized and not self._hooks and self._grad_versions() != self._synchronized_grads:
+            self._synchronized = False  # (a backward since synchronize(), with no hook to say so)
         if self._synchronized and not self._skip:  # (Horovod warns too, and does not reduce again)
             warnings.warn("optimizer.step() after optimizer.synchronize() without optimizer.skip_synchronize(): "
                           "the gradients were reduced already and are not reduced again", stacklevel=2)

@@ -57,6 +57,14 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
     sync = mar.GradientSync(comm=comm, parameters=grads)
     assert sync.overlap is (cores >= 2), cores
     assert mar.GradientSync(comm=comm, parameters=grads, overlap=not sync.overlap).overlap is (not sync.overlap)
+    # ranks may choose differently: rank 0 by hand, the others by their cores (all meet at the first plan)
+    mixed = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=1000, timeout=60,
+                             overlap=True if comm.Get_rank() == 0 else None)
+    want = expected_means(comm, grads)
+    for name in ("b", "a"):
+        mixed.ready(grads[name], name=name)
+    mixed.wait()
+    assert all(values_equal(grads[name], want[name]) for name in grads)
 
 
 def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(comm):

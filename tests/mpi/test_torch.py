@@ -143,6 +143,44 @@ def test_a_branch_used_only_on_some_ranks_with_find_unused_gets_the_mean_with_ze
         np.testing.assert_allclose(_on_host(p.grad), expected, rtol=1e-12, atol=1e-15, err_msg=name)
 
 
+def test_a_backward_after_a_synchronize_without_a_step_is_reduced_at_the_next_step(device, overlap):
+    """synchronize(), then no step (a non-finite check said skip), then a new backward: step() reduces
+    the new gradients (with hooks they say so; without, their versions do), on every rank alike."""
+    model = model_on_this_rank().to(device)
+    mt.broadcast_parameters(model.state_dict(), root=0)
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap,
+                                        named_parameters=model.named_parameters())
+    for step in range(2):
+        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(10 * WORLD.Get_rank() + step),
+                        dtype=torch.float64).to(device)
+        optimizer.zero_grad()
+        model(x).pow(2).sum().backward()
+        local = {name: _on_host(p.grad) for name, p in model.named_parameters()}
+        if step == 0:
+            optimizer.synchronize()  # ... and no step()
+            continue
+        optimizer.step()
+        for name, p in model.named_parameters():
+            np.testing.assert_allclose(_on_host(p.grad), np.mean(WORLD.allgather(local[name]), axis=0),
+                                       rtol=1e-12, err_msg=name)
+    mar.check_replicas({name: _on_host(p) for name, p in model.named_parameters()})
+
+
+def test_a_bfloat16_gradient_unused_on_one_rank_gets_the_others_mean_there(overlap):
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    used, unused = (torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16)) for _ in range(2))
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD([used, unused], lr=0.0), overlap=overlap, find_unused=True,
+                                        named_parameters=[("used", used), ("unused", unused)])
+    scale = torch.tensor([1.0, 2.0, 4.0], dtype=torch.bfloat16) * (rank + 1)
+    loss = (used * scale).sum() + ((unused * scale).sum() if rank != size - 1 or size == 1 else 0)
+    loss.backward()
+    optimizer.synchronize()
+    given = [np.array([1.0, 2.0, 4.0]) * (r + 1) for r in range(size)]
+    for p, contributions in ((used, given), (unused, given[:-1] + [np.zeros(3)] if size > 1 else given)):
+        expected = torch.tensor(np.sum(contributions, axis=0, dtype=np.float32) / size).to(torch.bfloat16)
+        assert p.grad is not None and p.grad.dtype == torch.bfloat16 and torch.equal(p.grad, expected)
+
+
 def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(device):
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     weight = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16, device=device))
