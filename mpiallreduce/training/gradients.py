@@ -17,11 +17,9 @@ the gradient and the ranks, never wrong values (mpiallreduce.training.steps). Wi
 ``find_unused_parameters``). No gradient is written before ``wait()`` knows that the step succeeded
 on every rank (mpiallreduce.training.reduction).
 
-float16 and bfloat16 (ml_dtypes) are summed in float32 and rounded once, on the way back.
-``compression="fp16"`` or ``"bf16"`` sends 16 bits per element and still sums in float32
-(mpiallreduce.compression). Gradients may be numpy or CuPy arrays (device buckets for device
-gradients, fused and written back on the GPU, ordered on CuPy's current stream).
-broadcast_parameters and check_replicas (mpiallreduce.training.replicas) are importable from here.
+float16 and bfloat16 (ml_dtypes) are summed in float32, rounded once; ``compression`` sends 16 bits
+(mpiallreduce.compression). Gradients may be numpy or CuPy arrays (device buckets, on CuPy's current
+stream). broadcast_parameters and check_replicas (mpiallreduce.training.replicas) are importable here.
 """
 import contextlib
 
@@ -74,9 +72,9 @@ class GradientSync:
         rebuild_buckets: after the first step with declared parameters, if every rank's gradients
             arrived in one same order, refill the buckets in that order (as DDP does), so that
             each starts as early as it can.
-        overlap: True: reduce each full bucket in the background while backward goes on; False:
-            reduce every bucket at ``wait()``, on the caller's thread; None (default): True only
-            where this rank has a core to spare (mpiallreduce.training.overlap). Ranks may differ.
+        overlap: True: reduce each full bucket in the background while backward goes on; False: at
+            ``wait()``, on the caller's thread; None: where this rank has a core to spare (mpiallreduce.
+            training.overlap). Ranks may differ; where none overlaps, large gradients go in place.
     """
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
@@ -125,12 +123,10 @@ class GradientSync:
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
 
-    # --- the plan ---------------------------------------------------------------------------
 
     def _use_slots(self, slots, order):
         if self.overlap is None:  # (every rank plans here, together, whatever it was asked)
-            cores = overlap_with_backward(self.comm, self.timeout)
-            self.overlap = cores if self._asked_overlap is None else bool(self._asked_overlap)
+            self.overlap, self._agree_first = overlap_with_backward(self.comm, self._asked_overlap, self.timeout)
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
@@ -141,10 +137,8 @@ class GradientSync:
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
                                       compression=self.compression, reproducible=self.reproducible)
 
-    @property
-    def buckets(self):
-        """The buckets, in the order they are started: lists of gradient names."""
-        return [[self._slots[i].name for i in bucket.members] for bucket in self._buckets]
+    buckets = property(lambda self: [[self._slots[i].name for i in b.members] for b in self._buckets],
+                       doc="The buckets, in the order they are started: lists of gradient names.")
 
     def _new_step(self):
         self._step = Step(self._slots, self.find_unused)
@@ -152,16 +146,14 @@ class GradientSync:
         self._next_bucket = 0
         self._in_flight = []
 
-    # --- a step -------------------------------------------------------------------------------
 
     in_no_sync = property(lambda self: self._no_sync > 0, doc="Whether a ``no_sync()`` block is open.")
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Within it, ``ready`` and ``wait`` do nothing (DDP's ``no_sync``): accumulate gradients over
-        micro-batches, then reduce once, in the first step outside it. As with DDP, every rank must
-        enter it for the same micro-batches: a rank that reduces while the others do not waits for
-        them (for ever, or until ``timeout``, which then names the ranks that did not come)."""
+        """Within it, ``ready`` and ``wait`` do nothing (DDP's ``no_sync``): gradients accumulate over
+        micro-batches, reduced once in the first step outside it. As with DDP, every rank must enter
+        it alike (else the ranks wait for each other, for ever or until ``timeout``, which names them)."""
         self._no_sync += 1
         try:
             yield self
@@ -214,10 +206,10 @@ class GradientSync:
         except Exception as error:  # (a bucket's first start meets the other ranks: a timeout there)
             step.failed = error  # no later bucket starts; wait() raises it on every rank that saw it
 
-    def _start(self, bucket):
+    def _start(self, bucket, in_place=False):
         digest = self._reducer.digest(self._step) if bucket.index == len(self._buckets) - 1 else 0
         self._in_flight.append(self._reducer.start(bucket, self._step.filled, self._step.copied, digest,
-                                                   self._device_xp if bucket.device else np, here=not self.overlap))
+                                                   self._device_xp if bucket.device else np, not self.overlap, in_place))
 
     def wait(self):
         """Start the buckets not yet started, wait for every bucket, then, if the step succeeded on
@@ -226,7 +218,8 @@ class GradientSync:
         Returns {name: result} for the declared gradients this rank did not mark ready (with
         ``find_unused``): what the other ranks' gradients summed (or averaged) to.
 
-        Raises (on any error, no gradient was changed: each holds what this rank gave):
+        Raises (on any error, no gradient was changed: each holds what this rank gave; but where no
+        rank overlaps, a rank lost after the ranks agreed on the step can leave large ones partly reduced):
             ValueError, on every rank: the ranks' gradients differ (names, shapes, dtypes, order, or
                 one missing without ``find_unused``).
             what a bucket's allreduce raised (a timeout, a lost rank), once every bucket is done.
@@ -250,21 +243,9 @@ class GradientSync:
                 return {}
             self._use_slots(slots, order=range(len(slots)))
             self._replay(calls)
-        step, in_flight = self._step, self._in_flight
-        try:
-            if step.failed is not None:
-                raise step.failed
-            for bucket in self._buckets[self._next_bucket:]:
-                self._start(bucket)
-        except Exception:  # (a bucket's first start agrees with the other ranks: a timeout there)
-            self._reducer.collect(in_flight)  # those started finish before their buffers are reused
-            self._new_step()
-            raise
+        step, first = self._step, self._buckets[self._next_bucket:]
+        agreed = self._reduce(first[-1:] if self._agree_first else first)  # (no rank overlaps: digest first)
         self._next_bucket = len(self._buckets)
-        first_error, agreed = self._reducer.collect(in_flight)
-        if first_error is not None:
-            self._new_step()
-            raise first_error
         if not agreed:
             message = describe_step_differences(self.comm, step, self._buckets)  # collective: every rank saw it
             self._new_step()
@@ -277,7 +258,9 @@ class GradientSync:
                 return self.wait()
             self._new_step()
             raise ValueError("GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed")
-        unused = self._reducer.write_back(in_flight, step.filled)
+        if self._agree_first:  # (agreed on the step: the other buckets, their large gradients in place)
+            self._reduce(first[:-1], since=len(self._in_flight), in_place=True)
+        unused = self._reducer.write_back(self._in_flight, step.filled)
         if self._rebuild_pending:  # (DDP's bucket rebuild: collective, once)
             self._rebuild_pending = False
             order = common_order(self.comm, step.arrivals, len(self._slots), self.timeout)
@@ -285,6 +268,24 @@ class GradientSync:
                 self._use_slots(self._slots, order=order)
         self._new_step()
         return unused
+
+    def _reduce(self, buckets, since=0, in_place=False):
+        """Start ``buckets``, wait for those started from ``since`` on: whether the digests agreed.
+        An error ends the step and is raised, once every bucket started is done."""
+        try:
+            if self._step.failed is not None:
+                raise self._step.failed
+            for bucket in buckets:
+                self._start(bucket, in_place)
+        except Exception:  # (a bucket's first start agrees with the other ranks: a timeout there)
+            self._reducer.collect(self._in_flight[since:])  # those started finish before their buffers are reused
+            self._new_step()
+            raise
+        first_error, agreed = self._reducer.collect(self._in_flight[since:])
+        if first_error is not None:
+            self._new_step()
+            raise first_error
+        return agreed
 
     def _replay(self, calls):
         self._new_step()

@@ -11,10 +11,13 @@ every bucket pays a hand-off between threads, and the step gets slower, not fast
 docs/training.md). So buckets are reduced in the background only where the rank has at least
 two cores to itself (mpiallreduce.core.machine.cores_per_rank: its CPU affinity, shared with the
 ranks of its machine that may run on the same cores). ``GradientSync(overlap=True/False)``
-decides it by hand; PyTorch's own threads are not counted (torch.set_num_threads, which
-train_bench sets to the cores per rank).
+decides it by hand (ranks may differ); PyTorch's own threads are not counted
+(torch.set_num_threads, which train_bench sets to the cores per rank). Where no rank overlaps,
+GradientSync's ``wait()`` reduces the last bucket (the one that carries the step's digest) first:
+once every rank agreed on the step, the other buckets' large gradients are reduced in place.
 """
-from ..core.machine import cores_per_rank
+from ..core.gather import gather_from_ranks
+from ..core.machine import cpu_set, machine_id, share_of_cores
 
 __all__ = ["overlap_with_backward", "SPARE_CORES"]
 
@@ -22,6 +25,10 @@ __all__ = ["overlap_with_backward", "SPARE_CORES"]
 SPARE_CORES = 2
 
 
-def overlap_with_backward(comm, timeout=None):
-    """Whether this rank has a core to spare for reductions while backward runs (collective)."""
-    return cores_per_rank(comm, timeout) >= SPARE_CORES
+def overlap_with_backward(comm, asked=None, timeout=None):
+    """(whether this rank overlaps: ``asked``, else whether it has a core to spare; whether no rank
+    of ``comm`` overlaps). Collective: every rank says what it has and what it was asked."""
+    everyone = gather_from_ranks(comm, (machine_id(), cpu_set(), asked), timeout)
+    decided = [bool(theirs) if theirs is not None else share_of_cores((machine, cores), [e[:2] for e in everyone])
+               >= SPARE_CORES for machine, cores, theirs in everyone]
+    return decided[comm.Get_rank()], not any(decided)

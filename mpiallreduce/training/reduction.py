@@ -74,10 +74,11 @@ class BucketReducer:
             self._buffers[bucket.index] = (fused, None)
         return fused, prepared
 
-    def start(self, bucket, filled, copied, digest, xp, here=False):
+    def start(self, bucket, filled, copied, digest, xp, here=False, in_place=False):
         """Start ``bucket``'s allreduces in the background (``here``: run them on this thread, now)
         (``filled``: slot -> this rank's gradient; zeros for the others; ``copied``: the slots copied
-        in already; ``digest``: the step's,
+        in already; ``in_place``: large gradients reduced where they lie, once the ranks agreed on
+        the step; ``digest``: the step's,
         carried by the last bucket); returns what ``collect`` and ``write_back`` take. A bucket's
         buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
         planned once) and kept. Sums: a mean is divided on the way back (write_back), in the one
@@ -117,11 +118,13 @@ class BucketReducer:
                 handle = prepared.start(here)
             self._buffers[bucket.index] = (fused, prepared)
             handles.append((None, handle))
-        for index in bucket.direct:  # out of place: the gradient is only read, until write_back
+        for index in bucket.direct:  # out of place (the gradient only read until write_back), or in place
             result = self._results.get(index)
             if result is None:
                 result = self._results[index] = xp.empty(self.slots[index].shape, dtype=bucket.dtype)
             grad = filled.get(index)
+            if grad is not None and in_place:  # (the step is known to have succeeded everywhere)
+                result = grad
             if grad is None:  # zeros in its place (find_unused), or a gradient that did not fit its slot
                 result.fill(0)
                 source = result
@@ -133,13 +136,13 @@ class BucketReducer:
             reduce = _Done.of(allreduce) if here else allreduce_async
             handles.append((index, reduce(source, algorithm=self.algorithm, comm=self.comm, out=result,
                                           timeout=self.timeout, reproducible=self.reproducible)))
-        return bucket, handles, digest, compressed, self.op == "mean"
+        return bucket, handles, digest, compressed, self.op == "mean", in_place
 
     def collect(self, in_flight):
         """Wait for every started allreduce. Returns (the first error raised, or None; whether
         every rank's digest was the same)."""
         first_error, agreed = None, True
-        for bucket, handles, digest, compressed, _ in in_flight:
+        for bucket, handles, digest, compressed, *_ in in_flight:
             for index, handle in handles:
                 try:
                     handle.wait()
@@ -160,7 +163,7 @@ class BucketReducer:
         for the planned gradients that were not given."""
         size = self.comm.Get_size()
         unused = {}
-        for bucket, handles, _, compressed, divide in in_flight:
+        for bucket, handles, _, compressed, divide, in_place in in_flight:
             for index, _ in handles:
                 if index is None:  # the fused members: from the buffer
                     xp = namespace(self._buffers[bucket.index][0]) or np
@@ -175,7 +178,8 @@ class BucketReducer:
                         if grad is None:
                             unused[slot.name] = target
                     continue
-                grad, result = filled.get(index), self._results[index]
+                grad = filled.get(index)
+                result = grad if in_place and grad is not None else self._results[index]
                 xp = namespace(result) or np
                 target = xp.empty_like(result) if grad is None else grad
                 self._finish(xp, result, target, bucket, size, divide)

@@ -65,6 +65,9 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
         mixed.ready(grads[name], name=name)
     mixed.wait()
     assert all(values_equal(grads[name], want[name]) for name in grads)
+    # the step is agreed on before any write, and large gradients reduced in place, only where no rank overlaps
+    assert mixed._agree_first is False  # (rank 0 overlaps)
+    assert sync._agree_first is (not sync.overlap)  # (every rank has the same cores here)
 
 
 def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(comm):
