@@ -218,8 +218,8 @@ class GradientSync:
         Returns {name: result} for the declared gradients this rank did not mark ready (with
         ``find_unused``): what the other ranks' gradients summed (or averaged) to.
 
-        Raises (on any error, no gradient was changed: each holds what this rank gave; but where no
-        rank overlaps, a rank lost after the ranks agreed on the step can leave large ones partly reduced):
+        Raises (on any error, no gradient was changed: each holds what this rank gave; without a timeout
+        where no rank overlaps, a rank lost after the ranks agreed may leave large ones partly reduced):
             ValueError, on every rank: the ranks' gradients differ (names, shapes, dtypes, order, or
                 one missing without ``find_unused``).
             what a bucket's allreduce raised (a timeout, a lost rank), once every bucket is done.
@@ -259,7 +259,7 @@ class GradientSync:
             self._new_step()
             raise ValueError("GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed")
         if self._agree_first:  # (agreed on the step: the other buckets, their large gradients in place)
-            self._reduce(first[:-1], since=len(self._in_flight), in_place=True)
+            self._reduce(first[:-1], since=len(self._in_flight), in_place=self.timeout is None)
         unused = self._reducer.write_back(self._in_flight, step.filled)
         if self._rebuild_pending:  # (DDP's bucket rebuild: collective, once)
             self._rebuild_pending = False

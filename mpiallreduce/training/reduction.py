@@ -90,7 +90,7 @@ class BucketReducer:
         compressed = self.compression is not None and bucket.dtype.kind == "f"
         carries_digest = last and not compressed
         scale = bucket.dtype.type(self.prescale)
-        handles = []
+        handles, reduced_in_place = [], set()
         if bucket.count or last:
             fused, prepared = self._buffer(bucket, xp)
             for index, view in self._views[bucket.index]:
@@ -123,8 +123,11 @@ class BucketReducer:
             if result is None:
                 result = self._results[index] = xp.empty(self.slots[index].shape, dtype=bucket.dtype)
             grad = filled.get(index)
-            if grad is not None and in_place:  # (the step is known to have succeeded everywhere)
+            if in_place and type(grad) is np.ndarray and not any(  # (agreed everywhere; no other gradient shares it)
+                    slot != index and type(other) is np.ndarray and np.may_share_memory(grad, other)
+                    for slot, other in filled.items()):
                 result = grad
+                reduced_in_place.add(index)
             if grad is None:  # zeros in its place (find_unused), or a gradient that did not fit its slot
                 result.fill(0)
                 source = result
@@ -136,7 +139,7 @@ class BucketReducer:
             reduce = _Done.of(allreduce) if here else allreduce_async
             handles.append((index, reduce(source, algorithm=self.algorithm, comm=self.comm, out=result,
                                           timeout=self.timeout, reproducible=self.reproducible)))
-        return bucket, handles, digest, compressed, self.op == "mean", in_place
+        return bucket, handles, digest, compressed, self.op == "mean", reduced_in_place
 
     def collect(self, in_flight):
         """Wait for every started allreduce. Returns (the first error raised, or None; whether
@@ -179,7 +182,7 @@ class BucketReducer:
                             unused[slot.name] = target
                     continue
                 grad = filled.get(index)
-                result = grad if in_place and grad is not None else self._results[index]
+                result = grad if index in in_place else self._results[index]
                 xp = namespace(result) or np
                 target = xp.empty_like(result) if grad is None else grad
                 self._finish(xp, result, target, bucket, size, divide)

@@ -249,3 +249,46 @@ def test_device_gradients_are_ordered_on_streams_without_a_host_synchronization_
     monkeypatch.undo()
     for name, g in grads.items():
         assert values_equal(fake_cupy.asnumpy(g), want[name]), name
+
+
+def test_where_no_rank_overlaps_one_array_given_for_two_names_is_reduced_once(comm):
+    """Large gradients go in place once the ranks agreed on the step, but not one that shares its
+    memory with another gradient of the step: each name's mean, written twice, is still the mean."""
+    shared = exact_input("float64", (1 << 20) // 8 + 3, comm.Get_rank(), "sum")
+    want = numpy_reference("mean", gather_inputs(comm, shared))
+    small = np.full(5, float(comm.Get_rank()))
+    sync = mar.GradientSync(comm=comm, parameters={"a": shared, "b": shared, "c": small}, bucket_bytes=1000,
+                            overlap=False, postscale=3.0)
+    for name in ("c", "b", "a"):
+        sync.ready(shared if name != "c" else small, name=name)
+    sync.wait()
+    assert values_equal(shared, want * 3.0)
+
+
+def test_with_a_timeout_a_rank_late_after_the_ranks_agreed_changes_no_gradient():
+    """Where no rank overlaps, the step's digest is agreed first; with a timeout the large gradients
+    are then still reduced out of place, so a rank that stalls past it leaves every gradient as it was.
+    (COMM_WORLD only: the communicator's kind changes nothing here, and each run waits a timeout.)"""
+    import time
+    comm = WORLD
+    rank = comm.Get_rank()
+    grads = {"b": np.full(7, rank + 1.0), "a": exact_input("float64", (1 << 20) // 8 + 3, rank, "sum"),
+             "c": np.full(3, rank + 2.0)}
+    sync = mar.GradientSync(comm=comm, parameters={k: np.zeros_like(v) for k, v in grads.items()}, bucket_bytes=1000,
+                            overlap=False, timeout=0.5, prescale=2.0)
+    assert sync._agree_first and sync.buckets == [["c", "a"], ["b"]]  # ("b", with the digest, goes first)
+    reduce = sync._reduce
+
+    def stall(buckets, since=0, in_place=False):  # (rank 1, between the digest's bucket and the others)
+        if since and rank == 1:
+            time.sleep(1.5)
+        return reduce(buckets, since, in_place)
+    sync._reduce = stall
+    before = {name: g.copy() for name, g in grads.items()}
+    if comm.Get_size() == 1:
+        pytest.skip("needs a second rank to be late")
+    with pytest.raises(mar.AllreduceTimeout):
+        for name in ("c", "a", "b"):
+            sync.ready(grads[name], name=name)
+        sync.wait()
+    assert all(np.array_equal(grads[name], before[name]) for name in grads)
