@@ -17,7 +17,6 @@ with its own baseline none-horovod, after every other contender (its thread slow
 """
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import torch
 from mpi4py import MPI
 
 import mpiallreduce.torch as mt
+from mpiallreduce.core.machine import cores_per_rank
 from mpiallreduce.tools.train_bench import global_batch, horovod_importable, make_model, start_gloo
 
 PHASES = ("forward", "backward", "sync", "optimizer", "step")
@@ -91,8 +91,7 @@ def main(argv=None):
     args.width, args.depth = args.width or width, args.depth or depth
     args.inputs, args.outputs, args.local_batch, args.lr, args.seed = 256, 16, 32, 0.01, 0
     comm = MPI.COMM_WORLD
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // node.Get_size()))
+    torch.set_num_threads(max(1, int(cores_per_rank(comm))))  # (per machine: emulated nodes share its cores)
     start_gloo(torch, comm)
     names = ["none", "mpiallreduce", "mpiallreduce-overlap", "mpiallreduce-at-wait", "mpi4py", "ddp-gloo",
              "ddp-mpiallreduce"]

@@ -17,11 +17,9 @@ Contenders (each trains its own copy of the model from the same start, on the sa
     ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice; it
                        also takes CUDA tensors, where NCCL refuses ranks that share one GPU)
     ddp-mpiallreduce   the same DDP, its buckets reduced through mpiallreduce.torch.allreduce_hook
-    horovod            horovod.torch.DistributedOptimizer (where Horovod imports: make horovod
-                       builds it), run last, after hvd.init(): Horovod's background thread then
-                       runs in the process (an MPI call every 1 ms cycle, even when idle), and
-                       slows compute, so it is measured against its own baseline, none-horovod
-                       (no synchronization, with that thread running), in rounds of its own
+    horovod            horovod.torch.DistributedOptimizer (make horovod builds it), last: from
+                       hvd.init() on, its thread calls MPI every 1 ms and slows compute, so it has
+                       rounds and a baseline of its own, none-horovod (no sync, that thread on)
 
 They run interleaved: --rounds rounds of --steps-per-round steps each, contender after contender,
 so that the machine's drift touches them alike; the step time is the median over the rounds of the
@@ -41,6 +39,8 @@ import time
 
 import numpy as np
 from mpi4py import MPI
+
+from ..core.machine import cores_per_rank  # (per machine: emulated nodes share its cores)
 
 __all__ = ["main"]
 
@@ -210,7 +210,7 @@ def main(argv=None):
     parser.add_argument("--steps-per-round", type=int, default=3)
     parser.add_argument("--epoch-samples", type=int, default=50_000)
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads per rank (default: this node's cores / its ranks, at least 1)")
+                        help="torch threads per rank (default: its share of its machine's cores, at least 1)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the model trains: cuda puts rank r on GPU (node-local rank %% GPUs)")
     parser.add_argument("--output", help="folder for train.json and train.txt")
@@ -233,7 +233,7 @@ def main(argv=None):
     rank, size = comm.Get_rank(), comm.Get_size()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
-    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // node.Get_size()))
+    torch.set_num_threads(args.threads or max(1, int(cores_per_rank(comm))))
     device = torch.device("cpu")
     if args.device == "cuda":
         if not torch.cuda.is_available():
