@@ -206,10 +206,10 @@ class GradientSync:
         except Exception as error:  # (a bucket's first start meets the other ranks: a timeout there)
             step.failed = error  # no later bucket starts; wait() raises it on every rank that saw it
 
-    def _start(self, bucket, in_place=False):
-        digest = self._reducer.digest(self._step) if bucket.index == len(self._buckets) - 1 else 0
-        self._in_flight.append(self._reducer.start(bucket, self._step.filled, self._step.copied, digest,
-                                                   self._device_xp if bucket.device else np, not self.overlap, in_place))
+    def _start(self, bucket, in_place=False, part="all"):
+        step, xp = self._step, self._device_xp if bucket.device else np
+        digest = self._reducer.digest(step) if bucket.index == len(self._buckets) - 1 else 0
+        self._in_flight.append(self._reducer.start(bucket, step.filled, step.copied, digest, xp, not self.overlap, in_place, part))
 
     def wait(self):
         """Start the buckets not yet started, wait for every bucket, then, if the step succeeded on
@@ -244,7 +244,7 @@ class GradientSync:
             self._use_slots(slots, order=range(len(slots)))
             self._replay(calls)
         step, first = self._step, self._buckets[self._next_bucket:]
-        agreed = self._reduce(first[-1:] if self._agree_first else first)  # (no rank overlaps: digest first)
+        agreed = self._reduce(first[-1:], last_part="fused") if self._agree_first else self._reduce(first)
         self._next_bucket = len(self._buckets)
         if not agreed:
             message = describe_step_differences(self.comm, step, self._buckets)  # collective: every rank saw it
@@ -259,7 +259,7 @@ class GradientSync:
             self._new_step()
             raise ValueError("GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed")
         if self._agree_first:  # (agreed on the step: the other buckets, their large gradients in place)
-            self._reduce(first[:-1], since=len(self._in_flight), in_place=self.timeout is None)
+            self._reduce(first, len(self._in_flight), in_place=self.timeout is None, last_part="direct")
         unused = self._reducer.write_back(self._in_flight, step.filled)
         if self._rebuild_pending:  # (DDP's bucket rebuild: collective, once)
             self._rebuild_pending = False
@@ -269,14 +269,14 @@ class GradientSync:
         self._new_step()
         return unused
 
-    def _reduce(self, buckets, since=0, in_place=False):
-        """Start ``buckets``, wait for those started from ``since`` on: whether the digests agreed.
-        An error ends the step and is raised, once every bucket started is done."""
+    def _reduce(self, buckets, since=0, in_place=False, last_part="all"):
+        """Start ``buckets`` (of the last, ``last_part``), wait for those started from ``since`` on:
+        whether the digests agreed. An error ends the step and is raised, once all started are done."""
         try:
             if self._step.failed is not None:
                 raise self._step.failed
             for bucket in buckets:
-                self._start(bucket, in_place)
+                self._start(bucket, in_place, last_part if bucket.index == len(self._buckets) - 1 else "all")
         except Exception:  # (a bucket's first start agrees with the other ranks: a timeout there)
             self._reducer.collect(self._in_flight[since:])  # those started finish before their buffers are reused
             self._new_step()

@@ -13,8 +13,8 @@ two cores to itself (mpiallreduce.core.machine.cores_per_rank: its CPU affinity,
 ranks of its machine that may run on the same cores). ``GradientSync(overlap=True/False)``
 decides it by hand (ranks may differ); PyTorch's own threads are not counted
 (torch.set_num_threads, which train_bench sets to the cores per rank). Where no rank overlaps,
-GradientSync's ``wait()`` reduces the last bucket (the one that carries the step's digest) first:
-once every rank agreed on the step, the other buckets' large gradients are reduced in place.
+GradientSync's ``wait()`` reduces the last bucket's fused buffer (which carries the step's digest)
+first: once every rank agreed on the step, the large gradients are reduced in place.
 """
 from ..core.gather import gather_from_ranks
 from ..core.machine import cpu_set, machine_id, share_of_cores

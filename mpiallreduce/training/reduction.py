@@ -74,11 +74,12 @@ class BucketReducer:
             self._buffers[bucket.index] = (fused, None)
         return fused, prepared
 
-    def start(self, bucket, filled, copied, digest, xp, here=False, in_place=False):
+    def start(self, bucket, filled, copied, digest, xp, here=False, in_place=False, part="all"):
         """Start ``bucket``'s allreduces in the background (``here``: run them on this thread, now)
         (``filled``: slot -> this rank's gradient; zeros for the others; ``copied``: the slots copied
         in already; ``in_place``: large gradients reduced where they lie, once the ranks agreed on
-        the step; ``digest``: the step's,
+        the step; ``part``: "all", only the "fused" buffer or only the "direct" gradients;
+        ``digest``: the step's,
         carried by the last bucket); returns what ``collect`` and ``write_back`` take. A bucket's
         buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
         planned once) and kept. Sums: a mean is divided on the way back (write_back), in the one
@@ -91,7 +92,7 @@ class BucketReducer:
         carries_digest = last and not compressed
         scale = bucket.dtype.type(self.prescale)
         handles, reduced_in_place = [], set()
-        if bucket.count or last:
+        if (bucket.count or last) and part != "direct":
             fused, prepared = self._buffer(bucket, xp)
             for index, view in self._views[bucket.index]:
                 if index in copied:  # (copied in at ready(): copy_in)
@@ -118,7 +119,8 @@ class BucketReducer:
                 handle = prepared.start(here)
             self._buffers[bucket.index] = (fused, prepared)
             handles.append((None, handle))
-        for index in bucket.direct:  # out of place (the gradient only read until write_back), or in place
+        # the large ones: out of place (the gradient only read until write_back), or in place
+        for index in bucket.direct if part != "fused" else ():
             result = self._results.get(index)
             if result is None:
                 result = self._results[index] = xp.empty(self.slots[index].shape, dtype=bucket.dtype)

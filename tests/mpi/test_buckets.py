@@ -279,10 +279,10 @@ def test_with_a_timeout_a_rank_late_after_the_ranks_agreed_changes_no_gradient()
     assert sync._agree_first and sync.buckets == [["c", "a"], ["b"]]  # ("b", with the digest, goes first)
     reduce = sync._reduce
 
-    def stall(buckets, since=0, in_place=False):  # (rank 1, between the digest's bucket and the others)
+    def stall(buckets, since=0, **how):  # (rank 1, between the digest's bucket and the others)
         if since and rank == 1:
             time.sleep(1.5)
-        return reduce(buckets, since, in_place)
+        return reduce(buckets, since, **how)
     sync._reduce = stall
     before = {name: g.copy() for name, g in grads.items()}
     if comm.Get_size() == 1:
