@@ -84,8 +84,8 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
             and type(x) is np.ndarray and not _worker.pending):  # the short path of a repeated call
         try:
             execution = (WORLD_FAST_CALLS if comm is None else _fast_calls(comm)).get(
-                (x.shape, x.dtype, op, algorithm) if reproducible is False else  # (the keys execution_for keeps)
-                (x.shape, x.dtype, op, algorithm, bool(reproducible), np.ndarray))
+                (x.shape, x.dtype, op, algorithm, out is x) if reproducible is False else  # (the keys
+                (x.shape, x.dtype, op, algorithm, out is x, bool(reproducible), np.ndarray))  # execution_for keeps)
         except TypeError:  # (an unhashable op, MPI.SUM say: the general path takes it, or names the choices)
             execution = None
         if execution is not None:
@@ -152,10 +152,31 @@ class PreparedAllreduce(Prepared):
         super().__init__(call)
         self.result = self.flat.result
 
-    def start(self, here=False):
+    def __call__(self, on=None):
+        """Reduce the current contents of x now (in program order); the result array. ``on``: run
+        the call agreed on in place on this array instead, its result there (see ``start``)."""
+        return super().__call__(self._elsewhere(on))
+
+    run = __call__
+
+    def start(self, here=False, on=None):
         """Run in the background (allreduce_async's worker); an AllreduceHandle. ``here``: run it
-        now, on this thread (after the pending asynchronous calls), the handle holding its outcome."""
-        return super().start(lambda run: submit_prepared(self, run, here))
+        now, on this thread (after the pending asynchronous calls), the handle holding its outcome.
+        ``on``: run the call agreed on in place on this array instead (of x's type, shape and dtype,
+        C-contiguous, writeable; the call prepared in place, ``out=x``), the result there: every rank
+        must give one, as each rank gives x (GradientSync: a step's gradients where they lie)."""
+        return super().start(lambda run: submit_prepared(self, run, here), self._elsewhere(on))
+
+    def _elsewhere(self, on):
+        if on is None:
+            return None
+        if not (self.flat.send is None and self.flat.write_back is None and type(on) is type(self.x)
+                and on.shape == self.x.shape and on.dtype == self.x.dtype and on.flags.c_contiguous
+                and on.flags.writeable):
+            raise ValueError(f"on= takes a writeable C-contiguous {self.x.shape} {self.x.dtype} "
+                             f"{type(self.x).__name__}, for a call prepared in place (out=x); got "
+                             f"{getattr(on, 'shape', '?')} {getattr(on, 'dtype', type(on).__name__)}")
+        return self.execution.bound(None, on.reshape(-1), self.timeout, self.xp), on
 
     def __repr__(self):
         return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}>"

@@ -100,11 +100,13 @@ def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_
     import json
     table = tmp_path / "tuning.json"
     result = run(2, [sys.executable, "-m", "mpiallreduce", "tune", "--sizes", "4,64K", "--repetitions", "2",
-                     "--output", str(table)], timeout=TIMEOUT, cwd=ROOT, nodes=2)
+                     "--runs", "1", "--output", str(table)], timeout=TIMEOUT, cwd=ROOT, nodes=2)
     assert result.returncode == 0, explain(result)
     assert "# skipped: shared_memory" in result.output and "# 2 ranks on 2 nodes: auto will use" in result.output
+    assert "# 2 ranks on 2 nodes, in place: auto will use" in result.output
     written = json.loads(table.read_text())
     assert written["by_nodes"]["2"]["2"][-1]["up_to_bytes"] is None and "by_ranks" in written, written
+    assert written["by_nodes_in_place"]["2"]["2"][-1]["up_to_bytes"] is None, written
     assert "shared_memory" not in {rule["algorithm"] for rule in written["by_nodes"]["2"]["2"]}
     # a table of our own choosing: auto follows it across nodes, and falls back where it cannot
     table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "mpi"}]},

@@ -102,6 +102,38 @@ def test_auto_follows_the_tuning_table():
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
+def test_in_place_calls_follow_the_tables_in_place_rules_where_it_has_them():
+    """In place (out=x), Open MPI skips a copy that the hand-written algorithms make: the table has
+    rules of its own for such calls, by rank count and across nodes; where it has none for a count,
+    the out-of-place rules apply. The plan says so, and the ranks compare it (the signature)."""
+    import numpy as np
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.planner import CallFacts, plan_call
+    f32 = np.dtype(np.float32)
+    table = {"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "shared_memory"}],
+                          "3": [{"up_to_bytes": None, "algorithm": "ring"}]},
+             "by_ranks_in_place": {"2": [{"up_to_bytes": 1000, "algorithm": "mpi"},
+                                         {"up_to_bytes": None, "algorithm": "ring_pipelined"}]},
+             "by_nodes": {"2": {"2": [{"up_to_bytes": None, "algorithm": "ring"}]}},
+             "by_nodes_in_place": {"2": {"2": [{"up_to_bytes": None, "algorithm": "rabenseifner"}]}}}
+    try:
+        tuning.set_tuning_table(table)
+        two, three = CallFacts(size=2), CallFacts(size=3)
+        nodes = CallFacts(size=2, spans_nodes=True, node_count=2)
+        assert plan_call(two, False, f32, 1000, "sum", "auto").name == "shared_memory"
+        in_place = plan_call(two, False, f32, 1000, "sum", "auto", True)
+        assert in_place.name == "mpi" and in_place.in_place and "in place" in in_place.reason
+        assert plan_call(two, False, f32, 1004, "sum", "auto", True).name == "ring_pipelined"
+        assert plan_call(three, False, f32, 1000, "sum", "auto", True).name == "mpi"  # (nearest smaller count)
+        assert plan_call(nodes, False, f32, 1000, "sum", "auto").name == "ring"
+        assert plan_call(nodes, False, f32, 1000, "sum", "auto", True).name == "rabenseifner"
+        del table["by_ranks_in_place"]
+        tuning.set_tuning_table(table)
+        assert plan_call(three, False, f32, 1000, "sum", "auto", True).name == "ring"  # (none: out of place's)
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
 def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses():
     import numpy as np
     from mpiallreduce.core import tuning
@@ -307,7 +339,7 @@ def test_device_to_device_runs_only_where_cuda_ipc_works():
     f32 = np.dtype(np.float32)
     untested = CallFacts(size=4)
     plan = plan_call(untested, True, f32, 1 << 20, "sum", "auto")
-    assert plan.name == "device_to_device" and plan.ipc_probe == (True, f32, 1 << 20, "sum", "auto")
+    assert plan.name == "device_to_device" and plan.ipc_probe == (True, f32, 1 << 20, "sum", "auto", False)
     assert "CUDA IPC not yet probed" in plan.describe()
     works = dataclasses.replace(untested, cuda_ipc="works")
     assert plan_call(works, True, f32, 1 << 20, "sum", "auto").ipc_probe is None

@@ -285,11 +285,13 @@ def test_model_fits_and_projects(bench_run, tmp_path):
 def test_tune_writes_the_table_auto_then_reads(tmp_path):
     table = tmp_path / "tuning.json"
     result = run(2, [sys.executable, "-m", "mpiallreduce", "tune", "--sizes", "4,64K", "--repetitions", "2",
-                     "--output", str(table)], timeout=SHORT_TIMEOUT, cwd=ROOT)
+                     "--runs", "2", "--output", str(table)], timeout=SHORT_TIMEOUT, cwd=ROOT)
     assert result.returncode == 0, explain(result)
     import json
     written = json.loads(table.read_text())
     assert written["by_ranks"]["2"][-1]["up_to_bytes"] is None
+    assert written["by_ranks_in_place"]["2"][-1]["up_to_bytes"] is None and "2 in place" in written["metadata"]
+    assert written["metadata"]["2"]["arguments"]["runs"] == 2
     # now a table of our own choosing, read through the environment variable
     table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": 100, "algorithm": "recursive_doubling"},
                                                     {"up_to_bytes": None, "algorithm": "rabenseifner"}]}}))

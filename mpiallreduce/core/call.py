@@ -14,8 +14,8 @@ caller's thread, in program order; then planned and run by the executor.
     Prepared(call)     ``prepare``: agreed on once, one Execution and one set of flat buffers
                        bound for good; each run is numbered, then executed
 
-Every entry builds a Call: ``allreduce``, ``allreduce_async`` (reproducible or not), ``prepare``,
-GradientSync's buckets (mpiallreduce.training), ``psum`` & co., ``mpiallreduce.torch``.
+Every entry builds a Call: ``allreduce``, ``allreduce_async``, ``prepare``, GradientSync's buckets,
+``psum`` & co., ``mpiallreduce.torch``.
 """
 import numpy as np
 from mpi4py import MPI
@@ -48,12 +48,8 @@ def check_comm(comm):
 
 def _op_of(op, reproducible):
     """The ReduceOp a call runs: ``op`` itself, or its reproducible sum (mpiallreduce.reproducible)."""
-    if not reproducible:
-        return get_op(op)
     from ..reproducible.routes import EXACT_OPS
-    if isinstance(op, str) and op in EXACT_OPS:
-        return EXACT_OPS[op]
-    return get_op(op)  # (a ReduceOp already, or an op the validation rejects)
+    return EXACT_OPS[op] if reproducible and isinstance(op, str) and op in EXACT_OPS else get_op(op)
 
 
 def validate(x, op, algorithm, out, reproducible=False, size=1):
@@ -67,21 +63,21 @@ def validate(x, op, algorithm, out, reproducible=False, size=1):
     buffers.check_out(out, x)
 
 
-def plan_for(state, x, op, algorithm):
-    """The plan of a call of ``x`` with ReduceOp ``op`` on a ready state (the one plan cache:
-    mpiallreduce.core.planner.plan_call)."""
+def plan_for(state, x, op, algorithm, in_place=False):
+    """The plan of a call of ``x`` (``in_place``: out=x) with ReduceOp ``op`` on a ready state (the
+    one plan cache: mpiallreduce.core.planner.plan_call)."""
     on_device = type(x) is not np.ndarray and namespace(x) is not None
-    return plan_call(state.facts, on_device, x.dtype, x.nbytes, op.name, algorithm)
+    return plan_call(state.facts, on_device, x.dtype, x.nbytes, op.name, algorithm, in_place)
 
 
-def execution_for(state, x, op, reduce_op, algorithm, reproducible, keep):
+def execution_for(state, x, op, reduce_op, algorithm, reproducible, keep, in_place=False):
     """The Execution of this kind of call, made once and kept on the state when ``keep`` (an
     untimed call: the key the short path finds it by says nothing of a timeout)."""
-    key = ((x.shape, x.dtype, op, algorithm) if type(x) is np.ndarray and not reproducible  # (the short path's key)
-           else (x.shape, x.dtype, op, algorithm, reproducible, type(x)))
+    key = ((x.shape, x.dtype, op, algorithm, in_place) if type(x) is np.ndarray and not reproducible  # (the short
+           else (x.shape, x.dtype, op, algorithm, in_place, reproducible, type(x)))  # path's key)
     execution = state.fast_calls.get(key)
     if execution is None:
-        plan = plan_for(state, x, reduce_op, algorithm)
+        plan = plan_for(state, x, reduce_op, algorithm, in_place)
         execution = Execution(state, plan, reduce_op, x.shape, x.dtype, "host" if type(x) is np.ndarray else "device")
         if keep and len(state.fast_calls) < 256 and isinstance(algorithm, str) and isinstance(op, str):
             state.fast_calls[key] = execution
@@ -159,7 +155,7 @@ class Call:
             return True
         try:
             execution = execution_for(state, self.x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                      self.reproducible, keep=False)  # (the worker may be changing the facts)
+                                      self.reproducible, False, self.out is self.x)  # (not kept: the worker may change the facts)
         except Exception:  # (an argument that check=True validates on every rank: raised when it runs)
             return True
         return execution.needs_set_up()
@@ -203,7 +199,7 @@ class Call:
         def prepare():
             validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
             reduce_op = _op_of(self.op, self.reproducible)
-            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm)
+            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm, self.out is self.x)
         reduce_op, plan = agree_on_call(state.library, prepare, self.signature(),
                                         resolve=lambda prepared: {"runs": prepared[1].describe()})
         kind = "host" if type(self.x) is np.ndarray else "device"
@@ -217,7 +213,7 @@ class Call:
         else:
             try:
                 execution = execution_for(state, x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                          self.reproducible, keep=self.timeout is None)
+                                          self.reproducible, keep=self.timeout is None, in_place=self.out is x)
             except (TypeError, ValueError) as error:  # (refused by the planner: an algorithm that cannot run here)
                 if _compared(state):
                     self._agree_on_rejection(error, met=True)
@@ -253,15 +249,12 @@ class Prepared:
 
     def __init__(self, call):
         call._meet()
-        self.state, self.timeout, self.site = call.state, call.timeout, call.site
-        self.x = call.x
+        self.state, self.timeout, self.site, self.x = call.state, call.timeout, call.site, call.x
         self.execution = call.agreed_execution()
         self.execution.set_up()  # (agreed: every rank makes it now, so no run, on any thread, has to)
-        self.plan = self.execution.plan
-        self.op = self.execution.op
+        self.plan, self.op = self.execution.plan, self.execution.op
         self.xp = None if type(call.x) is np.ndarray else namespace(call.x)
-        self.flat = buffers.flat_buffers(call.x, call.out)
-        flat = self.flat
+        self.flat = flat = buffers.flat_buffers(call.x, call.out)
         #: the flat input is x itself (a view), or a copy to refresh before each run
         self.input_is_x = flat.send is None and flat.write_back is None or (
             flat.send is not None and _views(flat.send, call.x))
@@ -269,25 +262,29 @@ class Prepared:
         self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
 
-    def __call__(self):
+    def __call__(self, elsewhere=None):
         """Reduce the current contents of ``x`` (numbered here, on the caller's thread, in program
-        order; run in its turn); the result array."""
+        order; run in its turn); the result array. ``elsewhere``: (bound run, array), the call run
+        in place on that array instead (mpiallreduce.api.PreparedAllreduce)."""
         sequence = self.state.number()
         if self.fast and not _worker.pending:
-            self.execute(sequence)
-            return self.result
-        return run_in_order(lambda: self.run_numbered(sequence))
+            (self.execute if elsewhere is None else elsewhere[0])(sequence)
+            return self.result if elsewhere is None else elsewhere[1]
+        return run_in_order(lambda: self.run_numbered(sequence, elsewhere))
 
     run = __call__
 
-    def start(self, submit):
+    def start(self, submit, elsewhere=None):
         """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
         sequence = self.state.number()
-        return submit(lambda: self.run_numbered(sequence))
+        return submit(lambda: self.run_numbered(sequence, elsewhere))
 
-    def run_numbered(self, sequence):
+    def run_numbered(self, sequence, elsewhere=None):
         if self.timeout is not None:
             Rendezvous(self.state, sequence, self.timeout, self.site).run()
+        if elsewhere is not None:  # (bound run, array): on other memory
+            elsewhere[0](sequence)
+            return elsewhere[1]
         flat = self.flat
         if not self.input_is_x:  # a strided or overlapping x: refresh the contiguous copy
             buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)

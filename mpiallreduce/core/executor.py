@@ -43,7 +43,7 @@ class Execution:
         self.state, self.plan, self.op, self.shape, self.dtype = state, plan, op, tuple(shape), np.dtype(dtype)
         self.datatype = buffers.mpi_datatype(self.dtype)
         signature = {"memory": kind, "shape": self.shape, "dtype": str(self.dtype), "op": op.name,
-                     "algorithm": plan.name, "route": plan.route}
+                     "algorithm": plan.name, "route": plan.route, "in place (out=x)": plan.in_place}
         #: the call's signature code: what every rank's must equal (the planner's name for what runs
         #: is in it, so ranks whose plans differ never run different algorithms together)
         self.code = digest(tuple(signature.items()))

@@ -12,7 +12,8 @@ Rules, in order:
 - one rank, or nothing to reduce: a local copy (``mpi`` is named, nothing is sent);
 - an algorithm asked for by name runs as asked, unless it cannot: one that needs every rank on one
   node (shared_memory, device_to_device) is refused, on every rank, when the ranks span nodes;
-- ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count;
+- ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count, its
+  in-place rules for an in-place call (``out=x``);
 - ``auto``, numpy arrays, several nodes: ``hierarchical``, whose node leaders run the table's choice
   for their count among the algorithms that work across nodes;
 - ``auto``, device arrays: the tuning table's device section, by size on one node (``mpi`` below
@@ -114,6 +115,8 @@ class CallPlan:
     #: an algorithm that needs CUDA IPC on a communicator that has not probed it yet: plan_call's
     #: arguments, to plan again with once the executor has probed it (the verdict in the facts)
     ipc_probe: Optional[tuple] = None
+    #: planned for an in-place call (``out=x``): part of the signature the ranks compare
+    in_place: bool = False
 
     @property
     def name(self):
@@ -170,8 +173,9 @@ def check_algorithm_name(algorithm, on_device):
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
-    """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name.
+def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False):
+    """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name,
+    ``in_place``: ``out=x`` (the tuning table has rules of its own for it).
 
     Raises ValueError (the same on every rank, since the facts are) for an algorithm that cannot run
     on this communicator.
@@ -181,7 +185,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     if reproducible and on_device:  # reproducible sums of device arrays run on the host (a round trip)
         if algorithm != "auto" and REGISTRY[algorithm].memory == "device":
             algorithm = "auto"
-        plan = plan_call(facts, False, dtype, nbytes, op_name, algorithm)
+        plan = plan_call(facts, False, dtype, nbytes, op_name, algorithm, in_place)
         return dataclasses.replace(plan, device_path="host round trip")
     check_algorithm_name(algorithm, on_device)
     auto = algorithm == "auto"
@@ -193,10 +197,10 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
         return CallPlan(REGISTRY["mpi"], auto, "16-bit values through MPI_Alltoall, summed in float32 by "
                         "each slice's owner, then MPI_Allgather (mpiallreduce.training.compression)",
                         "host round trip" if on_device else None, None, False, compared,
-                        route=op_name.replace("_", " "), signature=signature)
+                        route=op_name.replace("_", " "), signature=signature, in_place=in_place)
     if facts.size == 1 or nbytes == 0:
         return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
-                        None, True, compared, signature=signature)
+                        None, True, compared, signature=signature, in_place=in_place)
     inner = None
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"
@@ -228,17 +232,18 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
                        "CUDA-aware)")
         chosen = REGISTRY[name]
     elif facts.spans_nodes:
-        measured = choose_across_nodes(nbytes, facts.node_count, facts.size, REGISTRY)
+        measured = choose_across_nodes(nbytes, facts.node_count, facts.size, REGISTRY, in_place)
         if measured is not None and (facts.equal_nodes or not REGISTRY[measured].needs_equal_nodes):
             chosen = REGISTRY[measured]
-            reason = f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, at {nbytes} bytes"
+            reason = (f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, at {nbytes} bytes"
+                      + (" in place" if in_place else ""))
         else:
             chosen = REGISTRY["hierarchical"]
             reason = (f"numpy arrays across {facts.node_count} nodes" +
                       ("" if measured is None else f" ({measured}, the table's choice, needs equal nodes)"))
     else:
-        chosen = REGISTRY[choose_name(nbytes, facts.size, REGISTRY)]
-        reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes"
+        chosen = REGISTRY[choose_name(nbytes, facts.size, REGISTRY, in_place)]
+        reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes" + (" in place" if in_place else "")
     if chosen.takes_inner_plan and facts.node_count > 1:  # (hierarchical's leaders, two_level's rails)
         leaders = CallFacts(size=facts.node_count, spans_nodes=True, node_count=facts.node_count,
                             signature_min_bytes=-1)
@@ -267,8 +272,9 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm):
     working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
     probe = None
     if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested":
-        probe = (on_device, dtype, nbytes, op_name, algorithm)
-    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe)
+        probe = (on_device, dtype, nbytes, op_name, algorithm, in_place)
+    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe,
+                    in_place)
 
 
 def choose_algorithm(nbytes, size):

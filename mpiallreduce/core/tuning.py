@@ -14,6 +14,11 @@ Format (JSON)::
 
 For a rank count not in the table, the nearest smaller one is used (else the smallest).
 
+In-place calls (``out=x``) have sections of their own, ``by_ranks_in_place`` and
+``by_nodes_in_place``, in the same format: in place, Open MPI's MPI_Allreduce skips a copy that
+our algorithms make, and wins sizes it loses out of place. Where the table has no in-place rules
+for a rank count, an in-place call reads the out-of-place ones.
+
 Communicators that span nodes have a section of their own, measured across nodes (``mpiallreduce
 tune`` under ``launch --nodes N`` or on a multi-node allocation writes it), by node count, then
 rank count, each the nearest smaller one as above::
@@ -76,7 +81,8 @@ def table_digest():
     """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
     table = tuning_table()
     from .consistency import digest
-    text = json.dumps([table.get("by_ranks", {}), table.get("by_nodes", {}), table.get("device", {})],
+    text = json.dumps([table.get(key, {}) for key in ("by_ranks", "by_nodes", "device")]
+                      + [table.get(key) for key in ("by_ranks_in_place", "by_nodes_in_place") if table.get(key)],
                       sort_keys=True)
     return f"{digest(text):016x}"
 
@@ -93,8 +99,15 @@ def _nearest(section, count):
     return by_count[max(smaller) if smaller else min(by_count)]
 
 
-def _rules_for(size):
-    return _nearest(tuning_table().get("by_ranks", {}), size) or []
+def _section(name, in_place):
+    """The table's section ``name`` ("by_ranks", "by_nodes"), its in-place one for in-place calls."""
+    table = tuning_table()
+    return table.get(name + "_in_place") if in_place else None
+
+
+def _rules_for(size, in_place=False):
+    measured = _section("by_ranks", in_place)
+    return (measured and _nearest(measured, size)) or _nearest(tuning_table().get("by_ranks", {}), size) or []
 
 
 def _rule_choice(rules, nbytes, known):
@@ -104,25 +117,28 @@ def _rule_choice(rules, nbytes, known):
     return "mpi"
 
 
-def choose_name(nbytes, size, known):
-    """The algorithm name the table gives for ``nbytes`` on ``size`` ranks ("mpi" if none applies)."""
-    key = (nbytes, size)
+def choose_name(nbytes, size, known, in_place=False):
+    """The algorithm name the table gives for ``nbytes`` on ``size`` ranks ("mpi" if none applies),
+    for an ``in_place`` call or not."""
+    key = (nbytes, size, in_place)
     choice = _choices.get(key)
     if choice is None:
-        choice = _rule_choice(_rules_for(size), nbytes, known)
+        choice = _rule_choice(_rules_for(size, in_place), nbytes, known)
         if len(_choices) < 4096:
             _choices[key] = choice
     return choice
 
 
-def choose_across_nodes(nbytes, nodes, size, known):
-    """The algorithm name the table's ``by_nodes`` section gives for ``nbytes`` on ``size`` ranks
-    over ``nodes`` nodes; None when it has nothing for that node count (nor a smaller one)."""
-    key = (nbytes, size, nodes)
+def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
+    """The algorithm name the table's ``by_nodes`` section (or ``by_nodes_in_place``) gives for
+    ``nbytes`` on ``size`` ranks over ``nodes`` nodes; None when it has nothing for that node
+    count (nor a smaller one)."""
+    key = (nbytes, size, nodes, in_place)
     if key not in _choices:
-        by_nodes = tuning_table().get("by_nodes", {})
-        smaller = [int(k) for k in by_nodes if int(k) <= nodes]
-        rules = _nearest(by_nodes[str(max(smaller))], size) if smaller else None
+        rules = None
+        for by_nodes in (_section("by_nodes", in_place) or {}, tuning_table().get("by_nodes", {})):
+            smaller = [int(k) for k in by_nodes if int(k) <= nodes]
+            rules = rules or (_nearest(by_nodes[str(max(smaller))], size) if smaller else None)
         choice = None if not rules else _rule_choice(rules, nbytes, known)
         if len(_choices) < 4096:
             _choices[key] = choice

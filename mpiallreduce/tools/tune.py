@@ -6,7 +6,8 @@
     mpiallreduce tune --from-bench results/gpu/bench-gpu.json --output my-table.json
 
 On ranks that span nodes it measures what runs across nodes and writes the table's ``by_nodes``
-section (for that node and rank count), which ``auto`` reads on such communicators.
+section (for that node and rank count), which ``auto`` reads on such communicators. Out of place
+and in place (``out=x``) each get rules of their own (``by_ranks_in_place``, ``by_nodes_in_place``).
 
 ``--from-bench`` measures nothing: it reads a ``bench --device gpu`` run's bench.json (the GPU
 check's bench-gpu.json) and writes the table's ``device`` section from it (one node: the fastest
@@ -17,6 +18,7 @@ The table's format and how it is read: mpiallreduce.tuning.
 """
 import json
 import os
+import statistics
 
 from .arguments import ArgumentParser, size_list
 from ..core.tuning import TUNING_ENV, rules_from_measurements, shipped_device_section
@@ -70,7 +72,13 @@ def main(argv=None):
     parser = ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=size_list, default=[4 ** k for k in range(1, 14)],
                         help="comma-separated sizes in bytes (K, M, G suffixes); default 4 B..64 MiB by 4x")
-    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions in each run")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="whole runs; each algorithm's time at a size is the median of its runs' medians "
+                             "(one noisy run cannot flip a choice); default 3")
+    parser.add_argument("--mode", choices=["both", "out-of-place", "in-place"], default="both",
+                        help="which rules to measure and write (out-of-place: by_ranks/by_nodes; in-place: "
+                             "their _in_place sections); default both")
     parser.add_argument("--output", default=os.environ.get(TUNING_ENV) or "tuning.json",
                         help="table to write or update (default: $MPIALLREDUCE_TUNING or ./tuning.json)")
     parser.add_argument("--from-bench", metavar="BENCH_JSON",
@@ -86,35 +94,45 @@ def main(argv=None):
     sizes = args.sizes
     state = state_of(comm).make_ready()
     algorithms, skipped = runnable_here(comm, list(ALGORITHMS))
-    results = compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=(False,), forced=())
+    modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
+    runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
+            for _ in range(max(1, args.runs))]
     metadata = run_metadata(comm, vars(args))
     if comm.Get_rank() != 0:
         return 0
-    rules = rules_from_measurements([(m.nbytes, m.algorithm, m.time_us) for m in results
-                                     if m.algorithm in algorithms])
     table = {"metadata": {}, "by_ranks": {}}
     if os.path.exists(args.output):
         with open(args.output) as f:
             table = json.load(f)
     ranks = str(comm.Get_size())
-    if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
-        nodes = str(state.node_count)
-        table.setdefault("by_nodes", {}).setdefault(nodes, {})[ranks] = rules
-        table.setdefault("metadata", {})[f"{nodes} nodes, {ranks} ranks"] = metadata
-        where = f"{ranks} ranks on {nodes} nodes"
-    else:
-        table.setdefault("by_ranks", {})[ranks] = rules
-        table.setdefault("metadata", {})[ranks] = metadata
-        where = f"{ranks} ranks"
-    with open(args.output, "w") as f:
-        json.dump(table, f, indent=1, sort_keys=True)
     for line in skipped:
         print(f"# skipped: {line}")
-    print(f"# {where}: auto will use")
-    low = 0
-    for rule in rules:
-        high = rule["up_to_bytes"]
-        print(f"  {low:>10} .. {'' if high is None else high:<10} bytes: {rule['algorithm']}")
-        low = (high or 0) + 1
+    times = {}
+    for results in runs:
+        for m in results:
+            if m.algorithm in algorithms:
+                times.setdefault((m.in_place, m.nbytes, m.algorithm), []).append(m.time_us)
+    for in_place, suffix in ((False, ""), (True, "_in_place")):  # (in-place calls: rules of their own)
+        if in_place not in modes:
+            continue
+        rules = rules_from_measurements([(nbytes, algorithm, statistics.median(t))
+                                         for (mode, nbytes, algorithm), t in times.items() if mode == in_place])
+        if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
+            nodes = str(state.node_count)
+            table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})[ranks] = rules
+            table.setdefault("metadata", {})[f"{nodes} nodes, {ranks} ranks" + suffix.replace("_", " ")] = metadata
+            where = f"{ranks} ranks on {nodes} nodes"
+        else:
+            table.setdefault("by_ranks" + suffix, {})[ranks] = rules
+            table.setdefault("metadata", {})[ranks + suffix.replace("_", " ")] = metadata
+            where = f"{ranks} ranks"
+        print(f"# {where}{', in place' if in_place else ''}: auto will use")
+        low = 0
+        for rule in rules:
+            high = rule["up_to_bytes"]
+            print(f"  {low:>10} .. {'' if high is None else high:<10} bytes: {rule['algorithm']}")
+            low = (high or 0) + 1
+    with open(args.output, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
     print(f"# written to {args.output}")
     return 0

@@ -29,7 +29,7 @@ from mpi4py import MPI
 from .buckets import GradientSpec, plan_buckets
 from .compression import check_compression
 from .overlap import overlap_with_backward
-from .reduction import DIRECT_MIN_BYTES, BucketReducer
+from .reduction import BucketReducer, direct_min_bytes
 from .replicas import broadcast_parameters, check_replicas
 from .steps import (UNNAMED_TWIN, Step, agree_on_slots, common_order, describe_step_differences, given_slot,
                     on_device, problem, refuse_unnamed_twins, twins)
@@ -41,8 +41,9 @@ __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replic
 class GradientSync:
     """Fuses gradients into fixed buckets, allreduces each (in the background as soon as all its
     gradients are ready, with ``overlap``), writes the results back in place at ``wait()``, once
-    every rank's step succeeded. Gradients of DIRECT_MIN_BYTES (1 MiB) or more are reduced on their
-    own, out of place, into a buffer of their size kept from step to step.
+    every rank's step succeeded. Gradients of 1 MiB or more are reduced on their own, in a buffer of
+    their size kept from step to step; where no rank overlaps and there is no timeout, those of
+    64 KiB or more where they lie, once the ranks agreed on the step (training.reduction).
 
     Args:
         comm: communicator of the replicas (COMM_WORLD if None).
@@ -123,15 +124,14 @@ class GradientSync:
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
 
-
     def _use_slots(self, slots, order):
         if self.overlap is None:  # (every rank plans here, together, whatever it was asked)
             self.overlap, self._agree_first = overlap_with_backward(self.comm, self._asked_overlap, self.timeout)
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
-        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order),
-                                     None if self.compression else DIRECT_MIN_BYTES)
+        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else
+                                     direct_min_bytes(in_place=self._agree_first and self.timeout is None))
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
@@ -145,7 +145,6 @@ class GradientSync:
         self._arrived = [0] * len(self._buckets)
         self._next_bucket = 0
         self._in_flight = []
-
 
     in_no_sync = property(lambda self: self._no_sync > 0, doc="Whether a ``no_sync()`` block is open.")
 
@@ -206,10 +205,10 @@ class GradientSync:
         except Exception as error:  # (a bucket's first start meets the other ranks: a timeout there)
             step.failed = error  # no later bucket starts; wait() raises it on every rank that saw it
 
-    def _start(self, bucket, in_place=False, part="all"):
-        step, xp = self._step, self._device_xp if bucket.device else np
-        digest = self._reducer.digest(step) if bucket.index == len(self._buckets) - 1 else 0
-        self._in_flight.append(self._reducer.start(bucket, step.filled, step.copied, digest, xp, not self.overlap, in_place, part))
+    def _start(self, bucket, in_place=(), part="all"):
+        step, xp, last = self._step, self._device_xp if bucket.device else np, bucket.index == len(self._buckets) - 1
+        self._in_flight.append(self._reducer.start(bucket, step.filled, step.copied, self._reducer.digest(step) if last
+                                                   else 0, xp, not self.overlap, in_place, part))
 
     def wait(self):
         """Start the buckets not yet started, wait for every bucket, then, if the step succeeded on
@@ -259,7 +258,8 @@ class GradientSync:
             self._new_step()
             raise ValueError("GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed")
         if self._agree_first:  # (agreed on the step: the other buckets, their large gradients in place)
-            self._reduce(first, len(self._in_flight), in_place=self.timeout is None, last_part="direct")
+            apart = self._reducer.apart(step.filled) if self.timeout is None else ()
+            self._reduce(first, len(self._in_flight), in_place=apart, last_part="direct")
         unused = self._reducer.write_back(self._in_flight, step.filled)
         if self._rebuild_pending:  # (DDP's bucket rebuild: collective, once)
             self._rebuild_pending = False
@@ -269,7 +269,7 @@ class GradientSync:
         self._new_step()
         return unused
 
-    def _reduce(self, buckets, since=0, in_place=False, last_part="all"):
+    def _reduce(self, buckets, since=0, in_place=(), last_part="all"):
         """Start ``buckets`` (of the last, ``last_part``), wait for those started from ``since`` on:
         whether the digests agreed. An error ends the step and is raised, once all started are done."""
         try:

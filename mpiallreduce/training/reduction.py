@@ -2,13 +2,15 @@
 
 Each bucket's small gradients are copied into its fused buffer (the last bucket's followed by the
 step's digest, mpiallreduce.buckets) and reduced there; each large one (DIRECT_MIN_BYTES or more,
-already in its accumulation dtype) is reduced out of place, from the gradient into a result buffer
-of its own, kept from step to step (with ``prescale``, gradient * prescale is written there first
-and reduced in place). No gradient a caller gave is written before ``write_back``, which GradientSync
-calls only once every bucket is done and every rank agreed: a step that fails (the ranks' gradients
-differ, a timeout, a lost rank) leaves every gradient as it was. The price: one copy of each large
-gradient more per step (result buffer -> gradient, fused with the mean's division), and memory for
-its result buffer.
+already in its accumulation dtype) is copied into a result buffer of its own, kept from step to
+step (times ``prescale``, if given), and reduced there, in place (every call of a step is in
+place, on every rank: in-place calls have plans of their own, mpiallreduce.core.tuning). No
+gradient a caller gave is written before ``write_back``, which GradientSync calls only once every
+bucket is done and every rank agreed: a step that fails (the ranks' gradients differ, a timeout, a
+lost rank) leaves every gradient as it was. The price: two copies of each
+large gradient more per step (into its result buffer, and back, fused with the mean's division),
+and memory for its result buffer; where no rank overlaps and there is no timeout, none (the
+gradients are reduced where they lie, once every rank agreed on the step: GradientSync.wait).
 """
 import numpy as np
 
@@ -16,11 +18,23 @@ from ..device.arrays import namespace
 from .buckets import DIGEST_ELEMENTS, digest_elements, digest_of, digests_agree
 from .compression import CompressedSum
 
-__all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
+__all__ = ["DIRECT_MIN_BYTES", "IN_PLACE_MIN_BYTES", "direct_min_bytes", "BucketReducer"]
 
 #: gradients of at least this many bytes (in their accumulation dtype) are reduced on their own,
 #: not copied into a bucket's buffer (mpiallreduce.buckets)
 DIRECT_MIN_BYTES = 1 << 20
+#: where they are reduced in place (no rank overlaps, no timeout: GradientSync.wait, once the ranks
+#: agreed on the step), host gradients from this size on: one MPI call each where they lie, as the
+#: hand-written loop does, costs less than the copy into a bucket and back. The transformer's 100
+#: gradients on 2 ranks of one node (sync ms, 1 MiB -> 64 KiB: docs/training.md)
+IN_PLACE_MIN_BYTES = 64 << 10
+_byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds  # (numpy 1 / numpy 2)
+
+
+def direct_min_bytes(in_place):
+    """{on device: the size from which a gradient is reduced on its own} (mpiallreduce.buckets):
+    IN_PLACE_MIN_BYTES for host gradients reduced ``in_place``, else DIRECT_MIN_BYTES."""
+    return {False: IN_PLACE_MIN_BYTES if in_place else DIRECT_MIN_BYTES, True: DIRECT_MIN_BYTES}
 
 
 class BucketReducer:
@@ -37,6 +51,7 @@ class BucketReducer:
         self._fused_in = {i: bucket for bucket in buckets for i in bucket.fused}  # slot -> its bucket
         self._member_at = {i: n for bucket in buckets for n, i in enumerate(bucket.fused)}  # slot -> its place
         self._results = {}  # slot -> the result buffer of a large gradient (zeros reduced where one is missing)
+        self._direct = {}  # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
         self._clean_digest = None  # the digest of a step where every gradient came as planned
 
@@ -62,6 +77,21 @@ class BucketReducer:
         np.copyto(self._views[bucket.index][self._member_at[index]][1], grad, casting="unsafe")
         return True
 
+    @staticmethod
+    def apart(filled):
+        """The slots of ``filled`` (slot -> gradient) whose numpy gradient (C-contiguous, writeable)
+        shares no memory with another's: those that may be reduced in place (by their byte bounds,
+        sorted: no pair walk)."""
+        bounds = sorted((*_byte_bounds(grad), index) for index, grad in filled.items()
+                        if type(grad) is np.ndarray and grad.flags.c_contiguous and grad.flags.writeable)
+        apart, reach = set(), None
+        for k, (low, high, index) in enumerate(bounds):
+            after = bounds[k + 1][0] if k + 1 < len(bounds) else None
+            if (reach is None or low >= reach) and (after is None or after >= high):
+                apart.add(index)
+            reach = high if reach is None else max(reach, high)
+        return apart
+
     def _buffer(self, bucket, xp):
         """``bucket``'s fused buffer (made at its first use, with each member's place in it) and its
         prepared call (None before its first start)."""
@@ -74,11 +104,11 @@ class BucketReducer:
             self._buffers[bucket.index] = (fused, None)
         return fused, prepared
 
-    def start(self, bucket, filled, copied, digest, xp, here=False, in_place=False, part="all"):
+    def start(self, bucket, filled, copied, digest, xp, here=False, in_place=(), part="all"):
         """Start ``bucket``'s allreduces in the background (``here``: run them on this thread, now)
         (``filled``: slot -> this rank's gradient; zeros for the others; ``copied``: the slots copied
-        in already; ``in_place``: large gradients reduced where they lie, once the ranks agreed on
-        the step; ``part``: "all", only the "fused" buffer or only the "direct" gradients;
+        in already; ``in_place``: the large gradients reduced where they lie, once the ranks agreed on
+        the step (those ``apart`` gives); ``part``: "all", only the "fused" buffer or only the "direct" gradients;
         ``digest``: the step's,
         carried by the last bucket); returns what ``collect`` and ``write_back`` take. A bucket's
         buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
@@ -91,7 +121,7 @@ class BucketReducer:
         compressed = self.compression is not None and bucket.dtype.kind == "f"
         carries_digest = last and not compressed
         scale = bucket.dtype.type(self.prescale)
-        handles, reduced_in_place = [], set()
+        handles, reduced_in_place, finished = [], set(), set()
         if (bucket.count or last) and part != "direct":
             fused, prepared = self._buffer(bucket, xp)
             for index, view in self._views[bucket.index]:
@@ -116,32 +146,41 @@ class BucketReducer:
                 if prepared is None:
                     prepared = prepare_at("", fused, algorithm=self.algorithm, comm=self.comm, out=fused,
                                           timeout=self.timeout)
-                handle = prepared.start(here)
+                handle = _Done.of(prepared)() if here else prepared.start()
             self._buffers[bucket.index] = (fused, prepared)
             handles.append((None, handle))
-        # the large ones: out of place (the gradient only read until write_back), or in place
+        # the large ones: each reduced in place (one plan on every rank: mpiallreduce.core.planner), in
+        # its result buffer (the gradient only read until write_back) or, ``in_place``, in the gradient
         for index in bucket.direct if part != "fused" else ():
             result = self._results.get(index)
             if result is None:
                 result = self._results[index] = xp.empty(self.slots[index].shape, dtype=bucket.dtype)
             grad = filled.get(index)
-            if in_place and type(grad) is np.ndarray and not any(  # (agreed everywhere; no other gradient shares it)
-                    slot != index and type(other) is np.ndarray and np.may_share_memory(grad, other)
-                    for slot, other in filled.items()):
+            if index in in_place:  # (agreed everywhere; no other gradient shares its memory)
                 result = grad
                 reduced_in_place.add(index)
             if grad is None:  # zeros in its place (find_unused), or a gradient that did not fit its slot
                 result.fill(0)
-                source = result
             elif self.prescale != 1.0:
                 xp.multiply(grad, scale, out=result)
-                source = result
-            else:
-                source = grad
-            reduce = _Done.of(allreduce) if here else allreduce_async
-            handles.append((index, reduce(source, algorithm=self.algorithm, comm=self.comm, out=result,
-                                          timeout=self.timeout, reproducible=self.reproducible)))
-        return bucket, handles, digest, compressed, self.op == "mean", reduced_in_place
+            elif result is not grad:
+                xp.copyto(result, grad)
+            if self.reproducible:
+                handle = (_Done.of(allreduce) if here else allreduce_async)(
+                    result, algorithm=self.algorithm, comm=self.comm, out=result, timeout=self.timeout, reproducible=True)
+            else:  # (prepared once on its result buffer: agreed then; the step's digest says the ranks' calls match)
+                own = self._results[index]
+                prepared = self._direct.get(index)
+                if prepared is None:
+                    prepared = self._direct[index] = prepare_at("", own, algorithm=self.algorithm, comm=self.comm,
+                                                                out=own, timeout=self.timeout)
+                on = None if result is own else result
+                handle = _Done.of(prepared)(on) if here else prepared.start(on=on)
+            if here and index in reduced_in_place and handle.error is None:  # (its mean now, while in cache)
+                self._finish(np, grad, grad, bucket, self.comm.Get_size(), self.op == "mean")
+                finished.add(index)
+            handles.append((index, handle))
+        return bucket, handles, digest, compressed, self.op == "mean", reduced_in_place, finished
 
     def collect(self, in_flight):
         """Wait for every started allreduce. Returns (the first error raised, or None; whether
@@ -168,8 +207,10 @@ class BucketReducer:
         for the planned gradients that were not given."""
         size = self.comm.Get_size()
         unused = {}
-        for bucket, handles, _, compressed, divide, in_place in in_flight:
+        for bucket, handles, _, compressed, divide, in_place, finished in in_flight:
             for index, _ in handles:
+                if index in finished:  # (reduced in place and divided already)
+                    continue
                 if index is None:  # the fused members: from the buffer
                     xp = namespace(self._buffers[bucket.index][0]) or np
                     for member, result in self._views[bucket.index]:

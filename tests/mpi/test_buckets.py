@@ -12,8 +12,9 @@ pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 
 
-#: fused in a bucket's buffer, and large enough to be reduced in place (GradientSync's DIRECT_MIN_BYTES)
-SIZES = [250, (1 << 20) // 8 + 3]
+#: fused in a bucket's buffer; reduced where it lies where no rank overlaps (IN_PLACE_MIN_BYTES), else
+#: fused; reduced on its own either way (DIRECT_MIN_BYTES)
+SIZES = [250, 20_000, (1 << 20) // 8 + 3]
 
 
 def two_gradients(rank, count=250):

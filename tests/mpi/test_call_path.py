@@ -459,6 +459,43 @@ def test_prepared_calls_are_agreed_once_and_refuse_a_mismatch_everywhere():
     assert values_equal(handle.wait(), np.ones(10))
 
 
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring"])
+def test_a_prepared_call_runs_in_place_on_another_array_given_it(comm, algorithm):
+    """prepare(x, out=x), then ``prepared(on=y)`` and ``prepared.start(on=y)``: the call agreed on,
+    in place on y (GradientSync's gradients where they lie); x keeps what it held; an array unlike x,
+    or a call not prepared in place, is refused before anything moves."""
+    rank = comm.Get_rank()
+    x = exact_input("float32", 20_000, rank, "sum")
+    kept = x.copy()
+    prepared = mar.prepare(x, algorithm=algorithm, comm=comm, out=x)
+    for step, run in enumerate((lambda y: prepared(on=y), lambda y: prepared.start(on=y).wait(),
+                                lambda y: prepared.start(here=True, on=y).wait())):
+        y = exact_input("float32", 20_000, rank + step + 1, "sum")
+        want = numpy_reference("sum", gather_inputs(comm, y))
+        assert run(y) is y and values_equal(y, want), step
+    assert np.array_equal(x, kept)
+    for wrong in (np.zeros(20_001, np.float32), np.zeros(20_000), np.zeros(40_000, np.float32)[::2]):
+        with pytest.raises(ValueError, match="on= takes a writeable C-contiguous"):
+            prepared(on=wrong)
+    with pytest.raises(ValueError, match="prepared in place"):
+        mar.prepare(x, comm=comm)(on=np.zeros_like(x))
+    want = numpy_reference("sum", gather_inputs(comm, x))
+    assert values_equal(prepared(), want)  # (the ranks still in step)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_call_in_place_on_some_ranks_only_is_refused_on_every_rank():
+    """``out=x`` is part of the signature (as MPI_IN_PLACE must be given by every rank): in-place
+    calls have plans of their own, and ranks that differ would run different ones."""
+    rank = WORLD.Get_rank()
+    for count in (10, 50_000):
+        x = exact_input("float32", count, rank, "sum")
+        with pytest.raises(ValueError, match="in place"):
+            mar.allreduce(x, out=x if rank == 0 else None)
+    want = numpy_reference("sum", gather_inputs(WORLD, x))
+    assert values_equal(mar.allreduce(x, out=x), want)
+
+
 def test_describe_call_says_what_auto_then_runs(monkeypatch):
     """describe_call names an algorithm; that algorithm (and no other) is the one the call executes."""
     x = np.ones(1 << 18, np.float32)  # 1 MiB: the signature is compared

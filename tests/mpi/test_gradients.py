@@ -224,19 +224,21 @@ def test_a_declared_gradient_not_marked_ready_is_refused_with_no_gradient_change
 
 
 @pytest.mark.parametrize("declared", [True, False])
-def test_a_digest_mismatch_with_a_large_gradient_present_changes_no_gradient(comm, declared):
+@pytest.mark.parametrize("large, overlap", [(LARGE, None), (20_000, False), (20_000, True)])
+def test_a_digest_mismatch_with_a_large_gradient_present_changes_no_gradient(comm, declared, large, overlap):
     """The last rank gives B of another shape: every rank raises the same ValueError, and neither
-    the large gradient A nor B has changed anywhere."""
+    the large gradient A (of 1 MiB or more; or of 160 KB: reduced where it lies where no rank
+    overlaps, else fused) nor B has changed anywhere."""
     if comm.Get_size() == 1:
         pytest.skip("needs two ranks")
     rank, last = comm.Get_rank(), comm.Get_rank() == comm.Get_size() - 1
-    parameters = {"A": np.zeros(LARGE), "B": np.zeros(10)} if declared else None
-    sync = mar.GradientSync(comm=comm, parameters=parameters, prescale=2.0, bucket_bytes=1000)
+    parameters = {"A": np.zeros(large), "B": np.zeros(10)} if declared else None
+    sync = mar.GradientSync(comm=comm, parameters=parameters, prescale=2.0, bucket_bytes=1000, overlap=overlap)
     if not declared:  # the first step declares A and B, alike on every rank
-        sync.ready(exact_input("float64", LARGE, rank, "sum"), name="A")
+        sync.ready(exact_input("float64", large, rank, "sum"), name="A")
         sync.ready(exact_input("float64", 10, rank, "sum"), name="B")
         sync.wait()
-    grads = {"A": exact_input("float64", LARGE, rank + 1, "sum"), "B": exact_input("float64", 11 if last else 10,
+    grads = {"A": exact_input("float64", large, rank + 1, "sum"), "B": exact_input("float64", 11 if last else 10,
                                                                                   rank + 2, "sum")}
     before = {name: g.copy() for name, g in grads.items()}
     for name, g in grads.items():
