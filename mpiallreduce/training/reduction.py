@@ -50,6 +50,7 @@ class BucketReducer:
         self._views = {}  # bucket index -> [(slot, its place in the fused buffer, shaped like it)]
         self._fused_in = {i: bucket for bucket in buckets for i in bucket.fused}  # slot -> its bucket
         self._member_at = {i: n for bucket in buckets for n, i in enumerate(bucket.fused)}  # slot -> its place
+        self._direct_slots = [i for bucket in buckets for i in bucket.direct]
         self._results = {}  # slot -> the result buffer of a large gradient (zeros reduced where one is missing)
         self._direct = {}  # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
@@ -77,13 +78,14 @@ class BucketReducer:
         np.copyto(self._views[bucket.index][self._member_at[index]][1], grad, casting="unsafe")
         return True
 
-    @staticmethod
-    def apart(filled):
-        """The slots of ``filled`` (slot -> gradient) whose numpy gradient (C-contiguous, writeable)
-        shares no memory with another's: those that may be reduced in place (by their byte bounds,
-        sorted: no pair walk)."""
-        bounds = sorted((*_byte_bounds(grad), index) for index, grad in filled.items()
-                        if type(grad) is np.ndarray and grad.flags.c_contiguous and grad.flags.writeable)
+    def apart(self, filled):
+        """The large gradients of ``filled`` (slot -> gradient), numpy, C-contiguous and writeable,
+        that share no memory with another large one: those that may be reduced in place (by byte
+        bounds, sorted). A fused one that shares their memory is harmless: it was copied into its
+        bucket at ready(), and its result is written back last, from what it held then."""
+        bounds = sorted((*_byte_bounds(grad), index) for index in self._direct_slots
+                        if type(grad := filled.get(index)) is np.ndarray and grad.flags.c_contiguous
+                        and grad.flags.writeable)
         apart, reach = set(), None
         for k, (low, high, index) in enumerate(bounds):
             after = bounds[k + 1][0] if k + 1 < len(bounds) else None
