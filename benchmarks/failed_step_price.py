@@ -1,13 +1,14 @@
 """What "a failed step changes no gradient" costs GradientSync, side by side in one run.
 
-    mpiallreduce launch -n 2 -- python benchmarks/failed_step_price.py [--mib 16] [--small 20]
+    mpiallreduce launch -n 2 -- python benchmarks/failed_step_price.py [--mib 16] [--small 20] [--timeout S]
 
 One step of --small small gradients (10,000 float32 each) and one large gradient of --mib MiB, the
 median over 9 interleaved repetitions of the slowest rank's time (after a warm-up step each):
 
-- gradsync: GradientSync(parameters=...), as training uses it: the small gradients fused in a
-  bucket, the large one reduced out of place into a buffer of its own and copied into the gradient
-  at wait(), once every rank's step is known to have succeeded;
+- gradsync: GradientSync(parameters=..., timeout=--timeout), as training uses it: the small
+  gradients fused in a bucket; the large one, where no rank overlaps and without a timeout, reduced
+  in place once the ranks agreed on the step, else copied into a buffer of its own, reduced there
+  and copied back at wait(), once every rank's step is known to have succeeded;
 - in place: what a step that may change gradients before it fails would cost: the same fused bucket
   (a prepared call on a buffer filled from the gradients and copied back) and the large gradient
   reduced in place, straight into the gradient (mar.allreduce(g, op="mean", out=g));
@@ -30,6 +31,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=float, default=16.0)
     parser.add_argument("--small", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=None, help="GradientSync's (with one: the buffer's copies)")
     args = parser.parse_args()
     rank = COMM.Get_rank()
     rng = np.random.default_rng(rank)
@@ -37,7 +39,7 @@ def main():
     small = [rng.standard_normal(10_000).astype(np.float32) for _ in range(args.small)]
     names = [f"s{i}" for i in range(args.small)] + ["large"]
     grads = small + [large]
-    sync = mar.GradientSync(parameters=dict(zip(names, grads)), bucket_bytes=25 << 20)
+    sync = mar.GradientSync(parameters=dict(zip(names, grads)), bucket_bytes=25 << 20, timeout=args.timeout)
     fused = np.empty(sum(g.size for g in small), np.float32)
     prepared = mar.prepare(fused, op="mean", out=fused)
 
@@ -65,7 +67,8 @@ def main():
             times[name].append(timed(call))
     if rank == 0:
         median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-        print(f"# {COMM.Get_size()} ranks, {args.small} x 10,000 float32 + {args.mib:g} MiB float32; median of "
+        print(f"# {COMM.Get_size()} ranks, {args.small} x 10,000 float32 + {args.mib:g} MiB float32, timeout "
+              f"{args.timeout}; median of "
               f"{REPETITIONS} interleaved repetitions, slowest rank, ms")
         for name, ms in median.items():
             print(f"{name:>12} {ms:9.3f}")

@@ -16,7 +16,7 @@ GPU; one that imports torch (or mpiallreduce.torch) where torch does not import.
 Shell. Every ```sh block runs line by line in one folder, in order (so later lines read what earlier
 ones wrote). The folder holds every page's complete programs under the names their first lines
 give (`python first.py` runs README.md's first program). `bench` and `tune` are cut to two sizes
-(64 B, 4 KiB) and two repetitions, and `bench` to `auto` and `ring` where it names no algorithms
+(64 B, 4 KiB) and two repetitions (`tune` to one run), and `bench` to `auto` and `ring` where it names no algorithms
 and one of Open MPI's forced ones (tests/test_under_mpiexec.py runs every contender); `--device gpu` and programs that import cupy run only where a
 GPU is usable, `--nodes` (emulated nodes) only as root with unshare. Not run here:
 `make` (CI runs it), `pip` and making a venv (they would install), `pytest` (these are the tests),
@@ -189,6 +189,8 @@ def cut_down(line):
             line += " --openmpi-forced 4"
         if "mpiallreduce bench" in line and "--algorithms" not in line:  # (every algorithm: test_under_mpiexec)
             line += " --algorithms auto,ring"
+        if "mpiallreduce tune" in line and "--runs" not in line:
+            line += " --runs 1"
     return line
 
 
