@@ -155,7 +155,7 @@ class PreparedAllreduce(Prepared):
     def __call__(self, on=None):
         """Reduce the current contents of x now (in program order); the result array. ``on``: run
         the call agreed on in place on this array instead, its result there (see ``start``)."""
-        return super().__call__(self._elsewhere(on))
+        return Prepared.__call__(self, None if on is None else self._elsewhere(on))
 
     run = __call__
 

@@ -134,6 +134,22 @@ def test_in_place_calls_follow_the_tables_in_place_rules_where_it_has_them():
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
+def test_prepared_calls_of_mpi_below_64_KiB_are_persistent_requests_except_under_ulfm():
+    import dataclasses
+
+    import numpy as np
+    from mpiallreduce.core.planner import PERSISTENT_BELOW, CallFacts, plan_call
+    f32, facts = np.dtype(np.float32), CallFacts(size=2)
+    small = plan_call(facts, False, f32, 4, "sum", "mpi")
+    assert small.persistent and "prepared: persistent (MPI_Allreduce_init)" in small.describe()
+    assert plan_call(facts, False, f32, PERSISTENT_BELOW - 4, "sum", "mpi", True).persistent
+    assert not plan_call(facts, False, f32, PERSISTENT_BELOW, "sum", "mpi").persistent
+    assert not plan_call(facts, False, f32, 4, "sum", "ring").persistent
+    assert not plan_call(facts, True, f32, 4, "sum", "mpi").persistent  # (device arrays)
+    assert not plan_call(dataclasses.replace(facts, persistent_collectives=False), False, f32, 4, "sum",
+                         "mpi").persistent
+
+
 def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses():
     import numpy as np
     from mpiallreduce.core import tuning

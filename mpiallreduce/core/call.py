@@ -258,18 +258,20 @@ class Prepared:
         #: the flat input is x itself (a view), or a copy to refresh before each run
         self.input_is_x = flat.send is None and flat.write_back is None or (
             flat.send is not None and _views(flat.send, call.x))
-        self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp)
+        self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp, kept=True)
         self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
 
     def __call__(self, elsewhere=None):
-        """Reduce the current contents of ``x`` (numbered here, on the caller's thread, in program
-        order; run in its turn); the result array. ``elsewhere``: (bound run, array), the call run
-        in place on that array instead (mpiallreduce.api.PreparedAllreduce)."""
+        """Reduce the current contents of ``x`` (numbered here, in program order; run in its turn): the
+        result. ``elsewhere``: (bound run, array), run on that array instead (api.PreparedAllreduce)."""
         sequence = self.state.number()
         if self.fast and not _worker.pending:
-            (self.execute if elsewhere is None else elsewhere[0])(sequence)
-            return self.result if elsewhere is None else elsewhere[1]
+            if elsewhere is None:
+                self.execute(sequence)
+                return self.result
+            elsewhere[0](sequence)
+            return elsewhere[1]
         return run_in_order(lambda: self.run_numbered(sequence, elsewhere))
 
     run = __call__

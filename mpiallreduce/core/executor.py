@@ -27,6 +27,7 @@ from ..faults.watch import PeerWatch
 from . import buffers
 from .consistency import SignatureMismatch, agree_on_call, compare, digest
 from .ops import OPS, ignore_float_errors, restore_float_errors
+from .persistent import bind_persistent
 
 __all__ = ["Execution", "raise_failed"]
 
@@ -174,13 +175,18 @@ class Execution:
         if not plan.local_only:
             plan.algorithm.set_up(self.state.library, plan.working_bytes)
 
-    def bound(self, send, recv, timeout, xp):
+    def bound(self, send, recv, timeout, xp, kept=False):
         """``run`` with its buffers bound for good (a prepared call): a function of the call's number.
-        The plain MPI_Allreduce of an unchecked, untimed host call is bound with its arguments."""
+        The plain MPI_Allreduce of an unchecked, untimed host call is bound with its arguments; for
+        good (``kept``: a prepared call's own buffers) as a persistent request where the plan says."""
         if self.direct and not self.compares_first and timeout is None and xp is None:
             state, allreduce, mpi_op = self.state, self.state.library.Allreduce, self.mpi_op
             # ([buffer, datatype] made once: mpi4py then skips reading the array's format, ~0.1 us)
             source, target = MPI.IN_PLACE if send is None else [send, self.datatype], [recv, self.datatype]
+            persistent = kept and self.plan.persistent and bind_persistent(
+                state.library, source, target, mpi_op, lambda error, sequence: raise_failed(error, state, sequence, None))
+            if persistent:
+                return persistent
 
             def run_bound(sequence):
                 try:

@@ -165,7 +165,7 @@ class CommState:
         self.facts = CallFacts(size=self.size, spans_nodes=self.spans_nodes, node_count=self.node_count,
                                equal_nodes=self.equal_nodes, cuda_aware=self.cuda_aware, cuda_ipc=self.cuda_ipc,
                                signature_min_bytes=self.settings.signature_min_bytes,
-                               shared_slots=self.signature_slots is not None)
+                               shared_slots=self.signature_slots is not None, persistent_collectives=not fault_tolerant())
 
     def learn_cuda_ipc(self, xp):
         """Probe CUDA IPC once (collective: in a call's turn, on every rank) and plan with the verdict."""

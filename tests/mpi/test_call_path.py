@@ -483,6 +483,28 @@ def test_a_prepared_call_runs_in_place_on_another_array_given_it(comm, algorithm
     assert values_equal(prepared(), want)  # (the ranks still in step)
 
 
+def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm):
+    """Below PERSISTENT_BELOW a prepared call of MPI's allreduce binds MPI_Allreduce_init once and
+    starts it each run (in place or not, in the background too); collected, its request is freed."""
+    import gc
+    import weakref
+    rank = comm.Get_rank()
+    for in_place in (False, True):
+        x = exact_input("float64", 300, rank, "sum")
+        prepared = mar.prepare(x, algorithm="mpi", comm=comm, out=x if in_place else None)
+        assert prepared.plan.persistent == (comm.Get_size() > 1) or prepared.plan.local_only
+        for step in range(3):
+            x[...] = exact_input("float64", 300, rank + step, "sum")
+            want = numpy_reference("sum", gather_inputs(comm, x))
+            assert values_equal(prepared() if step != 1 else prepared.start().wait(), want), (in_place, step)
+    prepared = mar.prepare(x, algorithm="mpi", comm=comm)  # (not started in the background: the worker
+    prepared()  # may hold its last job a while)
+    alive = weakref.ref(prepared.execute)
+    del prepared
+    gc.collect()
+    assert alive() is None  # (and with it, its request: weakref.finalize in mpiallreduce.core.persistent)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_call_in_place_on_some_ranks_only_is_refused_on_every_rank():
     """``out=x`` is part of the signature (as MPI_IN_PLACE must be given by every rank): in-place

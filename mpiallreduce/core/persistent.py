@@ -1,0 +1,39 @@
+"""A prepared call of MPI's own allreduce as a persistent request (MPI-4's MPI_Allreduce_init).
+
+    prepare(x, ...)       MPI_Allreduce_init on its buffers, once (every rank makes its prepared
+                          calls in one order: they are agreed on when made)
+    each run              MPI_Start, MPI_Wait
+    the prepared call     MPI_Request_free, when it is collected (an inactive request: local)
+    collected
+
+Which prepared calls do is the plan's (mpiallreduce.core.planner.PERSISTENT_BELOW: where Open MPI's
+persistent allreduce beat its blocking one); the executor binds it (Execution.bound).
+"""
+import weakref
+
+from mpi4py import MPI
+
+__all__ = ["bind_persistent"]
+
+
+def bind_persistent(library, source, target, mpi_op, failed):
+    """``run(sequence)``: a persistent allreduce of ``source`` into ``target`` on ``library``
+    started and waited for (``failed(error, sequence)`` raises what an error means); None where
+    this MPI has no persistent collectives."""
+    if not hasattr(library, "Allreduce_init"):
+        return None
+    request = library.Allreduce_init(source, target, mpi_op)
+
+    def run(sequence):
+        try:
+            request.Start()
+            request.Wait()
+        except BaseException as error:
+            failed(error, sequence)
+    weakref.finalize(run, _free, request)
+    return run
+
+
+def _free(request):
+    if not MPI.Is_finalized():
+        request.Free()
