@@ -137,45 +137,44 @@ def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, me
 
 
 def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
-               timeout=None):
+               timeout=None, persistent=True):
     """``prepare`` with the call site to compare given (the library's own prepared calls, GradientSync's
-    buckets, give "": they are compared by what they reduce, not by where the user's code was)."""
+    buckets, give "": they are compared by what they reduce, not by where the user's code was);
+    ``persistent=False``: never a persistent request (a call also run on other memory)."""
     call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site)
-    return run_here(lambda: PreparedAllreduce(call))  # (it makes its shared window, if it needs one)
+    return run_here(lambda: PreparedAllreduce(call, persistent))  # (it makes its shared window, if it needs one)
 
 
 class PreparedAllreduce(Prepared):
     """An allreduce agreed on and planned once (see ``prepare``): call it (or ``.run()``) for the
     result, the same array every run; ``.start()`` runs it in the background (an AllreduceHandle)."""
 
-    def __init__(self, call):
-        super().__init__(call)
+    def __init__(self, call, persistent=True):
+        super().__init__(call, persistent)
         self.result = self.flat.result
 
-    def __call__(self, on=None):
-        """Reduce the current contents of x now (in program order); the result array. ``on``: run
-        the call agreed on in place on this array instead, its result there (see ``start``)."""
-        return Prepared.__call__(self, None if on is None else self._elsewhere(on))
-
-    run = __call__
-
-    def start(self, here=False, on=None):
+    def start(self, here=False):
         """Run in the background (allreduce_async's worker); an AllreduceHandle. ``here``: run it
-        now, on this thread (after the pending asynchronous calls), the handle holding its outcome.
-        ``on``: run the call agreed on in place on this array instead (of x's type, shape and dtype,
-        C-contiguous, writeable; the call prepared in place, ``out=x``), the result there: every rank
-        must give one, as each rank gives x (GradientSync: a step's gradients where they lie)."""
-        return super().start(lambda run: submit_prepared(self, run, here), self._elsewhere(on))
+        now, on this thread (after the pending asynchronous calls), the handle holding its outcome."""
+        return super().start(lambda run: submit_prepared(self, run, here))
+
+    # GradientSync's (mpiallreduce.training.reduction): the call as agreed, run in place on another
+    # numpy array like x (None: on x), prepared in place and not persistent. Not checked across the
+    # ranks, so not public: there, the step's digest has agreed the gradients on every rank first.
+    def _run_on(self, array=None):
+        return Prepared.__call__(self, _elsewhere=None if array is None else self._elsewhere(array))
+
+    def _start_on(self, array=None):
+        return super().start(lambda run: submit_prepared(self, run, False),
+                             None if array is None else self._elsewhere(array))
 
     def _elsewhere(self, on):
-        if on is None:
-            return None
-        if not (self.flat.send is None and self.flat.write_back is None and type(on) is type(self.x)
-                and on.shape == self.x.shape and on.dtype == self.x.dtype and on.flags.c_contiguous
-                and on.flags.writeable):
-            raise ValueError(f"on= takes a writeable C-contiguous {self.x.shape} {self.x.dtype} "
-                             f"{type(self.x).__name__}, for a call prepared in place (out=x); got "
-                             f"{getattr(on, 'shape', '?')} {getattr(on, 'dtype', type(on).__name__)}")
+        if not (self.flat.send is None and self.flat.write_back is None and not self.persistent
+                and type(on) is type(self.x) is np.ndarray and on.shape == self.x.shape
+                and on.dtype == self.x.dtype and on.flags.c_contiguous and on.flags.writeable):
+            raise ValueError(f"a prepared call runs on a writeable C-contiguous numpy array of x's shape and "
+                             f"dtype, prepared in place and not persistent; got {getattr(on, 'shape', '?')} "
+                             f"{getattr(on, 'dtype', type(on).__name__)}")
         return self.execution.bound(None, on.reshape(-1), self.timeout, self.xp), on
 
     def __repr__(self):

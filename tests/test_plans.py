@@ -124,12 +124,18 @@ def test_in_place_calls_follow_the_tables_in_place_rules_where_it_has_them():
         in_place = plan_call(two, False, f32, 1000, "sum", "auto", True)
         assert in_place.name == "mpi" and in_place.in_place and "in place" in in_place.reason
         assert plan_call(two, False, f32, 1004, "sum", "auto", True).name == "ring_pipelined"
-        assert plan_call(three, False, f32, 1000, "sum", "auto", True).name == "mpi"  # (nearest smaller count)
+        assert plan_call(three, False, f32, 1000, "sum", "auto", True).name == "ring"  # (3's, out of place: never
+        assert plan_call(CallFacts(size=2), False, f32, 1000, "sum", "auto", True).name == "mpi"  # another count's)
+        del table["by_ranks"]["3"]
+        tuning.set_tuning_table(table)
+        assert plan_call(three, False, f32, 1000, "sum", "auto", True).name == "mpi"  # (nearest: 2, in place)
         assert plan_call(nodes, False, f32, 1000, "sum", "auto").name == "ring"
         assert plan_call(nodes, False, f32, 1000, "sum", "auto", True).name == "rabenseifner"
         del table["by_ranks_in_place"]
         tuning.set_tuning_table(table)
-        assert plan_call(three, False, f32, 1000, "sum", "auto", True).name == "ring"  # (none: out of place's)
+        assert plan_call(three, False, f32, 1000, "sum", "auto", True).name == "shared_memory"  # (none in place)
+        assert plan_call(CallFacts(size=2, spans_nodes=True, node_count=3), False, f32, 1000, "sum", "auto",
+                         True).name == "rabenseifner"  # (the nearest smaller node count's, in place)
     finally:
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 

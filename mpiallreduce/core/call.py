@@ -247,7 +247,7 @@ class Prepared:
     """A call agreed on and planned once, its buffers bound once: ``prepared()`` numbers a run and
     runs it in its turn, ``start(submit)`` hands it to the worker, ``run_numbered(n)`` runs call #n."""
 
-    def __init__(self, call):
+    def __init__(self, call, persistent=True):
         call._meet()
         self.state, self.timeout, self.site, self.x = call.state, call.timeout, call.site, call.x
         self.execution = call.agreed_execution()
@@ -258,14 +258,15 @@ class Prepared:
         #: the flat input is x itself (a view), or a copy to refresh before each run
         self.input_is_x = flat.send is None and flat.write_back is None or (
             flat.send is not None and _views(flat.send, call.x))
-        self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp, kept=True)
+        self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp, kept=persistent)
+        self.persistent = getattr(self.execute, "persistent", False)
         self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
 
-    def __call__(self, elsewhere=None):
+    def __call__(self, *, _elsewhere=None):
         """Reduce the current contents of ``x`` (numbered here, in program order; run in its turn): the
         result. ``elsewhere``: (bound run, array), run on that array instead (api.PreparedAllreduce)."""
-        sequence = self.state.number()
+        sequence, elsewhere = self.state.number(), _elsewhere
         if self.fast and not _worker.pending:
             if elsewhere is None:
                 self.execute(sequence)

@@ -31,6 +31,7 @@ def bind_persistent(library, source, target, mpi_op, failed):
         except BaseException as error:
             failed(error, sequence)
     weakref.finalize(run, _free, request)
+    run.persistent = True
     return run
 
 

@@ -87,7 +87,7 @@ class CallFacts:
     #: CUDA IPC among its ranks: "untested" (until a call that would use it probes it:
     #: mpiallreduce.core.state.CommState.learn_cuda_ipc), "works", or "refused: why"
     cuda_ipc: str = "untested"
-    #: prepared calls may use persistent requests (not under ULFM, whose failure notice they may miss)
+    #: prepared calls may use persistent requests (not under ULFM: how they meet a dead rank is untested)
     persistent_collectives: bool = True
 
 

@@ -17,7 +17,8 @@ For a rank count not in the table, the nearest smaller one is used (else the sma
 In-place calls (``out=x``) have sections of their own, ``by_ranks_in_place`` and
 ``by_nodes_in_place``, in the same format: in place, Open MPI's MPI_Allreduce skips a copy that
 our algorithms make, and wins sizes it loses out of place. Where the table has no in-place rules
-for a rank count, an in-place call reads the out-of-place ones.
+for the rank count (the nearest one the out-of-place section has), an in-place call reads the
+out-of-place ones: another count's in-place rules are not taken.
 
 Communicators that span nodes have a section of their own, measured across nodes (``mpiallreduce
 tune`` under ``launch --nodes N`` or on a multi-node allocation writes it), by node count, then
@@ -87,27 +88,31 @@ def table_digest():
     return f"{digest(text):016x}"
 
 
-def _nearest(section, count):
-    """``section[count]`` (keys are counts as strings), else the nearest smaller count's, else the
-    smallest's; None for an empty section."""
-    by_count = {int(k): v for k, v in section.items()}
-    if not by_count:
-        return None
-    if count in by_count:
-        return by_count[count]
-    smaller = [k for k in by_count if k <= count]
-    return by_count[max(smaller) if smaller else min(by_count)]
+def _nearest_key(section, count):
+    """The key of ``section`` (counts as strings) for ``count``: itself, else the nearest smaller
+    count, else the smallest; None for an empty section."""
+    counts = [int(k) for k in section]
+    smaller = [k for k in counts if k <= count]
+    return None if not counts else str(max(smaller) if smaller else min(counts))
 
 
-def _section(name, in_place):
-    """The table's section ``name`` ("by_ranks", "by_nodes"), its in-place one for in-place calls."""
+def _measured(name, count, in_place):
+    """``name``'s ("by_ranks", or a node count's "by_nodes") entry for ``count``, the nearest count
+    the out-of-place section has; for an in-place call, the in-place section's entry for that same
+    count where it has one (never another count's), else the out-of-place one."""
     table = tuning_table()
-    return table.get(name + "_in_place") if in_place else None
+    section, in_place_section = (table.get(name, {}), table.get(name + "_in_place", {})) if isinstance(name, str) \
+        else name
+    key = _nearest_key(section, count) or (_nearest_key(in_place_section, count) if in_place else None)
+    if key is None:
+        return None
+    if in_place and key in in_place_section:
+        return in_place_section[key]
+    return section.get(key)
 
 
 def _rules_for(size, in_place=False):
-    measured = _section("by_ranks", in_place)
-    return (measured and _nearest(measured, size)) or _nearest(tuning_table().get("by_ranks", {}), size) or []
+    return _measured("by_ranks", size, in_place) or []
 
 
 def _rule_choice(rules, nbytes, known):
@@ -135,10 +140,12 @@ def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
     count (nor a smaller one)."""
     key = (nbytes, size, nodes, in_place)
     if key not in _choices:
-        rules = None
-        for by_nodes in (_section("by_nodes", in_place) or {}, tuning_table().get("by_nodes", {})):
-            smaller = [int(k) for k in by_nodes if int(k) <= nodes]
-            rules = rules or (_nearest(by_nodes[str(max(smaller))], size) if smaller else None)
+        table = tuning_table()
+        by_nodes, in_place_nodes = table.get("by_nodes", {}), table.get("by_nodes_in_place", {}) if in_place else {}
+        smaller = [int(k) for k in {**in_place_nodes, **by_nodes} if int(k) <= nodes]
+        node_key = str(max(smaller)) if smaller else None  # (the nearest smaller node count, none bigger)
+        rules = None if node_key is None else _measured(
+            (by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {})), size, in_place)
         choice = None if not rules else _rule_choice(rules, nbytes, known)
         if len(_choices) < 4096:
             _choices[key] = choice

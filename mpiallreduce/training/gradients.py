@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from .buckets import GradientSpec, plan_buckets
 from .compression import check_compression
-from .overlap import overlap_with_backward
+from .overlap import overlap_with_backward, untimed
 from .reduction import BucketReducer, direct_min_bytes
 from .replicas import broadcast_parameters, check_replicas
 from .steps import (UNNAMED_TWIN, Step, agree_on_slots, common_order, describe_step_differences, given_slot,
@@ -131,7 +131,7 @@ class GradientSync:
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
         self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else
-                                     direct_min_bytes(in_place=self._agree_first and self.timeout is None))
+                                     direct_min_bytes(in_place=self._agree_first and untimed(self.timeout)))
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
@@ -258,7 +258,7 @@ class GradientSync:
             self._new_step()
             raise ValueError("GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed")
         if self._agree_first:  # (agreed on the step: the other buckets, their large gradients in place)
-            apart = self._reducer.apart(step.filled) if self.timeout is None else ()
+            apart = self._reducer.apart(step.filled) if untimed(self.timeout) else ()
             self._reduce(first, len(self._in_flight), in_place=apart, last_part="direct")
         unused = self._reducer.write_back(self._in_flight, step.filled)
         if self._rebuild_pending:  # (DDP's bucket rebuild: collective, once)

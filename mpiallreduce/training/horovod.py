@@ -124,7 +124,9 @@ def _reduce(tensor, average, op, compression, prescale_factor, postscale_factor,
         work, copied = work * prescale_factor, True
     if codec is not None and work.is_floating_point() and work.element_size() > 2:
         work, copied = work.to(torch.float16 if codec == "fp16" else torch.bfloat16), True
-    result = reduce_tensor(work, op, in_place=copied or in_place, **kwargs)
+    # (allreduce: out of place, as the autograd branch above: ranks that differ in requires_grad
+    # make one plan; allreduce_: in place, on the scaled or compressed copy if there is one)
+    result = reduce_tensor(work, op, in_place=in_place, **kwargs)
     if postscale_factor != 1.0:
         result = result * postscale_factor
     if not in_place:

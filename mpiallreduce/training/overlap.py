@@ -19,7 +19,7 @@ first: once every rank agreed on the step, the large gradients are reduced in pl
 from ..core.gather import gather_from_ranks
 from ..core.machine import cpu_set, machine_id, share_of_cores
 
-__all__ = ["overlap_with_backward", "SPARE_CORES"]
+__all__ = ["overlap_with_backward", "untimed", "SPARE_CORES"]
 
 #: the cores a rank needs to itself for background reductions to pay
 SPARE_CORES = 2
@@ -32,3 +32,11 @@ def overlap_with_backward(comm, asked=None, timeout=None):
     decided = [bool(theirs) if theirs is not None else share_of_cores((machine, cores), [e[:2] for e in everyone])
                >= SPARE_CORES for machine, cores, theirs in everyone]
     return decided[comm.Get_rank()], not any(decided)
+
+
+def untimed(timeout):
+    """Whether GradientSync's calls wait for ever (no ``timeout``, and none in the settings:
+    MPIALLREDUCE_TIMEOUT): only then are large gradients reduced where they lie once the ranks
+    agreed, since a timed call could give up after the agreement, with some reduced."""
+    from ..core.settings import settings
+    return timeout is None and settings().timeout is None

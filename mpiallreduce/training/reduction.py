@@ -83,13 +83,14 @@ class BucketReducer:
         that share no memory with another large one: those that may be reduced in place (by byte
         bounds, sorted). A fused one that shares their memory is harmless: it was copied into its
         bucket at ready(), and its result is written back last, from what it held then."""
-        bounds = sorted((*_byte_bounds(grad), index) for index in self._direct_slots
-                        if type(grad := filled.get(index)) is np.ndarray and grad.flags.c_contiguous
-                        and grad.flags.writeable)
+        bounds = sorted((*_byte_bounds(grad), index) for index in self._direct_slots  # (strided ones too)
+                        if isinstance(grad := filled.get(index), np.ndarray))
         apart, reach = set(), None
         for k, (low, high, index) in enumerate(bounds):
             after = bounds[k + 1][0] if k + 1 < len(bounds) else None
-            if (reach is None or low >= reach) and (after is None or after >= high):
+            grad = filled[index]
+            if ((reach is None or low >= reach) and (after is None or after >= high) and type(grad) is np.ndarray
+                    and grad.flags.c_contiguous and grad.flags.writeable):
                 apart.add(index)
             reach = high if reach is None else max(reach, high)
         return apart
@@ -173,11 +174,11 @@ class BucketReducer:
             else:  # (prepared once on its result buffer: agreed then; the step's digest says the ranks' calls match)
                 own = self._results[index]
                 prepared = self._direct.get(index)
-                if prepared is None:
+                if prepared is None:  # (not persistent: run on other memory as well, the same kind of call)
                     prepared = self._direct[index] = prepare_at("", own, algorithm=self.algorithm, comm=self.comm,
-                                                                out=own, timeout=self.timeout)
+                                                                out=own, timeout=self.timeout, persistent=False)
                 on = None if result is own else result
-                handle = _Done.of(prepared)(on) if here else prepared.start(on=on)
+                handle = _Done.of(prepared._run_on)(on) if here else prepared._start_on(on)
             if here and index in reduced_in_place and handle.error is None:  # (its mean now, while in cache)
                 self._finish(np, grad, grad, bucket, self.comm.Get_size(), self.op == "mean")
                 finished.add(index)

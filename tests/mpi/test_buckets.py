@@ -293,3 +293,39 @@ def test_with_a_timeout_a_rank_late_after_the_ranks_agreed_changes_no_gradient()
             sync.ready(grads[name], name=name)
         sync.wait()
     assert all(np.array_equal(grads[name], before[name]) for name in grads)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("strided_first", [False, True])
+def test_a_strided_large_gradient_over_the_memory_of_another_is_reduced_once(comm, op, strided_first):
+    """a (contiguous) and b (every other element of the same memory) are both large: neither is
+    reduced where it lies, whichever comes first, and every element gets one sum (or mean)."""
+    rank, size, n = comm.Get_rank(), comm.Get_size(), 1 << 15
+    big = exact_input("float32", 2 * n, rank, "sum")
+    a, b = big[:n], big[::2]
+    grads = {"b": b, "a": a} if strided_first else {"a": a, "b": b}
+    everyone = gather_inputs(comm, big)
+    want = numpy_reference(op, everyone)
+    covered = np.zeros(2 * n, bool)
+    covered[:n] = covered[::2] = True
+    want = np.where(covered, want, big)  # (memory in no gradient keeps this rank's values)
+    sync = mar.GradientSync(comm=comm, op=op, parameters={k: v.copy() for k, v in grads.items()})
+    for name, g in grads.items():
+        sync.ready(g, name=name)
+    sync.wait()
+    assert values_equal(big, want)
+
+
+def test_with_a_timeout_in_the_settings_large_gradients_are_not_reduced_where_they_lie(comm, monkeypatch):
+    """MPIALLREDUCE_TIMEOUT times GradientSync's calls as timeout= does: so only gradients of 1 MiB
+    or more are reduced on their own, through buffers of their own (a timed call may give up after
+    the ranks agreed); without it, from 64 KiB on where they lie."""
+    from mpiallreduce.core import settings as settings_module
+    from mpiallreduce.training.overlap import untimed
+    rank = comm.Get_rank()
+    for timeout, direct in ((None, True), (30.0, False)):
+        monkeypatch.setattr(settings_module, "settings", lambda current=settings_module.settings(): (
+            __import__("dataclasses").replace(current, timeout=timeout)))
+        assert untimed(None) == (timeout is None)
+        sync = mar.GradientSync(comm=comm, overlap=False, parameters={"g": np.zeros(20_000), "s": np.zeros(5)})
+        assert bool(sync._buckets[0].direct) == direct or comm.Get_size() == 1

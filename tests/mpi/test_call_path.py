@@ -460,25 +460,31 @@ def test_prepared_calls_are_agreed_once_and_refuse_a_mismatch_everywhere():
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring"])
-def test_a_prepared_call_runs_in_place_on_another_array_given_it(comm, algorithm):
-    """prepare(x, out=x), then ``prepared(on=y)`` and ``prepared.start(on=y)``: the call agreed on,
-    in place on y (GradientSync's gradients where they lie); x keeps what it held; an array unlike x,
-    or a call not prepared in place, is refused before anything moves."""
+def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, algorithm):
+    """GradientSync's: a call prepared in place and not persistent, run in place on another array
+    like x (``_run_on``, ``_start_on``); x keeps what it held; an array unlike x, or a call not
+    prepared so, is refused before anything moves (on every rank alike here)."""
+    from mpiallreduce.api import prepare_at
     rank = comm.Get_rank()
     x = exact_input("float32", 20_000, rank, "sum")
     kept = x.copy()
-    prepared = mar.prepare(x, algorithm=algorithm, comm=comm, out=x)
-    for step, run in enumerate((lambda y: prepared(on=y), lambda y: prepared.start(on=y).wait(),
-                                lambda y: prepared.start(here=True, on=y).wait())):
+    prepared = prepare_at("", x, algorithm=algorithm, comm=comm, out=x, persistent=False)
+    for step, run in enumerate((prepared._run_on, lambda y: prepared._start_on(y).wait())):
         y = exact_input("float32", 20_000, rank + step + 1, "sum")
         want = numpy_reference("sum", gather_inputs(comm, y))
         assert run(y) is y and values_equal(y, want), step
     assert np.array_equal(x, kept)
     for wrong in (np.zeros(20_001, np.float32), np.zeros(20_000), np.zeros(40_000, np.float32)[::2]):
-        with pytest.raises(ValueError, match="on= takes a writeable C-contiguous"):
-            prepared(on=wrong)
-    with pytest.raises(ValueError, match="prepared in place"):
-        mar.prepare(x, comm=comm)(on=np.zeros_like(x))
+        with pytest.raises(ValueError, match="writeable C-contiguous numpy array of x's shape"):
+            prepared._run_on(wrong)
+    with pytest.raises(ValueError, match="prepared in place and not persistent"):
+        mar.prepare(x, comm=comm)._run_on(np.zeros_like(x))  # (prepared out of place)
+    if comm.Get_size() > 1:  # (on one rank, a local copy: never persistent)
+        small = np.ones(4, np.float32)
+        persistent = mar.prepare(small, algorithm="mpi", comm=comm, out=small)
+        assert persistent.persistent
+        with pytest.raises(ValueError, match="prepared in place and not persistent"):
+            persistent._run_on(np.zeros_like(small))
     want = numpy_reference("sum", gather_inputs(comm, x))
     assert values_equal(prepared(), want)  # (the ranks still in step)
 

@@ -245,6 +245,18 @@ def test_horovod_api_async_objects_and_op_rules():
     np.testing.assert_array_equal(leaf.grad.numpy(), np.full(3, 2.0 * size))
 
 
+@pytest.mark.parametrize("scaled", [{"prescale_factor": 2.0}, {"compression": mt.Compression.fp16}])
+def test_hvd_allreduce_of_a_tensor_that_requires_grad_on_some_ranks_only(scaled):
+    """A metric that requires grad on rank 0 only: its allreduce (differentiable there) and the
+    others' make one plan (both out of place), and every rank gets the sum."""
+    torch = pytest.importorskip("torch")
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    t = torch.full((1000,), float(rank + 1), requires_grad=rank == 0)
+    result = mt.allreduce(t, op=mt.Sum, **scaled)
+    factor = scaled.get("prescale_factor", 1.0)
+    assert torch.equal(result.detach(), torch.full((1000,), factor * size * (size + 1) / 2))
+
+
 def test_horovod_init_with_a_communicator_makes_it_every_calls_ranks():
     """hvd.init(comm): rank(), size(), allreduce and DistributedOptimizer are that communicator's."""
     rank = WORLD.Get_rank()
