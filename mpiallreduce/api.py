@@ -178,7 +178,8 @@ class PreparedAllreduce(Prepared):
         return self.execution.bound(None, on.reshape(-1), self.timeout, self.xp), on
 
     def __repr__(self):
-        return f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}>"
+        return (f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}"
+                + ("; persistent (MPI_Allreduce_init)" if self.persistent else "") + ">")
 
 
 def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False):

@@ -162,7 +162,7 @@ class CallPlan:
         if self.inner is not None:
             text += (f"; node leaders run {self.inner.name}"
                      + (" (on the call's tags, watching the peers)" if self.inner_on_tags else ""))
-        text += f"; signature: {self.signature}" + ("; prepared: persistent (MPI_Allreduce_init)" if self.persistent else "")
+        text += f"; signature: {self.signature}"
         if self.ipc_probe is not None:
             text += "; CUDA IPC not yet probed: the first call probes it, and plans again if it is refused"
         return text

@@ -142,8 +142,10 @@ def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
     if key not in _choices:
         table = tuning_table()
         by_nodes, in_place_nodes = table.get("by_nodes", {}), table.get("by_nodes_in_place", {}) if in_place else {}
-        smaller = [int(k) for k in {**in_place_nodes, **by_nodes} if int(k) <= nodes]
-        node_key = str(max(smaller)) if smaller else None  # (the nearest smaller node count, none bigger)
+        node_key = None  # (the nearest smaller node count of the out-of-place section, as for rank counts)
+        for section in (by_nodes, in_place_nodes):
+            smaller = [int(k) for k in section if int(k) <= nodes]
+            node_key = node_key or (str(max(smaller)) if smaller else None)
         rules = None if node_key is None else _measured(
             (by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {})), size, in_place)
         choice = None if not rules else _rule_choice(rules, nbytes, known)

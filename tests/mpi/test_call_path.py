@@ -482,7 +482,8 @@ def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, 
     if comm.Get_size() > 1:  # (on one rank, a local copy: never persistent)
         small = np.ones(4, np.float32)
         persistent = mar.prepare(small, algorithm="mpi", comm=comm, out=small)
-        assert persistent.persistent
+        assert persistent.persistent and "persistent (MPI_Allreduce_init)" in repr(persistent)
+        assert "persistent" not in repr(prepared)  # (run on other memory: never)
         with pytest.raises(ValueError, match="prepared in place and not persistent"):
             persistent._run_on(np.zeros_like(small))
     want = numpy_reference("sum", gather_inputs(comm, x))
