@@ -86,6 +86,13 @@ class CommState:
         self.signature_slots = None
         self.lock = threading.Lock()
 
+    def keep(self, key, execution, most=256):
+        """Keep ``execution`` for the short path under ``key``; past ``most`` kinds, the oldest goes
+        (a long run of new kinds, as bench's sizes, keeps its short paths)."""
+        if len(self.fast_calls) >= most:  # (another thread may change it meanwhile: pop what is first then)
+            self.fast_calls.pop(next(iter(self.fast_calls.copy()), None), None)
+        self.fast_calls[key] = execution
+
     def number(self):
         """Number the next call on this communicator (1, 2, ...): every call that reaches
         communication is numbered here, on the caller's thread, in program order

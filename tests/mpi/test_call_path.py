@@ -512,6 +512,20 @@ def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm
     assert alive() is None  # (and with it, its request: weakref.finalize in mpiallreduce.core.persistent)
 
 
+def test_past_256_kinds_of_calls_the_oldest_lose_their_short_path_not_the_newest(comm):
+    """bench's sizes x algorithms x modes pass 256 kinds: the newest kinds keep a short path."""
+    from mpiallreduce.core.state import state_of
+    rank = comm.Get_rank()
+    for count in range(1, 301):
+        x = exact_input("float32", count, rank, "sum")
+        want = numpy_reference("sum", gather_inputs(comm, x)) if count in (1, 300) else None
+        result = mar.allreduce(x, comm=comm, out=x)
+        assert want is None or values_equal(result, want)
+    kept = state_of(comm).fast_calls
+    assert len(kept) == 256 and ((300,), np.dtype(np.float32), "sum", "auto", True) in kept
+    assert ((1,), np.dtype(np.float32), "sum", "auto", True) not in kept
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_call_in_place_on_some_ranks_only_is_refused_on_every_rank():
     """``out=x`` is part of the signature (as MPI_IN_PLACE must be given by every rank): in-place
