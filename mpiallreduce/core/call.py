@@ -48,8 +48,10 @@ def check_comm(comm):
 
 def _op_of(op, reproducible):
     """The ReduceOp a call runs: ``op`` itself, or its reproducible sum (mpiallreduce.reproducible)."""
+    if not reproducible:  # (the general path of every call: no import here)
+        return get_op(op)
     from ..reproducible.routes import EXACT_OPS
-    return EXACT_OPS[op] if reproducible and isinstance(op, str) and op in EXACT_OPS else get_op(op)
+    return EXACT_OPS[op] if isinstance(op, str) and op in EXACT_OPS else get_op(op)
 
 
 def validate(x, op, algorithm, out, reproducible=False, size=1):
@@ -224,8 +226,7 @@ class Call:
         return flat.finish()
 
 
-#: the code every checked call compares first (Call.agreed_execution)
-_CHECKED = digest(("check=True",))
+_CHECKED = digest(("check=True",))  # (the code every checked call compares first: Call.agreed_execution)
 
 
 def _compared(state):  # (every call on this communicator compares its signature before data moves)
@@ -264,8 +265,7 @@ class Prepared:
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
 
     def __call__(self, *, _elsewhere=None):
-        """Reduce the current contents of ``x`` (numbered here, in program order; run in its turn): the
-        result. ``elsewhere``: (bound run, array), run on that array instead (api.PreparedAllreduce)."""
+        """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
         sequence, elsewhere = self.state.number(), _elsewhere
         if self.fast and not _worker.pending:
             if elsewhere is None:
