@@ -151,3 +151,13 @@ def test_under_ulfm_a_rank_killed_on_one_node_leaves_the_survivors_on_both_nodes
     assert set(failed) == {0, 1, 3} and all(r["outcome"] == "RankFailure" for r in failed.values()), explain(result)
     assert set(after) == {0, 1, 3} and all(r["survivors"] == "3" and r["right"] == "True" for r in after.values()), \
         explain(result)
+
+
+@pytest.mark.parametrize("nodes, plan", [(1, "direct"), (2, "fused")])
+def test_gradient_sync_copies_medium_gradients_into_its_bucket_only_across_nodes(nodes, plan):
+    # (one node: a 256 KiB gradient is reduced where it lies; across nodes, in its bucket: one message less)
+    result = run(2, [sys.executable, str(TESTS / "scripts" / "sync_layout.py")], timeout=TIMEOUT, cwd=ROOT,
+                 nodes=nodes if nodes > 1 else None)
+    assert result.returncode == 0, explain(result)
+    assert sorted(re.findall(r"^rank (\d) (\w+) False ok$", result.output, re.M)) == [("0", plan), ("1", plan)], \
+        explain(result)

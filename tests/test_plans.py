@@ -377,3 +377,19 @@ def test_device_to_device_runs_only_where_cuda_ipc_works():
             plan_call(refused, True, f32, 1 << 20, "sum", "device_to_device")
         assert plan_call(refused, True, f32, 1024, "sum", "auto").name == "mpi"
         assert plan_call(refused, False, f32, 1 << 20, "sum", "auto").name != "device_to_device"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.complex64])
+def test_a_mean_divides_bit_for_bit_as_numpy_does(dtype):
+    from mpiallreduce.core.ops import divide_by_size
+    info = np.finfo(dtype)
+    values = np.arange(-500, 500).astype(dtype) * 7 + 3
+    # subnormals, the largest and the smallest: a multiplication by 1/size must round alike
+    extremes = np.array([info.tiny, info.tiny / 3, info.max, -info.max, info.smallest_subnormal], dtype=dtype)
+    values = np.concatenate([values, extremes, values[:50] / np.array(3, dtype)])
+    for size in range(1, 9):
+        out = np.empty_like(values)
+        with np.errstate(all="ignore"):
+            divide_by_size(np, values, size, out)
+            expected = values / np.array(size, dtype=dtype)
+        assert np.array_equal(out.view(np.uint8), expected.astype(out.dtype).view(np.uint8)), (dtype, size)

@@ -24,7 +24,7 @@ carries half the bytes, the copy to the host does not.
 """
 import numpy as np
 
-from ..core.ops import ReduceOp
+from ..core.ops import ReduceOp, divide_by_size
 
 __all__ = ["COMPRESSIONS", "check_compression", "to_wire", "from_wire", "compressed_allreduce", "CompressedSum"]
 
@@ -117,7 +117,7 @@ def compressed_allreduce(comm, values, compression, digest, mean=False, postscal
     for rank in range(size):  # in rank order: the owner's sum, the only one
         _decode_into(total, received[rank, :chunk], compression, accumulate=True)
     if mean:
-        np.divide(total, np.float32(size), out=total)
+        divide_by_size(np, total, size, total)
     if postscale != 1.0:
         np.multiply(total, np.float32(postscale), out=total)
     digests_agree = bool(np.all(received[:, chunk:] == received[:1, chunk:]))

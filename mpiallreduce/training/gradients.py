@@ -41,9 +41,8 @@ __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replic
 class GradientSync:
     """Fuses gradients into fixed buckets, allreduces each (in the background as soon as all its
     gradients are ready, with ``overlap``), writes the results back in place at ``wait()``, once
-    every rank's step succeeded. Gradients of 1 MiB or more are reduced on their own, in a buffer of
-    their size kept from step to step; where no rank overlaps and there is no timeout, those of
-    64 KiB or more where they lie, once the ranks agreed on the step (training.reduction).
+    every rank's step succeeded. Large gradients are reduced on their own: in a buffer kept from step
+    to step, or where no rank overlaps and untimed, where they lie once the ranks agreed (training.reduction).
 
     Args:
         comm: communicator of the replicas (COMM_WORLD if None).
@@ -126,12 +125,13 @@ class GradientSync:
 
     def _use_slots(self, slots, order):
         if self.overlap is None:  # (every rank plans here, together, whatever it was asked)
-            self.overlap, self._agree_first = overlap_with_backward(self.comm, self._asked_overlap, self.timeout)
+            self.overlap, self._agree_first, self._spans_nodes = overlap_with_backward(
+                self.comm, self._asked_overlap, self.timeout)
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
-        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else
-                                     direct_min_bytes(in_place=self._agree_first and untimed(self.timeout)))
+        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else direct_min_bytes(
+            in_place=self._agree_first and untimed(self.timeout), spans_nodes=self._spans_nodes))
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,

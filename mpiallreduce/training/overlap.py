@@ -27,11 +27,13 @@ SPARE_CORES = 2
 
 def overlap_with_backward(comm, asked=None, timeout=None):
     """(whether this rank overlaps: ``asked``, else whether it has a core to spare; whether no rank
-    of ``comm`` overlaps). Collective: every rank says what it has and what it was asked."""
+    of ``comm`` overlaps; whether its ranks span nodes). Collective: every rank says what it has
+    and what it was asked."""
     everyone = gather_from_ranks(comm, (machine_id(), cpu_set(), asked), timeout)
     decided = [bool(theirs) if theirs is not None else share_of_cores((machine, cores), [e[:2] for e in everyone])
                >= SPARE_CORES for machine, cores, theirs in everyone]
-    return decided[comm.Get_rank()], not any(decided)
+    from ..core.state import state_of  # (its topology: emulated nodes share a machine, not a node)
+    return decided[comm.Get_rank()], not any(decided), state_of(comm).make_ready().spans_nodes
 
 
 def untimed(timeout):

@@ -14,6 +14,7 @@ gradients are reduced where they lie, once every rank agreed on the step: Gradie
 """
 import numpy as np
 
+from ..core.ops import divide_by_size
 from ..device.arrays import namespace
 from .buckets import DIGEST_ELEMENTS, digest_elements, digest_of, digests_agree
 from .compression import CompressedSum
@@ -23,18 +24,17 @@ __all__ = ["DIRECT_MIN_BYTES", "IN_PLACE_MIN_BYTES", "direct_min_bytes", "Bucket
 #: gradients of at least this many bytes (in their accumulation dtype) are reduced on their own,
 #: not copied into a bucket's buffer (mpiallreduce.buckets)
 DIRECT_MIN_BYTES = 1 << 20
-#: where they are reduced in place (no rank overlaps, no timeout: GradientSync.wait, once the ranks
-#: agreed on the step), host gradients from this size on: one MPI call each where they lie, as the
-#: hand-written loop does, costs less than the copy into a bucket and back. The transformer's 100
-#: gradients on 2 ranks of one node (sync ms, 1 MiB -> 64 KiB: docs/training.md)
+#: reduced in place (no rank overlaps, no timeout: GradientSync.wait, once the ranks agreed) on one
+#: node, host gradients from this size on: a call each where they lie, as the hand-written loop does,
+#: costs less than the copy into a bucket and back; across nodes a message costs more (docs/training.md)
 IN_PLACE_MIN_BYTES = 64 << 10
 _byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds  # (numpy 1 / numpy 2)
 
 
-def direct_min_bytes(in_place):
+def direct_min_bytes(in_place, spans_nodes=False):
     """{on device: the size from which a gradient is reduced on its own} (mpiallreduce.buckets):
-    IN_PLACE_MIN_BYTES for host gradients reduced ``in_place``, else DIRECT_MIN_BYTES."""
-    return {False: IN_PLACE_MIN_BYTES if in_place else DIRECT_MIN_BYTES, True: DIRECT_MIN_BYTES}
+    IN_PLACE_MIN_BYTES for host gradients reduced ``in_place`` on one node, else DIRECT_MIN_BYTES."""
+    return {False: IN_PLACE_MIN_BYTES if in_place and not spans_nodes else DIRECT_MIN_BYTES, True: DIRECT_MIN_BYTES}
 
 
 class BucketReducer:
@@ -242,7 +242,7 @@ class BucketReducer:
         narrower gradient (float16, bfloat16) gets it rounded once, from ``result``'s dtype."""
         out = target if target.dtype == result.dtype else result
         if divide:
-            xp.divide(result, bucket.dtype.type(size), out=out)
+            divide_by_size(xp, result, size, out)
             result = out
         if self.postscale != 1.0:
             xp.multiply(result, bucket.dtype.type(self.postscale), out=out)

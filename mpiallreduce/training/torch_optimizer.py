@@ -96,6 +96,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         collective over it)."""
         specs = {name: GradientSpec(tuple(p.shape), _numpy_dtype(p.dtype), p.is_cuda) for name, p in self.named_parameters}
         self.sync = GradientSync(comm=comm, parameters=specs, **self._options)
+        self._cuda = any(p.is_cuda for _, p in self.named_parameters)
+        #: the parameters whose gradients numpy sees as they are (CPU, not bfloat16): handed over without _as_array
+        self._plain = {name for name, p in self.named_parameters if not p.is_cuda and p.dtype != torch.bfloat16}
         for hook in self._hooks:
             hook.remove()
         self._hooks = ([p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
@@ -126,16 +129,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Wait for every bucket; gradients then hold the mean over the ranks."""
+        self._synchronize()
+        self._synchronized_grads = self._grad_versions()  # (step() compares: a backward since then?)
+
+    def _synchronize(self):
         if not self._hooks and not self.sync.in_no_sync:  # (no core to spare: every gradient now)
+            ready, plain = self.sync.ready, self._plain
             for name, parameter in self.named_parameters:
-                if parameter.grad is not None:
+                grad = parameter.grad
+                if grad is None:
+                    continue
+                if name in plain and not grad.requires_grad:  # (the common case: numpy sees it as it is)
+                    ready(grad.numpy(), name=name)
+                else:
                     self._hand_over(name, parameter)
         unused = self.sync.wait()
         widened, self._widened = self._widened, {}
-        cuda = any(p.is_cuda for p in self.parameters)
-        if cuda:
+        if self._cuda:
             import cupy
             cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them (once a step)
+        if widened or unused:
+            self._write_widened_and_unused(widened, unused)
+        self._synchronized = True
+
+    def _write_widened_and_unused(self, widened, unused):
         with torch.no_grad():
             for parameter, wide in widened.values():
                 parameter.grad.copy_(wide)
@@ -149,8 +166,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     parameter.grad = grad
                 else:
                     parameter.grad.copy_(grad)
-        self._synchronized = True
-        self._synchronized_grads = self._grad_versions()
 
     def _grad_versions(self):
         """Which gradients the parameters hold, and how often each was written (a new backward
@@ -174,7 +189,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             warnings.warn("optimizer.step() after optimizer.synchronize() without optimizer.skip_synchronize(): "
                           "the gradients were reduced already and are not reduced again", stacklevel=2)
         elif not self._skip:
-            self.synchronize()
+            self._synchronize()
         self._synchronized = False
         return self.optimizer.step(closure)
 
