@@ -129,6 +129,20 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
     assert rows["none"]["max_abs_difference"] > 10 * rows["mpiallreduce"]["max_abs_difference"]
     assert "comm s/epoch" in (tmp_path / "train.txt").read_text()
     assert "transformer 2 layers x 16 wide (28 parameter tensors)" in (tmp_path / "train.txt").read_text()
+    text = (tmp_path / "train.txt").read_text()  # (one round: too few for an interval, and no verdict either way)
+    assert "  mpiallreduce - mpi4py: " in text and "  mpiallreduce - 0.5 x ddp-gloo: " in text, text
+    assert text.count("not measured apart") == 3 and rows["mpi4py"]["comm_s_interval"] == [None, None], text
+
+
+def test_a_medians_interval_is_the_order_statistics_tables_give():
+    """The distribution-free 95% interval of a median: the k-th and (n+1-k)-th of n ordered values
+    (tables of the sign test: n=6: 1st and 6th, n=10: 2nd and 9th, n=25: 8th and 18th, n=50: 18th and 33rd)."""
+    from mpiallreduce.tools.train_table import median_interval
+    for n, (first, last) in {6: (1, 6), 10: (2, 9), 25: (8, 18), 50: (18, 33)}.items():
+        values = [(7 * i) % n + 0.5 for i in range(n)]  # (0.5 .. n-0.5, shuffled)
+        middle, low, high = median_interval(values)
+        assert (low, high) == (first - 0.5, last - 0.5) and middle == n / 2, (n, low, high)
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, None, None)  # (5 values: no 95% interval)
 
 
 def test_the_step_trace_splits_every_contenders_step_into_its_phases(tmp_path):

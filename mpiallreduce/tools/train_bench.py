@@ -41,12 +41,11 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.machine import cores_per_rank  # (per machine: emulated nodes share its cores)
+from .train_table import table
 
 __all__ = ["main"]
 
 CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce", "horovod")
-#: a contender's own baseline, where it is not "none"
-OWN_BASELINE = {"horovod": "none-horovod"}
 
 
 def horovod_importable():
@@ -171,29 +170,6 @@ def start_gloo(torch, comm):
     init_process_group("gloo", comm)
 
 
-def table(rows, args, size, nodes, gradient_bytes, model):
-    steps_per_epoch = args.epoch_samples / (args.local_batch * size)
-    lines = [f"training end to end: {size} ranks on {nodes} node(s), {args.device}, {model} "
-             f"({gradient_bytes / 2**20:.1f} MiB of float32 gradients), local batch {args.local_batch}, "
-             f"median of {args.rounds} interleaved rounds of {args.steps_per_round} steps; "
-             f"an epoch = {args.epoch_samples} samples = {steps_per_epoch:.0f} steps",
-             f"{'contender':<18} {'samples/s':>10} {'step ms':>8} {'comm ms/step':>12} {'comm s/epoch':>12} "
-             f"{'comm share':>10} {'vs own ms':>9} {'max |diff| vs 1 process':>24}"]
-    for name, row in rows.items():
-        comm_s = 0.0 if name.startswith("none") else _paired(row, rows["none"])  # (each round against its baseline)
-        own_s = 0.0 if name.startswith("none") else _paired(row, rows[OWN_BASELINE.get(name, "none")])
-        row.update(comm_s_per_step=comm_s, comm_s_per_epoch=comm_s * steps_per_epoch, comm_s_vs_own_baseline=own_s,
-                   comm_share=comm_s / row["step_s"], samples_per_s=args.local_batch * size / row["step_s"])
-        lines.append(f"{name:<18} {row['samples_per_s']:>10,.0f} {row['step_s'] * 1e3:>8.1f} {comm_s * 1e3:>12.1f} "
-                     f"{row['comm_s_per_epoch']:>12.2f} {row['comm_share']:>10.0%} {own_s * 1e3:>9.1f} "
-                     f"{row['max_abs_difference']:>24.2e}")
-    return "\n".join(lines)
-
-
-def _paired(row, baseline):  # (interleaved rounds: a drift of the machine touches both)
-    return max(statistics.median(a - b for a, b in zip(row["rounds_step_s"], baseline["rounds_step_s"])), 0.0)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mpiallreduce.tools.train_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--contenders", default=None,
@@ -204,7 +180,7 @@ def main(argv=None):
     parser.add_argument("--depth", type=int, default=None,
                         help="MLP: hidden layers (width x width each after the first; 3); transformer: layers (8)")
     for flag, default in (("--inputs", 256), ("--outputs", 16), ("--local-batch", 32), ("--seed", 0),
-                          ("--bucket-bytes", 25 * 2**20), ("--rounds", 9), ("--steps-per-round", 3),
+                          ("--bucket-bytes", 25 * 2**20), ("--rounds", 25), ("--steps-per-round", 3),
                           ("--epoch-samples", 50_000)):
         parser.add_argument(flag, type=int, default=default)
     parser.add_argument("--lr", type=float, default=0.01)
