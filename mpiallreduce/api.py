@@ -132,7 +132,10 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
 
 def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
             timeout=None):
-    """Every check that needs no communication; TypeError/ValueError naming what is wrong."""
+    """Collective: the ranks compare the call once (as ``check=True``) and it is planned once; a
+    PreparedAllreduce, whose runs then reduce x's current contents with no check and no decision.
+    Every rank must run it at the same point (timed: SignatureMismatch everywhere where one does
+    not; untimed: as MPI's persistent collectives, a mismatch waits for ever). docs/call.md."""
     return prepare_at(call_site(2), x, op, algorithm, comm, out, axis=axis, mesh=mesh, groups=groups, timeout=timeout)
 
 

@@ -22,10 +22,9 @@ from mpi4py import MPI
 
 from ..device.arrays import namespace
 from ..faults.errors import call_site
-from ..faults.rendezvous import Rendezvous
 from ..faults.watch import PeerWatch
 from . import buffers
-from .consistency import agree_on_call, compare, digest
+from .consistency import agree_on_call, compare, digest, meet
 from .executor import Execution
 from .ops import get_op, name_of
 from .planner import check_algorithm_name, plan_call
@@ -171,11 +170,9 @@ class Call:
     def _meet(self):
         """A timed call's rendezvous (the same on every rank: it is collective), then the state ready."""
         state = self.state
-        if self.timeout is not None:
-            if self.meeting is not None:  # allreduce_async: wait(timeout) may bring the deadline forward
-                self.meeting(state, self.sequence, self.site).run()
-            else:
-                Rendezvous(state, self.sequence, self.timeout, self.site).run()
+        if self.timeout is not None:  # (allreduce_async's meeting: wait(timeout) may bring the deadline forward)
+            meet(state, self.sequence, self.timeout, self.site,
+                 rendezvous=None if self.meeting is None else self.meeting(state, self.sequence, self.site))
         state.make_ready()
 
     def signature(self):
@@ -263,6 +260,7 @@ class Prepared:
         self.persistent = getattr(self.execute, "persistent", False)
         self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
+        self.code = digest(("prepared", self.x.shape, str(self.x.dtype), self.op.name, self.plan.describe())) | 1
 
     def __call__(self, *, _elsewhere=None):
         """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
@@ -283,8 +281,8 @@ class Prepared:
         return submit(lambda: self.run_numbered(sequence, elsewhere))
 
     def run_numbered(self, sequence, elsewhere=None):
-        if self.timeout is not None:
-            Rendezvous(self.state, sequence, self.timeout, self.site).run()
+        if self.timeout is not None:  # (its code: a plain call, or another prepared one, elsewhere raises)
+            meet(self.state, sequence, self.timeout, self.site, self.code)
         if elsewhere is not None:  # (bound run, array): on other memory
             elsewhere[0](sequence)
             return elsewhere[1]

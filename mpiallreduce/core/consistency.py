@@ -24,7 +24,7 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
+__all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "meet", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
            "describe_differences"]
 
 
@@ -189,6 +189,28 @@ def describe_differences(signatures):
             parts = [f"{value} on {_ranks_phrase(ranks)}" for value, ranks in ranks_by_value.items()]
             lines.append(f"{field} differs: " + "; ".join(parts))
     return lines
+
+
+def meet(state, sequence, timeout, site="", code=0, rendezvous=None):
+    """A timed call's rendezvous (``rendezvous``: one made already, else a Rendezvous), then the
+    kinds of call the ranks brought to it compared: ``code`` 0, a plain call (its signature is
+    compared next), else a prepared call's (which compares nothing more). Where they differ, raise
+    SignatureMismatch on every rank (every rank holds every rank's code), before any data moves."""
+    from ..faults.rendezvous import Rendezvous
+    met = rendezvous if rendezvous is not None else Rendezvous(state, sequence, timeout, site, code)
+    met.code = code
+    met.run()
+    if len(set(met.codes.values())) > 1:
+        kinds = {}
+        for rank, theirs in sorted(met.codes.items()):
+            kinds.setdefault(theirs, []).append(rank)
+        named = [f"{'a plain allreduce' if theirs == 0 else 'a prepared call'} on {_ranks_phrase(ranks)}"
+                 for theirs, ranks in kinds.items()]
+        raise SignatureMismatch(
+            f"rank {state.rank}: allreduce call #{sequence} is not the same call on every rank: " + ", ".join(named)
+            + (" (calls prepared on different arrays or plans)" if sum(1 for k in kinds if k != 0) > 1 else "")
+            + "; a call prepared with mpiallreduce.prepare must run on every rank at the same point; "
+            "nothing was reduced")
 
 
 def _ranks_phrase(ranks):

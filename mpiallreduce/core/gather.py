@@ -1,7 +1,7 @@
 """What the library gathers from every rank that is not a call's signature (GradientSync's gradients,
 replicas' layouts and digests): a collective of its own, made like a call."""
-from ..faults.rendezvous import Rendezvous
 from .call import check_comm
+from .consistency import meet
 from .executor import raise_failed
 from .state import state_of
 from .worker import run_here
@@ -20,7 +20,7 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
 
     def gather():
         if timeout is not None:
-            Rendezvous(state, sequence, timeout, site).run()
+            meet(state, sequence, timeout, site)
         state.make_ready()
         try:
             return state.library.allgather(value)

@@ -122,7 +122,7 @@ class CommState:
             if self._library_request is not None:
                 self._library_request.Wait()
                 self._library_request = None
-            from ..faults.rendezvous import announce_given_up
+            from ..faults.channel import announce_given_up
             announce_given_up(self)
             try:
                 self._agree_on_settings()
@@ -202,7 +202,7 @@ class CommState:
             return
         for forget in self.on_free:
             forget()
-        from ..faults.rendezvous import free_channel
+        from ..faults.channel import free_channel
         free_channel(self)
         if self.signature_slots is not None:
             self.signature_slots.free()

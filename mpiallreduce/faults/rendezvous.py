@@ -1,8 +1,8 @@
 """Timeouts: the ranks meet before a timed call moves any data, so a straggler is a diagnosis, not a hang.
 
 ``allreduce(x, timeout=T)`` (or ``MPIALLREDUCE_TIMEOUT=T``) first meets the other ranks on the
-library's communicator (mpiallreduce.state), in two rounds of 16-byte messages
-(kind, call number) on one tag of their own, MPI_TAG_UB (the algorithms' tags stay below it):
+library's communicator (mpiallreduce.state), in two rounds of 24-byte messages
+(kind, call number, code) on the control channel (mpiallreduce.faults.channel):
 
     round 1  every rank sends ARRIVED(#n) to every other and waits for all of theirs, at most T s
              (a warning names the ranks still missing at a fraction of T: default 0.5)
@@ -13,7 +13,11 @@ library's communicator (mpiallreduce.state), in two rounds of 16-byte messages
 
 Every rank sends GO or GAVE_UP for call #n, never both (an exception of its own in round 1, a
 warning turned into an error or a KeyboardInterrupt, sends GAVE_UP on its way out), so round 2
-always ends, the same way on every rank: all reduce, or all raise ``AllreduceTimeout``.
+always ends, the same way on every rank: all reduce, or all raise ``AllreduceTimeout``. ARRIVED
+carries what kind of call the rank makes (``code``: 0 for a plain call, which compares its
+signature next; a prepared call's own code, as it compares nothing more): once round 2 is over,
+every rank holds every rank's code (``codes``), and the caller raises alike everywhere where they
+differ (mpiallreduce.core.call: a prepared call run on some ranks only).
 
 Messages carry their call number, and each peer's messages arrive in the order sent (one tag, one
 source: MPI does not overtake), so none is ever mistaken for another call's: a message of an
@@ -35,105 +39,20 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
+from .channel import ARRIVED, FAILED, GAVE_UP, GO, _channel, announce_given_up
 from .errors import AllreduceAborted, AllreduceTimeout, AllreduceStallWarning, ranks_phrase
 from .ulfm import failure_of
 
-__all__ = ["Rendezvous", "announce_given_up", "free_channel", "ARRIVED", "GO", "GAVE_UP", "FAILED", "CONTROL_TAG"]
-
-ARRIVED, GO, GAVE_UP, FAILED = 0, 1, 2, 3  # (FAILED: a rank left a call midway, mpiallreduce.faults.watch)
-_KIND_NAMES = {ARRIVED: "ARRIVED", GO: "GO", GAVE_UP: "GAVE_UP", FAILED: "FAILED"}
-#: the control messages' tag: the highest there is (CallTags keeps every algorithm's tag below it)
-CONTROL_TAG = None
-
-
-def _control_tag():
-    global CONTROL_TAG
-    if CONTROL_TAG is None:
-        CONTROL_TAG = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-    return CONTROL_TAG
-
-
-class _Channel:
-    """One communicator's control messages: a posted receive per peer, what came early, what was sent."""
-
-    def __init__(self, comm):
-        self.comm = comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.peers = [r for r in range(self.size) if r != self.rank]
-        self.inbox = np.zeros((self.size, 2), dtype=np.int64)
-        self.tag = _control_tag()
-        self.receives = {r: comm.Irecv([self.inbox[r], MPI.INT64_T], r, self.tag) for r in self.peers}
-        #: messages of calls later than the one being met, per peer: (kind, number)
-        self.early = {r: deque() for r in self.peers}
-        #: the highest call number seen from each peer
-        self.latest = {r: 0 for r in self.peers}
-        self.sends = deque()  # (request, buffer): completed and dropped as we go
-
-    def send(self, kind, number, ranks=None):
-        while self.sends and self.sends[0][0].Test():
-            self.sends.popleft()
-        message = np.array([kind, number], dtype=np.int64)
-        for r in self.peers if ranks is None else ranks:
-            self.sends.append((self.comm.Isend([message, MPI.INT64_T], r, self.tag), message))
-
-    def receive(self, number):
-        """Yield (peer, kind) for every message of call ``number`` that has come; keep later ones."""
-        for r in self.peers:
-            early = self.early[r]
-            while early and early[0][1] <= number:
-                kind, n = early.popleft()
-                if n == number:
-                    yield r, kind
-            request = self.receives[r]
-            while not early:  # a peer's later messages wait behind its early ones
-                if not request.Test():
-                    break
-                kind, n = int(self.inbox[r, 0]), int(self.inbox[r, 1])
-                request = self.receives[r] = self.comm.Irecv([self.inbox[r], MPI.INT64_T], r, self.tag)
-                self.latest[r] = max(self.latest[r], n)
-                if n == number:
-                    yield r, kind
-                elif n > number:
-                    early.append((kind, n))
-                # n < number: a message of a call given up on; dropped
-
-    def free(self):
-        for request in self.receives.values():
-            try:
-                request.Cancel()
-                request.Wait()
-            except MPI.Exception:
-                pass
-        self.receives.clear()
-
-
-def _channel(state):
-    if state.channel is None:
-        state.channel = _Channel(state.control)
-    return state.channel
-
-
-def free_channel(state):
-    if state.channel is not None:
-        state.channel.free()
-        state.channel = None
-
-
-def announce_given_up(state):
-    """Send GAVE_UP for the calls given up on before the control channel was complete."""
-    pending = getattr(state, "given_up_before_channel", None)
-    if pending:
-        channel = _channel(state)
-        while pending:
-            channel.send(GAVE_UP, pending.popleft())
-
+__all__ = ["Rendezvous"]
 
 class Rendezvous:
     """One timed call's meeting of the ranks. ``deadline`` (time.monotonic()) may be brought forward
     by another thread (``AllreduceHandle.wait(timeout)``); ``missing`` says who has not arrived yet."""
 
-    def __init__(self, state, sequence, timeout, site=""):
+    def __init__(self, state, sequence, timeout, site="", code=0):
         self.state = state
+        self.code = code  # what kind of call this rank makes (mpiallreduce.faults.channel)
+        self.codes = None  # once round 1 is over: {rank: its code}, every rank's, this one's included
         self.sequence = sequence
         self.timeout = timeout
         self.site = site
@@ -163,7 +82,8 @@ class Rendezvous:
         rank, size, number = state.rank, state.size, self.sequence
         self.missing = set(channel.peers)
         sent_go = False
-        channel.send(ARRIVED, number)
+        channel.send(ARRIVED, number, code=self.code)
+        codes = {rank: self.code}
         try:
             # Round 1: arrivals
             went_early = set()  # peers whose GO came before this rank's round 2
@@ -171,11 +91,12 @@ class Rendezvous:
             warn_at = (self.started + state.settings.warn_fraction * self.timeout
                        if self.timeout is not None else math.inf)
             for _ in _polling():
-                for peer, kind in channel.receive(number):
+                for peer, kind, code in channel.receive(number):
                     if kind == GAVE_UP:
                         raise self._given_up_in_round_1(channel, peer)
                     if kind == ARRIVED:
                         self.missing.discard(peer)
+                        codes[peer] = code
                     elif kind == GO:  # the peer saw every arrival before we did: counted in round 2
                         went_early.add(peer)
                     # (FAILED cannot come in round 1: a peer starts the algorithm after this rank's GO)
@@ -190,14 +111,14 @@ class Rendezvous:
                     warnings.warn(f"rank {rank}: {self._describe()} on {size} ranks has waited "
                                   f"{now - self.started:.1f} s for {ranks_phrase(self.missing)}{where}; it times "
                                   f"out after {self.timeout:g} s", AllreduceStallWarning, stacklevel=4)
-            self.arrived = True
+            self.arrived, self.codes = True, codes
 
             # Round 2: everyone arrived, or someone gave up
             channel.send(GO, number)
             sent_go = True
             waiting = set(channel.peers) - went_early
             for _ in _polling():
-                for peer, kind in channel.receive(number):
+                for peer, kind, _ in channel.receive(number):
                     if kind == GAVE_UP:
                         raise self._given_up_by(peer)
                     if kind == GO:
@@ -243,7 +164,7 @@ class Rendezvous:
     def _given_up_in_round_1(self, channel, peer):
         """Another rank's timeout ran out first: say so, and name the ranks still missing as this
         rank sees them (after taking in every message that has come)."""
-        for other, kind in channel.receive(self.sequence):
+        for other, kind, _ in channel.receive(self.sequence):
             if kind == ARRIVED:
                 self.missing.discard(other)
         self.missing.discard(peer)

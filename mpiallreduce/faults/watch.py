@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from ..core.slots import yield_core
 from .errors import AllreduceAborted, AllreduceTimeout
-from .rendezvous import FAILED, GAVE_UP, _channel
+from .channel import FAILED, GAVE_UP, _channel
 
 __all__ = ["PeerWatch"]
 
@@ -118,7 +118,7 @@ class PeerWatch:
             # raise what that means (failure_of makes it a RankFailure).
             self._leave_behind(requests)
             raise MPI.Exception(MPI.ERR_REVOKED)
-        for peer, kind in _channel(self.state).receive(self.sequence):
+        for peer, kind, _ in _channel(self.state).receive(self.sequence):
             if kind in (FAILED, GAVE_UP):
                 self._leave_behind(requests)
                 raise AllreduceAborted.by(self.state, self.sequence, peer, self.name, gave_up=kind == GAVE_UP)

@@ -459,6 +459,32 @@ def test_prepared_calls_are_agreed_once_and_refuse_a_mismatch_everywhere():
     assert values_equal(handle.wait(), np.ones(10))
 
 
+@pytest.mark.parametrize("other", ["plain", "prepared elsewhere", "plain async"])
+def test_a_timed_prepared_call_run_on_some_ranks_only_raises_on_every_rank(other):
+    """Review finding: a timed prepared call (which compares nothing after its rendezvous) on rank 0
+    against a plain timed call (which compares its signature after it) elsewhere left the plain ranks
+    waiting for ever for rank 0's signature. Now the rendezvous carries the kind of call: a
+    SignatureMismatch on every rank, well within the timeout, and the next call is right."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = np.arange(6, dtype=np.float64) + rank
+    prepared, another = mar.prepare(x, timeout=30), mar.prepare(np.ones(7), timeout=30)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"is not the same call on every rank: a prepared call on rank 0, "):
+        if rank == 0:
+            prepared()
+        elif other == "prepared elsewhere":
+            another()
+        elif other == "plain async":
+            mar.allreduce_async(x, timeout=30).wait()
+        else:
+            mar.allreduce(x, timeout=30)
+    assert time.monotonic() - started < 20
+    want = np.arange(6, dtype=np.float64) * size + size * (size - 1) / 2
+    assert values_equal(prepared(), want) and values_equal(mar.allreduce(x, timeout=30), want)
+
+
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring"])
 def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, algorithm):
     """GradientSync's: a call prepared in place and not persistent, run in place on another array
