@@ -134,8 +134,8 @@ def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, me
             timeout=None):
     """Collective: the ranks compare the call once (as ``check=True``) and it is planned once; a
     PreparedAllreduce, whose runs then reduce x's current contents with no check and no decision.
-    Every rank must run it at the same point (timed: SignatureMismatch everywhere where one does
-    not; untimed: as MPI's persistent collectives, a mismatch waits for ever). docs/call.md."""
+    Every rank must run it at the same point (timed: SignatureMismatch everywhere where another
+    kind of call meets it; untimed: as MPI's persistent collectives, a mismatch waits for ever)."""
     return prepare_at(call_site(2), x, op, algorithm, comm, out, axis=axis, mesh=mesh, groups=groups, timeout=timeout)
 
 

@@ -191,11 +191,18 @@ def describe_differences(signatures):
     return lines
 
 
-def meet(state, sequence, timeout, site="", code=0, rendezvous=None):
+#: the kind of call a rank brings to a rendezvous (``meet``), besides a prepared call's own code
+PLAIN_CALL, LIBRARY_GATHER = 0, digest(("a gather of the library's",)) | 1
+_KIND_OF_CALL = {PLAIN_CALL: "a plain allreduce",
+                 LIBRARY_GATHER: "a gather of the library's own (GradientSync's agreement on the gradients, replicas)"}
+
+
+def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
     """A timed call's rendezvous (``rendezvous``: one made already, else a Rendezvous), then the
-    kinds of call the ranks brought to it compared: ``code`` 0, a plain call (its signature is
-    compared next), else a prepared call's (which compares nothing more). Where they differ, raise
-    SignatureMismatch on every rank (every rank holds every rank's code), before any data moves."""
+    kinds of call the ranks brought to it compared: PLAIN_CALL (its signature is compared next),
+    LIBRARY_GATHER (core.gather), else a prepared call's code (its shape, dtype, op and plan: it
+    compares nothing more). Where they differ, raise SignatureMismatch on every rank (every rank
+    holds every rank's code), before any data moves."""
     from ..faults.rendezvous import Rendezvous
     met = rendezvous if rendezvous is not None else Rendezvous(state, sequence, timeout, site, code)
     met.code = code
@@ -204,13 +211,14 @@ def meet(state, sequence, timeout, site="", code=0, rendezvous=None):
         kinds = {}
         for rank, theirs in sorted(met.codes.items()):
             kinds.setdefault(theirs, []).append(rank)
-        named = [f"{'a plain allreduce' if theirs == 0 else 'a prepared call'} on {_ranks_phrase(ranks)}"
+        named = [f"{_KIND_OF_CALL.get(theirs, 'a prepared call')} on {_ranks_phrase(ranks)}"
                  for theirs, ranks in kinds.items()]
         raise SignatureMismatch(
             f"rank {state.rank}: allreduce call #{sequence} is not the same call on every rank: " + ", ".join(named)
-            + (" (calls prepared on different arrays or plans)" if sum(1 for k in kinds if k != 0) > 1 else "")
-            + "; a call prepared with mpiallreduce.prepare must run on every rank at the same point; "
-            "nothing was reduced")
+            + (" (calls prepared for another shape, dtype, op or plan)" if len(set(kinds) - set(_KIND_OF_CALL)) > 1
+               else "")
+            + "; every rank must make the same call at the same point (a call prepared with mpiallreduce.prepare "
+            "too); nothing was reduced")
 
 
 def _ranks_phrase(ranks):

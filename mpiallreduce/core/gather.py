@@ -1,7 +1,7 @@
 """What the library gathers from every rank that is not a call's signature (GradientSync's gradients,
 replicas' layouts and digests): a collective of its own, made like a call."""
 from .call import check_comm
-from .consistency import meet
+from .consistency import LIBRARY_GATHER, meet
 from .executor import raise_failed
 from .state import state_of
 from .worker import run_here
@@ -20,7 +20,7 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
 
     def gather():
         if timeout is not None:
-            meet(state, sequence, timeout, site)
+            meet(state, sequence, timeout, site, LIBRARY_GATHER)
         state.make_ready()
         try:
             return state.library.allgather(value)

@@ -2,6 +2,7 @@
 
 - errors.py      the exceptions (AllreduceTimeout, RankFailure, AllreduceStallWarning), call_site
 - rendezvous.py  timeouts: the ranks meet before a timed call moves data
+- channel.py     the control messages (kind, call number, code) of rendezvous and watch
 - watch.py       a rank that fails in the middle of an algorithm ends the call on every rank
 - ulfm.py        lost ranks under ULFM: RankFailure, survivors(), exit_after_rank_failures()
 """

@@ -53,6 +53,8 @@ def table(rows, args, size, nodes, gradient_bytes, model):
     for name, row in rows.items():
         base = name.startswith("none")
         comm_s, low, high = (0.0, None, None) if base else median_interval(_paired(row, rows["none"]))
+        if name in OWN_BASELINE:  # (its rounds ran apart from none's, after them: no paired interval)
+            low = high = None
         own_s = 0.0 if base else statistics.median(_paired(row, rows[OWN_BASELINE.get(name, "none")]))
         comm_s, own_s = max(comm_s, 0.0), max(own_s, 0.0)
         row.update(comm_s_per_step=comm_s, comm_s_interval=[low, high], comm_s_per_epoch=comm_s * steps_per_epoch,

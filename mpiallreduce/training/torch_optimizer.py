@@ -96,9 +96,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         collective over it)."""
         specs = {name: GradientSpec(tuple(p.shape), _numpy_dtype(p.dtype), p.is_cuda) for name, p in self.named_parameters}
         self.sync = GradientSync(comm=comm, parameters=specs, **self._options)
-        self._cuda = any(p.is_cuda for _, p in self.named_parameters)
-        #: the parameters whose gradients numpy sees as they are (CPU, not bfloat16): handed over without _as_array
-        self._plain = {name for name, p in self.named_parameters if not p.is_cuda and p.dtype != torch.bfloat16}
         for hook in self._hooks:
             hook.remove()
         self._hooks = ([p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
@@ -134,18 +131,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _synchronize(self):
         if not self._hooks and not self.sync.in_no_sync:  # (no core to spare: every gradient now)
-            ready, plain = self.sync.ready, self._plain
+            ready, bfloat16 = self.sync.ready, torch.bfloat16
             for name, parameter in self.named_parameters:
                 grad = parameter.grad
                 if grad is None:
                     continue
-                if name in plain and not grad.requires_grad:  # (the common case: numpy sees it as it is)
+                if not grad.is_cuda and grad.dtype != bfloat16 and not grad.requires_grad:  # (numpy sees it as it is)
                     ready(grad.numpy(), name=name)
                 else:
                     self._hand_over(name, parameter)
         unused = self.sync.wait()
         widened, self._widened = self._widened, {}
-        if self._cuda:
+        if any(p.is_cuda for p in self.parameters):
             import cupy
             cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them (once a step)
         if widened or unused:

@@ -485,6 +485,23 @@ def test_a_timed_prepared_call_run_on_some_ranks_only_raises_on_every_rank(other
     assert values_equal(prepared(), want) and values_equal(mar.allreduce(x, timeout=30), want)
 
 
+def test_a_timed_gather_of_the_librarys_against_a_plain_call_raises_on_every_rank():
+    """Review finding: the library's own timed gather (GradientSync's agreement) brought the plain
+    call's kind to the rendezvous; against a timed plain call both then waited for ever."""
+    from mpiallreduce.core.gather import gather_from_ranks
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"a gather of the library's own .* on rank 0, a plain allreduce on rank"):
+        if rank == 0:
+            gather_from_ranks(WORLD, rank, timeout=30)
+        else:
+            mar.allreduce(np.ones(3), timeout=30)
+    assert time.monotonic() - started < 20
+    assert gather_from_ranks(WORLD, rank, timeout=30) == list(range(size))
+
+
 @pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring"])
 def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, algorithm):
     """GradientSync's: a call prepared in place and not persistent, run in place on another array
