@@ -181,10 +181,15 @@ def test_a_bfloat16_gradient_unused_on_one_rank_gets_the_others_mean_there(overl
         assert p.grad is not None and p.grad.dtype == torch.bfloat16 and torch.equal(p.grad, expected)
 
 
-def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(device):
+@pytest.mark.parametrize("made_bfloat16", ["before", "after_wrapping"])
+def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(device, made_bfloat16):
+    """(after_wrapping: the model made bfloat16 once the optimizer wraps it, as model.to(bfloat16)
+    does: each gradient's own dtype decides how it is handed over, not the parameter's at wrapping)"""
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
-    weight = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16, device=device))
+    weight = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16 if made_bfloat16 == "before" else torch.float32,
+                                           device=device))
     optimizer = mt.DistributedOptimizer(torch.optim.SGD([weight], lr=0.0), named_parameters=[("w", weight)])
+    weight.data = weight.data.to(torch.bfloat16)
     # d(loss)/dw = 1 + rank * 2^-7 + index * 2^-6: exact in bfloat16, their sum is not
     scale = torch.tensor(1.0 + rank * 2.0 ** -7 + np.arange(64) * 2.0 ** -6, dtype=torch.bfloat16, device=device)
     (weight * scale).sum().backward()
