@@ -88,21 +88,20 @@ def table_digest():
     return f"{digest(text):016x}"
 
 
-def _nearest_key(section, count):
+def _nearest_key(section, count, or_smallest=True):
     """The key of ``section`` (counts as strings) for ``count``: itself, else the nearest smaller
-    count, else the smallest; None for an empty section."""
+    count, else (``or_smallest``) the smallest; None for an empty section."""
     counts = [int(k) for k in section]
     smaller = [k for k in counts if k <= count]
-    return None if not counts else str(max(smaller) if smaller else min(counts))
+    if smaller:
+        return str(max(smaller))
+    return str(min(counts)) if counts and or_smallest else None
 
 
-def _measured(name, count, in_place):
-    """``name``'s ("by_ranks", or a node count's "by_nodes") entry for ``count``, the nearest count
-    the out-of-place section has; for an in-place call, the in-place section's entry for that same
-    count where it has one (never another count's), else the out-of-place one."""
-    table = tuning_table()
-    section, in_place_section = (table.get(name, {}), table.get(name + "_in_place", {})) if isinstance(name, str) \
-        else name
+def _measured(section, in_place_section, count, in_place):
+    """``section``'s entry for ``count`` (the nearest count it has); for an ``in_place`` call,
+    ``in_place_section``'s entry for that same count where it has one (never another count's),
+    else the out-of-place one."""
     key = _nearest_key(section, count) or (_nearest_key(in_place_section, count) if in_place else None)
     if key is None:
         return None
@@ -112,7 +111,8 @@ def _measured(name, count, in_place):
 
 
 def _rules_for(size, in_place=False):
-    return _measured("by_ranks", size, in_place) or []
+    table = tuning_table()
+    return _measured(table.get("by_ranks", {}), table.get("by_ranks_in_place", {}), size, in_place) or []
 
 
 def _rule_choice(rules, nbytes, known):
@@ -142,12 +142,10 @@ def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
     if key not in _choices:
         table = tuning_table()
         by_nodes, in_place_nodes = table.get("by_nodes", {}), table.get("by_nodes_in_place", {}) if in_place else {}
-        node_key = None  # (the nearest smaller node count of the out-of-place section, as for rank counts)
-        for section in (by_nodes, in_place_nodes):
-            smaller = [int(k) for k in section if int(k) <= nodes]
-            node_key = node_key or (str(max(smaller)) if smaller else None)
+        # (the nearest smaller node count of the out-of-place section, as for rank counts; none smaller: none)
+        node_key = _nearest_key(by_nodes, nodes, or_smallest=False) or _nearest_key(in_place_nodes, nodes, False)
         rules = None if node_key is None else _measured(
-            (by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {})), size, in_place)
+            by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {}), size, in_place)
         choice = None if not rules else _rule_choice(rules, nbytes, known)
         if len(_choices) < 4096:
             _choices[key] = choice
