@@ -205,8 +205,8 @@ def get_op(name):
 
 def divide_by_size(xp, values, size, out):
     """``out`` = ``values`` / ``size`` (a mean), bit for bit. For real floats and a power of two,
-    as a multiplication by 1/size: exact, so the same bits as the division, at about half its cost
-    (a vector division is slower than a multiplication: 7.9 against 15 us on 256 KiB of float32 here)."""
+    as a multiplication by 1/size: exact, so the same bits as the division, and cheaper (a vector
+    division is slower than a multiplication: docs/training.md says how to compare them)."""
     dtype = values.dtype
     if dtype.kind == "f" and size & (size - 1) == 0:
         xp.multiply(values, dtype.type(1.0 / size), out=out)
