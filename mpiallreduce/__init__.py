@@ -18,10 +18,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "allreduce": ".api", "prepare": ".api", "PreparedAllreduce": ".api", "describe_call": ".api",
     "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api", "allreduce_async": ".api",
+    "empty": ".api", "zeros": ".api",
     "GradientSync": ".training.gradients", "broadcast_parameters": ".training.gradients",
     "check_replicas": ".training.gradients",
     "Mesh": ".core.mesh",
-    "ALGORITHMS": ".algorithms",
+    "ALGORITHMS": ".algorithms", "SYMMETRIC_ALGORITHMS": ".algorithms",
     "HOST_ALGORITHMS": ".algorithms",
     "select_gpu": ".device",
     "OPS": ".core.ops",

@@ -17,13 +17,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .core.call import WORLD, Call, Prepared, check_comm, plan_for, validate
+from .core.gather import symmetric_array
 from .core.startup import check_world_matches_slurm
 from .core.state import WORLD_FAST_CALLS, known_state, state_of
 from .core.worker import Meeting, _worker, check_thread_level, run_here, submit, submit_prepared
 from .core.settings import settings
 from .faults.errors import call_site
 
-__all__ = ["allreduce", "allreduce_async", "prepare", "PreparedAllreduce", "describe_call", "psum", "pmean", "pmax",
+__all__ = ["allreduce", "allreduce_async", "prepare", "PreparedAllreduce", "describe_call", "empty", "zeros", "psum", "pmean", "pmax",
            "pmin", "CHECK_ENV"]
 
 check_world_matches_slurm()  # the silent-singleton trap, before anything is reduced
@@ -172,7 +173,7 @@ class PreparedAllreduce(Prepared):
                              None if array is None else self._elsewhere(array))
 
     def _elsewhere(self, on):
-        if not (self.flat.send is None and self.flat.write_back is None and not self.persistent
+        if not (not self.plan.algorithm.needs_symmetric and self.flat.send is None and self.flat.write_back is None and not self.persistent
                 and type(on) is type(self.x) is np.ndarray and on.shape == self.x.shape
                 and on.dtype == self.x.dtype and on.flags.c_contiguous and on.flags.writeable):
             raise ValueError(f"a prepared call runs on a writeable C-contiguous numpy array of x's shape and "
@@ -183,6 +184,23 @@ class PreparedAllreduce(Prepared):
     def __repr__(self):
         return (f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}"
                 + ("; persistent (MPI_Allreduce_init)" if self.persistent else "") + ">")
+
+
+def empty(shape, dtype=np.float64, comm=None):
+    """Collective over ``comm`` (COMM_WORLD if None): a symmetric numpy array, uninitialised. Every
+    rank calls it with the same shape and dtype (otherwise SignatureMismatch on every rank); the
+    ranks of each node then share the memory of their arrays (MPI_Win_allocate_shared). An
+    allreduce whose ``x`` and ``out`` are symmetric (or ``out=x``), at the same place on every rank
+    of one node, reads each peer's input where it lies and writes each result once: no staging copy
+    (the single_copy algorithm; docs/algorithms.md). Anywhere else it is an ordinary numpy array.
+    It lives until ``comm`` is freed (COMM_WORLD's: at exit); using it after that is using freed
+    memory. Peers write into it during a single-copy allreduce only, once every rank has arrived."""
+    return symmetric_array(comm, shape, dtype, zero=False)
+
+
+def zeros(shape, dtype=np.float64, comm=None):
+    """``empty``, filled with zeros on every rank before any rank returns."""
+    return symmetric_array(comm, shape, dtype, zero=True)
 
 
 def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False):

@@ -154,7 +154,7 @@ def test_check_from_environment_raises_on_every_rank():
 
 
 BENCH_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+float32\s+sum\s+(in|out)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
-                       r"\s+(\d+)(?:\s+(\d+)%)?$", re.M)
+                       r"\s+(\d+)\s+(\d+%|-)(?:\s+\d+%)?$", re.M)  # (..., #wrong, the bound's share, busbw/memcpy)
 
 
 def run_bench(nranks, output, *extra):
@@ -189,10 +189,12 @@ def test_bench_prints_the_field_columns_for_every_contender_with_no_wrong_elemen
     import mpiallreduce
     forced = {"openmpi:" + name for name in ("basic_linear", "nonoverlapping", "recursive_doubling", "ring",
                                              "segmented_ring", "rabenseifner")}
-    contenders = {"openmpi", "auto"} | forced | set(mpiallreduce.HOST_ALGORITHMS)
+    contenders = ({"openmpi", "auto"} | forced | set(mpiallreduce.HOST_ALGORITHMS)
+                  | set(mpiallreduce.SYMMETRIC_ALGORITHMS))
     assert {r[3] for r in rows} == contenders, explain(result)
     assert len(rows) == 3 * 2 * len(contenders), explain(result)  # sizes x (out, in) x contenders
     assert all(r[7] == "0" for r in rows), explain(result)
+    assert all(r[8].endswith("%") for r in rows), explain(result)  # (one node: the bound measured at each size)
     assert re.search(r"reference \(not a limit: cached sizes beat it\): one core copies memory at [\d.]+ GB/s",
                      result.output), explain(result)
     assert "Deep Speech 2 table, out of place" in result.output and "Deep Speech 2 table, in place" in result.output

@@ -7,7 +7,7 @@ import pkgutil
 
 from .base import Algorithm
 
-__all__ = ["ALGORITHMS", "HOST_ALGORITHMS", "REGISTRY", "get_algorithm", "Algorithm"]
+__all__ = ["ALGORITHMS", "HOST_ALGORITHMS", "SYMMETRIC_ALGORITHMS", "REGISTRY", "check_algorithm_name", "Algorithm"]
 
 _NOT_ALGORITHM_MODULES = {"base", "power_of_two"}
 
@@ -31,17 +31,21 @@ def _discover():
 REGISTRY = _discover()
 #: the names accepted by ``allreduce(algorithm=...)`` besides "auto"
 ALGORITHMS = tuple(REGISTRY)
-#: those that run on numpy arrays (the others are for device arrays only)
-HOST_ALGORITHMS = tuple(name for name, algorithm in REGISTRY.items() if algorithm.memory != "device")
+#: those that run on any numpy arrays (the others are for device arrays only, or symmetric buffers)
+HOST_ALGORITHMS = tuple(name for name, algorithm in REGISTRY.items()
+                        if algorithm.memory != "device" and not algorithm.needs_symmetric)
+#: those that run on symmetric buffers only (mpiallreduce.empty: single_copy)
+SYMMETRIC_ALGORITHMS = tuple(name for name, algorithm in REGISTRY.items() if algorithm.needs_symmetric)
 
 
-def get_algorithm(name):
-    """The algorithm called ``name`` (not "auto"); ValueError naming the choices otherwise."""
-    if not isinstance(name, str):
-        raise TypeError(f"algorithm must be a string, got {type(name).__name__} {name!r}")
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown algorithm {name!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}"
-        ) from None
+def check_algorithm_name(algorithm, on_device):
+    """Raise TypeError/ValueError unless ``algorithm`` is "auto" or a known name that suits the memory."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a string, got {type(algorithm).__name__} {algorithm!r}")
+    if algorithm == "auto":
+        return
+    chosen = REGISTRY.get(algorithm)
+    if chosen is None:
+        raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}")
+    if chosen.memory == "device" and not on_device:
+        raise TypeError(f"algorithm {algorithm!r} runs on device (CuPy) arrays; x is a numpy array")

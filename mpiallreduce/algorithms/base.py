@@ -53,6 +53,9 @@ class Algorithm:
     #: True when ``execute`` takes ``inner=``: the planner's plan for the ranks it runs across nodes
     #: with (one per node: hierarchical's leaders, two_level's rails)
     takes_inner_plan = False
+    #: True when it runs only on symmetric buffers (mpiallreduce.core.symmetric): ``execute`` takes
+    #: ``peers=``, the call's Placement, and the planner picks it only where the arrays are symmetric
+    needs_symmetric = False
 
     def needs_set_up(self, comm, nbytes):
         """Whether a run over ``nbytes`` bytes (of the dtype it reduces) on ``comm`` must first make

@@ -26,10 +26,12 @@ from ..faults.watch import PeerWatch
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
 from .executor import Execution
+from .kinds import execution_for, plan_for
 from .ops import get_op, name_of
-from .planner import check_algorithm_name, plan_call
+from .planner import check_algorithm_name
 from .settings import settings
 from .state import state_of
+from .symmetric import placement_of_call
 from .worker import _worker, run_here, run_in_order
 
 __all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
@@ -62,27 +64,6 @@ def validate(x, op, algorithm, out, reproducible=False, size=1):
     get_op(op).check_dtype(x.dtype)
     check_algorithm_name(algorithm, type(x) is not np.ndarray and namespace(x) is not None)
     buffers.check_out(out, x)
-
-
-def plan_for(state, x, op, algorithm, in_place=False):
-    """The plan of a call of ``x`` (``in_place``: out=x) with ReduceOp ``op`` on a ready state (the
-    one plan cache: mpiallreduce.core.planner.plan_call)."""
-    on_device = type(x) is not np.ndarray and namespace(x) is not None
-    return plan_call(state.facts, on_device, x.dtype, x.nbytes, op.name, algorithm, in_place)
-
-
-def execution_for(state, x, op, reduce_op, algorithm, reproducible, keep, in_place=False):
-    """The Execution of this kind of call, made once and kept on the state when ``keep`` (an
-    untimed call: the key the short path finds it by says nothing of a timeout)."""
-    key = ((x.shape, x.dtype, op, algorithm, in_place) if type(x) is np.ndarray and not reproducible  # (the short
-           else (x.shape, x.dtype, op, algorithm, in_place, reproducible, type(x)))  # path's key)
-    execution = state.fast_calls.get(key)
-    if execution is None:
-        plan = plan_for(state, x, reduce_op, algorithm, in_place)
-        execution = Execution(state, plan, reduce_op, x.shape, x.dtype, "host" if type(x) is np.ndarray else "device")
-        if keep and isinstance(algorithm, str) and isinstance(op, str):
-            state.keep(key, execution)
-    return execution
 
 
 class Call:
@@ -195,14 +176,16 @@ class Call:
             compare(state, _CHECKED, lambda: {"check": True}, lambda: PeerWatch(state, sequence, None, "signature"),
                     sequence)
 
+        placement = placement_of_call(state, self.x, self.out)  # (None but for symmetric arrays)
+
         def prepare():
             validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
             reduce_op = _op_of(self.op, self.reproducible)
-            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm, self.out is self.x)
-        reduce_op, plan = agree_on_call(state.library, prepare, self.signature(),
-                                        resolve=lambda prepared: {"runs": prepared[1].describe()})
+            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm, self.out is self.x, placement)
+        reduce_op, plan = agree_on_call(state.library, prepare, self.signature(), resolve=lambda prepared: {
+            "runs": prepared[1].describe(), "symmetric at": prepared[1].algorithm.needs_symmetric and placement.signature()})
         kind = "host" if type(self.x) is np.ndarray else "device"
-        return Execution(state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind)
+        return Execution(state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind, placement)
 
     def run(self):
         self._meet()
@@ -212,7 +195,8 @@ class Call:
         else:
             try:
                 execution = execution_for(state, x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                          self.reproducible, keep=self.timeout is None, in_place=self.out is x)
+                                          self.reproducible, keep=self.timeout is None, in_place=self.out is x,
+                                          placement=placement_of_call(state, x, self.out))
             except (TypeError, ValueError) as error:  # (refused by the planner: an algorithm that cannot run here)
                 if _compared(state):
                     self._agree_on_rejection(error, met=True)

@@ -1,8 +1,7 @@
 """The executor: one Plan bound to one kind of call, run on the call's buffers.
 
-    Execution(state, plan, op, shape, dtype, kind)       made once per kind of call and kept: the
-                                                         short path of a repeated call is this
-                                                         object found again, a prepared call holds one
+    Execution(state, plan, op, shape, dtype, kind)       made once per kind of call and kept (the short
+                                                         path of a repeat; a prepared call holds one)
     .run(send, recv, n, timeout, xp)   1. compare call #n's signature (mpiallreduce.core.consistency),
                                           unless the plan says it was agreed once or the algorithm
                                           carries it
@@ -13,9 +12,9 @@
                                           the device path, widened to the accumulation dtype, or
                                           the reproducible sum's words route; then a mean's division
 
-This module is the only place that runs a plan, translates an MPI error (a dead rank becomes
-RankFailure, a truncated message a ValueError) and masks floating-point errors (np.errstate, as
-MPI's own reductions ignore them). It decides nothing: every choice is the plan's.
+The only place that runs a plan, translates an MPI error (a dead rank becomes RankFailure, a
+truncated message a ValueError) and masks floating-point errors (np.errstate, as MPI's own
+reductions do). It decides nothing: every choice is the plan's.
 """
 import numpy as np
 from mpi4py import MPI
@@ -28,6 +27,7 @@ from . import buffers
 from .consistency import SignatureMismatch, agree_on_call, compare, digest
 from .ops import OPS, ignore_float_errors, restore_float_errors
 from .persistent import bind_persistent
+from .symmetric import touches
 
 __all__ = ["Execution", "raise_failed"]
 
@@ -39,12 +39,14 @@ class Execution:
                  "direct", "mpi_op", "strides", "watched", "options", "carried", "raw", "raw_unchecked", "short",
                  "after_probe")
 
-    def __init__(self, state, plan, op, shape, dtype, kind):
-        """``kind``: "host" or "device" (the memory of the call's arrays); ``op`` a ReduceOp."""
+    def __init__(self, state, plan, op, shape, dtype, kind, placement=None):
+        """``kind``: "host"/"device" (the arrays' memory); ``op`` a ReduceOp; ``placement``: single_copy's."""
         self.state, self.plan, self.op, self.shape, self.dtype = state, plan, op, tuple(shape), np.dtype(dtype)
         self.datatype = buffers.mpi_datatype(self.dtype)
         signature = {"memory": kind, "shape": self.shape, "dtype": str(self.dtype), "op": op.name,
                      "algorithm": plan.name, "route": plan.route, "in place (out=x)": plan.in_place}
+        if plan.algorithm.needs_symmetric:  # (the twins must lie at the same place on every rank)
+            signature["symmetric (allocation, input, output)"] = placement.signature()
         #: the call's signature code: what every rank's must equal (the planner's name for what runs
         #: is in it, so ranks whose plans differ never run different algorithms together)
         self.code = digest(tuple(signature.items()))
@@ -59,7 +61,8 @@ class Execution:
         self.raw_unchecked = self.raw and self.direct and not self.compares_first
         self.strides = np.empty(self.shape, self.dtype).strides if kind == "host" else None
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
-        self.options = {} if plan.inner is None else {"inner": plan.inner}
+        self.options = {"peers": placement} if plan.algorithm.needs_symmetric else {} if plan.inner is None else {
+            "inner": plan.inner}
         self.short = self._short_path() if kind == "host" else None
         self.after_probe = None
 
@@ -207,7 +210,7 @@ class Execution:
         allreduce, number = state.library.Allreduce, state.number  # (the state's for its life: freed, it is forgotten)
 
         def short(x, out):
-            if x.strides != strides:
+            if x.strides != strides or touches(x):  # (symmetric arrays may run single_copy: the general path)
                 return None
             if out is None:
                 result, send = empty(shape, dtype), x

@@ -1,12 +1,15 @@
-"""What the library gathers from every rank that is not a call's signature (GradientSync's gradients,
-replicas' layouts and digests): a collective of its own, made like a call."""
-from .call import check_comm
-from .consistency import LIBRARY_GATHER, meet
+"""The library's own collectives that are not allreduces, made like a call: what it gathers from every
+rank that is not a call's signature (GradientSync's gradients, replicas' layouts and digests), and
+symmetric allocations (mpiallreduce.empty)."""
+from . import symmetric
+from ..faults.watch import PeerWatch
+from .call import WORLD, check_comm
+from .consistency import LIBRARY_GATHER, compare, digest, meet
 from .executor import raise_failed
 from .state import state_of
 from .worker import run_here
 
-__all__ = ["gather_from_ranks"]
+__all__ = ["gather_from_ranks", "symmetric_array"]
 
 
 def gather_from_ranks(comm, value, timeout=None, site=""):
@@ -27,3 +30,31 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
         except BaseException as error:
             raise_failed(error, state, sequence, None)
     return run_here(gather)
+
+
+def symmetric_array(comm, shape, dtype, zero):
+    """``mpiallreduce.empty``/``zeros``: a collective made like a call (numbered here, on the caller's
+    thread; run here after the pending asynchronous calls): the ranks compare shape and dtype, or the
+    error a bad one raised on a rank (which raises it there, SignatureMismatch elsewhere), then
+    allocate (mpiallreduce.core.symmetric)."""
+    state = state_of(check_comm(WORLD if comm is None else comm))
+    sequence = state.number()
+
+    def make():
+        state.make_ready()
+        try:
+            agreed, rejected = symmetric.checked(shape, dtype), None
+            signature = {"symmetric allocation": agreed[0], "dtype": str(agreed[1])}
+        except (TypeError, ValueError) as error:
+            rejected, signature = error, {"symmetric allocation": "rejected", "error": f"{type(error).__name__}: {error}"}
+        try:
+            compare(state, digest(tuple(signature.items())), lambda: signature,
+                    lambda: PeerWatch(state, sequence, None, "symmetric allocation"), sequence)
+        except Exception as other:
+            if rejected is not None:
+                raise rejected from other
+            raise
+        if rejected is not None:
+            raise rejected
+        return symmetric.allocate(state, *agreed, zero)
+    return run_here(make)

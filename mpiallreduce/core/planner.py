@@ -12,6 +12,9 @@ Rules, in order:
 - one rank, or nothing to reduce: a local copy (``mpi`` is named, nothing is sent);
 - an algorithm asked for by name runs as asked, unless it cannot: one that needs every rank on one
   node (shared_memory, device_to_device) is refused, on every rank, when the ranks span nodes;
+- symmetric buffers (``mpiallreduce.empty``, mpiallreduce.core.symmetric), one node, an ordinary op,
+  not float16/bfloat16: ``auto`` runs ``single_copy`` from SINGLE_COPY_FROM (each rank reads its
+  peers' inputs where they lie and writes every output once); asked for on other arrays, refused;
 - ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count, its
   in-place rules for an in-place call (``out=x``);
 - ``auto``, numpy arrays, several nodes: ``hierarchical``, whose node leaders run the table's choice
@@ -50,7 +53,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..algorithms import ALGORITHMS, REGISTRY, Algorithm
+from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
 from .tuning import choose_across_nodes, choose_name, choose_on_device
 
 __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
@@ -69,6 +72,10 @@ REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
 #: 2026-12-02, medians of 7 interleaved repetitions, persistent / blocking: 0.68x at 4 B, 0.87x at
 #: 1 KiB, 0.84x at 16 KiB, 1.01x at 64 KiB, 1.26x at 256 KiB, 1.21-1.27x up to 16 MiB
 PERSISTENT_BELOW = 64 << 10
+#: ``auto`` runs single_copy on symmetric buffers from this size (below: the table's choice): `mpiallreduce
+#: bench --sizes 4,64K,1M,16M`, 2 ranks, 2026-12-02: single_copy (prepared) 17.6 us at 4 B against Open
+#: MPI's 4.6 (two barriers, and Python), 18.0 against 25.9 us at 64 KiB, 111 against 307 us at 1 MiB
+SINGLE_COPY_FROM = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -168,23 +175,11 @@ class CallPlan:
         return text
 
 
-def check_algorithm_name(algorithm, on_device):
-    """Raise TypeError/ValueError unless ``algorithm`` is "auto" or a known name that suits the memory."""
-    if not isinstance(algorithm, str):
-        raise TypeError(f"algorithm must be a string, got {type(algorithm).__name__} {algorithm!r}")
-    if algorithm == "auto":
-        return
-    chosen = REGISTRY.get(algorithm)
-    if chosen is None:
-        raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}")
-    if chosen.memory == "device" and not on_device:
-        raise TypeError(f"algorithm {algorithm!r} runs on device (CuPy) arrays; x is a numpy array")
-
-
 @functools.lru_cache(maxsize=4096)
-def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False):
+def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False, symmetric=False):
     """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name,
-    ``in_place``: ``out=x`` (the tuning table has rules of its own for it).
+    ``in_place``: ``out=x`` (the tuning table has rules of its own for it), ``symmetric``: the
+    call's arrays are symmetric buffers of one allocation (mpiallreduce.core.symmetric.placement_of).
 
     Raises ValueError (the same on every rank, since the facts are) for an algorithm that cannot run
     on this communicator.
@@ -211,6 +206,12 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
         return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
                         None, True, compared, signature=signature, in_place=in_place)
     inner = None
+    single_copy = (symmetric and not facts.spans_nodes and not on_device and not reproducible and not low_precision
+                   and not bits and (not auto or nbytes >= SINGLE_COPY_FROM))
+    if not auto and REGISTRY[algorithm].needs_symmetric and not single_copy:
+        raise ValueError(f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or "
+                         "mpiallreduce.zeros, input and output at the same place on every rank of one node, "
+                         "an ordinary op on a dtype other than float16/bfloat16); use 'auto' or another algorithm")
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"
         if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:
@@ -220,6 +221,9 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
             raise ValueError(f"the {algorithm} algorithm maps the peers' device memory (CUDA IPC), which "
                              f"this machine refused (use algorithm={chosen.across_nodes!r} or 'auto'); the "
                              f"probe's {facts.cuda_ipc}")
+    elif single_copy:
+        chosen = REGISTRY["single_copy"]
+        reason = "symmetric buffers on one node: each rank reads its peers' inputs where they lie (single copy)"
     elif reproducible:
         shared = not facts.spans_nodes and nbytes < REPRODUCIBLE_SHARED_MEMORY_BELOW
         chosen = REGISTRY["shared_memory" if shared else "pairwise_exchange"]

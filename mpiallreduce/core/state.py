@@ -77,13 +77,13 @@ class CommState:
         self.channel = None
         #: requests of calls given up midway, kept with their buffers (mpiallreduce.faults.watch)
         self.left_behind = []
-        #: repeated calls' (plan, bound buffers), by (shape, dtype, op, algorithm, reproducible): the
-        #: short path (mpiallreduce.core.executor.Execution, found by mpiallreduce.core.call.execution_for)
+        #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
         #: where the signature check's 16 bytes are reduced (mpiallreduce.core.consistency)
         self.signature_buffer = np.zeros(2, dtype=np.int64)
         #: on one node, the ranks' signature codes in shared memory instead (mpiallreduce.core.slots)
         self.signature_slots = None
+        self.symmetric = []  # this rank's symmetric allocations, in order (mpiallreduce.core.symmetric)
         self.lock = threading.Lock()
 
     def keep(self, key, execution, most=256):

@@ -25,8 +25,7 @@ from mpi4py import MPI
 from ..device.arrays import namespace, synchronize
 
 __all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order", "run_here",
-           "pending_calls_finished",
-           "check_thread_level", "Meeting"]
+           "pending_calls_finished", "check_thread_level", "Meeting", "Done"]
 
 
 #: how long wait(timeout) waits beyond ``timeout`` for the call to give up on its own
@@ -258,3 +257,24 @@ def submit(run, x, description, meeting, checksum_comm=None, here=False):
 def _checksum(x):
     from .consistency import content_digest
     return content_digest(x)
+
+
+class Done:
+    """What a call run here returned or raised, waited for like a background call's handle."""
+
+    def __init__(self, result=None, error=None):
+        self.result, self.error = result, error
+
+    @classmethod
+    def of(cls, function):
+        def run(*args, **kwargs):
+            try:
+                return cls(function(*args, **kwargs))
+            except Exception as error:  # noqa: BLE001 - raised by wait(), as a background call's is
+                return cls(error=error)
+        return run
+
+    def wait(self):
+        if self.error is not None:
+            raise self.error
+        return self.result

@@ -17,9 +17,8 @@ the gradient and the ranks, never wrong values (mpiallreduce.training.steps). Wi
 ``find_unused_parameters``). No gradient is written before ``wait()`` knows that the step succeeded
 on every rank (mpiallreduce.training.reduction).
 
-float16 and bfloat16 (ml_dtypes) are summed in float32, rounded once; ``compression`` sends 16 bits
-(mpiallreduce.compression). Gradients may be numpy or CuPy arrays (device buckets, on CuPy's current
-stream). broadcast_parameters and check_replicas (mpiallreduce.training.replicas) are importable here.
+float16 and bfloat16 are summed in float32, rounded once; ``compression`` sends 16 bits. Gradients may be
+numpy or CuPy arrays (device buckets); on one node host buckets are symmetric buffers (single copy).
 """
 import contextlib
 
@@ -135,7 +134,8 @@ class GradientSync:
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
-                                      compression=self.compression, reproducible=self.reproducible)
+                                      compression=self.compression, reproducible=self.reproducible,
+                                      one_node=not self._spans_nodes)
 
     buckets = property(lambda self: [[self._slots[i].name for i in b.members] for b in self._buckets],
                        doc="The buckets, in the order they are started: lists of gradient names.")

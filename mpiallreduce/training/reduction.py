@@ -15,6 +15,7 @@ gradients are reduced where they lie, once every rank agreed on the step: Gradie
 import numpy as np
 
 from ..core.ops import divide_by_size
+from ..core.worker import Done as _Done
 from ..device.arrays import namespace
 from .buckets import DIGEST_ELEMENTS, digest_elements, digest_of, digests_agree
 from .compression import CompressedSum
@@ -41,7 +42,9 @@ class BucketReducer:
     """The allreduces of ``buckets`` (over ``slots``), with their buffers, kept for as long as the plan."""
 
     def __init__(self, comm, slots, buckets, *, op, algorithm, prescale, postscale, timeout, compression,
-                 reproducible):
+                 reproducible, one_node=False):
+        """``one_node``: the host buckets' buffers are symmetric (mpiallreduce.empty: made here, in
+        bucket order, on every rank, as the plan is agreed), so their reductions run single copy."""
         self.comm, self.slots, self.buckets = comm, slots, buckets
         self.op, self.algorithm, self.timeout = op, algorithm, timeout
         self.prescale, self.postscale = prescale, postscale
@@ -55,6 +58,10 @@ class BucketReducer:
         self._direct = {}  # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
         self._clean_digest = None  # the digest of a step where every gradient came as planned
+        if one_node and compression is None and not reproducible:
+            for bucket in buckets:
+                if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):
+                    self._buffer(bucket, np, symmetric=True)
 
     def digest(self, step):
         """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every
@@ -95,14 +102,19 @@ class BucketReducer:
             reach = high if reach is None else max(reach, high)
         return apart
 
-    def _buffer(self, bucket, xp):
-        """``bucket``'s fused buffer (made at its first use, with each member's place in it) and its
-        prepared call (None before its first start)."""
+    def _buffer(self, bucket, xp, symmetric=False):
+        """``bucket``'s fused buffer (made at its first use, or ``symmetric`` at the start, with each
+        member's place in it) and its prepared call (None before its first start)."""
         fused, prepared = self._buffers.get(bucket.index, (None, None))
         if fused is None:
             last = bucket.index == len(self.buckets) - 1
             carries_digest = last and not (self.compression is not None and bucket.dtype.kind == "f")
-            fused = xp.empty(bucket.count + (DIGEST_ELEMENTS if carries_digest else 0), dtype=bucket.dtype)
+            count = bucket.count + (DIGEST_ELEMENTS if carries_digest else 0)
+            if symmetric:
+                from ..api import empty
+                fused = empty(count, bucket.dtype, comm=self.comm)
+            else:
+                fused = xp.empty(count, dtype=bucket.dtype)
             self._views[bucket.index] = self._members_in(fused, bucket)
             self._buffers[bucket.index] = (fused, None)
         return fused, prepared
@@ -277,24 +289,3 @@ class BucketReducer:
                         here=here or call.sets_up())
         handle.compressed_op = op
         return handle
-
-
-class _Done:
-    """What a call run here returned or raised, waited for like a background call's handle."""
-
-    def __init__(self, result=None, error=None):
-        self.result, self.error = result, error
-
-    @classmethod
-    def of(cls, function):
-        def run(*args, **kwargs):
-            try:
-                return cls(function(*args, **kwargs))
-            except Exception as error:  # noqa: BLE001 - raised by wait(), as a background call's is
-                return cls(error=error)
-        return run
-
-    def wait(self):
-        if self.error is not None:
-            raise self.error
-        return self.result

@@ -1,7 +1,7 @@
 """The contenders: small adapters that each perform one allreduce of ``send`` into ``out``, and
 where the buffers live (host or device memory)."""
 from ...algorithms import REGISTRY
-from ...api import allreduce
+from ...api import allreduce, empty, prepare
 from ...core.buffers import aligned_empty, array_module, mpi_datatype
 from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
@@ -111,6 +111,31 @@ def _ours(algorithm, op):
     return lambda send, out, comm: allreduce(send, op=op, algorithm=algorithm, comm=comm, out=out)
 
 
+class OnSymmetricBuffers:
+    """Adapter for an algorithm that runs on symmetric buffers only (single_copy): buffers of its own
+    (``mpiallreduce.empty``, made once for the largest size, every rank at once), each size and mode
+    a prepared call on views of them, as a user of symmetric buffers runs it. ``buffers`` gives the
+    timing loop the (send, out) to run it on."""
+
+    def __init__(self, algorithm, op, largest):
+        self.algorithm, self.op, self.largest = algorithm, op, largest
+        self.memory, self.key, self.prepared = None, None, None
+
+    def buffers(self, count, dtype, in_place, comm):
+        nbytes = count * dtype.itemsize
+        if self.memory is None:  # (collective: the first size's warm-up, on every rank)
+            self.memory = tuple(empty(max(self.largest, nbytes), "uint8", comm=comm) for _ in range(2))
+        out = self.memory[0][:nbytes].view(dtype)
+        send = out if in_place else self.memory[1][:nbytes].view(dtype)
+        if self.key != (count, dtype.str, in_place):  # (collective, in the same turn on every rank)
+            self.key = (count, dtype.str, in_place)
+            self.prepared = prepare(send, op=self.op, algorithm=self.algorithm, comm=comm, out=out)
+        return send, out
+
+    def __call__(self, send, out, comm):
+        self.prepared()
+
+
 def _planted_wrong(call):
     """For tests of the checker: the contender's result with one element changed on rank 0."""
     def wrong(send, out, comm):
@@ -118,11 +143,13 @@ def _planted_wrong(call):
         if comm.Get_rank() == 0 and out.size:
             first = out[:1]
             array_module(out).add(first, 1, out=first)  # (numpy, CuPy or the stand-in alike)
+    wrong.buffers = getattr(call, "buffers", None)
     return wrong
 
 
-def contenders(comm, names, op, forced, plant_wrong=None, memory=None):
-    """(name -> adapter, communicators to free)."""
+def contenders(comm, names, op, forced, plant_wrong=None, memory=None, largest=0):
+    """(name -> adapter, communicators to free); ``largest``: the largest size in bytes (the
+    symmetric buffers' of OnSymmetricBuffers)."""
     if isinstance(memory, DeviceMemory):
         found = {BASELINE: _mpi_allreduce_of_device_memory(op, memory.xp)}
         forced = ()  # Open MPI's forced algorithms would all take the same host round trip
@@ -140,7 +167,8 @@ def contenders(comm, names, op, forced, plant_wrong=None, memory=None):
             made.append(forced_comm)
             found[FORCED_PREFIX + TUNED_ALLREDUCE_ALGORITHMS[number]] = _mpi_allreduce(op, forced_comm)
     for name in names:
-        found[name] = _ours(name, op)
+        symmetric = name in REGISTRY and REGISTRY[name].needs_symmetric
+        found[name] = OnSymmetricBuffers(name, op, largest) if symmetric else _ours(name, op)
     if plant_wrong:
         found[plant_wrong] = _planted_wrong(found[plant_wrong])
     return found, made

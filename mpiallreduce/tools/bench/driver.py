@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from ... import __version__
 from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
-from ...algorithms import REGISTRY
+from ...algorithms import REGISTRY, SYMMETRIC_ALGORITHMS
 from ..arguments import ArgumentParser, size_list, unknown
 from ...device.arrays import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
@@ -64,7 +64,7 @@ def _checked_arguments(parser, args):
         if size == 0 or size % dtype.itemsize:
             parser.error(f"--sizes: {size} bytes is not a positive whole number of {dtype} elements "
                          f"({dtype.itemsize} bytes each)")
-    known = list(ALGORITHMS) + ["auto"] if args.device == "cpu" else list(DEVICE_ALGORITHMS)
+    known = list(ALGORITHMS) + list(SYMMETRIC_ALGORITHMS) + ["auto"] if args.device == "cpu" else list(DEVICE_ALGORITHMS)
     if args.algorithms is None:
         algorithms = list(known)  # (the reproducible sum only when asked for)
     else:
@@ -99,7 +99,7 @@ def main(argv=None):
     parser.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES),
                         help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
     parser.add_argument("--algorithms",
-                        help=f"comma-separated, from {', '.join(ALGORITHMS)}, auto, {REPRODUCIBLE} (Open MPI's "
+                        help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, {REPRODUCIBLE} (Open MPI's "
                              f"default always runs); default: all of them but {REPRODUCIBLE}, or with --device gpu "
                              f"{','.join(DEVICE_ALGORITHMS)}")
     parser.add_argument("--device", choices=["cpu", "gpu", "fake-gpu"], default="cpu",
@@ -141,7 +141,8 @@ def main(argv=None):
             print_progress(measurements)
     try:
         results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
-                          args.plant_wrong, memory, progress=progress, failed=failed)
+                          args.plant_wrong, memory, progress=progress, failed=failed,
+                          link_gbs=None if link is None else link[0])
     except Exception as error:  # (after the warm-up, or Open MPI's own default): what was measured is kept
         if args.output and comm.Get_rank() == 0:
             write_results(args.output, measured, {"error": f"{type(error).__name__}: {error}", "partial": True},

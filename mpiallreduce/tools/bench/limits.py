@@ -1,7 +1,18 @@
 """The references a bench run is read against, measured in the same run: the memory copy
-bandwidth of one core or of the GPU, and the link's own speed between nodes. One core's memcpy is
-a reference, not a limit: below a few MiB the data sits in caches, which go faster (issue #28
-asks for a measured bound)."""
+bandwidth of one core or of the GPU, the link's own speed between nodes, and the bound (the least
+time any allreduce of n bytes can take here; docs/benchmarks.md, "The bound"):
+
+    one node, out of place   every rank at once copies n bytes into a buffer of its own
+                             (np.copyto): each rank reads n and writes n, the traffic of reading
+                             each input once and writing each output once (p.n + p.n on the node)
+    one node, in place       every rank at once rewrites n bytes where they lie (np.negative,
+                             out=a): read n, write n to lines just read, as an in-place allreduce
+    across nodes             n.2(p-1)/p bytes each way over the link, at the MPI_Sendrecv speed
+                             measured between two nodes (the ring's traffic, the least any
+                             allreduce sends per rank)
+
+One core's memcpy is a reference, not a limit: below a few MiB the data sits in caches, which go
+faster; the bound is measured at each size, with the caches as the contenders find them."""
 import statistics
 import time
 
@@ -10,7 +21,8 @@ import numpy as np
 from ...core.buffers import aligned_empty
 from ...core.topology import node_communicator
 
-__all__ = ["MEMCPY_BYTES", "memory_copy_bandwidth", "link_bandwidth", "device_copy_bandwidth"]
+__all__ = ["MEMCPY_BYTES", "memory_copy_bandwidth", "link_bandwidth", "device_copy_bandwidth", "bound_pass",
+           "link_bound_us"]
 
 MEMCPY_BYTES = 64 << 20
 
@@ -75,3 +87,21 @@ def device_copy_bandwidth(comm, memory, nbytes=MEMCPY_BYTES, repetitions=5):
         result = nbytes / statistics.median(seconds[1:]) / 1e9
     return comm.bcast(result, root=0)
 
+
+
+def bound_pass(count, dtype, in_place):
+    """A callable that makes, on this rank, the least memory traffic an allreduce of ``count``
+    elements must make on each rank of one node (see the module's docstring): timed with every rank
+    at once, interleaved with the contenders, its fastest repetition is the bound."""
+    a = aligned_empty(count, dtype)
+    a[...] = 1
+    if in_place:
+        return lambda: np.negative(a, out=a)
+    b = aligned_empty(count, dtype)
+    b[...] = 0
+    return lambda: np.copyto(b, a)
+
+
+def link_bound_us(nbytes, ranks, link_gbs):
+    """Microseconds to send the ring's n.2(p-1)/p bytes each way at ``link_gbs`` (GB/s each way)."""
+    return nbytes * 2 * (ranks - 1) / ranks / (link_gbs * 1e9) * 1e6

@@ -11,6 +11,7 @@ from mpi4py import MPI
 from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS
 from .contenders import BASELINE, HostMemory, contenders as make_contenders
+from .limits import bound_pass, link_bound_us
 
 __all__ = ["Measurement", "compare", "count_wrong"]
 
@@ -35,6 +36,7 @@ class Measurement:
     wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
     time_us_low: float = None  # the fastest and slowest repetition (each the slowest rank's): the spread
     time_us_high: float = None  # that tells a gain from noise (report.within_noise)
+    bound_us: float = None  # the least time any allreduce of this size can take here (limits.py), same run
 
 
 def _input(count, dtype, rank):
@@ -106,7 +108,10 @@ def _warm_up(comm, contender, send, out, reset, expected, memory):
     return float(everyone[:, 1].max()), int(everyone[:, 2].sum()), None
 
 
-def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory(), failed=None):
+def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory(), failed=None,
+                  link_gbs=None):
+    """Every contender at one size and mode (see ``compare``); ``link_gbs``: across nodes, the link's
+    speed, which gives the bound there (on one node it is measured here)."""
     size = comm.Get_size()
     count = max(1, nbytes // dtype.itemsize)
     source = memory.array(_input(count, dtype, comm.Get_rank()))
@@ -114,17 +119,28 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     contenders[BASELINE](source, expected, comm)
     expected = memory.to_host(expected)
     out = memory.empty(count, dtype)
-    send = out if in_place else source
+    shared = (out if in_place else source, out)
+    buffers = {}  # name -> (send, out): the shared pair, or a contender's own (symmetric buffers)
 
-    def reset():
+    def buffers_of(contender):
+        own = getattr(contender, "buffers", None)
+        if own is None:
+            return shared
+        mine = own(count, dtype, in_place, comm)
+        memory.copy(mine[0], source)
+        return mine
+
+    def reset(name):
         if in_place:  # in place, the input is the output: put it back (outside the timed calls)
-            memory.copy(out, source)
+            memory.copy(buffers[name][1], source)
 
     # Warm up every contender and count its wrong elements; size the repetitions from the baseline.
     # In the timed calls in place, each call reduces the previous result again, as nccl-tests does.
     wrong, probe = {}, {}
     for name, contender in list(contenders.items()):
-        probe[name], wrong[name], error = _warm_up(comm, contender, send, out, reset, expected, memory)
+        buffers[name] = buffers_of(contender)
+        probe[name], wrong[name], error = _warm_up(comm, contender, *buffers[name], lambda n=name: reset(n),
+                                                   expected, memory)
         if error is not None:
             if failed is None or name == BASELINE:
                 raise RuntimeError(f"{name} failed at {nbytes} bytes ({'in' if in_place else 'out of'} place): {error}")
@@ -133,11 +149,19 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     contenders = {name: c for name, c in contenders.items() if probe[name] is not None}
     iterations = _iterations(probe[BASELINE])
     times = {name: [] for name in contenders}
+    # the bound (limits.py): on one node, a pass of the least traffic, timed among the contenders
+    on_host = type(memory) is HostMemory  # (no bound for device memory yet)
+    bound = bound_pass(count, dtype, in_place) if link_gbs is None and on_host else None
+    bound_times = []
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
         for _ in range(repetitions):
             for name, contender in contenders.items():
-                times[name].append(_time_calls(lambda c=contender: c(send, out, comm), iterations, comm, reset,
-                                               memory))
+                times[name].append(_time_calls(lambda c=contender, b=buffers[name]: c(*b, comm), iterations, comm,
+                                               lambda n=name: reset(n), memory))
+            if bound is not None:
+                bound_times.append(_time_calls(bound, iterations, comm))
+    bound_us = (min(bound_times) * 1e6 if bound_times else
+                link_bound_us(count * dtype.itemsize, size, link_gbs) if link_gbs else None)
     results = []
     for name in contenders:
         seconds = statistics.median(times[name])
@@ -146,27 +170,32 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
             ranks=size, nbytes=count * dtype.itemsize, count=count, dtype=str(dtype), op=op,
             algorithm=name, in_place=in_place, iterations=iterations, repetitions=repetitions,
             time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * 2 * (size - 1) / size,
-            wrong=wrong[name], time_us_low=min(times[name]) * 1e6, time_us_high=max(times[name]) * 1e6))
+            wrong=wrong[name], time_us_low=min(times[name]) * 1e6, time_us_high=max(times[name]) * 1e6,
+            bound_us=bound_us))
     return results
 
 
 def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
             modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory(),
-            progress=None, failed=None):
+            progress=None, failed=None, link_gbs=None):
     """Measure every contender at every size and mode (in_place False/True); collective.
 
     Returns a list of Measurements (complete on every rank). ``progress(measurements)``, if given,
     is called with each size and mode's measurements as soon as they are taken. ``failed``: a list
     that gets a dict (ranks, nbytes, in_place, algorithm, error) for each contender that raised at
     a size, the others going on; without it, such an error is raised (Open MPI's default's always).
+    ``link_gbs``: the link between nodes (limits.link_bandwidth) where the ranks span nodes: the bound
+    there; on one node the bound is measured at each size (limits.bound_pass).
     """
     dtype = np.dtype(dtype)
-    contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory)
+    contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory,
+                                       largest=max(sizes, default=0))
     try:
         results = []
         for nbytes in sizes:
             for in_place in modes:
-                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory, failed)
+                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory, failed,
+                                         link_gbs)
                 if progress is not None:
                     progress(measured)
                 results.extend(measured)

@@ -1,0 +1,135 @@
+"""Symmetric buffers (mpiallreduce.empty/zeros) and the single_copy algorithm that reads and writes
+the peers' twins of them (issue #28, item 2). Every expected value comes from numpy on inputs
+gathered with mpi4py's own allgather."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from reference import exact_input, gather_inputs, numpy_reference, problems_with
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+CASES = [("sum", "float32"), ("sum", "int64"), ("max", "float64"), ("mean", "float64"), ("prod", "complex128"),
+         ("sum", "float16")]
+
+
+def _twins(count, dtype, apart=8):
+    """Input and output views of one symmetric allocation, at the same offsets on every rank."""
+    buffer = mar.empty(2 * count + apart, dtype)
+    return buffer[:count], buffer[count + apart:2 * count + apart]
+
+
+def _runs_single_copy(x, out, op):
+    """Whether the planner must give this call single_copy (independently of the code under test:
+    the rule as docs/algorithms.md states it)."""
+    return (WORLD.Get_size() > 1 and x.nbytes >= 64 << 10 and x.dtype.name != "float16"
+            and op in ("sum", "max", "mean", "prod"))
+
+
+@pytest.mark.parametrize("mode", ["out_of_place", "in_place", "prepared", "async"])
+def test_symmetric_arrays_match_numpy(mode):
+    comm, rank = WORLD, WORLD.Get_rank()
+    problems = []
+    for op, dtype in CASES:
+        for count in sorted({1, comm.Get_size() + 1, 1009, (1 << 15) + 3}):
+            host = exact_input(dtype, count, rank, op)
+            expected = numpy_reference(op, gather_inputs(comm, host))
+            x, out = _twins(count, dtype)
+            x[...] = host
+            if mode == "in_place":
+                out[...] = host
+                result = mar.allreduce(out, op=op, out=out)
+            elif mode == "prepared":
+                prepared = mar.prepare(x, op=op, out=out)
+                result = prepared()
+                plan = repr(prepared)
+                if _runs_single_copy(x, out, op) != ("single_copy" in plan):
+                    problems.append(f"{op} {dtype} {count}: {plan}")
+                x[...] = 0  # (the next run reduces x's contents then)
+                x[...] = host
+                result = prepared()
+            elif mode == "async":
+                result = mar.allreduce_async(x, op=op, out=out).wait()
+            else:
+                result = mar.allreduce(x, op=op, out=out)
+            case = f"{mode} {op} {dtype} count={count}"
+            if result is not out:
+                problems.append(f"{case}: the result is not out")
+            problems += problems_with(comm, np.asarray(result), expected, case)
+            if mode != "in_place" and not np.array_equal(x, host):
+                problems.append(f"{case}: input modified")
+    assert not problems, f"rank {rank}:\n" + "\n".join(problems[:20])
+
+
+def test_shapes_and_zeros():
+    rank = WORLD.Get_rank()
+    zeros = mar.zeros((3, 5000), np.float64)
+    assert zeros.shape == (3, 5000) and zeros.dtype == np.float64 and not zeros.any()
+    host = exact_input("float64", zeros.size, rank, "sum").reshape(zeros.shape)
+    expected = numpy_reference("sum", gather_inputs(WORLD, host))
+    zeros[...] = host
+    assert not problems_with(WORLD, mar.allreduce(zeros, out=zeros), expected, "2-D in place")
+
+
+def test_a_placement_that_differs_raises_everywhere_and_writes_nothing():
+    """Twins at different offsets would read the wrong elements: the ranks compare the placement."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    count = 1 << 15
+    buffer = mar.empty(2 * count + 16, np.float32)
+    shift = 4 if rank == size - 1 else 0
+    x, out = buffer[shift:shift + count], buffer[count + 8:2 * count + 8]
+    x[...], out[...] = rank + 1, -1
+    with pytest.raises(ValueError, match="not the same call on every rank|differ"):
+        mar.allreduce(x, out=out)
+    assert (out == -1).all()  # (no peer wrote into it)
+    x = buffer[:count]
+    x[...] = rank + 1
+    assert (mar.allreduce(x, out=out) == size * (size + 1) // 2).all()
+
+
+def test_symmetric_on_some_ranks_only_raises_everywhere_and_writes_nothing():
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    count = 1 << 15
+    x, out = _twins(count, np.float32)
+    if rank == 0:
+        x, out = np.empty(count, np.float32), np.empty(count, np.float32)
+    x[...], out[...] = rank + 1, -1
+    with pytest.raises(ValueError, match="not the same call on every rank|differ"):
+        mar.allreduce(x, out=out)
+    assert (out == -1).all()
+
+
+def test_single_copy_by_name_needs_symmetric_arrays_on_every_rank():
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank reduces nothing")
+    with pytest.raises(ValueError, match="symmetric buffers only"):
+        mar.allreduce(np.ones(10), algorithm="single_copy")
+    x, out = _twins(10, np.float64)  # by name, below the size auto would pick it from
+    x[...] = rank
+    assert (mar.allreduce(x, algorithm="single_copy", out=out) == size * (size - 1) // 2).all()
+
+
+def test_allocations_that_differ_raise_everywhere():
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    with pytest.raises(ValueError, match="not the same call on every rank|differ"):
+        mar.empty(10 + (rank == size - 1), np.float32)
+    with pytest.raises(ValueError):
+        mar.empty(-1 if rank == 0 else 5, np.float32)
+    assert mar.zeros(4, np.int32).sum() == 0  # (the next allocation pairs up again)
+
+
+def test_a_timed_call_on_symmetric_arrays():
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    x, out = _twins(1 << 15, np.float64)
+    x[...] = np.arange(x.size) + rank
+    expected = size * np.arange(x.size) + size * (size - 1) // 2
+    assert np.array_equal(mar.allreduce(x, out=out, timeout=30), expected)
