@@ -58,6 +58,8 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     assert timed == ["ok"] * nranks, explain(result)
     refused = re.findall(r"^rank \d+ node node\d refused-on-one-rank (.*)$", result.output, re.M)
     assert refused == ["ok"] * nranks, explain(result)  # refused by the planner on one rank: an error on all
+    symmetric = re.findall(r"^rank \d+ node node\d symmetric-arrays (.*)$", result.output, re.M)
+    assert symmetric == ["ok"] * nranks, explain(result)  # ordinary arrays across nodes: no single copy
     assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
     equal_nodes = nranks % nodes == 0
     for rank, node, name, outcome in lines:

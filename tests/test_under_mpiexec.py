@@ -189,7 +189,7 @@ def test_bench_prints_the_field_columns_for_every_contender_with_no_wrong_elemen
     import mpiallreduce
     forced = {"openmpi:" + name for name in ("basic_linear", "nonoverlapping", "recursive_doubling", "ring",
                                              "segmented_ring", "rabenseifner")}
-    contenders = ({"openmpi", "auto"} | forced | set(mpiallreduce.HOST_ALGORITHMS)
+    contenders = ({"openmpi", "auto", "auto:plain", "openmpi:persistent"} | forced | set(mpiallreduce.HOST_ALGORITHMS)
                   | set(mpiallreduce.SYMMETRIC_ALGORITHMS))
     assert {r[3] for r in rows} == contenders, explain(result)
     assert len(rows) == 3 * 2 * len(contenders), explain(result)  # sizes x (out, in) x contenders

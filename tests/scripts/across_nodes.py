@@ -14,7 +14,8 @@ rank (the signature compared in messages across nodes), and the next call is rig
 rank, and the next calls are right (nothing of it is left to pair with them). Then
 ``rank R node H refused-on-one-rank ...``: an algorithm the planner refuses across nodes, asked for
 on rank 0 only, is an error on every rank (rank 0 takes part in the comparison), and the next call
-is right.
+is right. Then ``rank R node H symmetric-arrays ...``: symmetric arrays (mpiallreduce.empty) across
+nodes are reduced right by the ordinary paths, never single_copy, which is refused by name.
 """
 import hashlib
 import sys
@@ -124,3 +125,21 @@ x = exact_input("float64", 100, rank, "sum")
 if not values_equal(mar.allreduce(x), numpy_reference("sum", gather_inputs(comm, x))):
     outcome = "wrong after the refused call"
 print(f"rank {rank} node {node} refused-on-one-rank {outcome}", flush=True)
+
+outcome = "ok"  # symmetric arrays across nodes: ordinary arrays there (no single copy), right values
+count = (1 << 16) + 3
+x, out = mar.empty(count, "float64"), mar.empty(count, "float64")
+x[...] = exact_input("float64", count, rank, "sum")
+want = numpy_reference("sum", gather_inputs(comm, x.copy()))
+prepared = mar.prepare(x, out=out)
+if not values_equal(mar.allreduce(x, out=out), want) or not values_equal(prepared(), want):
+    outcome = "wrong"
+elif "single_copy" in repr(prepared):
+    outcome = f"planned {prepared!r}"
+try:
+    mar.allreduce(x, out=out, algorithm="single_copy")
+    outcome = "single_copy by name not refused"
+except ValueError as error:
+    if "symmetric buffers only" not in str(error):
+        outcome = f"{error}"
+print(f"rank {rank} node {node} symmetric-arrays {outcome}", flush=True)

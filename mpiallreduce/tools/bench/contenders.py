@@ -1,16 +1,18 @@
 """The contenders: small adapters that each perform one allreduce of ``send`` into ``out``, and
 where the buffers live (host or device memory)."""
+from mpi4py import MPI
+
 from ...algorithms import REGISTRY
 from ...api import allreduce, empty, prepare
 from ...core.buffers import aligned_empty, array_module, mpi_datatype
-from ...device.arrays import cuda_aware, select_gpu, synchronize
-from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
-from ...core.state import state_of
 from ...core.ops import get_op
+from ...core.state import state_of
+from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ...device.transports import device_path, run_on_device
+from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
 
-__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "HostMemory", "DeviceMemory",
-           "device_memory", "contenders"]
+__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "AUTO_PLAIN", "PERSISTENT", "HostMemory",
+           "DeviceMemory", "device_memory", "contenders", "Prepared", "OnSymmetricBuffers"]
 
 BASELINE = "openmpi"
 FORCED_PREFIX = "openmpi:"
@@ -105,10 +107,56 @@ def _mpi_allreduce_of_device_memory(op, xp):
     return call
 
 
-def _ours(algorithm, op):
+class Prepared:
+    """Adapter: a call prepared once per pair of buffers (``make(send, out, comm)``, collective: at
+    each size and mode's warm-up, every rank, in the contenders' order), then run: what training
+    runs (GradientSync's buckets are prepared calls). In place when ``send`` is ``out``."""
+
+    def __init__(self, make):
+        self.make, self.key, self.run = make, None, None
+
+    def __call__(self, send, out, comm):
+        if self.key != (id(send), id(out)):  # (the run made holds both: their ids stay theirs)
+            self.Free()
+            self.key, self.run = (id(send), id(out)), self.make(send, out, comm)
+        self.run()
+
+    def Free(self):
+        """Let the persistent request go (compare frees every contender that has this)."""
+        request, self.run = getattr(self.run, "request", None), None
+        if request is not None:
+            request.Free()
+
+
+def _persistent(op):
+    """Open MPI's MPI_Allreduce_init, started and waited for each call (MPI-4 persistent)."""
+    reduce_op = get_op(op)
+
+    def make(send, out, comm):
+        request = comm.Allreduce_init(MPI.IN_PLACE if send is out else send, out, reduce_op.mpi_op(out.dtype))
+
+        def run():
+            request.Start()
+            request.Wait()
+            reduce_op.finish(out, comm.Get_size())
+        run.request = request
+        return run
+    return Prepared(make)
+
+
+#: our plain call of auto (its price per call: the general path's checks; the others are prepared)
+AUTO_PLAIN = "auto:plain"
+#: Open MPI's persistent allreduce, among its forced algorithms (the stronger of the two is "strongest")
+PERSISTENT = FORCED_PREFIX + "persistent"
+
+
+def _ours(algorithm, op, memory):
     if algorithm == REPRODUCIBLE:
         return lambda send, out, comm: allreduce(send, op=op, comm=comm, out=out, reproducible=True)
-    return lambda send, out, comm: allreduce(send, op=op, algorithm=algorithm, comm=comm, out=out)
+    if algorithm == AUTO_PLAIN or isinstance(memory, DeviceMemory):
+        name = "auto" if algorithm == AUTO_PLAIN else algorithm
+        return lambda send, out, comm: allreduce(send, op=op, algorithm=name, comm=comm, out=out)
+    return Prepared(lambda send, out, comm: prepare(send, op=op, algorithm=algorithm, comm=comm, out=out).run)
 
 
 class OnSymmetricBuffers:
@@ -166,9 +214,14 @@ def contenders(comm, names, op, forced, plant_wrong=None, memory=None, largest=0
         if forced_comm is not None:
             made.append(forced_comm)
             found[FORCED_PREFIX + TUNED_ALLREDUCE_ALGORITHMS[number]] = _mpi_allreduce(op, forced_comm)
+    if forced and hasattr(comm, "Allreduce_init"):  # (host memory: device runs force nothing)
+        found[PERSISTENT] = _persistent(op)
+        made.append(found[PERSISTENT])
     for name in names:
         symmetric = name in REGISTRY and REGISTRY[name].needs_symmetric
-        found[name] = OnSymmetricBuffers(name, op, largest) if symmetric else _ours(name, op)
+        found[name] = OnSymmetricBuffers(name, op, largest) if symmetric else _ours(name, op, memory)
+        if isinstance(found[name], Prepared):
+            made.append(found[name])
     if plant_wrong:
         found[plant_wrong] = _planted_wrong(found[plant_wrong])
     return found, made

@@ -14,7 +14,7 @@ from ...device.arrays import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
 from ...core.ops import OPS, get_op
 from ...core.state import state_of
-from .contenders import DEVICE_ALGORITHMS, REPRODUCIBLE, device_memory
+from .contenders import AUTO_PLAIN, DEVICE_ALGORITHMS, REPRODUCIBLE, device_memory
 # the timing loop and the reference bandwidths: their names stay importable from here
 from .limits import MEMCPY_BYTES, device_copy_bandwidth, link_bandwidth, memory_copy_bandwidth  # noqa: F401
 from .metadata import run_metadata
@@ -64,7 +64,8 @@ def _checked_arguments(parser, args):
         if size == 0 or size % dtype.itemsize:
             parser.error(f"--sizes: {size} bytes is not a positive whole number of {dtype} elements "
                          f"({dtype.itemsize} bytes each)")
-    known = list(ALGORITHMS) + list(SYMMETRIC_ALGORITHMS) + ["auto"] if args.device == "cpu" else list(DEVICE_ALGORITHMS)
+    known = (list(ALGORITHMS) + list(SYMMETRIC_ALGORITHMS) + ["auto", AUTO_PLAIN] if args.device == "cpu"
+             else list(DEVICE_ALGORITHMS))
     if args.algorithms is None:
         algorithms = list(known)  # (the reproducible sum only when asked for)
     else:
@@ -99,7 +100,8 @@ def main(argv=None):
     parser.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES),
                         help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
     parser.add_argument("--algorithms",
-                        help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, {REPRODUCIBLE} (Open MPI's "
+                        help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, {AUTO_PLAIN} "
+                             f"(a plain call; the others are prepared), {REPRODUCIBLE} (Open MPI's "
                              f"default always runs); default: all of them but {REPRODUCIBLE}, or with --device gpu "
                              f"{','.join(DEVICE_ALGORITHMS)}")
     parser.add_argument("--device", choices=["cpu", "gpu", "fake-gpu"], default="cpu",
