@@ -24,8 +24,8 @@ from .core.worker import Meeting, _worker, check_thread_level, run_here, submit,
 from .core.settings import settings
 from .faults.errors import call_site
 
-__all__ = ["allreduce", "allreduce_async", "prepare", "PreparedAllreduce", "describe_call", "empty", "zeros", "psum", "pmean", "pmax",
-           "pmin", "CHECK_ENV"]
+__all__ = ["allreduce", "allreduce_async", "prepare", "PreparedAllreduce", "describe_call", "empty", "zeros", "psum",
+           "pmean", "pmax", "pmin", "CHECK_ENV"]
 
 check_world_matches_slurm()  # the silent-singleton trap, before anything is reduced
 
@@ -177,7 +177,7 @@ class PreparedAllreduce(Prepared):
                 and type(on) is type(self.x) is np.ndarray and on.shape == self.x.shape
                 and on.dtype == self.x.dtype and on.flags.c_contiguous and on.flags.writeable):
             raise ValueError(f"a prepared call runs on a writeable C-contiguous numpy array of x's shape and "
-                             f"dtype, prepared in place and not persistent; got {getattr(on, 'shape', '?')} "
+                             f"dtype, prepared in place, not persistent and not single_copy; got {getattr(on, 'shape', '?')} "
                              f"{getattr(on, 'dtype', type(on).__name__)}")
         return self.execution.bound(None, on.reshape(-1), self.timeout, self.xp), on
 
@@ -203,18 +203,19 @@ def zeros(shape, dtype=np.float64, comm=None):
     return symmetric_array(comm, shape, dtype, zero=True)
 
 
-def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False):
-    """What ``allreduce(x, op=op, algorithm=algorithm, comm=comm)`` would run, and why: the whole
-    plan (algorithm, route, device path, accumulation, inner plan, signature), in a line.
+def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False, out=None):
+    """What ``allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out)`` would run, and why: the
+    whole plan (algorithm, route, device path, accumulation, inner plan, signature), in a line.
 
     Collective the first time a communicator is used (its state is made), then local.
     """
     comm = check_comm(WORLD if comm is None else comm)
     state = state_of(comm)
     state.make_ready()
-    validate(x, op, algorithm, None, reproducible, state.size)
+    validate(x, op, algorithm, out, reproducible, state.size)
     from .core.call import _op_of
-    return plan_for(state, x, _op_of(op, reproducible), algorithm).describe()
+    from .core.symmetric import placement_of_call
+    return plan_for(state, x, _op_of(op, reproducible), algorithm, out is x, placement_of_call(state, x, out)).describe()
 
 
 # JAX's names and argument order (jax.lax.psum(x, axis_name, *, axis_index_groups=None)).

@@ -16,8 +16,8 @@ every rank can load from and store into its peers' arrays. p = 3, slices s0 s1 s
 No staging: each input byte is read once, each output byte written once (2n of memory traffic per
 rank, against about 5n through shared_memory's private window). A chunk of 256 KiB is copied to the
 peers while it is still in the cache. In place (``out=x``), ranks 0 and 1 reduce a chunk into their
-own array (the first two terms of the sum may be its target), the others into scratch first. Each slice is reduced once, by one rank, in one order: the
-same bits everywhere. A peer writes this rank's output only after every rank has arrived, so
+own array (the first two terms of the sum may be its target), the others into scratch first. Each
+slice is reduced once, by one rank, in one order: the same bits everywhere. A peer writes this rank's output only after every rank has arrived, so
 nothing is written before the call is known to run; a rank that dies during step 1 leaves the
 outputs part written (as MPI's shared-memory collectives do).
 """

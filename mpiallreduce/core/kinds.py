@@ -19,10 +19,16 @@ def plan_for(state, x, op, algorithm, in_place=False, placement=None):
 def execution_for(state, x, op, reduce_op, algorithm, reproducible, keep, in_place=False, placement=None):
     """The Execution of this kind of call, made once and kept on the state when ``keep`` (an
     untimed call: the key the short path finds it by says nothing of a timeout). Symmetric arrays
-    (``placement``) get one of their own each call: it holds where their twins lie."""
+    (``placement``) are kept by where their twins lie too (the short path never finds them)."""
     if placement is not None:
-        plan = plan_for(state, x, reduce_op, algorithm, in_place, placement)
-        return Execution(state, plan, reduce_op, x.shape, x.dtype, "host", placement)
+        key = ("symmetric", x.shape, x.dtype, op, algorithm, in_place, placement.signature())
+        execution = state.fast_calls.get(key)  # (allocation numbers are never reused on a communicator)
+        if execution is None:
+            plan = plan_for(state, x, reduce_op, algorithm, in_place, placement)
+            execution = Execution(state, plan, reduce_op, x.shape, x.dtype, "host", placement)
+            if keep and isinstance(algorithm, str) and isinstance(op, str):
+                state.keep(key, execution)
+        return execution
     key = ((x.shape, x.dtype, op, algorithm, in_place) if type(x) is np.ndarray and not reproducible  # (the short
            else (x.shape, x.dtype, op, algorithm, in_place, reproducible, type(x)))  # path's key)
     execution = state.fast_calls.get(key)

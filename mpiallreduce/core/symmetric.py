@@ -19,26 +19,33 @@ A symmetric array is valid until its communicator is freed (COMM_WORLD's: at MPI
 latest at exit). Its windows are freed then, with every rank: an array used after that is freed
 memory.
 """
+import bisect
+import operator
+
 import numpy as np
 from mpi4py import MPI
 
 from .topology import node_communicator
 
-__all__ = ["Allocation", "checked", "allocate", "placement_of", "placement_of_call", "Placement", "touches"]
+__all__ = ["Allocation", "checked", "allocate", "free_array", "placement_of", "placement_of_call", "Placement",
+           "touches"]
 
 #: every segment starts on a page (MPI's alloc_shared_noncontig: each rank's segment on its own pages)
 _INFO = None
-#: whether any rank-local symmetric allocation exists (the short path looks here first: one load)
-_MADE = []
+#: this rank's live symmetric allocations (on every communicator), sorted by their start address,
+#: and those addresses: what ``touches`` bisects
+_MADE, _STARTS = [], []
 
 
 def touches(a):
     """Whether numpy ``a`` starts in this rank's segment of a symmetric allocation (the short path
-    asks, and leaves such arrays to the general path, which may run single_copy on them)."""
-    if not _MADE:
+    asks, and leaves such arrays to the general path, which may run single_copy on them). An array
+    that owns its memory (``base`` None) is in none: free; a view costs a bisection."""
+    if not _MADE or a.base is None:
         return False
     address = a.__array_interface__["data"][0]
-    return any(0 <= address - m.start < m.nbytes for m in _MADE)
+    at = bisect.bisect_right(_STARTS, address) - 1
+    return at >= 0 and address < _STARTS[at] + _MADE[at].nbytes
 
 
 class Allocation:
@@ -72,15 +79,18 @@ class Allocation:
             pass
         self.window = None
         if self in _MADE:
+            del _STARTS[_MADE.index(self)]
             _MADE.remove(self)
 
 
 def checked(shape, dtype):
     """(shape as a tuple of ints, numpy dtype), or TypeError/ValueError saying what is wrong."""
     dtype = np.dtype(dtype)
-    shape = tuple(int(n) for n in ((shape,) if np.isscalar(shape) else shape))
-    if any(n < 0 for n in shape) or dtype.hasobject or dtype.itemsize == 0:
-        raise ValueError(f"a symmetric array needs a shape of sizes >= 0 and a number dtype; got {shape} {dtype}")
+    shape = tuple(operator.index(n) for n in ((shape,) if np.isscalar(shape) else shape))  # (2.7: TypeError)
+    if dtype.kind not in "biufc" and dtype.name != "bfloat16":
+        raise TypeError(f"a symmetric array holds numbers (bool, integer, float, complex); got dtype {dtype}")
+    if any(n < 0 for n in shape) or np.prod(shape, dtype=object) * dtype.itemsize >= 1 << 62:
+        raise ValueError(f"a symmetric array needs a shape of sizes >= 0 that fits in memory; got {shape}")
     return shape, dtype
 
 
@@ -91,7 +101,9 @@ def allocate(state, shape, dtype, zero):
     node = node_communicator(state.library)
     allocation = Allocation(node, nbytes, len(state.symmetric))
     state.symmetric.append(allocation)
-    _MADE.append(allocation)
+    at = bisect.bisect_right(_STARTS, allocation.start)
+    _STARTS.insert(at, allocation.start)
+    _MADE.insert(at, allocation)
     state.on_free.append(allocation.free)
     array = allocation.mine.view(dtype).reshape(shape)
     if zero:
@@ -100,6 +112,14 @@ def allocate(state, shape, dtype, zero):
         node.Barrier()  # (no rank reads a peer's zeros before they are there)
         allocation.sync()
     return array
+
+
+def free_array(state, array):
+    """Free the allocation ``array`` lies in (collective over its node: every rank at the same point,
+    as GradientSync does when it replans); its arrays are then freed memory."""
+    found = _find(state.symmetric, array)
+    if found is not None:
+        found[0].free()
 
 
 class Placement:

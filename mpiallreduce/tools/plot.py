@@ -3,7 +3,8 @@
 busbw_<mode>.png: bus bandwidth against message size, one line per contender (ours solid, each
 Open MPI algorithm dashed with a dash pattern and marker of its own, its default black), and one
 core's memory copy bandwidth measured in the same run: a reference line, not a limit (below a few
-MiB the data sits in caches, which go faster).
+MiB the data sits in caches, which go faster); and the bound measured in the run, where it has one
+(the least time an allreduce of that size can take: mpiallreduce.tools.bench.limits), as busbw.
 gain_<mode>.png: Open MPI default time / our time against message size, one line per algorithm
 of ours; above 1 ours is faster; a hollow circle marks a gain within the noise (the repetitions of
 the two overlap: mpiallreduce.tools.bench.report.within_noise).
@@ -43,6 +44,10 @@ def plot_results(results, output_dir):
             points = sorted((m["nbytes"], m["busbw_gbs"]) for m in measured if m["algorithm"] == name)
             ax.plot(*zip(*points), linestyle=style, marker=marker, color=colour,
                     linewidth=2.5 if name == "openmpi" else 1.2, label=name)
+        bound = sorted({(m["nbytes"], m["nbytes"] / m["bound_us"] / 1e3 * 2 * (m["ranks"] - 1) / m["ranks"])
+                        for m in measured if m.get("bound_us")})
+        if bound:  # (the least time an allreduce can take here, as busbw: mpiallreduce.tools.bench.limits)
+            ax.plot(*zip(*bound), color="black", linewidth=1.8, label="the bound, this run (no allreduce is faster)")
         ax.axhline(results["memcpy_gbs"], color="black", linestyle=":", linewidth=0.8,
                    label="one core's memcpy, this run (a reference: caches beat it)")
         written.append(_finish(plt, fig, ax, "busbw (GB/s) = bytes/time x 2(p-1)/p",

@@ -101,11 +101,9 @@ class GradientSync:
         self.declared = parameters is not None
         self.overlap, self._asked_overlap = None, overlap  # (decided at the first plan: collective)
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
-        self._slots = None
+        self._slots = self._reducer = None
         self._by_name, self._by_identity = {}, {}
-        self._device_xp = None
-        self._no_sync = 0
-        self._buckets = []
+        self._device_xp, self._no_sync, self._buckets = None, 0, []
         #: what every rank's GradientSync must have alike (compared with the gradients, collectively)
         self._options = {"bucket_bytes": bucket_bytes, "op": op, "algorithm": algorithm, "prescale": prescale,
                          "postscale": postscale, "timed": timeout is not None, "find_unused": self.find_unused,
@@ -132,6 +130,8 @@ class GradientSync:
         self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else direct_min_bytes(
             in_place=self._agree_first and untimed(self.timeout), spans_nodes=self._spans_nodes))
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
+        if self._reducer is not None:  # (a replan: on every rank together, nothing in flight)
+            self._reducer.free()
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
                                       compression=self.compression, reproducible=self.reproducible,

@@ -45,9 +45,8 @@ class BucketReducer:
                  reproducible, one_node=False):
         """``one_node``: the host buckets' buffers are symmetric (mpiallreduce.empty: made here, in
         bucket order, on every rank, as the plan is agreed), so their reductions run single copy."""
-        self.comm, self.slots, self.buckets = comm, slots, buckets
-        self.op, self.algorithm, self.timeout = op, algorithm, timeout
-        self.prescale, self.postscale = prescale, postscale
+        self.comm, self.slots, self.buckets, self.op, self.algorithm = comm, slots, buckets, op, algorithm
+        self.timeout, self.prescale, self.postscale = timeout, prescale, postscale
         self.compression, self.reproducible = compression, reproducible
         self._buffers = {}  # bucket index -> (fused buffer, PreparedAllreduce or None)
         self._views = {}  # bucket index -> [(slot, its place in the fused buffer, shaped like it)]
@@ -58,10 +57,19 @@ class BucketReducer:
         self._direct = {}  # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
         self._clean_digest = None  # the digest of a step where every gradient came as planned
+        self._symmetric = []  # the fused buffers made symmetric (freed with the plan: free)
         if one_node and compression is None and not reproducible:
             for bucket in buckets:
                 if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):
                     self._buffer(bucket, np, symmetric=True)
+
+    def free(self):
+        """Free the symmetric buffers (collective: a replan, every rank at once, nothing in flight)."""
+        from ..core.state import state_of
+        from ..core.symmetric import free_array
+        for fused in self._symmetric:  # (this reducer is not used again)
+            free_array(state_of(self.comm), fused)
+        self._symmetric, self._buffers = [], {}
 
     def digest(self, step):
         """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every
@@ -113,6 +121,7 @@ class BucketReducer:
             if symmetric:
                 from ..api import empty
                 fused = empty(count, bucket.dtype, comm=self.comm)
+                self._symmetric.append(fused)
             else:
                 fused = xp.empty(count, dtype=bucket.dtype)
             self._views[bucket.index] = self._members_in(fused, bucket)

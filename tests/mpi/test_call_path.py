@@ -520,14 +520,14 @@ def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, 
     for wrong in (np.zeros(20_001, np.float32), np.zeros(20_000), np.zeros(40_000, np.float32)[::2]):
         with pytest.raises(ValueError, match="writeable C-contiguous numpy array of x's shape"):
             prepared._run_on(wrong)
-    with pytest.raises(ValueError, match="prepared in place and not persistent"):
+    with pytest.raises(ValueError, match="prepared in place, not persistent and not single_copy"):
         mar.prepare(x, comm=comm)._run_on(np.zeros_like(x))  # (prepared out of place)
     if comm.Get_size() > 1:  # (on one rank, a local copy: never persistent)
         small = np.ones(4, np.float32)
         persistent = mar.prepare(small, algorithm="mpi", comm=comm, out=small)
         assert persistent.persistent and "persistent (MPI_Allreduce_init)" in repr(persistent)
         assert "persistent" not in repr(prepared)  # (run on other memory: never)
-        with pytest.raises(ValueError, match="prepared in place and not persistent"):
+        with pytest.raises(ValueError, match="prepared in place, not persistent and not single_copy"):
             persistent._run_on(np.zeros_like(small))
     want = numpy_reference("sum", gather_inputs(comm, x))
     assert values_equal(prepared(), want)  # (the ranks still in step)

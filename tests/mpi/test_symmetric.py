@@ -63,6 +63,21 @@ def test_symmetric_arrays_match_numpy(mode):
     assert not problems, f"rank {rank}:\n" + "\n".join(problems[:20])
 
 
+def test_describe_call_and_repeated_calls_on_symmetric_arrays():
+    """describe_call(x, out=out) says what the call runs; repeated plain calls (their Execution kept
+    by placement) stay right as the contents change, and a view elsewhere plans anew."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    x, out = _twins(1 << 15, np.float32)
+    text = mar.describe_call(x, out=out)
+    assert ("single_copy" in text) == (size > 1), text
+    for i in range(3):
+        x[...] = rank + i
+        assert (mar.allreduce(x, out=out) == size * (size - 1) // 2 + size * i).all()
+    shorter, short_out = x[:100], out[:100]
+    assert (mar.allreduce(shorter, out=short_out) == size * (size - 1) // 2 + size * 2).all()
+    assert "single_copy" not in mar.describe_call(shorter, out=short_out)  # (below 64 KiB: the table's)
+
+
 def test_shapes_and_zeros():
     rank = WORLD.Get_rank()
     zeros = mar.zeros((3, 5000), np.float64)
@@ -133,3 +148,25 @@ def test_a_timed_call_on_symmetric_arrays():
     x[...] = np.arange(x.size) + rank
     expected = size * np.arange(x.size) + size * (size - 1) // 2
     assert np.array_equal(mar.allreduce(x, out=out, timeout=30), expected)
+
+
+def test_gradient_sync_buckets_are_symmetric_and_a_replan_frees_them():
+    """On one node GradientSync's fused buffers are symmetric; each replan (here: the gradients
+    change every other step) frees the old ones on every rank, so they do not pile up."""
+    from mpiallreduce.core.state import state_of
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    def live_allocations():
+        return sum(a.window is not None for a in state_of(WORLD).symmetric)
+    before = live_allocations()  # (the other tests' arrays)
+    sync = mar.GradientSync(bucket_bytes=1 << 16)
+    live = []
+    for step in range(6):
+        names = [f"g{i}" for i in range(5 if step % 2 else 4)]
+        grads = {n: np.full(5000 + i, rank + 10 * i + step, np.float32) for i, n in enumerate(names)}
+        for n in reversed(names):
+            sync.ready(grads[n], name=n)
+        sync.wait()
+        for i, n in enumerate(names):  # the mean of rank + 10 i + step over the ranks
+            assert (grads[n] == (size - 1) / 2 + 10 * i + step).all(), (step, n)
+        live.append(live_allocations() - before)
+    assert min(live) >= 1 and max(live) <= len(sync.buckets) + 1, live  # (a plan's buckets, not every plan's)
