@@ -143,8 +143,7 @@ def main(argv=None):
             print_progress(measurements)
     try:
         results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
-                          args.plant_wrong, memory, progress=progress, failed=failed,
-                          link_gbs=None if link is None else link[0])
+                          args.plant_wrong, memory, progress=progress, failed=failed)
     except Exception as error:  # (after the warm-up, or Open MPI's own default): what was measured is kept
         if args.output and comm.Get_rank() == 0:
             write_results(args.output, measured, {"error": f"{type(error).__name__}: {error}", "partial": True},

@@ -7,9 +7,9 @@ time any allreduce of n bytes can take here; docs/benchmarks.md, "The bound"):
                              each input once and writing each output once (p.n + p.n on the node)
     one node, in place       every rank at once rewrites n bytes where they lie (np.negative,
                              out=a): read n, write n to lines just read, as an in-place allreduce
-    across nodes             n.2(p-1)/p bytes each way over the link, at the MPI_Sendrecv speed
-                             measured between two nodes (the ring's traffic, the least any
-                             allreduce sends per rank)
+    across nodes             2(N-1)/N.n bytes each way between two of the N nodes, as one
+                             MPI_Sendrecv (the ring's traffic over the nodes: the least any
+                             allreduce sends out of a node)
 
 One core's memcpy is a reference, not a limit: below a few MiB the data sits in caches, which go
 faster; the bound is measured at each size, with the caches as the contenders find them."""
@@ -22,7 +22,7 @@ from ...core.buffers import aligned_empty
 from ...core.topology import node_communicator
 
 __all__ = ["MEMCPY_BYTES", "memory_copy_bandwidth", "link_bandwidth", "device_copy_bandwidth", "bound_pass",
-           "link_bound_us"]
+           "link_pass", "link_peer"]
 
 MEMCPY_BYTES = 64 << 20
 
@@ -52,8 +52,7 @@ def link_bandwidth(comm, nbytes=MEMCPY_BYTES, repetitions=5):
     """(GB/s each way, peer) of a plain MPI_Sendrecv of ``nbytes`` between rank 0 and the first rank
     on another node, both ways at once (what a ring step between nodes asks of the link); None where
     every rank is on one node. Collective; the other ranks wait."""
-    leaders = comm.allgather(node_communicator(comm).Get_rank() == 0)
-    peer = next((r for r in range(1, comm.Get_size()) if leaders[r]), None)
+    peer = link_peer(comm)
     if peer is None:
         return None
     result = 0.0
@@ -102,6 +101,24 @@ def bound_pass(count, dtype, in_place):
     return lambda: np.copyto(b, a)
 
 
-def link_bound_us(nbytes, ranks, link_gbs):
-    """Microseconds to send the ring's n.2(p-1)/p bytes each way at ``link_gbs`` (GB/s each way)."""
-    return nbytes * 2 * (ranks - 1) / ranks / (link_gbs * 1e9) * 1e6
+def link_pass(comm, peer, nodes, nbytes):
+    """Across nodes: a callable that sends the least any allreduce of ``nbytes`` must send between
+    nodes, 2(N-1)/N.n bytes each way for N nodes (the ring's, over the nodes), as one MPI_Sendrecv
+    between rank 0 and ``peer`` (the first rank of another node); the other ranks do nothing. Timed
+    interleaved with the contenders at each size, as the bound on one node is: a message of that
+    size runs as fast as the link does at that size (caches, socket buffers), which one 64 MiB
+    measurement does not say."""
+    rank = comm.Get_rank()
+    if rank not in (0, peer):
+        return lambda: None
+    other = peer if rank == 0 else 0
+    volume = max(1, -(-nbytes * 2 * (nodes - 1) // nodes))
+    send, receive = aligned_empty(volume, np.uint8), aligned_empty(volume, np.uint8)
+    send[:] = 1
+    return lambda: comm.Sendrecv(send, other, 0, receive, other, 0)
+
+
+def link_peer(comm):
+    """The first rank on another node than rank 0's, or None (every rank on one node); collective."""
+    leaders = comm.allgather(node_communicator(comm).Get_rank() == 0)
+    return next((r for r in range(1, comm.Get_size()) if leaders[r]), None)

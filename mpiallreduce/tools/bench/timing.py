@@ -9,9 +9,10 @@ import numpy as np
 from mpi4py import MPI
 
 from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
+from ...core.state import state_of
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS
 from .contenders import BASELINE, HostMemory, contenders as make_contenders
-from .limits import bound_pass, link_bound_us
+from .limits import bound_pass, link_pass, link_peer
 
 __all__ = ["Measurement", "compare", "count_wrong"]
 
@@ -109,9 +110,9 @@ def _warm_up(comm, contender, send, out, reset, expected, memory):
 
 
 def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory(), failed=None,
-                  link_gbs=None):
-    """Every contender at one size and mode (see ``compare``); ``link_gbs``: across nodes, the link's
-    speed, which gives the bound there (on one node it is measured here)."""
+                  link=None):
+    """Every contender at one size and mode (see ``compare``); ``link``: across nodes, (the peer of
+    rank 0 on another node, the node count): the bound there is a message over the link."""
     size = comm.Get_size()
     count = max(1, nbytes // dtype.itemsize)
     source = memory.array(_input(count, dtype, comm.Get_rank()))
@@ -151,7 +152,8 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     times = {name: [] for name in contenders}
     # the bound (limits.py): on one node, a pass of the least traffic, timed among the contenders
     on_host = type(memory) is HostMemory  # (no bound for device memory yet)
-    bound = bound_pass(count, dtype, in_place) if link_gbs is None and on_host else None
+    bound = (None if not on_host else bound_pass(count, dtype, in_place) if link is None
+             else link_pass(comm, *link, count * dtype.itemsize))
     bound_times = []
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
         for _ in range(repetitions):
@@ -160,8 +162,7 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
                                                lambda n=name: reset(n), memory))
             if bound is not None:
                 bound_times.append(_time_calls(bound, iterations, comm))
-    bound_us = (min(bound_times) * 1e6 if bound_times else
-                link_bound_us(count * dtype.itemsize, size, link_gbs) if link_gbs else None)
+    bound_us = min(bound_times) * 1e6 if bound_times else None
     results = []
     for name in contenders:
         seconds = statistics.median(times[name])
@@ -177,25 +178,27 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
 
 def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
             modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory(),
-            progress=None, failed=None, link_gbs=None):
+            progress=None, failed=None):
     """Measure every contender at every size and mode (in_place False/True); collective.
 
     Returns a list of Measurements (complete on every rank). ``progress(measurements)``, if given,
     is called with each size and mode's measurements as soon as they are taken. ``failed``: a list
     that gets a dict (ranks, nbytes, in_place, algorithm, error) for each contender that raised at
     a size, the others going on; without it, such an error is raised (Open MPI's default's always).
-    ``link_gbs``: the link between nodes (limits.link_bandwidth) where the ranks span nodes: the bound
-    there; on one node the bound is measured at each size (limits.bound_pass).
+    Each size and mode has its bound, measured among the contenders (limits.bound_pass on one node,
+    limits.link_pass across nodes).
     """
     dtype = np.dtype(dtype)
     contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory,
                                        largest=max(sizes, default=0))
+    peer = link_peer(comm)
+    link = None if peer is None else (peer, state_of(comm).make_ready().node_count)
     try:
         results = []
         for nbytes in sizes:
             for in_place in modes:
                 measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory, failed,
-                                         link_gbs)
+                                         link)
                 if progress is not None:
                     progress(measured)
                 results.extend(measured)
