@@ -597,7 +597,8 @@ def test_describe_call_says_what_auto_then_runs(monkeypatch):
         monkeypatch.setattr(algorithm, "execute", (lambda original, n: lambda *a, **k: ran.append(n) or original(*a, **k))(
             algorithm.execute, name))
     assert mar.allreduce(x)[0] == size
-    assert ran == [named], (text, ran)
+    # (MPI's own allreduce is called by the executor itself, not through the mpi module's execute)
+    assert ran == ([] if named == "mpi" else [named]), (text, ran)
     assert "asked for: by name" in mar.describe_call(np.ones(10), algorithm="ring")
 
 
