@@ -171,6 +171,8 @@ def test_auto_is_right_on_both_sides_of_every_switch_in_the_table(comm):
     from mpiallreduce.core.planner import choose_algorithm
     from mpiallreduce.core.tuning import _rules_for
     rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        pytest.skip("one rank: auto is a local copy at every size, no switch applies")
     chosen = set()
     for rule in _rules_for(size):
         if rule["up_to_bytes"] is None:

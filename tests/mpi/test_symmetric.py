@@ -142,6 +142,20 @@ def test_allocations_that_differ_raise_everywhere():
     assert mar.zeros(4, np.int32).sum() == 0  # (the next allocation pairs up again)
 
 
+def test_an_allocation_against_an_allreduce_elsewhere_raises_everywhere():
+    """mar.empty is numbered and compared like a call: against another call it is an error on every
+    rank (never a window allocated with some ranks in an allreduce), and the next call is right."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    with pytest.raises(ValueError, match="not the same call on every rank|differ"):
+        if rank == 0:
+            mar.empty(1 << 15, np.float32)
+        else:
+            mar.allreduce(np.ones(1 << 15, np.float32))
+    assert (mar.allreduce(np.full(7, rank, np.int64)) == size * (size - 1) // 2).all()
+
+
 def test_a_timed_call_on_symmetric_arrays():
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     x, out = _twins(1 << 15, np.float64)
