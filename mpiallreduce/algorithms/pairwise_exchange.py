@@ -94,11 +94,13 @@ class PairwiseExchangeAllreduce(Algorithm):
                 reduce_in_rank_order_into(op, pieces, out=recv[lo:hi])
             in_flight = following
 
-        # Step 3: every reduced slice to every rank
-        requests = [comm.Irecv([recv[c:d], datatype], q, ALLGATHER_TAG)
-                    for q, (c, d) in ((q, plan.slices[q]) for q in plan.peers)]
-        requests += [comm.Isend([recv[a:b], datatype], q, ALLGATHER_TAG) for q in plan.peers]
-        wait_all(comm, requests)
-
+        # Step 3: every reduced slice to every rank, segment by segment
+        for k in range(rounds):
+            lo, hi = segment_of(k, rank)
+            requests = [comm.Irecv([recv[c:d], datatype], q, ALLGATHER_TAG)
+                        for q, (c, d) in ((q, segment_of(k, q)) for q in plan.peers) if c < d]
+            if lo < hi:
+                requests += [comm.Isend([recv[lo:hi], datatype], q, ALLGATHER_TAG) for q in plan.peers]
+            wait_all(comm, requests)
 
 ALGORITHM = PairwiseExchangeAllreduce()

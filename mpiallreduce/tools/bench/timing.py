@@ -152,15 +152,15 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     times = {name: [] for name in contenders}
     # the bound (limits.py): on one node, a pass of the least traffic, timed among the contenders
     on_host = type(memory) is HostMemory  # (no bound for device memory yet)
-    bound = (None if not on_host else bound_pass(count, dtype, in_place) if link is None
-             else link_pass(comm, *link, count * dtype.itemsize))
+    bounds = ([] if not on_host else [bound_pass(count, dtype, in_place)] if link is None
+              else link_pass(comm, *link, count * dtype.itemsize))
     bound_times = []
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
         for _ in range(repetitions):
             for name, contender in contenders.items():
                 times[name].append(_time_calls(lambda c=contender, b=buffers[name]: c(*b, comm), iterations, comm,
                                                lambda n=name: reset(n), memory))
-            if bound is not None:
+            for bound in bounds:  # (as many on every rank)
                 bound_times.append(_time_calls(bound, iterations, comm))
     bound_us = min(bound_times) * 1e6 if bound_times else None
     results = []
