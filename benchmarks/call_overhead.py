@@ -14,7 +14,9 @@ ratio to raw ``comm.Allreduce`` on the same buffers:
   signature check that every call makes by default, and that check alone; then auto
   (shared_memory here, which waits for the codes in place of its first barrier) and mpi, each with
   and without the check (the checked call's ratio to the unchecked one is the check's price);
-- 4 KiB and 1 MiB: ring without and with timeout=60 (the rendezvous of mpiallreduce.faults).
+- 4 KiB and 1 MiB: ring without and with timeout=60 (the rendezvous of mpiallreduce.faults);
+- the flight recorder (mpiallreduce.faults.recorder) on and off: two communicators, the recorder
+  taken from one before its first call, at 4 B (auto, and a prepared call) and at 64 KiB (auto).
 """
 import dataclasses
 import statistics
@@ -120,6 +122,18 @@ def main():
             "ring": lambda: mar.allreduce(z, out=zout, algorithm="ring"),
             "ring, timeout=60": lambda: mar.allreduce(z, out=zout, algorithm="ring", timeout=60),
         }, iterations)))
+    traced, untraced = COMM.Dup(), COMM.Dup()
+    state_of(untraced).recorder = None  # (before any call: its short paths are made without one)
+    for size, values, iterations in (("4 B", x, 4000), ("64 KiB", y, 400)):
+        sink = np.empty_like(values)
+        prepared_on, prepared_off = (mar.prepare(values, out=sink, comm=c) for c in (traced, untraced))
+        rows.append((f"{size}, recorder on or off", compare({
+            "MPI_Allreduce (mpi4py)": lambda v=values, o=sink: COMM.Allreduce(v, o),
+            "auto, recorder off": lambda v=values, o=sink: mar.allreduce(v, out=o, comm=untraced),
+            "auto, recorder on": lambda v=values, o=sink: mar.allreduce(v, out=o, comm=traced),
+            "prepared, recorder off": prepared_off,
+            "prepared, recorder on": prepared_on,
+        }, iterations)))
     persistent.Free()
     if COMM.Get_rank() == 0:
         print(f"# auto at 64 KiB runs: {plan}")
@@ -133,6 +147,9 @@ def main():
                 if name.endswith(", signature checked"):
                     unchecked_us = measured[name.replace("checked", "not checked")]
                     print(f"  the check's price, {name.split(',')[0]}: {100 * (us / unchecked_us - 1):+.1f}%")
+                if name.endswith(", recorder on"):
+                    off_us = measured[name.replace(" on", " off")]
+                    print(f"  the recorder's price, {name.split(',')[0]}: {100 * (us / off_us - 1):+.1f}%")
 
 
 if __name__ == "__main__":

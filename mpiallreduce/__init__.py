@@ -29,7 +29,7 @@ _EXPORTS = {
     "AllreduceTimeout": ".faults", "RankFailure": ".faults", "AllreduceStallWarning": ".faults",
     "AllreduceAborted": ".faults",
     "survivors": ".faults", "exit_after_rank_failures": ".faults",
-    "abort_on_exception": ".faults.aborting",
+    "abort_on_exception": ".faults.aborting", "dump_trace": ".faults.recorder",
 }
 
 #: where the modules of the flat layout went (docs/architecture.md): their old import paths still

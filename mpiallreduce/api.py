@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .core.call import WORLD, Call, Prepared, check_comm, plan_for, validate
+from .faults.recorder import run_traced
 from .core.gather import symmetric_array
 from .core.startup import check_world_matches_slurm
 from .core.state import WORLD_FAST_CALLS, known_state, state_of
@@ -146,7 +147,8 @@ def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis
     buckets, give "": they are compared by what they reduce, not by where the user's code was);
     ``persistent=False``: never a persistent request (a call also run on other memory)."""
     call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site)
-    return run_here(lambda: PreparedAllreduce(call, persistent))  # (it makes its shared window, if it needs one)
+    # (it makes its shared window, if it needs one; the flight recorder's entry is the agreement's)
+    return run_here(lambda: run_traced(call.entry, lambda: PreparedAllreduce(call, persistent)))
 
 
 class PreparedAllreduce(Prepared):

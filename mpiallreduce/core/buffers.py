@@ -21,6 +21,7 @@ __all__ = [
     "check_array",
     "check_out",
     "array_module",
+    "views",
     "is_low_precision",
     "copy_into",
     "mpi_datatype",
@@ -41,6 +42,11 @@ def array_module(x):
     if type(x) is np.ndarray:
         return np
     return namespace(x) or np
+
+
+def views(a, b):
+    """Whether flat ``a`` is a view of ``b``'s memory (a prepared call's input: no refresh needed)."""
+    return a.size == b.size and array_module(a).may_share_memory(a, b)
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 from ..device.arrays import namespace
 from ..faults.errors import call_site
+from ..faults.recorder import DONE, ENDED, STATE, WHAT, Described, array_fields, clock, finish, record_call, run_traced
 from ..faults.watch import PeerWatch
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
@@ -70,7 +71,7 @@ class Call:
     """One call's arguments, captured by the entry point on the caller's thread."""
 
     __slots__ = ("x", "op", "reduce_op", "algorithm", "out", "check", "timeout", "site", "state", "sequence",
-                 "meeting", "reproducible")
+                 "meeting", "reproducible", "entry", "execution")
 
     @classmethod
     def start(cls, x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, site=None, reproducible=False):
@@ -107,10 +108,11 @@ class Call:
             # its collectives (the settings, the node layout and the communicators made from it)
             # here, in program order, after the pending asynchronous calls, never on the worker
             run_here(lambda: _renew_and_ready(state, current, call.timeout is None))
-        call.reduce_op = None
+        call.reduce_op = call.execution = None
         call.sequence = state.number()
+        call.entry = record_call(state, call.sequence, call)  # (the flight recorder's, queued until it runs)
         if rejected is not None:
-            run_here(lambda: call._agree_on_rejection(rejected))
+            run_here(lambda: run_traced(call.entry, lambda: call._agree_on_rejection(rejected)))
         return call
 
     def _agree_on_rejection(self, error, met=False):
@@ -187,7 +189,18 @@ class Call:
         kind = "host" if type(self.x) is np.ndarray else "device"
         return Execution(state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind, placement)
 
+    def trace_fields(self):  # (what the flight recorder's dump says of it: mpiallreduce.faults.recorder)
+        return array_fields(self.x, kind="allreduce", site=self.site, op=_plain(self.op), timeout=self.timeout, in_place=self.out
+                            is self.x, algorithm=_plain(self.algorithm) if self.execution is None else self.execution.plan.name)
+
     def run(self):
+        try:
+            return run_traced(self.entry, self._run)
+        finally:  # (the recorder keeps a description, not the arrays: they may be freed)
+            if self.entry is not None:
+                self.entry[WHAT] = Described(self.trace_fields())
+
+    def _run(self):
         self._meet()
         state, x = self.state, self.x
         if self.check:
@@ -201,7 +214,7 @@ class Call:
                 if _compared(state):
                     self._agree_on_rejection(error, met=True)
                 raise
-        flat = buffers.flat_buffers(x, self.out)
+        flat, self.execution = buffers.flat_buffers(x, self.out), execution
         xp = None if type(x) is np.ndarray else namespace(x)
         execution.run(flat.send, flat.recv, self.sequence, self.timeout, xp)
         return flat.finish()
@@ -221,7 +234,7 @@ def _renew_and_ready(state, current, untimed):
         state.make_ready()
 
 
-def _plain(value):
+def _plain(value):  # (an op or algorithm as the signature names it)
     return value if isinstance(value, str) else repr(value)
 
 
@@ -239,7 +252,7 @@ class Prepared:
         self.flat = flat = buffers.flat_buffers(call.x, call.out)
         #: the flat input is x itself (a view), or a copy to refresh before each run
         self.input_is_x = flat.send is None and flat.write_back is None or (
-            flat.send is not None and _views(flat.send, call.x))
+            flat.send is not None and buffers.views(flat.send, call.x))
         self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp, kept=persistent)
         self.persistent = getattr(self.execute, "persistent", False)
         self.result = flat.result
@@ -248,21 +261,27 @@ class Prepared:
 
     def __call__(self, *, _elsewhere=None):
         """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
-        sequence, elsewhere = self.state.number(), _elsewhere
+        state, elsewhere = self.state, _elsewhere
+        sequence = state.number()
+        entry = None if state.recorder is None else state.recorder.record(state, sequence, self)  # (running)
         if self.fast and not _worker.pending:
-            if elsewhere is None:
-                self.execute(sequence)
-                return self.result
-            elsewhere[0](sequence)
-            return elsewhere[1]
-        return run_in_order(lambda: self.run_numbered(sequence, elsewhere))
+            try:
+                self.execute(sequence) if elsewhere is None else elsewhere[0](sequence)
+            except BaseException as error:
+                finish(entry, error)
+                raise
+            if entry is not None:
+                entry[STATE], entry[ENDED] = DONE, clock()
+            return self.result if elsewhere is None else elsewhere[1]
+        return run_in_order(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
 
     run = __call__
 
     def start(self, submit, elsewhere=None):
         """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
         sequence = self.state.number()
-        return submit(lambda: self.run_numbered(sequence, elsewhere))
+        entry = record_call(self.state, sequence, self)
+        return submit(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
 
     def run_numbered(self, sequence, elsewhere=None):
         if self.timeout is not None:  # (its code: a plain call, or another prepared one, elsewhere raises)
@@ -276,7 +295,6 @@ class Prepared:
         self.execute(sequence)
         return flat.finish()
 
-
-def _views(a, b):
-    """Whether flat ``a`` is a view of ``b``'s memory (so needs no refresh)."""
-    return a.size == b.size and buffers.array_module(a).may_share_memory(a, b)
+    def trace_fields(self):
+        return array_fields(self.x, kind="prepared", site=self.site, op=self.op.name, timeout=self.timeout,
+                            algorithm=self.plan.name, in_place=self.plan.in_place)

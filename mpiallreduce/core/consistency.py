@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "meet", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
-           "describe_differences"]
+           "describe_differences", "CarriedSignature"]
 
 
 def digest(value, bits=63):
@@ -225,3 +225,33 @@ def _ranks_phrase(ranks):
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+class CarriedSignature:
+    """The comparison an algorithm makes in place of its first barrier (``carries_signature``:
+    shared_memory), for the executor's Execution ``execution``: ``publish()`` then ``compare()``,
+    or ``agree()`` before a step that is itself collective (growing its window)."""
+
+    __slots__ = ("execution", "sequence")
+
+    def __init__(self, execution, sequence):
+        self.execution, self.sequence = execution, sequence
+
+    def _watch(self):
+        from ..faults.watch import PeerWatch
+        return PeerWatch(self.execution.state, self.sequence, None, "signature")
+
+    def shared(self):
+        return self.execution.state.signature_slots is not None
+
+    def agree(self):
+        e = self.execution
+        compare(e.state, e.code, e.describe, self._watch, self.sequence)
+
+    def publish(self):
+        self.execution.state.signature_slots.publish(self.execution.code, self.sequence)
+
+    def compare(self):
+        e = self.execution
+        if not e.state.signature_slots.all_equal(e.code, self.sequence, self._watch):
+            raise_signature_mismatch(e.state, e.describe, self.sequence)  # (collective: every rank is here)

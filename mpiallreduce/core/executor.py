@@ -21,10 +21,11 @@ from mpi4py import MPI
 
 from ..algorithms.base import CallTags
 from ..faults.errors import AllreduceAborted, AllreduceTimeout
+from ..faults.recorder import DONE, ENDED, RUNNING, STATE, clock, finish, record_call, run_traced
 from ..faults.ulfm import failure_of
 from ..faults.watch import PeerWatch
 from . import buffers
-from .consistency import SignatureMismatch, agree_on_call, compare, digest
+from .consistency import CarriedSignature, SignatureMismatch, agree_on_call, compare, digest
 from .ops import OPS, ignore_float_errors, restore_float_errors
 from .persistent import bind_persistent
 from .symmetric import touches
@@ -65,6 +66,11 @@ class Execution:
             "inner": plan.inner}
         self.short = self._short_path() if kind == "host" else None
         self.after_probe = None
+
+    def trace_fields(self):  # (what the flight recorder's dump says of a call that ran this)
+        return {"kind": "allreduce", "site": "", "op": self.op.name, "algorithm": self.plan.name, "shape": list(self.shape),
+                "dtype": str(self.dtype), "bytes": int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
+                "in_place": self.plan.in_place}
 
     def _probed(self, xp):
         """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator, in this
@@ -124,7 +130,7 @@ class Execution:
         if plan.inner_on_tags:
             options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))
         if self.carried:
-            options = dict(options, signature=_CarriedSignature(self, sequence))
+            options = dict(options, signature=CarriedSignature(self, sequence))
         comm = CallTags(self.state.library, sequence, watch) if plan.algorithm.messages_only else self.state.library
         if xp is not None and plan.device_path == "host round trip":  # the whole call on pinned host memory
             from ..device.transports import pinned, pinned_in_use
@@ -208,6 +214,7 @@ class Execution:
         raw_unchecked, raw_direct, code, describe = self.raw_unchecked, self.raw and self.direct, self.code, self.describe
         empty, ndarray, may_share_memory, in_place = np.empty, np.ndarray, np.may_share_memory, MPI.IN_PLACE
         allreduce, number = state.library.Allreduce, state.number  # (the state's for its life: freed, it is forgotten)
+        recorder, execution = state.recorder, self  # (the flight recorder's; a new one comes with new short paths)
 
         def short(x, out):
             if x.strides != strides or touches(x):  # (symmetric arrays may run single_copy: the general path)
@@ -222,17 +229,22 @@ class Execution:
             else:
                 return None
             if raw_unchecked:  # MPI_Allreduce itself, on the arrays as they are (any shape)
+                started = clock()
                 try:
                     allreduce(send, result, mpi_op)
                 except BufferError:  # (a read-only out, refused by mpi4py before MPI: the general path says so)
                     return None
                 except BaseException as error:
-                    raise_failed(error, state, number(), None)
-                number()  # (the same count as numbering first: this call talks on no tag of its number)
+                    sequence = number()
+                    raise_failed(error, state, sequence, None, record_call(state, sequence, execution, RUNNING))
+                sequence = number()  # (the same count as numbering first: this call talks on no tag of its number)
+                if recorder is not None:
+                    recorder.ran(state, sequence, execution, started)
                 return result
             if out is not None and not result.flags.writeable:
                 return None  # (refused before any communication, by the general path)
             sequence = state.number()
+            entry = None if recorder is None else recorder.record(state, sequence, execution)
             if raw_direct:
                 try:
                     slots = state.signature_slots
@@ -241,60 +253,38 @@ class Execution:
                                 sequence, published=slots is not None)
                     state.library.Allreduce(send, result, mpi_op)
                 except BaseException as error:
-                    raise_failed(error, state, sequence, None)
+                    raise_failed(error, state, sequence, None, entry)
+            else:
+                run_traced(entry, lambda: self.run(None if send is in_place else send.reshape(-1), result.reshape(-1),
+                                                   sequence))
                 return result
-            self.run(None if send is in_place else send.reshape(-1), result.reshape(-1), sequence)
+            if entry is not None:
+                entry[STATE], entry[ENDED] = DONE, clock()
             return result
         return short
 
 
-class _CarriedSignature:
-    """The comparison an algorithm makes in place of its first barrier (``carries_signature``:
-    shared_memory): ``publish()`` then ``compare()``, or ``agree()`` before a step that is itself
-    collective (growing its window)."""
-
-    __slots__ = ("execution", "sequence")
-
-    def __init__(self, execution, sequence):
-        self.execution, self.sequence = execution, sequence
-
-    def _watch(self):
-        return PeerWatch(self.execution.state, self.sequence, None, "signature")
-
-    def shared(self):
-        return self.execution.state.signature_slots is not None
-
-    def agree(self):
-        e = self.execution
-        compare(e.state, e.code, e.describe, self._watch, self.sequence)
-
-    def publish(self):
-        self.execution.state.signature_slots.publish(self.execution.code, self.sequence)
-
-    def compare(self):
-        from .consistency import raise_signature_mismatch
-        e = self.execution
-        if not e.state.signature_slots.all_equal(e.code, self.sequence, self._watch):
-            raise_signature_mismatch(e.state, e.describe, self.sequence)  # (collective: every rank is here)
-
-
-def raise_failed(error, state, sequence, watch):
+def raise_failed(error, state, sequence, watch, entry=None):
     """Raise what a call that failed with ``error`` on this rank raises: RankFailure for a dead rank
     (ULFM, on every survivor); ValueError for a truncated message (the ranks' calls differ in size:
     a prepared call, or a size the signature check was set to skip); else ``error`` itself, after
     telling the peers of a watched algorithm that this rank left it midway (AllreduceAborted is a
     peer's failure, already known to all; a timeout in the algorithm has told them; a signature
-    mismatch is raised on every rank)."""
+    mismatch is raised on every rank). ``entry``: the call's in the flight recorder, marked with it."""
     if isinstance(error, MPI.Exception):
         failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
         if failure is not None:
+            finish(entry, failure)
             raise failure from error
         if error.Get_error_class() == MPI.ERR_TRUNCATE:
             if watch is not None:
                 watch.fail()
-            raise ValueError(f"rank {state.rank}: allreduce call #{sequence} received more data than its buffer "
-                             "holds: the ranks' calls differ in size (a prepared call, or calls below "
-                             "MPIALLREDUCE_SIGNATURE_MIN_BYTES, are not compared)") from error
+            truncated = ValueError(f"rank {state.rank}: allreduce call #{sequence} received more data than its "
+                                   "buffer holds: the ranks' calls differ in size (a prepared call, or calls below "
+                                   "MPIALLREDUCE_SIGNATURE_MIN_BYTES, are not compared)")
+            finish(entry, truncated)
+            raise truncated from error
     if watch is not None and not isinstance(error, (AllreduceAborted, AllreduceTimeout, SignatureMismatch)):
         watch.fail()
+    finish(entry, error)
     raise error

@@ -2,6 +2,7 @@
 rank that is not a call's signature (GradientSync's gradients, replicas' layouts and digests), and
 symmetric allocations (mpiallreduce.empty)."""
 from . import symmetric
+from ..faults.recorder import Described, record_call, run_traced
 from ..faults.watch import PeerWatch
 from .call import WORLD, check_comm
 from .consistency import LIBRARY_GATHER, compare, digest, meet
@@ -20,6 +21,7 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
     For what the library compares that is not a call's signature (GradientSync's gradients)."""
     state = state_of(check_comm(comm), blocking=timeout is None)
     sequence = state.number()
+    entry = record_call(state, sequence, Described(kind="gather", site=site, timeout=timeout))
 
     def gather():
         if timeout is not None:
@@ -29,7 +31,7 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
             return state.library.allgather(value)
         except BaseException as error:
             raise_failed(error, state, sequence, None)
-    return run_here(gather)
+    return run_here(lambda: run_traced(entry, gather))
 
 
 def symmetric_array(comm, shape, dtype, zero):
@@ -39,6 +41,7 @@ def symmetric_array(comm, shape, dtype, zero):
     allocate (mpiallreduce.core.symmetric)."""
     state = state_of(check_comm(WORLD if comm is None else comm))
     sequence = state.number()
+    entry = record_call(state, sequence, Described(kind="symmetric allocation", shape=str(shape), dtype=str(dtype)))
 
     def make():
         state.make_ready()
@@ -57,4 +60,4 @@ def symmetric_array(comm, shape, dtype, zero):
         if rejected is not None:
             raise rejected
         return symmetric.allocate(state, *agreed, zero)
-    return run_here(make)
+    return run_here(lambda: run_traced(entry, make))

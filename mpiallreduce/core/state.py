@@ -22,6 +22,7 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
+from ..faults.recorder import install_signal_handlers, recorder, world_ranks
 from .settings import ON_RESET, settings
 from .tuning import table_digest
 
@@ -46,6 +47,9 @@ class CommState:
         self.user = user
         self.size = user.Get_size()
         self.rank = user.Get_rank()
+        #: the flight recorder (mpiallreduce.faults.recorder) or None, and the communicator's ranks as
+        #: COMM_WORLD's (the recorder's name for it: the same on every rank)
+        self.recorder, self.members = recorder(), world_ranks(user)
         #: calls this rank made on the communicator that reached communication (1, 2, ...)
         self.sequence = 0
         self.settings = settings()
@@ -58,10 +62,7 @@ class CommState:
             self._library_request = None
         #: where the rendezvous's control messages go: the library's duplicate, on a tag of their own
         self.control = self.library
-        self.ready = False
-        self.spans_nodes = False
-        self.node_count = 1
-        self.equal_nodes = True
+        self.ready, self.spans_nodes, self.node_count, self.equal_nodes = False, False, 1, True
         #: the planner's facts of this communicator (mpiallreduce.core.planner.CallFacts): what every
         #: rank agreed on, once ready
         self.facts = None
@@ -150,8 +151,7 @@ class CommState:
         leaders = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int64)
         self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
         self.node_count = int(leaders[0])
-        self.spans_nodes = self.node_count > 1
-        self.equal_nodes = True
+        self.spans_nodes, self.equal_nodes = self.node_count > 1, True
         if self.spans_nodes:
             extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
             self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
@@ -187,12 +187,10 @@ class CommState:
         """The process's settings were replaced (``settings.reset_settings``; every rank at the same
         point of its program): forget what was planned with the old ones and agree again."""
         with self.lock:
-            self.settings = current
+            self.settings, self.recorder, self.facts, self.ready = current, recorder(), None, False
             self.fast_calls.clear()
-            self.facts = None
             if isinstance(self.broken, SettingsMismatch):
                 self.broken = None
-            self.ready = False
 
     def library_communicators(self):
         return () if self.library is None else (self.library,)
@@ -251,6 +249,8 @@ def state_of(comm, blocking=True):
         comm.Set_attr(_keyval, state)
         _states[comm.handle] = state
         if not _made and not _made_keyval:
+            if state.recorder is not None:  # (its dumps on SIGUSR1, and SIGTERM under the launcher)
+                install_signal_handlers(terminate=state.settings.abort_on_exception)
             # at exit (before mpi4py's MPI_Finalize: atexit runs the last registered first), and at
             # the start of an MPI_Finalize the program calls itself (it frees COMM_SELF first, while
             # MPI still works: its attribute's delete callback)

@@ -78,6 +78,8 @@ def _abort(kind, value, tb, where="", previous=sys.__excepthook__):
         return
     header = f"mpiallreduce: uncaught {kind.__name__} on rank {rank}{where}; aborting the MPI job\n"
     _say(rank, header + "".join(traceback.format_exception(kind, value, tb)))
+    from .recorder import dump
+    dump(f"uncaught {kind.__name__}: {value}"[:300])
     status = INTERRUPTED_STATUS if issubclass(kind, KeyboardInterrupt) else ABORT_STATUS
     sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(status)
 
@@ -132,6 +134,8 @@ def _abort_after_exit():
         return
     _say(rank, f"mpiallreduce: rank {rank} exits with status {_exit_status}; aborting the MPI job with it "
                f"in {EXIT_GRACE_SECONDS} s")
+    from .recorder import dump
+    dump(f"sys.exit({_exit_status})")
     time.sleep(EXIT_GRACE_SECONDS)
     world.Abort(_exit_status)
 
@@ -148,6 +152,9 @@ def abort_on_exception(enable=True):
         return
     sys.excepthook = _abort
     threading.excepthook = _abort_from_thread
+    from .recorder import install_signal_handlers, recorder
+    if recorder() is not None:  # (SIGTERM, as the launcher sends it: the recorder's dump, then the end)
+        install_signal_handlers(terminate=True)
     sys.exit = _exit
     atexit.register(_abort_after_exit)
 

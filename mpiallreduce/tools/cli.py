@@ -1,4 +1,4 @@
-"""The ``mpiallreduce`` command: ``info``, ``bench``, ``plot``, ``tune``, ``report``, ``model`` and ``launch``."""
+"""The ``mpiallreduce`` command: ``info``, ``bench``, ``plot``, ``tune``, ``report``, ``model``, ``trace`` and ``launch``."""
 import os
 import signal
 import sys
@@ -18,6 +18,8 @@ commands:
             mpiallreduce report RESULTS_DIR... [--output DIR]
   model     fit latency/bandwidth within and between nodes and reduce costs to bench runs,
             project every algorithm to many ranks: mpiallreduce model RESULTS_DIR...
+  trace     merge the flight recorder's dumps (one per rank) and say which rank and which call
+            parted from the others: mpiallreduce trace DIR
   launch    start a command on N ranks with this machine's mpiexec flags:
             mpiallreduce launch -n 4 [--timeout SECONDS] [--nodes N] -- python script.py
 """
@@ -121,8 +123,13 @@ def _model(argv):
     return main(argv)
 
 
+def _trace(argv):
+    from .trace import main
+    return main(argv)
+
+
 COMMANDS = {"info": _info, "bench": _bench, "plot": _plot, "tune": _tune, "report": _report, "model": _model,
-            "launch": _launch}
+            "launch": _launch, "trace": _trace}
 
 
 def main(argv=None):

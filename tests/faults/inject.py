@@ -127,6 +127,32 @@ def raise_on_one_rank(algorithm):
     report(outcome="not aborted")
 
 
+def mismatch_then_dump(algorithm):
+    """The misbehaving rank's second call reduces the same bytes as int64 (compared: SignatureMismatch
+    on every rank; below MPIALLREDUCE_SIGNATURE_MIN_BYTES: wrong values, no error, as MPI_Allreduce
+    cannot know); every rank catches what it raises, then writes its flight recorder's dump on demand."""
+    mar.allreduce(data(RANK), algorithm=algorithm)
+    x = data(RANK).view(np.int64) if RANK == LATE else data(RANK)
+    try:
+        mar.allreduce(x, algorithm=algorithm)
+        report(outcome="ok")
+    except (ValueError, RuntimeError) as error:
+        report(outcome=type(error).__name__)
+    report(dumped=mar.dump_trace("after the mismatch"))
+
+
+def hang_until_stopped(algorithm):
+    """The misbehaving rank stops calling after two calls (it sleeps); the others wait in the third
+    until the launcher is sent SIGTERM."""
+    for _ in range(2):
+        mar.allreduce(data(RANK), algorithm=algorithm)
+    report(waiting=True)
+    if RANK == LATE:
+        time.sleep(600)
+    mar.allreduce(data(RANK), algorithm=algorithm)
+    report(outcome="not stopped")
+
+
 def killed(algorithm):
     """SIGKILL of one rank in the middle of a stream of large allreduces (no ULFM: the job ends)."""
     mar.allreduce(data(RANK), algorithm=algorithm)
