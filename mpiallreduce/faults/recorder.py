@@ -214,6 +214,7 @@ def dump_trace(reason="on demand", directory=None):
 # -- signals --------------------------------------------------------------------------------------
 
 _installed = False
+_wakeup = [None]  # the write end of the recorder's wakeup pipe
 
 
 def install_signal_handlers(terminate=False):
@@ -238,16 +239,24 @@ def install_signal_handlers(terminate=False):
         except ValueError:
             return
         threading.Thread(target=_read_signals, args=(read,), name="mpiallreduce-trace-signals", daemon=True).start()
-        _installed = True
+        _installed, _wakeup[0] = True, write
     for s in free:
         signal.signal(s, _on_signal)
 
 
 def _on_signal(signum, frame):
-    """The Python-level handler, where the main thread runs Python: the thread may not have written
-    the dump yet (see _read_signals), so it is written here too (under a lock: one, then the other)."""
+    """The Python-level handler, on the main thread. While the wakeup fd is the recorder's, the
+    thread that reads it writes the dump and ends the rank: doing it here too could meet this
+    thread's own dump in progress (a timeout's), under the lock it holds (a rank left half a file
+    and hung so, in a 10-minute soak). Where someone replaced the wakeup fd, it is done here."""
+    current = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(current)
+    if current == _wakeup[0]:
+        return
+    if _dumping.acquire(blocking=False):  # (not inside a dump of this thread's own)
+        _dumping.release()
+        dump(signal.Signals(signum).name)
     if signum == signal.SIGTERM:
-        dump("SIGTERM")
         _terminate()
 
 

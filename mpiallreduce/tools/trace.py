@@ -38,6 +38,7 @@ class Finding:
 class Analysis:
     dumps: list
     finding: Optional[Finding]
+    findings: List[Finding] = field(default_factory=list)  # every one, each communicator's in call order
     culprits: List[int] = field(default_factory=list)  # ranks whose own dump says they ended the job
     lines: List[str] = field(default_factory=list)
 
@@ -80,37 +81,44 @@ def _by_comm(dumps):
     return comms
 
 
-def _first_divergence(comm, calls):
-    """The first Finding on one communicator (``calls``: {rank: {call: entry}}), or None."""
+def _divergences(comm, calls, dumped):
+    """Every Finding on one communicator (``calls``: {rank: {call: entry}}), in call order: a call
+    whose signatures differ, that failed, that some ranks never made (each such rank once: its
+    later calls are not known), or that one rank still runs while the others finished it."""
     last = {rank: max(entries) for rank, entries in calls.items()}
     start = max(min(entries) for entries in calls.values())  # (older calls may have left some buffers)
+    gone = set()  # ranks known to have stopped before (never reached an earlier call)
     for n in range(start, max(last.values()) + 1):
         present = {rank: entries[n] for rank, entries in calls.items() if n in entries}
-        never = sorted(rank for rank in calls if last[rank] < n)
+        began = min((e["started"] for e in present.values()), default=None)
+        # (a rank whose dump was written before the others began call n cannot say it never made it:
+        # killed since, it left an older dump)
+        never = sorted(rank for rank in calls if rank not in gone and last[rank] < n and began is not None
+                       and dumped[rank] >= began)
         groups = {}
         for rank, entry in present.items():
             groups.setdefault(_signature(entry), []).append(rank)
+        failed = {rank: e for rank, e in present.items() if e["state"] in ("failed", "abandoned")}
+        still = sorted(rank for rank, e in present.items() if e["state"] in STILL)
         if len(groups) > 1:
             sizes = sorted((len(g) for g in groups.values()), reverse=True)
             largest = sizes[0] if sizes[0] > sizes[1] else None  # (a tie: every rank is concerned)
             odd = sorted(r for g in groups.values() if len(g) != largest for r in g)
             detail = "; ".join(f"{_ranks(g)}: {_describe_signature(present[g[0]])}" for g in groups.values())
-            return Finding(comm, n, "different signatures", odd, detail)
-        if never and present:
-            detail = "; ".join(f"rank {r}'s last call is #{last[r]}" for r in never)
-            return Finding(comm, n, f"made by {_ranks(sorted(present))}, never reached by {_ranks(never)}", never,
-                           detail)
-        failed = {rank: e for rank, e in present.items() if e["state"] in ("failed", "abandoned")}
-        if failed:
+            yield Finding(comm, n, "different signatures", odd, detail)
+        elif failed:
             named = sorted({r for e in failed.values() for r in _named_ranks(e)})
             own = sorted(rank for rank, e in failed.items() if e["state"] == "failed" and not _named_ranks(e))
             detail = "; ".join(f"rank {r}: {e['state']} ({e['error']['type']}: {e['error']['message'][:160]})"
                                for r, e in sorted(failed.items()))
-            return Finding(comm, n, "failed", named or own or sorted(failed), detail)
-        still = sorted(rank for rank, e in present.items() if e["state"] in STILL)
-        if still and len(still) < len(present):
-            return Finding(comm, n, f"still running on {_ranks(still)}, finished on the others", still)
-    return None
+            yield Finding(comm, n, "failed", named or own or sorted(failed), detail)
+        elif never and present:
+            detail = "; ".join(f"rank {r}'s last call is #{last[r]}" for r in never)
+            yield Finding(comm, n, f"made by {_ranks(sorted(present))}, never reached by {_ranks(never)}", never,
+                          detail)
+        elif still and len(still) < len(present):
+            yield Finding(comm, n, f"still running on {_ranks(still)}, finished on the others", still)
+        gone.update(never)
 
 
 def _ranks(ranks):
@@ -177,7 +185,8 @@ def analyze(dumps):
         if d["reason"].startswith(("uncaught", "sys.exit")):
             culprits.append(d["rank"])
     comms = _by_comm(dumps)
-    findings = [f for f in (_first_divergence(comm, calls) for comm, calls in comms.items()) if f is not None]
+    dumped = {d["rank"]: d.get("dumped", float("inf")) for d in dumps}
+    findings = [f for comm, calls in comms.items() for f in _divergences(comm, calls, dumped)]
     finding = min(findings, key=lambda f: min(comms[f.comm][r][f.call]["started"] for r in comms[f.comm]
                                               if f.call in comms[f.comm][r]), default=None)
     if culprits:
@@ -187,6 +196,9 @@ def analyze(dumps):
         if finding.detail:
             lines.append(f"  {finding.detail}")
         lines.append(f"ranks concerned: {', '.join(map(str, finding.ranks))}")
+        if len(findings) > 1:
+            lines.append(f"and {len(findings) - 1} later call(s) where they parted: " + "; ".join(
+                f"#{f.call} ({f.what}: {', '.join(map(str, f.ranks))})" for f in findings if f is not finding)[:2000])
         lines.append("last calls there, side by side:")
         lines += ["  " + line for line in side_by_side(finding.comm, comms[finding.comm], finding.call)]
     else:
@@ -195,7 +207,7 @@ def analyze(dumps):
         for comm, calls in comms.items():
             lines.append(f"the slowest rank of the last calls on {_comm_name(comm, size)}:")
             lines += _slowest(calls)
-    return Analysis(dumps, finding, culprits, lines)
+    return Analysis(dumps, finding, findings, culprits, lines)
 
 
 def main(argv):
