@@ -51,7 +51,7 @@ def count(events, timeout):
 def check_analyzer(events, trace):
     """Each fault whose call is in the dumps: the analyzer's finding there names its culprit."""
     analysis = analyze(load_dumps(trace))
-    findings = {(tuple(f.comm), f.call): f for f in analysis.findings}
+    findings = {(tuple(f.comm[0]), f.call): f for f in analysis.findings}
     spans = {}  # communicator -> [(its first, its last call in one rank's dump)]
     for dump in analysis.dumps:
         calls = {}

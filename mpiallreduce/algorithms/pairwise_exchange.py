@@ -103,4 +103,5 @@ class PairwiseExchangeAllreduce(Algorithm):
                 requests += [comm.Isend([recv[lo:hi], datatype], q, ALLGATHER_TAG) for q in plan.peers]
             wait_all(comm, requests)
 
+
 ALGORITHM = PairwiseExchangeAllreduce()

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ..device.arrays import namespace
 from ..faults.errors import call_site
-from ..faults.recorder import DONE, ENDED, STATE, WHAT, Described, array_fields, clock, finish, record_call, run_traced
+from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_fields, clock, finish, record_call, run_traced
 from ..faults.watch import PeerWatch
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
@@ -193,12 +193,10 @@ class Call:
         return array_fields(self.x, kind="allreduce", site=self.site, op=_plain(self.op), timeout=self.timeout, in_place=self.out
                             is self.x, algorithm=_plain(self.algorithm) if self.execution is None else self.execution.plan.name)
 
+    holds_arrays = True  # (the recorder snapshots the description of a finished call: faults.recorder)
+
     def run(self):
-        try:
-            return run_traced(self.entry, self._run)
-        finally:  # (the recorder keeps a description, not the arrays: they may be freed)
-            if self.entry is not None:
-                self.entry[WHAT] = Described(self.trace_fields())
+        return run_traced(self.entry, self._run)
 
     def _run(self):
         self._meet()
@@ -248,6 +246,8 @@ class Prepared:
         self.execution = call.agreed_execution()
         self.execution.set_up()  # (agreed: every rank makes it now, so no run, on any thread, has to)
         self.plan, self.op = self.execution.plan, self.execution.op
+        self.described = Described(array_fields(self.x, kind="prepared", site=self.site, op=self.op.name, timeout=self.timeout,
+                                                algorithm=self.plan.name, in_place=self.plan.in_place))
         self.xp = None if type(call.x) is np.ndarray else namespace(call.x)
         self.flat = flat = buffers.flat_buffers(call.x, call.out)
         #: the flat input is x itself (a view), or a copy to refresh before each run
@@ -263,7 +263,7 @@ class Prepared:
         """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
         state, elsewhere = self.state, _elsewhere
         sequence = state.number()
-        entry = None if state.recorder is None else state.recorder.record(state, sequence, self)  # (running)
+        entry = None if state.recorder is None else state.recorder.record(state, sequence, self.described)
         if self.fast and not _worker.pending:
             try:
                 self.execute(sequence) if elsewhere is None else elsewhere[0](sequence)
@@ -273,6 +273,8 @@ class Prepared:
             if entry is not None:
                 entry[STATE], entry[ENDED] = DONE, clock()
             return self.result if elsewhere is None else elsewhere[1]
+        if entry is not None:  # (behind asynchronous calls)
+            entry[STATE] = QUEUED
         return run_in_order(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
 
     run = __call__
@@ -280,7 +282,7 @@ class Prepared:
     def start(self, submit, elsewhere=None):
         """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
         sequence = self.state.number()
-        entry = record_call(self.state, sequence, self)
+        entry = record_call(self.state, sequence, self.described)
         return submit(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
 
     def run_numbered(self, sequence, elsewhere=None):
@@ -295,6 +297,4 @@ class Prepared:
         self.execute(sequence)
         return flat.finish()
 
-    def trace_fields(self):
-        return array_fields(self.x, kind="prepared", site=self.site, op=self.op.name, timeout=self.timeout,
-                            algorithm=self.plan.name, in_place=self.plan.in_place)
+

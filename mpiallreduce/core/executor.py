@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from ..algorithms.base import CallTags
 from ..faults.errors import AllreduceAborted, AllreduceTimeout
-from ..faults.recorder import DONE, ENDED, RUNNING, STATE, clock, finish, record_call, run_traced
+from ..faults.recorder import DONE, ENDED, RUNNING, STATE, WITHDRAWN, clock, finish, run_traced
 from ..faults.ulfm import failure_of
 from ..faults.watch import PeerWatch
 from . import buffers
@@ -229,17 +229,19 @@ class Execution:
             else:
                 return None
             if raw_unchecked:  # MPI_Allreduce itself, on the arrays as they are (any shape)
-                started = clock()
+                # (recorded before it runs, under the number it will take: a rank stuck in it says so)
+                entry = None if recorder is None else recorder.record(state, state.sequence + 1, execution, RUNNING)
                 try:
                     allreduce(send, result, mpi_op)
                 except BufferError:  # (a read-only out, refused by mpi4py before MPI: the general path says so)
+                    if entry is not None:
+                        entry[STATE] = WITHDRAWN
                     return None
                 except BaseException as error:
-                    sequence = number()
-                    raise_failed(error, state, sequence, None, record_call(state, sequence, execution, RUNNING))
-                sequence = number()  # (the same count as numbering first: this call talks on no tag of its number)
-                if recorder is not None:
-                    recorder.ran(state, sequence, execution, started)
+                    raise_failed(error, state, number(), None, entry)
+                number()  # (the same count as numbering first: this call talks on no tag of its number)
+                if entry is not None:
+                    entry[STATE], entry[ENDED] = DONE, clock()
                 return result
             if out is not None and not result.flags.writeable:
                 return None  # (refused before any communication, by the general path)

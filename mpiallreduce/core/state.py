@@ -22,7 +22,8 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from ..faults.recorder import install_signal_handlers, recorder, world_ranks
+from ..faults.recorder import named_members, recorder
+from ..faults.recorder_signals import install_signal_handlers
 from .settings import ON_RESET, settings
 from .tuning import table_digest
 
@@ -47,9 +48,8 @@ class CommState:
         self.user = user
         self.size = user.Get_size()
         self.rank = user.Get_rank()
-        #: the flight recorder (mpiallreduce.faults.recorder) or None, and the communicator's ranks as
-        #: COMM_WORLD's (the recorder's name for it: the same on every rank)
-        self.recorder, self.members = recorder(), world_ranks(user)
+        #: the flight recorder (faults.recorder) or None; the ranks as COMM_WORLD's, and the recorder's name
+        self.recorder, (self.members, self.trace_id) = recorder(), named_members(user)
         #: calls this rank made on the communicator that reached communication (1, 2, ...)
         self.sequence = 0
         self.settings = settings()
@@ -250,7 +250,7 @@ def state_of(comm, blocking=True):
         _states[comm.handle] = state
         if not _made and not _made_keyval:
             if state.recorder is not None:  # (its dumps on SIGUSR1, and SIGTERM under the launcher)
-                install_signal_handlers(terminate=state.settings.abort_on_exception)
+                install_signal_handlers(state.settings.abort_on_exception)
             # at exit (before mpi4py's MPI_Finalize: atexit runs the last registered first), and at
             # the start of an MPI_Finalize the program calls itself (it frees COMM_SELF first, while
             # MPI still works: its attribute's delete callback)

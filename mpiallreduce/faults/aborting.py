@@ -152,7 +152,8 @@ def abort_on_exception(enable=True):
         return
     sys.excepthook = _abort
     threading.excepthook = _abort_from_thread
-    from .recorder import install_signal_handlers, recorder
+    from .recorder import recorder
+    from .recorder_signals import install_signal_handlers
     if recorder() is not None:  # (SIGTERM, as the launcher sends it: the recorder's dump, then the end)
         install_signal_handlers(terminate=True)
     sys.exit = _exit

@@ -8,20 +8,18 @@ when something goes wrong, so that ``mpiallreduce trace DIR`` can say which rank
                    (mpiallreduce.faults.aborting), on SIGTERM while abort_on_exception is on (as
                    ``mpiallreduce launch`` sets it), on SIGUSR1, and on ``mpiallreduce.dump_trace()``
 
-An entry's ``what`` is the object that describes the call (a Call, a prepared call, an Execution:
-each has ``trace_fields()``), turned into text only when the buffer is dumped: recording a call is
-a list made and stored, and two clock readings. A call's state: queued (numbered, waiting behind
+An entry's ``what`` is the object that describes the call (a Call while it runs, an Execution,
+a prepared call's or a finished call's ``Described`` snapshot: each has ``trace_fields()``, and
+none holds a user's array once the call is over), turned into text only when the buffer is
+dumped: recording a call is a list made and stored, and two clock readings. A call's state: queued (numbered, waiting behind
 asynchronous calls), running, done, failed (its own error on this rank: a timeout, a mismatch, an
 exception), abandoned (given up because of another rank: AllreduceAborted, RankFailure).
 
-Signals reach Python only between bytecodes of the main thread, which a rank stuck in MPI never
-runs: the handlers here are also written to a pipe (``signal.set_wakeup_fd``) that a thread of
-this module reads, and that thread writes the dump (mpi4py releases the GIL inside MPI calls).
+The signals that dump it: mpiallreduce.faults.recorder_signals.
 """
 import itertools
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -30,9 +28,10 @@ import time
 from ..core.settings import settings
 
 __all__ = ["dump_trace", "record_call", "run_traced", "finish", "array_fields", "Described", "dump", "recorder",
-           "world_ranks", "install_signal_handlers", "QUEUED", "RUNNING", "DONE", "FAILED", "ABANDONED"]
+           "world_ranks", "trace_id", "named_members", "QUEUED", "RUNNING", "DONE", "FAILED", "ABANDONED"]
 
 QUEUED, RUNNING, DONE, FAILED, ABANDONED = "queued", "running", "done", "failed", "abandoned"
+WITHDRAWN = "withdrawn"  # (recorded, then not made: the short path handed the call to the general one)
 #: an entry's fields
 COMM, NUMBER, WHAT, STATE, QUEUED_AT, STARTED, ENDED, ERROR = range(8)
 clock = time.perf_counter
@@ -51,10 +50,6 @@ class Recorder:
         entry = [state, number, what, status, now, now, None, None]
         self.entries[next(self.counter) % self.capacity] = entry
         return entry
-
-    def ran(self, state, number, what, started):
-        """The entry of a call that ran from ``started`` until now (numbered once it had)."""
-        self.entries[next(self.counter) % self.capacity] = [state, number, what, DONE, started, started, clock(), None]
 
     def last(self):
         """The entries, oldest first."""
@@ -98,6 +93,23 @@ def world_ranks(comm):
         group.Free(), world.Free()
 
 
+_ids = {}  # members -> how many communicators of these members this process has recorded so far
+
+
+def trace_id(members):
+    """A name for a new communicator of ``members`` (world ranks) that is the same on every rank
+    where the ranks make their communicators in the same order: COMM_WORLD and its duplicates
+    have the same members and number their calls from 1 each, so the members alone are not one."""
+    k = _ids[members] = _ids.get(members, -1) + 1
+    return f"{','.join(map(str, members))}#{k}"
+
+
+def named_members(comm):
+    """(``comm``'s world ranks, its trace_id): what CommState records calls under."""
+    members = world_ranks(comm)
+    return members, trace_id(members)
+
+
 def record_call(state, sequence, what, status=QUEUED):
     """The entry of call #``sequence`` on ``state``'s communicator, or None with no recorder."""
     current = state.recorder
@@ -105,7 +117,9 @@ def record_call(state, sequence, what, status=QUEUED):
 
 
 def run_traced(entry, function):
-    """``function()``, its entry marked running, then done or failed (``entry`` None: just the call)."""
+    """``function()``, its entry marked running, then done or failed (``entry`` None: just the call).
+    A description that holds the call's arrays (``holds_arrays``: a Call) is then replaced by a
+    snapshot of its fields, so that the ring never keeps a user's array alive."""
     if entry is None:
         return function()
     entry[STATE], entry[STARTED] = RUNNING, clock()
@@ -114,6 +128,9 @@ def run_traced(entry, function):
     except BaseException as error:
         finish(entry, error)
         raise
+    finally:
+        if getattr(entry[WHAT], "holds_arrays", False):
+            entry[WHAT] = Described(entry[WHAT].trace_fields())
     entry[STATE], entry[ENDED] = DONE, clock()
     return result
 
@@ -129,7 +146,7 @@ def finish(entry, error=None):
         return
     from .errors import AllreduceAborted, AllreduceTimeout, RankFailure
     entry[STATE] = ABANDONED if isinstance(error, (AllreduceAborted, RankFailure)) else FAILED
-    entry[ERROR] = error
+    entry[ERROR] = _error_fields(error)  # (not the exception: its traceback holds the call's arrays)
     if isinstance(error, (AllreduceTimeout, RankFailure)):
         dump(f"{type(error).__name__} in call #{entry[NUMBER]}")
 
@@ -153,7 +170,8 @@ def _error_fields(error):
 
 def _entry_fields(entry, offset):
     state = entry[COMM]
-    fields = {"comm": list(state.members), "rank_in_comm": state.rank, "call": entry[NUMBER], "state": entry[STATE]}
+    fields = {"comm": list(state.members), "comm_id": state.trace_id, "rank_in_comm": state.rank, "call": entry[NUMBER],
+              "state": entry[STATE]}
     try:
         fields.update(entry[WHAT].trace_fields())
     except Exception as error:  # noqa: BLE001 - a dump must not fail on one entry
@@ -162,7 +180,7 @@ def _entry_fields(entry, offset):
     fields["started"] = entry[STARTED] + offset
     fields["ended"] = None if entry[ENDED] is None else entry[ENDED] + offset
     if entry[ERROR] is not None:
-        fields["error"] = _error_fields(entry[ERROR])
+        fields["error"] = entry[ERROR]
     return fields
 
 
@@ -193,7 +211,7 @@ def dump(reason="on demand", directory=None):
             document = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid(),
                         "job": os.environ.get("SLURM_JOB_ID") or os.environ.get("PMIX_NAMESPACE") or "",
                         "reason": reason, "dumped": time.time(),
-                        "entries": [_entry_fields(e, offset) for e in current.last()]}
+                        "entries": [_entry_fields(e, offset) for e in current.last() if e[STATE] != WITHDRAWN]}
             path = os.path.join(directory, f"rank{rank}.json")
             partial = f"{path}.{os.getpid()}.partial"
             with open(partial, "w") as out:
@@ -209,74 +227,3 @@ def dump(reason="on demand", directory=None):
 def dump_trace(reason="on demand", directory=None):
     """``mpiallreduce.dump_trace()``: write this rank's flight recorder to a file now (see ``dump``)."""
     return dump(reason, directory)
-
-
-# -- signals --------------------------------------------------------------------------------------
-
-_installed = False
-_wakeup = [None]  # the write end of the recorder's wakeup pipe
-
-
-def install_signal_handlers(terminate=False):
-    """SIGUSR1 dumps the buffer and goes on; with ``terminate``, SIGTERM dumps it and ends the rank
-    as SIGTERM does. Only from the main thread, only where the signal's handler is the default and
-    no wakeup fd is set (an event loop's): otherwise nothing is changed."""
-    global _installed
-    if threading.current_thread() is not threading.main_thread():
-        return
-    wanted = [signal.SIGUSR1] + ([signal.SIGTERM] if terminate else [])
-    free = [s for s in wanted if signal.getsignal(s) in (signal.SIG_DFL, _on_signal)]
-    if not free:
-        return
-    if not _installed:
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        try:
-            if signal.set_wakeup_fd(write, warn_on_full_buffer=False) != -1:
-                signal.set_wakeup_fd(-1)  # (someone else's: leave it, and the signals, alone)
-                os.close(read), os.close(write)
-                return
-        except ValueError:
-            return
-        threading.Thread(target=_read_signals, args=(read,), name="mpiallreduce-trace-signals", daemon=True).start()
-        _installed, _wakeup[0] = True, write
-    for s in free:
-        signal.signal(s, _on_signal)
-
-
-def _on_signal(signum, frame):
-    """The Python-level handler, on the main thread. While the wakeup fd is the recorder's, the
-    thread that reads it writes the dump and ends the rank: doing it here too could meet this
-    thread's own dump in progress (a timeout's), under the lock it holds (a rank left half a file
-    and hung so, in a 10-minute soak). Where someone replaced the wakeup fd, it is done here."""
-    current = signal.set_wakeup_fd(-1)
-    signal.set_wakeup_fd(current)
-    if current == _wakeup[0]:
-        return
-    if _dumping.acquire(blocking=False):  # (not inside a dump of this thread's own)
-        _dumping.release()
-        dump(signal.Signals(signum).name)
-    if signum == signal.SIGTERM:
-        _terminate()
-
-
-def _read_signals(fd):
-    while True:
-        try:
-            data = os.read(fd, 64)
-        except OSError:
-            return
-        for signum in data:  # (the pipe has every signal with a Python handler: these two count)
-            if signum in (signal.SIGUSR1, signal.SIGTERM):
-                dump(signal.Signals(signum).name)
-            if signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is _on_signal:
-                _terminate()  # (a handler of the program's own, a checkpoint's, decides instead)
-
-
-def _terminate():
-    """End this rank as SIGTERM would have (status 128 + 15), from any thread."""
-    try:
-        sys.stdout.flush(), sys.stderr.flush()
-    except Exception:  # noqa: BLE001
-        pass
-    os._exit(128 + signal.SIGTERM)

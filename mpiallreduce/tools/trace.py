@@ -27,7 +27,7 @@ STILL = ("running", "queued")
 
 @dataclass
 class Finding:
-    comm: tuple
+    comm: tuple  # (its world ranks, its name in the dumps: COMM_WORLD and its duplicates have the same ranks)
     call: int
     what: str
     ranks: List[int]
@@ -73,20 +73,33 @@ def _named_ranks(entry):
 
 
 def _by_comm(dumps):
-    """{comm members: {world rank: {call: entry}}}"""
+    """{(members, comm_id): {world rank: {call: entry}}}; a rank of the communicator whose dump has
+    no entry on it is there with none (it never made a call there, as far as its dump says)."""
     comms = {}
     for dump in dumps:
         for entry in dump["entries"]:
-            comms.setdefault(tuple(entry["comm"]), {}).setdefault(dump["rank"], {})[entry["call"]] = entry
+            key = (tuple(entry["comm"]), entry.get("comm_id", ""))
+            comms.setdefault(key, {}).setdefault(dump["rank"], {})[entry["call"]] = entry
+    for (members, _), calls in comms.items():
+        for dump in dumps:
+            if dump["rank"] in members:
+                calls.setdefault(dump["rank"], {})
     return comms
+
+
+def _same_job(dumps):
+    """(the dumps of the newest dump's job, the others): a folder may hold an older run's dumps."""
+    newest = max(dumps, key=lambda d: d.get("dumped", 0))
+    job = newest.get("job", "")
+    return [d for d in dumps if d.get("job", "") == job], [d for d in dumps if d.get("job", "") != job]
 
 
 def _divergences(comm, calls, dumped):
     """Every Finding on one communicator (``calls``: {rank: {call: entry}}), in call order: a call
     whose signatures differ, that failed, that some ranks never made (each such rank once: its
     later calls are not known), or that one rank still runs while the others finished it."""
-    last = {rank: max(entries) for rank, entries in calls.items()}
-    start = max(min(entries) for entries in calls.values())  # (older calls may have left some buffers)
+    last = {rank: max(entries, default=0) for rank, entries in calls.items()}
+    start = max(min(entries) for entries in calls.values() if entries)  # (older calls may have left some buffers)
     gone = set()  # ranks known to have stopped before (never reached an earlier call)
     for n in range(start, max(last.values()) + 1):
         present = {rank: entries[n] for rank, entries in calls.items() if n in entries}
@@ -133,7 +146,10 @@ def _describe_signature(entry):
 
 
 def _comm_name(comm, size):
-    return f"COMM_WORLD ({size} ranks)" if list(comm) == list(range(size)) else f"the communicator of world ranks {list(comm)}"
+    members, name = comm
+    if list(members) == list(range(size)):
+        return f"COMM_WORLD ({size} ranks)" if name.endswith("#0") or not name else f"a duplicate of COMM_WORLD ({name})"
+    return f"the communicator of world ranks {list(members)}"
 
 
 def _bytes(n):
@@ -175,10 +191,12 @@ def _slowest(calls, count=6):
 
 
 def analyze(dumps):
+    dumps, other_jobs = _same_job(dumps)
     size = max(d["size"] for d in dumps)
     ranks = [d["rank"] for d in dumps]
     lines = [f"{len(dumps)} dump(s), from {_ranks(ranks)} of {size}"
              + (f"; none from {_ranks(sorted(set(range(size)) - set(ranks)))}" if len(dumps) < size else "")]
+    lines += [f"  left out: rank {d['rank']}'s dump, of another job ({d.get('job') or 'none named'})" for d in other_jobs]
     culprits = []
     for d in dumps:
         lines.append(f"  rank {d['rank']} on {d['host']}: {d['reason']} ({len(d['entries'])} calls recorded)")
