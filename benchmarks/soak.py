@@ -12,7 +12,7 @@ Every rank draws the same seeded schedule; each episode is one of
     delay      one rank sleeps past the timeout: the others' AllreduceTimeout names it
     mismatch   one rank's call has another length: SignatureMismatch on every rank names it
     raise      one rank fails inside the ring (MemoryError): the others' AllreduceAborted names it
-    kill       once, at 3/4 of the time: one rank SIGKILLs itself mid-stream; RankFailure on every
+    kill       once, at 3/5 of the time: one rank SIGKILLs itself mid-stream; RankFailure on every
                survivor names it, and they go on, on mar.survivors(comm)
 
 A rank's clock decides nothing: rank 0's elapsed time rides in the first call of each episode.
@@ -82,7 +82,7 @@ class Ranks:
             self.note(episode=episode, kind="clock", comm=self.members, ok=True, right=clock_right)
             kind = self.rng.choice(KINDS)
             culprit_index = self.rng.randrange(1, len(self.members))  # (never rank 0 of the communicator)
-            if not self.killed and elapsed >= 0.75 * self.seconds and len(self.members) == 4:
+            if not self.killed and elapsed >= 0.6 * self.seconds and len(self.members) == 4:
                 kind = "kill"
             self.episode(episode, kind, self.members[culprit_index])
 

@@ -80,8 +80,19 @@ def test_nothing_is_dumped_without_a_fault_and_a_dump_on_demand_records_every_ca
 
 @pytest.mark.parametrize("nodes", LAYOUTS)
 def test_a_straggler_past_the_timeout_is_named_with_its_call(tmp_path, nodes):
+    """What tests/test_faults.py asks of a straggler (there for the ring, 4 ranks), for MPI_Allreduce,
+    then what the analyzer says of the dumps."""
     result, analysis, text = traced(tmp_path, "sleep_past_timeout", nodes)
     assert result.returncode == 0, text
+    rows = [dict(f.split("=", 1) for f in line.split()[1:]) for line in result.output.splitlines()
+            if line.startswith("RESULT ")]
+    timed = {int(r["rank"]): r for r in rows if r.get("call") == "1"}
+    assert len(timed) == RANKS and all(r["outcome"] == "AllreduceTimeout" for r in timed.values()), text
+    assert all(r["missing"] == str(LATE) and r["sequence"] == "2" and 1.45 <= float(r["seconds"]) <= 3.0
+               for rank, r in timed.items() if rank != LATE), text
+    assert "gave up waiting for it" in result.output, text  # (what the late rank is told)
+    after = [r for r in rows if r.get("call") == "2"]
+    assert len(after) == RANKS and all(r["outcome"] == "ok" and r["right"] == "True" for r in after), text
     finding = analysis.finding
     assert finding is not None, text
     assert (finding.call, finding.ranks) == (2, [LATE]), text  # the second timed call (#1 met everyone)
