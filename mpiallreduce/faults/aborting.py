@@ -46,11 +46,17 @@ _python_exit = sys.exit
 _exit_status = None  # the status of the nonzero sys.exit() that ended the program (_Leaving)
 
 
-def _rank():
+def world_rank_and_size():
+    """(this process's COMM_WORLD rank, the world's size), or (None, None) while MPI is not running
+    (not started, or finalized): the abort and the flight recorder's dump need MPI running."""
     mpi4py = sys.modules.get("mpi4py.MPI")
     if mpi4py is None or not mpi4py.Is_initialized() or mpi4py.Is_finalized():
-        return None
-    return mpi4py.COMM_WORLD.Get_rank()
+        return None, None
+    return mpi4py.COMM_WORLD.Get_rank(), mpi4py.COMM_WORLD.Get_size()
+
+
+def _rank():
+    return world_rank_and_size()[0]
 
 
 def _say(rank, text):

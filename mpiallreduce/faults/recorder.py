@@ -188,19 +188,14 @@ def trace_dir():
     return settings().trace_dir or os.path.join(os.getcwd(), "mpiallreduce-trace")
 
 
-def _world_rank():
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-        return None, None
-    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
-
 
 def dump(reason="on demand", directory=None):
     """Write this rank's buffer to ``directory`` (MPIALLREDUCE_TRACE_DIR, else ./mpiallreduce-trace)
     as rank<R>.json, replacing an earlier dump of this rank; the file's path, or None (no recorder,
     or it could not be written: said on stderr, never raised)."""
     current = recorder()
-    rank, size = _world_rank()
+    from .aborting import world_rank_and_size
+    rank, size = world_rank_and_size()
     if current is None or rank is None:
         return None
     with _dumping:
