@@ -122,8 +122,11 @@ def main():
             "ring": lambda: mar.allreduce(z, out=zout, algorithm="ring"),
             "ring, timeout=60": lambda: mar.allreduce(z, out=zout, algorithm="ring", timeout=60),
         }, iterations)))
+    from mpiallreduce.faults.recorder import Recorder
     traced, untraced = COMM.Dup(), COMM.Dup()
-    state_of(untraced).recorder = None  # (before any call: its short paths are made without one)
+    # (before any call, so that their short paths are made with and without one; the recorder is off
+    # by default, MPIALLREDUCE_TRACE_ENTRIES: one of 512 entries here whatever the environment says)
+    state_of(traced).recorder, state_of(untraced).recorder = Recorder(512), None
     for size, values, iterations in (("4 B", x, 4000), ("64 KiB", y, 400)):
         sink = np.empty_like(values)
         prepared_on, prepared_off = (mar.prepare(values, out=sink, comm=c) for c in (traced, untraced))

@@ -105,7 +105,7 @@ class Settings:
     #: (the ranks then agree on the outcome: a collective, so the ranks must agree on this setting)
     debug_inputs: bool = False
     #: MPIALLREDUCE_TRACE_ENTRIES: how many of its last calls each rank's flight recorder keeps
-    #: (mpiallreduce.faults.recorder); 0, the default: no recorder (it costs 0.2-0.3 us a call)
+    #: (mpiallreduce.faults.recorder); 0, the default: no recorder (it costs 0.2-0.35 us a call)
     trace_entries: int = 0
     #: MPIALLREDUCE_TRACE_DIR: where the recorder's dumps go ("": ./mpiallreduce-trace)
     trace_dir: str = ""
