@@ -83,17 +83,24 @@ sys.meta_path.insert(0, _MovedModules())
 
 __all__ = list(_EXPORTS) + ["__version__"]
 
+
+def lazy_exports(package, exports):
+    """A module ``__getattr__`` for ``package`` that imports each name of ``exports`` (name -> the
+    module it lives in, relative to ``package``) at its first use, and keeps it."""
+    def __getattr__(name):
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(exports[name], package), name)
+        setattr(sys.modules[package], name, value)
+        return value
+    return __getattr__
+
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+
 from .faults.aborting import abort_on_exception_from_environment  # noqa: E402 (no MPI at import)
 
 abort_on_exception_from_environment()
-
-
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mpiallreduce' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
 
 
 def __dir__():

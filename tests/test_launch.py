@@ -23,6 +23,12 @@ def test_environment_allows_root_only_for_root():
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(launch.find_mpiexec())
 
 
+def test_outside_slurm_the_libfabric_btl_is_left_out_unless_the_user_chose():
+    assert launch.launch_environment({"PATH": "/usr/bin"})["OMPI_MCA_btl"] == "^ofi"
+    assert launch.launch_environment({"PATH": "/usr/bin", "OMPI_MCA_btl": "self,tcp"})["OMPI_MCA_btl"] == "self,tcp"
+    assert "OMPI_MCA_btl" not in launch.launch_environment({"PATH": "/usr/bin", "SLURM_JOB_ID": "7"})
+
+
 def test_timeout_kills_every_rank():
     marker = f"mpiallreduce-timeout-test-{os.getpid()}"
     script = f"import time, sys; sys.argv.append('{marker}'); time.sleep(600)"

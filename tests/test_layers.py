@@ -387,6 +387,18 @@ def test_api_and_the_lazy_exports_resolve():
         mpiallreduce.no_such_name
 
 
+def test_importing_the_package_its_faults_or_the_launcher_does_not_start_mpi():
+    """Importing mpi4py.MPI is MPI_Init (a second and more where libfabric is probed): the launcher,
+    which runs no MPI, must not pay it, nor a program that only imports the package."""
+    code = ("import sys, mpiallreduce, mpiallreduce.faults, mpiallreduce.faults.aborting, mpiallreduce.tools.cli\n"
+            "from mpiallreduce.faults import RankFailure, AllreduceTimeout\n"
+            "assert 'mpi4py.MPI' not in sys.modules, sorted(m for m in sys.modules if m.startswith('mpi'))\n"
+            "from mpiallreduce.faults import survivors\n"
+            "assert 'mpi4py.MPI' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+
+
 def run_command(argv):
     from mpiallreduce.tools.launch import launch_environment
     env = launch_environment()

@@ -5,10 +5,18 @@
 - channel.py     the control messages (kind, call number, code) of rendezvous and watch
 - watch.py       a rank that fails in the middle of an algorithm ends the call on every rank
 - ulfm.py        lost ranks under ULFM: RankFailure, survivors(), exit_after_rank_failures()
-"""
-from .errors import AllreduceAborted, AllreduceStallWarning, AllreduceTimeout, RankFailure, call_site, ranks_phrase
-from .rendezvous import Rendezvous
-from .ulfm import caused_by_rank_failure, exit_after_rank_failures, failed_ranks, failure_of, survivors
 
-__all__ = ["AllreduceTimeout", "AllreduceAborted", "RankFailure", "AllreduceStallWarning", "call_site", "ranks_phrase", "Rendezvous",
-           "failure_of", "caused_by_rank_failure", "failed_ranks", "survivors", "exit_after_rank_failures"]
+Names are loaded on first use, as in the package: importing ``mpiallreduce`` imports
+``faults.aborting``, and so this package, and neither may start MPI (rendezvous and ulfm import
+mpi4py.MPI, whose import is MPI_Init: a second and more where libfabric is probed).
+"""
+from .. import lazy_exports
+from .errors import AllreduceAborted, AllreduceStallWarning, AllreduceTimeout, RankFailure, call_site, ranks_phrase
+
+_LAZY = {"Rendezvous": ".rendezvous", "failure_of": ".ulfm", "caused_by_rank_failure": ".ulfm",
+         "failed_ranks": ".ulfm", "survivors": ".ulfm", "exit_after_rank_failures": ".ulfm"}
+
+__all__ = ["AllreduceTimeout", "AllreduceAborted", "RankFailure", "AllreduceStallWarning", "call_site", "ranks_phrase",
+           *_LAZY]
+
+__getattr__ = lazy_exports(__name__, _LAZY)
