@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -97,6 +98,8 @@ class Ranks:
         except Exception as error:  # noqa: BLE001 - every error is checked to name its cause, then counted
             outcome.update(ok=False, error=type(error).__name__, message=str(error)[:300],
                            sequence=getattr(error, "sequence", None), named=self.names(kind, culprit, error))
+            if kind in ORDINARY:  # (nothing was injected: where it came from, for whoever reads the events)
+                outcome["traceback"] = traceback.format_exc()[-3000:]
             if isinstance(error, mar.RankFailure):  # (go on with the survivors)
                 from mpiallreduce.faults.recorder import world_ranks
                 self.comm = mar.survivors(comm)

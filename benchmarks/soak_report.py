@@ -91,6 +91,8 @@ def report(output, trace, timeout, returncode=None):
     with open(os.path.join(output, "summary.json"), "w") as f:
         json.dump(dict(summary, missed=checked["missed by the analyzer"]), f, indent=1, default=str)
     print("\n".join(f"{key:<32} {value}" for key, value in summary.items()), flush=True)
+    for e in [e for e in events if not e["ok"] and "traceback" in e][:2]:  # (where an unexpected error came from)
+        print(f"\nunexpected, rank {e['rank']}, episode {e['episode']} ({e['kind']} on {e['comm']}):\n{e['traceback']}")
     print("\nmpiallreduce trace " + trace + ":\n" + "\n".join(analysis.lines[:12]), flush=True)
     met = (totals["wrong values"] == 0 and totals["hangs"] == 0 and totals["errors not naming their cause"] == 0
            and totals["unexpected errors"] == 0 and not checked["missed by the analyzer"])

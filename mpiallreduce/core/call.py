@@ -26,7 +26,7 @@ from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_field
 from ..faults.watch import PeerWatch
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
-from .executor import Execution
+from .executor import Execution, translated
 from .kinds import execution_for, plan_for
 from .ops import get_op, name_of
 from .planner import check_algorithm_name
@@ -175,8 +175,8 @@ class Call:
         state = self.state
         if _compared(state):
             sequence = self.sequence
-            compare(state, _CHECKED, lambda: {"check": True}, lambda: PeerWatch(state, sequence, None, "signature"),
-                    sequence)
+            translated(state, sequence, lambda: compare(state, _CHECKED, lambda: {"check": True}, lambda: PeerWatch(
+                state, sequence, None, "signature"), sequence))
 
         placement = placement_of_call(state, self.x, self.out)  # (None but for symmetric arrays)
 
@@ -184,8 +184,8 @@ class Call:
             validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
             reduce_op = _op_of(self.op, self.reproducible)
             return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm, self.out is self.x, placement)
-        reduce_op, plan = agree_on_call(state.library, prepare, self.signature(), resolve=lambda prepared: {
-            "runs": prepared[1].describe(), "symmetric at": prepared[1].algorithm.needs_symmetric and placement.signature()})
+        reduce_op, plan = translated(state, self.sequence, lambda: agree_on_call(state.library, prepare, self.signature(
+        ), resolve=lambda p: {"runs": p[1].describe(), "symmetric at": p[1].algorithm.needs_symmetric and placement.signature()}))
         kind = "host" if type(self.x) is np.ndarray else "device"
         return Execution(state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind, placement)
 
@@ -244,7 +244,7 @@ class Prepared:
         call._meet()
         self.state, self.timeout, self.site, self.x = call.state, call.timeout, call.site, call.x
         self.execution = call.agreed_execution()
-        self.execution.set_up()  # (agreed: every rank makes it now, so no run, on any thread, has to)
+        translated(self.state, call.sequence, self.execution.set_up)  # (agreed: every rank makes it now, not a run)
         self.plan, self.op = self.execution.plan, self.execution.op
         self.described = Described(array_fields(self.x, kind="prepared", site=self.site, op=self.op.name, timeout=self.timeout,
                                                 algorithm=self.plan.name, in_place=self.plan.in_place))

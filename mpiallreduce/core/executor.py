@@ -30,7 +30,7 @@ from .ops import OPS, ignore_float_errors, restore_float_errors
 from .persistent import bind_persistent
 from .symmetric import touches
 
-__all__ = ["Execution", "raise_failed"]
+__all__ = ["Execution", "raise_failed", "translated"]
 
 
 class Execution:
@@ -264,6 +264,14 @@ class Execution:
                 entry[STATE], entry[ENDED] = DONE, clock()
             return result
         return short
+
+
+def translated(state, sequence, collective):
+    """``collective()``, a step of call #``sequence`` before its run; its MPI error as raise_failed says."""
+    try:
+        return collective()
+    except MPI.Exception as error:
+        raise_failed(error, state, sequence, None)
 
 
 def raise_failed(error, state, sequence, watch, entry=None):

@@ -194,6 +194,16 @@ def killed_under_ulfm(algorithm):
 def killed_before_a_timed_call_under_ulfm(algorithm):
     """Under ULFM, with a timeout: a rank killed before a timed call is a RankFailure naming it on
     every survivor (not a bare MPI error from the rendezvous), and the survivors go on."""
+    killed_before(algorithm, lambda comm: mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30))
+
+
+def killed_before_a_prepare_under_ulfm(algorithm):
+    """Under ULFM: a rank killed before ``prepare`` is a RankFailure naming it on every survivor
+    (not a bare MPI error from the allgather that agrees on the prepared call)."""
+    killed_before(algorithm, lambda comm: mar.prepare(data(RANK), algorithm=algorithm, comm=comm)())
+
+
+def killed_before(algorithm, call):
     comm = WORLD.Dup()
     mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30)  # the control channel is set up
     WORLD.Barrier()
@@ -202,7 +212,7 @@ def killed_before_a_timed_call_under_ulfm(algorithm):
     time.sleep(0.5)
     started = time.monotonic()
     try:
-        mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30)
+        call(comm)
         report(outcome="ok")
     except mar.RankFailure as failure:
         report(outcome="RankFailure", failed=",".join(map(str, failure.failed_ranks)) or "-",
