@@ -6,7 +6,9 @@
     mar.allreduce(x, algorithm="ring", comm=sub)   # a chosen algorithm on a sub-communicator
 
 Names are loaded on first use, so that ``import mpiallreduce`` (the ``mpiallreduce launch`` command
-among others) does not start MPI by itself; the first use of the API does.
+among others) does not start MPI by itself; the first use of the API does, or, in a rank of a
+launched job, the import where MPIALLREDUCE_ABORT_ON_EXCEPTION=1 (``mpiallreduce launch`` sets it):
+an exception before the first call then aborts the job too (mpiallreduce.faults.aborting).
 """
 import importlib
 import importlib.abc

@@ -157,11 +157,14 @@ def assert_survivors_named_the_lost_rank_and_went_on(result):
         explain(result)
 
 
-@pytest.mark.parametrize("scenario", ["killed_before_a_timed_call_under_ulfm", "killed_before_a_prepare_under_ulfm"])
-def test_under_ulfm_a_rank_killed_before_a_timed_call_or_a_prepare_is_a_rank_failure_not_a_bare_mpi_error(scenario):
+@pytest.mark.parametrize("scenario", ["killed_before_a_timed_call_under_ulfm", "killed_before_a_prepare_under_ulfm",
+                                      "killed_before_a_first_call_under_ulfm",
+                                      "killed_before_a_first_timed_call_under_ulfm"])
+def test_under_ulfm_a_rank_killed_before_a_call_or_its_set_up_is_a_rank_failure_not_a_bare_mpi_error(scenario):
     """Timeouts and lost ranks compose: the rendezvous meets the dead rank and every survivor
     raises RankFailure (as without a timeout), then reduces on the survivors. So does the
-    allgather that agrees on a prepared call (before, a bare MPI_ERR_PROC_FAILED: seen in the soak)."""
+    allgather that agrees on a prepared call (before, a bare MPI_ERR_PROC_FAILED: seen in the soak),
+    and the set-up of a communicator's first call."""
     assert_survivors_named_the_lost_rank_and_went_on(inject(scenario, "ring", extra_flags=FAULT_TOLERANT_FLAGS))
 
 

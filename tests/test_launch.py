@@ -123,6 +123,32 @@ def test_under_launch_one_ranks_exception_ends_the_job_unless_switched_off(tmp_p
     assert switched_off.returncode == 124, switched_off.stdout + switched_off.stderr  # the hang it prevents
 
 
+RANK_THAT_RAISES_BEFORE_MPI = """
+import os
+import numpy as np
+import mpiallreduce as mar
+if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+    raise RuntimeError("rank 1 went wrong before any call")
+mar.allreduce(np.ones(4))
+"""
+
+
+def test_under_launch_an_exception_before_any_mpi_call_ends_the_job_too(tmp_path):
+    """``import mpiallreduce`` does not start MPI, but under the launcher (abort on exception) it
+    does: a rank that raised before its first call once left alone, and the job hung in about half
+    the runs (Open MPI left the other rank in MPI_Init or its allreduce)."""
+    import subprocess
+    script = tmp_path / "raises_early.py"
+    script.write_text(RANK_THAT_RAISES_BEFORE_MPI)
+    for _ in range(3):
+        started = time.monotonic()
+        ended = subprocess.run([sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "20", "--",
+                                sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        output = ended.stdout + ended.stderr
+        assert ended.returncode not in (0, 124) and time.monotonic() - started < 20, output
+        assert "[rank 1] RuntimeError: rank 1 went wrong before any call" in output, output
+
+
 RANK_THAT_EXITS = """
 import sys
 import numpy as np

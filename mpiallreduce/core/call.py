@@ -23,7 +23,7 @@ from mpi4py import MPI
 from ..device.arrays import namespace
 from ..faults.errors import call_site
 from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_fields, clock, finish, record_call, run_traced
-from ..faults.watch import PeerWatch
+from ..faults.watch import PeerWatch, set_up_or_rank_failure
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
 from .executor import Execution, translated
@@ -95,7 +95,7 @@ class Call:
         call.timeout = current.timeout if timeout is None else timeout
         call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
         call.meeting = None
-        call.state = state = state_of(comm, blocking=call.timeout is None)
+        call.state = state = set_up_or_rank_failure(comm, lambda: state_of(comm, blocking=call.timeout is None))
         if not call.check and rejected is None:  # a bad argument raises here, before any data moves
             try:
                 validate(x, op, algorithm, out, call.reproducible, state.size)

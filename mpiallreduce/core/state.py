@@ -193,7 +193,7 @@ class CommState:
                 self.broken = None
 
     def library_communicators(self):
-        return () if self.library is None else (self.library,)
+        return () if self.library is None or self._library_request is not None else (self.library,)  # (a dup made)
 
     def free(self):
         if self.library is None:  # (freed already: at exit, then by the communicator's own free)

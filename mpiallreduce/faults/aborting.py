@@ -22,7 +22,9 @@ time limit with nothing in the log but silence. With it, every rank ends within 
 What ``python -m mpi4py`` does (less the grace), for programs that are not started that way.
 Python calls no hook for a SystemExit, so this one replaces ``sys.exit``: a bare
 ``raise SystemExit(n)`` or ``exit(n)`` still ends through ``MPI_Finalize``. This module does not
-start MPI by being imported.
+start MPI by being imported; turning the abort on does in a rank of a launched job
+(MPIALLREDUCE_ABORT_ON_EXCEPTION=1 at ``import mpiallreduce``), so that an exception before the
+first call aborts the job too.
 """
 import atexit
 import os
@@ -156,6 +158,11 @@ def abort_on_exception(enable=True):
         threading.excepthook = threading.__excepthook__
         sys.exit = _python_exit
         return
+    if "PMIX_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:  # (a rank of a launched job)
+        # MPI starts now if it has not (``import mpiallreduce`` does not start it): an exception or
+        # a sys.exit(n) before this rank's first call must reach MPI_Abort too; a rank that leaves
+        # alone while the others are in MPI_Init or a collective can leave them there for ever
+        from mpi4py import MPI  # noqa: F401
     sys.excepthook = _abort
     threading.excepthook = _abort_from_thread
     from .recorder import recorder

@@ -75,7 +75,8 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
     lost = _lost(comm, also_revoke)
     rank = comm.Get_rank()
     what = f"{ranks_phrase(lost)} of {comm.Get_size()} failed" if lost else "a rank failed"
-    return RankFailure(f"rank {rank}: allreduce call #{sequence}: {what} during the call "
+    call = "allreduce call" if sequence is None else f"allreduce call #{sequence}"  # (None: before it is numbered)
+    return RankFailure(f"rank {rank}: {call}: {what} during the call "
                        f"({error.Get_error_string()}); recover with mpiallreduce.survivors(comm)",
                        failed_ranks=lost, sequence=sequence)
 

@@ -25,7 +25,7 @@ from ..core.slots import yield_core
 from .errors import AllreduceAborted, AllreduceTimeout
 from .channel import FAILED, GAVE_UP, _channel
 
-__all__ = ["PeerWatch"]
+__all__ = ["PeerWatch", "set_up_or_rank_failure"]
 
 #: how long a wait only tests its own requests before it also reads the control channel
 _QUIET_SECONDS = 5e-5
@@ -149,3 +149,17 @@ class PeerWatch:
             except MPI.Exception:
                 pass
             kept.append(request)  # (the request holds its buffer)
+
+
+def set_up_or_rank_failure(comm, set_up):
+    """``set_up()``: a communicator's first collectives (the library's duplicate of ``comm``). An MPI
+    error it raises because a rank of ``comm`` died is raised as RankFailure (faults.ulfm), as in a
+    call; any other as it is."""
+    try:
+        return set_up()
+    except MPI.Exception as error:
+        from .ulfm import failure_of
+        failure = failure_of(error, comm)
+        if failure is None:
+            raise
+        raise failure from error

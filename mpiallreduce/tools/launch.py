@@ -37,10 +37,11 @@ ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"
 # One-sided windows: the PyPI Open MPI's UCX component complains when a window is made and no UCX
 # network is present; the shared-memory one is what a single node wants anyway.
 DEFAULT_MCA_ENV = {"OMPI_MCA_osc": "^ucx"}
-# Where every rank runs on this machine (no Slurm allocation): Open MPI's libfabric BTL spends about
-# a second of each MPI_Init probing libfabric's providers (idle: 1.08 s against 0.07 s without it,
-# docs/performance.md), and on one machine shared memory and TCP carry every message. Inside an
-# allocation, where a fabric may need it, Open MPI chooses as it would.
+# Outside a Slurm allocation (this machine, its emulated nodes): Open MPI's libfabric BTL spends
+# about a second of each MPI_Init probing libfabric's providers (idle: 1.08 s against 0.07 s without
+# it, docs/performance.md), and on one machine shared memory and TCP carry every message. Inside an
+# allocation, where a fabric may need it, Open MPI chooses as it would (docs/clusters.md: other
+# schedulers).
 LOCAL_MCA_ENV = {"OMPI_MCA_btl": "^ofi"}
 MPIEXEC_FLAGS = ("--oversubscribe",)
 _PR_SET_PDEATHSIG = 1

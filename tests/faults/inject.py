@@ -194,17 +194,29 @@ def killed_under_ulfm(algorithm):
 def killed_before_a_timed_call_under_ulfm(algorithm):
     """Under ULFM, with a timeout: a rank killed before a timed call is a RankFailure naming it on
     every survivor (not a bare MPI error from the rendezvous), and the survivors go on."""
-    killed_before(algorithm, lambda comm: mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30))
+    killed_before(algorithm, lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30))
 
 
 def killed_before_a_prepare_under_ulfm(algorithm):
     """Under ULFM: a rank killed before ``prepare`` is a RankFailure naming it on every survivor
     (not a bare MPI error from the allgather that agrees on the prepared call)."""
-    killed_before(algorithm, lambda comm: mar.prepare(data(RANK), algorithm=algorithm, comm=comm)())
+    killed_before(algorithm, lambda comm, fresh: mar.prepare(data(RANK), algorithm=algorithm, comm=comm)())
+
+
+def killed_before_a_first_call_under_ulfm(algorithm):
+    """Under ULFM: a rank killed before the first call on a communicator, whose set-up (the
+    library's duplicate) meets the dead rank, is a RankFailure naming it on every survivor (it was
+    a bare MPI_ERR_INTERN; timed, a crash in MPI_Comm_revoke of the unfinished duplicate)."""
+    killed_before(algorithm, lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=fresh))
+
+
+def killed_before_a_first_timed_call_under_ulfm(algorithm):
+    """The same for a timed first call (its duplicate is waited for in the rendezvous)."""
+    killed_before(algorithm, lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=fresh, timeout=30))
 
 
 def killed_before(algorithm, call):
-    comm = WORLD.Dup()
+    comm, fresh = WORLD.Dup(), WORLD.Dup()  # (fresh: no call on it before the death)
     mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30)  # the control channel is set up
     WORLD.Barrier()
     if RANK == LATE:
@@ -212,7 +224,7 @@ def killed_before(algorithm, call):
     time.sleep(0.5)
     started = time.monotonic()
     try:
-        call(comm)
+        call(comm, fresh)
         report(outcome="ok")
     except mar.RankFailure as failure:
         report(outcome="RankFailure", failed=",".join(map(str, failure.failed_ranks)) or "-",
