@@ -69,9 +69,11 @@ _LOW_PRECISION = ("float16", "bfloat16")
 REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
 #: a prepared call below this size that runs MPI's own allreduce binds it once as a persistent
 #: request (MPI_Allreduce_init, then Start + Wait each run): Open MPI 5 on 2 ranks of one node,
-#: 2026-12-02, medians of 7 interleaved repetitions, persistent / blocking: 0.68x at 4 B, 0.87x at
-#: 1 KiB, 0.84x at 16 KiB, 1.01x at 64 KiB, 1.26x at 256 KiB, 1.21-1.27x up to 16 MiB
-PERSISTENT_BELOW = 64 << 10
+#: `make bench` at cb69270 (every size from 4 B by 2x, 2026-12-02 15:43), persistent / blocking:
+#: 0.50-0.65x from 4 B to 2 KiB, then 1.9x (out of place) and 2.2x (in place) at 4 KiB, 1.08x and
+#: 1.27x at 8 KiB, 0.92x and 1.11x at 16 KiB, 1.2-1.7x from 32 KiB (libnbc's schedule changes at
+#: 4 KiB; an earlier run had sampled 4 B, 1 KiB, 16 KiB and 64 KiB only, and set 64 KiB)
+PERSISTENT_BELOW = 4 << 10
 #: ``auto`` runs single_copy on symmetric buffers from this size (below: the table's choice): `mpiallreduce
 #: bench --sizes 4,64K,1M,16M`, 2 ranks, 2026-12-02: single_copy (prepared) 17.6 us at 4 B against Open
 #: MPI's 4.6 (two barriers, and Python), 18.0 against 25.9 us at 64 KiB, 111 against 307 us at 1 MiB
