@@ -140,7 +140,7 @@ def test_in_place_calls_follow_the_tables_in_place_rules_where_it_has_them():
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
-def test_prepared_calls_of_mpi_below_64_KiB_are_persistent_requests_except_under_ulfm():
+def test_prepared_calls_of_mpi_below_4_KiB_on_one_node_are_persistent_requests_except_under_ulfm():
     import dataclasses
 
     import numpy as np
@@ -154,6 +154,8 @@ def test_prepared_calls_of_mpi_below_64_KiB_are_persistent_requests_except_under
     assert not plan_call(facts, True, f32, 4, "sum", "mpi").persistent  # (device arrays)
     assert not plan_call(dataclasses.replace(facts, persistent_collectives=False), False, f32, 4, "sum",
                          "mpi").persistent
+    assert not plan_call(dataclasses.replace(facts, spans_nodes=True, node_count=2), False, f32, 4, "sum",
+                         "mpi").persistent  # (across nodes the blocking call wins there)
 
 
 def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses():

@@ -67,12 +67,13 @@ _LOW_PRECISION = ("float16", "bfloat16")
 #: 4K,64K,1M,4M,16M` (medians of interleaved calls of both; two runs, 2026-12-01): shared_memory
 #: took 0.59-0.92x pairwise_exchange's time up to 1 MiB, 0.95-1.04x at 4 MiB, 1.07-1.40x at 16 MiB
 REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
-#: a prepared call below this size that runs MPI's own allreduce binds it once as a persistent
-#: request (MPI_Allreduce_init, then Start + Wait each run): Open MPI 5 on 2 ranks of one node,
-#: `make bench` at cb69270 (every size from 4 B by 2x, 2026-12-02 15:43), persistent / blocking:
-#: 0.50-0.65x from 4 B to 2 KiB, then 1.9x (out of place) and 2.2x (in place) at 4 KiB, 1.08x and
-#: 1.27x at 8 KiB, 0.92x and 1.11x at 16 KiB, 1.2-1.7x from 32 KiB (libnbc's schedule changes at
-#: 4 KiB; an earlier run had sampled 4 B, 1 KiB, 16 KiB and 64 KiB only, and set 64 KiB)
+#: a prepared call below this size that runs MPI's own allreduce binds it once as a persistent request
+#: (MPI_Allreduce_init, then Start + Wait each run) on one node. Open MPI 5, 2 ranks, persistent /
+#: blocking: one node (`make bench` at cb69270), 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB,
+#: 1.1-1.3x at 8 KiB, 0.9-1.1x at 16 KiB, 1.2-1.7x from 32 KiB (an earlier run sampled 4 B, 1 KiB,
+#: 16 KiB and 64 KiB only, and set 64 KiB); 2 emulated nodes (`bench --sizes 4,1K,2K,4K,8K,16K,32K,64K
+#: --algorithms mpi`), 1.30-1.37x up to 2 KiB, 0.77x at 4 KiB, 1.31x at 8 KiB, 0.82x at 16 KiB,
+#: 0.97-1.01x at 32 KiB, 1.95x at 64 KiB (blocking is han there, uneven): never across nodes
 PERSISTENT_BELOW = 4 << 10
 #: ``auto`` runs single_copy on symmetric buffers from this size (below: the table's choice): `mpiallreduce
 #: bench --sizes 4,64K,1M,16M`, 2 ranks, 2026-12-02: single_copy (prepared) 17.6 us at 4 B against Open
@@ -289,7 +290,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested":
         probe = (on_device, dtype, nbytes, op_name, algorithm, in_place)
     persistent = (chosen.name == "mpi" and not on_device and working < PERSISTENT_BELOW and facts.persistent_collectives
-                  and route == "plain" and accumulate is None)
+                  and route == "plain" and accumulate is None and not facts.spans_nodes)
     return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe,
                     in_place, persistent)
 
