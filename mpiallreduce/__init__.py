@@ -95,15 +95,14 @@ def lazy_exports(package, exports):
         value = getattr(importlib.import_module(exports[name], package), name)
         setattr(sys.modules[package], name, value)
         return value
-    return __getattr__
+
+    def __dir__():
+        return sorted(set(vars(sys.modules[package])) | set(exports))
+    return __getattr__, __dir__
 
 
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 from .faults.aborting import abort_on_exception_from_environment  # noqa: E402 (no MPI at import)
 
 abort_on_exception_from_environment()
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))

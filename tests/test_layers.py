@@ -393,6 +393,7 @@ def test_importing_the_package_its_faults_or_the_launcher_does_not_start_mpi():
     code = ("import sys, mpiallreduce, mpiallreduce.faults, mpiallreduce.faults.aborting, mpiallreduce.tools.cli\n"
             "from mpiallreduce.faults import RankFailure, AllreduceTimeout\n"
             "assert 'mpi4py.MPI' not in sys.modules, sorted(m for m in sys.modules if m.startswith('mpi'))\n"
+            "assert {'survivors', 'Rendezvous', 'RankFailure'} <= set(dir(mpiallreduce.faults))\n"
             "from mpiallreduce.faults import survivors\n"
             "assert 'mpi4py.MPI' in sys.modules\n")
     env = {key: value for key, value in os.environ.items() if key != "MPIALLREDUCE_ABORT_ON_EXCEPTION"}

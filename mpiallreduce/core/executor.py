@@ -23,7 +23,7 @@ from ..algorithms.base import CallTags
 from ..faults.errors import AllreduceAborted, AllreduceTimeout
 from ..faults.recorder import DONE, ENDED, RUNNING, STATE, WITHDRAWN, clock, finish, run_traced
 from ..faults.ulfm import failure_of
-from ..faults.watch import PeerWatch
+from ..faults.watch import PeerWatch, set_up_or_rank_failure
 from . import buffers
 from .consistency import CarriedSignature, SignatureMismatch, agree_on_call, compare, digest
 from .ops import OPS, ignore_float_errors, restore_float_errors
@@ -267,11 +267,8 @@ class Execution:
 
 
 def translated(state, sequence, collective):
-    """``collective()``, a step of call #``sequence`` before its run; its MPI error as raise_failed says."""
-    try:
-        return collective()
-    except MPI.Exception as error:
-        raise_failed(error, state, sequence, None)
+    """``collective()``, a step of call #``sequence`` before its run (faults.watch says what it raises)."""
+    return set_up_or_rank_failure(state.user, collective, sequence, state.library_communicators())
 
 
 def raise_failed(error, state, sequence, watch, entry=None):

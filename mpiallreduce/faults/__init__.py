@@ -19,4 +19,4 @@ _LAZY = {"Rendezvous": ".rendezvous", "failure_of": ".ulfm", "caused_by_rank_fai
 __all__ = ["AllreduceTimeout", "AllreduceAborted", "RankFailure", "AllreduceStallWarning", "call_site", "ranks_phrase",
            *_LAZY]
 
-__getattr__ = lazy_exports(__name__, _LAZY)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -151,15 +151,15 @@ class PeerWatch:
             kept.append(request)  # (the request holds its buffer)
 
 
-def set_up_or_rank_failure(comm, set_up):
-    """``set_up()``: a communicator's first collectives (the library's duplicate of ``comm``). An MPI
-    error it raises because a rank of ``comm`` died is raised as RankFailure (faults.ulfm), as in a
-    call; any other as it is."""
+def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):
+    """``set_up()``: collectives of a call before its run (the library's duplicate of ``comm``, the
+    ranks' agreement). An MPI error it raises because a rank of ``comm`` died is raised as
+    RankFailure (faults.ulfm), as in a run; any other as it is."""
     try:
         return set_up()
     except MPI.Exception as error:
         from .ulfm import failure_of
-        failure = failure_of(error, comm)
+        failure = failure_of(error, comm, sequence, also_revoke=also_revoke)
         if failure is None:
             raise
         raise failure from error
