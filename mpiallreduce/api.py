@@ -133,20 +133,22 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
 
 
 def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
-            timeout=None):
+            timeout=None, reproducible=False):
     """Collective: the ranks compare the call once (as ``check=True``) and it is planned once; a
     PreparedAllreduce, whose runs then reduce x's current contents with no check and no decision.
     Every rank must run it at the same point (timed: SignatureMismatch everywhere where another
-    kind of call meets it; untimed: as MPI's persistent collectives, a mismatch waits for ever)."""
-    return prepare_at(call_site(2), x, op, algorithm, comm, out, axis=axis, mesh=mesh, groups=groups, timeout=timeout)
+    kind of call meets it; untimed: as MPI's persistent collectives, a mismatch waits for ever).
+    ``reproducible``: as ``allreduce``'s, each run's sum exact (mpiallreduce.reproducible)."""
+    return prepare_at(call_site(2), x, op, algorithm, comm, out, axis=axis, mesh=mesh, groups=groups, timeout=timeout,
+                      reproducible=reproducible)
 
 
 def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
-               timeout=None, persistent=True):
+               timeout=None, persistent=True, reproducible=False):
     """``prepare`` with the call site to compare given (the library's own prepared calls, GradientSync's
     buckets, give "": they are compared by what they reduce, not by where the user's code was);
     ``persistent=False``: never a persistent request (a call also run on other memory)."""
-    call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site)
+    call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site, reproducible)
     # (it makes its shared window, if it needs one; the flight recorder's entry is the agreement's)
     return run_here(lambda: run_traced(call.entry, lambda: PreparedAllreduce(call, persistent)))
 

@@ -334,7 +334,8 @@ def test_pairwise_exchange_plan_gives_every_rank_every_contribution_of_its_slice
 def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_for():
     """op reproducible_sum (mpiallreduce.reproducible.EXACT_OPS): auto runs an algorithm that holds
     every contribution of an element on one rank: shared_memory on one node below 4 MiB,
-    pairwise_exchange from there and across nodes; an algorithm asked for
+    pairwise_exchange from there and across nodes, single_copy on symmetric buffers of one node from
+    64 KiB; an algorithm asked for
     runs as asked, and one that reduces pairwise is told to reduce words; never a wider accumulator."""
     import numpy as np
     from mpiallreduce.core.planner import CallFacts, plan_call
@@ -351,6 +352,16 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
     assert ring.name == "ring" and "fixed-point words" in ring.reason and ring.accumulate is None
     shared = plan_call(CallFacts(size=4), False, f32, 1 << 20, "reproducible_sum", "shared_memory")
     assert shared.name == "shared_memory" and "words" not in shared.reason
+    # symmetric buffers on one node: single_copy, which sums every slice from the p floats, from 64 KiB
+    for dtype in (f32, f16):
+        one_node = plan_call(CallFacts(size=4), False, dtype, 1 << 20, "reproducible_mean", "auto", symmetric=True)
+        assert one_node.name == "single_copy" and one_node.route == "reproducible direct"
+        assert one_node.accumulate is None
+    assert plan_call(CallFacts(size=4), False, f32, 1 << 10, "reproducible_sum", "auto", symmetric=True).name == (
+        "shared_memory")
+    across = plan_call(CallFacts(size=8, spans_nodes=True, node_count=2), False, f32, 1 << 20, "reproducible_sum",
+                       "auto", symmetric=True)
+    assert across.name == "pairwise_exchange"
 
 
 def test_device_to_device_runs_only_where_cuda_ipc_works():

@@ -147,10 +147,11 @@ def test_the_direct_route_gives_the_words_route_bits(monkeypatch, dtype, ranks):
             assert np.array_equal(in_place[0].view(bits), want)
 
 
-def test_the_compiled_direct_route_leaves_no_element_to_chance():
-    """Blocks of the compiled loop: the largest exponent of every element, normal or zero or
-    subnormal, at every position of a block, with ties on the grid: random values against the words
-    route, over many blocks."""
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_the_compiled_direct_route_leaves_no_element_to_chance(ranks):
+    """The compiled loops: the largest exponent of every element, normal or zero or subnormal, at
+    every position, contributions up to 280 binades apart, exact cancellations, sum and mean: random
+    values against the words route, over many blocks."""
     pytest.importorskip("numba")
     from mpiallreduce.reproducible import kernels as reproducible_kernels
     if not reproducible_kernels.available():
@@ -158,13 +159,16 @@ def test_the_compiled_direct_route_leaves_no_element_to_chance():
     rng = np.random.default_rng(11)
     count = 20 * reproducible_kernels.EXACT_BLOCK + 5
     rows = [(rng.standard_normal(count) * np.exp2(rng.integers(-160, 120, count))).astype(np.float32)
-            for _ in range(4)]
+            for _ in range(ranks)]
     rows[1][::9] = -rows[0][::9]  # exact cancellations
+    rows[1][1::9] = rows[0][1::9] * np.float32(2.0 ** -28)  # (28 and 29 binades below: the grid rounds)
+    rows[1][2::9] = rows[0][2::9] * np.float32(-1.5 * 2.0 ** -29)
     for row in rows:
         row[::13] = rng.choice([0.0, -0.0, 1e-45, -1e-45, 1e-40], row[::13].size)  # zero or subnormal largests
-    want = words_route(rows, 1, "float32").view(np.uint32)
-    got = routes.exact_sum_into(rows, np.empty(count, np.float32)).view(np.uint32)
-    assert np.array_equal(got, want), np.nonzero(got != want)
+    for divide_by in (1, ranks):
+        want = words_route(rows, divide_by, "float32").view(np.uint32)
+        got = routes.exact_sum_into(rows, np.empty(count, np.float32), divide_by).view(np.uint32)
+        assert np.array_equal(got, want), (divide_by, np.nonzero(got != want))
 
 
 def test_more_contributions_than_the_compiled_loop_takes_give_the_same_bits():
@@ -178,3 +182,26 @@ def test_more_contributions_than_the_compiled_loop_takes_give_the_same_bits():
             want = words_route(rows, divide_by, "float32").view(np.uint32)
             got = routes.exact_sum_into(rows, np.empty(5000, np.float32), divide_by).view(np.uint32)
             assert np.array_equal(got, want), (p, divide_by)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_the_one_pass_loop_leaves_inf_and_nan_whole_for_the_numpy_passes(ranks):
+    """The compiled one-pass loop (up to 4 contributions) lists the elements with an inf or NaN
+    largest and leaves them as they were: here a third of the elements of 7 blocks (more than its
+    room for indices at once), beside sums that overflow to inf from finite contributions, into a
+    new array and in place into the first and the second contribution."""
+    rng = np.random.default_rng(20 + ranks)
+    count = 7 * 2048 + 3
+    rows = [(rng.standard_normal(count) * np.exp2(rng.integers(-20, 20, count))).astype(np.float32)
+            for _ in range(ranks)]
+    for r, row in enumerate(rows):
+        row[r::3] = rng.choice([np.inf, -np.inf, np.nan], row[r::3].size)
+        row[2::7] = np.float32(3e38)  # (every contribution finite where no inf or NaN fell: a sum of inf)
+    for divide_by in (1, ranks):
+        want = words_route(rows, divide_by, "float32").view(np.uint32)
+        got = routes.exact_sum_into(rows, np.empty(count, np.float32), divide_by).view(np.uint32)
+        assert np.array_equal(got, want), np.nonzero(got != want)
+        for target in (0, 1):
+            in_place = [row.copy() for row in rows]
+            routes.exact_sum_into(in_place, in_place[target], divide_by)
+            assert np.array_equal(in_place[target].view(np.uint32), want), (target, divide_by)

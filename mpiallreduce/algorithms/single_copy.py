@@ -17,7 +17,8 @@ No staging: each input byte is read once, each output byte written once (2n of m
 rank, against about 5n through shared_memory's private window). A chunk of 256 KiB is copied to the
 peers while it is still in the cache. In place (``out=x``), ranks 0 and 1 reduce a chunk into their
 own array (the first two terms of the sum may be its target), the others into scratch first. Each
-slice is reduced once, by one rank, in one order: the same bits everywhere. A peer writes this rank's output only after every rank has arrived, so
+slice is reduced once, by one rank, in one order: the same bits everywhere. A reproducible sum
+(mpiallreduce.reproducible) sums each chunk exactly, straight from the p floats (the direct route). A peer writes this rank's output only after every rank has arrived, so
 nothing is written before the call is known to run; a rank that dies during step 1 leaves the
 outputs part written (as MPI's shared-memory collectives do).
 """
@@ -36,6 +37,8 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
     needs_symmetric = True
     #: the signature codes in the shared slots stand for its arrival barrier (as shared_memory's)
     carries_signature = True
+    #: each slice is reduced from every rank's input at once (a reproducible sum's direct route)
+    sees_every_contribution = True
 
     def execute(self, plan, comm, send, recv, op, datatype, signature=None, peers=None):
         if peers is None:

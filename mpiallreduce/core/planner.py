@@ -209,12 +209,12 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
         return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
                         None, True, compared, signature=signature, in_place=in_place)
     inner = None
-    single_copy = (symmetric and not facts.spans_nodes and not on_device and not reproducible and not low_precision
-                   and not bits and (not auto or nbytes >= SINGLE_COPY_FROM))
+    single_copy = (symmetric and not facts.spans_nodes and not on_device and (reproducible or not low_precision)
+                   and (not auto or nbytes >= SINGLE_COPY_FROM))
     if not auto and REGISTRY[algorithm].needs_symmetric and not single_copy:
-        raise ValueError(f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or "
-                         "mpiallreduce.zeros, input and output at the same place on every rank of one node, "
-                         "an ordinary op on a dtype other than float16/bfloat16); use 'auto' or another algorithm")
+        raise ValueError(f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or zeros, "
+                         "input and output at the same place on every rank of one node, a reproducible sum or an "
+                         "ordinary op on a dtype other than float16/bfloat16); use 'auto' or another algorithm")
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"
         if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:

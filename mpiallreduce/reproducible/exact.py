@@ -72,10 +72,17 @@ REPRODUCIBLE_DTYPES = tuple(FORMATS)
 
 
 def _compiled(fmt):
-    """mpiallreduce.reproducible_kernels (numba, float32) where it applies, else None."""
-    if fmt.bits is not np.uint32:
-        return None
-    from . import kernels as kernels
+    """mpiallreduce.reproducible.kernels (numba, float32) where it applies, else None."""
+    return _kernels() if fmt.bits is np.uint32 else None
+
+
+def compiled_kernels(fmt):  # (``_compiled``, looked up at each call: tests replace it)
+    return _compiled(fmt)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():  # (imported once, on first use: numba's import takes a while)
+    from . import kernels
     return kernels if kernels.available() else None
 
 

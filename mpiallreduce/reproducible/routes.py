@@ -9,10 +9,12 @@
 ``EXACT_OPS[op]`` is the op a reproducible call runs (mpiallreduce.core.call); the planner names
 the route from the algorithm it chose.
 """
+import math
+
 import numpy as np
 
 from ..core.ops import ReduceOp
-from .exact import BLOCK, FORMATS, MAX_RANKS, exponent_codes, from_words, to_words
+from .exact import BLOCK, FORMATS, MAX_RANKS, compiled_kernels, exponent_codes, from_words, to_words
 
 __all__ = ["EXACT_OPS", "ExactSumOp", "check_reproducible", "exact_sum_into", "sum_by_words"]
 
@@ -29,26 +31,36 @@ def check_reproducible(x, op, comm_size):
         raise ValueError(f"reproducible=True supports up to {MAX_RANKS} ranks, this communicator has {comm_size}")
 
 
+_FORMAT_OF = {np.dtype(name): FORMATS[name] for name in ("float16", "float32", "float64")}  # (bfloat16: by name)
+
+
 def exact_sum_into(contributions, out, divide_by=1):
     """The direct route: ``out`` = the reproducible sum of the p ``contributions`` (1-D arrays of
     one dtype and length; ``out`` may be one of them), divided by ``divide_by``, per element.
 
     The words route's operations on one rank that holds every contribution (shared_memory,
     pairwise_exchange): each element's largest exponent from its p contributions, their words
-    summed here, converted back: the same bits as the words route. Float32 blocks of up to 8
-    contributions run compiled where numba is (one loop, mpiallreduce.reproducible_kernels.exact_sum_f32);
-    blocks holding an inf or NaN, more contributions, other dtypes, or no numba: the words route's
-    passes (numpy, and numba's one-array kernels where they apply), by block."""
-    from ..core.buffers import scratch
-    fmt = FORMATS[out.dtype.name]
-    count = out.size
-    from .exact import _compiled  # (looked up at each call: tests replace it)
-    kernels = _compiled(fmt)
-    start = 0
+    summed here, converted back: the same bits as the words route. Float32 runs compiled where
+    numba is (mpiallreduce.reproducible.kernels): a sum of two as their IEEE sum (pair_sum_f32), up
+    to 4 contributions in one pass (fused_sum_f32), up to 8 in blocks of two passes (exact_sum_f32;
+    a block holding an inf or NaN to the numpy passes). More contributions, other dtypes, or no
+    numba: the words route's passes (numpy, and numba's one-array kernels where they apply), by
+    block."""
+    fmt = _FORMAT_OF.get(out.dtype) or FORMATS[out.dtype.name]
+    kernels = compiled_kernels(fmt)
     if (kernels is not None and len(contributions) <= kernels.EXACT_MOST_CONTRIBUTIONS and out.flags.c_contiguous
             and all(c.flags.c_contiguous for c in contributions)):
+        if len(contributions) == 2 and divide_by == 1:
+            kernels.pair_sum_f32(contributions[0], contributions[1], out.view(np.uint32))
+            return out
         values = tuple(contributions)
         bits = tuple(c.view(np.uint32) for c in contributions)
+        if len(values) <= kernels.FUSED_MOST_CONTRIBUTIONS:
+            power_of_two = math.frexp(divide_by)[0] == 0.5  # (then dividing is multiplying by the inverse, exact)
+            kernels.fused_sum_f32(values, bits, float(divide_by), power_of_two, out.view(np.uint32))
+            return out
+        from ..core.buffers import scratch
+        count, start = out.size, 0
         largest = scratch("reproducible.exact_largest", kernels.EXACT_BLOCK, np.uint32)
         while start < count:  # compiled up to a block holding an inf or NaN largest, which the numpy passes take
             start = kernels.exact_sum_f32(values, bits, float(divide_by), out, start, largest)
@@ -57,8 +69,8 @@ def exact_sum_into(contributions, out, divide_by=1):
                 _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
             start = stop
         return out
-    for start in range(0, count, BLOCK):
-        stop = min(start + BLOCK, count)
+    for start in range(0, out.size, BLOCK):
+        stop = min(start + BLOCK, out.size)
         _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
     return out
 

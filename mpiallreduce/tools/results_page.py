@@ -10,6 +10,7 @@ import os
 
 from .bench.contenders import FORCED_PREFIX
 from .bench.report import format_gain_table, gain_rows
+from .bench.reproducible_table import format_reproducible_table, reproducible_rows
 from .results import run_nodes, run_oversubscribed
 
 __all__ = ["markdown_page", "bench_command", "has_training_runs"]
@@ -83,6 +84,10 @@ def markdown_page(runs, command, folders=()):
             from types import SimpleNamespace
             rows = gain_rows([SimpleNamespace(**m) for m in measurements], in_place)
             lines += [f"{'In place' if in_place else 'Out of place'}:", "", "```text", format_gain_table(rows), "```", ""]
+            exact_rows = reproducible_rows([SimpleNamespace(**m) for m in measurements], in_place)
+            if exact_rows:
+                lines += ["Reproducible sums against our fastest ordinary sum on the same kind of buffers "
+                          "(docs/reproducible.md):", "", "```text", format_reproducible_table(exact_rows), "```", ""]
     for folder in folders:
         for train in _training_runs(folder):
             with open(train) as f:

@@ -11,7 +11,7 @@ from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ...device.transports import device_path, run_on_device
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
 
-__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "AUTO_PLAIN", "PERSISTENT", "HostMemory",
+__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "REPRODUCIBLE_SYMMETRIC", "AUTO_PLAIN", "PERSISTENT", "HostMemory",
            "DeviceMemory", "device_memory", "contenders", "Prepared", "OnSymmetricBuffers"]
 
 BASELINE = "openmpi"
@@ -20,6 +20,8 @@ DEVICE_ALGORITHMS = ("staged_ring", "device_to_device", "ring", "auto")
 MPI_ALLREDUCE = REGISTRY["mpi"]
 #: the contender ``allreduce(..., reproducible=True)`` (auto: the direct route)
 REPRODUCIBLE = "reproducible"
+#: the same on symmetric buffers (mpiallreduce.empty), as GradientSync's buckets: single_copy on one node
+REPRODUCIBLE_SYMMETRIC = "reproducible:symmetric"
 
 
 class HostMemory:
@@ -151,12 +153,13 @@ PERSISTENT = FORCED_PREFIX + "persistent"
 
 
 def _ours(algorithm, op, memory):
-    if algorithm == REPRODUCIBLE:
-        return lambda send, out, comm: allreduce(send, op=op, comm=comm, out=out, reproducible=True)
     if algorithm == AUTO_PLAIN or isinstance(memory, DeviceMemory):
         name = "auto" if algorithm == AUTO_PLAIN else algorithm
         return lambda send, out, comm: allreduce(send, op=op, algorithm=name, comm=comm, out=out)
-    return Prepared(lambda send, out, comm: prepare(send, op=op, algorithm=algorithm, comm=comm, out=out).run)
+    exact = algorithm == REPRODUCIBLE
+    name = "auto" if exact else algorithm
+    return Prepared(lambda send, out, comm: prepare(send, op=op, algorithm=name, comm=comm, out=out,
+                                                    reproducible=exact).run)
 
 
 class OnSymmetricBuffers:
@@ -165,8 +168,8 @@ class OnSymmetricBuffers:
     a prepared call on views of them, as a user of symmetric buffers runs it. ``buffers`` gives the
     timing loop the (send, out) to run it on."""
 
-    def __init__(self, algorithm, op, largest):
-        self.algorithm, self.op, self.largest = algorithm, op, largest
+    def __init__(self, algorithm, op, largest, reproducible=False):
+        self.algorithm, self.op, self.largest, self.reproducible = algorithm, op, largest, reproducible
         self.memory, self.key, self.prepared = None, None, None
 
     def buffers(self, count, dtype, in_place, comm):
@@ -177,7 +180,8 @@ class OnSymmetricBuffers:
         send = out if in_place else self.memory[1][:nbytes].view(dtype)
         if self.key != (count, dtype.str, in_place):  # (collective, in the same turn on every rank)
             self.key = (count, dtype.str, in_place)
-            self.prepared = prepare(send, op=self.op, algorithm=self.algorithm, comm=comm, out=out)
+            self.prepared = prepare(send, op=self.op, algorithm=self.algorithm, comm=comm, out=out,
+                                    reproducible=self.reproducible)
         return send, out
 
     def __call__(self, send, out, comm):
@@ -219,7 +223,10 @@ def contenders(comm, names, op, forced, plant_wrong=None, memory=None, largest=0
         made.append(found[PERSISTENT])
     for name in names:
         symmetric = name in REGISTRY and REGISTRY[name].needs_symmetric
-        found[name] = OnSymmetricBuffers(name, op, largest) if symmetric else _ours(name, op, memory)
+        if name == REPRODUCIBLE_SYMMETRIC:
+            found[name] = OnSymmetricBuffers("auto", op, largest, reproducible=True)
+        else:
+            found[name] = OnSymmetricBuffers(name, op, largest) if symmetric else _ours(name, op, memory)
         if isinstance(found[name], Prepared):
             made.append(found[name])
     if plant_wrong:

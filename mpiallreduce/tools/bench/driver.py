@@ -14,11 +14,12 @@ from ...device.arrays import cuda_aware
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
 from ...core.ops import OPS, get_op
 from ...core.state import state_of
-from .contenders import AUTO_PLAIN, DEVICE_ALGORITHMS, REPRODUCIBLE, device_memory
+from .contenders import AUTO_PLAIN, DEVICE_ALGORITHMS, REPRODUCIBLE, REPRODUCIBLE_SYMMETRIC, device_memory
 # the timing loop and the reference bandwidths: their names stay importable from here
 from .limits import MEMCPY_BYTES, device_copy_bandwidth, link_bandwidth, memory_copy_bandwidth  # noqa: F401
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
+from .reproducible_table import format_reproducible_table, reproducible_rows
 from .timing import Measurement, compare, count_wrong  # noqa: F401
 
 __all__ = ["Measurement", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
@@ -69,7 +70,7 @@ def _checked_arguments(parser, args):
     if args.algorithms is None:
         algorithms = list(known)  # (the reproducible sum only when asked for)
     else:
-        known.append(REPRODUCIBLE)
+        known += [REPRODUCIBLE, REPRODUCIBLE_SYMMETRIC]
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         for name in algorithms:
             if name not in known:
@@ -101,8 +102,9 @@ def main(argv=None):
                         help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
     parser.add_argument("--algorithms",
                         help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, {AUTO_PLAIN} "
-                             f"(a plain call; the others are prepared), {REPRODUCIBLE} (Open MPI's "
-                             f"default always runs); default: all of them but {REPRODUCIBLE}, or with --device gpu "
+                             f"(a plain call; the others are prepared), {REPRODUCIBLE} and {REPRODUCIBLE_SYMMETRIC} "
+                             f"(reproducible sums on numpy arrays, on symmetric buffers; Open MPI's "
+                             f"default always runs); default: all of them but those two, or with --device gpu "
                              f"{','.join(DEVICE_ALGORITHMS)}")
     parser.add_argument("--device", choices=["cpu", "gpu", "fake-gpu"], default="cpu",
                         help="where the buffers live: numpy (cpu) or CuPy arrays on each rank's GPU")
@@ -188,6 +190,11 @@ def main(argv=None):
             print(f"# Deep Speech 2 table, {'in place' if mode else 'out of place'}: "
                   "gain = Open MPI default time / our time (>1: ours is faster)")
             print(format_gain_table(gain_rows(results, mode), args.wide))
+            exact_rows = reproducible_rows(results, mode)
+            if exact_rows:
+                print(f"# reproducible sums, {'in place' if mode else 'out of place'}: time against our fastest "
+                      "ordinary sum on the same kind of buffers")
+                print(format_reproducible_table(exact_rows))
         if args.output:
             write_results(args.output, results, metadata, memcpy_gbs, failed)
             print(f"# written: {os.path.join(args.output, 'bench.csv')}, {os.path.join(args.output, 'bench.json')}")

@@ -4,7 +4,7 @@ import json
 import os
 from dataclasses import asdict, fields
 
-from .contenders import AUTO_PLAIN, BASELINE, FORCED_PREFIX
+from .contenders import AUTO_PLAIN, BASELINE, FORCED_PREFIX, REPRODUCIBLE, REPRODUCIBLE_SYMMETRIC
 
 __all__ = ["format_field_table", "gain_rows", "format_gain_table", "write_results", "within_noise", "of_bound"]
 
@@ -55,8 +55,9 @@ def gain_rows(results, in_place=False):
         forced = [m for m in here if m.algorithm.startswith(FORCED_PREFIX)]
         ours = [m for m in here if m.algorithm != BASELINE and not m.algorithm.startswith(FORCED_PREFIX)]
         # "mpi" is Open MPI's allreduce behind our wrapper and "auto" picks one of the others:
-        # shown, but not counted as "ours" for the best.
-        hand_written = [m for m in ours if m.algorithm not in ("mpi", "auto", AUTO_PLAIN)] or ours
+        # shown, but not counted as "ours" for the best; nor are reproducible sums (their own table)
+        hand_written = [m for m in ours if m.algorithm not in ("mpi", "auto", AUTO_PLAIN, REPRODUCIBLE,
+                                                                REPRODUCIBLE_SYMMETRIC)] or ours
         best = min(hand_written, key=lambda m: m.time_us)
         best_forced = min(forced, key=lambda m: m.time_us) if forced else None
         auto = next((m for m in ours if m.algorithm == "auto"), None)
