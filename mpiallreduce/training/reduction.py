@@ -58,7 +58,7 @@ class BucketReducer:
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
         self._clean_digest = None  # the digest of a step where every gradient came as planned
         self._symmetric = []  # the fused buffers made symmetric (freed with the plan: free)
-        if one_node and compression is None and not reproducible:
+        if one_node and compression is None:
             for bucket in buckets:
                 if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):
                     self._buffer(bucket, np, symmetric=True)
@@ -138,7 +138,7 @@ class BucketReducer:
         buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
         planned once) and kept. Sums: a mean is divided on the way back (write_back), in the one
         pass that copies each result into its gradient."""
-        from ..api import allreduce, allreduce_async, prepare_at
+        from ..api import prepare_at
         if xp is None:  # a device bucket none of whose gradients came: any device module will do
             import cupy as xp
         last = bucket.index == len(self.buckets) - 1
@@ -163,13 +163,10 @@ class BucketReducer:
                 xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
             if compressed:
                 handle = self._start_compressed(fused, digest, here)
-            elif self.reproducible:
-                handle = (_Done.of(allreduce) if here else allreduce_async)(
-                    fused, algorithm=self.algorithm, comm=self.comm, out=fused, timeout=self.timeout, reproducible=True)
             else:
                 if prepared is None:
                     prepared = prepare_at("", fused, algorithm=self.algorithm, comm=self.comm, out=fused,
-                                          timeout=self.timeout)
+                                          timeout=self.timeout, reproducible=self.reproducible)
                 handle = _Done.of(prepared)() if here else prepared.start()
             self._buffers[bucket.index] = (fused, prepared)
             handles.append((None, handle))
@@ -189,17 +186,15 @@ class BucketReducer:
                 xp.multiply(grad, scale, out=result)
             elif result is not grad:
                 xp.copyto(result, grad)
-            if self.reproducible:
-                handle = (_Done.of(allreduce) if here else allreduce_async)(
-                    result, algorithm=self.algorithm, comm=self.comm, out=result, timeout=self.timeout, reproducible=True)
-            else:  # (prepared once on its result buffer: agreed then; the step's digest says the ranks' calls match)
-                own = self._results[index]
-                prepared = self._direct.get(index)
-                if prepared is None:  # (not persistent: run on other memory as well, the same kind of call)
-                    prepared = self._direct[index] = prepare_at("", own, algorithm=self.algorithm, comm=self.comm,
-                                                                out=own, timeout=self.timeout, persistent=False)
-                on = None if result is own else result
-                handle = _Done.of(prepared._run_on)(on) if here else prepared._start_on(on)
+            # (prepared once on its result buffer: agreed then; the step's digest says the ranks' calls match)
+            own = self._results[index]
+            prepared = self._direct.get(index)
+            if prepared is None:  # (not persistent: run on other memory as well, the same kind of call)
+                prepared = self._direct[index] = prepare_at("", own, algorithm=self.algorithm, comm=self.comm, out=own,
+                                                            timeout=self.timeout, persistent=False,
+                                                            reproducible=self.reproducible)
+            on = None if result is own else result
+            handle = _Done.of(prepared._run_on)(on) if here else prepared._start_on(on)
             if here and index in reduced_in_place and handle.error is None:  # (its mean now, while in cache)
                 self._finish(np, grad, grad, bucket, self.comm.Get_size(), self.op == "mean")
                 finished.add(index)
