@@ -67,11 +67,15 @@ class Ranks:
         self.log.flush()
 
     def clock(self, episode, started):
-        """(rank 0's elapsed seconds, whether the rest of the call was right): an ordinary timed call."""
+        """(rank 0's elapsed seconds, whether the rest of the call was right, what a wrong one gave and
+        should have): an ordinary timed call."""
         x = data(self.world, episode, 8)
         x[0] = time.monotonic() - started if self.comm.Get_rank() == 0 else 0.0
         result = self.mar.allreduce(x, comm=self.comm, timeout=TIMEOUT)
-        return float(result[0]), bool(np.array_equal(result[1:], reference(self.members, episode, 8)[1:]))
+        want = reference(self.members, episode, 8)
+        right = bool(np.array_equal(result[1:], want[1:]))
+        return float(result[0]), right, {} if right else {"got": result.tolist(), "want": want.tolist(),
+                                                          "sent": x.tolist()}
 
     def run(self):
         self.mar.allreduce(np.ones(1), comm=self.comm)  # (first use: the control channel of timed calls)
@@ -79,8 +83,8 @@ class Ranks:
         episode = 0
         while True:
             episode += 1
-            elapsed, clock_right = self.clock(episode, started)
-            self.note(episode=episode, kind="clock", comm=self.members, ok=True, right=clock_right)
+            elapsed, clock_right, wrong = self.clock(episode, started)
+            self.note(episode=episode, kind="clock", comm=self.members, ok=True, right=clock_right, **wrong)
             kind = self.rng.choice(KINDS)
             culprit_index = self.rng.randrange(1, len(self.members))  # (never rank 0 of the communicator)
             if not self.killed and elapsed >= 0.6 * self.seconds and len(self.members) == 4:

@@ -4,7 +4,9 @@ tests/faults/inject.py injects one fault per run and prints what every rank saw;
 program is killed into under ULFM. Each scenario runs for the ring, recursive doubling and `mpi`;
 the three slowest for one of the two hand-written ones and `mpi`.
 """
+import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -168,6 +170,20 @@ def test_under_ulfm_a_rank_killed_before_a_call_or_its_set_up_is_a_rank_failure_
     assert_survivors_named_the_lost_rank_and_went_on(inject(scenario, "ring", extra_flags=FAULT_TOLERANT_FLAGS))
 
 
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="emulated nodes need root and unshare")
+def test_under_ulfm_peers_that_die_inside_mpi_allreduce_never_leave_a_survivor_a_wrong_sum():
+    """2 emulated nodes x 2 ranks, timed 64-byte MPI_Allreduce calls in a row, two ranks ending
+    inside one (tests/faults/inject.py): each survivor's calls were all right until RankFailure.
+    With Open MPI's coll/han, which mpiallreduce launch --fault-tolerant now excludes, survivors
+    got MPI_SUCCESS and a result never written in 2 runs of 3; so three runs."""
+    for _ in range(3):
+        result = run(RANKS, [sys.executable, str(INJECT), "peers_die_mid_call", "mpi"], timeout=LAUNCH_TIMEOUT,
+                     extra_flags=FAULT_TOLERANT_FLAGS, cwd=ROOT, nodes=2)
+        rows = by_rank(results(result.output))
+        assert set(rows) == {1, 2} and all(r["outcome"] == "RankFailure" and r["wrong"] == "0" and int(r["right"]) > 10
+                                           for r in rows.values()), explain(result)
+
+
 @pytest.mark.parametrize("algorithm", RING_AND_MPI)
 def test_under_ulfm_training_goes_on_with_the_survivors_when_a_rank_is_killed(algorithm, tmp_path):
     """Kill one of 4 ranks mid-run: the 3 survivors finish, replicas bitwise identical after every
@@ -215,3 +231,27 @@ def test_under_ulfm_training_goes_on_with_the_survivors_when_a_rank_is_killed(al
     with np.load(params) as got, np.load(reference) as want:
         for name in want.files:
             assert np.allclose(got[name], want[name], rtol=1e-12, atol=1e-14), name
+
+
+def test_the_library_warns_where_ulfm_runs_with_coll_han_across_nodes(monkeypatch):
+    """Under ULFM across nodes, with coll/han not excluded (a launch of the user's own), the first
+    call's set-up warns (mpiallreduce.faults.ulfm.warn_of_han); excluded or chosen away, on one
+    node or without ULFM, it does not."""
+    import warnings
+
+    from mpiallreduce.faults.ulfm import warn_of_han
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "1")
+    cases = [("", True, True), ("^han", True, False), ("^hcoll,han", True, False), ("tuned,basic", True, False),
+             ("han,tuned", True, True), ("", False, False)]
+    for selection, spans_nodes, warned in cases:
+        monkeypatch.setenv("OMPI_MCA_coll", selection)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_of_han(spans_nodes)
+        assert (len(caught) == 1 and "coll ^han" in str(caught[0].message)) == warned, (selection, spans_nodes)
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "0")
+    monkeypatch.setenv("OMPI_MCA_coll", "")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_of_han(True)
+    assert not caught

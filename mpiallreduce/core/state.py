@@ -156,13 +156,13 @@ class CommState:
             extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
             self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
             self.equal_nodes = bool(extremes[0] == -extremes[1])
-        if self.size > 1:
-            # what hierarchical and two_level talk on, made here, in program order (see the docstring)
+        if self.size > 1:  # what hierarchical and two_level talk on, made here, in program order (see the docstring)
             leader_communicator(self.library)
             rail_communicator(self.library)
             node_sizes(self.library)
         # (not under ULFM: a barrier that meets a dead rank fails there with no failed rank known)
-        from ..faults.ulfm import fault_tolerant
+        from ..faults.ulfm import fault_tolerant, warn_of_han
+        warn_of_han(self.spans_nodes)  # (a survivor's call that returns with its result unwritten)
         if self.node_count == 1 and self.size > 1 and self.signature_slots is None and not fault_tolerant():
             from .slots import SignatureSlots
             self.signature_slots = SignatureSlots(self.library)

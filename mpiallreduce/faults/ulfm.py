@@ -14,7 +14,8 @@ from mpi4py import MPI
 
 from .errors import RankFailure, ranks_phrase
 
-__all__ = ["failed_ranks", "failure_of", "caused_by_rank_failure", "survivors", "exit_after_rank_failures"]
+__all__ = ["failed_ranks", "failure_of", "caused_by_rank_failure", "survivors", "exit_after_rank_failures",
+           "fault_tolerant", "warn_of_han"]
 
 
 
@@ -25,8 +26,21 @@ def _failure_classes():
 
 def fault_tolerant():
     """Whether this process runs under ULFM (``mpiexec --with-ft ulfm`` sets mpi_ft_enable)."""
-    import os
     return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "enabled")
+
+
+def warn_of_han(spans_nodes):
+    """A RuntimeWarning where a communicator across nodes runs under ULFM with Open MPI's coll/han
+    not excluded: when a peer dies inside han's MPI_Allreduce, a survivor's call can return success
+    with its result never written (docs/faults.md). ``mpiallreduce launch --fault-tolerant`` excludes it."""
+    selection = os.environ.get("OMPI_MCA_coll", "").replace(" ", "")
+    excluded = selection.startswith("^") and "han" in selection[1:].split(",")
+    chosen = selection and not selection.startswith("^") and "han" not in selection.split(",")
+    if spans_nodes and fault_tolerant() and not (excluded or chosen):
+        import warnings
+        warnings.warn("under ULFM, Open MPI's coll/han can return MPI_SUCCESS with a result never written when "
+                      "a peer dies inside its MPI_Allreduce: launch with `--mca coll ^han` (mpiallreduce launch "
+                      "--fault-tolerant does; docs/faults.md)", RuntimeWarning, stacklevel=2)
 
 
 def failed_ranks(comm):

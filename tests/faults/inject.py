@@ -239,6 +239,29 @@ def killed_before(algorithm, call):
     report(survivors=survivors.Get_size(), right=np.array_equal(result, np.sum([data(r) for r in alive], axis=0)))
 
 
+def peers_die_mid_call(algorithm):
+    """Every rank makes timed 64-byte calls in a row; after 1 s ranks 0 and SIZE - 1 end at once
+    (os._exit from a thread, as the flight recorder's SIGTERM does), inside a call. A survivor's
+    call must end in RankFailure or give the right sum, never another: each reports its count."""
+    comm = WORLD.Dup()
+    mar.allreduce(np.ones(1), comm=comm)
+    if RANK in (0, SIZE - 1):
+        threading.Timer(1.0, lambda: os._exit(0)).start()
+    right = wrong = 0
+    for call in range(1, 1_000_000):
+        x = data(RANK, call)[:8]
+        try:
+            result = mar.allreduce(x, algorithm=algorithm, comm=comm, timeout=TIMEOUT)
+        except mar.RankFailure:
+            report(outcome="RankFailure", right=right, wrong=wrong)
+            return
+        if np.array_equal(result, expected(call)[:8]):
+            right += 1
+        else:
+            wrong += 1
+            print(f"rank {RANK}: call {call} returned {result.tolist()}, not {expected(call)[:8].tolist()}", flush=True)
+
+
 if __name__ == "__main__":
     scenario, algorithm = sys.argv[1], sys.argv[2]
     globals()[scenario](algorithm)
