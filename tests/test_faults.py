@@ -249,9 +249,28 @@ def test_the_library_warns_where_ulfm_runs_with_coll_han_across_nodes(monkeypatc
             warnings.simplefilter("always")
             warn_of_han(spans_nodes)
         assert (len(caught) == 1 and "coll ^han" in str(caught[0].message)) == warned, (selection, spans_nodes)
-    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "0")
     monkeypatch.setenv("OMPI_MCA_coll", "")
+    monkeypatch.setenv("OMPI_MCA_coll_han_priority", "0")  # (han switched off by its priority)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warn_of_han(True)
     assert not caught
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "0")
+    monkeypatch.delenv("OMPI_MCA_coll_han_priority")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_of_han(True)
+    assert not caught
+
+
+def test_launch_fault_tolerant_keeps_the_users_coll_selection_but_for_han():
+    """--fault-tolerant takes coll/han out of the environment's OMPI_MCA_coll, and keeps the rest:
+    an exclusion list grows by han, an inclusion list loses it."""
+    from mpiallreduce.tools.launch import launch_command
+    cases = {"": "^han", "^hcoll": "^hcoll,han", "^hcoll,han": "^hcoll,han", "tuned,basic": "tuned,basic",
+             "han,tuned,basic": "tuned,basic", "han": "^han"}
+    for selection, wanted in cases.items():
+        argv = launch_command(2, ["python", "x.py"], environ={"OMPI_MCA_coll": selection}, fault_tolerant=True)
+        at = [i for i in range(len(argv) - 2) if argv[i] == "--mca" and argv[i + 1] == "coll"]
+        assert len(at) == 1 and argv[at[0] + 2] == wanted, (selection, argv)
+        assert "--with-ft" in argv

@@ -205,3 +205,15 @@ def test_the_one_pass_loop_leaves_inf_and_nan_whole_for_the_numpy_passes(ranks):
             in_place = [row.copy() for row in rows]
             routes.exact_sum_into(in_place, in_place[target], divide_by)
             assert np.array_equal(in_place[target].view(np.uint32), want), (target, divide_by)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5])
+def test_a_read_only_contribution_among_writeable_ones_sums_the_same(ranks):
+    """pairwise_exchange hands this rank's own input (read-only where the user's is) beside its
+    receive buffers: the compiled loops take the mix (numba indexes a tuple of one array type only)."""
+    rows = contributions("float32", 3000, ranks, seed=30 + ranks)
+    want = words_route(rows, 1, "float32").view(np.uint32)
+    mixed = [row.copy() for row in rows]
+    mixed[0].flags.writeable = False
+    got = routes.exact_sum_into(mixed, np.empty(3000, np.float32)).view(np.uint32)
+    assert np.array_equal(got, want)

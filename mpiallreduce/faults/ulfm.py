@@ -36,7 +36,8 @@ def warn_of_han(spans_nodes):
     selection = os.environ.get("OMPI_MCA_coll", "").replace(" ", "")
     excluded = selection.startswith("^") and "han" in selection[1:].split(",")
     chosen = selection and not selection.startswith("^") and "han" not in selection.split(",")
-    if spans_nodes and fault_tolerant() and not (excluded or chosen):
+    off = os.environ.get("OMPI_MCA_coll_han_priority", "").strip() in ("0", "-1")  # (or switched off so)
+    if spans_nodes and fault_tolerant() and not (excluded or chosen or off):
         import warnings
         warnings.warn("under ULFM, Open MPI's coll/han can return MPI_SUCCESS with a result never written when "
                       "a peer dies inside its MPI_Allreduce: launch with `--mca coll ^han` (mpiallreduce launch "

@@ -53,6 +53,8 @@ def exact_sum_into(contributions, out, divide_by=1):
         if len(contributions) == 2 and divide_by == 1:
             kernels.pair_sum_f32(contributions[0], contributions[1], out.view(np.uint32))
             return out
+        if not all(c.flags.writeable for c in contributions):  # (numba indexes a tuple of one array type only)
+            contributions = [_read_only(c) for c in contributions]
         values = tuple(contributions)
         bits = tuple(c.view(np.uint32) for c in contributions)
         if len(values) <= kernels.FUSED_MOST_CONTRIBUTIONS:
@@ -73,6 +75,12 @@ def exact_sum_into(contributions, out, divide_by=1):
         stop = min(start + BLOCK, out.size)
         _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
     return out
+
+
+def _read_only(array):
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def _exact_sum_block(contributions, out, fmt, divide_by):

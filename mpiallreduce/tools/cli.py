@@ -81,7 +81,8 @@ def _launch(argv):
     if not args.grace >= 0:
         parser.error(f"--grace {args.grace}: give a number of seconds, 0 or more")
     from ..faults.aborting import ABORT_ENV
-    from .launch import FAULT_TOLERANT_FLAGS, launch_command, launch_environment, run
+    from .fault_tolerant import fault_tolerant_flags
+    from .launch import launch_command, launch_environment, run
     # One rank's uncaught exception (with its traceback) or sys.exit(n), n nonzero, ends the job with
     # status 1 or n (in programs that import mpiallreduce; faults/aborting.py), rather than leaving
     # the others waiting for it, unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
@@ -95,7 +96,7 @@ def _launch(argv):
     # seconds to checkpoint (mpiallreduce.tools.ranks), and the ranks' exit status is the launcher's
     nranks = args.ranks if args.ranks is not None else int(argv[argv.index("-n") + 1])
     result = run(nranks, command, timeout=args.timeout, capture=False, env=env, forward_signals=True,
-                 extra_flags=FAULT_TOLERANT_FLAGS if args.fault_tolerant else (), nodes=args.nodes, grace=args.grace,
+                 extra_flags=fault_tolerant_flags() if args.fault_tolerant else (), nodes=args.nodes, grace=args.grace,
                  mpi_notices=args.mpi_notices)
     if result.timed_out:
         print(f"mpiallreduce launch: {result.killed}", file=sys.stderr)

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .fault_tolerant import FAULT_TOLERANT_FLAGS, fault_tolerant_flags
 from .notices import NoticeFilter, filter_text, pump
 from .ranks import GracefulStop, kill_group
 
 __all__ = ["find_mpiexec", "mpiexec_command", "srun_command", "choose_launcher", "launch_command",
            "launch_environment", "start", "kill", "run", "LaunchResult", "emulated_nodes_flags",
-           "ranks_per_emulated_node"]
+           "ranks_per_emulated_node", "FAULT_TOLERANT_FLAGS"]
 
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 # One-sided windows: the PyPI Open MPI's UCX component complains when a window is made and no UCX
@@ -59,16 +60,6 @@ def find_mpiexec():
 
 
 SRUN_FLAGS = ("--mpi=pmix", "--kill-on-bad-exit=1")
-#: mpiexec flags for ULFM: a rank's death becomes an error the survivors can handle, not the job's end.
-#: Without "put" in the TCP BTL's flags: Open MPI 5.0.x's btl/tcp deadlocks a survivor that finds the
-#: dead peer while sending it a large message (mca_btl_tcp_frag_send -> endpoint_close -> ob1's error
-#: path -> mca_pml_ob1_send_fin -> mca_btl_tcp_endpoint_send, which locks the endpoint's mutex it
-#: holds already; seen in gdb here, in 3 of 10 runs across 2 emulated nodes, issue #29). Without
-#: put, large messages over TCP go by send/receive, which sends no FIN: 20 runs of 20 went on.
-#: And without coll/han: a peer dying inside its MPI_Allreduce can leave a survivor MPI_SUCCESS and a
-#: result never written (2 runs of 3; with tuned 0 of 8: tests/faults/inject.py peers_die_mid_call).
-FAULT_TOLERANT_FLAGS = ("--with-ft", "ulfm", "--mca", "btl_tcp_flags", "send,inplace,need-ack,need-csum",
-                        "--mca", "coll", "^han")
 #: "srun", "mpiexec" or "auto" (srun inside a Slurm allocation, else mpiexec)
 LAUNCHER_ENV = "MPIALLREDUCE_LAUNCHER"
 
@@ -166,7 +157,7 @@ def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=No
         nranks = int(env.get("SLURM_NTASKS", "0")) or None
         if nranks is None:
             raise ValueError("how many ranks? give -n (outside Slurm there is no task count to take)")
-    return mpiexec_command(nranks, command, FAULT_TOLERANT_FLAGS if fault_tolerant else (), nodes)
+    return mpiexec_command(nranks, command, fault_tolerant_flags(env) if fault_tolerant else (), nodes)
 
 
 def launch_environment(base=None):

@@ -153,11 +153,10 @@ PERSISTENT = FORCED_PREFIX + "persistent"
 
 
 def _ours(algorithm, op, memory):
-    if algorithm == AUTO_PLAIN or isinstance(memory, DeviceMemory):
-        name = "auto" if algorithm == AUTO_PLAIN else algorithm
-        return lambda send, out, comm: allreduce(send, op=op, algorithm=name, comm=comm, out=out)
     exact = algorithm == REPRODUCIBLE
-    name = "auto" if exact else algorithm
+    name = "auto" if exact or algorithm == AUTO_PLAIN else algorithm
+    if algorithm == AUTO_PLAIN or isinstance(memory, DeviceMemory):  # (plain calls: device arrays run no prepared call)
+        return lambda send, out, comm: allreduce(send, op=op, algorithm=name, comm=comm, out=out, reproducible=exact)
     return Prepared(lambda send, out, comm: prepare(send, op=op, algorithm=name, comm=comm, out=out,
                                                     reproducible=exact).run)
 

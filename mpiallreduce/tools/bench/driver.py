@@ -70,7 +70,7 @@ def _checked_arguments(parser, args):
     if args.algorithms is None:
         algorithms = list(known)  # (the reproducible sum only when asked for)
     else:
-        known += [REPRODUCIBLE, REPRODUCIBLE_SYMMETRIC]
+        known += [REPRODUCIBLE] + ([REPRODUCIBLE_SYMMETRIC] if args.device == "cpu" else [])  # (symmetric: host memory)
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         for name in algorithms:
             if name not in known:
