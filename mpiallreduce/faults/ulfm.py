@@ -12,6 +12,7 @@ import sys
 
 from mpi4py import MPI
 
+from .coll_han import han_selectable
 from .errors import RankFailure, ranks_phrase
 
 __all__ = ["failed_ranks", "failure_of", "caused_by_rank_failure", "survivors", "exit_after_rank_failures",
@@ -31,13 +32,10 @@ def fault_tolerant():
 
 def warn_of_han(spans_nodes):
     """A RuntimeWarning where a communicator across nodes runs under ULFM with Open MPI's coll/han
-    not excluded: when a peer dies inside han's MPI_Allreduce, a survivor's call can return success
-    with its result never written (docs/faults.md). ``mpiallreduce launch --fault-tolerant`` excludes it."""
-    selection = os.environ.get("OMPI_MCA_coll", "").replace(" ", "")
-    excluded = selection.startswith("^") and "han" in selection[1:].split(",")
-    chosen = selection and not selection.startswith("^") and "han" not in selection.split(",")
-    off = os.environ.get("OMPI_MCA_coll_han_priority", "").strip() in ("0", "-1")  # (or switched off so)
-    if spans_nodes and fault_tolerant() and not (excluded or chosen or off):
+    selectable (OMPI_MCA_coll, and its priority not 0): when a peer dies inside han's MPI_Allreduce,
+    a survivor's call can return success with its result never written (docs/faults.md).
+    ``mpiallreduce launch --fault-tolerant`` takes it out (``without_han``)."""
+    if spans_nodes and fault_tolerant() and han_selectable(os.environ):
         import warnings
         warnings.warn("under ULFM, Open MPI's coll/han can return MPI_SUCCESS with a result never written when "
                       "a peer dies inside its MPI_Allreduce: launch with `--mca coll ^han` (mpiallreduce launch "

@@ -12,21 +12,15 @@
                                    survivor MPI_SUCCESS and a result never written (2 runs of 3; with
                                    tuned 0 of 8: tests/faults/inject.py peers_die_mid_call). The
                                    user's own OMPI_MCA_coll is kept, han taken out of it
+                                   (mpiallreduce.faults.coll_han.without_han)
 """
 import os
 
-__all__ = ["FAULT_TOLERANT_FLAGS", "fault_tolerant_flags", "without_han"]
+from ..faults.coll_han import without_han
+
+__all__ = ["FAULT_TOLERANT_FLAGS", "fault_tolerant_flags"]
 
 _ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "btl_tcp_flags", "send,inplace,need-ack,need-csum")
-
-
-def without_han(selection):
-    """An OMPI_MCA_coll value that selects what ``selection`` does, but never coll/han."""
-    names = [name for name in selection.replace(" ", "").lstrip("^").split(",") if name]
-    if selection.strip().startswith("^") or not names:
-        return "^" + ",".join([name for name in names if name != "han"] + ["han"])
-    kept = [name for name in names if name != "han"]
-    return ",".join(kept) if kept else "^han"
 
 
 def fault_tolerant_flags(environ=None):
