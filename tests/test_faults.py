@@ -175,12 +175,13 @@ def test_under_ulfm_peers_that_die_inside_mpi_allreduce_never_leave_a_survivor_a
     """2 emulated nodes x 2 ranks, timed 64-byte MPI_Allreduce calls in a row, two ranks ending
     inside one (tests/faults/inject.py): each survivor's calls were all right until RankFailure.
     With Open MPI's coll/han, which mpiallreduce launch --fault-tolerant now excludes, survivors
-    got MPI_SUCCESS and a result never written in 2 runs of 3; so three runs."""
-    for _ in range(3):
+    got MPI_SUCCESS and a result never written in about half the runs; so five runs."""
+    for _ in range(5):
         result = run(RANKS, [sys.executable, str(INJECT), "peers_die_mid_call", "mpi"], timeout=LAUNCH_TIMEOUT,
                      extra_flags=FAULT_TOLERANT_FLAGS, cwd=ROOT, nodes=2)
         rows = by_rank(results(result.output))
-        assert set(rows) == {1, 2} and all(r["outcome"] in ("RankFailure", "AllreduceTimeout") and r["wrong"] == "0"
+        # (ranks 0 and 3 end on a timer: one of them may see the other's end first, and report too)
+        assert {1, 2} <= set(rows) and all(r["outcome"] in ("RankFailure", "AllreduceTimeout") and r["wrong"] == "0"
                                            and int(r["right"]) > 10 for r in rows.values()), explain(result)
 
 
