@@ -130,6 +130,13 @@ def test_ranks_whose_gradient_sync_options_differ_are_refused_on_every_rank(comm
     last = comm.Get_rank() == comm.Get_size() - 1
     with pytest.raises(ValueError, match=r"options differ:\n  bucket_bytes differs: 1000 on ranks? 0.*; 2000 on rank"):
         mar.GradientSync(comm=comm, parameters=[np.zeros(4)], bucket_bytes=2000 if last else 1000)
+    # (reproducible buckets are prepared calls on symmetric buffers too: refused before either is made)
+    with pytest.raises(ValueError, match=r"options differ:\n  reproducible differs: False on ranks? 0.*; True on rank"):
+        mar.GradientSync(comm=comm, parameters=[np.zeros(20_000, np.float32)], reproducible=last)
+    sync = mar.GradientSync(comm=comm, parameters=[np.zeros(20_000, np.float32)], reproducible=True)
+    grad = np.full(20_000, comm.Get_rank() + 1.0, np.float32)
+    sync.synchronize([grad])
+    assert (grad == (comm.Get_size() + 1) / 2).all()  # (the mean of 1 .. size; and nothing left in flight)
 
 
 def test_broadcast_parameters_and_check_replicas(comm):
