@@ -275,3 +275,36 @@ def test_launch_fault_tolerant_keeps_the_users_coll_selection_but_for_han():
         at = [i for i in range(len(argv) - 2) if argv[i] == "--mca" and argv[i + 1] == "coll"]
         assert len(at) == 1 and argv[at[0] + 2] == wanted, (selection, argv)
         assert "--with-ft" in argv
+
+
+def test_a_dead_ranks_missing_bytes_unpickled_are_a_rank_failure_under_ulfm(monkeypatch):
+    """mpi4py's pickled collectives (a mismatch's descriptions, the library's agreements) can get
+    success and zeros where a rank died mid-collective (seen at the soak's SIGTERM): under ULFM,
+    once the failed rank is known, the UnpicklingError or EOFError is a RankFailure naming it;
+    without ULFM, or with no rank known dead, it stays what it is; other errors are never one."""
+    import pickle
+
+    from mpiallreduce.faults import RankFailure, ulfm
+
+    class Revoked:  # (a communicator revoked already, of 4 ranks: no MPI call made here)
+        def Is_revoked(self):
+            return True
+
+        def Get_rank(self):
+            return 0
+
+        def Get_size(self):
+            return 4
+    comm = Revoked()
+    monkeypatch.setattr(ulfm, "_lost", lambda comm, others: (2,))
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "1")
+    for error in (pickle.UnpicklingError("invalid load key, '\\x00'."), EOFError("Ran out of input")):
+        failure = ulfm.failure_of(error, comm, 7)
+        assert isinstance(failure, RankFailure) and failure.failed_ranks == (2,) and "#7" in str(failure), failure
+        assert ulfm.caused_by_rank_failure(error, comm)
+    assert ulfm.failure_of(ValueError("shape differs"), comm) is None
+    monkeypatch.setattr(ulfm, "_lost", lambda comm, others: ())
+    assert ulfm.failure_of(pickle.UnpicklingError("x"), comm) is None
+    monkeypatch.setattr(ulfm, "_lost", lambda comm, others: (2,))
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "0")
+    assert ulfm.failure_of(pickle.UnpicklingError("x"), comm) is None

@@ -8,6 +8,7 @@ MPI_ERR_REVOKED) and every survivor raises ``RankFailure`` naming the lost ranks
 Without ULFM, mpiexec (or ``srun --kill-on-bad-exit``) ends the job when a rank dies, naming it.
 """
 import os
+import pickle
 import sys
 
 from mpi4py import MPI
@@ -59,6 +60,8 @@ def failed_ranks(comm):
 #: rank before it is taken for what it says (a collective's schedule that met the dead peer fails
 #: with MPI_ERR_INTERN, sometimes before the failure detector has told this process)
 LEARN_OF_FAILURE_SECONDS = 2.0
+#: what unpickling a dead rank's never-written bytes raises (its gathered bytes left as zeros)
+MISSING_BYTES = (pickle.UnpicklingError, EOFError)
 
 
 def _learns_of_failed_ranks(comm, others):
@@ -73,11 +76,17 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
 
     An MPI error of another class (an internal error of a non-blocking schedule that met the dead
     peer, say) counts too when this process knows of failed ranks in ``comm``, or comes to know
-    within LEARN_OF_FAILURE_SECONDS under ULFM.
+    within LEARN_OF_FAILURE_SECONDS under ULFM; and so, under ULFM, does MISSING_BYTES: mpi4py's
+    pickled collectives (the library's agreements, a mismatch's descriptions) unpickling what a rank
+    that died mid-collective never sent, where Open MPI returned success (seen at the soak's SIGTERM).
     """
-    if not isinstance(error, MPI.Exception):
-        return None
-    if (error.Get_error_class() not in _failure_classes() and not _learns_of_failed_ranks(comm, also_revoke)):
+    if isinstance(error, MPI.Exception):
+        if error.Get_error_class() not in _failure_classes() and not _learns_of_failed_ranks(comm, also_revoke):
+            return None
+        cause = error.Get_error_string()
+    elif isinstance(error, MISSING_BYTES) and fault_tolerant() and _learns_of_failed_ranks(comm, also_revoke):
+        cause = f"{type(error).__name__}: {error}, from bytes the dead rank never sent"
+    else:
         return None
     for c in (comm, *also_revoke):
         try:
@@ -90,7 +99,7 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
     what = f"{ranks_phrase(lost)} of {comm.Get_size()} failed" if lost else "a rank failed"
     call = "allreduce call" if sequence is None else f"allreduce call #{sequence}"  # (None: before it is numbered)
     return RankFailure(f"rank {rank}: {call}: {what} during the call "
-                       f"({error.Get_error_string()}); recover with mpiallreduce.survivors(comm)",
+                       f"({cause}); recover with mpiallreduce.survivors(comm)",
                        failed_ranks=lost, sequence=sequence)
 
 
@@ -116,12 +125,11 @@ def _lost(comm, others):
 
 def caused_by_rank_failure(error, comm):
     """Whether ``error``, raised during a collective on ``comm``, comes from a rank's death: a
-    RankFailure, an MPI error that failure_of recognizes, or, under ULFM, any other exception
-    (mpi4py's pickled collectives can unpickle a dead rank's missing bytes: UnpicklingError) once
-    this process learns of a failed rank in ``comm``."""
+    RankFailure, an error that failure_of recognizes, or, under ULFM, any other exception once this
+    process learns of a failed rank in ``comm``."""
     if isinstance(error, RankFailure):
         return True
-    if isinstance(error, MPI.Exception):
+    if isinstance(error, (MPI.Exception, *MISSING_BYTES)):
         return failure_of(error, comm) is not None
     return fault_tolerant() and _learns_of_failed_ranks(comm, ())
 

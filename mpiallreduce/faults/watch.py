@@ -153,11 +153,11 @@ class PeerWatch:
 
 def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):
     """``set_up()``: collectives of a call before its run (the library's duplicate of ``comm``, the
-    ranks' agreement). An MPI error it raises because a rank of ``comm`` died is raised as
-    RankFailure (faults.ulfm), as in a run; any other as it is."""
+    ranks' agreement). An error it raises because a rank of ``comm`` died is raised as RankFailure
+    (faults.ulfm.failure_of), as in a run; any other as it is."""
     try:
         return set_up()
-    except MPI.Exception as error:
+    except Exception as error:  # (an MPI error, or what a dead rank's missing bytes unpickle to: failure_of)
         from .ulfm import failure_of
         failure = failure_of(error, comm, sequence, also_revoke=also_revoke)
         if failure is None:
