@@ -105,6 +105,7 @@ class Ranks:
             if kind in ORDINARY:  # (nothing was injected: where it came from, for whoever reads the events)
                 outcome["traceback"] = traceback.format_exc()[-3000:]
             if isinstance(error, mar.RankFailure):  # (go on with the survivors)
+                outcome["failed"] = [int(r) for r in error.failed_ranks]
                 from mpiallreduce.faults.recorder import world_ranks
                 self.comm = mar.survivors(comm)
                 self.members, self.killed = list(world_ranks(self.comm)), True
