@@ -158,6 +158,31 @@ def test_prepared_calls_of_mpi_below_4_KiB_on_one_node_are_persistent_requests_e
                          "mpi").persistent  # (across nodes the blocking call wins there)
 
 
+def test_an_in_place_mean_takes_the_out_of_place_rule_where_that_one_divides_as_it_reduces():
+    """MPI's own allreduce leaves a mean's division to a pass over the whole result; the algorithms
+    that finish slices divide each slice where it was reduced (1/p of it per rank). So where the
+    in-place rule says mpi and the out-of-place one an algorithm that finishes slices, an in-place
+    mean runs the latter; a sum, a float16 mean (accumulated apart) and other ops keep the rule."""
+    import numpy as np
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.planner import CallFacts, plan_call
+    f32, f16, two = np.dtype(np.float32), np.dtype(np.float16), CallFacts(size=2)
+    table = {"by_ranks": {"2": [{"up_to_bytes": 1000, "algorithm": "recursive_doubling"},
+                                {"up_to_bytes": None, "algorithm": "ring_pipelined"}]},
+             "by_ranks_in_place": {"2": [{"up_to_bytes": None, "algorithm": "mpi"}]}}
+    try:
+        tuning.set_tuning_table(table)
+        assert plan_call(two, False, f32, 4000, "sum", "auto", True).name == "mpi"
+        assert plan_call(two, False, f32, 4000, "max", "auto", True).name == "mpi"
+        mean = plan_call(two, False, f32, 4000, "mean", "auto", True)
+        assert mean.name == "ring_pipelined" and "divides" in mean.reason and mean.in_place
+        assert plan_call(two, False, f32, 1000, "mean", "auto", True).name == "mpi"  # (recursive_doubling: no)
+        assert plan_call(two, False, f16, 4000, "mean", "auto", True).name == "mpi"
+        assert plan_call(two, False, f32, 4000, "mean", "mpi", True).name == "mpi"  # (asked for by name)
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
 def test_auto_on_device_arrays_follows_the_device_table_and_says_when_it_guesses():
     import numpy as np
     from mpiallreduce.core import tuning

@@ -53,6 +53,11 @@ class Algorithm:
     #: True when ``execute`` takes ``inner=``: the planner's plan for the ranks it runs across nodes
     #: with (one per node: hierarchical's leaders, two_level's rails)
     takes_inner_plan = False
+    #: True when ``execute`` takes ``finish=``: what remains of the op once a slice holds its full
+    #: reduction (a mean's division), applied by the one rank that reduced the slice, before the
+    #: slice is sent on or copied out: each element once, 1/p of the buffer per rank instead of all
+    #: of it, the same bits (the executor passes it only where there is something to finish)
+    finishes_slices = False
     #: True when it runs only on symmetric buffers (mpiallreduce.core.symmetric): ``execute`` takes
     #: ``peers=``, the call's Placement, and the planner picks it only where the arrays are symmetric
     needs_symmetric = False

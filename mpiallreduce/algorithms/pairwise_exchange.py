@@ -7,6 +7,7 @@ The buffer is cut into p slices s0..s(p-1). p = 3 (x_q: rank q's input):
             slice r of every other rank's input (all messages posted at once)
               rank 0: x1[s0], x2[s0] in      rank 1: x0[s1], x2[s1] in     rank 2: x0[s2], x1[s2] in
     step 2  rank r reduces slice r from the p contributions in rank order: x0[sr] + x1[sr] + x2[sr]
+            (a mean: and divides it, by p)
     step 3  allgather: rank r sends its reduced slice to every rank q != r and receives theirs
 
 Steps 1 and 2 go by segments of MPIALLREDUCE_RING_SEGMENT_BYTES (1 MiB) of each slice, two in
@@ -45,12 +46,13 @@ class PairwiseExchangeAllreduce(Algorithm):
     memory = "host"
     messages_only = True
     sees_every_contribution = True
+    finishes_slices = True
 
     def plan(self, size, rank, count):
         return PairwiseExchangePlan(rank=rank, slices=slices_plan(size, count).slices,
                                     peers=tuple((rank + k) % size for k in range(1, size)))
 
-    def execute(self, plan, comm, send, recv, op, datatype):
+    def execute(self, plan, comm, send, recv, op, datatype, finish=None):
         source = recv if send is None else send
         size, rank = len(plan.slices), plan.rank
         a, b = plan.slices[rank]
@@ -92,6 +94,8 @@ class PairwiseExchangeAllreduce(Algorithm):
                 else:
                     pieces[rank] = source[lo:hi]
                 reduce_in_rank_order_into(op, pieces, out=recv[lo:hi])
+                if finish is not None:  # (a mean's division, on the segment just reduced)
+                    finish(recv[lo:hi])
             in_flight = following
 
         # Step 3: every reduced slice to every rank, segment by segment

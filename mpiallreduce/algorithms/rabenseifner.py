@@ -40,6 +40,7 @@ class RabenseifnerPlan:
 
 class RabenseifnerAllreduce(Algorithm):
     name = "rabenseifner"
+    finishes_slices = True
     blocking_messages_only = True
     messages_only = True
 
@@ -73,7 +74,7 @@ class RabenseifnerAllreduce(Algorithm):
         largest = max((stop - start for _, _, (start, stop) in reduce_scatter), default=0)
         return RabenseifnerPlan(fold, tuple(reduce_scatter), tuple(allgather), largest)
 
-    def execute(self, plan, comm, send, recv, op, datatype):
+    def execute(self, plan, comm, send, recv, op, datatype, finish=None):
         folding = plan.fold.fold_from is not None or plan.fold.fold_into is not None
         if send is not None and folding:
             copy_into(recv, send)
@@ -96,6 +97,8 @@ class RabenseifnerAllreduce(Algorithm):
             else:
                 op.reduce_local(source[k0:k1], incoming[:k1 - k0], out=recv[k0:k1])
             source = recv
+        if finish is not None and plan.reduce_scatter_steps:  # (a mean's division, on the block it kept last)
+            finish(recv[k0:k1])
 
         # Allgather (recursive doubling)
         for partner, (s0, s1), (r0, r1) in plan.allgather_steps:

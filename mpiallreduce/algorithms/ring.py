@@ -54,6 +54,7 @@ class RingPlan:
 
 class RingAllreduce(Algorithm):
     name = "ring"
+    finishes_slices = True
     blocking_messages_only = True
     messages_only = True
 
@@ -69,7 +70,7 @@ class RingAllreduce(Algorithm):
             allgather_steps=tuple(((rank + 1 - s) % size, (rank - s) % size) for s in range(size - 1)),
         )
 
-    def execute(self, plan, comm, send, recv, op, datatype):
+    def execute(self, plan, comm, send, recv, op, datatype, finish=None):
         # No copy of the input into recv first: step 0 sends from the input and every reduction
         # writes input (op) incoming into recv; chunks this rank never reduces arrive in the allgather.
         source = recv if send is None else send
@@ -84,6 +85,8 @@ class RingAllreduce(Algorithm):
             comm.Sendrecv([outgoing, datatype], plan.right, REDUCE_SCATTER_TAG,
                           [incoming[:r1 - r0], datatype], plan.left, REDUCE_SCATTER_TAG)
             op.reduce_local(source[r0:r1], incoming[:r1 - r0], out=recv[r0:r1])
+        if finish is not None and plan.reduce_scatter_steps:  # (a mean's division, on this rank's chunk)
+            finish(recv[r0:r1])
 
         ring_allgather(plan, comm, recv, datatype)
 

@@ -31,7 +31,7 @@ class PipelinedRingAllreduce(RingAllreduce):
     def segment_bytes(self):
         return settings().ring_segment_bytes
 
-    def execute(self, plan, comm, send, recv, op, datatype):
+    def execute(self, plan, comm, send, recv, op, datatype, finish=None):
         source = recv if send is None else send
         bounds = chunk_bounds(plan)
         segment = max(1, self.segment_bytes // recv.dtype.itemsize)
@@ -39,6 +39,7 @@ class PipelinedRingAllreduce(RingAllreduce):
                    scratch("ring_pipelined.b", segment, recv.dtype, like=recv))
 
         # Reduce-scatter, segment by segment, the next segment in flight while one is reduced
+        last = len(plan.reduce_scatter_steps) - 1  # (the step that completes this rank's chunk)
         for step, (send_chunk, reduce_chunk) in enumerate(plan.reduce_scatter_steps):
             s0, s1 = bounds[send_chunk]
             r0, r1 = bounds[reduce_chunk]
@@ -67,6 +68,8 @@ class PipelinedRingAllreduce(RingAllreduce):
                 if k < len(recv_segments):
                     c, d = recv_segments[k]
                     op.reduce_local(source[c:d], buffers[k % 2][:d - c], out=recv[c:d])
+                    if finish is not None and step == last:  # (a mean's division, on a segment of this rank's chunk)
+                        finish(recv[c:d])
                 in_flight = following
 
         # Allgather, segment by segment (a segment a step: nothing to overlap)

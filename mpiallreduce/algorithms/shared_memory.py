@@ -68,6 +68,7 @@ def shared_window(comm, nbytes):
 
 class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     name = "shared_memory"
+    finishes_slices = True
     memory = "host"
     across_nodes = "hierarchical"
 
@@ -84,7 +85,7 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     def set_up(self, comm, nbytes):
         shared_window(comm, nbytes)
 
-    def execute(self, plan, comm, send, recv, op, datatype, signature=None):
+    def execute(self, plan, comm, send, recv, op, datatype, signature=None, finish=None):
         """``signature``: the call's signature comparison when the plan says this algorithm carries
         it (mpiallreduce.core.executor: published with the input, compared in place of the barrier)."""
         window = cached(comm, "shared_window", lambda: None)
@@ -113,6 +114,8 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
         a, b = plan.slices[rank]
         mine = recv[a:b]
         reduce_in_rank_order_into(op, [segment[a:b] for segment in segments], out=mine)
+        if finish is not None:  # (a mean's division, before it is published)
+            finish(mine)
         segments[rank][a:b] = mine
         window.fence(comm)
 

@@ -30,6 +30,7 @@ CHUNK_BYTES = 256 << 10
 
 class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
     name = "single_copy"
+    finishes_slices = True
     memory = "host"
     across_nodes = "hierarchical"
     uses_point_to_point = False
@@ -40,7 +41,7 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
     #: each slice is reduced from every rank's input at once (a reproducible sum's direct route)
     sees_every_contribution = True
 
-    def execute(self, plan, comm, send, recv, op, datatype, signature=None, peers=None):
+    def execute(self, plan, comm, send, recv, op, datatype, signature=None, peers=None, finish=None):
         if peers is None:
             raise ValueError("single_copy runs on symmetric buffers only (mpiallreduce.empty/zeros, the same "
                              "place on every rank); these arrays are not")
@@ -68,6 +69,8 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
             stop = min(b, start + step)
             target = chunk_buffer[:stop - start] if through_scratch else mine[start:stop]
             reduce_in_rank_order_into(op, [x[start:stop] for x in inputs], out=target)
+            if finish is not None:  # (a mean's division, before the copies)
+                finish(target)
             if through_scratch:
                 mine[start:stop] = target
             for out in others:

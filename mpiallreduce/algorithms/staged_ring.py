@@ -54,6 +54,7 @@ def event_on(xp, stream):
 
 class StagedRingAllreduce(RingAllreduce):
     name = "staged_ring"
+    finishes_slices = False  # (its execute on device memory takes no finish)
     memory = "device"
     device_path = "staged pipeline"
     blocking_messages_only = False

@@ -11,6 +11,7 @@
                                           only, and hierarchical's and two_level's inner plan), via
                                           the device path, widened to the accumulation dtype, or
                                           the reproducible sum's words route; then a mean's division
+                                          (by each slice's owner, if the algorithm finishes_slices)
 
 The only place that runs a plan, translates an MPI error (a dead rank becomes RankFailure, a
 truncated message a ValueError) and masks floating-point errors (np.errstate, as MPI's own
@@ -161,9 +162,12 @@ class Execution:
             self._algorithm(comm, None, wide, buffers.mpi_datatype(plan.accumulate), xp, options, op.widened_op())
             op.finish(wide, size)
             op.narrow(wide, recv)
-        else:
-            self._algorithm(comm, send, recv, self.datatype, xp, options, op)
-            op.finish(recv, size)
+        else:  # (a mean's division: by each slice's owner where the algorithm finishes_slices, else after)
+            sliced = plan.algorithm.finishes_slices and op.divide_by_size and size != 1 and xp is None
+            self._algorithm(comm, send, recv, self.datatype, xp, dict(options, finish=lambda v: op.finish(v, size))
+                            if sliced else options, op)
+            if not sliced:
+                op.finish(recv, size)
 
     def _algorithm(self, comm, send, recv, datatype, xp, options, op):
         if xp is None:

@@ -16,7 +16,7 @@ Rules, in order:
   not float16/bfloat16: ``auto`` runs ``single_copy`` from SINGLE_COPY_FROM (each rank reads its
   peers' inputs where they lie and writes every output once); asked for on other arrays, refused;
 - ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count, its
-  in-place rules for an in-place call (``out=x``);
+  in-place rules for an in-place call (``out=x``), but a mean's out-of-place one where it divides as it reduces;
 - ``auto``, numpy arrays, several nodes: ``hierarchical``, whose node leaders run the table's choice
   for their count among the algorithms that work across nodes;
 - ``auto``, device arrays: the tuning table's device section, by size on one node (``mpi`` below
@@ -63,17 +63,13 @@ NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_on
                     | {name for name, a in REGISTRY.items() if a.takes_inner_plan})
 _LOW_PRECISION = ("float16", "bfloat16")
 #: a reproducible sum's direct route on one node runs shared_memory below this size, pairwise_exchange
-#: from it: `mpiallreduce launch -n 2 (and 4) -- python benchmarks/reproducible_cost.py --direct-sizes
-#: 4K,64K,1M,4M,16M` (medians of interleaved calls of both; two runs, 2026-12-01): shared_memory
-#: took 0.59-0.92x pairwise_exchange's time up to 1 MiB, 0.95-1.04x at 4 MiB, 1.07-1.40x at 16 MiB
+#: from it: `launch -n 2 (and 4) -- python benchmarks/reproducible_cost.py --direct-sizes 4K,64K,1M,4M,16M`
+#: (2 runs, 2026-12-01): shared_memory 0.59-0.92x pairwise_exchange's time to 1 MiB, 1.07-1.40x at 16 MiB
 REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
 #: a prepared call below this size that runs MPI's own allreduce binds it once as a persistent request
-#: (MPI_Allreduce_init, then Start + Wait each run) on one node. Open MPI 5, 2 ranks, persistent /
-#: blocking: one node (`make bench` at cb69270), 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB,
-#: 1.1-1.3x at 8 KiB, 0.9-1.1x at 16 KiB, 1.2-1.7x from 32 KiB (an earlier run sampled 4 B, 1 KiB,
-#: 16 KiB and 64 KiB only, and set 64 KiB); 2 emulated nodes (`bench --sizes 4,1K,2K,4K,8K,16K,32K,64K
-#: --algorithms mpi`), 1.30-1.37x up to 2 KiB, 0.77x at 4 KiB, 1.31x at 8 KiB, 0.82x at 16 KiB,
-#: 0.97-1.01x at 32 KiB, 1.95x at 64 KiB (blocking is han there, uneven): never across nodes
+#: (MPI_Allreduce_init; Start + Wait each run) on one node. Open MPI 5, 2 ranks, persistent / blocking
+#: (`make bench` at cb69270): 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; 2 emulated
+#: nodes (`bench --sizes 4,1K,2K,4K,8K,16K,32K,64K --algorithms mpi`): 0.77-1.95x, uneven: never there
 PERSISTENT_BELOW = 4 << 10
 #: ``auto`` runs single_copy on symmetric buffers from this size (below: the table's choice): `mpiallreduce
 #: bench --sizes 4,64K,1M,16M`, 2 ranks, 2026-12-02: single_copy (prepared) 17.6 us at 4 B against Open
@@ -258,8 +254,12 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
             reason = (f"numpy arrays across {facts.node_count} nodes" +
                       ("" if measured is None else f" ({measured}, the table's choice, needs equal nodes)"))
     else:
-        chosen = REGISTRY[choose_name(nbytes, facts.size, REGISTRY, in_place)]
+        name, elsewhere = choose_name(nbytes, facts.size, REGISTRY, in_place), choose_name(nbytes, facts.size, REGISTRY)
         reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes" + (" in place" if in_place else "")
+        if (op_name == "mean" and not low_precision and not REGISTRY[name].finishes_slices  # (its division: a pass)
+                and REGISTRY[elsewhere].finishes_slices):
+            name, reason = elsewhere, reason + "; a mean: the out-of-place rule's, which divides slices as it reduces"
+        chosen = REGISTRY[name]
     if chosen.takes_inner_plan and facts.node_count > 1:  # (hierarchical's leaders, two_level's rails)
         leaders = CallFacts(size=facts.node_count, spans_nodes=True, node_count=facts.node_count,
                             signature_min_bytes=-1)

@@ -4,11 +4,12 @@ Each bucket's small gradients are copied into its fused buffer (the last bucket'
 step's digest, mpiallreduce.buckets) and reduced there; each large one (DIRECT_MIN_BYTES or more,
 already in its accumulation dtype) is copied into a result buffer of its own, kept from step to
 step (times ``prescale``, if given), and reduced there, in place (every call of a step is in
-place, on every rank: in-place calls have plans of their own, mpiallreduce.core.tuning). No
+place, on every rank: in-place calls have plans of their own, mpiallreduce.core.tuning), by a call
+of the mean itself (divided slice by slice where the algorithm finishes slices). No
 gradient a caller gave is written before ``write_back``, which GradientSync calls only once every
 bucket is done and every rank agreed: a step that fails (the ranks' gradients differ, a timeout, a
 lost rank) leaves every gradient as it was. The price: two copies of each
-large gradient more per step (into its result buffer, and back, fused with the mean's division),
+large gradient more per step (into its result buffer, and back),
 and memory for its result buffer; where no rank overlaps and there is no timeout, none (the
 gradients are reduced where they lie, once every rank agreed on the step: GradientSync.wait).
 """
@@ -136,8 +137,9 @@ class BucketReducer:
         ``digest``: the step's,
         carried by the last bucket); returns what ``collect`` and ``write_back`` take. A bucket's
         buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
-        planned once) and kept. Sums: a mean is divided on the way back (write_back), in the one
-        pass that copies each result into its gradient."""
+        planned once) and kept. A bucket's sum is divided on the way back (write_back), in the one
+        pass that copies each result into its gradient; a large gradient's call is the mean itself
+        (the algorithms that finish slices divide each slice as they reduce it: 1/p of a pass)."""
         from ..api import prepare_at
         if xp is None:  # a device bucket none of whose gradients came: any device module will do
             import cupy as xp
@@ -190,13 +192,13 @@ class BucketReducer:
             own = self._results[index]
             prepared = self._direct.get(index)
             if prepared is None:  # (not persistent: run on other memory as well, the same kind of call)
-                prepared = self._direct[index] = prepare_at("", own, algorithm=self.algorithm, comm=self.comm, out=own,
+                prepared = self._direct[index] = prepare_at("", own, self.op, self.algorithm, self.comm, out=own,
                                                             timeout=self.timeout, persistent=False,
                                                             reproducible=self.reproducible)
             on = None if result is own else result
             handle = _Done.of(prepared._run_on)(on) if here else prepared._start_on(on)
-            if here and index in reduced_in_place and handle.error is None:  # (its mean now, while in cache)
-                self._finish(np, grad, grad, bucket, self.comm.Get_size(), self.op == "mean")
+            if here and index in reduced_in_place and handle.error is None:  # (its postscale now, while in cache)
+                self._finish(np, grad, grad, bucket, self.comm.Get_size(), False)
                 finished.add(index)
             handles.append((index, handle))
         return bucket, handles, digest, compressed, self.op == "mean", reduced_in_place, finished
@@ -247,7 +249,7 @@ class BucketReducer:
                 result = grad if index in in_place else self._results[index]
                 xp = namespace(result) or np
                 target = xp.empty_like(result) if grad is None else grad
-                self._finish(xp, result, target, bucket, size, divide)
+                self._finish(xp, result, target, bucket, size, False)  # (its call's op: the mean itself)
                 if grad is None:
                     unused[self.slots[index].name] = target
         return unused

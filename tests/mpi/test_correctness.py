@@ -99,6 +99,19 @@ def test_inexact_floats_are_identical_on_every_rank(comm, algorithm, op):
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_mean_over_many_segments_divides_every_element_once(comm, algorithm, in_place):
+    """A mean of about a million float32 (segments of every rank's slice; the algorithms that divide
+    each slice where it was reduced, finishes_slices, do so segment by segment): numpy's sum divided
+    once, bit for bit, on every rank."""
+    x = exact_input("float32", ABOUT_A_MILLION, comm.Get_rank(), "mean")
+    expected = numpy_reference("mean", gather_inputs(comm, x))
+    result = mar.allreduce(x, op="mean", algorithm=algorithm, comm=comm, out=x if in_place else None)
+    problems = problems_with(comm, result, expected, f"float32 count={ABOUT_A_MILLION}")
+    assert not problems, f"rank {comm.Get_rank()}:\n" + "\n".join(problems[:10])
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_shapes_strides_and_out(comm, algorithm):
     """Any shape and memory layout gives the reduction of the logical array."""
