@@ -89,7 +89,7 @@ class Bucket(NamedTuple):
 def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):
     """Buckets of ``slots`` (a list of Slot), filled in ``order`` (slot indices): one open bucket per
     kind, closed once it holds ``bucket_bytes``; numbered by when they were opened. Members of at
-    least ``direct_min_bytes`` (None: none; or {on device: bytes}) whose dtype is their
+    least ``direct_min_bytes`` (None: none) whose dtype is their
     accumulation dtype are reduced on their own rather than fused."""
     open_buckets, opened = {}, []
     for index in order:
@@ -104,10 +104,9 @@ def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):
     for number, ((device, dtype), members) in enumerate(opened):
         dtype = np.dtype(dtype)
 
-        least = direct_min_bytes.get(device) if isinstance(direct_min_bytes, dict) else direct_min_bytes
-
         def in_place(i):
-            return least is not None and slots[i].dtype == dtype.name and slots[i].count * dtype.itemsize >= least
+            return (direct_min_bytes is not None and slots[i].dtype == dtype.name
+                    and slots[i].count * dtype.itemsize >= direct_min_bytes)
         fused = tuple(i for i in members if not in_place(i))
         offsets = tuple(int(o) for o in np.cumsum([0] + [slots[i].count for i in fused])[:-1])
         count = sum(slots[i].count for i in fused)

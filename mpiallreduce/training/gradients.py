@@ -28,7 +28,7 @@ from mpi4py import MPI
 from .buckets import GradientSpec, plan_buckets
 from .compression import check_compression
 from .overlap import overlap_with_backward, untimed
-from .reduction import BucketReducer, direct_min_bytes
+from .reduction import DIRECT_MIN_BYTES, BucketReducer
 from .replicas import broadcast_parameters, check_replicas
 from .steps import (UNNAMED_TWIN, Step, agree_on_slots, common_order, describe_step_differences, given_slot,
                     on_device, problem, refuse_unnamed_twins, twins)
@@ -127,8 +127,7 @@ class GradientSync:
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
-        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else direct_min_bytes(
-            in_place=self._agree_first and untimed(self.timeout), spans_nodes=self._spans_nodes))
+        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else DIRECT_MIN_BYTES)
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
         if self._reducer is not None:  # (a replan: on every rank together, nothing in flight)
             self._reducer.free()

@@ -21,22 +21,14 @@ from ..device.arrays import namespace
 from .buckets import DIGEST_ELEMENTS, digest_elements, digest_of, digests_agree
 from .compression import CompressedSum
 
-__all__ = ["DIRECT_MIN_BYTES", "IN_PLACE_MIN_BYTES", "direct_min_bytes", "BucketReducer"]
+__all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
 
 #: gradients of at least this many bytes (in their accumulation dtype) are reduced on their own,
-#: not copied into a bucket's buffer (mpiallreduce.buckets)
+#: not copied into a bucket's buffer (mpiallreduce.buckets); smaller ones cost less fused than a call
+#: each, across nodes (a message) and on one node (where the bucket is symmetric: single copy), and
+#: so where they could be reduced in place (docs/training.md: 64 KiB there before, 1.1-2x slower)
 DIRECT_MIN_BYTES = 1 << 20
-#: reduced in place (no rank overlaps, no timeout: GradientSync.wait, once the ranks agreed) on one
-#: node, host gradients from this size on: a call each where they lie, as the hand-written loop does,
-#: costs less than the copy into a bucket and back; across nodes a message costs more (docs/training.md)
-IN_PLACE_MIN_BYTES = 64 << 10
 _byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds  # (numpy 1 / numpy 2)
-
-
-def direct_min_bytes(in_place, spans_nodes=False):
-    """{on device: the size from which a gradient is reduced on its own} (mpiallreduce.buckets):
-    IN_PLACE_MIN_BYTES for host gradients reduced ``in_place`` on one node, else DIRECT_MIN_BYTES."""
-    return {False: IN_PLACE_MIN_BYTES if in_place and not spans_nodes else DIRECT_MIN_BYTES, True: DIRECT_MIN_BYTES}
 
 
 class BucketReducer:

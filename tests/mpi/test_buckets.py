@@ -12,8 +12,8 @@ pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 
 
-#: fused in a bucket's buffer; reduced where it lies where no rank overlaps (IN_PLACE_MIN_BYTES), else
-#: fused; reduced on its own either way (DIRECT_MIN_BYTES)
+#: fused in a bucket's buffer (twice), then reduced on its own (DIRECT_MIN_BYTES: where it lies where
+#: no rank overlaps and no timeout, else in a buffer of its own)
 SIZES = [250, 20_000, (1 << 20) // 8 + 3]
 
 
@@ -316,18 +316,33 @@ def test_a_strided_large_gradient_over_the_memory_of_another_is_reduced_once(com
 
 
 def test_with_a_timeout_in_the_settings_large_gradients_are_not_reduced_where_they_lie(comm, monkeypatch):
-    """MPIALLREDUCE_TIMEOUT times GradientSync's calls as timeout= does: so only gradients of 1 MiB
-    or more are reduced on their own, through buffers of their own (a timed call may give up after
-    the ranks agreed); without it, from 64 KiB on where they lie."""
+    """MPIALLREDUCE_TIMEOUT times GradientSync's calls as timeout= does: so a gradient of 1 MiB or
+    more (reduced on its own, DIRECT_MIN_BYTES) goes through a buffer of its own (a timed call may
+    give up after the ranks agreed); without it, where it lies, once the ranks agreed. Smaller ones
+    are fused either way. The means are right both ways."""
     from mpiallreduce.core import settings as settings_module
     from mpiallreduce.training.overlap import untimed
-    rank = comm.Get_rank()
-    for timeout, direct in ((None, True), (30.0, False)):
+    from mpiallreduce.training.reduction import BucketReducer
+    rank, count = comm.Get_rank(), (1 << 20) // 8 + 3
+    where_they_lie = []
+    start = BucketReducer.start
+
+    def spy(self, bucket, filled, copied, digest, xp, here=False, in_place=(), part="all"):
+        where_they_lie.extend(filled[i] for i in in_place)
+        return start(self, bucket, filled, copied, digest, xp, here, in_place, part)
+    monkeypatch.setattr(BucketReducer, "start", spy)
+    for timeout in (None, 30.0):
         monkeypatch.setattr(settings_module, "settings", lambda current=settings_module.settings(): (
             __import__("dataclasses").replace(current, timeout=timeout)))
         assert untimed(None) == (timeout is None)
-        sync = mar.GradientSync(comm=comm, overlap=False, parameters={"g": np.zeros(20_000), "s": np.zeros(5)})
-        # (across nodes a message costs more than the copy: below 1 MiB, fused either way; the nodes
-        # from MPI's processor names, which emulated nodes' namespaces set, not from the package)
-        across_nodes = len(set(comm.allgather(MPI.Get_processor_name()))) > 1
-        assert bool(sync._buckets[0].direct) == (direct and not across_nodes) or comm.Get_size() == 1
+        sync = mar.GradientSync(comm=comm, overlap=False, parameters={"g": np.zeros(count), "s": np.zeros(20_000)})
+        assert [len(b.direct) for b in sync._buckets] == [1]  # (g on its own, s fused)
+        grads = {"g": exact_input("float64", count, rank, "sum"), "s": exact_input("float64", 20_000, rank + 3, "sum")}
+        want = expected_means(comm, grads)
+        where_they_lie.clear()
+        for name, g in grads.items():
+            sync.ready(g, name=name)
+        sync.wait()
+        assert all(values_equal(grads[name], want[name]) for name in grads)
+        lie = [g is grads["g"] for g in where_they_lie]
+        assert lie == ([True] if timeout is None else []), (timeout, lie)
