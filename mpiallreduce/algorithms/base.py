@@ -56,7 +56,8 @@ class Algorithm:
     #: True when ``execute`` takes ``finish=``: what remains of the op once a slice holds its full
     #: reduction (a mean's division), applied by the one rank that reduced the slice, before the
     #: slice is sent on or copied out: each element once, 1/p of the buffer per rank instead of all
-    #: of it, the same bits (the executor passes it only where there is something to finish)
+    #: of it, the same bits (the executor passes it only where there is something to finish; a
+    #: subclass whose ``execute`` takes no ``finish=`` sets it False again, as staged_ring does)
     finishes_slices = False
     #: True when it runs only on symmetric buffers (mpiallreduce.core.symmetric): ``execute`` takes
     #: ``peers=``, the call's Placement, and the planner picks it only where the arrays are symmetric

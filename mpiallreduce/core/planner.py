@@ -64,12 +64,12 @@ NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_on
 _LOW_PRECISION = ("float16", "bfloat16")
 #: a reproducible sum's direct route on one node runs shared_memory below this size, pairwise_exchange
 #: from it: `launch -n 2 (and 4) -- python benchmarks/reproducible_cost.py --direct-sizes 4K,64K,1M,4M,16M`
-#: (2 runs, 2026-12-01): shared_memory 0.59-0.92x pairwise_exchange's time to 1 MiB, 1.07-1.40x at 16 MiB
+#: (2 runs, 2026-12-01): shared_memory 0.59-0.92x / 0.95-1.04x / 1.07-1.40x pairwise_exchange's time to 1 / 4 / 16 MiB
 REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
 #: a prepared call below this size that runs MPI's own allreduce binds it once as a persistent request
-#: (MPI_Allreduce_init; Start + Wait each run) on one node. Open MPI 5, 2 ranks, persistent / blocking
-#: (`make bench` at cb69270): 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; 2 emulated
-#: nodes (`bench --sizes 4,1K,2K,4K,8K,16K,32K,64K --algorithms mpi`): 0.77-1.95x, uneven: never there
+#: (MPI_Allreduce_init; Start + Wait each run) on one node. Open MPI 5, 2 ranks, persistent / blocking:
+#: 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; across 2 emulated nodes 0.75-1.95x,
+#: uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs and their commands)
 PERSISTENT_BELOW = 4 << 10
 #: ``auto`` runs single_copy on symmetric buffers from this size (below: the table's choice): `mpiallreduce
 #: bench --sizes 4,64K,1M,16M`, 2 ranks, 2026-12-02: single_copy (prepared) 17.6 us at 4 B against Open

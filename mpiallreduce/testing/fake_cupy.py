@@ -25,13 +25,13 @@ from numpy import bool_, float16, float32, float64, int16, int32, int64, uint8, 
 
 from .fake_cupy_arrays import (ElementwiseKernel, MemoryPointer, UnownedMemory, _Flags, add,  # noqa: F401
                                array, asarray, ascontiguousarray, asnumpy, bitwise_and, bitwise_or, copyto,
-                               divide, empty, isnan, left_shift, maximum, may_share_memory, minimum, multiply,
+                               divide, empty, empty_like, isnan, left_shift, maximum, may_share_memory, minimum, multiply,
                                ndarray, right_shift, true_divide, where, zeros)
 from .fake_cupy_memory import (_Memory, _allocation_range, _ipc_close_mem_handle, _ipc_get_mem_handle,  # noqa: F401
                                _ipc_open_mem_handle, _opened, counts, open_ipc_mappings)
 from .fake_cupy_streams import Event, Stream, _Device, _device_count, _null_stream, get_current_stream  # noqa: F401
 
-__all__ = ["ndarray", "ElementwiseKernel", "empty", "zeros", "asarray", "asnumpy", "copyto", "ascontiguousarray",
+__all__ = ["ndarray", "ElementwiseKernel", "empty", "empty_like", "zeros", "asarray", "asnumpy", "copyto", "ascontiguousarray",
            "may_share_memory", "add", "multiply", "minimum", "maximum", "divide", "cuda"]
 
 # the classes keep the module path they are known by (as in ``type(x).__module__`` in messages)

@@ -151,6 +151,10 @@ def zeros(shape, dtype=float):
     return array
 
 
+def empty_like(array, dtype=None):
+    return empty(array.shape, array.dtype if dtype is None else dtype)
+
+
 def asarray(a, dtype=None):
     """Host to device (or the array itself): a blocking copy, as ``cupy.asarray`` of host data."""
     if isinstance(a, ndarray):

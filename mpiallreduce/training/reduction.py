@@ -48,6 +48,9 @@ class BucketReducer:
         self._direct_slots = [i for bucket in buckets for i in bucket.direct]
         self._results = {}  # slot -> the result buffer of a large gradient (zeros reduced where one is missing)
         self._direct = {}  # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
+        #: its op: the mean itself, but a reproducible sum divided at the end as a bucket's is (the same bits:
+        #: a reproducible mean rounds the exact sum divided, not the rounded sum divided)
+        self._direct_op, self._direct_divides = ("sum", op == "mean") if reproducible else (op, False)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
         self._clean_digest = None  # the digest of a step where every gradient came as planned
         self._symmetric = []  # the fused buffers made symmetric (freed with the plan: free)
@@ -131,7 +134,8 @@ class BucketReducer:
         buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
         planned once) and kept. A bucket's sum is divided on the way back (write_back), in the one
         pass that copies each result into its gradient; a large gradient's call is the mean itself
-        (the algorithms that finish slices divide each slice as they reduce it: 1/p of a pass)."""
+        (the algorithms that finish slices divide each slice as they reduce it: 1/p of a pass), but
+        for a reproducible sum, divided as a bucket's."""
         from ..api import prepare_at
         if xp is None:  # a device bucket none of whose gradients came: any device module will do
             import cupy as xp
@@ -184,13 +188,13 @@ class BucketReducer:
             own = self._results[index]
             prepared = self._direct.get(index)
             if prepared is None:  # (not persistent: run on other memory as well, the same kind of call)
-                prepared = self._direct[index] = prepare_at("", own, self.op, self.algorithm, self.comm, out=own,
+                prepared = self._direct[index] = prepare_at("", own, self._direct_op, self.algorithm, self.comm, out=own,
                                                             timeout=self.timeout, persistent=False,
                                                             reproducible=self.reproducible)
             on = None if result is own else result
             handle = _Done.of(prepared._run_on)(on) if here else prepared._start_on(on)
-            if here and index in reduced_in_place and handle.error is None:  # (its postscale now, while in cache)
-                self._finish(np, grad, grad, bucket, self.comm.Get_size(), False)
+            if here and index in reduced_in_place and handle.error is None:  # (what remains now, while in cache)
+                self._finish(np, grad, grad, bucket, self.comm.Get_size(), self._direct_divides)
                 finished.add(index)
             handles.append((index, handle))
         return bucket, handles, digest, compressed, self.op == "mean", reduced_in_place, finished
@@ -241,7 +245,7 @@ class BucketReducer:
                 result = grad if index in in_place else self._results[index]
                 xp = namespace(result) or np
                 target = xp.empty_like(result) if grad is None else grad
-                self._finish(xp, result, target, bucket, size, False)  # (its call's op: the mean itself)
+                self._finish(xp, result, target, bucket, size, self._direct_divides)  # (else its call's mean)
                 if grad is None:
                     unused[self.slots[index].name] = target
         return unused

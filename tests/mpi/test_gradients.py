@@ -326,6 +326,23 @@ def test_a_large_gradient_summed_reproducibly_is_reduced_out_of_place_and_writte
             assert values_equal(g, w), (step, g.dtype)
 
 
+def test_a_reproducible_mean_has_the_same_bits_in_a_large_gradient_as_in_a_fused_one(comm):
+    """Random float32 (sums inexact): a large gradient (reduced on its own) and a small one (fused)
+    holding the same leading values end with the same bits, the exact sum rounded to float32, then
+    divided by p (float64 sums of three float32 normals are exact: the independent reference)."""
+    p, count, small = comm.Get_size(), (1 << 18) + 5, 20_000
+    x = np.random.default_rng([comm.Get_rank(), 7]).standard_normal(count).astype(np.float32)
+    grads = {"large": x.copy(), "small": x[:small].copy()}
+    exact = gather_inputs(comm, x).astype(np.float64).sum(axis=0)
+    want = np.divide(exact.astype(np.float32), np.float32(p))
+    sync = mar.GradientSync(comm=comm, reproducible=True, parameters=grads)
+    assert [len(b.direct) for b in sync._buckets] == [1]
+    for name, g in grads.items():
+        sync.ready(g, name=name)
+    sync.wait()
+    assert bits_equal(grads["large"], want) and bits_equal(grads["small"], want[:small])
+
+
 def test_a_large_device_gradient_is_reduced_out_of_place_and_written_back_at_wait(comm):
     """With the CuPy stand-in: a large gradient and a small one, prescaled, averaged."""
     import mpiallreduce.testing.fake_cupy as fake_cupy
@@ -341,3 +358,26 @@ def test_a_large_device_gradient_is_reduced_out_of_place_and_written_back_at_wai
         sync.wait()
         for name, g in grads.items():
             assert values_equal(fake_cupy.asnumpy(g), want[name]), (step, name)
+
+
+def test_device_gradients_that_one_rank_did_not_mark_are_its_zeros_with_find_unused(comm, monkeypatch):
+    """With the CuPy stand-in and find_unused: the last rank marks neither the large gradient nor
+    the small one; it gets the others' means back (wait()'s dict, device arrays), every rank the mean
+    with zeros in its place. (That rank saw no device array: it imports cupy, here the stand-in.)"""
+    import sys
+    import mpiallreduce.testing.fake_cupy as fake_cupy
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    rank, last = comm.Get_rank(), comm.Get_size() - 1
+    host = {"A": exact_input("float64", LARGE, rank, "sum"), "B": exact_input("float64", 10, rank + 1, "sum")}
+    given = {name: h if rank != last or comm.Get_size() == 1 else np.zeros_like(h) for name, h in host.items()}
+    want = {name: numpy_reference("mean", gather_inputs(comm, g)) for name, g in given.items()}
+    grads = {name: fake_cupy.asarray(h) for name, h in host.items()}
+    sync = mar.GradientSync(comm=comm, parameters=grads, find_unused=True)
+    if rank != last or comm.Get_size() == 1:
+        for name in ("B", "A"):
+            sync.ready(grads[name], name=name)
+    unused = sync.wait()
+    got = unused if rank == last and comm.Get_size() > 1 else grads
+    assert sorted(unused) == (["A", "B"] if rank == last and comm.Get_size() > 1 else [])
+    for name in host:
+        assert values_equal(fake_cupy.asnumpy(got[name]), want[name]), name
