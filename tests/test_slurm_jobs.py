@@ -131,7 +131,10 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
         time.sleep(0.5)
     # Slurm holds a requeued job back (BeginTime, about two minutes) while the old step winds down;
     # once the old ranks are gone, let it start now
-    while slurm.job_states(job).get(job, ("",))[0] != "PENDING" or processes_with(f"train-{job}.npz"):
+    # (and once their step daemons are gone: a step launched while the old one's slurmstepd wound down
+    # failed once, "StepId=N.0 aborted before step completely launched", in a clean-clone make test)
+    while (slurm.job_states(job).get(job, ("",))[0] != "PENDING" or processes_with(f"train-{job}.npz")
+           or processes_with(f"slurmstepd: [{job}.")):
         assert time.monotonic() < deadline, slurm.job_states(job)
         time.sleep(0.5)
     time.sleep(2)

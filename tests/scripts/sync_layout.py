@@ -1,6 +1,7 @@
-"""GradientSync where no rank overlaps, untimed: a 256 KiB gradient is reduced where it lies on one
-node, and copied into its bucket across nodes (a message there costs more than the copy). Prints
-``rank R direct|fused ok`` once the means match a reference computed here from the formula."""
+"""GradientSync where no rank overlaps, untimed: a 256 KiB gradient is copied into its bucket, on
+one node (a symmetric buffer: single copy) and across nodes (a message there costs more than the
+copy); a 2 MiB one is reduced on its own. Prints ``rank R direct|fused <large fused?> ok`` once the
+means match a reference computed here from the formula."""
 import numpy as np
 from mpi4py import MPI
 
