@@ -12,6 +12,9 @@ What is left out, and only that:
   abort" or "exited with non-zero status", once a rank has said why the job ends
   (``mpiallreduce: ... aborting the MPI job``: its traceback, or its ``sys.exit(n)``; see
   mpiallreduce.faults.aborting). Without such a line they stay: then they are the only explanation.
+  The rank's line and Open MPI's notice reach mpiexec by different routes (the rank's stderr, and
+  the notice through PRRTE), in either order: such a notice is held until a rank says why (then it
+  is dropped) or the output ends (then it goes out).
 
 A notice is the block between two lines of 74 dashes (Open MPI's show_help), on stderr, where Open
 MPI and PRRTE write all of these; stdout is not filtered. ``mpiallreduce launch --mpi-notices``
@@ -43,6 +46,7 @@ class NoticeFilter:
         self.said_why = [False] if said_why is None else said_why
         self.show_all = show_all
         self.block = None  # the lines of a notice being read
+        self.held = []  # notices that a rank's line may still explain
 
     def feed(self, line):
         """The lines to write now, given one line (with its newline, if it has one)."""
@@ -51,6 +55,7 @@ class NoticeFilter:
         text = line.rstrip("\r\n")
         if RANKS_SAID_WHY.search(text):
             self.said_why[0] = True
+            self.held = []
         if self.block is not None:
             self.block.append(line)
             if text == RULE:
@@ -68,13 +73,18 @@ class NoticeFilter:
     def _close(self):
         block, self.block = self.block, None
         body = "".join(block)
-        if self.said_why[0] and any(phrase in body for phrase in EXPLAINED_NOTICES):
+        if any(phrase in body for phrase in EXPLAINED_NOTICES):
+            if not self.said_why[0]:
+                self.held += block
             return []
         return block
 
-    def flush(self):
-        """What is held back (an unfinished notice), at the end of the stream."""
+    def flush(self, end=True):
+        """What is held back: an unfinished notice; at the ``end`` of the stream, also the notices
+        that no rank explained."""
         block, self.block = self.block or [], None
+        if end and not self.said_why[0]:
+            block, self.held = self.held + block, []
         return block
 
 
@@ -115,7 +125,7 @@ def pump(source, destination, notices=None, on_broken=None):
         while True:
             if notices is not None and (notices.block is not None or pending):
                 if not select.select([fd], [], [], QUIET_SECONDS)[0]:  # (quiet: not a notice in the writing)
-                    write(notices.flush() + [pending])
+                    write(notices.flush(end=False) + [pending])
                     pending, midline = b"", midline or bool(pending)
                     continue
             chunk = os.read(fd, 65536)
