@@ -6,7 +6,7 @@ mpi4py's raw MPI_Allreduce, measured side by side in one run.
 Median over interleaved repetitions of the slowest rank's time per call (microseconds), and the
 ratio to raw ``comm.Allreduce`` on the same buffers:
 - 4 B: raw comm.Allreduce, persistent MPI_Allreduce_init (Start + Wait), mar.prepare(...)(),
-  mar.allreduce(algorithm="mpi"), mar.allreduce (auto); and where auto's time goes: the same
+  mar.allreduce(algorithm="mpi"), mar.allreduce (auto), its mean (MPI's sum, then divided); and where auto's time goes: the same
   MPI_Allreduce on the library's duplicate, and auto's short path called without the entry point;
   a call that cannot take the short path (a strided x: the general path); entering np.errstate
   (what the reductions no longer do per call);
@@ -74,6 +74,7 @@ def main():
         "prepare(x, out=out)()": prepared,
         "allreduce(algorithm='mpi')": lambda: mar.allreduce(x, out=out, algorithm="mpi"),
         "allreduce (auto)": lambda: mar.allreduce(x, out=out),
+        "allreduce(op='mean') (auto)": lambda: mar.allreduce(x, out=out, op="mean"),
         "its MPI_Allreduce on the library's duplicate": lambda: library.Allreduce(x, out, MPI.SUM),
         "its short path alone": lambda: execution.short(x, out),
         "allreduce of a strided x (the general path)": lambda: mar.allreduce(strided),
@@ -93,6 +94,7 @@ def main():
         "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(y, result),
         "prepare(..., algorithm='mpi')()": prepared_64k,
         "allreduce(algorithm='mpi') (signature checked)": lambda: mar.allreduce(y, out=result, algorithm="mpi"),
+        "its mean (op='mean')": lambda: mar.allreduce(y, out=result, algorithm="mpi", op="mean"),
         "the signature check alone": signature_alone,
     }, 400)))
 

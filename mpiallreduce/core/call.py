@@ -14,8 +14,7 @@ caller's thread, in program order; then planned and run by the executor.
     Prepared(call)     ``prepare``: agreed on once, one Execution and one set of flat buffers
                        bound for good; each run is numbered, then executed
 
-Every entry builds a Call: ``allreduce``, ``allreduce_async``, ``prepare``, GradientSync's buckets,
-``psum`` & co., ``mpiallreduce.torch``.
+Every entry builds a Call: ``allreduce(_async)``, ``prepare``, GradientSync, ``psum`` & co., ``.torch``.
 """
 import numpy as np
 from mpi4py import MPI
@@ -26,7 +25,8 @@ from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_field
 from ..faults.watch import PeerWatch, set_up_or_rank_failure
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
-from .executor import Execution, translated
+from .executor import Execution
+from .failures import translated
 from .kinds import execution_for, plan_for
 from .ops import get_op, name_of
 from .planner import check_algorithm_name

@@ -6,7 +6,7 @@ from ..faults.recorder import Described, record_call, run_traced
 from ..faults.watch import PeerWatch
 from .call import WORLD, check_comm
 from .consistency import LIBRARY_GATHER, compare, digest, meet
-from .executor import raise_failed
+from .failures import raise_failed
 from .state import state_of
 from .worker import run_here
 

@@ -85,6 +85,14 @@ class ReduceOp:
         if self.divide_by_size and size != 1:
             divide_by_size(np if type(result) is np.ndarray else namespace(result), result, size, result)
 
+    def host_finish(self, dtype, size):
+        """``finish`` of numpy results of ``dtype`` bound once, for a call's short path: a function of
+        the result, or None where nothing remains (a sum; one rank). The same bits as ``finish``."""
+        if not self.divide_by_size or size == 1:
+            return None
+        ufunc, factor = _division(np, np.dtype(dtype), size)
+        return lambda result: ufunc(result, factor, out=result)
+
     def widened_op(self):
         """The op the algorithm runs on the widened values (this one: Bfloat16Bits's differs)."""
         return self
@@ -207,8 +215,12 @@ def divide_by_size(xp, values, size, out):
     """``out`` = ``values`` / ``size`` (a mean), bit for bit. For real floats and a power of two,
     as a multiplication by 1/size: exact, so the same bits as the division, and cheaper (a vector
     division is slower than a multiplication: docs/training.md says how to compare them)."""
-    dtype = values.dtype
+    ufunc, factor = _division(xp, values.dtype, size)
+    ufunc(values, factor, out=out)
+
+
+def _division(xp, dtype, size):
+    """(the ufunc, its second operand) that divide by ``size`` (see divide_by_size)."""
     if dtype.kind == "f" and size & (size - 1) == 0:
-        xp.multiply(values, dtype.type(1.0 / size), out=out)
-    else:
-        xp.divide(values, dtype.type(size), out=out)
+        return xp.multiply, dtype.type(1.0 / size)
+    return xp.divide, dtype.type(size)

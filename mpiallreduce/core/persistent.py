@@ -16,10 +16,10 @@ from mpi4py import MPI
 __all__ = ["bind_persistent"]
 
 
-def bind_persistent(library, source, target, mpi_op, failed):
+def bind_persistent(library, source, target, mpi_op, failed, then=None):
     """``run(sequence)``: a persistent allreduce of ``source`` into ``target`` on ``library``
-    started and waited for (``failed(error, sequence)`` raises what an error means); None where
-    this MPI has no persistent collectives."""
+    started and waited for, then ``then()`` if given (a mean's division); ``failed(error,
+    sequence)`` raises what an error means. None where this MPI has no persistent collectives."""
     if not hasattr(library, "Allreduce_init"):
         return None
     request = library.Allreduce_init(source, target, mpi_op)
@@ -28,6 +28,8 @@ def bind_persistent(library, source, target, mpi_op, failed):
         try:
             request.Start()
             request.Wait()
+            if then is not None:
+                then()
         except BaseException as error:
             failed(error, sequence)
     weakref.finalize(run, _free, request)

@@ -555,6 +555,51 @@ def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm
     assert alive() is None  # (and with it, its request: weakref.finalize in mpiallreduce.core.persistent)
 
 
+@pytest.mark.parametrize("compared, count", [(True, 20_000), (False, 4)], ids=["compared", "unchecked"])
+def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_settings, compared, count):
+    """A mean of algorithm "mpi" runs MPI_Allreduce itself and divides after (Execution.direct): on
+    the first call and on a repeat's short path (its signature compared, or not: the setting off),
+    in place, timed, in the background, prepared (persistent or not) and run on another array;
+    numpy's sum divided, under seterr(all="raise") too (a subnormal mean underflows: masked, as
+    everywhere)."""
+    from mpiallreduce.api import prepare_at
+    if not compared:  # (a communicator of its own: the setting is read when its state is made)
+        use_settings(signature_min_bytes=-1)
+        comm = comm.Dup()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for dtype in ("float64", "float32", "complex128"):
+        x = exact_input(dtype, count, rank, "mean")
+        want = numpy_reference("mean", gather_inputs(comm, x))
+        y, z = x.copy(), x.copy()
+        prepared_in_place = mar.prepare(y, op="mean", algorithm="mpi", comm=comm, out=y)
+        on_other = prepare_at("", z, op="mean", algorithm="mpi", comm=comm, out=z, persistent=False)
+        assert prepared_in_place.execution.direct == (size > 1) and on_other.execution.divides == (size > 1)
+        runs = {"first": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
+                "repeat": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
+                "in place": lambda: mar.allreduce(y, op="mean", algorithm="mpi", comm=comm, out=y),
+                "timed": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm, timeout=30),
+                "async": lambda: mar.allreduce_async(x, op="mean", algorithm="mpi", comm=comm).wait(),
+                "prepared": lambda: mar.prepare(x, op="mean", algorithm="mpi", comm=comm)(),
+                "prepared in place": prepared_in_place,
+                "on another array": lambda: on_other._run_on(y)}
+        for name, run in runs.items():
+            y[...] = x
+            result = run()
+            assert values_equal(result, want), (dtype, name)
+            assert values_equal(x, exact_input(dtype, count, rank, "mean")), (dtype, name)  # (x kept)
+    tiny = np.full(count, 5e-324)
+    with np.errstate(all="ignore"):
+        want = numpy_reference("mean", gather_inputs(comm, tiny))
+    with np.errstate(all="raise"):
+        assert values_equal(mar.allreduce(tiny, op="mean", algorithm="mpi", comm=comm), want)
+        assert values_equal(mar.allreduce(tiny, op="mean", algorithm="mpi", comm=comm), want)  # (short path)
+    if size > 1:
+        execution = state_module.state_of(comm).fast_calls[((count,), np.dtype(np.float64), "mean", "mpi", False)]
+        assert execution.direct and execution.raw_unchecked == (not compared)
+    if not compared:
+        comm.Free()
+
+
 def test_past_256_kinds_of_calls_the_oldest_lose_their_short_path_not_the_newest(comm):
     """bench's sizes x algorithms x modes pass 256 kinds: the newest kinds keep a short path."""
     from mpiallreduce.core.state import state_of
