@@ -219,6 +219,11 @@ def test_notices_are_left_out_only_once_a_rank_said_why_and_others_stay():
     # (the notice came through PRRTE before the rank's own line: CI saw it once)
     assert filter_text(ABORT_NOTICE + "before\n" + said) == "before\n" + said
     assert filter_text(ABORT_NOTICE + "before\n") == "before\n" + ABORT_NOTICE  # (held to the end)
+    other_rank = said.replace("rank 1", "rank 0")  # (rank 0's line does not explain rank 1's abort)
+    assert filter_text(ABORT_NOTICE + other_rank) == other_rank + ABORT_NOTICE
+    assert filter_text(other_rank + ABORT_NOTICE + said) == other_rank + said
+    table = RULE + "\n" + "".join(f"row {i}\n" for i in range(60))  # (a rank's own dashes between them)
+    assert filter_text(ABORT_NOTICE + table + said) == table + said
     assert filter_text(said + OTHER_NOTICE) == said + OTHER_NOTICE
     assert filter_text("a\n" + SETPGID + "b\n") == "a\nb\n"
     assert filter_text(said + ABORT_NOTICE + SETPGID, show_all=True) == said + ABORT_NOTICE + SETPGID
@@ -254,6 +259,31 @@ def test_the_output_pump_writes_partial_lines_at_once_and_filters_whole_ones():
     os.close(write_end)
     thread.join(10)
     assert destination.getvalue().endswith(raw)
+
+
+def test_a_held_abort_notice_goes_out_after_hold_seconds_while_the_output_stays_open(monkeypatch):
+    """A rank's orphaned child may keep the output open long after the job's end: a notice that
+    no rank's line explained goes out after HOLD_SECONDS, not when the output ends."""
+    import io
+    import threading
+    from mpiallreduce.tools import notices
+    monkeypatch.setattr(notices, "HOLD_SECONDS", 0.5)
+    read_end, write_end = os.pipe()
+    wrote = threading.Event()
+
+    class Destination(io.BytesIO):
+        def flush(self):
+            if b"MPI_ABORT" in self.getvalue():
+                wrote.set()
+
+    destination = Destination()
+    thread = notices.pump(os.fdopen(read_end, "rb"), destination, notices.NoticeFilter())
+    os.write(write_end, ABORT_NOTICE.encode() + b"[rank 0] still here\n")
+    started = time.monotonic()
+    assert wrote.wait(10) and 0.4 < time.monotonic() - started < 5
+    assert destination.getvalue().decode() == "[rank 0] still here\n" + ABORT_NOTICE
+    os.close(write_end)
+    thread.join(10)
 
 
 def test_a_closed_reader_of_the_output_is_told_once_and_the_rest_is_read():

@@ -8,13 +8,14 @@ What is left out, and only that:
   printed unconditionally (plm_ssh_module.c) when the parent's setpgid of a daemon's launch agent
   loses the race with the child's own setpgid and exec (EACCES), which every ``--nodes`` launch may
   do; the child is in its process group either way;
-- the ``MPI_ABORT was invoked ...`` notice and prterun's "has exited due to process rank ... calling
-  abort" or "exited with non-zero status", once a rank has said why the job ends
-  (``mpiallreduce: ... aborting the MPI job``: its traceback, or its ``sys.exit(n)``; see
-  mpiallreduce.faults.aborting). Without such a line they stay: then they are the only explanation.
-  The rank's line and Open MPI's notice reach mpiexec by different routes (the rank's stderr, and
-  the notice through PRRTE), in either order: such a notice is held until a rank says why (then it
-  is dropped) or the output ends (then it goes out).
+- the ``MPI_ABORT was invoked on rank R ...`` notice and prterun's "has exited due to process rank
+  R ... calling abort" or "exited with non-zero status" (process R), once rank R has said why the
+  job ends (``[rank R] mpiallreduce: ... aborting the MPI job``: its traceback, or its
+  ``sys.exit(n)``; see mpiallreduce.faults.aborting); a notice that names no rank, once any rank
+  has. Otherwise they stay: then they are the only explanation. The rank's line and Open MPI's
+  notice reach mpiexec by different routes (the rank's stderr, and the notice through PRRTE), in
+  either order: such a notice is held until its rank says why (then dropped), for HOLD_SECONDS at
+  most, or until the output ends (then it goes out).
 
 A notice is the block between two lines of 74 dashes (Open MPI's show_help), on stderr, where Open
 MPI and PRRTE write all of these; stdout is not filtered. ``mpiallreduce launch --mpi-notices``
@@ -24,6 +25,7 @@ import os
 import re
 import select
 import threading
+import time
 
 __all__ = ["NoticeFilter", "filter_text", "pump"]
 
@@ -33,35 +35,45 @@ MAX_NOTICE_LINES = 40
 HARMLESS_LINES = (
     re.compile(r"^\[[^\]]*\] plm:ssh: Warning: setpgid\(\d+,\d+\) failed in parent with errno=Permission denied\(13\)$"),
 )
-#: what a rank prints before it aborts the job (faults/aborting.py): the job's end is explained
-RANKS_SAID_WHY = re.compile(r"mpiallreduce: .*aborting the MPI job")
-EXPLAINED_NOTICES = ("MPI_ABORT was invoked on rank", "has exited due to process rank",
-                     "exited with non-zero status")
+#: what rank R prints before it aborts the job (faults/aborting.py): the job's end is explained
+RANKS_SAID_WHY = re.compile(r"mpiallreduce: .*?\brank (\d+)\b.*aborting the MPI job")
+#: the notices about a job's end that a rank's line explains: (a phrase that marks one, the
+#: pattern of the rank it names: its rank in MPI_COMM_WORLD)
+EXPLAINED_NOTICES = (
+    ("MPI_ABORT was invoked on rank", re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator MPI_COMM_WORLD\b")),
+    ("has exited due to process rank", re.compile(r"has exited due to process rank (\d+)\b")),
+    ("exited with non-zero status", re.compile(r"Process name: \[[^\]]*,(\d+)\]")),
+)
+#: how long such a notice waits for its rank's line: the two come within milliseconds of each
+#: other, but the output may stay open long after the job's end (a rank's orphaned child)
+HOLD_SECONDS = 2.0
 
 
 class NoticeFilter:
-    """Filters one stream line by line (stderr; ``said_why``, a one-item list, may be shared)."""
+    """Filters one stream line by line (stderr; ``said_why``, the set of ranks that said why the
+    job ends, may be shared)."""
 
     def __init__(self, said_why=None, show_all=False):
-        self.said_why = [False] if said_why is None else said_why
+        self.said_why = set() if said_why is None else said_why
         self.show_all = show_all
         self.block = None  # the lines of a notice being read
-        self.held = []  # notices that a rank's line may still explain
+        self.held = []  # (since when, the rank it names or None, its lines): notices a line may explain
 
     def feed(self, line):
         """The lines to write now, given one line (with its newline, if it has one)."""
         if self.show_all:
             return [line]
         text = line.rstrip("\r\n")
-        if RANKS_SAID_WHY.search(text):
-            self.said_why[0] = True
-            self.held = []
+        said = RANKS_SAID_WHY.search(text)
+        if said:
+            self.said_why.add(int(said.group(1)))
+            self.held = [notice for notice in self.held if not self._explained(notice[1])]
         if self.block is not None:
             self.block.append(line)
             if text == RULE:
                 return self._close()
             if len(self.block) > MAX_NOTICE_LINES:
-                return self.flush()
+                return self.flush(end=False)
             return []
         if text == RULE:
             self.block = [line]
@@ -73,18 +85,37 @@ class NoticeFilter:
     def _close(self):
         block, self.block = self.block, None
         body = "".join(block)
-        if any(phrase in body for phrase in EXPLAINED_NOTICES):
-            if not self.said_why[0]:
-                self.held += block
-            return []
+        for phrase, names in EXPLAINED_NOTICES:
+            if phrase in body:
+                named = names.search(body)
+                rank = int(named.group(1)) if named else None
+                if not self._explained(rank):
+                    self.held.append((time.monotonic(), rank, block))
+                return []
         return block
+
+    def _explained(self, rank):
+        """Whether a notice naming ``rank`` (None: no rank) is explained by a rank's line."""
+        return rank in self.said_why if rank is not None else bool(self.said_why)
+
+    def due(self, now=None):
+        """The held notices that waited HOLD_SECONDS for their rank's line in vain: their lines."""
+        now = time.monotonic() if now is None else now
+        lines = [line for since, _, block in self.held if now - since >= HOLD_SECONDS for line in block]
+        self.held = [notice for notice in self.held if now - notice[0] < HOLD_SECONDS]
+        return lines
+
+    def seconds_to_due(self):
+        """How long until the first held notice is due (None: none is held)."""
+        return max(0.0, self.held[0][0] + HOLD_SECONDS - time.monotonic()) if self.held else None
 
     def flush(self, end=True):
         """What is held back: an unfinished notice; at the ``end`` of the stream, also the notices
         that no rank explained."""
         block, self.block = self.block or [], None
-        if end and not self.said_why[0]:
-            block, self.held = self.held + block, []
+        if end:
+            block = [line for _, _, notice in self.held for line in notice] + block
+            self.held = []
         return block
 
 
@@ -123,9 +154,11 @@ def pump(source, destination, notices=None, on_broken=None):
                     on_broken()
 
         while True:
-            if notices is not None and (notices.block is not None or pending):
-                if not select.select([fd], [], [], QUIET_SECONDS)[0]:  # (quiet: not a notice in the writing)
-                    write(notices.flush(end=False) + [pending])
+            if notices is not None and (notices.block is not None or pending or notices.held):
+                reading = notices.block is not None or pending
+                quiet = QUIET_SECONDS if reading else notices.seconds_to_due()
+                if not select.select([fd], [], [], quiet)[0]:  # (quiet: not a notice in the writing)
+                    write(notices.due() + notices.flush(end=False) + [pending])
                     pending, midline = b"", midline or bool(pending)
                     continue
             chunk = os.read(fd, 65536)
@@ -135,7 +168,7 @@ def pump(source, destination, notices=None, on_broken=None):
                 write([chunk])
                 continue
             *lines, pending = (pending + chunk).split(b"\n")
-            out = []
+            out = notices.due()
             for line in lines:
                 line += b"\n"
                 out += [line] if midline else notices.feed(line.decode("utf-8", "surrogateescape"))

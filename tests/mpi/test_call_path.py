@@ -559,8 +559,9 @@ def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm
 def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_settings, compared, count):
     """A mean of algorithm "mpi" runs MPI_Allreduce itself and divides after (Execution.direct): on
     the first call and on a repeat's short path (its signature compared, or not: the setting off),
-    in place, timed, in the background, prepared (persistent or not) and run on another array;
-    numpy's sum divided, under seterr(all="raise") too (a subnormal mean underflows: masked, as
+    in place, into another array, timed, in the background, prepared (persistent or not) and run
+    on another array; numpy's sum divided (sums that 3 does not divide: a division, not a
+    multiplication by 1/3), under seterr(all="raise") too (a subnormal mean underflows: masked, as
     everywhere)."""
     from mpiallreduce.api import prepare_at
     if not compared:  # (a communicator of its own: the setting is read when its state is made)
@@ -568,15 +569,17 @@ def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_
         comm = comm.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
     for dtype in ("float64", "float32", "complex128"):
-        x = exact_input(dtype, count, rank, "mean")
+        x = exact_input(dtype, count, rank, "mean") * (rank + 1)  # (exact sums, not all multiples of 3)
+        kept = x.copy()
         want = numpy_reference("mean", gather_inputs(comm, x))
-        y, z = x.copy(), x.copy()
+        y, z, other = x.copy(), x.copy(), np.empty_like(x)
         prepared_in_place = mar.prepare(y, op="mean", algorithm="mpi", comm=comm, out=y)
         on_other = prepare_at("", z, op="mean", algorithm="mpi", comm=comm, out=z, persistent=False)
         assert prepared_in_place.execution.direct == (size > 1) and on_other.execution.divides == (size > 1)
         runs = {"first": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
                 "repeat": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
                 "in place": lambda: mar.allreduce(y, op="mean", algorithm="mpi", comm=comm, out=y),
+                "into another array": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm, out=other),
                 "timed": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm, timeout=30),
                 "async": lambda: mar.allreduce_async(x, op="mean", algorithm="mpi", comm=comm).wait(),
                 "prepared": lambda: mar.prepare(x, op="mean", algorithm="mpi", comm=comm)(),
@@ -586,8 +589,8 @@ def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_
             y[...] = x
             result = run()
             assert values_equal(result, want), (dtype, name)
-            assert values_equal(x, exact_input(dtype, count, rank, "mean")), (dtype, name)  # (x kept)
-    tiny = np.full(count, 5e-324)
+            assert values_equal(x, kept), (dtype, name)
+    tiny = np.full(count, 5e-324 if rank == 0 else 0.0)  # (its mean underflows)
     with np.errstate(all="ignore"):
         want = numpy_reference("mean", gather_inputs(comm, tiny))
     with np.errstate(all="raise"):
