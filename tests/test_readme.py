@@ -138,6 +138,15 @@ def missing(modules):
     return None
 
 
+def test_every_relative_link_in_the_pages_leads_to_a_file():
+    """A page's links to other pages and files ([text](path), anchors aside) resolve from its folder."""
+    broken = [f"{page.relative_to(ROOT)}: {target}"
+              for page in [*PAGES, *sorted((ROOT / "benchmarks").glob("*.md"))]
+              for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+              if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()]
+    assert not broken, broken
+
+
 def test_every_python_block_says_how_it_runs():
     assert CHAINS, "no ```python block found in the pages"
     assert not PROBLEMS, "\n".join(PROBLEMS)
