@@ -236,3 +236,32 @@ def test_the_results_page_is_what_its_command_writes(tmp_path):
     assert written.read_text().replace(str(written), command.group(1)) == page, (
         "docs/results.md differs from what its command writes: run `mpiallreduce report --markdown "
         f"docs/results.md {' '.join(folders)}`")
+
+
+WHAT_AUTO_RUNS = """
+import numpy as np, mpiallreduce as mar
+from mpi4py import MPI
+x = np.ones(1 << 18, np.float32)
+lines = [mar.describe_call(x), mar.describe_call(x, reproducible=True), mar.describe_call(np.ones(16, np.float32)),
+         mar.describe_call(np.ones(1 << 18, np.float16)), mar.describe_call(x, reproducible=True, algorithm="ring"),
+         repr(mar.prepare(x))]
+if MPI.COMM_WORLD.Get_rank() == 0:
+    print("\\n".join(lines))
+"""
+
+
+def test_what_auto_runs_in_the_architecture_pages_example_is_what_it_runs_now(tmp_path):
+    """docs/architecture.md shows describe_call's lines on 2 ranks of this machine (the shipped
+    tuning table's choices), and call.md one of them: they are what it prints now."""
+    script = tmp_path / "what_auto_runs.py"
+    script.write_text(WHAT_AUTO_RUNS)
+    env = {key: value for key, value in os.environ.items() if key != "MPIALLREDUCE_TUNING"}
+    result = run(2, [sys.executable, str(script)], timeout=TIMEOUT, env=launch_environment(env), cwd=ROOT)
+    assert result.returncode == 0, result.output[-3000:]
+    printed = [line for line in result.output.splitlines() if line.strip()]
+    assert len(printed) == 6, result.output[-3000:]
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    stale = [line for line in printed if line not in architecture]
+    assert not stale, f"docs/architecture.md does not show what auto runs now: {stale}"
+    assert printed[0].split(" (auto:")[0] + " (auto: the tuning table for 2\nranks at 1048576 bytes)" in (
+        ROOT / "docs" / "call.md").read_text().replace("`", "")
