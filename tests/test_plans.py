@@ -249,6 +249,25 @@ def test_shipped_table_names_only_known_algorithms():
         assert bounds == sorted(bounds)
 
 
+def test_tune_keep_above_takes_the_new_rules_below_the_cut_and_the_tables_above():
+    """tune --keep-above: the new rules up to the cut (the one spanning it ends there), the kept
+    rules above it (those ending below it dropped), one rule where both sides name one algorithm."""
+    from mpiallreduce.core.tuning import rules_kept_above
+    new = [{"algorithm": "mpi", "up_to_bytes": 100}, {"algorithm": "shared_memory", "up_to_bytes": 5000},
+           {"algorithm": "ring", "up_to_bytes": None}]
+    kept = [{"algorithm": "mpi", "up_to_bytes": 400}, {"algorithm": "ring", "up_to_bytes": 3000},
+            {"algorithm": "ring_pipelined", "up_to_bytes": None}]
+    assert rules_kept_above(new, kept, 2000) == [
+        {"algorithm": "mpi", "up_to_bytes": 100}, {"algorithm": "shared_memory", "up_to_bytes": 2000},
+        {"algorithm": "ring", "up_to_bytes": 3000}, {"algorithm": "ring_pipelined", "up_to_bytes": None}]
+    assert rules_kept_above(new, kept, 100) == [  # (mpi on both sides of the cut: one rule)
+        {"algorithm": "mpi", "up_to_bytes": 400}, {"algorithm": "ring", "up_to_bytes": 3000},
+        {"algorithm": "ring_pipelined", "up_to_bytes": None}]
+    assert rules_kept_above(new, kept, 10_000) == [  # (the new open-ended rule ends at the cut)
+        {"algorithm": "mpi", "up_to_bytes": 100}, {"algorithm": "shared_memory", "up_to_bytes": 5000},
+        {"algorithm": "ring", "up_to_bytes": 10_000}, {"algorithm": "ring_pipelined", "up_to_bytes": None}]
+
+
 def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
     from mpiallreduce.core.tuning import rules_from_measurements
     measured = [(4, "mpi", 1.0), (4, "ring", 0.97),        # ring 3% faster: keep MPI's own

@@ -263,5 +263,5 @@ def test_what_auto_runs_in_the_architecture_pages_example_is_what_it_runs_now(tm
     architecture = (ROOT / "docs" / "architecture.md").read_text()
     stale = [line for line in printed if line not in architecture]
     assert not stale, f"docs/architecture.md does not show what auto runs now: {stale}"
-    assert printed[0].split(" (auto:")[0] + " (auto: the tuning table for 2\nranks at 1048576 bytes)" in (
-        ROOT / "docs" / "call.md").read_text().replace("`", "")
+    call_page = " ".join((ROOT / "docs" / "call.md").read_text().replace("`", "").split())
+    assert printed[0] in call_page, f"docs/call.md does not show what auto runs now: {printed[0]}"

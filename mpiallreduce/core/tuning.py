@@ -43,7 +43,7 @@ import math
 import os
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "table_digest"]
+           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
@@ -194,3 +194,22 @@ def rules_from_measurements(measurements):
             rules[-1]["up_to_bytes"] = int(math.sqrt(previous * nbytes))
         rules.append({"up_to_bytes": None, "algorithm": best})
     return rules
+
+
+def rules_kept_above(new, kept, cut):
+    """``new`` rules up to ``cut`` bytes, ``kept`` (the table's earlier rules) above it: ``tune
+    --keep-above`` (measured again where the choice is clear, the earlier rules kept where runs
+    differ by more than the algorithms do). Adjacent rules of one algorithm merge."""
+    def choose(rules, nbytes):
+        return next(rule["algorithm"] for rule in rules if rule["up_to_bytes"] is None or nbytes <= rule["up_to_bytes"])
+    pieces = [(rule["up_to_bytes"], rule["algorithm"]) for rule in new if rule["up_to_bytes"] is not None
+              and rule["up_to_bytes"] < cut] + [(cut, choose(new, cut))]
+    pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in kept if rule["up_to_bytes"] is None
+               or rule["up_to_bytes"] > cut]
+    merged = []
+    for up_to, algorithm in pieces:
+        if merged and merged[-1]["algorithm"] == algorithm:
+            merged[-1]["up_to_bytes"] = up_to
+        else:
+            merged.append({"algorithm": algorithm, "up_to_bytes": up_to})
+    return merged

@@ -21,7 +21,7 @@ import os
 import statistics
 
 from .arguments import ArgumentParser, size_list
-from ..core.tuning import TUNING_ENV, rules_from_measurements, shipped_device_section
+from ..core.tuning import TUNING_ENV, rules_from_measurements, rules_kept_above, shipped_device_section
 
 __all__ = ["main"]
 
@@ -81,6 +81,9 @@ def main(argv=None):
                              "their _in_place sections); default both")
     parser.add_argument("--output", default=os.environ.get(TUNING_ENV) or "tuning.json",
                         help="table to write or update (default: $MPIALLREDUCE_TUNING or ./tuning.json)")
+    parser.add_argument("--keep-above", type=size_list, metavar="BYTES",
+                        help="write the new rules up to BYTES only and keep the table's rules above it (its "
+                             "metadata says so): where runs differ by more than the algorithms do")
     parser.add_argument("--from-bench", metavar="BENCH_JSON",
                         help="write the device section from a bench --device gpu run's bench.json; measure nothing")
     args = parser.parse_args(argv)
@@ -119,13 +122,17 @@ def main(argv=None):
                                          for (mode, nbytes, algorithm), t in times.items() if mode == in_place])
         if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
             nodes = str(state.node_count)
-            table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})[ranks] = rules
-            table.setdefault("metadata", {})[f"{nodes} nodes, {ranks} ranks" + suffix.replace("_", " ")] = metadata
-            where = f"{ranks} ranks on {nodes} nodes"
+            section = table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})
+            key, where = f"{nodes} nodes, {ranks} ranks" + suffix.replace("_", " "), f"{ranks} ranks on {nodes} nodes"
         else:
-            table.setdefault("by_ranks" + suffix, {})[ranks] = rules
-            table.setdefault("metadata", {})[ranks + suffix.replace("_", " ")] = metadata
-            where = f"{ranks} ranks"
+            section = table.setdefault("by_ranks" + suffix, {})
+            key, where = ranks + suffix.replace("_", " "), f"{ranks} ranks"
+        written = dict(metadata)
+        if args.keep_above and ranks in section:  # (the new rules below the cut, the table's above it)
+            rules = rules_kept_above(rules, section[ranks], args.keep_above[0])
+            written.update(kept_above_bytes=args.keep_above[0], kept_from=table.get("metadata", {}).get(key))
+        section[ranks] = rules
+        table.setdefault("metadata", {})[key] = written
         print(f"# {where}{', in place' if in_place else ''}: auto will use")
         low = 0
         for rule in rules:

@@ -599,6 +599,11 @@ def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_
     if size > 1:
         execution = state_module.state_of(comm).fast_calls[((count,), np.dtype(np.float64), "mean", "mpi", False)]
         assert execution.direct and execution.raw_unchecked == (not compared)
+    if compared and size > 1:  # (a mean on rank 0 against sums: both MPI_SUM underneath, yet refused)
+        x = exact_input("float64", count, rank, "sum")
+        with pytest.raises(ValueError, match=r"op differs: 'mean' on rank 0; 'sum' on ranks? [\d, ]+"):
+            mar.allreduce(x, op="mean" if rank == 0 else "sum", algorithm="mpi", comm=comm)
+        assert values_equal(mar.allreduce(x, algorithm="mpi", comm=comm), numpy_reference("sum", gather_inputs(comm, x)))
     if not compared:
         comm.Free()
 
