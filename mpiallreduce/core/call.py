@@ -11,8 +11,7 @@ caller's thread, in program order; then planned and run by the executor.
                        (mpiallreduce.core.planner; with ``check``, agreed on by every rank first),
                        the Execution of that plan (mpiallreduce.core.executor: kept per kind of
                        call, the short path of the next repeat), the flat buffers, the run
-    Prepared(call)     ``prepare``: agreed on once, one Execution and one set of flat buffers
-                       bound for good; each run is numbered, then executed
+    Prepared(call)     ``prepare``: agreed on once, then run many times (mpiallreduce.core.prepared)
 
 Every entry builds a Call: ``allreduce(_async)``, ``prepare``, GradientSync, ``psum`` & co., ``.torch``.
 """
@@ -21,7 +20,7 @@ from mpi4py import MPI
 
 from ..device.arrays import namespace
 from ..faults.errors import call_site
-from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_fields, clock, finish, record_call, run_traced
+from ..faults.recorder import array_fields, record_call, run_traced
 from ..faults.watch import PeerWatch, set_up_or_rank_failure
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
@@ -35,7 +34,7 @@ from .state import state_of
 from .symmetric import placement_of_call
 from .worker import _worker, run_here, run_in_order
 
-__all__ = ["Call", "Prepared", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
+__all__ = ["Call", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
 
 WORLD = MPI.COMM_WORLD
 
@@ -234,67 +233,3 @@ def _renew_and_ready(state, current, untimed):
 
 def _plain(value):  # (an op or algorithm as the signature names it)
     return value if isinstance(value, str) else repr(value)
-
-
-class Prepared:
-    """A call agreed on and planned once, its buffers bound once: ``prepared()`` numbers a run and
-    runs it in its turn, ``start(submit)`` hands it to the worker, ``run_numbered(n)`` runs call #n."""
-
-    def __init__(self, call, persistent=True):
-        call._meet()
-        self.state, self.timeout, self.site, self.x = call.state, call.timeout, call.site, call.x
-        self.execution = call.agreed_execution()
-        translated(self.state, call.sequence, self.execution.set_up)  # (agreed: every rank makes it now, not a run)
-        self.plan, self.op = self.execution.plan, self.execution.op
-        self.described = Described(array_fields(self.x, kind="prepared", site=self.site, op=self.op.name, timeout=self.timeout,
-                                                algorithm=self.plan.name, in_place=self.plan.in_place))
-        self.xp = None if type(call.x) is np.ndarray else namespace(call.x)
-        self.flat = flat = buffers.flat_buffers(call.x, call.out)
-        #: the flat input is x itself (a view), or a copy to refresh before each run
-        self.input_is_x = flat.send is None and flat.write_back is None or (
-            flat.send is not None and buffers.views(flat.send, call.x))
-        self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp, kept=persistent)
-        self.persistent = getattr(self.execute, "persistent", False)
-        self.result = flat.result
-        self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
-        self.code = digest(("prepared", self.x.shape, str(self.x.dtype), self.op.name, self.plan.describe())) | 1
-
-    def __call__(self, *, _elsewhere=None):
-        """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
-        state, elsewhere = self.state, _elsewhere
-        sequence = state.number()
-        entry = None if state.recorder is None else state.recorder.record(state, sequence, self.described)
-        if self.fast and not _worker.pending:
-            try:
-                self.execute(sequence) if elsewhere is None else elsewhere[0](sequence)
-            except BaseException as error:
-                finish(entry, error)
-                raise
-            if entry is not None:
-                entry[STATE], entry[ENDED] = DONE, clock()
-            return self.result if elsewhere is None else elsewhere[1]
-        if entry is not None:  # (behind asynchronous calls)
-            entry[STATE] = QUEUED
-        return run_in_order(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
-
-    run = __call__
-
-    def start(self, submit, elsewhere=None):
-        """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
-        sequence = self.state.number()
-        entry = record_call(self.state, sequence, self.described)
-        return submit(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
-
-    def run_numbered(self, sequence, elsewhere=None):
-        if self.timeout is not None:  # (its code: a plain call, or another prepared one, elsewhere raises)
-            meet(self.state, sequence, self.timeout, self.site, self.code)
-        if elsewhere is not None:  # (bound run, array): on other memory
-            elsewhere[0](sequence)
-            return elsewhere[1]
-        flat = self.flat
-        if not self.input_is_x:  # a strided or overlapping x: refresh the contiguous copy
-            buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
-        self.execute(sequence)
-        return flat.finish()
-
-

@@ -24,6 +24,7 @@ from ..algorithms.base import CallTags
 from ..faults.recorder import DONE, ENDED, RUNNING, STATE, WITHDRAWN, clock, run_traced
 from ..faults.watch import PeerWatch
 from . import buffers
+from .compiled import short_path
 from .consistency import CarriedSignature, agree_on_call, compare, digest
 from .failures import raise_failed
 from .ops import OPS, ignore_float_errors, restore_float_errors
@@ -67,7 +68,7 @@ class Execution:
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
         self.options = {"peers": placement} if plan.algorithm.needs_symmetric else {} if plan.inner is None else {
             "inner": plan.inner}
-        self.short = self._short_path() if kind == "host" else None
+        self.short = (short_path(self) or self._short_path()) if kind == "host" else None  # (compiled where it can)
         self.after_probe = None
 
     def trace_fields(self):  # (what the flight recorder's dump says of a call that ran this)

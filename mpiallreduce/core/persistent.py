@@ -34,6 +34,11 @@ def bind_persistent(library, source, target, mpi_op, failed, then=None):
             failed(error, sequence)
     weakref.finalize(run, _free, request)
     run.persistent = True
+
+    def failed_compiled(error, sequence):  # (the compiled run's: an MPI error code, or what then() raised)
+        failed(MPI.Exception(error) if isinstance(error, int) else error, sequence)
+    #: what the compiled run (mpiallreduce.core.compiled) binds: the request, then, failed
+    run.compiled = (request, then, failed_compiled)
     return run
 
 

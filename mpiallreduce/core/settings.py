@@ -109,6 +109,9 @@ class Settings:
     trace_entries: int = 0
     #: MPIALLREDUCE_TRACE_DIR: where the recorder's dumps go ("": ./mpiallreduce-trace)
     trace_dir: str = ""
+    #: MPIALLREDUCE_COMPILED: repeated calls take the compiled hot paths where they were built
+    #: (mpiallreduce.core.compiled); 0: the Python ones only. Not agreed: both do the same
+    compiled: bool = True
 
     #: the fields every rank of a communicator must agree on
     AGREED = ("check", "timeout", "signature_min_bytes", "ring_segment_bytes", "staged_segment_bytes",
@@ -142,6 +145,7 @@ class Settings:
             debug_inputs=parse_bool("MPIALLREDUCE_DEBUG_INPUTS", env.get("MPIALLREDUCE_DEBUG_INPUTS")),
             trace_entries=_count("MPIALLREDUCE_TRACE_ENTRIES", env.get("MPIALLREDUCE_TRACE_ENTRIES"), 0),
             trace_dir=(env.get("MPIALLREDUCE_TRACE_DIR") or "").strip(),
+            compiled=parse_bool("MPIALLREDUCE_COMPILED", env.get("MPIALLREDUCE_COMPILED"), default=True),
         )
 
     def agreed(self, **more):

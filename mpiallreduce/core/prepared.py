@@ -1,0 +1,94 @@
+"""A prepared call: agreed on and planned once, its buffers bound for good; each run is numbered
+on the caller's thread, then executed (``prepare``, GradientSync's buckets).
+
+    Prepared(call)     the Call agreed on (every rank), its Execution made and set up, the flat
+                       buffers bound (Execution.bound: a persistent request where the plan says)
+    prepared()         numbered, run in its turn: here, or behind pending asynchronous calls
+                       (compiled where mpiallreduce.core.compiled says so: the same steps)
+    .start(submit)     numbered here, run by the worker
+"""
+import numpy as np
+
+from ..device.arrays import namespace
+from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_fields, clock, finish, record_call, run_traced
+from . import buffers
+from .compiled import PreparedBase, used as compiled_used
+from .consistency import digest, meet
+from .failures import translated
+from .worker import _worker, run_in_order
+
+__all__ = ["Prepared"]
+
+
+class Prepared(PreparedBase):
+    """A call agreed on and planned once, its buffers bound once: ``prepared()`` numbers a run and
+    runs it in its turn, ``start(submit)`` hands it to the worker, ``run_numbered(n)`` runs call #n.
+    Its runs on a persistent request are compiled where mpiallreduce.core.compiled says so (the
+    compiled __call__ does what ``_call`` does, and hands anything else to it)."""
+
+    def __init__(self, call, persistent=True):
+        call._meet()
+        self.state, self.timeout, self.site, self.x = call.state, call.timeout, call.site, call.x
+        self.execution = call.agreed_execution()
+        translated(self.state, call.sequence, self.execution.set_up)  # (agreed: every rank makes it now, not a run)
+        self.plan, self.op = self.execution.plan, self.execution.op
+        self.described = Described(array_fields(self.x, kind="prepared", site=self.site, op=self.op.name, timeout=self.timeout,
+                                                algorithm=self.plan.name, in_place=self.plan.in_place))
+        self.xp = None if type(call.x) is np.ndarray else namespace(call.x)
+        self.flat = flat = buffers.flat_buffers(call.x, call.out)
+        #: the flat input is x itself (a view), or a copy to refresh before each run
+        self.input_is_x = flat.send is None and flat.write_back is None or (
+            flat.send is not None and buffers.views(flat.send, call.x))
+        self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp, kept=persistent)
+        self.persistent = getattr(self.execute, "persistent", False)
+        self.result = flat.result
+        self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
+        self.code = digest(("prepared", self.x.shape, str(self.x.dtype), self.op.name, self.plan.describe())) | 1
+        if self.fast and self.persistent and compiled_used():
+            request, then, failed = self.execute.compiled
+            self._bind_compiled(request.handle, vars(self.state), vars(_worker), self.result, then, failed, self.execute)
+
+    def _call(self, *, _elsewhere=None):
+        """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
+        state, elsewhere = self.state, _elsewhere
+        sequence = state.number()
+        entry = None if state.recorder is None else state.recorder.record(state, sequence, self.described)
+        if self.fast and not _worker.pending:
+            try:
+                self.execute(sequence) if elsewhere is None else elsewhere[0](sequence)
+            except BaseException as error:
+                finish(entry, error)
+                raise
+            if entry is not None:
+                entry[STATE], entry[ENDED] = DONE, clock()
+            return self.result if elsewhere is None else elsewhere[1]
+        if entry is not None:  # (behind asynchronous calls)
+            entry[STATE] = QUEUED
+        return run_in_order(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
+
+    if PreparedBase is object:  # (not compiled: the call is _call itself, no frame more)
+        __call__ = _call
+
+    def run(self):
+        """The same as calling it."""
+        return self()
+
+    def start(self, submit, elsewhere=None):
+        """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
+        sequence = self.state.number()
+        entry = record_call(self.state, sequence, self.described)
+        return submit(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
+
+    def run_numbered(self, sequence, elsewhere=None):
+        if self.timeout is not None:  # (its code: a plain call, or another prepared one, elsewhere raises)
+            meet(self.state, sequence, self.timeout, self.site, self.code)
+        if elsewhere is not None:  # (bound run, array): on other memory
+            elsewhere[0](sequence)
+            return elsewhere[1]
+        flat = self.flat
+        if not self.input_is_x:  # a strided or overlapping x: refresh the contiguous copy
+            buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
+        self.execute(sequence)
+        return flat.finish()
+
+

@@ -1,0 +1,130 @@
+"""The compiled hot paths (mpiallreduce/core/_compiled.c) against the Python ones they stand in for:
+the same results (from numpy on the gathered inputs), the same numbers, the same errors, and the
+Python path wherever the compiled one hands a call back. Each case runs both ways."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from mpiallreduce.core import compiled
+from mpiallreduce.core.state import state_of
+from reference import exact_input, gather_inputs, numpy_reference, values_equal
+
+pytestmark = [pytest.mark.mpi, pytest.mark.skipif(not compiled.built(), reason="_compiled.c was not built here "
+                                                  "(tests/test_layers.py says where it must be)")]
+
+WORLD = MPI.COMM_WORLD
+BOTH = pytest.mark.parametrize("use_compiled", [True, False], ids=["compiled", "python"])
+
+
+def short_of(comm, x, op="sum", algorithm="auto", in_place=False):
+    return state_of(comm).fast_calls[(x.shape, x.dtype, op, algorithm, in_place)].short
+
+
+def is_compiled(function):
+    return type(getattr(function, "__self__", None)).__name__ == "ShortPath"
+
+
+@BOTH
+@pytest.mark.parametrize("signature", ["compared", "unchecked"])
+def test_plain_calls_of_mpis_allreduce_give_numpys_values_every_way_in(comm, use_settings, use_compiled, signature):
+    """4 B to 8 KB, sum, mean and max, float64, float32, int32 and complex128: into a new array, in
+    place, into another array; then the arrays the compiled path hands back (a read-only out, an
+    out overlapping x, an out of another dtype, a strided x), which the general path takes."""
+    use_settings(compiled=use_compiled, signature_min_bytes=0 if signature == "compared" else -1)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for count in (1, 1000):
+        for dtype, op in (("float64", "sum"), ("float32", "mean"), ("int32", "max"), ("complex128", "sum")):
+            x = exact_input(dtype, count, rank, op) * (rank + 1)
+            kept = x.copy()
+            want = numpy_reference(op, gather_inputs(comm, x))
+            other, y = np.empty_like(x), x.copy()
+            for repeat in range(3):  # (the first plans; the repeats take the short path)
+                assert values_equal(mar.allreduce(x, op=op, comm=comm), want), (dtype, op, repeat)
+                assert values_equal(mar.allreduce(x, op=op, comm=comm, out=other), want) and values_equal(other, want)
+                y[...] = x
+                assert mar.allreduce(y, op=op, comm=comm, out=y) is y and values_equal(y, want)
+                assert values_equal(x, kept)
+            if size > 1 and op != "mean":  # (a mean of one rank is local; of int32 in numpy, float)
+                assert is_compiled(short_of(comm, x, op)) == (use_compiled and state_of(comm).recorder is None)
+    x = exact_input("float64", 64, rank, "sum")
+    want = numpy_reference("sum", gather_inputs(comm, x))
+    frozen = np.empty_like(x)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        mar.allreduce(x, comm=comm, out=frozen)
+    wide = np.zeros(128)
+    assert values_equal(mar.allreduce(wide[:64], comm=comm, out=wide[32:96].copy()), numpy_reference(
+        "sum", gather_inputs(comm, wide[:64])))
+    with pytest.raises(ValueError):
+        mar.allreduce(x, comm=comm, out=np.empty(64, np.float32))
+    strided = np.repeat(x, 2)[::2]
+    assert values_equal(mar.allreduce(strided, comm=comm), want)
+    assert values_equal(mar.allreduce(x, comm=comm), want)  # (and the short path still right after)
+
+
+@BOTH
+def test_calls_are_numbered_alike_on_every_rank_whichever_path_takes_them(use_settings, use_compiled):
+    """Plain calls on the compiled short path, the general path and prepared calls interleaved:
+    each call advances the communicator's number by one, and every rank's number is the same."""
+    use_settings(compiled=use_compiled)
+    comm = WORLD.Dup()
+    rank = comm.Get_rank()
+    x = exact_input("float64", 8, rank, "sum")
+    want = numpy_reference("sum", gather_inputs(comm, x))
+    prepared = mar.prepare(x, comm=comm, algorithm="mpi")
+    mar.allreduce(x, comm=comm)
+    state = state_of(comm)
+    before = state.sequence
+    for step in range(10):
+        assert values_equal(mar.allreduce(x, comm=comm), want)
+        assert values_equal(mar.allreduce(x[::-1].copy()[::-1], comm=comm), want)  # (a copy's view: general)
+        assert values_equal(prepared(), want)
+        assert values_equal(prepared.run(), want)
+    assert state.sequence == before + 40
+    numbers = comm.allgather(state.sequence)
+    assert len(set(numbers)) == 1, numbers
+    if comm.Get_size() > 1:
+        assert prepared._compiled_bound() == use_compiled
+    comm.Free()
+
+
+@BOTH
+def test_a_call_that_differs_below_the_threshold_raises_the_same_error_everywhere(use_settings, use_compiled):
+    """4 bytes against 8 on the last rank (the shared slots compare them): a ValueError naming the
+    shapes on every rank, from the compiled short path too, and the next call is right."""
+    comm = WORLD
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    use_settings(compiled=use_compiled)
+    x = exact_input("float32", 1, rank, "sum")
+    want = numpy_reference("sum", gather_inputs(comm, x))
+    for _ in range(2):  # (the second time on the short path)
+        assert values_equal(mar.allreduce(x), want)
+    odd = exact_input("float32", 2 if rank == size - 1 else 1, rank, "sum")
+    with pytest.raises(ValueError, match=r"shape differs: \(1,\) on ranks? [\d, ]+; \(2,\) on rank %d" % (size - 1)):
+        mar.allreduce(odd)
+    assert values_equal(mar.allreduce(x), want)
+
+
+@BOTH
+def test_prepared_calls_on_persistent_requests_behind_async_calls_and_with_a_mean(comm, use_settings, use_compiled):
+    """A prepared call of MPI's own allreduce (a persistent request): right each run, its mean
+    divided, in order behind an asynchronous call still pending (which the compiled call hands to
+    the Python path), and started in the background."""
+    use_settings(compiled=use_compiled)
+    rank = comm.Get_rank()
+    x = exact_input("float64", 16, rank, "mean") * (rank + 1)
+    big = exact_input("float64", 1 << 16, rank, "sum")
+    want_big = numpy_reference("sum", gather_inputs(comm, big))
+    for op in ("sum", "mean"):
+        prepared = mar.prepare(x, op=op, comm=comm, algorithm="mpi")
+        for step in range(3):
+            x[...] = exact_input("float64", 16, rank + step, "mean") * (rank + 1)
+            want = numpy_reference(op, gather_inputs(comm, x))
+            assert values_equal(prepared(), want), (op, step)
+            pending = mar.allreduce_async(big, comm=comm, algorithm="ring")
+            assert values_equal(prepared(), want), (op, step)
+            assert values_equal(pending.wait(), want_big)
+            assert values_equal(prepared.start().wait(), want), (op, step)
