@@ -105,7 +105,8 @@ class Settings:
     #: (the ranks then agree on the outcome: a collective, so the ranks must agree on this setting)
     debug_inputs: bool = False
     #: MPIALLREDUCE_TRACE_ENTRIES: how many of its last calls each rank's flight recorder keeps
-    #: (mpiallreduce.faults.recorder); 0, the default: no recorder (it costs 0.2-0.35 us a call)
+    #: (mpiallreduce.faults.recorder); 0, the default: no recorder (it costs 0.2-0.35 us a call, and
+    #: sends calls to the Python paths, not the compiled ones: about 1.3 us at 4 B)
     trace_entries: int = 0
     #: MPIALLREDUCE_TRACE_DIR: where the recorder's dumps go ("": ./mpiallreduce-trace)
     trace_dir: str = ""
