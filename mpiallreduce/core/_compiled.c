@@ -107,13 +107,13 @@ typedef struct {
     PyObject_HEAD
     MPI_Request request;
     int bound;
-    PyObject *state, *worker, *result, *then, *failed, *keep;
+    PyObject *state, *worker, *result, *then, *failed, *keep, *library;
 } PreparedBase;
 
 static int prepared_traverse(PreparedBase *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->state); Py_VISIT(self->worker); Py_VISIT(self->result);
-    Py_VISIT(self->then); Py_VISIT(self->failed); Py_VISIT(self->keep);
+    Py_VISIT(self->then); Py_VISIT(self->failed); Py_VISIT(self->keep); Py_VISIT(self->library);
     return 0;
 }
 
@@ -121,7 +121,7 @@ static int prepared_clear(PreparedBase *self)
 {
     self->bound = 0;
     Py_CLEAR(self->state); Py_CLEAR(self->worker); Py_CLEAR(self->result);
-    Py_CLEAR(self->then); Py_CLEAR(self->failed); Py_CLEAR(self->keep);
+    Py_CLEAR(self->then); Py_CLEAR(self->failed); Py_CLEAR(self->keep); Py_CLEAR(self->library);
     return 0;
 }
 
@@ -132,14 +132,15 @@ static void prepared_dealloc(PreparedBase *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* _bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep): runs go
- * through C (``keep``: what owns the request, held while bound) */
+/* _bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library):
+ * runs go through C (``keep``: what owns the request, held while bound; ``library``: the state's
+ * communicator, which a run checks is still there: freed, the Python path raises) */
 static PyObject *prepared_bind(PreparedBase *self, PyObject *args)
 {
     unsigned long long handle;
-    PyObject *state, *worker, *result, *then, *failed, *keep;
-    if (!PyArg_ParseTuple(args, "KO!O!OOOO", &handle, &PyDict_Type, &state, &PyDict_Type, &worker, &result, &then,
-                          &failed, &keep))
+    PyObject *state, *worker, *result, *then, *failed, *keep, *library;
+    if (!PyArg_ParseTuple(args, "KO!O!OOOOO", &handle, &PyDict_Type, &state, &PyDict_Type, &worker, &result, &then,
+                          &failed, &keep, &library))
         return NULL;
     prepared_clear(self);
     self->request = (MPI_Request)(uintptr_t)handle;
@@ -149,6 +150,7 @@ static PyObject *prepared_bind(PreparedBase *self, PyObject *args)
     Py_INCREF(then); self->then = then;
     Py_INCREF(failed); self->failed = failed;
     Py_INCREF(keep); self->keep = keep;
+    Py_INCREF(library); self->library = library;
     self->bound = 1;
     Py_RETURN_NONE;
 }
@@ -165,7 +167,7 @@ static PyObject *prepared_call(PreparedBase *self, PyObject *args, PyObject *kwa
     int other = unusual(self->worker, self->state);
     if (other < 0)
         return NULL;
-    if (other)
+    if (other || PyDict_GetItemWithError(self->state, s_library) != self->library)  /* (freed: Python raises) */
         goto python;
     long long number = next_number(self->state);
     if (number < 0)
@@ -199,7 +201,8 @@ python:;
 
 static PyMethodDef prepared_methods[] = {
     {"_bind_compiled", (PyCFunction)prepared_bind, METH_VARARGS,
-     "_bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep): runs go through C"},
+     "_bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library): runs go "
+     "through C"},
     {"_compiled_bound", (PyCFunction)prepared_is_bound, METH_NOARGS, "whether runs go through C"},
     {NULL}
 };

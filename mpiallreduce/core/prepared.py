@@ -46,11 +46,14 @@ class Prepared(PreparedBase):
         self.code = digest(("prepared", self.x.shape, str(self.x.dtype), self.op.name, self.plan.describe())) | 1
         if self.fast and self.persistent and compiled_used():
             request, then, failed = self.execute.compiled
-            self._bind_compiled(request.handle, vars(self.state), vars(_worker), self.result, then, failed, self.execute)
+            self._bind_compiled(request.handle, vars(self.state), vars(_worker), self.result, then, failed,
+                                self.execute, self.state.library)
 
     def _call(self, *, _elsewhere=None):
         """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
         state, elsewhere = self.state, _elsewhere
+        if state.library is None:
+            self._freed()
         sequence = state.number()
         entry = None if state.recorder is None else state.recorder.record(state, sequence, self.described)
         if self.fast and not _worker.pending:
@@ -75,9 +78,17 @@ class Prepared(PreparedBase):
 
     def start(self, submit, elsewhere=None):
         """Number this run here and hand it to ``submit`` (the worker's): an AllreduceHandle."""
+        if self.state.library is None:
+            self._freed()
         sequence = self.state.number()
         entry = record_call(self.state, sequence, self.described)
         return submit(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
+
+    def _freed(self):
+        """Raise for a run after the communicator was freed (every rank frees it: every rank raises),
+        before its request meets the freed communicator."""
+        raise ValueError(f"rank {self.state.rank}: this prepared call's communicator was freed; prepare the "
+                         "call again on a live communicator")
 
     def run_numbered(self, sequence, elsewhere=None):
         if self.timeout is not None:  # (its code: a plain call, or another prepared one, elsewhere raises)

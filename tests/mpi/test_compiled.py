@@ -152,3 +152,17 @@ def test_with_the_flight_recorder_on_every_call_is_recorded(comm, use_settings, 
     numbers = [entry[1] for entry in state.recorder.last()[before:] if entry[0] is state]
     assert numbers == list(range(state.sequence - 5, state.sequence + 1)), numbers
     assert not (comm.Get_size() > 1 and prepared._compiled_bound() and is_compiled(short_of(comm, x)))
+
+
+@BOTH
+def test_a_prepared_call_run_after_its_communicator_was_freed_raises_on_every_rank(use_settings, use_compiled):
+    """Its persistent request would meet the freed communicator (a crash in MPI_Start): every rank
+    raises instead, from the call and from start()."""
+    use_settings(compiled=use_compiled)
+    dup = WORLD.Dup()
+    x, want, prepared, state = prepared_and_plain(dup, 4)
+    assert values_equal(prepared(), want)
+    dup.Free()
+    for run in (prepared, prepared.run, lambda: prepared.start().wait()):
+        with pytest.raises(ValueError, match=f"rank {WORLD.Get_rank()}: this prepared call's communicator was freed"):
+            run()
