@@ -6,7 +6,7 @@
  *                            state.sequence += 1       (the number, on the caller's thread)
  *                            MPI_Start, MPI_Test       (SPIN_TESTS times: a small one is done)
  *                            MPI_Wait                  (if not, the GIL released, as mpi4py does)
- *                            then()                    (a mean's division, if any)
+ *                            a mean's division         (in C for float32 and float64, else then())
  *                          anything else (a flight recorder, pending asynchronous calls, an
  *                          argument): self._call(...), the Python
  *
@@ -15,7 +15,7 @@
  *                            out: None (a new array), x (in place), or a distinct array like x
  *                            number; publish the code in the shared slots and read the peers'
  *                            (SignatureSlots.agree); not all there yet: compare(sequence), Python
- *                            MPI_Allreduce (the GIL released), then()
+ *                            MPI_Allreduce (the GIL released), a mean's division (as above)
  *                          returns None where the Python path must take the call
  *
  * The slots' stores and loads are C11 atomics (release, acquire): what SignatureSlots does with
@@ -24,6 +24,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <mpi.h>
+#include <fenv.h>
 #include <stdint.h>
 
 /* a prepared run tests its request this many times before it waits with the GIL released (a
@@ -101,19 +102,52 @@ static PyObject *failed_with(PyObject *failed, int code, long long number)
     return NULL;
 }
 
+/* A mean's division of float32 or float64 results, in C: numpy's (core.ops._division: a multiply
+ * by 1/size for a power of two, else a divide by size) with the same IEEE operations, so the same
+ * bits, without a ufunc call's microsecond; float errors masked, as the executor masks numpy's
+ * (the flags raised here are dropped). kind: 4 (float32), 8 (float64), 0: Python's then() does it */
+typedef struct {
+    int kind, multiply;
+    double factor;
+} Division;
+
+static void divide(const Division *d, void *values, Py_ssize_t count)
+{
+    fenv_t kept;
+    feholdexcept(&kept);
+    if (d->kind == 4) {
+        float *v = values, f = (float)d->factor;
+        if (d->multiply)
+            for (Py_ssize_t i = 0; i < count; i++) v[i] = v[i] * f;
+        else
+            for (Py_ssize_t i = 0; i < count; i++) v[i] = v[i] / f;
+    } else {
+        double *v = values, f = d->factor;
+        if (d->multiply)
+            for (Py_ssize_t i = 0; i < count; i++) v[i] = v[i] * f;
+        else
+            for (Py_ssize_t i = 0; i < count; i++) v[i] = v[i] / f;
+    }
+    fesetenv(&kept);
+}
+
 /* ---- PreparedBase -------------------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
     MPI_Request request;
     int bound;
-    PyObject *state, *worker, *result, *then, *failed, *keep, *library;
+    PyObject *state, *worker, *result, *then, *failed, *keep, *library, *divided;
+    Division division;
+    void *values;               /* the divided array's memory (``divided`` holds it) */
+    Py_ssize_t count;
 } PreparedBase;
 
 static int prepared_traverse(PreparedBase *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->state); Py_VISIT(self->worker); Py_VISIT(self->result);
     Py_VISIT(self->then); Py_VISIT(self->failed); Py_VISIT(self->keep); Py_VISIT(self->library);
+    Py_VISIT(self->divided);
     return 0;
 }
 
@@ -122,6 +156,7 @@ static int prepared_clear(PreparedBase *self)
     self->bound = 0;
     Py_CLEAR(self->state); Py_CLEAR(self->worker); Py_CLEAR(self->result);
     Py_CLEAR(self->then); Py_CLEAR(self->failed); Py_CLEAR(self->keep); Py_CLEAR(self->library);
+    Py_CLEAR(self->divided);
     return 0;
 }
 
@@ -132,17 +167,31 @@ static void prepared_dealloc(PreparedBase *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* _bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library):
+/* _bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library,
+ *                (kind, multiply, factor), divided):
  * runs go through C (``keep``: what owns the request, held while bound; ``library``: the state's
- * communicator, which a run checks is still there: freed, the Python path raises) */
+ * communicator, which a run checks is still there: freed, the Python path raises); a mean's
+ * division of the array ``divided`` in C where kind is 4 or 8, else by then() */
 static PyObject *prepared_bind(PreparedBase *self, PyObject *args)
 {
     unsigned long long handle;
-    PyObject *state, *worker, *result, *then, *failed, *keep, *library;
-    if (!PyArg_ParseTuple(args, "KO!O!OOOOO", &handle, &PyDict_Type, &state, &PyDict_Type, &worker, &result, &then,
-                          &failed, &keep, &library))
+    PyObject *state, *worker, *result, *then, *failed, *keep, *library, *divided;
+    Division division;
+    if (!PyArg_ParseTuple(args, "KO!O!OOOOO(iid)O", &handle, &PyDict_Type, &state, &PyDict_Type, &worker, &result,
+                          &then, &failed, &keep, &library, &division.kind, &division.multiply, &division.factor,
+                          &divided))
         return NULL;
     prepared_clear(self);
+    self->division = division;
+    if (division.kind) {  /* (its memory, for good: the prepared call holds the array) */
+        Py_buffer view;
+        if (PyObject_GetBuffer(divided, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        self->values = view.buf;
+        self->count = view.len / division.kind;
+        PyBuffer_Release(&view);
+    }
+    Py_INCREF(divided); self->divided = divided;
     self->request = (MPI_Request)(uintptr_t)handle;
     Py_INCREF(state); self->state = state;
     Py_INCREF(worker); self->worker = worker;
@@ -182,7 +231,9 @@ static PyObject *prepared_call(PreparedBase *self, PyObject *args, PyObject *kwa
     }
     if (code != MPI_SUCCESS)
         return failed_with(self->failed, code, number);
-    if (self->then != Py_None) {
+    if (self->division.kind)
+        divide(&self->division, self->values, self->count);
+    else if (self->then != Py_None) {
         PyObject *done = PyObject_CallNoArgs(self->then);
         if (done == NULL)
             return failed_with(self->failed, MPI_SUCCESS, number);  /* (the Python error then() raised) */
@@ -201,8 +252,8 @@ python:;
 
 static PyMethodDef prepared_methods[] = {
     {"_bind_compiled", (PyCFunction)prepared_bind, METH_VARARGS,
-     "_bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library): runs go "
-     "through C"},
+     "_bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library, "
+     "(kind, multiply, factor), divided): runs go through C"},
     {"_compiled_bound", (PyCFunction)prepared_is_bound, METH_NOARGS, "whether runs go through C"},
     {NULL}
 };
@@ -231,6 +282,7 @@ typedef struct {
     int count, ndim, compares;
     Py_ssize_t shape[MAX_DIMENSIONS], strides[MAX_DIMENSIONS];
     long long code;
+    Division division;          /* a mean's, in C (else ``then``) */
     long long *mine, **others;  /* the shared slots (SignatureSlots): this rank's and its peers' */
     Py_ssize_t n_others;
     PyObject *state;            /* vars(state) */
@@ -268,7 +320,7 @@ static Py_ssize_t address_of(PyObject *number)
 }
 
 /* ShortPath(comm, op, datatype, compares, code, vars(state), slots, library, mine, others, shape,
- *           strides, dtype, empty, touches, made, compare, failed, then, keep)
+ *           strides, dtype, empty, touches, made, compare, failed, then, (kind, multiply, factor), keep)
  * handles and addresses as ints; ``mine``: this rank's slot's address (0: no slots), ``others``:
  * a tuple of its peers' */
 static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -278,10 +330,11 @@ static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     long long code;
     PyObject *state, *slots, *library, *mine, *others, *shape, *strides, *dtype, *empty, *touches, *made;
     PyObject *compare, *failed, *then, *keep;
-    if (!PyArg_ParseTuple(args, "KKKpLO!OOOO!O!O!OOOO!OOOO", &comm, &op, &datatype, &compares, &code, &PyDict_Type,
+    Division division;
+    if (!PyArg_ParseTuple(args, "KKKpLO!OOOO!O!O!OOOO!OOO(iid)O", &comm, &op, &datatype, &compares, &code, &PyDict_Type,
                           &state, &slots, &library, &mine, &PyTuple_Type, &others, &PyTuple_Type, &shape,
                           &PyTuple_Type, &strides, &dtype, &empty, &touches, &PyList_Type, &made, &compare, &failed,
-                          &then, &keep))
+                          &then, &division.kind, &division.multiply, &division.factor, &keep))
         return NULL;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
     if (ndim > MAX_DIMENSIONS || PyTuple_GET_SIZE(strides) != ndim) {
@@ -296,6 +349,7 @@ static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->datatype = (MPI_Datatype)(uintptr_t)datatype;
     self->compares = compares;
     self->code = code;
+    self->division = division;
     self->ndim = (int)ndim;
     Py_ssize_t count = 1;
     for (Py_ssize_t i = 0; i < ndim; i++) {
@@ -449,6 +503,8 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
     code = MPI_Allreduce(in_place ? MPI_IN_PLACE : send.buf, recv.buf, self->count, self->datatype, self->op,
                          self->comm);
     Py_END_ALLOW_THREADS
+    if (code == MPI_SUCCESS && self->division.kind)
+        divide(&self->division, recv.buf, self->count);
     if (sending)
         PyBuffer_Release(&send);
     PyBuffer_Release(&recv);
@@ -462,7 +518,7 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
         failed_with(self->failed, code, number);
         goto fail;
     }
-    if (self->then != Py_None) {
+    if (!self->division.kind && self->then != Py_None) {
         PyObject *done = PyObject_CallOneArg(self->then, result);
         if (done == NULL) {
             failed_with(self->failed, MPI_SUCCESS, number);

@@ -11,7 +11,8 @@
                   (``short_path``: Execution.short, executor.py)
 
 They do what the Python beside them does, in the same order (the number, the signature in the
-shared slots, MPI, a mean's division), and hand anything unusual back to it: the Python raises
+shared slots, MPI, a mean's division: of float32 and float64 in C, the same IEEE operation as
+numpy's, ``division_of``), and hand anything unusual back to it: the Python raises
 what a failure means (core.failures) and waits for late peers (core.consistency).
 """
 import numpy as np
@@ -21,6 +22,7 @@ from ..faults.watch import PeerWatch
 from . import symmetric
 from .consistency import compare
 from .failures import raise_failed
+from .ops import host_division
 from .settings import settings
 
 #: setup.py builds it with Open MPI's mpicc: it runs only where mpi4py loaded Open MPI too (imported
@@ -32,7 +34,7 @@ except ImportError:  # (not built: the Python paths only)
 if _compiled is not None and not MPI.Get_library_version().startswith("Open MPI"):
     _compiled = None
 
-__all__ = ["PreparedBase", "built", "used", "short_path"]
+__all__ = ["PreparedBase", "built", "used", "short_path", "division_of"]
 
 #: the base class of Prepared: its __call__ compiled where built
 PreparedBase = object if _compiled is None else _compiled.PreparedBase
@@ -54,6 +56,18 @@ _MAX_COUNT = 2 ** 31 - 1
 
 def _address(view):
     return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def division_of(execution, result=None):
+    """(kind, multiply, factor): a mean's division done in C (kind 4 or 8: float32 or float64 in
+    native order, on C-contiguous ``result`` if given), the same operation as numpy's; (0, 0, 0.0)
+    where the Python division (Execution.divide) runs instead, or where there is none."""
+    dtype = execution.dtype
+    if not (execution.divides and execution.divides_host is not None and dtype.isnative
+            and dtype in (np.float32, np.float64) and (result is None or result.flags.c_contiguous)):
+        return 0, 0, 0.0
+    how, factor = host_division(dtype, execution.state.size)
+    return dtype.itemsize, int(how == "multiply"), factor
 
 
 def short_path(execution):
@@ -79,4 +93,4 @@ def short_path(execution):
         state.library.handle, execution.mpi_op.handle, execution.datatype.handle, execution.compares_first,
         code, vars(state), slots, state.library, mine, others, execution.shape, execution.strides, execution.dtype,
         np.empty, symmetric.touches, symmetric._MADE, compared, failed, execution.divide if execution.divides else None,
-        None).run
+        division_of(execution), None).run

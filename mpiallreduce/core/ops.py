@@ -15,7 +15,7 @@ from .buffers import mpi_datatype
 from ..device.arrays import namespace
 
 __all__ = ["ReduceOp", "Bfloat16Bits", "OPS", "get_op", "name_of", "ignore_float_errors", "restore_float_errors",
-           "divide_by_size"]
+           "divide_by_size", "host_division"]
 
 try:  # numpy 2: the error state is a context variable, set here directly (entering np.errstate costs ~2 us)
     from numpy._core.umath import _extobj_contextvar, _make_extobj
@@ -217,6 +217,13 @@ def divide_by_size(xp, values, size, out):
     division is slower than a multiplication: docs/training.md says how to compare them)."""
     ufunc, factor = _division(xp, values.dtype, size)
     ufunc(values, factor, out=out)
+
+
+def host_division(dtype, size):
+    """("multiply" or "divide", the operand as a float) of a mean's division of numpy ``dtype`` by
+    ``size`` (what the compiled paths do with the same IEEE operation: mpiallreduce.core.compiled)."""
+    ufunc, factor = _division(np, np.dtype(dtype), size)
+    return ufunc.__name__, float(factor)
 
 
 def _division(xp, dtype, size):

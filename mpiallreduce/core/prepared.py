@@ -12,7 +12,7 @@ import numpy as np
 from ..device.arrays import namespace
 from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_fields, clock, finish, record_call, run_traced
 from . import buffers
-from .compiled import PreparedBase, used as compiled_used
+from .compiled import PreparedBase, division_of, used as compiled_used
 from .consistency import digest, meet
 from .failures import translated
 from .worker import _worker, run_in_order
@@ -47,7 +47,8 @@ class Prepared(PreparedBase):
         if self.fast and self.persistent and compiled_used():
             request, then, failed = self.execute.compiled
             self._bind_compiled(request.handle, vars(self.state), vars(_worker), self.result, then, failed,
-                                self.execute, self.state.library)
+                                self.execute, self.state.library, division_of(self.execution, self.flat.recv),
+                                self.flat.recv)
 
     def _call(self, *, _elsewhere=None):
         """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
