@@ -34,7 +34,7 @@
 /* the dimensions a ShortPath binds (numpy allows 64: compiled.short_path leaves more to Python) */
 #define MAX_DIMENSIONS 8
 
-static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype;
+static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype, *s_nbytes;
 
 /* The objects' attributes are read from their __dict__s (borrowed, no attribute lookup: a few ns
  * where getattr costs 20), which the binding passes: CommState and the worker keep them there. */
@@ -287,13 +287,13 @@ typedef struct {
     Py_ssize_t n_others;
     PyObject *state;            /* vars(state) */
     PyObject *slots, *library;  /* what was bound: a call whose state holds others goes to Python */
-    PyObject *dtype, *empty, *shape_tuple, *touches, *made, *compare, *failed, *then, *keep;
+    PyObject *dtype, *empty, *shape_tuple, *starts, *made, *compare, *failed, *then, *keep;
 } ShortPath;
 
 static int short_traverse(ShortPath *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->state); Py_VISIT(self->slots); Py_VISIT(self->library); Py_VISIT(self->dtype);
-    Py_VISIT(self->empty); Py_VISIT(self->shape_tuple); Py_VISIT(self->touches); Py_VISIT(self->made);
+    Py_VISIT(self->empty); Py_VISIT(self->shape_tuple); Py_VISIT(self->starts); Py_VISIT(self->made);
     Py_VISIT(self->compare); Py_VISIT(self->failed); Py_VISIT(self->then); Py_VISIT(self->keep);
     return 0;
 }
@@ -301,7 +301,7 @@ static int short_traverse(ShortPath *self, visitproc visit, void *arg)
 static int short_clear(ShortPath *self)
 {
     Py_CLEAR(self->state); Py_CLEAR(self->slots); Py_CLEAR(self->library); Py_CLEAR(self->dtype);
-    Py_CLEAR(self->empty); Py_CLEAR(self->shape_tuple); Py_CLEAR(self->touches); Py_CLEAR(self->made);
+    Py_CLEAR(self->empty); Py_CLEAR(self->shape_tuple); Py_CLEAR(self->starts); Py_CLEAR(self->made);
     Py_CLEAR(self->compare); Py_CLEAR(self->failed); Py_CLEAR(self->then); Py_CLEAR(self->keep);
     return 0;
 }
@@ -320,7 +320,7 @@ static Py_ssize_t address_of(PyObject *number)
 }
 
 /* ShortPath(comm, op, datatype, compares, code, vars(state), slots, library, mine, others, shape,
- *           strides, dtype, empty, touches, made, compare, failed, then, (kind, multiply, factor), keep)
+ *           strides, dtype, empty, starts, made, compare, failed, then, (kind, multiply, factor), keep)
  * handles and addresses as ints; ``mine``: this rank's slot's address (0: no slots), ``others``:
  * a tuple of its peers' */
 static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -328,12 +328,12 @@ static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     unsigned long long comm, op, datatype;
     int compares;
     long long code;
-    PyObject *state, *slots, *library, *mine, *others, *shape, *strides, *dtype, *empty, *touches, *made;
+    PyObject *state, *slots, *library, *mine, *others, *shape, *strides, *dtype, *empty, *starts, *made;
     PyObject *compare, *failed, *then, *keep;
     Division division;
-    if (!PyArg_ParseTuple(args, "KKKpLO!OOOO!O!O!OOOO!OOO(iid)O", &comm, &op, &datatype, &compares, &code, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "KKKpLO!OOOO!O!O!OOO!O!OOO(iid)O", &comm, &op, &datatype, &compares, &code, &PyDict_Type,
                           &state, &slots, &library, &mine, &PyTuple_Type, &others, &PyTuple_Type, &shape,
-                          &PyTuple_Type, &strides, &dtype, &empty, &touches, &PyList_Type, &made, &compare, &failed,
+                          &PyTuple_Type, &strides, &dtype, &empty, &PyList_Type, &starts, &PyList_Type, &made, &compare, &failed,
                           &then, &division.kind, &division.multiply, &division.factor, &keep))
         return NULL;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
@@ -379,7 +379,7 @@ static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     Py_INCREF(dtype); self->dtype = dtype;
     Py_INCREF(empty); self->empty = empty;
     Py_INCREF(shape); self->shape_tuple = shape;
-    Py_INCREF(touches); self->touches = touches;
+    Py_INCREF(starts); self->starts = starts;
     Py_INCREF(made); self->made = made;
     Py_INCREF(compare); self->compare = compare;
     Py_INCREF(failed); self->failed = failed;
@@ -404,6 +404,36 @@ static int agree(ShortPath *self, long long number)
         if (__atomic_load_n(&self->others[i][at], __ATOMIC_RELAXED) != self->code)
             return 0;
     return 1;
+}
+
+/* symmetric.touches: whether ``address`` lies in this rank's segment of a symmetric allocation
+ * (``starts``, sorted, and ``made``: symmetric._STARTS and _MADE, bisected here as there); -1 with
+ * an exception set */
+static int in_symmetric(ShortPath *self, const void *address)
+{
+    unsigned long long at = (unsigned long long)(uintptr_t)address, start;
+    Py_ssize_t low = 0, high = PyList_GET_SIZE(self->starts);
+    while (low < high) {  /* (bisect_right) */
+        Py_ssize_t middle = (low + high) / 2;
+        start = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(self->starts, middle));
+        if (start == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        if (at < start)
+            high = middle;
+        else
+            low = middle + 1;
+    }
+    if (low == 0 || low > PyList_GET_SIZE(self->made))
+        return 0;
+    start = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(self->starts, low - 1));
+    PyObject *nbytes = PyObject_GetAttr(PyList_GET_ITEM(self->made, low - 1), s_nbytes);
+    if (nbytes == NULL)
+        return -1;
+    unsigned long long length = PyLong_AsUnsignedLongLong(nbytes);
+    Py_DECREF(nbytes);
+    if (length == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    return at < start + length;
 }
 
 /* whether the buffer is laid out as bound (shape and strides) */
@@ -440,15 +470,6 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
     PyObject *x = args[0], *out = args[1], *result = NULL;
     Py_buffer send, recv;
     int in_place = out == x, sending = 0, receiving = 0;
-    if (PyList_GET_SIZE(self->made) != 0) {  /* (symmetric arrays may run single_copy: Python's) */
-        PyObject *touched = PyObject_CallOneArg(self->touches, x);
-        if (touched == NULL)
-            return NULL;
-        int yes = PyObject_IsTrue(touched);
-        Py_DECREF(touched);
-        if (yes)
-            goto python;
-    }
     if (out == Py_None) {
         result = PyObject_CallFunctionObjArgs(self->empty, self->shape_tuple, self->dtype, NULL);
         if (result == NULL)
@@ -477,6 +498,13 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
     if (sending && out != Py_None && !in_place) {  /* (np.may_share_memory's bounds) */
         char *a = send.buf, *b = recv.buf;
         if (a < b + recv.len && b < a + send.len && recv.len)
+            goto python;
+    }
+    if (PyList_GET_SIZE(self->made) != 0) {  /* (symmetric arrays may run single_copy: Python's) */
+        int inside = in_symmetric(self, in_place ? recv.buf : send.buf);
+        if (inside < 0)
+            goto fail;
+        if (inside)
             goto python;
     }
     PyObject *library = PyDict_GetItemWithError(self->state, s_library);
@@ -573,7 +601,8 @@ PyMODINIT_FUNC PyInit__compiled(void)
     if (!(s_pending = PyUnicode_InternFromString("pending")) || !(s_recorder = PyUnicode_InternFromString("recorder"))
         || !(s_sequence = PyUnicode_InternFromString("sequence")) || !(s_call = PyUnicode_InternFromString("_call"))
         || !(s_slots = PyUnicode_InternFromString("signature_slots"))
-        || !(s_library = PyUnicode_InternFromString("library")) || !(s_dtype = PyUnicode_InternFromString("dtype")))
+        || !(s_library = PyUnicode_InternFromString("library")) || !(s_dtype = PyUnicode_InternFromString("dtype"))
+        || !(s_nbytes = PyUnicode_InternFromString("nbytes")))
         return NULL;
     if (PyType_Ready(&PreparedBaseType) < 0 || PyType_Ready(&ShortPathType) < 0)
         return NULL;

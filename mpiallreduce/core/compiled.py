@@ -92,5 +92,5 @@ def short_path(execution):
     return _compiled.ShortPath(
         state.library.handle, execution.mpi_op.handle, execution.datatype.handle, execution.compares_first,
         code, vars(state), slots, state.library, mine, others, execution.shape, execution.strides, execution.dtype,
-        np.empty, symmetric.touches, symmetric._MADE, compared, failed, execution.divide if execution.divides else None,
+        np.empty, symmetric._STARTS, symmetric._MADE, compared, failed, execution.divide if execution.divides else None,
         division_of(execution), None).run

@@ -166,3 +166,20 @@ def test_a_prepared_call_run_after_its_communicator_was_freed_raises_on_every_ra
     for run in (prepared, prepared.run, lambda: prepared.start().wait()):
         with pytest.raises(ValueError, match=f"rank {WORLD.Get_rank()}: this prepared call's communicator was freed"):
             run()
+
+
+@BOTH
+def test_a_symmetric_input_is_handed_back_and_an_ordinary_view_is_not(comm, use_settings, use_compiled):
+    """With symmetric arrays made (mar.empty, as GradientSync's one-node bucket is), the short path
+    hands an input that lies in one back to the general path (which may run single_copy on it) and
+    reduces an ordinary view itself."""
+    use_settings(compiled=use_compiled)
+    x, want, prepared, state = prepared_and_plain(comm, 4)
+    symmetric = mar.empty(4, np.float64, comm=comm)
+    symmetric[...] = x
+    view = np.zeros(8)[2:6]
+    view[...] = x
+    short = short_of(comm, x)
+    assert short(symmetric, None) is None
+    assert values_equal(short(view, None), want)
+    assert values_equal(mar.allreduce(symmetric, comm=comm), want) and values_equal(mar.allreduce(view, comm=comm), want)
