@@ -178,6 +178,8 @@ class PreparedAllreduce(Prepared):
                              None if array is None else self._elsewhere(array))
 
     def _elsewhere(self, on):
+        if self.state.library is None:  # (before binding to the freed communicator)
+            self._freed()
         if not (not self.plan.algorithm.needs_symmetric and self.flat.send is None and self.flat.write_back is None and not self.persistent
                 and type(on) is type(self.x) is np.ndarray and on.shape == self.x.shape
                 and on.dtype == self.x.dtype and on.flags.c_contiguous and on.flags.writeable):

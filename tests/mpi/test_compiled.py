@@ -157,13 +157,17 @@ def test_with_the_flight_recorder_on_every_call_is_recorded(comm, use_settings, 
 @BOTH
 def test_a_prepared_call_run_after_its_communicator_was_freed_raises_on_every_rank(use_settings, use_compiled):
     """Its persistent request would meet the freed communicator (a crash in MPI_Start): every rank
-    raises instead, from the call and from start()."""
+    raises instead, from the call, from start(), and on another array (GradientSync's _run_on)."""
     use_settings(compiled=use_compiled)
+    from mpiallreduce.api import prepare_at
     dup = WORLD.Dup()
     x, want, prepared, state = prepared_and_plain(dup, 4)
-    assert values_equal(prepared(), want)
+    y = x.copy()
+    on_others = prepare_at("", y, algorithm="mpi", comm=dup, out=y, persistent=False)  # (GradientSync's kind)
+    assert values_equal(prepared(), want) and values_equal(on_others._run_on(x.copy()), want)
     dup.Free()
-    for run in (prepared, prepared.run, lambda: prepared.start().wait()):
+    for run in (prepared, prepared.run, lambda: prepared.start().wait(), lambda: on_others._run_on(x.copy()),
+                lambda: on_others._start_on(x.copy()).wait()):
         with pytest.raises(ValueError, match=f"rank {WORLD.Get_rank()}: this prepared call's communicator was freed"):
             run()
 
