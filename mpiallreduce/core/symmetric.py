@@ -40,8 +40,13 @@ _MADE, _STARTS = [], []
 def touches(a):
     """Whether numpy ``a`` starts in this rank's segment of a symmetric allocation (the short path
     asks, and leaves such arrays to the general path, which may run single_copy on them). An array
-    that owns its memory (``base`` None) is in none: free; a view costs a bisection."""
-    if not _MADE or a.base is None:
+    that owns its memory (``base`` None), or a view of one (numpy's ``base`` is then that array,
+    which owns its data), is in none: free; any other view costs its address (1.7 us here:
+    ``__array_interface__``) and a bisection."""
+    if not _MADE:
+        return False
+    base = a.base
+    if base is None or (type(base) is np.ndarray and base.flags.owndata):  # (numpy's own memory: in no window)
         return False
     address = a.__array_interface__["data"][0]
     at = bisect.bisect_right(_STARTS, address) - 1
