@@ -187,3 +187,25 @@ def test_a_symmetric_input_is_handed_back_and_an_ordinary_view_is_not(comm, use_
     assert short(symmetric, None) is None
     assert values_equal(short(view, None), want)
     assert values_equal(mar.allreduce(symmetric, comm=comm), want) and values_equal(mar.allreduce(view, comm=comm), want)
+
+
+def test_ranks_with_the_compiled_paths_on_and_off_agree(comm, use_settings):
+    """MPIALLREDUCE_COMPILED is not agreed across ranks (both paths do the same): with it off on the
+    odd ranks only, plain calls (sum and mean, new array and in place), prepared calls and a call that
+    differs on the last rank give numpy's values or the same error everywhere, numbered alike."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    use_settings(compiled=rank % 2 == 0)
+    x, want, prepared, state = prepared_and_plain(comm, 4)
+    mean = numpy_reference("mean", gather_inputs(comm, x))
+    for _ in range(3):
+        y = x.copy()
+        assert values_equal(mar.allreduce(x, comm=comm), want) and values_equal(prepared(), want)
+        assert values_equal(mar.allreduce(x, op="mean", comm=comm), mean)
+        assert values_equal(mar.allreduce(y, comm=comm, out=y), want)
+    if size > 1:
+        odd = exact_input("float64", 5 if rank == size - 1 else 4, rank, "sum")
+        with pytest.raises(ValueError, match=r"shape differs"):
+            mar.allreduce(odd, comm=comm)
+    assert values_equal(mar.allreduce(x, comm=comm), want)
+    numbers = comm.allgather(state.sequence)
+    assert len(set(numbers)) == 1, numbers
