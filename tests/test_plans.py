@@ -276,6 +276,12 @@ def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
                 (4096, "mpi", 40.0), (4096, "ring", 20.0)]
     assert rules_from_measurements(measured) == [{"up_to_bytes": 256, "algorithm": "mpi"},
                                                  {"up_to_bytes": None, "algorithm": "ring"}]
+    # a plain call of ring costing 4 more than one of MPI's own: ring's 5 ahead at 1024 is kept, and
+    # from 4096 (20 ahead) too; with 6, MPI's own keeps 1024 (5 < 6, though 50% faster)
+    assert rules_from_measurements(measured, prefer_mpi_by=4.0) == [{"up_to_bytes": 256, "algorithm": "mpi"},
+                                                                     {"up_to_bytes": None, "algorithm": "ring"}]
+    assert rules_from_measurements(measured, prefer_mpi_by=6.0) == [{"up_to_bytes": 2048, "algorithm": "mpi"},
+                                                                     {"up_to_bytes": None, "algorithm": "ring"}]
 
 
 def test_cost_model_fits_synthetic_times_within_and_between_nodes():

@@ -47,7 +47,9 @@ __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "c
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
-#: tune prefers MPI_Allreduce (the reference) unless another algorithm is faster by more than this
+#: tune prefers MPI_Allreduce (the reference) unless another algorithm is faster by more than this,
+#: and by more than what a plain call of it costs over a plain call of MPI's own (tune measures that:
+#: the compiled short path runs only MPI's own, mpiallreduce.core.compiled)
 PREFER_MPI_WITHIN = 0.05
 
 _table = None
@@ -171,10 +173,10 @@ def choose_on_device(nbytes, spans_nodes, cuda_aware, known):
     return _rule_choice(section["one_node"], nbytes, known), bool(section.get("measured"))
 
 
-def rules_from_measurements(measurements):
+def rules_from_measurements(measurements, prefer_mpi_by=0.0):
     """Rules for one rank count from (nbytes, algorithm, time) triples: the fastest per size (MPI's
-    own unless beaten by more than PREFER_MPI_WITHIN), sizes with one winner merged, boundaries
-    halfway (geometrically) between measured sizes."""
+    own unless beaten by more than PREFER_MPI_WITHIN and by more than ``prefer_mpi_by``, in the
+    times' unit), sizes with one winner merged, boundaries halfway (geometrically) between measured sizes."""
     by_size = {}
     for nbytes, algorithm, seconds in measurements:
         by_size.setdefault(nbytes, {})[algorithm] = seconds
@@ -182,7 +184,8 @@ def rules_from_measurements(measurements):
     for nbytes in sorted(by_size):
         times = by_size[nbytes]
         best = min(times, key=times.get)
-        if "mpi" in times and times["mpi"] <= times[best] * (1 + PREFER_MPI_WITHIN):
+        if "mpi" in times and (times["mpi"] <= times[best] * (1 + PREFER_MPI_WITHIN)
+                               or times["mpi"] - times[best] <= prefer_mpi_by):
             best = "mpi"
         winners.append((nbytes, best))
     rules = []

@@ -14,11 +14,17 @@ check's bench-gpu.json) and writes the table's ``device`` section from it (one n
 of Open MPI's path, which becomes ``mpi``, and ours at each size; ``"measured": true``), keeping
 the section's rules across nodes, which one node cannot measure.
 
+It also prices a plain call of an algorithm of ours against a plain call of MPI's own (which takes
+the compiled short path): MPI's own is kept wherever another algorithm gains less than that
+(``prefer_mpi_by_us`` in the table's metadata), so that a plain call does not lose where a prepared
+one gains a little.
+
 The table's format and how it is read: mpiallreduce.tuning.
 """
 import json
 import os
 import statistics
+import time
 
 from .arguments import ArgumentParser, size_list
 from ..core.tuning import TUNING_ENV, rules_from_measurements, rules_kept_above, shipped_device_section
@@ -63,6 +69,39 @@ def _write_device_section(path, output):
     return 0
 
 
+#: the size a plain call is priced at: a prepared call of MPI's own runs MPI_Allreduce there too
+#: (a persistent request only below it: mpiallreduce.core.planner.PERSISTENT_BELOW)
+PRICE_BYTES = 4096
+
+
+def plain_call_price_us(comm, algorithm="recursive_doubling", calls=200, repetitions=7):
+    """How much more a plain call of ``algorithm`` costs than a prepared one, less the same for MPI's
+    own, in us (collective): the median of interleaved repetitions, the largest over the ranks, at
+    least 0."""
+    import numpy as np
+    from mpi4py import MPI
+    from ..api import allreduce, prepare
+    x = np.arange(PRICE_BYTES // 4, dtype=np.float32)
+    out = np.empty_like(x)
+    kinds = {}
+    for name in (algorithm, "mpi"):
+        kinds[name, "plain"] = lambda name=name: allreduce(x, out=out, algorithm=name, comm=comm)
+        kinds[name, "prepared"] = prepare(x, out=out, algorithm=name, comm=comm)
+    samples = []
+    for repetition in range(repetitions + 1):
+        took = {}
+        for key, call in kinds.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            took[key] = (time.perf_counter() - start) / calls * 1e6
+        if repetition:  # (the first: a warm-up)
+            samples.append(took[algorithm, "plain"] - took[algorithm, "prepared"]
+                           - (took["mpi", "plain"] - took["mpi", "prepared"]))
+    return max(0.0, comm.allreduce(statistics.median(samples), op=MPI.MAX))
+
+
 def main(argv=None):
     from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, run_metadata
@@ -100,7 +139,8 @@ def main(argv=None):
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
     runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
             for _ in range(max(1, args.runs))]
-    metadata = run_metadata(comm, vars(args))
+    price = plain_call_price_us(comm)
+    metadata = dict(run_metadata(comm, vars(args)), prefer_mpi_by_us=round(price, 2))
     if comm.Get_rank() != 0:
         return 0
     table = {"metadata": {}, "by_ranks": {}}
@@ -119,7 +159,8 @@ def main(argv=None):
         if in_place not in modes:
             continue
         rules = rules_from_measurements([(nbytes, algorithm, statistics.median(t))
-                                         for (mode, nbytes, algorithm), t in times.items() if mode == in_place])
+                                         for (mode, nbytes, algorithm), t in times.items() if mode == in_place],
+                                        prefer_mpi_by=price)
         if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
             nodes = str(state.node_count)
             section = table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})
@@ -133,7 +174,8 @@ def main(argv=None):
             written.update(kept_above_bytes=args.keep_above[0], kept_from=table.get("metadata", {}).get(key))
         section[ranks] = rules
         table.setdefault("metadata", {})[key] = written
-        print(f"# {where}{', in place' if in_place else ''}: auto will use")
+        print(f"# {where}{', in place' if in_place else ''}: auto will use (MPI's own unless another gains more "
+              f"than 5% and {price:.1f} us, a plain call's price)")
         low = 0
         for rule in rules:
             high = rule["up_to_bytes"]
