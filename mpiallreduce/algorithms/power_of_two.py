@@ -49,12 +49,13 @@ def fold_plan(size, rank):
     return Fold(fold_into=None, fold_from=None, new_rank=rank - rem, pof2=pof2, rem=rem)
 
 
-def reduce_in_rank_order(op, rank, mine, partner, theirs):
-    """mine = (lower rank's data) op (higher rank's data)."""
+def reduce_in_rank_order(op, rank, mine, partner, theirs, out=None):
+    """``out`` (``mine`` if None) = (lower rank's data) op (higher rank's data)."""
+    out = mine if out is None else out
     if partner < rank:
-        op.reduce_local(theirs, mine, out=mine)
+        op.reduce_local(theirs, mine, out=out)
     else:
-        op.reduce_local(mine, theirs, out=mine)
+        op.reduce_local(mine, theirs, out=out)
 
 
 def fold_in(fold, comm, recv, incoming, op, datatype):

@@ -50,16 +50,22 @@ class RecursiveDoublingAllreduce(Algorithm):
         return RecursiveDoublingPlan(fold=fold, exchange_partners=tuple(partners))
 
     def execute(self, plan, comm, send, recv, op, datatype):
+        folds = plan.fold.fold_into is not None or plan.fold.fold_from is not None
+        mine = recv  # (what this rank sends and reduces in each round)
         if send is not None:
-            copy_into(recv, send)
+            if folds or not plan.exchange_partners:
+                copy_into(recv, send)
+            else:  # the first round sends the input where it lies and writes its reduction into recv: no copy
+                mine = send
         incoming = scratch("recursive_doubling.incoming", recv.size, recv.dtype, like=recv)
         if fold_in(plan.fold, comm, recv, incoming, op, datatype):
             return
         rank = comm.Get_rank()
         for partner in plan.exchange_partners:
-            comm.Sendrecv([recv, datatype], partner, EXCHANGE_TAG,
+            comm.Sendrecv([mine, datatype], partner, EXCHANGE_TAG,
                           [incoming, datatype], partner, EXCHANGE_TAG)
-            reduce_in_rank_order(op, rank, recv, partner, incoming)
+            reduce_in_rank_order(op, rank, mine, partner, incoming, out=recv)
+            mine = recv
         fold_out(plan.fold, comm, recv, datatype)
 
 
