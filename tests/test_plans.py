@@ -276,12 +276,17 @@ def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
                 (4096, "mpi", 40.0), (4096, "ring", 20.0)]
     assert rules_from_measurements(measured) == [{"up_to_bytes": 256, "algorithm": "mpi"},
                                                  {"up_to_bytes": None, "algorithm": "ring"}]
-    # a plain call of ring costing 4 more than one of MPI's own: ring's 5 ahead at 1024 is kept, and
-    # from 4096 (20 ahead) too; with 6, MPI's own keeps 1024 (5 < 6, though 50% faster)
-    assert rules_from_measurements(measured, prefer_mpi_by=4.0) == [{"up_to_bytes": 256, "algorithm": "mpi"},
-                                                                     {"up_to_bytes": None, "algorithm": "ring"}]
-    assert rules_from_measurements(measured, prefer_mpi_by=6.0) == [{"up_to_bytes": 2048, "algorithm": "mpi"},
-                                                                     {"up_to_bytes": None, "algorithm": "ring"}]
+    # a plain call of ring costing 6 (us) more than one of MPI's own: ring's 5 ahead at 1024 is not
+    # enough (though 50% faster), its 20 at 4096 is; a gain equal to the price is not enough either
+    assert rules_from_measurements(measured, {"ring": 6.0}) == [{"up_to_bytes": 2048, "algorithm": "mpi"},
+                                                                {"up_to_bytes": None, "algorithm": "ring"}]
+    assert rules_from_measurements(measured, {"ring": 5.0})[0] == {"up_to_bytes": 2048, "algorithm": "mpi"}
+    assert rules_from_measurements(measured, {"ring": 4.9})[0] == {"up_to_bytes": 256, "algorithm": "mpi"}
+    # each algorithm its own price: where the fastest is priced out, a cheaper one that still gains wins
+    cheap = measured + [(1024, "rabenseifner", 7.0), (4096, "rabenseifner", 25.0)]
+    assert rules_from_measurements(cheap, {"ring": 6.0, "rabenseifner": 1.0}) == [
+        {"up_to_bytes": 256, "algorithm": "mpi"}, {"up_to_bytes": 2048, "algorithm": "rabenseifner"},
+        {"up_to_bytes": None, "algorithm": "ring"}]
 
 
 def test_cost_model_fits_synthetic_times_within_and_between_nodes():

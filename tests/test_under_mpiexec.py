@@ -294,7 +294,11 @@ def test_tune_writes_the_table_auto_then_reads(tmp_path):
     assert written["by_ranks"]["2"][-1]["up_to_bytes"] is None
     assert written["by_ranks_in_place"]["2"][-1]["up_to_bytes"] is None and "2 in place" in written["metadata"]
     assert written["metadata"]["2"]["arguments"]["runs"] == 2
-    assert written["metadata"]["2"]["prefer_mpi_by_us"] > 0  # (a plain call's Python path, priced in the run)
+    prices = written["metadata"]["2"]["plain_call_prices_us"]  # (each: [price, lowest, highest], priced in the run)
+    from mpiallreduce import HOST_ALGORITHMS
+    assert set(prices) == set(HOST_ALGORITHMS) - {"mpi"}
+    assert all(price >= 0 and low <= high for price, low, high in prices.values()), prices
+    assert set(written["metadata"]["2 in place"]["plain_call_prices_us"]) == set(prices)
     # now a table of our own choosing, read through the environment variable
     table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": 100, "algorithm": "recursive_doubling"},
                                                     {"up_to_bytes": None, "algorithm": "rabenseifner"}]}}))

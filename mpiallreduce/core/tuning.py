@@ -49,7 +49,7 @@ TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
 #: tune prefers MPI_Allreduce (the reference) unless another algorithm is faster by more than this,
 #: and by more than what a plain call of it costs over a plain call of MPI's own (tune measures that:
-#: the compiled short path runs only MPI's own, mpiallreduce.core.compiled)
+#: the compiled short path runs only MPI's own, mpiallreduce.tools.plain_price)
 PREFER_MPI_WITHIN = 0.05
 
 _table = None
@@ -173,21 +173,23 @@ def choose_on_device(nbytes, spans_nodes, cuda_aware, known):
     return _rule_choice(section["one_node"], nbytes, known), bool(section.get("measured"))
 
 
-def rules_from_measurements(measurements, prefer_mpi_by=0.0):
-    """Rules for one rank count from (nbytes, algorithm, time) triples: the fastest per size (MPI's
-    own unless beaten by more than PREFER_MPI_WITHIN and by more than ``prefer_mpi_by``, in the
-    times' unit), sizes with one winner merged, boundaries halfway (geometrically) between measured sizes."""
+def rules_from_measurements(measurements, prices=None):
+    """Rules for one rank count from (nbytes, algorithm, time) triples: the fastest per size of MPI's
+    own and the algorithms that beat it by more than PREFER_MPI_WITHIN and by more than their
+    ``prices`` ({algorithm: what a plain call of it costs over one of MPI's own}, in the times'
+    unit; none: 0), sizes with one winner merged, boundaries halfway (geometrically) between
+    measured sizes."""
+    prices = prices or {}
     by_size = {}
     for nbytes, algorithm, seconds in measurements:
         by_size.setdefault(nbytes, {})[algorithm] = seconds
     winners = []
     for nbytes in sorted(by_size):
         times = by_size[nbytes]
-        best = min(times, key=times.get)
-        if "mpi" in times and (times["mpi"] <= times[best] * (1 + PREFER_MPI_WITHIN)
-                               or times["mpi"] - times[best] <= prefer_mpi_by):
-            best = "mpi"
-        winners.append((nbytes, best))
+        mpi = times.get("mpi")
+        ahead = {name: t for name, t in times.items() if mpi is None or name == "mpi" or (
+            mpi > t * (1 + PREFER_MPI_WITHIN) and mpi - t > prices.get(name, 0.0))}
+        winners.append((nbytes, min(ahead, key=ahead.get)))
     rules = []
     for i, (nbytes, best) in enumerate(winners):
         if rules and rules[-1]["algorithm"] == best:

@@ -14,20 +14,21 @@ check's bench-gpu.json) and writes the table's ``device`` section from it (one n
 of Open MPI's path, which becomes ``mpi``, and ours at each size; ``"measured": true``), keeping
 the section's rules across nodes, which one node cannot measure.
 
-It also prices a plain call of an algorithm of ours against a plain call of MPI's own (which takes
-the compiled short path): MPI's own is kept wherever another algorithm gains less than that
-(``prefer_mpi_by_us`` in the table's metadata), so that a plain call does not lose where a prepared
-one gains a little.
+It also prices a plain call of each algorithm against a prepared one, less the same for MPI's own
+(whose plain call takes the compiled short path; mpiallreduce.tools.plain_price): MPI's own is kept
+wherever another algorithm gains less than its price (``plain_call_prices_us`` in the table's
+metadata, with each price's lowest and highest repetition), so that a plain call does not lose
+where a prepared one gains a little.
 
 The table's format and how it is read: mpiallreduce.tuning.
 """
 import json
 import os
 import statistics
-import time
 
 from .arguments import ArgumentParser, size_list
 from ..core.tuning import TUNING_ENV, rules_from_measurements, rules_kept_above, shipped_device_section
+from .plain_price import plain_call_prices_us
 
 __all__ = ["main"]
 
@@ -69,39 +70,6 @@ def _write_device_section(path, output):
     return 0
 
 
-#: the size a plain call is priced at: a prepared call of MPI's own runs MPI_Allreduce there too
-#: (a persistent request only below it: mpiallreduce.core.planner.PERSISTENT_BELOW)
-PRICE_BYTES = 4096
-
-
-def plain_call_price_us(comm, algorithm="recursive_doubling", calls=200, repetitions=7):
-    """How much more a plain call of ``algorithm`` costs than a prepared one, less the same for MPI's
-    own, in us (collective): the median of interleaved repetitions, the largest over the ranks, at
-    least 0."""
-    import numpy as np
-    from mpi4py import MPI
-    from ..api import allreduce, prepare
-    x = np.arange(PRICE_BYTES // 4, dtype=np.float32)
-    out = np.empty_like(x)
-    kinds = {}
-    for name in (algorithm, "mpi"):
-        kinds[name, "plain"] = lambda name=name: allreduce(x, out=out, algorithm=name, comm=comm)
-        kinds[name, "prepared"] = prepare(x, out=out, algorithm=name, comm=comm)
-    samples = []
-    for repetition in range(repetitions + 1):
-        took = {}
-        for key, call in kinds.items():
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(calls):
-                call()
-            took[key] = (time.perf_counter() - start) / calls * 1e6
-        if repetition:  # (the first: a warm-up)
-            samples.append(took[algorithm, "plain"] - took[algorithm, "prepared"]
-                           - (took["mpi", "plain"] - took["mpi", "prepared"]))
-    return max(0.0, comm.allreduce(statistics.median(samples), op=MPI.MAX))
-
-
 def main(argv=None):
     from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, run_metadata
@@ -139,8 +107,8 @@ def main(argv=None):
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
     runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
             for _ in range(max(1, args.runs))]
-    price = plain_call_price_us(comm)
-    metadata = dict(run_metadata(comm, vars(args)), prefer_mpi_by_us=round(price, 2))
+    prices, spreads = plain_call_prices_us(comm, algorithms, modes)
+    metadata = run_metadata(comm, vars(args))
     if comm.Get_rank() != 0:
         return 0
     table = {"metadata": {}, "by_ranks": {}}
@@ -160,7 +128,7 @@ def main(argv=None):
             continue
         rules = rules_from_measurements([(nbytes, algorithm, statistics.median(t))
                                          for (mode, nbytes, algorithm), t in times.items() if mode == in_place],
-                                        prefer_mpi_by=price)
+                                        {name: price for (mode, name), price in prices.items() if mode == in_place})
         if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
             nodes = str(state.node_count)
             section = table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})
@@ -168,14 +136,17 @@ def main(argv=None):
         else:
             section = table.setdefault("by_ranks" + suffix, {})
             key, where = ranks + suffix.replace("_", " "), f"{ranks} ranks"
-        written = dict(metadata)
+        written = dict(metadata, plain_call_prices_us={
+            name: [round(price, 2), *(round(bound, 2) for bound in spreads[mode, name])]
+            for (mode, name), price in sorted(prices.items()) if mode == in_place})
         if args.keep_above and ranks in section:  # (the new rules below the cut, the table's above it)
             rules = rules_kept_above(rules, section[ranks], args.keep_above[0])
             written.update(kept_above_bytes=args.keep_above[0], kept_from=table.get("metadata", {}).get(key))
         section[ranks] = rules
         table.setdefault("metadata", {})[key] = written
         print(f"# {where}{', in place' if in_place else ''}: auto will use (MPI's own unless another gains more "
-              f"than 5% and {price:.1f} us, a plain call's price)")
+              "than 5% and more than its plain call's price: " + ", ".join(
+                  f"{name} {price:.1f}" for (mode, name), price in sorted(prices.items()) if mode == in_place) + " us)")
         low = 0
         for rule in rules:
             high = rule["up_to_bytes"]
