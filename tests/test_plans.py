@@ -287,6 +287,10 @@ def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
     assert rules_from_measurements(cheap, {"ring": 6.0, "rabenseifner": 1.0}) == [
         {"up_to_bytes": 256, "algorithm": "mpi"}, {"up_to_bytes": 2048, "algorithm": "rabenseifner"},
         {"up_to_bytes": None, "algorithm": "ring"}]
+    # a size MPI's own was not measured at: the fastest; an algorithm without a price: priced at 0
+    assert rules_from_measurements([(4, "ring", 2.0), (4, "rabenseifner", 1.0)], {"rabenseifner": 9.0}) == [
+        {"up_to_bytes": None, "algorithm": "rabenseifner"}]
+    assert rules_from_measurements(measured, {"other": 9.0}) == rules_from_measurements(measured)
 
 
 def test_cost_model_fits_synthetic_times_within_and_between_nodes():

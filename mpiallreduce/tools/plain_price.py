@@ -17,27 +17,27 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import REGISTRY
+from ..algorithms import HOST_ALGORITHMS
 from ..api import allreduce, prepare
 from ..core.planner import PERSISTENT_BELOW
 
 __all__ = ["PRICE_BYTES", "plain_call_prices_us"]
 
 #: the size calls are priced at: a prepared call of MPI's own runs MPI_Allreduce there, as a plain
-#: one does (below PERSISTENT_BELOW it would be a persistent request, another call)
-PRICE_BYTES = max(4096, PERSISTENT_BELOW)
+#: one does (below PERSISTENT_BELOW it would be a persistent request, another call); float32 elements
+PRICE_BYTES = -(-max(4096, PERSISTENT_BELOW) // 4) * 4
 
 
 def plain_call_prices_us(comm, algorithms, modes=(False, True), calls=100, repetitions=5):
     """{(in_place, algorithm): its plain call's price in us (see above), at least 0} for each of
-    ``algorithms`` (but MPI's own and those that run on symmetric buffers only) in each of ``modes``
+    ``algorithms`` that runs on any numpy arrays (HOST_ALGORITHMS; not MPI's own) in each of ``modes``
     (collective: every rank passes the same arguments). Returns ({key: price}, {key: (lowest,
     highest) over the repetitions and the ranks})."""
-    names = [name for name in algorithms if name != "mpi" and not REGISTRY[name].needs_symmetric]
+    names = [name for name in algorithms if name != "mpi" and name in HOST_ALGORITHMS]
     x = np.arange(PRICE_BYTES // 4, dtype=np.float32)
     prices, spreads = {}, {}
     for in_place in modes:
-        out = x.copy() if in_place else np.empty_like(x)
+        out = np.zeros_like(x) if in_place else np.empty_like(x)  # (zeros: summed in place, they stay finite)
         send = out if in_place else x
         kinds = {}
         for name in names + ["mpi"]:
