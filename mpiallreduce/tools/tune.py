@@ -17,7 +17,7 @@ the section's rules across nodes, which one node cannot measure.
 It also prices a plain call of each algorithm against a prepared one, less the same for MPI's own
 (whose plain call takes the compiled short path; mpiallreduce.tools.plain_price): MPI's own is kept
 wherever another algorithm gains less than its price (``plain_call_prices_us`` in the table's
-metadata, with each price's lowest and highest repetition), so that a plain call does not lose
+metadata, with the lowest and highest of the runs' prices), so that a plain call does not lose
 where a prepared one gains a little.
 
 The table's format and how it is read: mpiallreduce.tuning.
@@ -28,7 +28,6 @@ import statistics
 
 from .arguments import ArgumentParser, size_list
 from ..core.tuning import TUNING_ENV, rules_from_measurements, rules_kept_above, shipped_device_section
-from .plain_price import plain_call_prices_us
 
 __all__ = ["main"]
 
@@ -74,6 +73,7 @@ def main(argv=None):
     from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, run_metadata
     from .bench.driver import runnable_here
+    from .plain_price import plain_call_prices_us
     from ..core.state import state_of
 
     parser = ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
@@ -107,7 +107,7 @@ def main(argv=None):
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
     runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
             for _ in range(max(1, args.runs))]
-    prices, spreads = plain_call_prices_us(comm, algorithms, modes)
+    prices, spreads = plain_call_prices_us(comm, algorithms, modes, args.repetitions, args.runs)
     metadata = run_metadata(comm, vars(args))
     if comm.Get_rank() != 0:
         return 0

@@ -11,7 +11,7 @@ from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ...device.transports import device_path, run_on_device
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
 
-__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "REPRODUCIBLE_SYMMETRIC", "AUTO_PLAIN", "PERSISTENT", "HostMemory",
+__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "REPRODUCIBLE_SYMMETRIC", "PLAIN", "AUTO_PLAIN", "PERSISTENT", "HostMemory",
            "DeviceMemory", "device_memory", "contenders", "Prepared", "OnSymmetricBuffers"]
 
 BASELINE = "openmpi"
@@ -146,16 +146,19 @@ def _persistent(op):
     return Prepared(make)
 
 
-#: our plain call of auto (its price per call: the general path's checks; the others are prepared)
-AUTO_PLAIN = "auto:plain"
+#: NAME + PLAIN: our plain call of NAME (its price per call: the general path's checks; the others
+#: are prepared); auto's is in make bench, each algorithm's in tune (mpiallreduce.tools.plain_price)
+PLAIN = ":plain"
+AUTO_PLAIN = "auto" + PLAIN
 #: Open MPI's persistent allreduce, among its forced algorithms (the stronger of the two is "strongest")
 PERSISTENT = FORCED_PREFIX + "persistent"
 
 
 def _ours(algorithm, op, memory):
     exact = algorithm == REPRODUCIBLE
-    name = "auto" if exact or algorithm == AUTO_PLAIN else algorithm
-    if algorithm == AUTO_PLAIN or isinstance(memory, DeviceMemory):  # (plain calls: device arrays run no prepared call)
+    plain = algorithm.endswith(PLAIN)
+    name = "auto" if exact else algorithm[:-len(PLAIN)] if plain else algorithm
+    if plain or isinstance(memory, DeviceMemory):  # (plain calls: device arrays run no prepared call)
         return lambda send, out, comm: allreduce(send, op=op, algorithm=name, comm=comm, out=out, reproducible=exact)
     return Prepared(lambda send, out, comm: prepare(send, op=op, algorithm=name, comm=comm, out=out,
                                                     reproducible=exact).run)
