@@ -40,6 +40,8 @@ class OptionalBuildExt(build_ext):
     def run(self):
         wrapper = mpicc()
         if wrapper is None:
+            print("mpiallreduce: no Open MPI mpicc found; the compiled paths are not built, the Python paths will run",
+                  file=sys.stderr)
             return
         os.environ["CC"] = wrapper  # (the compiler and linker commands that setuptools makes start with it)
         super().run()
