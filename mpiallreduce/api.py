@@ -148,7 +148,9 @@ def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis
                timeout=None, persistent=True, reproducible=False):
     """``prepare`` with the call site to compare given (the library's own prepared calls, GradientSync's
     buckets, give "": they are compared by what they reduce, not by where the user's code was);
-    ``persistent=False``: never a persistent request (a call also run on other memory)."""
+    ``persistent=False``: never a persistent request (a call also run on other memory); ``"always"``:
+    one wherever MPI's own persistent allreduce can run, whatever the table says (what ``tune``
+    measures against the blocking call: mpiallreduce.tools.persistent_rules)."""
     call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site, reproducible)
     # (it makes its shared window, if it needs one; the flight recorder's entry is the agreement's)
     return run_here(lambda: run_traced(call.entry, lambda: PreparedAllreduce(call, persistent)))

@@ -158,6 +158,41 @@ def test_prepared_calls_of_mpi_below_4_KiB_on_one_node_are_persistent_requests_e
                          "mpi").persistent  # (across nodes the blocking call wins there)
 
 
+def test_the_tables_persistent_rules_say_by_size_where_a_prepared_call_of_mpi_is_a_persistent_request():
+    """tune measures MPI's persistent allreduce against its blocking one per size and writes
+    persistent_by_ranks (and _in_place) rules; the plan follows them (True/False), by rank count as
+    the algorithm rules are read, in place by its own where it has them. None: it cannot be one."""
+    import numpy as np
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.planner import CallFacts, plan_call
+    f32, two, four = np.dtype(np.float32), CallFacts(size=2), CallFacts(size=4)
+    table = {"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "mpi"}]},
+             "persistent_by_ranks": {"2": [{"up_to_bytes": 1000, "algorithm": "mpi:persistent"},
+                                           {"up_to_bytes": 9000, "algorithm": "mpi"},
+                                           {"up_to_bytes": 20000, "algorithm": "mpi:persistent"},
+                                           {"up_to_bytes": None, "algorithm": "mpi"}]},
+             "persistent_by_ranks_in_place": {"2": [{"up_to_bytes": 100, "algorithm": "mpi:persistent"},
+                                                    {"up_to_bytes": None, "algorithm": "mpi"}]}}
+    try:
+        tuning.set_tuning_table(table)
+        said = [plan_call(two, False, f32, n, "sum", "mpi").persistent for n in (4, 1000, 1004, 9004, 20000, 20004)]
+        assert said == [True, True, False, True, True, False]
+        assert plan_call(two, False, f32, 1000, "sum", "auto").persistent is True  # (auto chose mpi)
+        assert [plan_call(two, False, f32, n, "sum", "mpi", True).persistent for n in (100, 104)] == [True, False]
+        assert plan_call(four, False, f32, 20000, "sum", "mpi", True).persistent is False  # (nearest count: 2's)
+        assert plan_call(four, False, f32, 12000, "sum", "mpi").persistent is True
+        assert plan_call(two, False, f32, 1000, "sum", "ring").persistent is None
+        assert plan_call(two, True, f32, 1000, "sum", "mpi").persistent is None  # (device arrays)
+        assert plan_call(two, False, np.dtype(np.float16), 8, "mean", "mpi", symmetric=False).persistent is True
+        assert plan_call(two, False, np.dtype(np.float32), 8, "reproducible_sum", "mpi").persistent is None
+        del table["persistent_by_ranks"], table["persistent_by_ranks_in_place"]
+        tuning.set_tuning_table(table)  # (a table without them: below PERSISTENT_BELOW, as before tune measured it)
+        assert [plan_call(two, False, f32, n, "sum", "mpi").persistent
+                for n in (tuning.PERSISTENT_BELOW - 4, tuning.PERSISTENT_BELOW)] == [True, False]
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
 def test_an_in_place_mean_takes_the_out_of_place_rule_where_that_one_divides_as_it_reduces():
     """MPI's own allreduce leaves a mean's division to a pass over the whole result; the algorithms
     that finish slices divide each slice where it was reduced (1/p of it per rank). So where the

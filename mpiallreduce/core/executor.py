@@ -207,12 +207,14 @@ class Execution:
     def bound(self, send, recv, timeout, xp, kept=False):
         """``run`` with its buffers bound for good (a prepared call): a function of the call's number.
         The plain MPI_Allreduce of an unchecked, untimed host call is bound with its arguments; for
-        good (``kept``: a prepared call's own buffers) as a persistent request where the plan says."""
+        good (``kept``: a prepared call's own buffers) as a persistent request where the plan says
+        (``kept="always"``: wherever the plan can be one, as tune measures it)."""
         if self.direct and not self.compares_first and timeout is None and xp is None:
             state, allreduce, mpi_op, divide = self.state, self.state.library.Allreduce, self.mpi_op, self.divides
             # ([buffer, datatype] made once: mpi4py then skips reading the array's format, ~0.1 us)
             source, target = MPI.IN_PLACE if send is None else [send, self.datatype], [recv, self.datatype]
-            persistent = kept and self.plan.persistent and bind_persistent(
+            persistent = (self.plan.persistent if kept is True else kept == "always" and self.plan.persistent is not None
+                          ) and bind_persistent(
                 state.library, source, target, mpi_op, lambda error, sequence: raise_failed(error, state, sequence, None),
                 then=(lambda: self.divide(recv)) if divide else None)
             if persistent:

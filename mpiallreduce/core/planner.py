@@ -54,9 +54,10 @@ from typing import Optional
 import numpy as np
 
 from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
-from .tuning import choose_across_nodes, choose_name, choose_on_device
+from .tuning import PERSISTENT_BELOW, choose_across_nodes, choose_name, choose_on_device, choose_persistent
 
-__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
+__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES",
+           "PERSISTENT_BELOW"]
 
 #: algorithms that cannot run among ranks of different nodes
 NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_one_node)
@@ -66,11 +67,6 @@ _LOW_PRECISION = ("float16", "bfloat16")
 #: from it: `launch -n 2 (and 4) -- python benchmarks/reproducible_cost.py --direct-sizes 4K,64K,1M,4M,16M`
 #: (2 runs, 2026-12-01): shared_memory 0.59-0.92x / 0.95-1.04x / 1.07-1.40x pairwise_exchange's time to 1 / 4 / 16 MiB
 REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
-#: a prepared call below this size that runs MPI's own allreduce binds it once as a persistent request
-#: (MPI_Allreduce_init; Start + Wait each run) on one node. Open MPI 5, 2 ranks, persistent / blocking:
-#: 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; across 2 emulated nodes 0.75-1.95x,
-#: uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs and their commands)
-PERSISTENT_BELOW = 4 << 10
 #: ``auto`` runs single_copy on symmetric buffers from this size (below: the table's choice): `mpiallreduce
 #: bench --sizes 4,64K,1M,16M`, 2 ranks, 2026-12-02: single_copy (prepared) 17.6 us at 4 B against Open
 #: MPI's 4.6 (two barriers, and Python), 18.0 against 25.9 us at 64 KiB, 111 against 307 us at 1 MiB
@@ -130,8 +126,10 @@ class CallPlan:
     ipc_probe: Optional[tuple] = None
     #: planned for an in-place call (``out=x``): part of the signature the ranks compare
     in_place: bool = False
-    #: a prepared call of this plan that runs MPI_Allreduce itself makes it a persistent request
-    persistent: bool = False
+    #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request (the
+    #: table's persistent rules: mpiallreduce.core.tuning.choose_persistent); False, the blocking call
+    #: each run; None: it cannot be persistent (another algorithm or route, device memory, across nodes)
+    persistent: Optional[bool] = None
 
     @property
     def name(self):
@@ -289,8 +287,10 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     probe = None
     if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested":
         probe = (on_device, dtype, nbytes, op_name, algorithm, in_place)
-    persistent = (chosen.name == "mpi" and not on_device and working < PERSISTENT_BELOW and facts.persistent_collectives
-                  and route == "plain" and accumulate is None and not facts.spans_nodes)
+    persistent = None
+    if (chosen.name == "mpi" and not on_device and facts.persistent_collectives and route == "plain"
+            and accumulate is None and not facts.spans_nodes):
+        persistent = choose_persistent(working, facts.size, in_place)
     return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe,
                     in_place, persistent)
 

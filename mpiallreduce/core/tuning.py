@@ -28,6 +28,15 @@ rank count, each the nearest smaller one as above::
 
 Without one for a node count, ``auto`` runs ``hierarchical`` there.
 
+Where a call runs MPI's own allreduce on one node, a prepared call of it binds a persistent request
+(MPI_Allreduce_init, then Start and Wait each run) or runs the blocking call each time, by the rules
+of ``persistent_by_ranks`` (and ``persistent_by_ranks_in_place``), in the same format, read in the
+same way, whose "algorithm" is ``"mpi:persistent"`` or ``"mpi"`` (blocking): ``tune`` measures the
+two, each prepared, at every size. A table without them: persistent below PERSISTENT_BELOW::
+
+     "persistent_by_ranks": {"2": [{"up_to_bytes": 2896, "algorithm": "mpi:persistent"},
+                                   {"up_to_bytes": null, "algorithm": "mpi"}]}
+
 Device (CuPy) arrays have a section of their own: rules by size on one node, and the algorithm
 across nodes by whether the MPI is CUDA-aware. ``"measured": false`` marks guesses (the planner
 says so in its reason) until a GPU run (benchmarks/gpu/device_check.sh) replaces them::
@@ -43,7 +52,8 @@ import math
 import os
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest"]
+           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest",
+           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
@@ -51,6 +61,13 @@ DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 #: and by more than what a plain call of it costs over a plain call of MPI's own (tune measures that:
 #: the compiled short path runs only MPI's own, mpiallreduce.tools.plain_price)
 PREFER_MPI_WITHIN = 0.05
+#: the persistent rules' name for MPI's own allreduce bound as a persistent request (tune's contender)
+PERSISTENT = "mpi:persistent"
+#: where the table has no persistent rules (a table tune wrote before it measured them), a prepared call
+#: of MPI's own below this size binds a persistent request. Open MPI 5, 2 ranks, persistent / blocking:
+#: 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; across 2 emulated nodes 0.75-1.95x,
+#: uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs and their commands)
+PERSISTENT_BELOW = 4 << 10
 
 _table = None
 _choices = {}
@@ -85,7 +102,8 @@ def table_digest():
     table = tuning_table()
     from .consistency import digest
     text = json.dumps([table.get(key, {}) for key in ("by_ranks", "by_nodes", "device")]
-                      + [table.get(key) for key in ("by_ranks_in_place", "by_nodes_in_place") if table.get(key)],
+                      + [table.get(key) for key in ("by_ranks_in_place", "by_nodes_in_place", "persistent_by_ranks",
+                                                    "persistent_by_ranks_in_place") if table.get(key)],
                       sort_keys=True)
     return f"{digest(text):016x}"
 
@@ -134,6 +152,18 @@ def choose_name(nbytes, size, known, in_place=False):
         if len(_choices) < 4096:
             _choices[key] = choice
     return choice
+
+
+def choose_persistent(nbytes, size, in_place=False):
+    """Whether a prepared call of MPI's own allreduce of ``nbytes`` on ``size`` ranks of one node binds
+    a persistent request: the table's persistent rules for that rank count (the nearest, as above),
+    else below PERSISTENT_BELOW."""
+    table = tuning_table()
+    rules = _measured(table.get("persistent_by_ranks", {}), table.get("persistent_by_ranks_in_place", {}), size,
+                      in_place)
+    if not rules:
+        return nbytes < PERSISTENT_BELOW
+    return _rule_choice(rules, nbytes, (PERSISTENT,)) == PERSISTENT
 
 
 def choose_across_nodes(nbytes, nodes, size, known, in_place=False):

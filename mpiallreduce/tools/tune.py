@@ -20,6 +20,11 @@ wherever another algorithm gains less than its price (``plain_call_prices_us`` i
 metadata, with the lowest and highest of the runs' prices), so that a plain call does not lose
 where a prepared one gains a little.
 
+On one node it measures, at every size, a prepared call of MPI's own bound as a persistent request
+(MPI_Allreduce_init) against the same as the blocking call, and writes the table's
+``persistent_by_ranks`` rules: persistent where it is faster by more than 5%
+(mpiallreduce.tools.persistent_rules; the times in the metadata, ``persistent_us``).
+
 The table's format and how it is read: mpiallreduce.tuning.
 """
 import json
@@ -60,13 +65,17 @@ def _write_device_section(path, output):
     with open(output, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     print(f"# device arrays on one node: auto will use ({'measured' if table['device']['measured'] else 'stand-in'})")
+    _print_rules(table["device"]["one_node"])
+    print(f"# written to {output}")
+    return 0
+
+
+def _print_rules(rules):
     low = 0
-    for rule in table["device"]["one_node"]:
+    for rule in rules:
         high = rule["up_to_bytes"]
         print(f"  {low:>10} .. {'' if high is None else high:<10} bytes: {rule['algorithm']}")
         low = (high or 0) + 1
-    print(f"# written to {output}")
-    return 0
 
 
 def main(argv=None):
@@ -74,6 +83,7 @@ def main(argv=None):
     from .bench import compare, run_metadata
     from .bench.driver import runnable_here
     from .plain_price import plain_call_prices_us
+    from .persistent_rules import persistent_rules
     from ..core.state import state_of
 
     parser = ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
@@ -108,6 +118,8 @@ def main(argv=None):
     runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
             for _ in range(max(1, args.runs))]
     prices, spreads = plain_call_prices_us(comm, algorithms, modes, args.repetitions, args.runs)
+    persistent, persistent_us = ({}, {}) if state.spans_nodes or not hasattr(comm, "Allreduce_init") else \
+        persistent_rules(comm, sizes, modes, args.repetitions, args.runs)
     metadata = run_metadata(comm, vars(args))
     if comm.Get_rank() != 0:
         return 0
@@ -147,11 +159,17 @@ def main(argv=None):
         print(f"# {where}{', in place' if in_place else ''}: auto will use (MPI's own unless another gains more "
               "than 5% and more than its plain call's price: " + ", ".join(
                   f"{name} {price:.1f}" for (mode, name), price in sorted(prices.items()) if mode == in_place) + " us)")
-        low = 0
-        for rule in rules:
-            high = rule["up_to_bytes"]
-            print(f"  {low:>10} .. {'' if high is None else high:<10} bytes: {rule['algorithm']}")
-            low = (high or 0) + 1
+        _print_rules(rules)
+        if in_place in persistent:  # (one node: prepared calls of MPI's own, persistent or blocking, by size)
+            kept, chosen = table.setdefault("persistent_by_ranks" + suffix, {}), persistent[in_place]
+            if args.keep_above and ranks in kept:
+                chosen = rules_kept_above(chosen, kept[ranks], args.keep_above[0])
+            kept[ranks] = chosen
+            written["persistent_us"] = {str(nbytes): [round(t, 2) for t in pair]
+                                        for nbytes, pair in sorted(persistent_us[in_place].items())}
+            print(f"# {where}{', in place' if in_place else ''}: a prepared call of MPI's own runs (mpi:persistent "
+                  "where it beats the blocking call, mpi, by more than 5%)")
+            _print_rules(chosen)
     with open(args.output, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     print(f"# written to {args.output}")

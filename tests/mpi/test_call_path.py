@@ -555,6 +555,25 @@ def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm
     assert alive() is None  # (and with it, its request: weakref.finalize in mpiallreduce.core.persistent)
 
 
+def test_tunes_prepared_calls_are_persistent_always_or_never_as_asked_whatever_the_table_says(comm):
+    """tune's contenders mpi:persistent and mpi:blocking (prepare_at's persistent="always" and False):
+    MPI's own as a persistent request at any size, or never; right either way, in place or not; an
+    algorithm that is not MPI's own is never one."""
+    from mpiallreduce.api import prepare_at
+    rank, many = comm.Get_rank(), comm.Get_size() > 1
+    for count in (4, 100_000):  # (16 B, 400 KB: the table's blocking size)
+        for in_place in (False, True):
+            x = exact_input("float32", count, rank, "sum")
+            always = prepare_at("", x, algorithm="mpi", comm=comm, out=x if in_place else None, persistent="always")
+            never = prepare_at("", x, algorithm="mpi", comm=comm, out=x if in_place else None, persistent=False)
+            assert always.persistent == many and not never.persistent, (count, in_place)
+            for step, prepared in enumerate((always, never, always)):
+                x[...] = exact_input("float32", count, rank + step, "sum")
+                want = numpy_reference("sum", gather_inputs(comm, x))
+                assert values_equal(prepared(), want), (count, in_place, step)
+    assert not prepare_at("", x, algorithm="ring", comm=comm, persistent="always").persistent
+
+
 @pytest.mark.parametrize("compared, count", [(True, 20_000), (False, 4)], ids=["compared", "unchecked"])
 def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_settings, compared, count):
     """A mean of algorithm "mpi" runs MPI_Allreduce itself and divides after (Execution.direct): on

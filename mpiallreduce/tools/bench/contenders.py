@@ -3,15 +3,17 @@ where the buffers live (host or device memory)."""
 from mpi4py import MPI
 
 from ...algorithms import REGISTRY
-from ...api import allreduce, empty, prepare
+from ...api import allreduce, empty, prepare, prepare_at
 from ...core.buffers import aligned_empty, array_module, mpi_datatype
 from ...core.ops import get_op
 from ...core.state import state_of
+from ...core.tuning import PERSISTENT as OURS_PERSISTENT
 from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ...device.transports import device_path, run_on_device
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
 
-__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "REPRODUCIBLE_SYMMETRIC", "PLAIN", "AUTO_PLAIN", "PERSISTENT", "HostMemory",
+__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "REPRODUCIBLE_SYMMETRIC", "PLAIN", "AUTO_PLAIN", "PERSISTENT", "OURS_PERSISTENT",
+           "OURS_BLOCKING", "HostMemory",
            "DeviceMemory", "device_memory", "contenders", "Prepared", "OnSymmetricBuffers"]
 
 BASELINE = "openmpi"
@@ -152,11 +154,18 @@ PLAIN = ":plain"
 AUTO_PLAIN = "auto" + PLAIN
 #: Open MPI's persistent allreduce, among its forced algorithms (the stronger of the two is "strongest")
 PERSISTENT = FORCED_PREFIX + "persistent"
+#: our prepared call of MPI's own, bound as a persistent request wherever it can be ("mpi:persistent")
+#: and as the blocking call: tune's per-size measurement of the two (mpiallreduce.tools.persistent_rules)
+OURS_BLOCKING = "mpi:blocking"
 
 
 def _ours(algorithm, op, memory):
     exact = algorithm == REPRODUCIBLE
     plain = algorithm.endswith(PLAIN)
+    if algorithm in (OURS_PERSISTENT, OURS_BLOCKING):
+        persistent = "always" if algorithm == OURS_PERSISTENT else False
+        return Prepared(lambda send, out, comm: prepare_at("", send, op=op, algorithm="mpi", comm=comm, out=out,
+                                                           persistent=persistent).run)
     name = "auto" if exact else algorithm[:-len(PLAIN)] if plain else algorithm
     if plain or isinstance(memory, DeviceMemory):  # (plain calls: device arrays run no prepared call)
         return lambda send, out, comm: allreduce(send, op=op, algorithm=name, comm=comm, out=out, reproducible=exact)
