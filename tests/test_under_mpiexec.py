@@ -299,6 +299,21 @@ def test_tune_writes_the_table_auto_then_reads(tmp_path):
     assert set(prices) == set(HOST_ALGORITHMS) - {"mpi"}
     assert all(min(low, 0) <= price <= max(high, 0) for price, low, high in prices.values()), prices
     assert set(written["metadata"]["2 in place"]["plain_call_prices_us"]) == set(prices)
+    # where a prepared call of MPI's own is persistent: per size, persistent where it is >5% faster
+    for suffix in ("", " in place"):
+        rules = written["persistent_by_ranks" + suffix.replace(" ", "_")]["2"]
+        measured = written["metadata"]["2" + suffix + " persistent"]["persistent_us"]
+        assert set(measured) == {"4", "65536"} and rules[-1]["up_to_bytes"] is None, (rules, measured)
+        for nbytes, (persistent, blocking) in measured.items():
+            chosen = next(r["algorithm"] for r in rules if r["up_to_bytes"] is None or int(nbytes) <= r["up_to_bytes"])
+            assert chosen == ("mpi:persistent" if blocking > persistent * 1.05 else "mpi"), (nbytes, rules, measured)
+    kept = {key: written[key] for key in ("by_ranks", "by_ranks_in_place")}
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "tune", "--sizes", "8,8K", "--repetitions", "2",
+                     "--runs", "1", "--persistent-only", "--output", str(table)], timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    again = json.loads(table.read_text())
+    assert {key: again[key] for key in kept} == kept and again["metadata"]["2"] == written["metadata"]["2"]
+    assert set(again["metadata"]["2 persistent"]["persistent_us"]) == {"8", "8192"}
     # now a table of our own choosing, read through the environment variable
     table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": 100, "algorithm": "recursive_doubling"},
                                                     {"up_to_bytes": None, "algorithm": "rabenseifner"}]}}))

@@ -78,6 +78,35 @@ def _print_rules(rules):
         low = (high or 0) + 1
 
 
+def _put(table, args, section, ranks, key, rules, written):
+    """``section[ranks] = rules`` and the table's metadata ``key`` = ``written``; with ``--keep-above``
+    the new rules below the cut, the section's earlier ones above it (the metadata says so). The
+    rules put."""
+    if args.keep_above and ranks in section:
+        rules = rules_kept_above(rules, section[ranks], args.keep_above[0])
+        written.update(kept_above_bytes=args.keep_above[0], kept_from=table.get("metadata", {}).get(key))
+    section[ranks] = rules
+    table.setdefault("metadata", {})[key] = written
+    return rules
+
+
+def _write_rules(table, args, metadata, state, ranks, suffix, rules, prices):
+    """Put one mode's algorithm rules (and their metadata, with the plain calls' ``prices``) into
+    ``table``: by_ranks, or by_nodes where the ranks span nodes; print them."""
+    if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
+        nodes = str(state.node_count)
+        section = table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})
+        key, where = f"{nodes} nodes, {ranks} ranks" + suffix.replace("_", " "), f"{ranks} ranks on {nodes} nodes"
+    else:
+        section = table.setdefault("by_ranks" + suffix, {})
+        key, where = ranks + suffix.replace("_", " "), f"{ranks} ranks"
+    rules = _put(table, args, section, ranks, key, rules, dict(metadata, plain_call_prices_us=prices))
+    print(f"# {where}{', in place' if suffix else ''}: auto will use (MPI's own unless another gains more than 5% "
+          "and more than its plain call's price: " + ", ".join(f"{name} {price[0]:.1f}" for name, price in prices.items())
+          + " us)")
+    _print_rules(rules)
+
+
 def main(argv=None):
     from ..algorithms import HOST_ALGORITHMS as ALGORITHMS
     from .bench import compare, run_metadata
@@ -101,6 +130,9 @@ def main(argv=None):
     parser.add_argument("--keep-above", type=size_list, metavar="BYTES",
                         help="write the new rules up to BYTES only and keep the table's rules above it (its "
                              "metadata says so): where runs differ by more than the algorithms do")
+    parser.add_argument("--persistent-only", action="store_true",
+                        help="measure and write only where a prepared call of MPI's own is a persistent request "
+                             "(persistent_by_ranks; one node), keeping the table's algorithm rules")
     parser.add_argument("--from-bench", metavar="BENCH_JSON",
                         help="write the device section from a bench --device gpu run's bench.json; measure nothing")
     args = parser.parse_args(argv)
@@ -115,9 +147,13 @@ def main(argv=None):
     state = state_of(comm).make_ready()
     algorithms, skipped = runnable_here(comm, list(ALGORITHMS))
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
-    runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
-            for _ in range(max(1, args.runs))]
-    prices, spreads = plain_call_prices_us(comm, algorithms, modes, args.repetitions, args.runs)
+    if args.persistent_only and state.spans_nodes:
+        parser.error("--persistent-only: these ranks span nodes, where prepared calls stay blocking")
+    runs, prices, spreads = [], {}, {}
+    if not args.persistent_only:
+        runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
+                for _ in range(max(1, args.runs))]
+        prices, spreads = plain_call_prices_us(comm, algorithms, modes, args.repetitions, args.runs)
     persistent, persistent_us = ({}, {}) if state.spans_nodes or not hasattr(comm, "Allreduce_init") else \
         persistent_rules(comm, sizes, modes, args.repetitions, args.runs)
     metadata = run_metadata(comm, vars(args))
@@ -138,38 +174,22 @@ def main(argv=None):
     for in_place, suffix in ((False, ""), (True, "_in_place")):  # (in-place calls: rules of their own)
         if in_place not in modes:
             continue
-        rules = rules_from_measurements([(nbytes, algorithm, statistics.median(t))
-                                         for (mode, nbytes, algorithm), t in times.items() if mode == in_place],
-                                        {name: price for (mode, name), price in prices.items() if mode == in_place})
-        if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
-            nodes = str(state.node_count)
-            section = table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})
-            key, where = f"{nodes} nodes, {ranks} ranks" + suffix.replace("_", " "), f"{ranks} ranks on {nodes} nodes"
-        else:
-            section = table.setdefault("by_ranks" + suffix, {})
-            key, where = ranks + suffix.replace("_", " "), f"{ranks} ranks"
-        written = dict(metadata, plain_call_prices_us={
-            name: [round(price, 2), *(round(bound, 2) for bound in spreads[mode, name])]
-            for (mode, name), price in sorted(prices.items()) if mode == in_place})
-        if args.keep_above and ranks in section:  # (the new rules below the cut, the table's above it)
-            rules = rules_kept_above(rules, section[ranks], args.keep_above[0])
-            written.update(kept_above_bytes=args.keep_above[0], kept_from=table.get("metadata", {}).get(key))
-        section[ranks] = rules
-        table.setdefault("metadata", {})[key] = written
-        print(f"# {where}{', in place' if in_place else ''}: auto will use (MPI's own unless another gains more "
-              "than 5% and more than its plain call's price: " + ", ".join(
-                  f"{name} {price:.1f}" for (mode, name), price in sorted(prices.items()) if mode == in_place) + " us)")
-        _print_rules(rules)
+        mode = ", in place" if in_place else ""
+        if not args.persistent_only:
+            rules = rules_from_measurements([(nbytes, algorithm, statistics.median(t))
+                                             for (mode_, nbytes, algorithm), t in times.items() if mode_ == in_place],
+                                            {name: price for (mode_, name), price in prices.items() if mode_ == in_place})
+            _write_rules(table, args, metadata, state, ranks, suffix, rules, {
+                name: [round(price, 2), *(round(bound, 2) for bound in spreads[mode_, name])]
+                for (mode_, name), price in sorted(prices.items()) if mode_ == in_place})
         if in_place in persistent:  # (one node: prepared calls of MPI's own, persistent or blocking, by size)
-            kept, chosen = table.setdefault("persistent_by_ranks" + suffix, {}), persistent[in_place]
-            if args.keep_above and ranks in kept:
-                chosen = rules_kept_above(chosen, kept[ranks], args.keep_above[0])
-            kept[ranks] = chosen
-            written["persistent_us"] = {str(nbytes): [round(t, 2) for t in pair]
-                                        for nbytes, pair in sorted(persistent_us[in_place].items())}
-            print(f"# {where}{', in place' if in_place else ''}: a prepared call of MPI's own runs (mpi:persistent "
-                  "where it beats the blocking call, mpi, by more than 5%)")
-            _print_rules(chosen)
+            rules = _put(table, args, table.setdefault("persistent_by_ranks" + suffix, {}), ranks,
+                         f"{ranks}{suffix.replace('_', ' ')} persistent", persistent[in_place], dict(
+                             metadata, persistent_us={str(nbytes): [round(t, 2) for t in pair]
+                                                      for nbytes, pair in sorted(persistent_us[in_place].items())}))
+            print(f"# {ranks} ranks{mode}: a prepared call of MPI's own runs (mpi:persistent where it beats the "
+                  "blocking call, mpi, by more than 5%)")
+            _print_rules(rules)
     with open(args.output, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     print(f"# written to {args.output}")
