@@ -40,7 +40,9 @@ Rules, in order:
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
   in the communicator's shared slots on one node (a few loads and stores), else in a 16-byte
   allreduce; shared_memory carries it in place of its first barrier. A prepared call is compared
-  once, when it is made (``signature="agreed once"``).
+  once, when it is made (``signature="agreed once"``);
+- a prepared call of MPI's own on one node: a persistent request where the table's persistent rules
+  say (``persistent``: mpiallreduce.core.tuning.choose_persistent), else the blocking call.
 
 A plan is a pure function of its inputs and of CallFacts, which hold only what every rank of the
 communicator agreed on (mpiallreduce.core.state.CommState.make_ready: node layout, CUDA-awareness,
