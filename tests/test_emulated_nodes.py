@@ -110,6 +110,12 @@ def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_
     assert written["by_nodes"]["2"]["2"][-1]["up_to_bytes"] is None and "by_ranks" in written, written
     assert written["by_nodes_in_place"]["2"]["2"][-1]["up_to_bytes"] is None, written
     assert "shared_memory" not in {rule["algorithm"] for rule in written["by_nodes"]["2"]["2"]}
+    for suffix in ("", "_in_place"):  # (where a prepared call of MPI's own is persistent across nodes)
+        rules = written["persistent_by_nodes" + suffix]["2"]["2"]
+        measured = written["metadata"]["2 nodes, 2 ranks" + suffix.replace("_", " ") + " persistent"]["persistent_us"]
+        assert set(measured) == {"4", "65536"} and rules[-1]["up_to_bytes"] is None, (rules, measured)
+        assert {rule["algorithm"] for rule in rules} <= {"mpi", "mpi:persistent"}
+    assert "# 2 ranks on 2 nodes, in place: a prepared call of MPI's own runs" in result.output
     # a table of our own choosing: auto follows it across nodes, and falls back where it cannot
     table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "mpi"}]},
                                  "by_nodes": {"2": {"2": [{"up_to_bytes": 100, "algorithm": "two_level"},

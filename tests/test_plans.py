@@ -140,28 +140,50 @@ def test_in_place_calls_follow_the_tables_in_place_rules_where_it_has_them():
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
-def test_prepared_calls_of_mpi_below_4_KiB_on_one_node_are_persistent_requests_except_under_ulfm():
+def test_the_table_digest_the_ranks_compare_tells_rules_in_one_section_from_the_same_in_another():
+    """Ranks agree on the table by its digest: the same rules under another section (in place, or
+    persistent, rather than the algorithms' out-of-place ones) plan otherwise, so digest otherwise."""
+    from mpiallreduce.core import tuning
+    rules = [{"up_to_bytes": None, "algorithm": "mpi"}]
+    digests = set()
+    try:
+        for section in tuning.RULE_SECTIONS:
+            tuning.set_tuning_table({"by_ranks": {"2": rules}, section: {"2": [{"up_to_bytes": 8, "algorithm": "mpi"},
+                                                                                {"up_to_bytes": None, "algorithm": "ring"}]}})
+            digests.add(tuning.table_digest())
+        tuning.set_tuning_table({"by_ranks": {"2": rules}, "metadata": {"2": {"date_utc": "another"}}})
+        digests.add(tuning.table_digest())
+        tuning.set_tuning_table({"by_ranks": {"2": rules}})
+        assert tuning.table_digest() in digests  # (the metadata is not part of it)
+        assert len(digests) == len(tuning.RULE_SECTIONS) + 1  # (each section's apart, and the plain table's)
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
+def test_a_prepared_call_of_mpi_is_persistent_at_4_bytes_with_the_shipped_table_and_never_where_it_cannot_be():
+    """The shipped table binds a persistent request for MPI's own at 4 B on one node (Open MPI's
+    persistent allreduce there: 0.6x of its blocking one's time); never for another algorithm,
+    device arrays, ULFM (persistent_collectives off), or another route (a reproducible sum)."""
     import dataclasses
 
     import numpy as np
-    from mpiallreduce.core.planner import PERSISTENT_BELOW, CallFacts, plan_call
+    from mpiallreduce.core.planner import CallFacts, plan_call
     f32, facts = np.dtype(np.float32), CallFacts(size=2)
-    small = plan_call(facts, False, f32, 4, "sum", "mpi")
-    assert small.persistent
-    assert plan_call(facts, False, f32, PERSISTENT_BELOW - 4, "sum", "mpi", True).persistent
-    assert not plan_call(facts, False, f32, PERSISTENT_BELOW, "sum", "mpi").persistent
-    assert not plan_call(facts, False, f32, 4, "sum", "ring").persistent
-    assert not plan_call(facts, True, f32, 4, "sum", "mpi").persistent  # (device arrays)
-    assert not plan_call(dataclasses.replace(facts, persistent_collectives=False), False, f32, 4, "sum",
-                         "mpi").persistent
-    assert not plan_call(dataclasses.replace(facts, spans_nodes=True, node_count=2), False, f32, 4, "sum",
-                         "mpi").persistent  # (across nodes the blocking call wins there)
+    assert plan_call(facts, False, f32, 4, "sum", "mpi").persistent is True
+    assert plan_call(facts, False, f32, 4, "sum", "mpi", True).persistent is True
+    assert plan_call(facts, False, f32, 4, "sum", "ring").persistent is None
+    assert plan_call(facts, True, f32, 4, "sum", "mpi").persistent is None  # (device arrays)
+    assert plan_call(dataclasses.replace(facts, persistent_collectives=False), False, f32, 4, "sum",
+                     "mpi").persistent is None
 
 
 def test_the_tables_persistent_rules_say_by_size_where_a_prepared_call_of_mpi_is_a_persistent_request():
     """tune measures MPI's persistent allreduce against its blocking one per size and writes
-    persistent_by_ranks (and _in_place) rules; the plan follows them (True/False), by rank count as
-    the algorithm rules are read, in place by its own where it has them. None: it cannot be one."""
+    persistent_by_ranks (and _in_place; across nodes persistent_by_nodes) rules; the plan follows
+    them (True/False), by rank count as the algorithm rules are read, in place by its own where it
+    has them. None: it cannot be one."""
+    import dataclasses
+
     import numpy as np
     from mpiallreduce.core import tuning
     from mpiallreduce.core.planner import CallFacts, plan_call
@@ -185,7 +207,17 @@ def test_the_tables_persistent_rules_say_by_size_where_a_prepared_call_of_mpi_is
         assert plan_call(two, True, f32, 1000, "sum", "mpi").persistent is None  # (device arrays)
         assert plan_call(two, False, np.dtype(np.float16), 8, "mean", "mpi", symmetric=False).persistent is True
         assert plan_call(two, False, np.dtype(np.float32), 8, "reproducible_sum", "mpi").persistent is None
-        del table["persistent_by_ranks"], table["persistent_by_ranks_in_place"]
+        nodes = CallFacts(size=2, spans_nodes=True, node_count=2)  # (across nodes: their own rules, or never)
+        assert plan_call(nodes, False, f32, 4, "sum", "mpi").persistent is False
+        table["persistent_by_nodes"] = {"2": {"2": [{"up_to_bytes": 4096, "algorithm": "mpi"},
+                                                    {"up_to_bytes": None, "algorithm": "mpi:persistent"}]}}
+        tuning.set_tuning_table(table)
+        assert [plan_call(nodes, False, f32, n, "sum", "mpi", i).persistent
+                for n in (4096, 4100) for i in (False, True)] == [False, False, True, True]
+        assert plan_call(dataclasses.replace(nodes, node_count=3, size=4), False, f32, 8192, "sum",
+                         "mpi").persistent is True  # (the nearest smaller node and rank counts: 2 and 2)
+        assert plan_call(two, False, f32, 8192, "sum", "mpi").persistent is False  # (one node: its own rules)
+        del table["persistent_by_ranks"], table["persistent_by_ranks_in_place"], table["persistent_by_nodes"]
         tuning.set_tuning_table(table)  # (a table without them: below PERSISTENT_BELOW, as before tune measured it)
         assert [plan_call(two, False, f32, n, "sum", "mpi").persistent
                 for n in (tuning.PERSISTENT_BELOW - 4, tuning.PERSISTENT_BELOW)] == [True, False]

@@ -314,6 +314,19 @@ def test_tune_writes_the_table_auto_then_reads(tmp_path):
     again = json.loads(table.read_text())
     assert {key: again[key] for key in kept} == kept and again["metadata"]["2"] == written["metadata"]["2"]
     assert set(again["metadata"]["2 persistent"]["persistent_us"]) == {"8", "8192"}
+    fresh = tmp_path / "fresh.json"  # (--persistent-only into a new file: the table in use, its rules kept)
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "tune", "--sizes", "8", "--repetitions", "1", "--runs",
+                     "1", "--persistent-only", "--mode", "out-of-place", "--output", str(fresh)],
+                 timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    from mpiallreduce.core.tuning import DEFAULT_TABLE
+    shipped, kept = json.loads(open(DEFAULT_TABLE).read()), json.loads(fresh.read_text())
+    assert all(kept[key] == shipped[key] for key in ("by_ranks", "by_ranks_in_place", "by_nodes", "device"))
+    assert kept["persistent_by_ranks"]["2"][-1]["up_to_bytes"] is None
+    from mpiallreduce.tools.launch import FAULT_TOLERANT_FLAGS  # (under ULFM prepared calls are never persistent:
+    result = run(2, [sys.executable, "-m", "mpiallreduce", "tune", "--sizes", "8", "--persistent-only",  # nothing
+                     "--output", str(fresh)], timeout=SHORT_TIMEOUT, cwd=ROOT, extra_flags=FAULT_TOLERANT_FLAGS)
+    assert result.returncode == 2 and "no persistent collectives here" in result.output, explain(result)  # to time)
     # now a table of our own choosing, read through the environment variable
     table.write_text(json.dumps({"by_ranks": {"2": [{"up_to_bytes": 100, "algorithm": "recursive_doubling"},
                                                     {"up_to_bytes": None, "algorithm": "rabenseifner"}]}}))

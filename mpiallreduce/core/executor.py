@@ -213,8 +213,8 @@ class Execution:
             state, allreduce, mpi_op, divide = self.state, self.state.library.Allreduce, self.mpi_op, self.divides
             # ([buffer, datatype] made once: mpi4py then skips reading the array's format, ~0.1 us)
             source, target = MPI.IN_PLACE if send is None else [send, self.datatype], [recv, self.datatype]
-            persistent = (self.plan.persistent if kept is True else kept == "always" and self.plan.persistent is not None
-                          ) and bind_persistent(
+            persistent = kept and (self.plan.persistent is not None if kept == "always" else self.plan.persistent
+                                   ) and bind_persistent(
                 state.library, source, target, mpi_op, lambda error, sequence: raise_failed(error, state, sequence, None),
                 then=(lambda: self.divide(recv)) if divide else None)
             if persistent:

@@ -6,8 +6,9 @@
     the prepared call     MPI_Request_free, when it is collected (an inactive request: local)
     collected
 
-Which prepared calls do is the plan's (mpiallreduce.core.planner.PERSISTENT_BELOW: where Open MPI's
-persistent allreduce beat its blocking one); the executor binds it (Execution.bound).
+Which prepared calls do is the plan's (``persistent``: the tuning table's persistent rules, where
+Open MPI's persistent allreduce beat its blocking one, mpiallreduce.core.tuning.choose_persistent);
+the executor binds it (Execution.bound).
 """
 import weakref
 

@@ -41,8 +41,8 @@ Rules, in order:
   in the communicator's shared slots on one node (a few loads and stores), else in a 16-byte
   allreduce; shared_memory carries it in place of its first barrier. A prepared call is compared
   once, when it is made (``signature="agreed once"``);
-- a prepared call of MPI's own on one node: a persistent request where the table's persistent rules
-  say (``persistent``: mpiallreduce.core.tuning.choose_persistent), else the blocking call.
+- a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
+  node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.
 
 A plan is a pure function of its inputs and of CallFacts, which hold only what every rank of the
 communicator agreed on (mpiallreduce.core.state.CommState.make_ready: node layout, CUDA-awareness,
@@ -130,7 +130,7 @@ class CallPlan:
     in_place: bool = False
     #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request (the
     #: table's persistent rules: mpiallreduce.core.tuning.choose_persistent); False, the blocking call
-    #: each run; None: it cannot be persistent (another algorithm or route, device memory, across nodes)
+    #: each run; None: it cannot be persistent (another algorithm or route, device memory, ULFM)
     persistent: Optional[bool] = None
 
     @property
@@ -289,10 +289,8 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     probe = None
     if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested":
         probe = (on_device, dtype, nbytes, op_name, algorithm, in_place)
-    persistent = None
-    if (chosen.name == "mpi" and not on_device and facts.persistent_collectives and route == "plain"
-            and accumulate is None and not facts.spans_nodes):
-        persistent = choose_persistent(working, facts.size, in_place)
+    persistent = choose_persistent(working, facts.size, in_place, facts.node_count if facts.spans_nodes else 1) if (
+        chosen.name == "mpi" and not on_device and facts.persistent_collectives and route == "plain" and accumulate is None) else None
     return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe,
                     in_place, persistent)
 

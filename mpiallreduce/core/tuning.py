@@ -32,7 +32,9 @@ Where a call runs MPI's own allreduce on one node, a prepared call of it binds a
 (MPI_Allreduce_init, then Start and Wait each run) or runs the blocking call each time, by the rules
 of ``persistent_by_ranks`` (and ``persistent_by_ranks_in_place``), in the same format, read in the
 same way, whose "algorithm" is ``"mpi:persistent"`` or ``"mpi"`` (blocking): ``tune`` measures the
-two, each prepared, at every size. A table without them: persistent below PERSISTENT_BELOW::
+two, each prepared, at every size. Across nodes, ``persistent_by_nodes`` (and ``_in_place``), by
+node count then rank count as ``by_nodes``. A table without them: persistent below PERSISTENT_BELOW
+on one node, never across nodes::
 
      "persistent_by_ranks": {"2": [{"up_to_bytes": 2896, "algorithm": "mpi:persistent"},
                                    {"up_to_bytes": null, "algorithm": "mpi"}]}
@@ -69,6 +71,10 @@ PERSISTENT = "mpi:persistent"
 #: uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs and their commands)
 PERSISTENT_BELOW = 4 << 10
 
+#: the table's sections of rules, all that plans read (the metadata is not)
+RULE_SECTIONS = ("by_ranks", "by_ranks_in_place", "by_nodes", "by_nodes_in_place", "device", "persistent_by_ranks",
+                 "persistent_by_ranks_in_place", "persistent_by_nodes", "persistent_by_nodes_in_place")
+
 _table = None
 _choices = {}
 
@@ -101,10 +107,8 @@ def table_digest():
     """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
     table = tuning_table()
     from .consistency import digest
-    text = json.dumps([table.get(key, {}) for key in ("by_ranks", "by_nodes", "device")]
-                      + [table.get(key) for key in ("by_ranks_in_place", "by_nodes_in_place", "persistent_by_ranks",
-                                                    "persistent_by_ranks_in_place") if table.get(key)],
-                      sort_keys=True)
+    text = json.dumps({key: table.get(key) or {} for key in RULE_SECTIONS}, sort_keys=True)  # (by name: rules
+    # moved from one section to another plan differently)
     return f"{digest(text):016x}"
 
 
@@ -154,16 +158,30 @@ def choose_name(nbytes, size, known, in_place=False):
     return choice
 
 
-def choose_persistent(nbytes, size, in_place=False):
-    """Whether a prepared call of MPI's own allreduce of ``nbytes`` on ``size`` ranks of one node binds
-    a persistent request: the table's persistent rules for that rank count (the nearest, as above),
-    else below PERSISTENT_BELOW."""
+def choose_persistent(nbytes, size, in_place=False, nodes=1):
+    """Whether a prepared call of MPI's own allreduce of ``nbytes`` on ``size`` ranks binds a
+    persistent request: the table's persistent rules for that rank count (and, on ``nodes`` > 1,
+    node count: ``persistent_by_nodes``), the nearest as above; without them, below
+    PERSISTENT_BELOW on one node and never across nodes."""
     table = tuning_table()
-    rules = _measured(table.get("persistent_by_ranks", {}), table.get("persistent_by_ranks_in_place", {}), size,
-                      in_place)
+    if nodes > 1:
+        rules = _rules_across_nodes(table, "persistent_by_nodes", nodes, size, in_place)
+    else:
+        rules = _measured(table.get("persistent_by_ranks", {}), table.get("persistent_by_ranks_in_place", {}), size,
+                          in_place)
     if not rules:
-        return nbytes < PERSISTENT_BELOW
+        return nodes == 1 and nbytes < PERSISTENT_BELOW
     return _rule_choice(rules, nbytes, (PERSISTENT,)) == PERSISTENT
+
+
+def _rules_across_nodes(table, name, nodes, size, in_place):
+    """The rules of section ``name`` (or ``name``_in_place) for ``size`` ranks on ``nodes`` nodes: the
+    nearest smaller node count, then rank count, as for rank counts; None where it has none."""
+    by_nodes, in_place_nodes = table.get(name, {}), table.get(name + "_in_place", {}) if in_place else {}
+    # (the nearest smaller node count of the out-of-place section, as for rank counts; none smaller: none)
+    node_key = _nearest_key(by_nodes, nodes, or_smallest=False) or _nearest_key(in_place_nodes, nodes, False)
+    return None if node_key is None else _measured(by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {}), size,
+                                                   in_place)
 
 
 def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
@@ -172,12 +190,7 @@ def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
     count (nor a smaller one)."""
     key = (nbytes, size, nodes, in_place)
     if key not in _choices:
-        table = tuning_table()
-        by_nodes, in_place_nodes = table.get("by_nodes", {}), table.get("by_nodes_in_place", {}) if in_place else {}
-        # (the nearest smaller node count of the out-of-place section, as for rank counts; none smaller: none)
-        node_key = _nearest_key(by_nodes, nodes, or_smallest=False) or _nearest_key(in_place_nodes, nodes, False)
-        rules = None if node_key is None else _measured(
-            by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {}), size, in_place)
+        rules = _rules_across_nodes(tuning_table(), "by_nodes", nodes, size, in_place)
         choice = None if not rules else _rule_choice(rules, nbytes, known)
         if len(_choices) < 4096:
             _choices[key] = choice

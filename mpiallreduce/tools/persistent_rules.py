@@ -7,9 +7,9 @@
 
 The rules (mpiallreduce.core.tuning.rules_from_measurements, the blocking call as "mpi"): persistent
 where it is faster than the blocking call by more than PREFER_MPI_WITHIN, so that one noisy run
-cannot flip a size. ``tune`` writes them into the table's ``persistent_by_ranks`` sections, which
-the planner reads (mpiallreduce.core.tuning.choose_persistent). On one node only: across nodes
-prepared calls stay blocking (mpiallreduce.core.planner).
+cannot flip a size. ``tune`` writes them into the table's ``persistent_by_ranks`` sections (on
+ranks that span nodes ``persistent_by_nodes``), which the planner reads
+(mpiallreduce.core.tuning.choose_persistent).
 """
 import statistics
 

@@ -9,21 +9,22 @@ a prepared one would gain a little.
 
     algorithm X, mode m:  price = (plain X - prepared X) - (plain mpi - prepared mpi)    at PRICE_BYTES
 
+(prepared mpi: the blocking call, as a plain call of it is, wherever the table would make a
+prepared one a persistent request: tune's contender mpi:blocking)
+
 each time `bench`'s (the slowest rank's, the median of interleaved repetitions: its contenders X
 and X:plain), in each of ``runs`` runs; the price is the median of the runs'.
 """
 import statistics
 
 from ..algorithms import HOST_ALGORITHMS
-from ..core.planner import PERSISTENT_BELOW
 from .bench import compare
-from .bench.contenders import PLAIN
+from .bench.contenders import OURS_BLOCKING, PLAIN
 
 __all__ = ["PRICE_BYTES", "plain_call_prices_us"]
 
-#: the size calls are priced at: a prepared call of MPI's own runs MPI_Allreduce there, as a plain
-#: one does (below PERSISTENT_BELOW it would be a persistent request, another call); float32 elements
-PRICE_BYTES = -(-max(4096, PERSISTENT_BELOW) // 4) * 4
+#: the size calls are priced at (float32 elements)
+PRICE_BYTES = 4096
 
 
 def plain_call_prices_us(comm, algorithms, modes=(False, True), repetitions=5, runs=3):
@@ -32,14 +33,13 @@ def plain_call_prices_us(comm, algorithms, modes=(False, True), repetitions=5, r
     ``modes`` (collective: every rank passes the same arguments), and {the same key: (lowest,
     highest) of the runs' prices}."""
     names = [name for name in algorithms if name != "mpi" and name in HOST_ALGORITHMS]
-    timed = names + ["mpi"]
     per_run = {}
     for _ in range(max(1, runs)):
         took = {(m.in_place, m.algorithm): m.time_us
-                for m in compare(comm, [PRICE_BYTES], timed + [name + PLAIN for name in timed], "float32", "sum",
-                                 repetitions, modes, forced=())}
+                for m in compare(comm, [PRICE_BYTES], names + [OURS_BLOCKING] + [name + PLAIN for name in names + ["mpi"]],
+                                 "float32", "sum", repetitions, modes, forced=())}
         for in_place in modes:
-            own = took[in_place, "mpi" + PLAIN] - took[in_place, "mpi"]
+            own = took[in_place, "mpi" + PLAIN] - took[in_place, OURS_BLOCKING]
             for name in names:
                 per_run.setdefault((in_place, name), []).append(
                     took[in_place, name + PLAIN] - took[in_place, name] - own)

@@ -20,19 +20,22 @@ wherever another algorithm gains less than its price (``plain_call_prices_us`` i
 metadata, with the lowest and highest of the runs' prices), so that a plain call does not lose
 where a prepared one gains a little.
 
-On one node it measures, at every size, a prepared call of MPI's own bound as a persistent request
+It measures, at every size, a prepared call of MPI's own bound as a persistent request
 (MPI_Allreduce_init) against the same as the blocking call, and writes the table's
-``persistent_by_ranks`` rules: persistent where it is faster by more than 5%
-(mpiallreduce.tools.persistent_rules; the times in the metadata, ``persistent_us``).
+``persistent_by_ranks`` rules (across nodes ``persistent_by_nodes``): persistent where it is faster
+by more than 5% (mpiallreduce.tools.persistent_rules; the times in the metadata, ``persistent_us``),
+first: the algorithms are then timed against MPI's own as those rules will run it. Not under ULFM,
+where prepared calls are never persistent requests.
 
 The table's format and how it is read: mpiallreduce.tuning.
 """
+import copy
 import json
 import os
 import statistics
 
 from .arguments import ArgumentParser, size_list
-from ..core.tuning import TUNING_ENV, rules_from_measurements, rules_kept_above, shipped_device_section
+from ..core.tuning import TUNING_ENV, set_tuning_table, tuning_table, rules_from_measurements, rules_kept_above, shipped_device_section
 
 __all__ = ["main"]
 
@@ -90,18 +93,26 @@ def _put(table, args, section, ranks, key, rules, written):
     return rules
 
 
+def _section(table, state, ranks, suffix, prefix=""):
+    """(the table's section for these ranks' rules, their metadata key, where, in words): by_ranks,
+    or on ranks that span nodes by_nodes (auto reads it on such communicators), each ``suffix``
+    "_in_place" or not; ``prefix`` "persistent_": the persistent rules' sections."""
+    key = ranks + suffix.replace("_", " ")
+    if state.spans_nodes:
+        nodes = str(state.node_count)
+        section = table.setdefault(prefix + "by_nodes" + suffix, {}).setdefault(nodes, {})
+        key, where = f"{nodes} nodes, {ranks} ranks" + suffix.replace("_", " "), f"{ranks} ranks on {nodes} nodes"
+    else:
+        section, where = table.setdefault(prefix + "by_ranks" + suffix, {}), f"{ranks} ranks"
+    return section, key + (" persistent" if prefix else ""), where + suffix.replace("_", ", ", 1).replace("_", " ")
+
+
 def _write_rules(table, args, metadata, state, ranks, suffix, rules, prices):
     """Put one mode's algorithm rules (and their metadata, with the plain calls' ``prices``) into
     ``table``: by_ranks, or by_nodes where the ranks span nodes; print them."""
-    if state.spans_nodes:  # a section of its own: auto reads it on communicators that span nodes
-        nodes = str(state.node_count)
-        section = table.setdefault("by_nodes" + suffix, {}).setdefault(nodes, {})
-        key, where = f"{nodes} nodes, {ranks} ranks" + suffix.replace("_", " "), f"{ranks} ranks on {nodes} nodes"
-    else:
-        section = table.setdefault("by_ranks" + suffix, {})
-        key, where = ranks + suffix.replace("_", " "), f"{ranks} ranks"
+    section, key, where = _section(table, state, ranks, suffix)
     rules = _put(table, args, section, ranks, key, rules, dict(metadata, plain_call_prices_us=prices))
-    print(f"# {where}{', in place' if suffix else ''}: auto will use (MPI's own unless another gains more than 5% "
+    print(f"# {where}: auto will use (MPI's own unless another gains more than 5% "
           "and more than its plain call's price: " + ", ".join(f"{name} {price[0]:.1f}" for name, price in prices.items())
           + " us)")
     _print_rules(rules)
@@ -132,7 +143,8 @@ def main(argv=None):
                              "metadata says so): where runs differ by more than the algorithms do")
     parser.add_argument("--persistent-only", action="store_true",
                         help="measure and write only where a prepared call of MPI's own is a persistent request "
-                             "(persistent_by_ranks; one node), keeping the table's algorithm rules")
+                             "(persistent_by_ranks, or persistent_by_nodes), keeping the table's algorithm rules (a new "
+                             "file: the table in use, with its rules)")
     parser.add_argument("--from-bench", metavar="BENCH_JSON",
                         help="write the device section from a bench --device gpu run's bench.json; measure nothing")
     args = parser.parse_args(argv)
@@ -145,25 +157,31 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     sizes = args.sizes
     state = state_of(comm).make_ready()
+    ranks = str(comm.Get_size())
     algorithms, skipped = runnable_here(comm, list(ALGORITHMS))
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
-    if args.persistent_only and state.spans_nodes:
-        parser.error("--persistent-only: these ranks span nodes, where prepared calls stay blocking")
+    in_use = copy.deepcopy(tuning_table())
+    persistent, persistent_us = {}, {}
+    if hasattr(comm, "Allreduce_init") and state.facts.persistent_collectives:  # (not under ULFM: never persistent)
+        persistent, persistent_us = persistent_rules(comm, sizes, modes, args.repetitions, args.runs)
+        measured_with = copy.deepcopy(in_use)  # (the algorithms are timed against MPI's own as it will run)
+        for in_place, rules in persistent.items():
+            _section(measured_with, state, ranks, "_in_place" if in_place else "", "persistent_")[0][ranks] = rules
+        set_tuning_table(measured_with)
+    elif args.persistent_only:
+        parser.error("--persistent-only: no persistent collectives here (MPI_Allreduce_init; not under ULFM)")
     runs, prices, spreads = [], {}, {}
     if not args.persistent_only:
         runs = [compare(comm, sizes, algorithms, repetitions=args.repetitions, modes=modes, forced=())
                 for _ in range(max(1, args.runs))]
         prices, spreads = plain_call_prices_us(comm, algorithms, modes, args.repetitions, args.runs)
-    persistent, persistent_us = ({}, {}) if state.spans_nodes or not hasattr(comm, "Allreduce_init") else \
-        persistent_rules(comm, sizes, modes, args.repetitions, args.runs)
     metadata = run_metadata(comm, vars(args))
     if comm.Get_rank() != 0:
         return 0
-    table = {"metadata": {}, "by_ranks": {}}
-    if os.path.exists(args.output):
+    table = in_use if args.persistent_only else {"metadata": {}, "by_ranks": {}}  # (--persistent-only, a new
+    if os.path.exists(args.output):  # file: the table in use, its algorithm rules kept)
         with open(args.output) as f:
             table = json.load(f)
-    ranks = str(comm.Get_size())
     for line in skipped:
         print(f"# skipped: {line}")
     times = {}
@@ -174,7 +192,6 @@ def main(argv=None):
     for in_place, suffix in ((False, ""), (True, "_in_place")):  # (in-place calls: rules of their own)
         if in_place not in modes:
             continue
-        mode = ", in place" if in_place else ""
         if not args.persistent_only:
             rules = rules_from_measurements([(nbytes, algorithm, statistics.median(t))
                                              for (mode_, nbytes, algorithm), t in times.items() if mode_ == in_place],
@@ -182,13 +199,13 @@ def main(argv=None):
             _write_rules(table, args, metadata, state, ranks, suffix, rules, {
                 name: [round(price, 2), *(round(bound, 2) for bound in spreads[mode_, name])]
                 for (mode_, name), price in sorted(prices.items()) if mode_ == in_place})
-        if in_place in persistent:  # (one node: prepared calls of MPI's own, persistent or blocking, by size)
-            rules = _put(table, args, table.setdefault("persistent_by_ranks" + suffix, {}), ranks,
-                         f"{ranks}{suffix.replace('_', ' ')} persistent", persistent[in_place], dict(
-                             metadata, persistent_us={str(nbytes): [round(t, 2) for t in pair]
-                                                      for nbytes, pair in sorted(persistent_us[in_place].items())}))
-            print(f"# {ranks} ranks{mode}: a prepared call of MPI's own runs (mpi:persistent where it beats the "
-                  "blocking call, mpi, by more than 5%)")
+        if in_place in persistent:  # (prepared calls of MPI's own, persistent or blocking, by size)
+            section, key, where = _section(table, state, ranks, suffix, "persistent_")
+            rules = _put(table, args, section, ranks, key, persistent[in_place], dict(
+                metadata, persistent_us={str(nbytes): [round(t, 2) for t in pair]
+                                         for nbytes, pair in sorted(persistent_us[in_place].items())}))
+            print(f"# {where}: a prepared call of MPI's own runs (mpi:persistent where it beats the blocking call, "
+                  "mpi, by more than 5%)")
             _print_rules(rules)
     with open(args.output, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)

@@ -534,8 +534,8 @@ def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, 
 
 
 def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm):
-    """Below PERSISTENT_BELOW a prepared call of MPI's allreduce binds MPI_Allreduce_init once and
-    starts it each run (in place or not, in the background too); collected, its request is freed."""
+    """Where the table says (the shipped one: up to 2 KiB on 2 ranks, in place or not) a prepared call
+    of MPI's allreduce binds MPI_Allreduce_init once and starts it each run (in place or not, in the background too); collected, its request is freed."""
     import gc
     import weakref
     rank = comm.Get_rank()
