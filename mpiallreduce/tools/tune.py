@@ -182,7 +182,7 @@ def main(argv=None):
     if os.path.exists(args.output):  # file: the table in use, its algorithm rules kept)
         with open(args.output) as f:
             table = json.load(f)
-    for line in skipped:
+    for line in [] if args.persistent_only else skipped:
         print(f"# skipped: {line}")
     times = {}
     for results in runs:
