@@ -555,6 +555,35 @@ def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm
     assert alive() is None  # (and with it, its request: weakref.finalize in mpiallreduce.core.persistent)
 
 
+def test_a_rank_given_other_persistent_rules_after_start_up_is_refused_on_every_rank(comm):
+    """A rank whose table changes after start-up (set_tuning_table on it alone), were its persistent
+    rules all that differ, would bind MPI_Allreduce_init where the others run the blocking call: the
+    communicator agrees on the table's digest again first, and every rank raises; on a new
+    communicator with the same table again, calls run."""
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.state import SettingsMismatch
+    if comm.Get_size() == 1:
+        return
+    shipped, dup, x = tuning.tuning_table(), comm.Dup(), np.ones(8, np.float32)
+    try:
+        try:
+            if comm.Get_rank() == 1:
+                tuning.set_tuning_table(dict(shipped, persistent_by_ranks={}, persistent_by_ranks_in_place={}))
+            with pytest.raises(SettingsMismatch, match="tuning_table differs"):
+                mar.prepare(x, algorithm="mpi", comm=dup)
+        finally:
+            tuning.set_tuning_table(shipped)
+    finally:
+        dup.Free()  # (a communicator that met a mismatch stays refused; a new one agrees again)
+    again = comm.Dup()
+    try:
+        prepared = mar.prepare(x, algorithm="mpi", comm=again)
+        assert prepared.persistent and values_equal(prepared(), numpy_reference("sum", gather_inputs(comm, x)))
+        del prepared
+    finally:
+        again.Free()
+
+
 def test_tunes_prepared_calls_are_persistent_always_or_never_as_asked_whatever_the_table_says(comm):
     """tune's contenders mpi:persistent and mpi:blocking (prepare_at's persistent="always" and False):
     MPI's own as a persistent request at any size, or never; right either way, in place or not; an
