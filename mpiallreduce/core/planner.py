@@ -56,10 +56,9 @@ from typing import Optional
 import numpy as np
 
 from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
-from .tuning import PERSISTENT_BELOW, choose_across_nodes, choose_name, choose_on_device, choose_persistent
+from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent
 
-__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES",
-           "PERSISTENT_BELOW"]
+__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
 
 #: algorithms that cannot run among ranks of different nodes
 NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_one_node)

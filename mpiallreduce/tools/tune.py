@@ -165,8 +165,9 @@ def main(argv=None):
     if hasattr(comm, "Allreduce_init") and state.facts.persistent_collectives:  # (not under ULFM: never persistent)
         persistent, persistent_us = persistent_rules(comm, sizes, modes, args.repetitions, args.runs)
         measured_with = copy.deepcopy(in_use)  # (the algorithms are timed against MPI's own as it will run)
-        for in_place, rules in persistent.items():
-            _section(measured_with, state, ranks, "_in_place" if in_place else "", "persistent_")[0][ranks] = rules
+        for in_place, rules in persistent.items():  # (as they will be written: --keep-above's cut too)
+            section, key, _ = _section(measured_with, state, ranks, "_in_place" if in_place else "", "persistent_")
+            _put(measured_with, args, section, ranks, key, rules, {})
         set_tuning_table(measured_with)
     elif args.persistent_only:
         parser.error("--persistent-only: no persistent collectives here (MPI_Allreduce_init; not under ULFM)")
