@@ -8,7 +8,7 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
     content_digest(array)      the same for an array's bytes: replicas, an input that must not change
     compare(state, code, ...)  a call's signature code against every rank's, before data moves:
                                the shared slots on one node (mpiallreduce.core.slots), else the
-                               max of (code, -code) by recursive doubling in messages on the
+                               max of (code, -code) by dissemination in messages on the
                                call's tags; the waits notice a failed or departed peer (the call's
                                PeerWatch; a timed call's arrival is bounded by its rendezvous);
                                on a mismatch, every rank gathers what each called and raises
@@ -76,23 +76,35 @@ def compare(state, code, describe, watch, sequence, published=False):
 
 
 def _codes_agree_by_messages(state, code, sequence, watch):
-    """Across nodes (or under ULFM): max of (code, -code) by recursive doubling, in messages on the
-    call's own tags (CallTags.SIGNATURE_BASE) waited for through its PeerWatch. A rank that gives the
-    call up leaves only receives behind, on tags no later call uses (a collective, once started,
-    could not be given up: every later one would pair with it)."""
-    if not _BY_MESSAGES:  # (imported on first use: the algorithms import the core)
-        from ..algorithms import REGISTRY
+    """Across nodes (or under ULFM): the max of (code, -code) by dissemination, in messages on the
+    call's own tags (CallTags.SIGNATURE_BASE) waited for through its PeerWatch. p = 5:
+
+        round 0:  r -> r+1 (mod 5)     each rank holds the max over {r, r-1}
+        round 1:  r -> r+2             ... over {r, ..., r-3}
+        round 2:  r -> r+4             ... over all 5: every rank the same pair
+
+    ceil(log2 p) rounds of one 16-byte message each way for any p (a max may count a rank twice;
+    recursive doubling would fold the extra ranks in and out). A rank that gives the call up leaves
+    only receives behind, on tags no later call uses (a collective, once started, could not be
+    given up: every later one would pair with it). Its own small buffers per call: a send left
+    behind keeps its buffer."""
+    if not _TAGS:  # (imported on first use: the algorithms import the core)
         from ..algorithms.base import CallTags
-        from .ops import OPS
-        _BY_MESSAGES.extend((REGISTRY["recursive_doubling"].run, CallTags, OPS["max"]))
-    run, tags, maximum = _BY_MESSAGES
-    extremes = state.signature_buffer
-    extremes[0], extremes[1] = code, -code
-    run(tags(state.library, sequence, watch, tags.SIGNATURE_BASE), None, extremes, maximum, MPI.INT64_T)
-    return extremes[0] == -extremes[1]
+        _TAGS.append(CallTags)
+    tags = _TAGS[0](state.library, sequence, None, _TAGS[0].SIGNATURE_BASE)
+    rank, size = state.rank, state.size
+    mine = np.array((code, -code), dtype=np.int64)
+    distance, step = 1, 0
+    while distance < size:
+        theirs = np.empty(2, dtype=np.int64)
+        watch.wait([tags.Irecv(theirs, (rank - distance) % size, step),
+                    tags.Isend(mine, (rank + distance) % size, step)])
+        mine = np.maximum(mine, theirs)
+        distance, step = distance * 2, step + 1
+    return mine[0] == -mine[1]
 
 
-_BY_MESSAGES = []
+_TAGS = []
 
 
 def raise_signature_mismatch(state, describe, sequence):

@@ -116,7 +116,7 @@ class CallPlan:
     #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression),
     #: "bfloat16 bits" (bfloat16 words held as uint16, widened to float32: mpiallreduce.core.ops)
     route: str = "plain"
-    #: how the ranks compare the call before data moves: "none", "shared slots", "16-byte allreduce",
+    #: how the ranks compare the call before data moves: "none", "shared slots", "16-byte messages",
     #: "carried by <algorithm>" (in place of its first barrier), "agreed once" (a prepared call)
     signature: str = "none"
     #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
@@ -194,7 +194,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     bits = op_name.startswith("bfloat16_bits_")  # (bfloat16 words in uint16: mpiallreduce.core.ops.Bfloat16Bits)
     low_precision = bits or dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
     compared = facts.size > 1 and 0 <= facts.signature_min_bytes <= nbytes
-    signature = "none" if not compared else "shared slots" if facts.shared_slots else "16-byte allreduce"
+    signature = "none" if not compared else "shared slots" if facts.shared_slots else "16-byte messages"
     if compressed:  # (on one rank too: each value rounded to 16 bits, as with more)
         return CallPlan(REGISTRY["mpi"], auto, "16-bit values through MPI_Alltoall, summed in float32 by "
                         "each slice's owner, then MPI_Allgather (mpiallreduce.training.compression)",

@@ -80,9 +80,8 @@ class CommState:
         self.left_behind = []
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
-        #: where the signature check's 16 bytes are reduced (mpiallreduce.core.consistency)
-        self.signature_buffer = np.zeros(2, dtype=np.int64)
-        #: on one node, the ranks' signature codes in shared memory instead (mpiallreduce.core.slots)
+        #: on one node, the ranks' signature codes in shared memory (mpiallreduce.core.slots;
+        #: else in messages: mpiallreduce.core.consistency)
         self.signature_slots = None
         self.symmetric = []  # this rank's symmetric allocations, in order (mpiallreduce.core.symmetric)
         self.lock = threading.Lock()
