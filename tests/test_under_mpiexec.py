@@ -36,7 +36,7 @@ RANK_DEPENDENT = ["test_correctness.py", "test_topology.py", "test_mesh.py", "te
                   "test_buckets.py::test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape"
                   "_are_refused"]
 #: at 5 ranks, what 4 and 3 do not already cover: the algorithms' plans and folding at 4 + 1 ranks,
-#: node layouts and the errors (the signature exchange's fold); meshes run at 6
+#: node layouts and the errors (the signature exchange in messages: 3 rounds at 5); meshes run at 6
 #: (test_mesh_tests_on_six_ranks), the pipeline's mechanics at 1 to 4, reproducible bits at 1 to 4
 #: (3 has the odd count's fold already)
 AT_FIVE = ["test_correctness.py", "test_topology.py", "test_errors.py"]

@@ -108,3 +108,40 @@ def test_matching_checked_calls_succeed(comm):
         x = exact_input("float32", 100, comm.Get_rank(), "sum")
         expected = numpy_reference("mean", gather_inputs(comm, x))
         assert values_equal(mar.allreduce(x, op="mean", algorithm=algorithm, comm=comm, check=True), expected)
+
+
+@pytest.fixture
+def compared_by_messages():
+    """A duplicate of COMM_WORLD whose calls compare their signatures in messages, as across nodes
+    and under ULFM (its shared slots set aside: mpiallreduce.core.consistency), freed after."""
+    import dataclasses
+
+    from mpi4py import MPI
+
+    from mpiallreduce.core.state import state_of
+    comm = MPI.COMM_WORLD.Dup()
+    state = state_of(comm).make_ready()
+    slots, facts = state.signature_slots, state.facts
+    state.signature_slots, state.facts = None, dataclasses.replace(facts, shared_slots=False)
+    yield comm
+    state.signature_slots, state.facts = slots, facts
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(compared_by_messages):
+    """The codes' maximum by dissemination reaches every rank whichever rank differs, at every rank
+    count (5: three rounds, ranks counted twice); a matching call then gives numpy's sum."""
+    comm = compared_by_messages
+    size, rank = comm.Get_size(), comm.Get_rank()
+    x = exact_input("float64", 100, rank, "sum")
+    assert "signature: 16-byte messages" in mar.describe_call(x, comm=comm)
+    for odd_one in range(size):
+        count = 101 if rank == odd_one else 100
+        with pytest.raises(ValueError) as info:
+            mar.allreduce(exact_input("float64", count, rank, "sum"), comm=comm, algorithm="mpi")
+        message = str(info.value)
+        assert "shape differs: " in message and f"(101,) on rank {odd_one};" in message + ";", message
+        assert "(100,) on rank" in message and "nothing was reduced" in message, message
+        expected = numpy_reference("sum", gather_inputs(comm, x))
+        assert values_equal(mar.allreduce(x, comm=comm, algorithm="mpi"), expected)
