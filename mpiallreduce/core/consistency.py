@@ -84,10 +84,10 @@ def _codes_agree_by_messages(state, code, sequence, watch):
         round 2:  r -> r+4             ... over all 5: every rank the same pair
 
     ceil(log2 p) rounds of one 16-byte message each way for any p (a max may count a rank twice;
-    recursive doubling would fold the extra ranks in and out). A rank that gives the call up leaves
-    only receives behind, on tags no later call uses (a collective, once started, could not be
-    given up: every later one would pair with it). Its own small buffers per call: a send left
-    behind keeps its buffer."""
+    recursive doubling would fold the extra ranks in and out). A rank that gives the call up leaves its
+    requests behind (PeerWatch: receives cancelled, every request kept with its buffer, new arrays
+    each round) on tags no call of the next CallTags.calls_apart uses (a collective, once started,
+    could not be given up: every later one would pair with it)."""
     if not _TAGS:  # (imported on first use: the algorithms import the core)
         from ..algorithms.base import CallTags
         _TAGS.append(CallTags)

@@ -38,8 +38,8 @@ Rules, in order:
   (they are exact, and numpy's float16 loops break ties unlike its float32 ones);
 - every call on more than one rank compares its signature (shape, dtype, op, algorithm, route)
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
-  in the communicator's shared slots on one node (a few loads and stores), else in a 16-byte
-  allreduce; shared_memory carries it in place of its first barrier. A prepared call is compared
+  in the communicator's shared slots on one node (a few loads and stores), else in 16-byte
+  messages; shared_memory carries it in place of its first barrier. A prepared call is compared
   once, when it is made (``signature="agreed once"``);
 - a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
   node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.

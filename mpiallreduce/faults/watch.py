@@ -87,21 +87,27 @@ class PeerWatch:
         """Wait for every request in the list, watching the peers. Like MPI's own blocking wait it
         polls without sleeping (yielding the core to other ranks where they share it): a sleep would
         add its length to every message of a call between nodes. The control channel and the
-        deadline are looked at every millisecond."""
+        deadline are looked at every millisecond. A wait that ends in an error (a failed request, an
+        interrupt) leaves its requests behind as a given-up call does: none is freed while MPI may
+        still write into its buffer."""
         statuses = [MPI.Status() for _ in requests]
-        if _test_all(requests, statuses):
-            return
-        started = time.monotonic()
-        self.start_waiting(started)
-        look_at = started + _QUIET_SECONDS
-        while True:
+        try:
             if _test_all(requests, statuses):
                 return
-            now = time.monotonic()
-            if now >= look_at:
-                self.look_around(requests, now)
-                look_at = now + _LOOK_EVERY_SECONDS
-            yield_core()
+            started = time.monotonic()
+            self.start_waiting(started)
+            look_at = started + _QUIET_SECONDS
+            while True:
+                if _test_all(requests, statuses):
+                    return
+                now = time.monotonic()
+                if now >= look_at:
+                    self.look_around(requests, now)
+                    look_at = now + _LOOK_EVERY_SECONDS
+                yield_core()
+        except BaseException:
+            self._leave_behind(requests)
+            raise
 
     def start_waiting(self, now):
         """A wait begins: the timeout bounds each wait, not the whole algorithm (a long call that
@@ -140,15 +146,23 @@ class PeerWatch:
 
     def _leave_behind(self, requests):
         kept = self.state.left_behind
-        kept[:] = [r for r in kept if not r.Test()]  # (earlier calls' requests that have completed)
+        kept[:] = [r for r in kept if not _done(r)]  # (earlier calls' requests that have completed)
         for request in requests:
-            if request.Test():
+            if _done(request) or any(request is r for r in kept):  # (kept already: look_around raised)
                 continue
             try:
                 request.Cancel()  # (receives; Open MPI does not cancel sends)
             except MPI.Exception:
                 pass
             kept.append(request)  # (the request holds its buffer)
+
+
+def _done(request):
+    """Whether ``request`` has completed (with its error, too: then MPI has freed it)."""
+    try:
+        return request.Test()
+    except MPI.Exception:
+        return True
 
 
 def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):

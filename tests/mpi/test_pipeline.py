@@ -364,3 +364,30 @@ def test_a_compressed_bucket_is_scaled_once(comm):
     sync.wait()
     want = 2.0 * sum(1.0 + r for r in range(size))
     assert np.all(grads["a"] == want) and np.all(grads["c"] == want)
+
+
+def test_a_wait_ended_by_an_error_leaves_its_requests_behind_with_their_buffers(monkeypatch):
+    """A wait through the PeerWatch that an exception ends (a failed request, an interrupt) used to
+    drop its requests: a receive freed while posted that MPI may still write into, once its buffer
+    is gone. Now it is cancelled and kept (state.left_behind), as when a peer gives the call up."""
+    from mpiallreduce.core.state import state_of
+    from mpiallreduce.faults import watch as watch_module
+    state = state_of(WORLD).make_ready()
+    spins = []
+
+    def interrupted():
+        spins.append(1)
+        if len(spins) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(watch_module, "yield_core", interrupted)
+    buffer = np.zeros(4)
+    tags = CallTags(state.library, 10 ** 6, None, CallTags.SIGNATURE_BASE)
+    receive = tags.Irecv(buffer, WORLD.Get_rank(), 7)  # (from itself, never sent)
+    before = len(state.left_behind)
+    with pytest.raises(KeyboardInterrupt):
+        watch_module.PeerWatch(state, 10 ** 6).wait([receive])
+    kept = state.left_behind[before:]
+    assert [r is receive for r in kept] == [True], kept
+    status = MPI.Status()
+    assert receive.Test(status) and status.Is_cancelled()  # (cancelled: it will write nothing)
