@@ -151,10 +151,17 @@ class CallTags:
                              self.comm.Isend(sendbuf, dest, sendtag + self.offset)])
 
     def Isend(self, buf, dest, tag=0):
-        return self.comm.Isend(buf, dest, tag + self.offset)
+        return self._posted(self.comm.Isend(buf, dest, tag + self.offset))
 
     def Irecv(self, buf, source, tag=0):
-        return self.comm.Irecv(buf, source, tag + self.offset)
+        return self._posted(self.comm.Irecv(buf, source, tag + self.offset))
+
+    def _posted(self, request):
+        """A request the algorithm waits for later (posted ahead, say): its watch keeps it, so that a
+        call given up leaves it behind too, not only the requests of the wait that ended."""
+        if self.watch is not None:
+            self.watch.posted.append(request)
+        return request
 
     def __getattr__(self, name):
         return getattr(self.comm, name)

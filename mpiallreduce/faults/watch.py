@@ -73,7 +73,7 @@ def _revoked(comm):
 class PeerWatch:
     """One call's waits: complete the requests, or learn that a peer gave up, or time out."""
 
-    __slots__ = ("state", "sequence", "deadline", "timeout", "failed", "name")
+    __slots__ = ("state", "sequence", "deadline", "timeout", "failed", "name", "posted")
 
     def __init__(self, state, sequence, timeout=None, name=""):
         self.state = state
@@ -82,14 +82,15 @@ class PeerWatch:
         self.deadline = math.inf  # (set by each wait)
         self.failed = False
         self.name = name
+        self.posted = []  # the call's requests posted through CallTags (left behind with a wait's own)
 
     def wait(self, requests):
         """Wait for every request in the list, watching the peers. Like MPI's own blocking wait it
         polls without sleeping (yielding the core to other ranks where they share it): a sleep would
         add its length to every message of a call between nodes. The control channel and the
         deadline are looked at every millisecond. A wait that ends in an error (a failed request, an
-        interrupt) leaves its requests behind as a given-up call does: none is freed while MPI may
-        still write into its buffer."""
+        interrupt) leaves its requests, and those the call posted through CallTags for later steps,
+        behind as a given-up call does: none is freed while MPI may still write into its buffer."""
         statuses = [MPI.Status() for _ in requests]
         try:
             if _test_all(requests, statuses):
@@ -147,8 +148,8 @@ class PeerWatch:
     def _leave_behind(self, requests):
         kept = self.state.left_behind
         kept[:] = [r for r in kept if not _done(r)]  # (earlier calls' requests that have completed)
-        for request in requests:
-            if _done(request) or any(request is r for r in kept):  # (kept already: look_around raised)
+        for request in {id(r): r for r in [*requests, *self.posted]}.values():  # (each once)
+            if any(request is r for r in kept) or _done(request):  # (kept already: look_around raised)
                 continue
             try:
                 request.Cancel()  # (receives; Open MPI does not cancel sends)
@@ -158,7 +159,8 @@ class PeerWatch:
 
 
 def _done(request):
-    """Whether ``request`` has completed (with its error, too: then MPI has freed it)."""
+    """Whether ``request`` has completed, with its error too (an ANY_SOURCE receive would stay
+    pending under ULFM after its error; the library posts none)."""
     try:
         return request.Test()
     except MPI.Exception:

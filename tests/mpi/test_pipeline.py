@@ -368,26 +368,25 @@ def test_a_compressed_bucket_is_scaled_once(comm):
 
 def test_a_wait_ended_by_an_error_leaves_its_requests_behind_with_their_buffers(monkeypatch):
     """A wait through the PeerWatch that an exception ends (a failed request, an interrupt) used to
-    drop its requests: a receive freed while posted that MPI may still write into, once its buffer
-    is gone. Now it is cancelled and kept (state.left_behind), as when a peer gives the call up."""
+    drop its requests, and those the algorithm had posted for later steps: receives freed while
+    posted that MPI may still write into, once their buffers are gone. Now they are cancelled and
+    kept (state.left_behind), as when a peer gives the call up."""
     from mpiallreduce.core.state import state_of
     from mpiallreduce.faults import watch as watch_module
     state = state_of(WORLD).make_ready()
-    spins = []
-
     def interrupted():
-        spins.append(1)
-        if len(spins) == 3:
-            raise KeyboardInterrupt
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(watch_module, "yield_core", interrupted)
-    buffer = np.zeros(4)
-    tags = CallTags(state.library, 10 ** 6, None, CallTags.SIGNATURE_BASE)
-    receive = tags.Irecv(buffer, WORLD.Get_rank(), 7)  # (from itself, never sent)
+    monkeypatch.setattr(watch_module, "yield_core", interrupted)  # (the first spin: before any look around)
+    watch = watch_module.PeerWatch(state, 10 ** 6)
+    tags = CallTags(state.library, 10 ** 6, watch, CallTags.SIGNATURE_BASE)
+    ahead = tags.Irecv(np.zeros(4), WORLD.Get_rank(), 8)  # posted for a later step (ring_pipelined's way)
+    receive = tags.Irecv(np.zeros(4), WORLD.Get_rank(), 7)  # (from itself, never sent)
     before = len(state.left_behind)
     with pytest.raises(KeyboardInterrupt):
-        watch_module.PeerWatch(state, 10 ** 6).wait([receive])
+        watch.wait([receive])
     kept = state.left_behind[before:]
-    assert [r is receive for r in kept] == [True], kept
-    status = MPI.Status()
-    assert receive.Test(status) and status.Is_cancelled()  # (cancelled: it will write nothing)
+    assert [r is receive for r in kept] == [True, False] and kept[1] is ahead, kept
+    for request in (receive, ahead):
+        status = MPI.Status()
+        assert request.Test(status) and status.Is_cancelled()  # (cancelled: it will write nothing)
