@@ -49,8 +49,9 @@ AT_FIVE = ["test_correctness.py", "test_topology.py", "test_errors.py"]
 MESH_AXES_THROUGH_AUTO = ["-k", "not test_every_axis_of_every_mesh or auto or shared_memory"]
 
 
-#: what runs elsewhere at that rank count: the device stand-in's tests (tests/mpi/test_device.py)
-#: at 2 and 4 ranks in the GPU check's dry run (tests/test_device_check.py)
+#: what runs elsewhere at that rank count: the device stand-in's tests (tests/mpi/test_device.py) at 2
+#: ranks, a selection of them (mappings closed, kernels followed, round trips, strided arrays) in the
+#: GPU check's dry run at 2 and 3 ranks (tests/test_device_check.py); the whole file runs at 1 and 3
 ELSEWHERE = {2: ["test_device.py"]}
 
 

@@ -374,6 +374,7 @@ def test_a_wait_ended_by_an_error_leaves_its_requests_behind_with_their_buffers(
     from mpiallreduce.core.state import state_of
     from mpiallreduce.faults import watch as watch_module
     state = state_of(WORLD).make_ready()
+
     def interrupted():
         raise KeyboardInterrupt
 
