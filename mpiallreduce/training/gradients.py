@@ -250,7 +250,7 @@ class GradientSync:
             raise ValueError(message)
         trouble = step.trouble()
         if trouble:  # the same on every rank (the digests agreed)
-            if not self.declared and UNNAMED_TWIN not in str(trouble):  # changed alike: plan anew from this step
+            if not self.declared:  # changed alike: plan anew from this step (unnamed twins in it: refused there)
                 self._slots = None  # (nothing was written: the step is replayed as it was given)
                 self._replay(step.calls)
                 return self.wait()

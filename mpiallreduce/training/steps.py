@@ -161,15 +161,16 @@ def twins(slots):
 
 
 def refuse_unnamed_twins(slots):
-    """The first step declared, without names, gradients that another of the same shape and dtype
-    could stand in for: a rank that marks them in another order would go unnoticed (and its means
-    be wrong), so raise. Read from the slots the ranks agreed on (an unnamed gradient's is "#i",
-    its place), so that every rank raises alike."""
+    """A step that plans the buckets (the first, or one changed alike on every rank) declared, without
+    names, gradients that another of the same shape and dtype could stand in for: a rank that marks
+    them in another order would go unnoticed (and its means be wrong), so raise. Read from the slots
+    the ranks agreed on (an unnamed gradient's is "#i", its place), so that every rank raises alike."""
     unnamed = [i for i in sorted(twins(slots)) if slots[i].name == f"#{i}"]
     if unnamed:
         raise ValueError(
-            f"GradientSync: gradients #{', #'.join(map(str, unnamed[:8]))} of the first step were marked ready "
-            f"without a name and share their shape and dtype with another ({slots[unnamed[0]].describe()}): "
+            f"GradientSync: gradients #{', #'.join(map(str, unnamed[:8]))} of a step that plans the buckets (the "
+            "first, or one whose gradients changed alike on every rank) were marked ready without a name and "
+            f"share their shape and dtype with another ({slots[unnamed[0]].describe()}): "
             "their order cannot be checked across ranks, and a rank that swapped them would get wrong means. "
             "Pass ready(grad, name=...) or GradientSync(parameters=...); no gradient was changed")
 
