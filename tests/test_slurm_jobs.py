@@ -30,24 +30,18 @@ def read(path):
     return path.read_text() if path.exists() else ""
 
 
-def test_info_job_sees_every_task_through_pmix(slurm, tmp_path):
-    job = slurm.submit(["--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")], cwd=tmp_path)
+def test_info_job_sees_every_task_through_pmix_and_binds_one_gpu_per_node_local_rank(slurm, tmp_path):
+    """Two tasks on one node, started by srun through PMIx: info sees both. With the GPUs Slurm leaves
+    visible (here: CUDA_VISIBLE_DEVICES as --gpus-per-node=2 would set it), each task of a node takes
+    the GPU of its node-local rank: rank i, visible GPU i."""
+    job = slurm.submit(["--nodes=1", "--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")], cwd=tmp_path,
+                       env={"CUDA_VISIBLE_DEVICES": "6,7"})
     states = slurm.wait(job, JOB_TIMEOUT)
     output = read(tmp_path / f"mpiallreduce-info-{job}.out")
     assert list(states.values())[0][0] == "COMPLETED", (states, output, slurm.logs())
     assert re.search(r"^ranks\s+2$", output, re.M), output
     assert re.search(r"^launched by\s+srun", output, re.M), output
     assert "SLURM_JOB_ID=" + job in output and "WARNING" not in output, output
-
-
-def test_gpu_jobs_bind_one_gpu_per_node_local_rank(slurm, tmp_path):
-    """With the GPUs Slurm leaves visible (here: CUDA_VISIBLE_DEVICES as --gpus-per-node=2 would
-    set it), each task of a node takes the GPU of its node-local rank: rank i, visible GPU i."""
-    job = slurm.submit(["--nodes=1", "--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")], cwd=tmp_path,
-                       env={"CUDA_VISIBLE_DEVICES": "6,7"})
-    states = slurm.wait(job, JOB_TIMEOUT)
-    output = read(tmp_path / f"mpiallreduce-info-{job}.out")
-    assert list(states.values())[0][0] == "COMPLETED", (states, output, slurm.logs())
     assert re.search(r"^0\s+\S+\s+n\d\s+\d+\s+0 of 2\s+GPU 0 \(device 6\)$", output, re.M), output
     assert re.search(r"^1\s+\S+\s+n\d\s+\d+\s+1 of 2\s+GPU 1 \(device 7\)$", output, re.M), output
 

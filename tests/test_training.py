@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpiallreduce.tools.launch import kill, run, start
+from mpiallreduce.tools.launch import run
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 180
@@ -37,20 +37,18 @@ def assert_close(a, b, tolerance=TOLERANCE):
 
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 def test_p_ranks_with_batch_b_train_like_one_process_with_batch_pb(framework, tmp_path):
+    """numpy's program on 3 ranks, torch's on 2 (torch's import and first optimizer cost about 7 s of
+    CPU per process here), each against numpy's program in one process on the whole batch: the
+    ranks train as one process does, and the two frameworks' programs agree."""
     if framework == "torch":
         pytest.importorskip("torch")
-    common = ["--framework", framework, "--steps", 15, "--check-replicas"]
-    together = train(3, *common, "--local-batch", 4, "--bucket-bytes", 600, "--save-params", tmp_path / "p3.npz")
-    train(1, *common, "--local-batch", 12, "--save-params", tmp_path / "p1.npz")
-    assert_close(params(tmp_path / "p3.npz"), params(tmp_path / "p1.npz"))
+    common = ["--steps", 15, "--check-replicas"]
+    p = 3 if framework == "numpy" else 2
+    together = train(p, "--framework", framework, *common, "--local-batch", 12 // p, "--bucket-bytes", 600,
+                     "--save-params", tmp_path / "pp.npz")
+    train(1, "--framework", "numpy", *common, "--local-batch", 12, "--save-params", tmp_path / "p1.npz")
+    assert_close(params(tmp_path / "pp.npz"), params(tmp_path / "p1.npz"))
     assert together.output.count(" samples/s") == 15 and "loss" in together.output
-
-
-def test_numpy_and_torch_programs_agree(tmp_path):
-    pytest.importorskip("torch")
-    for framework in ("numpy", "torch"):
-        train(2, "--framework", framework, "--steps", 10, "--local-batch", 8, "--save-params", tmp_path / f"{framework}.npz")
-    assert_close(params(tmp_path / "numpy.npz"), params(tmp_path / "torch.npz"))
 
 
 def test_checkpoint_and_resume_continue_exactly(tmp_path):
@@ -63,11 +61,11 @@ def test_checkpoint_and_resume_continue_exactly(tmp_path):
     assert_close(params(tmp_path / "resumed.npz"), params(tmp_path / "straight.npz"), tolerance=0)
 
 
-@pytest.mark.parametrize("how", ["SIGUSR1", "SIGTERM", "SIGHUP", "Ctrl-C"])
+@pytest.mark.parametrize("how", ["SIGUSR1", "SIGTERM", "Ctrl-C"])  # (SIGHUP takes SIGTERM's way: test_launch.py)
 def test_a_signal_to_the_launcher_checkpoints_at_the_next_step_and_exits_99_for_requeue(how, tmp_path):
     """The requeue contract (jobs/train.sbatch): ``mpiallreduce launch -n 2 -- python -m
-    mpiallreduce.train --checkpoint ...`` told to stop (SIGUSR1 passed on by mpiexec; SIGTERM, SIGHUP
-    and Ctrl-C, SIGINT to the launcher's process group, reaching the ranks as SIGTERM) checkpoints
+    mpiallreduce.train --checkpoint ...`` told to stop (SIGUSR1 passed on by mpiexec; SIGTERM and
+    Ctrl-C, SIGINT to the launcher's process group, reaching the ranks as SIGTERM) checkpoints
     at the next step on every rank and exits 99, and no rank is left."""
     checkpoint = tmp_path / "ckpt.npz"
     launcher = subprocess.Popen(

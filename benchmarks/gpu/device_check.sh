@@ -196,19 +196,21 @@ step "CuPy compiles a kernel" 30 205 info.txt compiles && [ -f "$work/cuda-env" 
 #    (the tests of device_to_device skip, saying why; auto falls back).
 if [ $dry_run = 1 ]; then
     selection="stand_in and (mappings_closed or kernel_follows or round_trip or strided)"
+    test_files="tests/mpi/test_device.py"  # (no torch_cuda test runs here: no rank imports torch for nothing)
     rank_counts="2 3"
     refuse_at=3
 else
     selection="cupy or torch_cuda"
+    test_files="tests/mpi/test_device.py tests/mpi/test_torch.py"
     rank_counts="2 4"
     refuse_at=none
     export MPIALLREDUCE_REQUIRE_GPU=1
 fi
 tests() {
-    launch -n "$1" --timeout "$2" -- "$py" tests/mpi_pytest.py tests/mpi/test_device.py tests/mpi/test_torch.py \
+    launch -n "$1" --timeout "$2" -- "$py" tests/mpi_pytest.py $test_files \
         -k "$selection" -v --tb=short --color=no -rs --timeout=60 -p no:cacheprovider
 }
-export selection
+export selection test_files
 export -f tests
 set -- $rank_counts
 # (cold kernel caches: the first step compiles every kernel, about 50 tests; the second finds them cached)

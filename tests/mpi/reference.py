@@ -1,9 +1,12 @@
 """Inputs that depend on rank and index, and the expected results computed independently.
 
-Expected values come from numpy applied to the inputs gathered from every rank (MPI_Allgather of
-the raw bytes), never from mpiallreduce. Exact inputs are small integers (in every dtype), so any
-order of summation gives the same bits and results can be compared bitwise.
+Expected values come from numpy applied to every rank's inputs, never from mpiallreduce: gathered
+from the ranks (MPI_Allgather of the raw bytes), or, where the inputs are a function of the rank
+(the heavy tests), made here for every rank and cached per case (exact_reference). Exact inputs are
+small integers (in every dtype), so any order of summation gives the same bits and results can be
+compared bitwise.
 """
+import functools
 import hashlib
 import os
 
@@ -47,6 +50,22 @@ def gather_inputs(comm, x):
     return gathered
 
 
+def every_ranks(make, size):
+    """``make(rank)`` for each of ``size`` ranks, stacked like gather_inputs: the inputs of a test whose
+    inputs are a function of the rank (exact_input, a generator seeded by the rank), made here with no
+    message, so that a test of many cases sends only its allreduces (and one BitsAcrossRanks)."""
+    return np.stack([np.asarray(make(rank)) for rank in range(size)])
+
+
+@functools.lru_cache(maxsize=None)
+def exact_reference(op, dtype, count, size):
+    """numpy's ``op`` over the exact_input of each of ``size`` ranks (read-only): made once per case,
+    not once per algorithm and per rank's message."""
+    expected = numpy_reference(op, every_ranks(lambda rank: exact_input(dtype, count, rank, op), size))
+    expected.flags.writeable = False
+    return expected
+
+
 def numpy_reference(op, gathered):
     """What the allreduce must return, from numpy alone."""
     size = gathered.shape[0]
@@ -77,6 +96,32 @@ def digests_differ(comm, result):
     return "results differ between ranks: " + "; ".join(f"{d} on ranks {r}" for d, r in groups.items())
 
 
+class BitsAcrossRanks:
+    """The digests of many results, compared across the ranks in one allgather at the end (what
+    digests_differ does for one result): ``add`` each, then ``problems(comm)``, collective."""
+
+    def __init__(self):
+        self.cases, self.digests = [], []
+
+    def add(self, case, result):
+        self.cases.append(case)
+        self.digests.append(hashlib.sha256(significant_bytes(result)).hexdigest())
+
+    def problems(self, comm):
+        everyone = comm.allgather(self.digests)
+        if len({len(digests) for digests in everyone}) > 1:
+            return [f"ranks checked different numbers of results: {[len(d) for d in everyone]}"]
+        problems = []
+        for i, case in enumerate(self.cases):
+            groups = {}
+            for rank, digests in enumerate(everyone):
+                groups.setdefault(digests[i][:12], []).append(rank)
+            if len(groups) > 1:
+                problems.append(f"{case}: results differ between ranks: "
+                                + "; ".join(f"{d} on ranks {r}" for d, r in groups.items()))
+        return problems
+
+
 def values_equal(a, b):
     """Same shape, dtype and values (-0.0 == +0.0: complex products differ in the zero's sign by
     order of evaluation). Identity across ranks is checked on the bits, by digests_differ."""
@@ -88,12 +133,16 @@ def bits_equal(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
-def problems_with(comm, result, expected, case):
+def problems_with(comm, result, expected, case, bits=None):
     """What is wrong with ``result`` (values against numpy's ``expected``, bits across ``comm``),
-    as lines naming ``case``; empty when nothing is."""
+    as lines naming ``case``; empty when nothing is. With ``bits`` (a BitsAcrossRanks), the bits
+    are compared later, with the others' (no message here)."""
     problems = []
     if not values_equal(result, expected):
         problems.append(f"{case}: got {result.reshape(-1)[:4]}, expected {expected.reshape(-1)[:4]}")
+    if bits is not None:
+        bits.add(case, result)
+        return problems
     differ = digests_differ(comm, result)
     if differ:
         problems.append(f"{case}: {differ}")

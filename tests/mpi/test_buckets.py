@@ -304,7 +304,7 @@ def test_with_a_timeout_a_rank_late_after_the_ranks_agreed_changes_no_gradient()
 def test_a_strided_large_gradient_over_the_memory_of_another_is_reduced_once(comm, op, strided_first):
     """a (contiguous) and b (every other element of the same memory) are both large: neither is
     reduced where it lies, whichever comes first, and every element gets one sum (or mean)."""
-    rank, size, n = comm.Get_rank(), comm.Get_size(), 1 << 15
+    rank, n = comm.Get_rank(), 1 << 15
     big = exact_input("float32", 2 * n, rank, "sum")
     a, b = big[:n], big[::2]
     grads = {"b": b, "a": a} if strided_first else {"a": a, "b": b}

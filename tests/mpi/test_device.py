@@ -16,7 +16,7 @@ import mpiallreduce.testing.fake_cupy as fake_cupy
 from mpiallreduce.device import arrays as device, transports
 from mpiallreduce.algorithms import REGISTRY, device_to_device
 from mpiallreduce.core.state import state_of
-from reference import exact_input, gather_inputs, no_gpu, numpy_reference, problems_with
+from reference import BitsAcrossRanks, exact_input, exact_reference, gather_inputs, no_gpu, numpy_reference, problems_with
 
 pytestmark = pytest.mark.mpi
 
@@ -66,20 +66,21 @@ def sizes_for(p):
 def test_device_arrays_match_numpy(xp, aware, algorithm, in_place):
     needs_cuda_ipc(xp, algorithm)
     comm = MPI.COMM_WORLD
-    problems = []
+    problems, bits = [], BitsAcrossRanks()
     for op, dtype in CASES:
         for count in sizes_for(comm.Get_size()):
             host = exact_input(dtype, count, comm.Get_rank(), op)
-            expected = numpy_reference(op, gather_inputs(comm, host))
+            expected = exact_reference(op, dtype, count, comm.Get_size())
             x = xp.asarray(host)
             result = mar.allreduce(x, op=op, algorithm=algorithm, out=x if in_place else None)
             case = f"{op} {dtype} count={count} plan={mar.describe_call(x, op=op, algorithm=algorithm)}"
             if type(result) is not type(x):
                 problems.append(f"{case}: returned {type(result).__name__}, not a device array")
                 continue
-            problems += problems_with(comm, xp.asnumpy(result), expected, case)
+            problems += problems_with(comm, xp.asnumpy(result), expected, case, bits)
             if not in_place and not np.array_equal(xp.asnumpy(x), host):
                 problems.append(f"{case}: input modified")
+    problems += bits.problems(comm)
     assert not problems, f"rank {comm.Get_rank()}:\n" + "\n".join(problems[:20])
 
 

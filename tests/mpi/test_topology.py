@@ -5,8 +5,8 @@ from mpi4py import MPI
 
 import mpiallreduce as mar
 from mpiallreduce.core.topology import leader_communicator, node_communicator
-from reference import (digests_differ, exact_input, gather_inputs, numpy_reference, op_applies, problems_with,
-                       values_equal)
+from reference import (BitsAcrossRanks, digests_differ, exact_input, exact_reference, gather_inputs, numpy_reference,
+                       op_applies, problems_with, values_equal)
 
 pytestmark = pytest.mark.mpi
 
@@ -33,16 +33,17 @@ def test_pretend_nodes_split_as_asked(pretend_nodes):
 def test_hierarchical_over_pretend_nodes(pretend_nodes):
     comm, _ = pretend_nodes
     rank, size = comm.Get_rank(), comm.Get_size()
-    problems = []
+    problems, bits = [], BitsAcrossRanks()
     for op in ["sum", "prod", "min", "max", "mean"]:
         for dtype in ["float16", "float64", "int32", "complex128"]:
             if not op_applies(op, dtype):
                 continue
             for count in sorted({0, 1, size - 1, size, size + 1, 1009, 100_003}):
                 x = exact_input(dtype, count, rank, op)
-                expected = numpy_reference(op, gather_inputs(comm, x))
                 result = mar.allreduce(x, op=op, algorithm="hierarchical", comm=comm)
-                problems += problems_with(comm, result, expected, f"{op} {dtype} count={count}")
+                problems += problems_with(comm, result, exact_reference(op, dtype, count, size),
+                                          f"{op} {dtype} count={count}", bits)
+    problems += bits.problems(comm)
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)
 
 
