@@ -95,15 +95,17 @@ def test_a_signal_to_launch_with_timeout_reaches_the_ranks_and_leaves_no_orphan(
             os.kill(int(pid), signal.SIGKILL)
 
 
-def test_sighup_to_the_launcher_stops_the_ranks_as_sigterm_does():
-    """tests/test_training.py sends SIGTERM, Ctrl-C and SIGUSR1 to a launched training job; SIGHUP
-    (a closed terminal) takes SIGTERM's way: the grace starts, and a second signal ends it."""
+def test_sighup_to_the_launcher_takes_sigterms_way():
+    """tests/test_training.py sends SIGTERM, Ctrl-C and SIGUSR1 to a launched training job (the ranks
+    get SIGTERM, checkpoint, exit 99); SIGHUP (a closed terminal) reaches the same handler: the
+    grace starts, and a second signal ends it."""
     import signal
     import subprocess
     from mpiallreduce.tools.ranks import GracefulStop
     stand_in = subprocess.Popen(["sleep", "30"], start_new_session=True)  # (an mpiexec without ranks)
     stop = GracefulStop(stand_in, grace=60)
     try:
+        assert signal.getsignal(signal.SIGHUP) == stop._stop == signal.getsignal(signal.SIGTERM)  # (else: pytest dies)
         os.kill(os.getpid(), signal.SIGHUP)
         assert wait_until(lambda: stop.signal is not None, 5) and stop.signal == "SIGHUP" and not stop.expired()
         os.kill(os.getpid(), signal.SIGHUP)
@@ -111,7 +113,7 @@ def test_sighup_to_the_launcher_stops_the_ranks_as_sigterm_does():
     finally:
         stop.restore()
         stand_in.kill()
-    assert signal.getsignal(signal.SIGHUP) is not stop._stop
+    assert signal.getsignal(signal.SIGHUP) != stop._stop
 
 
 RANK_THAT_RAISES = """

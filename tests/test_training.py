@@ -61,7 +61,7 @@ def test_checkpoint_and_resume_continue_exactly(tmp_path):
     assert_close(params(tmp_path / "resumed.npz"), params(tmp_path / "straight.npz"), tolerance=0)
 
 
-@pytest.mark.parametrize("how", ["SIGUSR1", "SIGTERM", "Ctrl-C"])  # (SIGHUP takes SIGTERM's way: test_launch.py)
+@pytest.mark.parametrize("how", ["SIGUSR1", "SIGTERM", "Ctrl-C"])  # (SIGHUP takes SIGTERM's handler: test_launch.py)
 def test_a_signal_to_the_launcher_checkpoints_at_the_next_step_and_exits_99_for_requeue(how, tmp_path):
     """The requeue contract (jobs/train.sbatch): ``mpiallreduce launch -n 2 -- python -m
     mpiallreduce.train --checkpoint ...`` told to stop (SIGUSR1 passed on by mpiexec; SIGTERM and

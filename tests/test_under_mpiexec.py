@@ -44,7 +44,7 @@ AT_FIVE = ["test_correctness.py", "test_topology.py", "test_errors.py"]
 
 #: at 3 and 4 ranks, as at 6 (test_mesh_tests_on_six_ranks), every mesh axis through auto and the shared
 #: window only: the other algorithms along an axis run on a sub-communicator, as on the Split halves
-#: of test_correctness at 4 ranks and on the worlds of 2 and 3; at 2 ranks every algorithm goes
+#: of test_correctness at 2 and 3 ranks and on the worlds of 2 and 3; at 2 ranks every algorithm goes
 #: through the mesh API (the suite's time: docs/performance.md)
 MESH_AXES_THROUGH_AUTO = ["-k", "not test_every_axis_of_every_mesh or auto or shared_memory"]
 

@@ -31,7 +31,7 @@ from .overlap import overlap_with_backward, untimed
 from .reduction import DIRECT_MIN_BYTES, BucketReducer
 from .replicas import broadcast_parameters, check_replicas
 from .steps import (UNNAMED_TWIN, Step, agree_on_slots, common_order, describe_step_differences, given_slot,
-                    on_device, problem, refuse_unnamed_twins, twins)
+                    on_device, problem, refuse_ambiguous_slots, twins)
 from ..device.arrays import namespace
 
 __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replicas"]
@@ -232,7 +232,7 @@ class GradientSync:
             try:
                 slots = agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options,
                                        problems, self.timeout, any_order=True)
-                refuse_unnamed_twins(slots)  # (alike everywhere: the slots agreed)
+                refuse_ambiguous_slots(slots)  # (alike everywhere: the slots agreed)
             except Exception:
                 self._new_step()  # (this step is over: the next one starts afresh)
                 raise
@@ -250,7 +250,7 @@ class GradientSync:
             raise ValueError(message)
         trouble = step.trouble()
         if trouble:  # the same on every rank (the digests agreed)
-            if not self.declared:  # changed alike: plan anew from this step (unnamed twins in it: refused there)
+            if not self.declared and UNNAMED_TWIN not in str(trouble):  # changed alike: plan anew from this step
                 self._slots = None  # (nothing was written: the step is replayed as it was given)
                 self._replay(step.calls)
                 return self.wait()

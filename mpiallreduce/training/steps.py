@@ -18,7 +18,7 @@ from ..device.arrays import namespace
 from .buckets import GradientSpec, Slot, accumulation_dtype
 
 __all__ = ["Step", "agree_on_slots", "describe_step_differences", "given_slot", "on_device", "problem", "twins",
-           "refuse_unnamed_twins", "common_order", "UNNAMED_TWIN"]
+           "refuse_ambiguous_slots", "common_order", "UNNAMED_TWIN"]
 
 #: why an unnamed gradient cannot be told from another (a later step's ready() without a name)
 UNNAMED_TWIN = "unnamed, and another gradient has its shape and dtype: give ready(..., name=)"
@@ -160,11 +160,18 @@ def twins(slots):
     return {i for i, slot in enumerate(slots) if kinds[(slot.shape, slot.dtype, slot.device)] > 1}
 
 
-def refuse_unnamed_twins(slots):
-    """A step that plans the buckets (the first, or one changed alike on every rank) declared, without
-    names, gradients that another of the same shape and dtype could stand in for: a rank that marks
-    them in another order would go unnoticed (and its means be wrong), so raise. Read from the slots
-    the ranks agreed on (an unnamed gradient's is "#i", its place), so that every rank raises alike."""
+def refuse_ambiguous_slots(slots):
+    """A step that plans the buckets (the first, or one changed alike on every rank) declared
+    gradients that cannot be told apart: one name given twice (each later step would find it
+    "marked ready twice" and plan anew, for ever), or, without names, gradients that another of the
+    same shape and dtype could stand in for (a rank that marks them in another order would go
+    unnoticed, and its means be wrong). Raise. Read from the slots the ranks agreed on (an unnamed
+    gradient's is "#i", its place), so that every rank raises alike."""
+    names = Counter(slot.name for slot in slots)
+    twice = sorted(name for name, count in names.items() if count > 1)
+    if twice:
+        raise ValueError(f"GradientSync: gradient name(s) {twice[:8]} given to more than one gradient in a step "
+                         "that plans the buckets: give each gradient its own name; no gradient was changed")
     unnamed = [i for i in sorted(twins(slots)) if slots[i].name == f"#{i}"]
     if unnamed:
         raise ValueError(

@@ -73,9 +73,10 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
 def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(comm):
     """GradientSync(bucket_bytes=1000), two float64 gradients of one shape marked ready [a, b] on even
     ranks and [b, a] on odd ones, nothing declared: unnamed, every rank raises at the first step (a
-    swap could not be seen) and nothing changes; named, the means are right, step after step; once
-    "b" is dropped on every rank, "a" unnamed has no twin: planned anew, its mean is right; a later
-    step that gives both unnamed raises on every rank too."""
+    swap could not be seen) and nothing changes; named, the means are right, step after step. A later
+    step that drops "b" on every rank and gives "a" unnamed raises too: the plan's "#0" had a twin,
+    so ranks that dropped different twins would look alike. Named once, the step without "b" is
+    planned anew, and "a", twinless there, may then go unnamed; both given unnamed again raise."""
     rank = comm.Get_rank()
     grads = two_gradients(rank)
     before = {name: g.copy() for name, g in grads.items()}
@@ -92,10 +93,16 @@ def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_
             sync.ready(grads[name], name=name)
         assert sync.wait() == {}
         assert all(values_equal(grads[name], want[name]) for name in grads), step
-    want = expected_means(comm, {"a": grads["a"]})["a"]
-    sync.ready(grads["a"])  # (the plan knows "a" by name, and "#0" had a twin there)
-    assert sync.wait() == {}
-    assert values_equal(grads["a"], want)
+    kept = {name: g.copy() for name, g in grads.items()}
+    sync.ready(grads["a"])  # ("b" dropped; unnamed, "#0" could be "a" here and "b" elsewhere)
+    with pytest.raises(ValueError, match=r"on every rank, 'a' .* was given '#0' .*unnamed, and another gradient"):
+        sync.wait()
+    assert np.array_equal(grads["a"], kept["a"])
+    for step in range(2):
+        want = expected_means(comm, {"a": grads["a"]})["a"]
+        sync.ready(grads["a"], name="a" if step == 0 else None)
+        assert sync.wait() == {}
+        assert values_equal(grads["a"], want), step
     kept = {name: g.copy() for name, g in grads.items()}
     for name in order:
         sync.ready(grads[name])
@@ -112,6 +119,26 @@ def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_
             mixed.wait()
         else:
             mixed.synchronize([grads["a"], grads["b"]])
+
+
+def test_a_name_given_to_two_gradients_is_refused_on_every_rank(comm):
+    """Nothing declared, one name given to two gradients: every rank raises at the first step (each
+    step would otherwise find it marked twice and plan anew, for ever) and nothing changes; with a
+    name each, the means are right."""
+    rank = comm.Get_rank()
+    grads = {"a": exact_input("float64", 4, rank, "sum"), "b": exact_input("float64", 3, rank + 1, "sum")}
+    kept = {name: g.copy() for name, g in grads.items()}
+    sync = mar.GradientSync(comm=comm, bucket_bytes=1000)
+    sync.ready(grads["a"], name="a")
+    sync.ready(grads["b"], name="a")
+    with pytest.raises(ValueError, match=r"name\(s\) \['a'\] given to more than one gradient"):
+        sync.wait()
+    assert all(np.array_equal(grads[name], kept[name]) for name in grads)
+    want = expected_means(comm, grads)
+    for name in grads:
+        sync.ready(grads[name], name=name)
+    assert sync.wait() == {}
+    assert all(values_equal(grads[name], want[name]) for name in grads)
 
 
 @pytest.mark.parametrize("count", SIZES)

@@ -148,6 +148,7 @@ class GradSync:
         self.algorithm = stress.pick_algorithm(c, auto=0.6)
         self.grads = [self.draw_gradient(rng, j) for j in range(int(rng.integers(1, 7)))]
         self.steps = 0
+        self.planned = []  # (undeclared: the gradients the buckets were last planned from)
         params = {name: np.zeros(shape, dtype) for name, shape, dtype in self.grads} if self.declared else None
         self.what = (f"GradientSync(comm={c.name}, bucket_bytes={self.bucket_bytes}, op={self.op}, "
                      f"algorithm={self.algorithm}, timeout={self.timeout}, declared={self.declared}, "
@@ -157,9 +158,12 @@ class GradSync:
                                      find_unused=self.find_unused, reproducible=self.reproducible)
 
     def needs_name(self, j):
-        """Undeclared, gradient j has a twin (its shape and dtype): only a name tells them apart
-        (GradientSync refuses unnamed twins); the others go by position."""
-        return sum((shape, dtype) == self.grads[j][1:] for _, shape, dtype in self.grads) > 1
+        """Undeclared, gradient j has a twin (its shape and dtype), or the j-th gradient of the plan
+        had one (self.planned: the gradients of the last step that planned; its twin may be gone):
+        only a name tells them apart (GradientSync refuses unnamed twins); the others go by position."""
+        def has_twin(grads, k):
+            return k < len(grads) and sum((shape, dtype) == grads[k][1:] for _, shape, dtype in grads) > 1
+        return has_twin(self.grads, j) or has_twin(self.planned, j)
 
     @staticmethod
     def draw_gradient(rng, j):
@@ -521,6 +525,8 @@ class Stress:
                     self.current = what
             self.current = f"{what}: wait()"
             unused = gs.sync.wait()
+        if not no_sync:  # (a step that wait()s planned, or matched the plan: either way the plan is these now)
+            gs.planned = list(gs.grads)
         for j, (name, shape, dtype) in enumerate(gs.grads):
             if no_sync:
                 want = self.make_x((key, j), shape, dtype)
