@@ -136,8 +136,9 @@ class GradientSync:
                                       compression=self.compression, reproducible=self.reproducible,
                                       one_node=not self._spans_nodes)
 
-    buckets = property(lambda self: [[self._slots[i].name for i in b.members] for b in self._buckets],
-                       doc="The buckets, in the order they are started: lists of gradient names.")
+    buckets = property(lambda self: [] if self._slots is None else [[self._slots[i].name for i in b.members]
+                                                                    for b in self._buckets],
+                       doc="The buckets, in the order they are started: lists of gradient names (none unplanned).")
 
     def _new_step(self):
         self._step = Step(self._slots, self.find_unused)
