@@ -72,8 +72,7 @@ def test_mesh_tests_on_six_ranks():
     # (every host algorithm along every axis is the algorithms on 2- and 3-rank communicators, which
     # the runs at 2 and 3 ranks cover: here auto, which picks among them by axis, and the shared
     # window, the one whose node split depends on the mesh; the 6-rank meshes' own tests whole)
-    result = run_pytest(6, [TESTS / "mpi" / "test_mesh.py"], SUITE_TIMEOUT, extra_args=[
-        "-k", "not test_every_axis_of_every_mesh or auto or shared_memory"])
+    result = run_pytest(6, [TESTS / "mpi" / "test_mesh.py"], SUITE_TIMEOUT, extra_args=MESH_AXES_THROUGH_AUTO)
     assert result.returncode == 0, explain(result)
     assert re.search(r"\d+ passed", result.output) and " failed" not in result.output, explain(result)
 

@@ -84,16 +84,24 @@ def significant_bytes(result):
     return a.tobytes()
 
 
-def digests_differ(comm, result):
-    """None if every rank holds the same bits, else a message naming the ranks whose bits differ."""
-    digest = hashlib.sha256(significant_bytes(result)).hexdigest()
-    digests = comm.allgather(digest)
-    if len(set(digests)) == 1:
-        return None
+def _digest(result):
+    return hashlib.sha256(significant_bytes(result)).hexdigest()
+
+
+def _who_differs(digests):
+    """None if every rank's digest (``digests[rank]``) is the same, else a message naming the ranks
+    whose bits differ."""
     groups = {}
     for rank, d in enumerate(digests):
-        groups.setdefault(d[:12], []).append(rank)
-    return "results differ between ranks: " + "; ".join(f"{d} on ranks {r}" for d, r in groups.items())
+        groups.setdefault(d, []).append(rank)
+    if len(groups) == 1:
+        return None
+    return "results differ between ranks: " + "; ".join(f"{d[:12]} on ranks {r}" for d, r in groups.items())
+
+
+def digests_differ(comm, result):
+    """None if every rank holds the same bits, else a message naming the ranks whose bits differ."""
+    return _who_differs(comm.allgather(_digest(result)))
 
 
 class BitsAcrossRanks:
@@ -105,21 +113,14 @@ class BitsAcrossRanks:
 
     def add(self, case, result):
         self.cases.append(case)
-        self.digests.append(hashlib.sha256(significant_bytes(result)).hexdigest())
+        self.digests.append(_digest(result))
 
     def problems(self, comm):
         everyone = comm.allgather(self.digests)
         if len({len(digests) for digests in everyone}) > 1:
             return [f"ranks checked different numbers of results: {[len(d) for d in everyone]}"]
-        problems = []
-        for i, case in enumerate(self.cases):
-            groups = {}
-            for rank, digests in enumerate(everyone):
-                groups.setdefault(digests[i][:12], []).append(rank)
-            if len(groups) > 1:
-                problems.append(f"{case}: results differ between ranks: "
-                                + "; ".join(f"{d} on ranks {r}" for d, r in groups.items()))
-        return problems
+        differing = ((case, _who_differs([digests[i] for digests in everyone])) for i, case in enumerate(self.cases))
+        return [f"{case}: {message}" for case, message in differing if message]
 
 
 def values_equal(a, b):
