@@ -1,8 +1,12 @@
 """What the signature check costs a plain call where it goes in messages (across nodes, under ULFM),
-with today's exchange (dissemination in bare Isend/Irecv pairs, mpiallreduce.core.consistency) and
-the one before 2026-12-03 (the recursive_doubling algorithm run on the call's tags), side by side:
+with today's exchange and the two before it, side by side:
 
     mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/signature_exchange.py [--output FILE]
+
+- today's: dissemination in bare Isend/Irecv pairs, its 16 bytes packed with struct
+  (mpiallreduce.core.consistency, since the evening of 2026-12-03);
+- "numpy": the same rounds with numpy arrays for the codes (2026-12-03, until that evening);
+- "recursive doubling": the recursive_doubling algorithm run on the call's tags (before 2026-12-03).
 
 Interleaved in one launch, ROUNDS times: 1000 plain calls (``mar.allreduce(x, out=out)``, the check
 included) with each exchange in turn, then raw ``comm.Allreduce`` on the same buffers, at 4 B and
@@ -23,7 +27,7 @@ ROUNDS, CALLS = 4, 1000
 COMM = MPI.COMM_WORLD
 
 
-def before(state, code, sequence, watch):
+def recursive_doubling(state, code, sequence, watch):
     """The exchange before 2026-12-03: the recursive_doubling algorithm on the call's tags."""
     from mpiallreduce.algorithms import REGISTRY
     from mpiallreduce.algorithms.base import CallTags
@@ -32,6 +36,21 @@ def before(state, code, sequence, watch):
     REGISTRY["recursive_doubling"].run(CallTags(state.library, sequence, watch, CallTags.SIGNATURE_BASE), None,
                                        extremes, OPS["max"], MPI.INT64_T)
     return extremes[0] == -extremes[1]
+
+
+def numpy_dissemination(state, code, sequence, watch):
+    """The exchange of 2026-12-03: today's rounds, the codes in numpy arrays."""
+    from mpiallreduce.algorithms.base import CallTags
+    tags = CallTags(state.library, sequence, None, CallTags.SIGNATURE_BASE)
+    rank, size = state.rank, state.size
+    mine, distance, step = np.array((code, -code), dtype=np.int64), 1, 0
+    while distance < size:
+        theirs = np.empty(2, dtype=np.int64)
+        watch.wait([tags.Irecv(theirs, (rank - distance) % size, step),
+                    tags.Isend(mine, (rank + distance) % size, step)])
+        mine = np.maximum(mine, theirs)
+        distance, step = distance * 2, step + 1
+    return mine[0] == -mine[1]
 
 
 def per_call(call, calls=CALLS):
@@ -58,15 +77,15 @@ def main():
             mar.allreduce(x, out=out)
         rows = []
         for _ in range(ROUNDS):
+            row = []
+            for exchange in (today, numpy_dissemination, recursive_doubling):
+                consistency._codes_agree_by_messages = exchange
+                row.append(per_call(lambda: mar.allreduce(x, out=out)))
             consistency._codes_agree_by_messages = today
-            now = per_call(lambda: mar.allreduce(x, out=out))
-            consistency._codes_agree_by_messages = before
-            then = per_call(lambda: mar.allreduce(x, out=out))
-            consistency._codes_agree_by_messages = today
-            rows.append((now, then, per_call(lambda: COMM.Allreduce(x, out))))
-        for now, then, raw in rows:
-            lines.append(f"{nbytes:>6} B  plain call, today's exchange {now:7.1f}  before {then:7.1f}  "
-                         f"MPI_Allreduce {raw:7.1f}")
+            rows.append((*row, per_call(lambda: COMM.Allreduce(x, out))))
+        for now, numpy_rounds, doubling, raw in rows:
+            lines.append(f"{nbytes:>6} B  plain call, today's exchange {now:7.1f}  numpy {numpy_rounds:7.1f}  "
+                         f"recursive doubling {doubling:7.1f}  MPI_Allreduce {raw:7.1f}")
     x = np.arange(16384, dtype=np.float32) + COMM.Get_rank()
     out, incoming, peer = np.empty_like(x), np.empty_like(x), (COMM.Get_rank() + 1) % COMM.Get_size()
     source = (COMM.Get_rank() - 1) % COMM.Get_size()

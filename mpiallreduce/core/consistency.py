@@ -20,6 +20,7 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
     agree_on_outcome(...)      a step that can fail on one rank (inside an algorithm) made collective
 """
 import hashlib
+import struct
 
 import numpy as np
 from mpi4py import MPI
@@ -91,19 +92,21 @@ def _codes_agree_by_messages(state, code, sequence, watch):
     if not _TAGS:  # (imported on first use: the algorithms import the core)
         from ..algorithms.base import CallTags
         _TAGS.append(CallTags)
-    tags = _TAGS[0](state.library, sequence, None, _TAGS[0].SIGNATURE_BASE)
-    rank, size = state.rank, state.size
-    mine = np.array((code, -code), dtype=np.int64)
-    distance, step = 1, 0
+    tag = _TAGS[0](state.library, sequence, None, _TAGS[0].SIGNATURE_BASE).offset  # (+ the round)
+    library, rank, size = state.library, state.rank, state.size
+    high, negated = code, -code  # (bytes through struct, not numpy: each numpy call costs ~1 us here)
+    distance = 1
     while distance < size:
-        theirs = np.empty(2, dtype=np.int64)
-        watch.wait([tags.Irecv(theirs, (rank - distance) % size, step),
-                    tags.Isend(mine, (rank + distance) % size, step)])
-        mine = np.maximum(mine, theirs)
-        distance, step = distance * 2, step + 1
-    return mine[0] == -mine[1]
+        theirs = bytearray(16)
+        watch.wait([library.Irecv(theirs, (rank - distance) % size, tag),
+                    library.Isend(_CODES.pack(high, negated), (rank + distance) % size, tag)])
+        their_high, their_negated = _CODES.unpack(theirs)
+        high, negated = max(high, their_high), max(negated, their_negated)
+        distance, tag = distance * 2, tag + 1
+    return high == -negated
 
 
+_CODES = struct.Struct("<qq")
 _TAGS = []
 
 
