@@ -8,8 +8,10 @@ with today's exchange and the two before it, side by side:
 - "numpy": the same rounds with numpy arrays for the codes (2026-12-03, until that evening);
 - "recursive doubling": the recursive_doubling algorithm run on the call's tags (before 2026-12-03).
 
-Interleaved in one launch, ROUNDS times: 1000 plain calls (``mar.allreduce(x, out=out)``, the check
-included) with each exchange in turn, then raw ``comm.Allreduce`` on the same buffers, at 4 B and
+Interleaved in one launch, ROUNDS times: 1000 plain calls of MPI's own allreduce
+(``mar.allreduce(x, out=out, algorithm="mpi")``, the check first) with each exchange in turn, then
+1000 plain calls of what ``auto`` runs there (dissemination, carrying the check in its rounds, up to
+tuning.DISSEMINATION_UP_TO), then raw ``comm.Allreduce`` on the same buffers, at 4 B, 8 KiB and
 64 KiB; then, at 64 KiB, one ``Sendrecv`` of the whole buffer (what a check carried in an
 algorithm's own first message would start from) against Open MPI's allreduce. Each figure: the mean
 time per call over a round, the slowest rank's, in microseconds.
@@ -68,24 +70,26 @@ def main():
     today = consistency._codes_agree_by_messages
     lines = [f"# signature exchange in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
              f"us per call, slowest rank, {ROUNDS} interleaved rounds of {CALLS} calls"]
-    for nbytes in (4, 64 * 1024):
+    for nbytes in (4, 8 * 1024, 64 * 1024):
         x = np.arange(nbytes // 4, dtype=np.float32) + COMM.Get_rank()
         out = np.empty_like(x)
-        assert "16-byte messages" in mar.describe_call(x, out=out) or COMM.Get_size() == 1, \
+        assert "16-byte messages" in mar.describe_call(x, out=out, algorithm="mpi") or COMM.Get_size() == 1, \
             "the check does not go in messages here: launch with --nodes 2"
+        auto = mar.describe_call(x, out=out).split(" ")[0]
         for _ in range(20):
             mar.allreduce(x, out=out)
+            mar.allreduce(x, out=out, algorithm="mpi")
         rows = []
         for _ in range(ROUNDS):
             row = []
             for exchange in (today, numpy_dissemination, recursive_doubling):
                 consistency._codes_agree_by_messages = exchange
-                row.append(per_call(lambda: mar.allreduce(x, out=out)))
+                row.append(per_call(lambda: mar.allreduce(x, out=out, algorithm="mpi")))
             consistency._codes_agree_by_messages = today
-            rows.append((*row, per_call(lambda: COMM.Allreduce(x, out))))
-        for now, numpy_rounds, doubling, raw in rows:
-            lines.append(f"{nbytes:>6} B  plain call, today's exchange {now:7.1f}  numpy {numpy_rounds:7.1f}  "
-                         f"recursive doubling {doubling:7.1f}  MPI_Allreduce {raw:7.1f}")
+            rows.append((*row, per_call(lambda: mar.allreduce(x, out=out)), per_call(lambda: COMM.Allreduce(x, out))))
+        for now, numpy_rounds, doubling, plain, raw in rows:
+            lines.append(f"{nbytes:>6} B  check, then MPI's own: today's exchange {now:7.1f}  numpy {numpy_rounds:7.1f}  "
+                         f"recursive doubling {doubling:7.1f}  |  auto ({auto}) {plain:7.1f}  |  MPI_Allreduce {raw:7.1f}")
     x = np.arange(16384, dtype=np.float32) + COMM.Get_rank()
     out, incoming, peer = np.empty_like(x), np.empty_like(x), (COMM.Get_rank() + 1) % COMM.Get_size()
     source = (COMM.Get_rank() - 1) % COMM.Get_size()

@@ -34,9 +34,13 @@ def test_info_names_each_ranks_node_and_its_node_local_rank():
     rows = re.findall(r"^(\d+)\s+(node\d)\s+\d+\s+(\d) of (\d)$", result.output, re.M)
     assert sorted(rows) == [("0", "node0", "0", "2"), ("1", "node0", "1", "2"), ("2", "node1", "0", "1")], \
         explain(result)
-    # auto's across-nodes branch: the shipped table's by_nodes section (measured on 2 nodes x 1 rank)
-    assert re.search(r"^\s+4096 B  \w+ \(auto: the tuning table for 2 nodes, 3 ranks, at 4096 bytes\)", result.output,
+    # auto's across-nodes branch: the shipped table's by_nodes section (measured on 2 nodes x 1 rank);
+    # where it says MPI's own at a small size, dissemination carrying the signature check in its rounds
+    assert re.search(r"^\s+65536 B  \w+ \(auto: the tuning table for 2 nodes, 3 ranks, at 65536 bytes\)", result.output,
                      re.M), explain(result)
+    assert re.search(r"^\s+4096 B  dissemination \(auto: the tuning table for 2 nodes, 3 ranks, at 4096 bytes; its "
+                     r"signature goes in messages: dissemination carries it\); signature: carried by dissemination$",
+                     result.output, re.M), explain(result)
 
 
 @pytest.mark.parametrize("nranks, nodes", [(2, 2), (3, 2), (3, 3)], ids=["2x1", "2+1", "3x1"])

@@ -43,9 +43,11 @@ class Algorithm:
     #: the call's number (CallTags), so that a message left behind by a call that failed midway
     #: can never be taken for the next call's
     messages_only = False
-    #: True when ``execute`` takes ``signature=``: a function that compares the call across the
-    #: ranks, which the algorithm makes in place of a synchronization of its own (no extra collective)
-    carries_signature = False
+    #: where ``execute`` takes ``signature=`` (mpiallreduce.core.consistency.CarriedSignature), the
+    #: call's comparison across the ranks, made in place of a step of its own (no extra collective):
+    #: "shared slots" (on one node, in place of a barrier) or "messages" (across nodes, in its rounds'
+    #: messages); None where it carries none
+    carries_signature = None
     #: True when one rank reduces each element from every rank's contribution at once (through
     #: ``reduce_in_rank_order_into``), never from partial results: a reproducible sum then runs
     #: straight on the floats (mpiallreduce.reproducible's direct route), not on fixed-point words
@@ -62,6 +64,16 @@ class Algorithm:
     #: True when it runs only on symmetric buffers (mpiallreduce.core.symmetric): ``execute`` takes
     #: ``peers=``, the call's Placement, and the planner picks it only where the arrays are symmetric
     needs_symmetric = False
+
+    def bind_runs(self, execution):
+        """``run(send, recv, sequence, watch)``: the repeated untimed runs of Execution ``execution``
+        on host arrays, bound once (the executor's, in place of planning and executing each time),
+        or None (the default) where the algorithm has no such path."""
+        return None
+
+    def can_carry(self, size, nbytes):
+        """Whether a run over ``nbytes`` bytes on ``size`` ranks can carry the call's signature."""
+        return self.carries_signature is not None
 
     def needs_set_up(self, comm, nbytes):
         """Whether a run over ``nbytes`` bytes (of the dtype it reduces) on ``comm`` must first make

@@ -74,7 +74,7 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
 
     #: the ranks' signature codes, published in shared memory, can be waited for in place of the
     #: first barrier (the planner says when: one node, the call compared)
-    carries_signature = True
+    carries_signature = "shared slots"
     #: each slice is reduced from every rank's segment at once (a reproducible sum's direct route)
     sees_every_contribution = True
 

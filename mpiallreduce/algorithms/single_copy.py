@@ -37,7 +37,7 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
     #: it runs on symmetric buffers only: the planner gives it their placement (``peers=``)
     needs_symmetric = True
     #: the signature codes in the shared slots stand for its arrival barrier (as shared_memory's)
-    carries_signature = True
+    carries_signature = "shared slots"
     #: each slice is reduced from every rank's input at once (a reproducible sum's direct route)
     sees_every_contribution = True
 

@@ -18,6 +18,10 @@
  *                            MPI_Allreduce (the GIL released), a mean's division (as above)
  *                          returns None where the Python path must take the call
  *
+ *   exchange_rounds(...)   the rounds of dissemination (algorithms/dissemination.py) with the GIL
+ *                          released: its messages, the codes' maxima, the blocks; a wait that
+ *                          lasts goes back to the Python, which waits through the call's PeerWatch
+ *
  * The slots' stores and loads are C11 atomics (release, acquire): what SignatureSlots does with
  * MPI_Win_sync between its plain stores and loads.
  */
@@ -26,6 +30,8 @@
 #include <mpi.h>
 #include <fenv.h>
 #include <stdint.h>
+#include <string.h>
+#include <time.h>
 
 /* a prepared run tests its request this many times before it waits with the GIL released (a
  * small allreduce is done by then: no hand-over of the GIL; a late peer costs a few us more) */
@@ -590,10 +596,98 @@ static PyTypeObject ShortPathType = {
     .tp_methods = short_methods,
 };
 
+/* ---- dissemination's rounds ------------------------------------------------------------------ */
+
+/* exchange_rounds(comm, tag, size, rank, work, x, nbytes, high, negated, spin): the rounds of the
+ * dissemination algorithm (mpiallreduce/algorithms/dissemination.py, which says what moves; this does
+ * what its Python does, message for message). ``work`` (an address): the 16 bytes of codes, the
+ * ``size`` blocks of ``nbytes``, then SIGNATURE_MESSAGE_BYTES for what comes; ``x`` is copied into
+ * block 0 first. Round k (tag + k) sends the first blocks held to rank + 2^k, the codes in front,
+ * and appends what comes from rank - 2^k; (high, negated) keep the maxima of the codes that came.
+ * The GIL is released; each wait tests its two requests for ``spin`` seconds at most.
+ * Returns (round, high, negated, receive, send): round -1, every round done; round k >= 0, round k's
+ * wait is the Python's (its requests as Fortran handles, MPI.Request.f2py: it waits through the
+ * call's PeerWatch and goes on); round -2, an MPI error (high: its code; the requests are the
+ * Python's to leave behind, or MPI_REQUEST_NULL). */
+#define CODES_BYTES 16
+#define MESSAGE_CAPACITY (16 << 10)
+
+static double seconds_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
+{
+    unsigned long long comm_handle, work_address;
+    int tag, size, rank;
+    long long nbytes, high, negated;
+    double spin;
+    Py_buffer x;
+    if (!PyArg_ParseTuple(args, "KiiiKy*LLLd", &comm_handle, &tag, &size, &rank, &work_address, &x, &nbytes, &high,
+                          &negated, &spin))
+        return NULL;
+    long long largest = 0;  /* (the most blocks one message carries: the Python's largest_message) */
+    for (long long held = 1; held < size; held *= 2)
+        largest = held < size - held ? (held > largest ? held : largest) : (size - held > largest ? size - held : largest);
+    if (x.len != nbytes || nbytes <= 0 || size < 1 || CODES_BYTES + largest * nbytes > MESSAGE_CAPACITY) {
+        PyBuffer_Release(&x);
+        PyErr_SetString(PyExc_ValueError, "exchange_rounds: x is not nbytes long, or the blocks do not fit a message");
+        return NULL;
+    }
+    MPI_Comm comm = (MPI_Comm)(uintptr_t)comm_handle;
+    char *work = (char *)(uintptr_t)work_address;
+    char *incoming = work + CODES_BYTES + (size_t)size * (size_t)nbytes;
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int round = 0, stopped = -1, error = MPI_SUCCESS;
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(work + CODES_BYTES, x.buf, (size_t)nbytes);
+    long long held = 1;
+    for (int distance = 1; distance < size; distance *= 2, round++) {
+        long long count = held < size - held ? held : size - held, codes[2] = {high, negated};
+        memcpy(work, codes, CODES_BYTES);
+        error = MPI_Irecv(incoming, MESSAGE_CAPACITY, MPI_BYTE, (rank - distance % size + size) % size, tag + round,
+                          comm, &requests[0]);
+        if (error == MPI_SUCCESS)
+            error = MPI_Isend(work, (int)(CODES_BYTES + count * nbytes), MPI_BYTE, (rank + distance) % size,
+                              tag + round, comm, &requests[1]);
+        int done = 0;
+        double give_up = seconds_now() + spin;
+        while (error == MPI_SUCCESS && !done) {
+            error = MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE);
+            if (!done && seconds_now() > give_up)
+                break;
+        }
+        if (error != MPI_SUCCESS || !done) {
+            stopped = error != MPI_SUCCESS ? -2 : round;
+            break;
+        }
+        memcpy(codes, incoming, CODES_BYTES);
+        high = codes[0] > high ? codes[0] : high;
+        negated = codes[1] > negated ? codes[1] : negated;
+        memcpy(work + CODES_BYTES + held * nbytes, incoming + CODES_BYTES, (size_t)(count * nbytes));
+        held += count;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    if (stopped == -2)
+        high = error;
+    return Py_BuildValue("iLLii", stopped, high, negated, (int)MPI_Request_c2f(requests[0]),
+                         (int)MPI_Request_c2f(requests[1]));
+}
+
+static PyMethodDef module_methods[] = {
+    {"exchange_rounds", exchange_rounds, METH_VARARGS,
+     "exchange_rounds(comm, tag, size, rank, work, x, nbytes, high, negated, spin): dissemination's rounds"},
+    {NULL}
+};
+
 /* ---- the module ---------------------------------------------------------------------------- */
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_compiled", "The hot paths of repeated calls, compiled (see _compiled.c).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_compiled", "The hot paths of repeated calls, compiled (see _compiled.c).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__compiled(void)

@@ -182,7 +182,7 @@ class Call:
         def prepare():
             validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
             reduce_op = _op_of(self.op, self.reproducible)
-            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm, self.out is self.x, placement)
+            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm, self.out is self.x, placement, once=True)
         reduce_op, plan = translated(state, self.sequence, lambda: agree_on_call(state.library, prepare, self.signature(
         ), resolve=lambda p: {"runs": p[1].describe(), "symmetric at": p[1].algorithm.needs_symmetric and placement.signature()}))
         kind = "host" if type(self.x) is np.ndarray else "device"

@@ -9,6 +9,8 @@
                 - a prepared call on a persistent request (Prepared's __call__, prepared.py)
                 - the short path of a repeated plain call of MPI's own allreduce on numpy arrays
                   (``short_path``: Execution.short, executor.py)
+                - the rounds of dissemination, where a plain call's plan carries its signature in
+                  them (``exchange_rounds``: mpiallreduce.algorithms.dissemination)
 
 They do what the Python beside them does, in the same order (the number, the signature in the
 shared slots, MPI, a mean's division: of float32 and float64 in C, the same IEEE operation as
@@ -20,7 +22,7 @@ from mpi4py import MPI
 
 from ..faults.watch import PeerWatch
 from . import symmetric
-from .consistency import compare
+from .consistency import codes_agree, compare
 from .failures import raise_failed
 from .ops import host_division
 from .settings import settings
@@ -34,10 +36,12 @@ except ImportError:  # (not built: the Python paths only)
 if _compiled is not None and not MPI.Get_library_version().startswith("Open MPI"):
     _compiled = None
 
-__all__ = ["PreparedBase", "built", "used", "short_path", "division_of"]
+__all__ = ["PreparedBase", "built", "used", "short_path", "division_of", "exchange_rounds", "used_everywhere"]
 
 #: the base class of Prepared: its __call__ compiled where built
 PreparedBase = object if _compiled is None else _compiled.PreparedBase
+#: dissemination's rounds (mpiallreduce.algorithms.dissemination), None where not built
+exchange_rounds = None if _compiled is None else _compiled.exchange_rounds
 
 
 def built():
@@ -48,6 +52,11 @@ def built():
 def used():
     """Whether calls planned now take the compiled paths."""
     return _compiled is not None and settings().compiled
+
+
+def used_everywhere(comm):
+    """Collective: whether every rank of ``comm`` takes the compiled paths (plans may differ by it)."""
+    return codes_agree(comm, int(used())) and used()
 
 
 #: the largest count of elements MPI_Allreduce takes (a C int); larger calls take the Python path

@@ -12,6 +12,8 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
                                call's tags; the waits notice a failed or departed peer (the call's
                                PeerWatch; a timed call's arrival is bounded by its rendezvous);
                                on a mismatch, every rank gathers what each called and raises
+    CarriedSignature           the same comparison made inside an algorithm: in shared_memory's
+                               first barrier, or in the messages of dissemination's rounds
     codes_agree(comm, code)    a 16-byte allreduce, for what is compared once per communicator
                                (settings; a gradient bucket's digest rides in the bucket's own
                                allreduce instead: mpiallreduce.training.buckets)
@@ -26,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "meet", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
-           "describe_differences", "CarriedSignature"]
+           "describe_differences", "CarriedSignature", "SIGNATURE_MESSAGE_BYTES", "dissemination_peers", "CODES"]
 
 
 def digest(value, bits=63):
@@ -84,29 +86,42 @@ def _codes_agree_by_messages(state, code, sequence, watch):
         round 1:  r -> r+2             ... over {r, ..., r-3}
         round 2:  r -> r+4             ... over all 5: every rank the same pair
 
-    ceil(log2 p) rounds of one 16-byte message each way for any p (a max may count a rank twice;
-    recursive doubling would fold the extra ranks in and out). A rank that gives the call up leaves its
-    requests behind (PeerWatch: receives cancelled, every request kept with its buffer, new arrays
-    each round) on tags no call of the next CallTags.calls_apart uses (a collective, once started,
-    could not be given up: every later one would pair with it)."""
+    ceil(log2 p) rounds of one 16-byte message each way for any p (a max may count a rank twice).
+    The dissemination algorithm sends its blocks behind the same 16 bytes in the same rounds, so a
+    rank whose call runs it pairs with one that compares first (receives post SIGNATURE_MESSAGE_BYTES).
+    A rank that gives the call up leaves its requests behind (PeerWatch: receives cancelled, every
+    request kept with its buffer, new arrays each round) on tags no call of the next
+    CallTags.calls_apart uses (a collective, once started, could not be given up)."""
     if not _TAGS:  # (imported on first use: the algorithms import the core)
         from ..algorithms.base import CallTags
         _TAGS.append(CallTags)
     tag = _TAGS[0](state.library, sequence, None, _TAGS[0].SIGNATURE_BASE).offset  # (+ the round)
     library, rank, size = state.library, state.rank, state.size
     high, negated = code, -code  # (bytes through struct, not numpy: each numpy call costs ~1 us here)
-    distance = 1
-    while distance < size:
-        theirs = bytearray(16)
-        watch.wait([library.Irecv(theirs, (rank - distance) % size, tag),
-                    library.Isend(_CODES.pack(high, negated), (rank + distance) % size, tag)])
-        their_high, their_negated = _CODES.unpack(theirs)
+    for to, source in dissemination_peers(rank, size):
+        theirs = np.empty(SIGNATURE_MESSAGE_BYTES, dtype=np.uint8)
+        watch.wait([library.Irecv([theirs, MPI.BYTE], source, tag),
+                    library.Isend([_CODES.pack(high, negated), MPI.BYTE], to, tag)])
+        their_high, their_negated = _CODES.unpack_from(theirs)
         high, negated = max(high, their_high), max(negated, their_negated)
-        distance, tag = distance * 2, tag + 1
+        tag += 1
     return high == -negated
 
 
-_CODES = struct.Struct("<qq")
+#: the 16 bytes of codes in messages, (high, negated): native order, as the compiled rounds write them
+CODES = _CODES = struct.Struct("=qq")
+#: the longest message on a call's signature tags, and what every receive there posts: the codes'
+#: 16 bytes, or dissemination's blocks behind them (the planner lets it carry the signature only
+#: where they fit). A longer message would be truncated, and Open MPI 5 crashed the receiving
+#: process on a message truncated past its eager limit (seen here: docs/benchmarks.md).
+SIGNATURE_MESSAGE_BYTES = 16 << 10
+
+
+def dissemination_peers(rank, size):
+    """(send to, receive from) in each round of dissemination: round k, rank + 2**k and rank - 2**k."""
+    return [((rank + 2 ** k) % size, (rank - 2 ** k) % size) for k in range((size - 1).bit_length())]
+
+
 _TAGS = []
 
 
@@ -243,9 +258,11 @@ def _ranks_phrase(ranks):
 
 
 class CarriedSignature:
-    """The comparison an algorithm makes in place of its first barrier (``carries_signature``:
-    shared_memory), for the executor's Execution ``execution``: ``publish()`` then ``compare()``,
-    or ``agree()`` before a step that is itself collective (growing its window)."""
+    """The comparison an algorithm makes in place of a step of its own (``carries_signature``), for
+    the executor's Execution ``execution``. In the shared slots (shared_memory, in place of its first
+    barrier): ``publish()`` then ``compare()``, or ``agree()`` before a step that is itself collective
+    (growing its window). In messages (dissemination, on the signature's tags): ``codes()`` sent
+    first in every message, the maxima kept, then ``settle(high, negated)``."""
 
     __slots__ = ("execution", "sequence")
 
@@ -270,3 +287,13 @@ class CarriedSignature:
         e = self.execution
         if not e.state.signature_slots.all_equal(e.code, self.sequence, self._watch):
             raise_signature_mismatch(e.state, e.describe, self.sequence)  # (collective: every rank is here)
+
+    def codes(self):
+        """In messages (dissemination's): the two 64-bit numbers this rank sends first, (code, -code);
+        every rank has the max of each over every rank by the last round, as ``_codes_agree_by_messages``."""
+        return self.execution.code, -self.execution.code
+
+    def settle(self, high, negated):
+        """After the last round, on every rank: raise where the maxima say the calls differ."""
+        if high != -negated:
+            raise_signature_mismatch(self.execution.state, self.execution.describe, self.sequence)

@@ -10,8 +10,9 @@
                                           library's communicator (CallTags + PeerWatch for messages
                                           only, and hierarchical's and two_level's inner plan), via
                                           the device path, widened to the accumulation dtype, or
-                                          the reproducible sum's words route; then a mean's division
-                                          (by each slice's owner, if the algorithm finishes_slices)
+                                          the reproducible sum's words route, or the runs an algorithm
+                                          bound once (bind_runs: dissemination's compiled rounds); then a
+                                          mean's division (by each slice's owner, if it finishes_slices)
 
 The only place that runs a plan and masks floating-point errors (np.errstate, as MPI's own
 reductions do); what a failed run raises is core.failures' (a dead rank becomes RankFailure, a
@@ -39,7 +40,7 @@ class Execution:
 
     __slots__ = ("state", "plan", "op", "shape", "dtype", "datatype", "code", "describe", "compares_first",
                  "direct", "divides", "divides_host", "mpi_op", "strides", "watched", "options", "carried", "raw", "raw_unchecked", "short",
-                 "after_probe")
+                 "after_probe", "runs")
 
     def __init__(self, state, plan, op, shape, dtype, kind, placement=None):
         """``kind``: "host"/"device" (the arrays' memory); ``op`` a ReduceOp; ``placement``: single_copy's."""
@@ -68,6 +69,7 @@ class Execution:
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
         self.options = {"peers": placement} if plan.algorithm.needs_symmetric else {} if plan.inner is None else {
             "inner": plan.inner}
+        self.runs = plan.algorithm.bind_runs(self) if kind == "host" and not plan.local_only else None  # (its own, bound once)
         self.short = (short_path(self) or self._short_path()) if kind == "host" else None  # (compiled where it can)
         self.after_probe = None
 
@@ -132,6 +134,9 @@ class Execution:
                 buffers.copy_into(recv, send)
             op.finish(recv, size)
             return
+        if self.runs is not None and timeout is None and xp is None:  # (the algorithm's own, bound once)
+            self.runs(send, recv, sequence, watch)
+            return op.finish(recv, size)
         options = self.options
         if plan.inner_on_tags:
             options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))

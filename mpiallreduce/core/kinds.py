@@ -9,11 +9,12 @@ from .planner import plan_call
 __all__ = ["plan_for", "execution_for"]
 
 
-def plan_for(state, x, op, algorithm, in_place=False, placement=None):
+def plan_for(state, x, op, algorithm, in_place=False, placement=None, once=False):
     """The plan of a call of ``x`` (``in_place``: out=x) with ReduceOp ``op`` on a ready state (the
-    one plan cache: mpiallreduce.core.planner.plan_call); ``placement``: x and out are symmetric."""
+    one plan cache: mpiallreduce.core.planner.plan_call); ``placement``: x and out are symmetric;
+    ``once``: the call is compared once, when made (a prepared call)."""
     on_device = type(x) is not np.ndarray and namespace(x) is not None
-    return plan_call(state.facts, on_device, x.dtype, x.nbytes, op.name, algorithm, in_place, placement is not None)
+    return plan_call(state.facts, on_device, x.dtype, x.nbytes, op.name, algorithm, in_place, placement is not None, once)
 
 
 def execution_for(state, x, op, reduce_op, algorithm, reproducible, keep, in_place=False, placement=None):

@@ -39,8 +39,9 @@ Rules, in order:
 - every call on more than one rank compares its signature (shape, dtype, op, algorithm, route)
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
   in the communicator's shared slots on one node (a few loads and stores), else in 16-byte
-  messages; shared_memory carries it in place of its first barrier. A prepared call is compared
-  once, when it is made (``signature="agreed once"``);
+  messages; shared_memory carries it in place of its first barrier, dissemination in its messages
+  (``auto``'s choice where a plain call's goes in messages and MPI's own would run, up to
+  DISSEMINATION_UP_TO); a prepared call is compared once, when made (``signature="agreed once"``);
 - a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
   node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.
 
@@ -48,15 +49,14 @@ A plan is a pure function of its inputs and of CallFacts, which hold only what e
 communicator agreed on (mpiallreduce.core.state.CommState.make_ready: node layout, CUDA-awareness,
 the settings); so it is the same on every rank. ``plan_call`` is the one plan cache.
 """
-import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
 
 from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
-from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent
+from .tuning import DISSEMINATION_UP_TO, choose_across_nodes, choose_name, choose_on_device, choose_persistent
 
 __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
 
@@ -87,11 +87,12 @@ class CallFacts:
     equal_nodes: bool = True
     #: the communicator has shared signature slots (one node, not under ULFM)
     shared_slots: bool = False
-    #: CUDA IPC among its ranks: "untested" (until a call that would use it probes it:
-    #: mpiallreduce.core.state.CommState.learn_cuda_ipc), "works", or "refused: why"
+    #: CUDA IPC among its ranks: "untested" (until a call that would use it probes it: CommState.learn_cuda_ipc),
+    #: "works", or "refused: why"
     cuda_ipc: str = "untested"
     #: prepared calls may use persistent requests (not under ULFM: how they meet a dead rank is untested)
     persistent_collectives: bool = True
+    compiled: bool = False  # every rank runs the compiled paths (dissemination's rounds among them)
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,8 @@ class CallPlan:
     #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression),
     #: "bfloat16 bits" (bfloat16 words held as uint16, widened to float32: mpiallreduce.core.ops)
     route: str = "plain"
-    #: how the ranks compare the call before data moves: "none", "shared slots", "16-byte messages",
-    #: "carried by <algorithm>" (in place of its first barrier), "agreed once" (a prepared call)
+    #: how the ranks compare the call before data moves: "none", "shared slots", "16-byte messages", "carried
+    #: by <algorithm>" (in its first barrier, or in its messages), "agreed once" (a prepared call)
     signature: str = "none"
     #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
     #: set-up it needs is sized by (shared_memory's window: mpiallreduce.algorithms.base.needs_set_up)
@@ -127,9 +128,8 @@ class CallPlan:
     ipc_probe: Optional[tuple] = None
     #: planned for an in-place call (``out=x``): part of the signature the ranks compare
     in_place: bool = False
-    #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request (the
-    #: table's persistent rules: mpiallreduce.core.tuning.choose_persistent); False, the blocking call
-    #: each run; None: it cannot be persistent (another algorithm or route, device memory, ULFM)
+    #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request (the table's
+    #: persistent rules: tuning.choose_persistent); False, the blocking call each run; None: it cannot be one
     persistent: Optional[bool] = None
 
     @property
@@ -153,7 +153,7 @@ class CallPlan:
 
     def agreed_once(self):
         """This plan for a prepared call: compared when made, then run unchecked."""
-        return dataclasses.replace(self, signature="agreed once" if self.compares else self.signature)
+        return replace(self, signature="agreed once" if self.compares else self.signature)
 
     def describe(self):
         """What the call will run and why, in a line or two."""
@@ -174,10 +174,11 @@ class CallPlan:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False, symmetric=False):
+def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False, symmetric=False, once=False):
     """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name,
     ``in_place``: ``out=x`` (the tuning table has rules of its own for it), ``symmetric``: the
-    call's arrays are symmetric buffers of one allocation (mpiallreduce.core.symmetric.placement_of).
+    call's arrays are symmetric buffers of one allocation (mpiallreduce.core.symmetric.placement_of),
+    ``once``: compared once, when made (a prepared call, ``check=True``), not in each run.
 
     Raises ValueError (the same on every rank, since the facts are) for an algorithm that cannot run
     on this communicator.
@@ -188,7 +189,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
         if algorithm != "auto" and REGISTRY[algorithm].memory == "device":
             algorithm = "auto"
         plan = plan_call(facts, False, dtype, nbytes, op_name, algorithm, in_place)
-        return dataclasses.replace(plan, device_path="host round trip")
+        return replace(plan, device_path="host round trip")
     check_algorithm_name(algorithm, on_device)
     auto = algorithm == "auto"
     bits = op_name.startswith("bfloat16_bits_")  # (bfloat16 words in uint16: mpiallreduce.core.ops.Bfloat16Bits)
@@ -259,13 +260,14 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
                 and REGISTRY[elsewhere].finishes_slices):
             name, reason = elsewhere, reason + "; a mean: the out-of-place rule's, which divides slices as it reduces"
         chosen = REGISTRY[name]
+    if (compared and not once and auto and chosen.name == "mpi" and not (on_device or reproducible or low_precision)
+            and not facts.shared_slots and facts.compiled and nbytes <= DISSEMINATION_UP_TO
+            and REGISTRY["dissemination"].can_carry(facts.size, nbytes)):  # (one message each way on 2 ranks, not two)
+        chosen, reason = REGISTRY["dissemination"], reason + "; its signature goes in messages: dissemination carries it"
     if chosen.takes_inner_plan and facts.node_count > 1:  # (hierarchical's leaders, two_level's rails)
-        leaders = CallFacts(size=facts.node_count, spans_nodes=True, node_count=facts.node_count,
-                            signature_min_bytes=-1)
         leader_choice = choose_name(nbytes, facts.node_count, REGISTRY)
-        if leader_choice in NOT_ACROSS_NODES:
-            leader_choice = "ring"
-        inner = plan_call(leaders, False, dtype, nbytes, op_name, leader_choice)
+        inner = plan_call(CallFacts(size=facts.node_count, spans_nodes=True, node_count=facts.node_count, signature_min_bytes=-1),
+                          False, dtype, nbytes, op_name, "ring" if leader_choice in NOT_ACROSS_NODES else leader_choice)
     path = None
     if on_device:
         from ..device.transports import device_path
@@ -282,12 +284,11 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     if (low_precision and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16" or bits) and not reproducible
             and not exact_anyway):
         accumulate = np.dtype(np.float32)
-    if compared and chosen.carries_signature and not on_device and facts.shared_slots:
-        signature = f"carried by {chosen.name}"
     working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
-    probe = None
-    if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested":
-        probe = (on_device, dtype, nbytes, op_name, algorithm, in_place)
+    if compared and not on_device and chosen.carries_signature == ("shared slots" if facts.shared_slots else "messages"
+                                                                  ) and chosen.can_carry(facts.size, working):
+        signature = f"carried by {chosen.name}"
+    probe = (on_device, dtype, nbytes, op_name, algorithm, in_place) if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested" else None
     persistent = choose_persistent(working, facts.size, in_place, facts.node_count if facts.spans_nodes else 1) if (
         chosen.name == "mpi" and not on_device and facts.persistent_collectives and route == "plain" and accumulate is None) else None
     return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe,

@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from ..faults.recorder import named_members, recorder
 from ..faults.recorder_signals import install_signal_handlers
+from .consistency import codes_agree
 from .settings import ON_RESET, settings
 from .tuning import table_digest
 
@@ -152,9 +153,7 @@ class CommState:
         self.node_count = int(leaders[0])
         self.spans_nodes, self.equal_nodes = self.node_count > 1, True
         if self.spans_nodes:
-            extremes = np.array([node.Get_size(), -node.Get_size()], dtype=np.int64)
-            self.library.Allreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], op=MPI.MAX)
-            self.equal_nodes = bool(extremes[0] == -extremes[1])
+            self.equal_nodes = bool(codes_agree(self.library, node.Get_size()))
         if self.size > 1:  # what hierarchical and two_level talk on, made here, in program order (see the docstring)
             leader_communicator(self.library)
             rail_communicator(self.library)
@@ -167,11 +166,13 @@ class CommState:
             self.signature_slots = SignatureSlots(self.library)
         from ..device.arrays import agree_on_cuda_awareness
         self.cuda_aware = agree_on_cuda_awareness(self.library, self.settings.cuda_aware)
+        from .compiled import used_everywhere
         from .planner import CallFacts
         self.facts = CallFacts(size=self.size, spans_nodes=self.spans_nodes, node_count=self.node_count,
                                equal_nodes=self.equal_nodes, cuda_aware=self.cuda_aware, cuda_ipc=self.cuda_ipc,
                                signature_min_bytes=self.settings.signature_min_bytes,
-                               shared_slots=self.signature_slots is not None, persistent_collectives=not fault_tolerant())
+                               shared_slots=self.signature_slots is not None, persistent_collectives=not fault_tolerant(),
+                               compiled=used_everywhere(self.library))
 
     def learn_cuda_ipc(self, xp):
         """Probe CUDA IPC once (collective: in a call's turn, on every rank) and plan with the verdict."""

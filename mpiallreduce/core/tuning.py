@@ -55,7 +55,7 @@ import os
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
            "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest",
-           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent"]
+           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent", "DISSEMINATION_UP_TO"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
@@ -70,6 +70,14 @@ PERSISTENT = "mpi:persistent"
 #: 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; across 2 emulated nodes 0.75-1.95x,
 #: uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs and their commands)
 PERSISTENT_BELOW = 4 << 10
+
+#: where a plain call compares its signature in messages (across nodes, under ULFM), every rank runs
+#: the compiled paths and the table says MPI's own, ``auto`` runs dissemination up to this size (and
+#: where its messages fit the signature's: SIGNATURE_MESSAGE_BYTES), whose rounds carry the comparison:
+#: on 2 ranks one message each way, where the check and then MPI_Allreduce take a round trip each.
+#: 2 emulated nodes, 2026-12-03: 25.5 to 31.6 us against 49.3 to 56.0 from 4 B to 12 KiB, 66.9
+#: against 85.5 at 16000 B (docs/benchmarks.md, the plain call across nodes, has the command)
+DISSEMINATION_UP_TO = 16 << 10
 
 #: the table's sections of rules, all that plans read (the metadata is not)
 RULE_SECTIONS = ("by_ranks", "by_ranks_in_place", "by_nodes", "by_nodes_in_place", "device", "persistent_by_ranks",

@@ -135,7 +135,7 @@ def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(compared_by_
     comm = compared_by_messages
     size, rank = comm.Get_size(), comm.Get_rank()
     x = exact_input("float64", 100, rank, "sum")
-    assert "signature: 16-byte messages" in mar.describe_call(x, comm=comm)
+    assert "signature: 16-byte messages" in mar.describe_call(x, comm=comm, algorithm="mpi")
     for odd_one in range(size):
         count = 101 if rank == odd_one else 100
         with pytest.raises(ValueError) as info:
@@ -145,3 +145,37 @@ def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(compared_by_
         assert "(100,) on rank" in message and "nothing was reduced" in message, message
         expected = numpy_reference("sum", gather_inputs(comm, x))
         assert values_equal(mar.allreduce(x, comm=comm, algorithm="mpi"), expected)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("spin", [None, 0.0], ids=["compiled-rounds", "rounds-handed-to-python"])
+def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compared_by_messages, monkeypatch, spin):
+    """A small plain call whose signature goes in messages runs dissemination, its rounds carrying
+    the check (compiled; with ``spin`` 0 every wait goes back to the Python at once): a rank whose
+    call differs, by a size that dissemination carries too or one that makes it compare first
+    (MPI's own), or by its dtype, is named on every rank; a matching call then gives numpy's sum."""
+    from mpiallreduce.algorithms import dissemination
+    from mpiallreduce.core.compiled import used
+    from mpiallreduce.core.consistency import SignatureMismatch
+    comm = compared_by_messages
+    size, rank = comm.Get_size(), comm.Get_rank()
+    x = exact_input("float64", 100, rank, "sum")
+    if not used():
+        pytest.skip("the compiled paths are not built here: auto keeps MPI's own and the check")
+    assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm)
+    if spin is not None:
+        monkeypatch.setattr(dissemination, "_SPIN_SECONDS", spin)
+    expected = numpy_reference("sum", gather_inputs(comm, x))
+    for odd_one in range(size):
+        for theirs, field in [(exact_input("float64", 101, rank, "sum"), "shape"),
+                              (exact_input("float64", 5000, rank, "sum"), "shape"),
+                              (exact_input("float32", 100, rank, "sum"), "dtype")]:
+            with pytest.raises(SignatureMismatch) as info:
+                mar.allreduce(theirs if rank == odd_one else x, comm=comm)
+            message = str(info.value)
+            assert f"{field} differs: " in message and f"on rank {odd_one};" in message + ";", message
+            assert "nothing was reduced" in message, message
+            assert values_equal(mar.allreduce(x, comm=comm), expected)
+    out = np.full_like(x, -1.0)
+    assert mar.allreduce(x, comm=comm, out=out) is out and values_equal(out, expected)
+    assert values_equal(mar.allreduce(x, op="mean", comm=comm), numpy_reference("mean", gather_inputs(comm, x)))

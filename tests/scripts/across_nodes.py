@@ -87,11 +87,11 @@ for count in (1, 1009, (1 << 16) + 3, (1 << 20) + 3):
         break
 print(f"rank {rank} node {node} device-auto {outcome}", flush=True)
 
-outcome = "ok"  # calls that differ in size: a ValueError on every rank, never values
-for name in ["auto"] + [a for a in mar.HOST_ALGORITHMS if not REGISTRY[a].needs_one_node
-                        and not REGISTRY[a].needs_equal_nodes]:
+outcome = "ok"  # calls that differ in size: a ValueError on every rank, never values (auto: dissemination
+for name, other in [("auto", 101), ("auto", 5000)] + [  # carrying the check on both, then against MPI's own
+        (a, 101) for a in mar.HOST_ALGORITHMS if not REGISTRY[a].needs_one_node and not REGISTRY[a].needs_equal_nodes]:
     try:
-        mar.allreduce(exact_input("float64", 100 if rank == 0 else 101, rank, "sum"), algorithm=name)
+        mar.allreduce(exact_input("float64", 100 if rank == 0 else other, rank, "sum"), algorithm=name)
         outcome = f"{name}: no error"
     except ValueError as error:
         if "shape differs" not in str(error):
