@@ -3,7 +3,7 @@ with today's exchange and the two before it, side by side:
 
     mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/signature_exchange.py [--output FILE]
 
-- today's: dissemination in bare Isend/Irecv pairs, its 16 bytes packed with struct
+- today's: dissemination in bare Isend/Irecv pairs, its codes (and the call's number) packed with struct
   (mpiallreduce.core.consistency, since the evening of 2026-12-03);
 - "numpy": the same rounds with numpy arrays for the codes (2026-12-03, until that evening);
 - "recursive doubling": the recursive_doubling algorithm run on the call's tags (before 2026-12-03).
@@ -73,7 +73,7 @@ def main():
     for nbytes in (4, 8 * 1024, 64 * 1024):
         x = np.arange(nbytes // 4, dtype=np.float32) + COMM.Get_rank()
         out = np.empty_like(x)
-        assert "16-byte messages" in mar.describe_call(x, out=out, algorithm="mpi") or COMM.Get_size() == 1, \
+        assert "32-byte messages" in mar.describe_call(x, out=out, algorithm="mpi") or COMM.Get_size() == 1, \
             "the check does not go in messages here: launch with --nodes 2"
         auto = mar.describe_call(x, out=out).split(" ")[0]
         for _ in range(20):

@@ -538,7 +538,7 @@ def test_a_mean_divides_bit_for_bit_as_numpy_does(dtype):
 def test_dissemination_plan_gives_every_rank_every_input_once_in_the_signature_checks_rounds(p):
     """Played message by message: block j of rank r must hold rank r - j's input, every block once,
     and each round pairs with the signature check's (mpiallreduce.core.consistency)."""
-    from mpiallreduce.core.consistency import dissemination_peers
+    from mpiallreduce.core.signature_messages import dissemination_peers
     plans = [REGISTRY["dissemination"].plan(p, r, 3) for r in range(p)]
     held = [[r] for r in range(p)]  # (the ranks whose inputs rank r holds, block by block)
     for step in range(len(plans[0].rounds)):
@@ -553,8 +553,8 @@ def test_dissemination_plan_gives_every_rank_every_input_once_in_the_signature_c
     for r in range(p):
         assert held[r] == [(r - j) % p for j in range(p)], (p, r, held[r])
     largest = max((count for _, _, count, _ in plans[0].rounds), default=0)
-    assert plans[0].largest_message(10) == 16 + 10 * largest
-    assert REGISTRY["dissemination"].can_carry(p, 64) == (16 + 64 * largest <= 16 << 10)
+    assert plans[0].largest_message(10) == 32 + 10 * largest  # (the codes: the signature's, and the call's number)
+    assert REGISTRY["dissemination"].can_carry(p, 64) == (32 + 64 * largest <= 16 << 10)
 
 
 def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_messages():
@@ -567,16 +567,16 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     nodes = CallFacts(size=2, spans_nodes=True, node_count=2, compiled=True)
     plan = plan_call(nodes, False, f32, 4, "sum", "auto")
     assert plan.name == "dissemination" and plan.signature == "carried by dissemination", plan.describe()
-    assert plan_call(nodes, False, f32, DISSEMINATION_UP_TO - 16, "mean", "auto").signature == "carried by dissemination"
+    assert plan_call(nodes, False, f32, DISSEMINATION_UP_TO - 32, "mean", "auto").signature == "carried by dissemination"
     assert plan_call(nodes, False, f32, 4, "sum", "auto", once=True).name == "mpi"
     assert plan_call(nodes, False, f32, DISSEMINATION_UP_TO + 4, "sum", "auto").name != "dissemination"
     assert plan_call(nodes, False, f16, 4, "sum", "auto").name != "dissemination"
     assert plan_call(nodes, False, f32, 4, "reproducible_sum", "auto").name != "dissemination"
     assert plan_call(CallFacts(size=2, spans_nodes=True, node_count=2), False, f32, 4, "sum", "auto").signature == (
-        "16-byte messages")  # (not compiled everywhere: the Python rounds lose to the check and MPI's own)
+        "32-byte messages")  # (not compiled everywhere: the Python rounds lose to the check and MPI's own)
     assert plan_call(CallFacts(size=2, shared_slots=True, compiled=True), False, f32, 4, "sum", "auto").signature == (
         "shared slots")
-    wide = CallFacts(size=64, spans_nodes=True, node_count=2, compiled=True)  # (32 blocks: 16 + 32 * 1024 > 16 KiB)
+    wide = CallFacts(size=64, spans_nodes=True, node_count=2, compiled=True)  # (32 blocks: 32 + 32 * 1024 > 16 KiB)
     assert plan_call(wide, False, f32, 1024, "sum", "auto").name != "dissemination"
     asked = plan_call(wide, False, f32, 1024, "sum", "dissemination")
-    assert asked.name == "dissemination" and asked.signature == "16-byte messages"  # (then its own tags)
+    assert asked.name == "dissemination" and asked.signature == "32-byte messages"  # (then its own tags)

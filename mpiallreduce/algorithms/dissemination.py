@@ -14,9 +14,10 @@ Then every rank reduces the p inputs in rank order: the same bits everywhere. ce
 Its rounds are those of the signature comparison in messages (mpiallreduce.core.consistency), so
 a call that compares its signature so can carry it here and send no message of its own (the
 planner has ``auto`` pick it for small plain calls across nodes, where the rounds are compiled).
-Each message then starts with the 16 bytes of codes, whose maxima every rank keeps; it goes on the
+Each message then starts with the 32 bytes of codes (and the call's number), whose maxima every rank keeps; it goes on the
 call's signature tags, within SIGNATURE_MESSAGE_BYTES, which every receive there posts (a rank
-whose call differs may send 16 bytes, or other blocks, never more). The result is written only
+whose call differs may send the codes alone, or other blocks, never more; a message of a call given
+up calls_apart calls ago, met on the same tags, is dropped by its number). The result is written only
 after the last round, once the codes agree.
 """
 from dataclasses import dataclass
@@ -26,12 +27,12 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import aligned_empty, copy_into, scratch
-from ..core.consistency import CODES as _CODES, SIGNATURE_MESSAGE_BYTES, dissemination_peers
+from ..core.signature_messages import CODES as _CODES, SIGNATURE_MESSAGE_BYTES, dissemination_peers, take_round
 from .base import Algorithm, CallTags, reduce_in_rank_order_into, wait_all
 
 ROUND_TAG = 210
 #: the codes' bytes in front of every message (zeros where the call carries no signature)
-HEADER = 16
+HEADER = _CODES.size
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,13 @@ class DisseminationAllreduce(Algorithm):
         memoryview(space)[HEADER:HEADER + nbytes] = memoryview(recv if send is None else send).cast("B")
         if signature is None:
             codes, tags = (0, 0), comm
-        else:  # (the signature's tags, where a rank that compares first sends its 16 bytes)
+        else:  # (the signature's tags, where a rank that compares first sends its codes alone)
             codes, tags = signature.codes(), CallTags(comm.comm, signature.sequence, comm.watch, CallTags.SIGNATURE_BASE)
-            assert plan.largest_message(nbytes) <= SIGNATURE_MESSAGE_BYTES, "the planner lets it carry small calls only"
-        high, negated = rounds(plan, tags, space, nbytes, *codes, 0 if signature is not None else ROUND_TAG)
+            if plan.largest_message(nbytes) > SIGNATURE_MESSAGE_BYTES:  # (the planner's can_carry: never)
+                raise RuntimeError(f"dissemination carries the signature of calls whose messages fit "
+                                   f"{SIGNATURE_MESSAGE_BYTES} bytes; this one's take {plan.largest_message(nbytes)}")
+        high, negated = rounds(plan, tags, space, nbytes, *codes, 0 if signature is not None else ROUND_TAG,
+                               None if signature is None else signature.sequence)
         if signature is not None:
             signature.settle(high, negated)  # (raises on every rank where any rank's call differs)
         reduce_blocks(op, space, plan.size, comm.Get_rank(), recv)
@@ -88,7 +92,8 @@ class DisseminationAllreduce(Algorithm):
         nbytes, size, rank = count * execution.dtype.itemsize, state.size, state.rank
         plan = self.plan(size, rank, count)
         if (not execution.carried or exchange_rounds is None or not used() or not execution.raw
-                or plan.largest_message(nbytes) > SIGNATURE_MESSAGE_BYTES):
+                or execution.plan.route != "plain" or execution.plan.accumulate is not None
+                or plan.largest_message(nbytes) > SIGNATURE_MESSAGE_BYTES):  # (widened, words: the executor's routes)
             return None
         space = aligned_empty(HEADER + size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8)
         blocks = space[HEADER:HEADER + size * nbytes].view(execution.dtype).reshape(size, count)
@@ -100,15 +105,22 @@ class DisseminationAllreduce(Algorithm):
 
         def run(send, recv, sequence, watch):
             stopped, high, negated, receive, sent = exchange_rounds(
-                handle, (sequence % calls_apart) * slot + base, size, rank, address,
-                recv if send is None else send, nbytes, code, -code, _SPIN_SECONDS)
+                handle, (sequence % calls_apart) * slot + base, size, rank, address, SIGNATURE_MESSAGE_BYTES,
+                recv if send is None else send, nbytes, code, -code, sequence, _SPIN_SECONDS)
             if stopped != -1:  # (a wait that lasts, or an MPI error: the Python's, through the watch)
-                watch.wait([MPI.Request.f2py(receive), MPI.Request.f2py(sent)])
-                if stopped == -2:
-                    raise MPI.Exception(high)
+                requests = [MPI.Request.f2py(receive), MPI.Request.f2py(sent)]
+                tags = CallTags(state.library, sequence, watch, base)
+                try:
+                    if stopped == -2:
+                        watch.wait(requests)  # (MPI's error for them, a dead peer's say; else the C's)
+                        raise MPI.Exception(high)
+                    take_round(tags, watch, memoryview(space)[HEADER + size * nbytes:], plan.rounds[stopped][1],
+                               stopped, sequence, requests)
+                except BaseException:
+                    _keep_while_pending(requests, space)  # (MPI may still read or write it)
+                    raise
                 high, negated = merge(plan, plan.rounds[stopped], space, nbytes, high, negated)
-                high, negated = rounds(plan, CallTags(state.library, sequence, watch, base), space, nbytes, high,
-                                       negated, 0, first=stopped + 1)
+                high, negated = rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
             signature.sequence = sequence
             signature.settle(high, negated)  # (raises on every rank where any rank's call differs)
             reduce_in_rank_order_into(op, pieces, recv)  # (float errors masked by the executor)
@@ -120,19 +132,40 @@ class DisseminationAllreduce(Algorithm):
 _SPIN_SECONDS = 1e-3
 
 
-def rounds(plan, tags, space, nbytes, high, negated, tag, first=0):
+def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0):
     """The rounds from ``first`` (mpiallreduce.core.compiled's C does the same, message for message)
     on ``tags`` (CallTags: its PeerWatch waits): ``space`` holds the codes, the blocks, then room
-    for what comes. Returns the codes' maxima."""
+    for what comes; ``sequence``: the call's number, where it carries the signature (a message of
+    another call is dropped: signature_messages.take_round). Returns the codes' maxima."""
     work = memoryview(space)
     incoming = work[HEADER + plan.size * nbytes:]
     for step in range(first, len(plan.rounds)):
         to, source, count, _ = plan.rounds[step]
-        _CODES.pack_into(work, 0, high, negated)
-        wait_all(tags, [tags.Irecv([incoming, MPI.BYTE], source, tag + step),
-                        tags.Isend([work[:HEADER + count * nbytes], MPI.BYTE], to, tag + step)])
+        _CODES.pack_into(work, 0, high, negated, sequence or 0)
+        requests = [tags.Irecv([incoming, MPI.BYTE], source, tag + step),
+                    tags.Isend([work[:HEADER + count * nbytes], MPI.BYTE], to, tag + step)]
+        if sequence is None:
+            wait_all(tags, requests)
+        else:
+            take_round(tags, tags.watch, incoming, source, tag + step, sequence, requests)
         high, negated = merge(plan, plan.rounds[step], space, nbytes, high, negated)
     return high, negated
+
+
+def _keep_while_pending(requests, space):
+    """Keep ``space`` until ``requests``, left behind by a call given up, are done (the f2py
+    requests of the compiled rounds do not hold it, as mpi4py's own do)."""
+    _KEPT[:] = [(r, s) for r, s in _KEPT if not _all_done(r)] + [(requests, space)]
+
+
+def _all_done(requests):
+    try:
+        return MPI.Request.Testall(requests)
+    except MPI.Exception:
+        return True
+
+
+_KEPT = []
 
 
 def merge(plan, round_, space, nbytes, high, negated):
@@ -140,7 +173,7 @@ def merge(plan, round_, space, nbytes, high, negated):
     _, _, count, at = round_
     work = memoryview(space)
     incoming = work[HEADER + plan.size * nbytes:]
-    their_high, their_negated = _CODES.unpack_from(incoming)
+    their_high, their_negated, _ = _CODES.unpack_from(incoming)
     work[HEADER + at * nbytes:HEADER + (at + count) * nbytes] = incoming[HEADER:HEADER + count * nbytes]
     return max(high, their_high), max(negated, their_negated)
 

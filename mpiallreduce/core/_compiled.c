@@ -32,6 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <limits.h>
+#include <sched.h>
 
 /* a prepared run tests its request this many times before it waits with the GIL released (a
  * small allreduce is done by then: no hand-over of the GIL; a late peer costs a few us more) */
@@ -598,19 +600,22 @@ static PyTypeObject ShortPathType = {
 
 /* ---- dissemination's rounds ------------------------------------------------------------------ */
 
-/* exchange_rounds(comm, tag, size, rank, work, x, nbytes, high, negated, spin): the rounds of the
- * dissemination algorithm (mpiallreduce/algorithms/dissemination.py, which says what moves; this does
- * what its Python does, message for message). ``work`` (an address): the 16 bytes of codes, the
- * ``size`` blocks of ``nbytes``, then SIGNATURE_MESSAGE_BYTES for what comes; ``x`` is copied into
- * block 0 first. Round k (tag + k) sends the first blocks held to rank + 2^k, the codes in front,
- * and appends what comes from rank - 2^k; (high, negated) keep the maxima of the codes that came.
- * The GIL is released; each wait tests its two requests for ``spin`` seconds at most.
- * Returns (round, high, negated, receive, send): round -1, every round done; round k >= 0, round k's
- * wait is the Python's (its requests as Fortran handles, MPI.Request.f2py: it waits through the
- * call's PeerWatch and goes on); round -2, an MPI error (high: its code; the requests are the
- * Python's to leave behind, or MPI_REQUEST_NULL). */
-#define CODES_BYTES 16
-#define MESSAGE_CAPACITY (16 << 10)
+/* exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin):
+ * the rounds of the dissemination algorithm (mpiallreduce/algorithms/dissemination.py, which says
+ * what moves; this does what its Python does, message for message). ``work`` (an address): the
+ * codes (CODES_BYTES: high, negated, the call's number), the ``size`` blocks of ``nbytes``, then
+ * ``capacity`` bytes for what comes (signature_messages.SIGNATURE_MESSAGE_BYTES, what every receive
+ * on these tags posts); ``x`` is copied into block 0 first. Round k (tag + k) sends the codes and
+ * the first blocks held to rank + 2^k and appends what comes from rank - 2^k, keeping the codes'
+ * maxima; a message that carries another call's number (one given up calls_apart calls ago) is
+ * dropped and the receive posted again. The GIL is released; each wait tests its requests for
+ * ``spin`` seconds at most (yielding the core after the first few tests). Returns (round, high,
+ * negated, receive, send): round -1, every round done; round k >= 0, round k's wait is the
+ * Python's (its requests as Fortran handles, MPI.Request.f2py: it waits through the call's
+ * PeerWatch, drops another call's message as here, and goes on); round -2, an MPI error (high: its
+ * code; the Python waits for the requests through its PeerWatch, which raises what they failed
+ * with, then raises the code). */
+#define CODES_BYTES 32
 
 static double seconds_now(void)
 {
@@ -623,16 +628,16 @@ static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
 {
     unsigned long long comm_handle, work_address;
     int tag, size, rank;
-    long long nbytes, high, negated;
+    long long capacity, nbytes, high, negated, number;
     double spin;
     Py_buffer x;
-    if (!PyArg_ParseTuple(args, "KiiiKy*LLLd", &comm_handle, &tag, &size, &rank, &work_address, &x, &nbytes, &high,
-                          &negated, &spin))
+    if (!PyArg_ParseTuple(args, "KiiiKLy*LLLLd", &comm_handle, &tag, &size, &rank, &work_address, &capacity, &x,
+                          &nbytes, &high, &negated, &number, &spin))
         return NULL;
     long long largest = 0;  /* (the most blocks one message carries: the Python's largest_message) */
     for (long long held = 1; held < size; held *= 2)
         largest = held < size - held ? (held > largest ? held : largest) : (size - held > largest ? size - held : largest);
-    if (x.len != nbytes || nbytes <= 0 || size < 1 || CODES_BYTES + largest * nbytes > MESSAGE_CAPACITY) {
+    if (x.len != nbytes || nbytes <= 0 || size < 1 || capacity > INT_MAX || CODES_BYTES + largest * nbytes > capacity) {
         PyBuffer_Release(&x);
         PyErr_SetString(PyExc_ValueError, "exchange_rounds: x is not nbytes long, or the blocks do not fit a message");
         return NULL;
@@ -646,25 +651,34 @@ static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
     memcpy(work + CODES_BYTES, x.buf, (size_t)nbytes);
     long long held = 1;
     for (int distance = 1; distance < size; distance *= 2, round++) {
-        long long count = held < size - held ? held : size - held, codes[2] = {high, negated};
+        long long count = held < size - held ? held : size - held, codes[4] = {high, negated, number, 0};
+        int source = (rank - distance % size + size) % size;
         memcpy(work, codes, CODES_BYTES);
-        error = MPI_Irecv(incoming, MESSAGE_CAPACITY, MPI_BYTE, (rank - distance % size + size) % size, tag + round,
-                          comm, &requests[0]);
+        error = MPI_Irecv(incoming, (int)capacity, MPI_BYTE, source, tag + round, comm, &requests[0]);
         if (error == MPI_SUCCESS)
             error = MPI_Isend(work, (int)(CODES_BYTES + count * nbytes), MPI_BYTE, (rank + distance) % size,
                               tag + round, comm, &requests[1]);
-        int done = 0;
+        int done = 0, tests = 0;
         double give_up = seconds_now() + spin;
-        while (error == MPI_SUCCESS && !done) {
+        while (error == MPI_SUCCESS) {
             error = MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE);
-            if (!done && seconds_now() > give_up)
+            if (error == MPI_SUCCESS && done) {
+                memcpy(codes, incoming, CODES_BYTES);
+                if (codes[2] == number)
+                    break;
+                done = 0;  /* another call's message: dropped, the receive posted again */
+                error = MPI_Irecv(incoming, (int)capacity, MPI_BYTE, source, tag + round, comm, &requests[0]);
+                continue;
+            }
+            if (seconds_now() > give_up)
                 break;
+            if (++tests > 64)
+                sched_yield();
         }
         if (error != MPI_SUCCESS || !done) {
             stopped = error != MPI_SUCCESS ? -2 : round;
             break;
         }
-        memcpy(codes, incoming, CODES_BYTES);
         high = codes[0] > high ? codes[0] : high;
         negated = codes[1] > negated ? codes[1] : negated;
         memcpy(work + CODES_BYTES + held * nbytes, incoming + CODES_BYTES, (size_t)(count * nbytes));
@@ -680,7 +694,7 @@ static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
 
 static PyMethodDef module_methods[] = {
     {"exchange_rounds", exchange_rounds, METH_VARARGS,
-     "exchange_rounds(comm, tag, size, rank, work, x, nbytes, high, negated, spin): dissemination's rounds"},
+     "exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin): dissemination's rounds"},
     {NULL}
 };
 

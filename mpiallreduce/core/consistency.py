@@ -9,7 +9,7 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
     compare(state, code, ...)  a call's signature code against every rank's, before data moves:
                                the shared slots on one node (mpiallreduce.core.slots), else the
                                max of (code, -code) by dissemination in messages on the
-                               call's tags; the waits notice a failed or departed peer (the call's
+                               call's tags (mpiallreduce.core.signature_messages); the waits notice a failed or departed peer (the call's
                                PeerWatch; a timed call's arrival is bounded by its rendezvous);
                                on a mismatch, every rank gathers what each called and raises
     CarriedSignature           the same comparison made inside an algorithm: in shared_memory's
@@ -22,13 +22,14 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
     agree_on_outcome(...)      a step that can fail on one rank (inside an algorithm) made collective
 """
 import hashlib
-import struct
 
 import numpy as np
 from mpi4py import MPI
 
+from .signature_messages import codes_agree_by_messages as _codes_agree_by_messages
+
 __all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "meet", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
-           "describe_differences", "CarriedSignature", "SIGNATURE_MESSAGE_BYTES", "dissemination_peers", "CODES"]
+           "describe_differences", "CarriedSignature"]
 
 
 def digest(value, bits=63):
@@ -78,51 +79,6 @@ def compare(state, code, describe, watch, sequence, published=False):
     raise_signature_mismatch(state, describe, sequence)
 
 
-def _codes_agree_by_messages(state, code, sequence, watch):
-    """Across nodes (or under ULFM): the max of (code, -code) by dissemination, in messages on the
-    call's own tags (CallTags.SIGNATURE_BASE) waited for through its PeerWatch. p = 5:
-
-        round 0:  r -> r+1 (mod 5)     each rank holds the max over {r, r-1}
-        round 1:  r -> r+2             ... over {r, ..., r-3}
-        round 2:  r -> r+4             ... over all 5: every rank the same pair
-
-    ceil(log2 p) rounds of one 16-byte message each way for any p (a max may count a rank twice).
-    The dissemination algorithm sends its blocks behind the same 16 bytes in the same rounds, so a
-    rank whose call runs it pairs with one that compares first (receives post SIGNATURE_MESSAGE_BYTES).
-    A rank that gives the call up leaves its requests behind (PeerWatch: receives cancelled, every
-    request kept with its buffer, new arrays each round) on tags no call of the next
-    CallTags.calls_apart uses (a collective, once started, could not be given up)."""
-    if not _TAGS:  # (imported on first use: the algorithms import the core)
-        from ..algorithms.base import CallTags
-        _TAGS.append(CallTags)
-    tag = _TAGS[0](state.library, sequence, None, _TAGS[0].SIGNATURE_BASE).offset  # (+ the round)
-    library, rank, size = state.library, state.rank, state.size
-    high, negated = code, -code  # (bytes through struct, not numpy: each numpy call costs ~1 us here)
-    for to, source in dissemination_peers(rank, size):
-        theirs = np.empty(SIGNATURE_MESSAGE_BYTES, dtype=np.uint8)
-        watch.wait([library.Irecv([theirs, MPI.BYTE], source, tag),
-                    library.Isend([_CODES.pack(high, negated), MPI.BYTE], to, tag)])
-        their_high, their_negated = _CODES.unpack_from(theirs)
-        high, negated = max(high, their_high), max(negated, their_negated)
-        tag += 1
-    return high == -negated
-
-
-#: the 16 bytes of codes in messages, (high, negated): native order, as the compiled rounds write them
-CODES = _CODES = struct.Struct("=qq")
-#: the longest message on a call's signature tags, and what every receive there posts: the codes'
-#: 16 bytes, or dissemination's blocks behind them (the planner lets it carry the signature only
-#: where they fit). A longer message would be truncated, and Open MPI 5 crashed the receiving
-#: process on a message truncated past its eager limit (seen here: docs/benchmarks.md).
-SIGNATURE_MESSAGE_BYTES = 16 << 10
-
-
-def dissemination_peers(rank, size):
-    """(send to, receive from) in each round of dissemination: round k, rank + 2**k and rank - 2**k."""
-    return [((rank + 2 ** k) % size, (rank - 2 ** k) % size) for k in range((size - 1).bit_length())]
-
-
-_TAGS = []
 
 
 def raise_signature_mismatch(state, describe, sequence):
@@ -289,8 +245,9 @@ class CarriedSignature:
             raise_signature_mismatch(e.state, e.describe, self.sequence)  # (collective: every rank is here)
 
     def codes(self):
-        """In messages (dissemination's): the two 64-bit numbers this rank sends first, (code, -code);
-        every rank has the max of each over every rank by the last round, as ``_codes_agree_by_messages``."""
+        """In messages (dissemination's): the two 64-bit numbers this rank sends first (with the call's
+        number: CODES), (code, -code); every rank has the max of each over every rank by the last
+        round, as ``_codes_agree_by_messages``."""
         return self.execution.code, -self.execution.code
 
     def settle(self, high, negated):

@@ -117,7 +117,7 @@ class CallPlan:
     #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression),
     #: "bfloat16 bits" (bfloat16 words held as uint16, widened to float32: mpiallreduce.core.ops)
     route: str = "plain"
-    #: how the ranks compare the call before data moves: "none", "shared slots", "16-byte messages", "carried
+    #: how the ranks compare the call before data moves: "none", "shared slots", "32-byte messages", "carried
     #: by <algorithm>" (in its first barrier, or in its messages), "agreed once" (a prepared call)
     signature: str = "none"
     #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
@@ -195,7 +195,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     bits = op_name.startswith("bfloat16_bits_")  # (bfloat16 words in uint16: mpiallreduce.core.ops.Bfloat16Bits)
     low_precision = bits or dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
     compared = facts.size > 1 and 0 <= facts.signature_min_bytes <= nbytes
-    signature = "none" if not compared else "shared slots" if facts.shared_slots else "16-byte messages"
+    signature = "none" if not compared else "shared slots" if facts.shared_slots else "32-byte messages"
     if compressed:  # (on one rank too: each value rounded to 16 bits, as with more)
         return CallPlan(REGISTRY["mpi"], auto, "16-bit values through MPI_Alltoall, summed in float32 by "
                         "each slice's owner, then MPI_Allgather (mpiallreduce.training.compression)",
@@ -285,8 +285,8 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
             and not exact_anyway):
         accumulate = np.dtype(np.float32)
     working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
-    if compared and not on_device and chosen.carries_signature == ("shared slots" if facts.shared_slots else "messages"
-                                                                  ) and chosen.can_carry(facts.size, working):
+    if compared and not on_device and route == "plain" and chosen.carries_signature == (
+            "shared slots" if facts.shared_slots else "messages") and chosen.can_carry(facts.size, working):
         signature = f"carried by {chosen.name}"
     probe = (on_device, dtype, nbytes, op_name, algorithm, in_place) if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested" else None
     persistent = choose_persistent(working, facts.size, in_place, facts.node_count if facts.spans_nodes else 1) if (

@@ -135,7 +135,7 @@ def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(compared_by_
     comm = compared_by_messages
     size, rank = comm.Get_size(), comm.Get_rank()
     x = exact_input("float64", 100, rank, "sum")
-    assert "signature: 16-byte messages" in mar.describe_call(x, comm=comm, algorithm="mpi")
+    assert "signature: 32-byte messages" in mar.describe_call(x, comm=comm, algorithm="mpi")
     for odd_one in range(size):
         count = 101 if rank == odd_one else 100
         with pytest.raises(ValueError) as info:
@@ -179,3 +179,34 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
     out = np.full_like(x, -1.0)
     assert mar.allreduce(x, comm=comm, out=out) is out and values_equal(out, expected)
     assert values_equal(mar.allreduce(x, op="mean", comm=comm), numpy_reference("mean", gather_inputs(comm, x)))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dissemination_in_messages_widens_float16_and_leaves_a_reproducible_sums_words_uncarried(compared_by_messages):
+    """Only an ordinary route carries the check: float16 still sums in float32 (rounded once), and a
+    reproducible sum's words (8 bytes per float) compare first, never past the messages' limit."""
+    comm = compared_by_messages
+    size, rank = comm.Get_size(), comm.Get_rank()
+    x = np.array([2048.0 if rank == 0 else 1.0] * 3, dtype=np.float16)
+    want = np.float16(np.float32(2048.0) + (size - 1))  # (float16 pairwise: 2048 from 3 ranks on)
+    for timeout in (None, 30):
+        assert (mar.allreduce(x, comm=comm, algorithm="dissemination", timeout=timeout) == want).all()
+    y = exact_input("float32", 3000, rank, "sum")
+    assert "signature: 32-byte messages" in mar.describe_call(y, comm=comm, algorithm="dissemination", reproducible=True)
+    assert values_equal(mar.allreduce(y, comm=comm, algorithm="dissemination", reproducible=True),
+                        mar.allreduce(y, comm=comm, algorithm="pairwise_exchange", reproducible=True))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(compared_by_messages, monkeypatch):
+    """The last rank's call times out while the others' (untimed) sent it their rounds; calls_apart
+    calls later the same tags meet those messages, which carry the old call's number: dropped."""
+    from mpiallreduce.algorithms.base import CallTags
+    comm = compared_by_messages
+    size, rank = comm.Get_size(), comm.Get_rank()
+    monkeypatch.setattr(CallTags, "calls_apart", 8)
+    with pytest.raises((mar.AllreduceTimeout, mar.AllreduceAborted)):
+        mar.allreduce(np.full(4, 1000.0 + rank), comm=comm, timeout=1 if rank == size - 1 else None)
+    for call in range(20):
+        x = exact_input("float64", 4, rank, "sum") + call
+        assert values_equal(mar.allreduce(x, comm=comm), numpy_reference("sum", gather_inputs(comm, x))), call

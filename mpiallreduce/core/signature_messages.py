@@ -1,0 +1,76 @@
+"""The signature's messages: one protocol for the check in messages and for dissemination's rounds.
+
+Across nodes (or under ULFM) a call's signature code is compared by dissemination: in round k each
+rank sends to rank + 2^k and receives from rank - 2^k, on the call's own tags (CallTags.SIGNATURE_BASE
++ k), and keeps the maxima of (code, -code). The dissemination algorithm (mpiallreduce.algorithms)
+sends its blocks behind the same codes in the same rounds, so the two pair with each other:
+
+    every message:   CODES (high, negated, the call's number; 32 bytes), then blocks or nothing
+    every receive:   SIGNATURE_MESSAGE_BYTES, the longest message any rank's call may send there
+    a message whose number is another call's (one given up CallTags.calls_apart calls ago):
+                     dropped, and the receive posted again (take_round)
+"""
+import struct
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["codes_agree_by_messages", "take_round", "dissemination_peers", "CODES", "SIGNATURE_MESSAGE_BYTES"]
+
+
+def codes_agree_by_messages(state, code, sequence, watch):
+    """Across nodes (or under ULFM): the max of (code, -code) by dissemination, in messages on the
+    call's own tags (CallTags.SIGNATURE_BASE) waited for through its PeerWatch. p = 5:
+
+        round 0:  r -> r+1 (mod 5)     each rank holds the max over {r, r-1}
+        round 1:  r -> r+2             ... over {r, ..., r-3}
+        round 2:  r -> r+4             ... over all 5: every rank the same pair
+
+    ceil(log2 p) rounds of one 32-byte message each way for any p (a max may count a rank twice).
+    The dissemination algorithm sends its blocks behind the same 32 bytes in the same rounds, so a
+    rank whose call runs it pairs with one that compares first (receives post SIGNATURE_MESSAGE_BYTES).
+    A rank that gives the call up leaves its requests behind (PeerWatch: receives cancelled, every
+    request kept with its buffer, new arrays each round) on tags no call of the next
+    CallTags.calls_apart uses (a collective, once started, could not be given up); a message of it
+    met there later carries its number, and is dropped (``take_round``)."""
+    if not _TAGS:  # (imported on first use: the algorithms import the core)
+        from ..algorithms.base import CallTags
+        _TAGS.append(CallTags)
+    tag = _TAGS[0](state.library, sequence, None, _TAGS[0].SIGNATURE_BASE).offset  # (+ the round)
+    library, rank, size = state.library, state.rank, state.size
+    high, negated = code, -code  # (bytes through struct, not numpy: each numpy call costs ~1 us here)
+    for to, source in dissemination_peers(rank, size):
+        theirs = np.empty(SIGNATURE_MESSAGE_BYTES, dtype=np.uint8)
+        sent = library.Isend([_CODES.pack(high, negated, sequence), MPI.BYTE], to, tag)
+        take_round(library, watch, theirs, source, tag, sequence, [library.Irecv([theirs, MPI.BYTE], source, tag), sent])
+        their_high, their_negated, _ = _CODES.unpack_from(theirs)
+        high, negated = max(high, their_high), max(negated, their_negated)
+        tag += 1
+    return high == -negated
+
+
+def take_round(comm, watch, incoming, source, tag, sequence, requests):
+    """Wait for a round's ``requests`` (its receive into ``incoming`` first) through ``watch``; a
+    message that carries another call's number (a call given up CallTags.calls_apart calls ago,
+    whose message stayed unmatched on these tags) is dropped and the receive posted again."""
+    watch.wait(requests)
+    while _CODES.unpack_from(incoming)[2] != sequence:
+        watch.wait([comm.Irecv([incoming, MPI.BYTE], source, tag)])
+
+
+#: the codes in front of every message on the signature's tags, (high, negated, the call's number),
+#: 32 bytes (the blocks behind them aligned): native order, as the compiled rounds write them
+CODES = _CODES = struct.Struct("=qqq8x")
+#: the longest message on a call's signature tags, and what every receive there posts: the codes'
+#: 32 bytes, or dissemination's blocks behind them (the planner lets it carry the signature only
+#: where they fit). A longer message would be truncated, and Open MPI 5 crashed the receiving
+#: process on a message truncated past its eager limit (seen here: docs/benchmarks.md).
+SIGNATURE_MESSAGE_BYTES = 16 << 10
+
+
+def dissemination_peers(rank, size):
+    """(send to, receive from) in each round of dissemination: round k, rank + 2**k and rank - 2**k."""
+    return [((rank + 2 ** k) % size, (rank - 2 ** k) % size) for k in range((size - 1).bit_length())]
+
+
+_TAGS = []
