@@ -76,7 +76,8 @@ PERSISTENT_BELOW = 4 << 10
 #: where its messages fit the signature's: SIGNATURE_MESSAGE_BYTES), whose rounds carry the comparison:
 #: on 2 ranks one message each way, where the check and then MPI_Allreduce take a round trip each.
 #: 2 emulated nodes, 2026-12-03: 25.5 to 31.6 us against 49.3 to 56.0 from 4 B to 12 KiB, 66.9
-#: against 85.5 at 16000 B (docs/benchmarks.md, the plain call across nodes, has the command)
+#: against 85.5 at 16000 B (/tmp scripts, interleaved); benchmarks/signature_exchange.py, 4 B and 8 KiB
+#: (docs/benchmarks.md, the plain call across nodes)
 DISSEMINATION_UP_TO = 16 << 10
 
 #: the table's sections of rules, all that plans read (the metadata is not)
