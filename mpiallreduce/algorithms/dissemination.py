@@ -26,7 +26,7 @@ from typing import Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..core.buffers import aligned_empty, copy_into, scratch
+from ..core.buffers import aligned_empty, copy_into, retire_scratch, scratch
 from ..core.signature_messages import CODES as _CODES, SIGNATURE_MESSAGE_BYTES, dissemination_peers, take_round
 from .base import Algorithm, CallTags, reduce_in_rank_order_into, wait_all
 
@@ -76,8 +76,12 @@ class DisseminationAllreduce(Algorithm):
             if plan.largest_message(nbytes) > SIGNATURE_MESSAGE_BYTES:  # (the planner's can_carry: never)
                 raise RuntimeError(f"dissemination carries the signature of calls whose messages fit "
                                    f"{SIGNATURE_MESSAGE_BYTES} bytes; this one's take {plan.largest_message(nbytes)}")
-        high, negated = rounds(plan, tags, space, nbytes, *codes, 0 if signature is not None else ROUND_TAG,
-                               None if signature is None else signature.sequence)
+        try:
+            high, negated = rounds(plan, tags, space, nbytes, *codes, 0 if signature is not None else ROUND_TAG,
+                                   None if signature is None else signature.sequence)
+        except BaseException:  # (given up: its requests, left behind, hold this buffer; a rendezvous
+            retire_scratch("dissemination")  # send may still read it, so no later call writes it)
+            raise
         if signature is not None:
             signature.settle(high, negated)  # (raises on every rank where any rank's call differs)
         reduce_blocks(op, space, plan.size, comm.Get_rank(), recv)
@@ -95,15 +99,19 @@ class DisseminationAllreduce(Algorithm):
                 or execution.plan.route != "plain" or execution.plan.accumulate is not None
                 or plan.largest_message(nbytes) > SIGNATURE_MESSAGE_BYTES):  # (widened, words: the executor's routes)
             return None
-        space = aligned_empty(HEADER + size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8)
-        blocks = space[HEADER:HEADER + size * nbytes].view(execution.dtype).reshape(size, count)
-        pieces = [blocks[(rank - s) % size] for s in range(size)]  # (in rank order: block j holds rank - j's)
-        address, handle, code, op = space.__array_interface__["data"][0], state.library.handle, execution.code, execution.op
+        handle, code, op = state.library.handle, execution.code, execution.op
+
+        def fresh():  # (the buffer, its blocks in rank order, its address; a new one after a call given up)
+            space = aligned_empty(HEADER + size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8)
+            blocks = space[HEADER:HEADER + size * nbytes].view(execution.dtype).reshape(size, count)
+            return space, [blocks[(rank - s) % size] for s in range(size)], space.__array_interface__["data"][0]
+        held = list(fresh())
         signature, slot, base = CarriedSignature(execution, 0), CallTags.slot, CallTags.SIGNATURE_BASE
         CallTags(state.library, 0)  # (the first one learns MPI_TAG_UB: CallTags.calls_apart)
         calls_apart = CallTags.calls_apart
 
         def run(send, recv, sequence, watch):
+            space, pieces, address = held
             stopped, high, negated, receive, sent = exchange_rounds(
                 handle, (sequence % calls_apart) * slot + base, size, rank, address, SIGNATURE_MESSAGE_BYTES,
                 recv if send is None else send, nbytes, code, -code, sequence, _SPIN_SECONDS)
@@ -116,11 +124,12 @@ class DisseminationAllreduce(Algorithm):
                         raise MPI.Exception(high)
                     take_round(tags, watch, memoryview(space)[HEADER + size * nbytes:], plan.rounds[stopped][1],
                                stopped, sequence, requests)
-                except BaseException:
-                    _keep_while_pending(requests, space)  # (MPI may still read or write it)
+                    high, negated = merge(plan, plan.rounds[stopped], space, nbytes, high, negated)
+                    high, negated = rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
+                except BaseException:  # (given up: MPI may still read or write the buffer, a rendezvous send
+                    _keep_while_pending(requests, space)  # left behind say; kept, and never written again)
+                    held[:] = fresh()
                     raise
-                high, negated = merge(plan, plan.rounds[stopped], space, nbytes, high, negated)
-                high, negated = rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
             signature.sequence = sequence
             signature.settle(high, negated)  # (raises on every rank where any rank's call differs)
             reduce_in_rank_order_into(op, pieces, recv)  # (float errors masked by the executor)

@@ -19,6 +19,7 @@ from ..device.arrays import foreign_device_array, namespace
 
 __all__ = [
     "check_array",
+    "retire_scratch",
     "check_out",
     "array_module",
     "views",
@@ -168,6 +169,12 @@ def scratch(slot, count, dtype, like=None):
         raw = aligned_empty(max(nbytes, 1), np.uint8) if xp is None else xp.empty(max(nbytes, 1), np.uint8)
         _scratch_pool.buffers[key] = raw
     return raw[:nbytes].view(dtype)
+
+
+def retire_scratch(slot):
+    """Never hand this thread's scratch array of ``slot`` out again (MPI may still read or write it:
+    a request of a call given up, left behind, holds it); the next ``scratch`` makes a new one."""
+    _scratch_pool.buffers.pop(slot, None)
 
 
 @dataclass

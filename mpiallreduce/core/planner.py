@@ -285,7 +285,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
             and not exact_anyway):
         accumulate = np.dtype(np.float32)
     working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
-    if compared and not on_device and route == "plain" and chosen.carries_signature == (
+    if compared and not on_device and (route == "plain" or facts.shared_slots) and chosen.carries_signature == (
             "shared slots" if facts.shared_slots else "messages") and chosen.can_carry(facts.size, working):
         signature = f"carried by {chosen.name}"
     probe = (on_device, dtype, nbytes, op_name, algorithm, in_place) if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested" else None
