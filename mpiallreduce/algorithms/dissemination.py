@@ -164,14 +164,8 @@ def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0
 def _keep_while_pending(requests, space):
     """Keep ``space`` until ``requests``, left behind by a call given up, are done (the f2py
     requests of the compiled rounds do not hold it, as mpi4py's own do)."""
-    _KEPT[:] = [(r, s) for r, s in _KEPT if not _all_done(r)] + [(requests, space)]
-
-
-def _all_done(requests):
-    try:
-        return MPI.Request.Testall(requests)
-    except MPI.Exception:
-        return True
+    from ..faults.watch import request_done
+    _KEPT[:] = [(r, s) for r, s in _KEPT if not all(request_done(q) for q in r)] + [(requests, space)]
 
 
 _KEPT = []

@@ -75,9 +75,9 @@ PERSISTENT_BELOW = 4 << 10
 #: the compiled paths and the table says MPI's own, ``auto`` runs dissemination up to this size (and
 #: where its messages fit the signature's: SIGNATURE_MESSAGE_BYTES), whose rounds carry the comparison:
 #: on 2 ranks one message each way, where the check and then MPI_Allreduce take a round trip each.
-#: 2 emulated nodes, 2026-12-03: 25.5 to 31.6 us against 49.3 to 56.0 from 4 B to 12 KiB, 66.9
-#: against 85.5 at 16000 B (/tmp scripts, interleaved); benchmarks/signature_exchange.py, 4 B and 8 KiB
-#: (docs/benchmarks.md, the plain call across nodes)
+#: 2 emulated nodes, 2026-12-03 (benchmarks/results-signature/two-nodes.txt, benchmarks/signature_exchange.py):
+#: 21.6-21.8 us against 43.6-44.6 at 4 B, 25.9-28.3 against 48.9-49.5 at 8 KiB; up to 16 KiB where its
+#: messages fit (12 KiB and 16000 B won too in a /tmp script, not kept: 31.6 against 56.0, 66.9 against 85.5)
 DISSEMINATION_UP_TO = 16 << 10
 
 #: the table's sections of rules, all that plans read (the metadata is not)

@@ -25,7 +25,7 @@ from ..core.slots import yield_core
 from .errors import AllreduceAborted, AllreduceTimeout
 from .channel import FAILED, GAVE_UP, _channel
 
-__all__ = ["PeerWatch", "set_up_or_rank_failure"]
+__all__ = ["PeerWatch", "set_up_or_rank_failure", "request_done"]
 
 #: how long a wait only tests its own requests before it also reads the control channel
 _QUIET_SECONDS = 5e-5
@@ -147,9 +147,9 @@ class PeerWatch:
 
     def _leave_behind(self, requests):
         kept = self.state.left_behind
-        kept[:] = [r for r in kept if not _done(r)]  # (earlier calls' requests that have completed)
+        kept[:] = [r for r in kept if not request_done(r)]  # (earlier calls' requests that have completed)
         for request in {id(r): r for r in [*requests, *self.posted]}.values():  # (each once)
-            if any(request is r for r in kept) or _done(request):  # (kept already: look_around raised)
+            if any(request is r for r in kept) or request_done(request):  # (kept already: look_around raised)
                 continue
             try:
                 request.Cancel()  # (receives; Open MPI does not cancel sends)
@@ -158,7 +158,7 @@ class PeerWatch:
             kept.append(request)  # (the request holds its buffer)
 
 
-def _done(request):
+def request_done(request):
     """Whether ``request`` has completed, with its error too (an ANY_SOURCE receive would stay
     pending under ULFM after its error; the library posts none)."""
     try:
