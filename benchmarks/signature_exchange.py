@@ -97,10 +97,15 @@ def main():
         sendrecv = per_call(lambda: COMM.Sendrecv(x, peer, 7, incoming, source, 7), CALLS // 4)
         allreduce = per_call(lambda: COMM.Allreduce(x, out), CALLS // 4)
         lines.append(f" 65536 B  one Sendrecv of the buffer {sendrecv:7.1f}  Open MPI's MPI_Allreduce {allreduce:7.1f}")
+    write_lines(lines, args.output)
+
+
+def write_lines(lines, output):
+    """Print ``lines`` on rank 0, and write them to ``output`` where given."""
     if COMM.Get_rank() == 0:
         print("\n".join(lines), flush=True)
-        if args.output:
-            with open(args.output, "w") as f:
+        if output:
+            with open(output, "w") as f:
                 f.write("\n".join(lines) + "\n")
 
 

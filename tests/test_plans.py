@@ -554,22 +554,33 @@ def test_dissemination_plan_gives_every_rank_every_input_once_in_the_signature_c
         assert held[r] == [(r - j) % p for j in range(p)], (p, r, held[r])
     largest = max((count for _, _, count, _ in plans[0].rounds), default=0)
     assert plans[0].largest_message(10) == 32 + 10 * largest  # (the codes: the signature's, and the call's number)
-    assert REGISTRY["dissemination"].can_carry(p, 64) == (32 + 64 * largest <= 16 << 10)
+    from mpiallreduce.algorithms.dissemination import split
+    for nbytes in (0, 8, (16 << 10) - 32, (16 << 10) - 31, 10 * largest * 4096 + 3):  # (head: at most 16 KiB in all)
+        head, tail = split(nbytes)
+        assert head + tail == nbytes and 32 + head <= 16 << 10 and (tail == 0 or 32 + head == 16 << 10)
+    assert REGISTRY["dissemination"].can_carry(p, 1 << 20)  # (what does not fit a head goes in its tail)
 
 
 def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_messages():
     """It carries the comparison in its rounds: across nodes (or without shared slots), every rank
-    compiled, an ordinary sum or mean, up to DISSEMINATION_UP_TO and where its messages fit; a
-    prepared call (compared once) keeps the table's MPI_Allreduce."""
+    compiled, an ordinary sum or mean, up to DISSEMINATION_UP_TO and where its messages fit (on 2
+    ranks up to DISSEMINATION_TWO_RANKS_UP_TO, whatever the table says); a prepared call (compared once) keeps the table's MPI_Allreduce."""
     from mpiallreduce.core.planner import CallFacts, plan_call
-    from mpiallreduce.core.tuning import DISSEMINATION_UP_TO
+    from mpiallreduce.core.tuning import DISSEMINATION_TWO_RANKS_UP_TO, DISSEMINATION_UP_TO
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     nodes = CallFacts(size=2, spans_nodes=True, node_count=2, compiled=True)
     plan = plan_call(nodes, False, f32, 4, "sum", "auto")
     assert plan.name == "dissemination" and plan.signature == "carried by dissemination", plan.describe()
     assert plan_call(nodes, False, f32, DISSEMINATION_UP_TO - 32, "mean", "auto").signature == "carried by dissemination"
     assert plan_call(nodes, False, f32, 4, "sum", "auto", once=True).name == "mpi"
-    assert plan_call(nodes, False, f32, DISSEMINATION_UP_TO + 4, "sum", "auto").name != "dissemination"
+    three = CallFacts(size=3, spans_nodes=True, node_count=3, compiled=True)
+    assert plan_call(three, False, f32, 4096, "sum", "auto").name == "dissemination"
+    assert plan_call(three, False, f32, DISSEMINATION_UP_TO + 4, "sum", "auto").name != "dissemination"
+    # on 2 ranks one exchange of the whole buffer, its tail past 16 KiB: whatever the table says, up to a size
+    for nbytes in (DISSEMINATION_UP_TO + 4, 40000, DISSEMINATION_TWO_RANKS_UP_TO):
+        assert plan_call(nodes, False, f32, nbytes, "sum", "auto").signature == "carried by dissemination", nbytes
+        assert plan_call(nodes, False, f32, nbytes, "sum", "auto", once=True).name != "dissemination"
+    assert plan_call(nodes, False, f32, DISSEMINATION_TWO_RANKS_UP_TO + 4, "sum", "auto").name != "dissemination"
     assert plan_call(nodes, False, f16, 4, "sum", "auto").name != "dissemination"
     assert plan_call(nodes, False, f32, 4, "reproducible_sum", "auto").name != "dissemination"
     assert plan_call(CallFacts(size=2, spans_nodes=True, node_count=2), False, f32, 4, "sum", "auto").signature == (
@@ -579,4 +590,4 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     wide = CallFacts(size=64, spans_nodes=True, node_count=2, compiled=True)  # (32 blocks: 32 + 32 * 1024 > 16 KiB)
     assert plan_call(wide, False, f32, 1024, "sum", "auto").name != "dissemination"
     asked = plan_call(wide, False, f32, 1024, "sum", "dissemination")
-    assert asked.name == "dissemination" and asked.signature == "32-byte messages"  # (then its own tags)
+    assert asked.name == "dissemination" and asked.signature == "carried by dissemination"  # (tails: any length)

@@ -11,14 +11,19 @@ p = 5:
 Then every rank reduces the p inputs in rank order: the same bits everywhere. ceil(log2 p) rounds,
 (p-1)n bytes sent and p-1 reductions per rank: for small buffers, where the rounds' latency is all.
 
-Its rounds are those of the signature comparison in messages (mpiallreduce.core.consistency), so
-a call that compares its signature so can carry it here and send no message of its own (the
-planner has ``auto`` pick it for small plain calls across nodes, where the rounds are compiled).
-Each message then starts with the 32 bytes of codes (and the call's number), whose maxima every rank keeps; it goes on the
-call's signature tags, within SIGNATURE_MESSAGE_BYTES, which every receive there posts (a rank
-whose call differs may send the codes alone, or other blocks, never more; a message of a call given
-up calls_apart calls ago, met on the same tags, is dropped by its number). The result is written only
-after the last round, once the codes agree.
+Its rounds are those of the signature comparison in messages (mpiallreduce.core.signature_messages),
+so a call that compares its signature so can carry it here and send no message of its own (the
+planner has ``auto`` pick it for plain calls across nodes, where the rounds are compiled). Each
+message starts with the 32 bytes of codes (the call's number and the tail's length among them),
+whose maxima every rank keeps, on the call's signature tags: its head, at most
+SIGNATURE_MESSAGE_BYTES, which every receive there posts; blocks that do not fit go in its tail,
+received once the head is in, whole whatever its length (a rank whose call differs sends other
+blocks, or the codes alone; a message of a call given up calls_apart calls ago, met on the same
+tags, is dropped by its number). The result is written only after the last round, once the codes
+agree.
+
+    round k:   head: codes + the first blocks (<= 16 KiB)   tag + k         posted ahead
+               tail: the rest of the blocks, if any         tag + k + 256   posted once the head is in
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -27,7 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import aligned_empty, copy_into, retire_scratch, scratch
-from ..core.signature_messages import CODES as _CODES, SIGNATURE_MESSAGE_BYTES, dissemination_peers, take_round
+from ..core.signature_messages import (CODES as _CODES, SIGNATURE_MESSAGE_BYTES, TAIL_OFFSET, dissemination_peers,
+                                       drop_tail, take_round)
 from .base import Algorithm, CallTags, reduce_in_rank_order_into, wait_all
 
 ROUND_TAG = 210
@@ -61,21 +67,14 @@ class DisseminationAllreduce(Algorithm):
             held += blocks
         return DisseminationPlan(size, tuple(rounds))
 
-    def can_carry(self, size, nbytes):
-        return self.plan(size, 0, 0).largest_message(nbytes) <= SIGNATURE_MESSAGE_BYTES
-
     def execute(self, plan, comm, send, recv, op, datatype, signature=None):
-        nbytes = recv.nbytes  # (what comes: at most the longest message, or what a rank that differs may send)
-        capacity = plan.largest_message(nbytes) if signature is None else SIGNATURE_MESSAGE_BYTES
-        space = scratch("dissemination", HEADER + plan.size * nbytes + capacity, np.uint8)
+        nbytes = recv.nbytes
+        space = scratch("dissemination", HEADER + plan.size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8)
         memoryview(space)[HEADER:HEADER + nbytes] = memoryview(recv if send is None else send).cast("B")
         if signature is None:
             codes, tags = (0, 0), comm
         else:  # (the signature's tags, where a rank that compares first sends its codes alone)
             codes, tags = signature.codes(), CallTags(comm.comm, signature.sequence, comm.watch, CallTags.SIGNATURE_BASE)
-            if plan.largest_message(nbytes) > SIGNATURE_MESSAGE_BYTES:  # (the planner's can_carry: never)
-                raise RuntimeError(f"dissemination carries the signature of calls whose messages fit "
-                                   f"{SIGNATURE_MESSAGE_BYTES} bytes; this one's take {plan.largest_message(nbytes)}")
         try:
             high, negated = rounds(plan, tags, space, nbytes, *codes, 0 if signature is not None else ROUND_TAG,
                                    None if signature is None else signature.sequence)
@@ -96,8 +95,7 @@ class DisseminationAllreduce(Algorithm):
         nbytes, size, rank = count * execution.dtype.itemsize, state.size, state.rank
         plan = self.plan(size, rank, count)
         if (not execution.carried or exchange_rounds is None or not used() or not execution.raw
-                or execution.plan.route != "plain" or execution.plan.accumulate is not None
-                or plan.largest_message(nbytes) > SIGNATURE_MESSAGE_BYTES):  # (widened, words: the executor's routes)
+                or execution.plan.route != "plain" or execution.plan.accumulate is not None):  # (widened, words: the executor's routes)
             return None
         handle, code, op = state.library.handle, execution.code, execution.op
 
@@ -112,19 +110,18 @@ class DisseminationAllreduce(Algorithm):
 
         def run(send, recv, sequence, watch):
             space, pieces, address = held
-            stopped, high, negated, receive, sent = exchange_rounds(
+            stopped, high, negated, taken, *handles = exchange_rounds(
                 handle, (sequence % calls_apart) * slot + base, size, rank, address, SIGNATURE_MESSAGE_BYTES,
-                recv if send is None else send, nbytes, code, -code, sequence, _SPIN_SECONDS)
-            if stopped != -1:  # (a wait that lasts, or an MPI error: the Python's, through the watch)
-                requests = [MPI.Request.f2py(receive), MPI.Request.f2py(sent)]
+                recv if send is None else send, nbytes, code, -code, sequence, _SPIN_SECONDS, TAIL_OFFSET)
+            if stopped != -1:  # (a wait that lasts, a message left to the Python, an MPI error: through the watch)
+                requests = [MPI.Request.f2py(h) for h in handles]
                 tags = CallTags(state.library, sequence, watch, base)
                 try:
                     if stopped == -2:
                         watch.wait(requests)  # (MPI's error for them, a dead peer's say; else the C's)
                         raise MPI.Exception(high)
-                    take_round(tags, watch, memoryview(space)[HEADER + size * nbytes:], plan.rounds[stopped][1],
-                               stopped, sequence, requests)
-                    high, negated = merge(plan, plan.rounds[stopped], space, nbytes, high, negated)
+                    high, negated = finish_round(plan, tags, space, nbytes, stopped, high, negated, 0, sequence,
+                                                 requests, taken)
                     high, negated = rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
                 except BaseException:  # (given up: MPI may still read or write the buffer, a rendezvous send
                     _keep_while_pending(requests, space)  # left behind say; kept, and never written again)
@@ -144,21 +141,67 @@ _SPIN_SECONDS = 1e-3
 def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0):
     """The rounds from ``first`` (mpiallreduce.core.compiled's C does the same, message for message)
     on ``tags`` (CallTags: its PeerWatch waits): ``space`` holds the codes, the blocks, then room
-    for what comes; ``sequence``: the call's number, where it carries the signature (a message of
-    another call is dropped: signature_messages.take_round). Returns the codes' maxima."""
+    for a head (SIGNATURE_MESSAGE_BYTES); ``sequence``: the call's number, where it carries the
+    signature (a message of another call is dropped: signature_messages.take_round). Returns the
+    codes' maxima."""
     work = memoryview(space)
     incoming = work[HEADER + plan.size * nbytes:]
     for step in range(first, len(plan.rounds)):
         to, source, count, _ = plan.rounds[step]
-        _CODES.pack_into(work, 0, high, negated, sequence or 0)
+        head, tail = split(count * nbytes)
+        _CODES.pack_into(work, 0, high, negated, sequence or 0, tail)
         requests = [tags.Irecv([incoming, MPI.BYTE], source, tag + step),
-                    tags.Isend([work[:HEADER + count * nbytes], MPI.BYTE], to, tag + step)]
-        if sequence is None:
-            wait_all(tags, requests)
-        else:
-            take_round(tags, tags.watch, incoming, source, tag + step, sequence, requests)
-        high, negated = merge(plan, plan.rounds[step], space, nbytes, high, negated)
+                    tags.Isend([work[:HEADER + head], MPI.BYTE], to, tag + step)]
+        if tail:
+            requests.append(tags.Isend([work[HEADER + head:HEADER + count * nbytes], MPI.BYTE], to,
+                                       tag + step + TAIL_OFFSET))
+        high, negated = finish_round(plan, tags, space, nbytes, step, high, negated, tag, sequence, requests)
     return high, negated
+
+
+def split(nbytes):
+    """(head, tail): how many of a message's ``nbytes`` of blocks go behind its codes, and in its tail."""
+    head = min(nbytes, SIGNATURE_MESSAGE_BYTES - HEADER)
+    return head, nbytes - head
+
+
+def finish_round(plan, tags, space, nbytes, step, high, negated, tag, sequence, requests, taken=False):
+    """Round ``step`` from its posted ``requests`` (the head's receive, the head's send, the tail's
+    send; and the tail's receive where the compiled rounds took the head in, ``taken``): the head
+    taken (another call's message dropped), the tail received into place, or dropped where it is
+    not this call's length. Returns the codes' maxima; the head's blocks go where they belong."""
+    _, source, count, at = plan.rounds[step]
+    work = memoryview(space)
+    incoming = work[HEADER + plan.size * nbytes:]
+    head, tail = split(count * nbytes)
+    if not taken:
+        if sequence is None:
+            wait_all(tags, requests[:1])
+            theirs = _CODES.unpack_from(incoming)[3]
+        else:
+            theirs = take_round(tags, tags.watch, incoming, source, tag + step, sequence, requests[:1])
+        if theirs == tail and tail:
+            requests.append(tags.Irecv([work[HEADER + at * nbytes + head:HEADER + (at + count) * nbytes], MPI.BYTE],
+                                       source, tag + step + TAIL_OFFSET))
+        elif theirs != tail:  # (a rank whose call differs: the codes say so; unchecked, MPI's truncation would)
+            if theirs:
+                drop_tail(tags, tags.watch if sequence is not None else _Waits, source, tag + step, theirs)
+            if sequence is None:
+                wait_all(tags, requests[1:])
+                raise ValueError(f"dissemination: a message of {theirs} bytes after its head where {tail} were "
+                                 f"expected: the ranks' calls differ (their signatures are not compared)")
+    wait_all(tags, requests[1:])
+    their_high, their_negated, _, _ = _CODES.unpack_from(incoming)
+    work[HEADER + at * nbytes:HEADER + at * nbytes + head] = incoming[HEADER:HEADER + head]
+    return max(high, their_high), max(negated, their_negated)
+
+
+class _Waits:
+    """A watch's ``wait`` for tags that have none."""
+
+    @staticmethod
+    def wait(requests):
+        MPI.Request.Waitall(requests)
 
 
 def _keep_while_pending(requests, space):
@@ -169,16 +212,6 @@ def _keep_while_pending(requests, space):
 
 
 _KEPT = []
-
-
-def merge(plan, round_, space, nbytes, high, negated):
-    """A round's message taken in: the codes' maxima, its blocks appended where they belong."""
-    _, _, count, at = round_
-    work = memoryview(space)
-    incoming = work[HEADER + plan.size * nbytes:]
-    their_high, their_negated, _ = _CODES.unpack_from(incoming)
-    work[HEADER + at * nbytes:HEADER + (at + count) * nbytes] = incoming[HEADER:HEADER + count * nbytes]
-    return max(high, their_high), max(negated, their_negated)
 
 
 def reduce_blocks(op, space, size, rank, recv):

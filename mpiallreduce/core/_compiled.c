@@ -600,21 +600,23 @@ static PyTypeObject ShortPathType = {
 
 /* ---- dissemination's rounds ------------------------------------------------------------------ */
 
-/* exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin):
- * the rounds of the dissemination algorithm (mpiallreduce/algorithms/dissemination.py, which says
- * what moves; this does what its Python does, message for message). ``work`` (an address): the
- * codes (CODES_BYTES: high, negated, the call's number), the ``size`` blocks of ``nbytes``, then
- * ``capacity`` bytes for what comes (signature_messages.SIGNATURE_MESSAGE_BYTES, what every receive
- * on these tags posts); ``x`` is copied into block 0 first. Round k (tag + k) sends the codes and
- * the first blocks held to rank + 2^k and appends what comes from rank - 2^k, keeping the codes'
- * maxima; a message that carries another call's number (one given up calls_apart calls ago) is
- * dropped and the receive posted again. The GIL is released; each wait tests its requests for
- * ``spin`` seconds at most (yielding the core after the first few tests). Returns (round, high,
- * negated, receive, send): round -1, every round done; round k >= 0, round k's wait is the
- * Python's (its requests as Fortran handles, MPI.Request.f2py: it waits through the call's
- * PeerWatch, drops another call's message as here, and goes on); round -2, an MPI error (high: its
- * code; the Python waits for the requests through its PeerWatch, which raises what they failed
- * with, then raises the code). */
+/* exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin,
+ * tail_offset): the rounds of the dissemination algorithm (mpiallreduce/algorithms/dissemination.py,
+ * which says what moves; this does what its Python does, message for message). ``work`` (an
+ * address): the codes (CODES_BYTES: high, negated, the call's number, the tail's length), the
+ * ``size`` blocks of ``nbytes``, then ``capacity`` bytes for a head (signature_messages.
+ * SIGNATURE_MESSAGE_BYTES, what every receive on these tags posts); ``x`` is copied into block 0
+ * first. Round k sends the codes and the first blocks held to rank + 2^k, on tag + k, those that do
+ * not fit ``capacity`` in a tail on tag + k + tail_offset, and appends what comes from rank - 2^k
+ * (its tail received into place once its head is in), keeping the codes' maxima. The GIL is
+ * released; each wait tests its requests for ``spin`` seconds at most (yielding the core after the
+ * first few tests). Returns (round, high, negated, taken, head's receive, head's send, tail's send,
+ * tail's receive): round -1, every round done; round k >= 0, round k is the Python's (its requests
+ * as Fortran handles, MPI.Request.f2py; ``taken``: the head is in and the tail's receive posted):
+ * a wait that lasts (it waits through the call's PeerWatch), or a head of another call or of
+ * another length (it drops it, its tail too, as the Python's rounds do); round -2, an MPI error
+ * (high: its code; the Python waits for the requests through its PeerWatch, which raises what they
+ * failed with, then raises the code). */
 #define CODES_BYTES 32
 
 static double seconds_now(void)
@@ -627,48 +629,61 @@ static double seconds_now(void)
 static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
 {
     unsigned long long comm_handle, work_address;
-    int tag, size, rank;
+    int tag, size, rank, tail_offset;
     long long capacity, nbytes, high, negated, number;
     double spin;
     Py_buffer x;
-    if (!PyArg_ParseTuple(args, "KiiiKLy*LLLLd", &comm_handle, &tag, &size, &rank, &work_address, &capacity, &x,
-                          &nbytes, &high, &negated, &number, &spin))
+    if (!PyArg_ParseTuple(args, "KiiiKLy*LLLLdi", &comm_handle, &tag, &size, &rank, &work_address, &capacity, &x,
+                          &nbytes, &high, &negated, &number, &spin, &tail_offset))
         return NULL;
-    long long largest = 0;  /* (the most blocks one message carries: the Python's largest_message) */
-    for (long long held = 1; held < size; held *= 2)
-        largest = held < size - held ? (held > largest ? held : largest) : (size - held > largest ? size - held : largest);
-    if (x.len != nbytes || nbytes <= 0 || size < 1 || capacity > INT_MAX || CODES_BYTES + largest * nbytes > capacity) {
+    if (x.len != nbytes || nbytes <= 0 || size < 1 || capacity > INT_MAX || capacity <= CODES_BYTES
+            || (long long)size * nbytes > INT_MAX) {
         PyBuffer_Release(&x);
-        PyErr_SetString(PyExc_ValueError, "exchange_rounds: x is not nbytes long, or the blocks do not fit a message");
+        PyErr_SetString(PyExc_ValueError, "exchange_rounds: x is not nbytes long, or a message would pass INT_MAX");
         return NULL;
     }
     MPI_Comm comm = (MPI_Comm)(uintptr_t)comm_handle;
     char *work = (char *)(uintptr_t)work_address;
     char *incoming = work + CODES_BYTES + (size_t)size * (size_t)nbytes;
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    int round = 0, stopped = -1, error = MPI_SUCCESS;
+    /* the head's receive, the head's send, the tail's send, the tail's receive */
+    MPI_Request requests[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int round = 0, stopped = -1, taken = 0, error = MPI_SUCCESS;
     Py_BEGIN_ALLOW_THREADS
     memcpy(work + CODES_BYTES, x.buf, (size_t)nbytes);
     long long held = 1;
     for (int distance = 1; distance < size; distance *= 2, round++) {
-        long long count = held < size - held ? held : size - held, codes[4] = {high, negated, number, 0};
-        int source = (rank - distance % size + size) % size;
+        long long count = held < size - held ? held : size - held, total = count * nbytes;
+        long long head = total < capacity - CODES_BYTES ? total : capacity - CODES_BYTES, tail = total - head;
+        long long codes[4] = {high, negated, number, tail};
+        int source = (rank - distance % size + size) % size, to = (rank + distance) % size;
+        taken = 0;
         memcpy(work, codes, CODES_BYTES);
         error = MPI_Irecv(incoming, (int)capacity, MPI_BYTE, source, tag + round, comm, &requests[0]);
         if (error == MPI_SUCCESS)
-            error = MPI_Isend(work, (int)(CODES_BYTES + count * nbytes), MPI_BYTE, (rank + distance) % size,
-                              tag + round, comm, &requests[1]);
+            error = MPI_Isend(work, (int)(CODES_BYTES + head), MPI_BYTE, to, tag + round, comm, &requests[1]);
+        if (error == MPI_SUCCESS && tail)
+            error = MPI_Isend(work + CODES_BYTES + head, (int)tail, MPI_BYTE, to, tag + round + tail_offset, comm,
+                              &requests[2]);
         int done = 0, tests = 0;
         double give_up = seconds_now() + spin;
         while (error == MPI_SUCCESS) {
-            error = MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE);
-            if (error == MPI_SUCCESS && done) {
-                memcpy(codes, incoming, CODES_BYTES);
-                if (codes[2] == number)
+            if (!taken) {
+                int in = 0;
+                error = MPI_Test(&requests[0], &in, MPI_STATUS_IGNORE);
+                if (error == MPI_SUCCESS && in) {
+                    memcpy(codes, incoming, CODES_BYTES);
+                    if (codes[2] != number || codes[3] != tail)
+                        break;  /* another call's message, or another length's: the Python's */
+                    taken = 1;
+                    if (tail)
+                        error = MPI_Irecv(work + CODES_BYTES + held * nbytes + head, (int)tail, MPI_BYTE, source,
+                                          tag + round + tail_offset, comm, &requests[3]);
+                    continue;
+                }
+            } else {
+                error = MPI_Testall(3, requests + 1, &done, MPI_STATUSES_IGNORE);
+                if (error == MPI_SUCCESS && done)
                     break;
-                done = 0;  /* another call's message: dropped, the receive posted again */
-                error = MPI_Irecv(incoming, (int)capacity, MPI_BYTE, source, tag + round, comm, &requests[0]);
-                continue;
             }
             if (seconds_now() > give_up)
                 break;
@@ -681,20 +696,22 @@ static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
         }
         high = codes[0] > high ? codes[0] : high;
         negated = codes[1] > negated ? codes[1] : negated;
-        memcpy(work + CODES_BYTES + held * nbytes, incoming + CODES_BYTES, (size_t)(count * nbytes));
+        memcpy(work + CODES_BYTES + held * nbytes, incoming + CODES_BYTES, (size_t)head);
         held += count;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&x);
     if (stopped == -2)
         high = error;
-    return Py_BuildValue("iLLii", stopped, high, negated, (int)MPI_Request_c2f(requests[0]),
-                         (int)MPI_Request_c2f(requests[1]));
+    return Py_BuildValue("iLLiiiii", stopped, high, negated, taken, (int)MPI_Request_c2f(requests[0]),
+                         (int)MPI_Request_c2f(requests[1]), (int)MPI_Request_c2f(requests[2]),
+                         (int)MPI_Request_c2f(requests[3]));
 }
 
 static PyMethodDef module_methods[] = {
     {"exchange_rounds", exchange_rounds, METH_VARARGS,
-     "exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin): dissemination's rounds"},
+     "exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin, tail_offset): "
+     "dissemination's rounds"},
     {NULL}
 };
 

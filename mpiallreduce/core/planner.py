@@ -40,8 +40,8 @@ Rules, in order:
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
   in the communicator's shared slots on one node (a few loads and stores), else in 16-byte
   messages; shared_memory carries it in place of its first barrier, dissemination in its messages
-  (``auto``'s choice where a plain call's goes in messages and MPI's own would run, up to
-  DISSEMINATION_UP_TO); a prepared call is compared once, when made (``signature="agreed once"``);
+  (``auto``'s choice where a plain call's goes in messages, where tuning.dissemination_pays says);
+  a prepared call is compared once, when made (``signature="agreed once"``);
 - a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
   node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.
 
@@ -56,7 +56,7 @@ from typing import Optional
 import numpy as np
 
 from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
-from .tuning import DISSEMINATION_UP_TO, choose_across_nodes, choose_name, choose_on_device, choose_persistent
+from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent, dissemination_pays
 
 __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
 
@@ -260,9 +260,9 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
                 and REGISTRY[elsewhere].finishes_slices):
             name, reason = elsewhere, reason + "; a mean: the out-of-place rule's, which divides slices as it reduces"
         chosen = REGISTRY[name]
-    if (compared and not once and auto and chosen.name == "mpi" and not (on_device or reproducible or low_precision)
-            and not facts.shared_slots and facts.compiled and nbytes <= DISSEMINATION_UP_TO
-            and REGISTRY["dissemination"].can_carry(facts.size, nbytes)):  # (one message each way on 2 ranks, not two)
+    if (compared and not once and auto and (chosen.name == "mpi" or facts.size == 2) and not facts.shared_slots
+            and not (on_device or reproducible or low_precision) and facts.compiled and dissemination_pays(
+                facts.size, nbytes, REGISTRY["dissemination"].plan(facts.size, 0, 0).largest_message(nbytes))):
         chosen, reason = REGISTRY["dissemination"], reason + "; its signature goes in messages: dissemination carries it"
     if chosen.takes_inner_plan and facts.node_count > 1:  # (hierarchical's leaders, two_level's rails)
         leader_choice = choose_name(nbytes, facts.node_count, REGISTRY)

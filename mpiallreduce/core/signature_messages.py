@@ -5,17 +5,24 @@ rank sends to rank + 2^k and receives from rank - 2^k, on the call's own tags (C
 + k), and keeps the maxima of (code, -code). The dissemination algorithm (mpiallreduce.algorithms)
 sends its blocks behind the same codes in the same rounds, so the two pair with each other:
 
-    every message:   CODES (high, negated, the call's number; 32 bytes), then blocks or nothing
-    every receive:   SIGNATURE_MESSAGE_BYTES, the longest message any rank's call may send there
+    every message:   CODES (high, negated, the call's number, its tail's length; 32 bytes), then
+                     blocks or nothing, SIGNATURE_MESSAGE_BYTES in all at most
+    its tail:        the blocks that did not fit, in one message on its tag + TAIL_OFFSET
+    every receive:   SIGNATURE_MESSAGE_BYTES; then the tail its codes announce, whole: so whatever
+                     a rank whose call differs sends, no message is truncated or left unmatched
     a message whose number is another call's (one given up CallTags.calls_apart calls ago):
-                     dropped, and the receive posted again (take_round)
+                     dropped with its tail, and the receive posted again (take_round)
+
+A tail's receive is posted once its head is in (eager: at most 16 KiB on TCP): a tail above the
+eager limit waits for it in a rendezvous, which costs its round trip anyway.
 """
 import struct
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["codes_agree_by_messages", "take_round", "dissemination_peers", "CODES", "SIGNATURE_MESSAGE_BYTES"]
+__all__ = ["codes_agree_by_messages", "take_round", "dissemination_peers", "CODES", "SIGNATURE_MESSAGE_BYTES", "TAIL_OFFSET",
+           "drop_tail"]
 
 
 def codes_agree_by_messages(state, code, sequence, watch):
@@ -41,31 +48,51 @@ def codes_agree_by_messages(state, code, sequence, watch):
     high, negated = code, -code  # (bytes through struct, not numpy: each numpy call costs ~1 us here)
     for to, source in dissemination_peers(rank, size):
         theirs = np.empty(SIGNATURE_MESSAGE_BYTES, dtype=np.uint8)
-        sent = library.Isend([_CODES.pack(high, negated, sequence), MPI.BYTE], to, tag)
-        take_round(library, watch, theirs, source, tag, sequence, [library.Irecv([theirs, MPI.BYTE], source, tag), sent])
-        their_high, their_negated, _ = _CODES.unpack_from(theirs)
+        sent = library.Isend([_CODES.pack(high, negated, sequence, 0), MPI.BYTE], to, tag)
+        tail = take_round(library, watch, theirs, source, tag, sequence,
+                          [library.Irecv([theirs, MPI.BYTE], source, tag), sent])  # (32 bytes: eager)
+        if tail:  # (a rank whose call differs runs dissemination on a longer buffer: its tail taken, dropped)
+            drop_tail(library, watch, source, tag, tail)
+        their_high, their_negated, _, _ = _CODES.unpack_from(theirs)
         high, negated = max(high, their_high), max(negated, their_negated)
         tag += 1
     return high == -negated
 
 
 def take_round(comm, watch, incoming, source, tag, sequence, requests):
-    """Wait for a round's ``requests`` (its receive into ``incoming`` first) through ``watch``; a
-    message that carries another call's number (a call given up CallTags.calls_apart calls ago,
-    whose message stayed unmatched on these tags) is dropped and the receive posted again."""
+    """Wait for ``requests`` (a round's receive into ``incoming`` first, never a tail's send: the
+    peer posts its receive once this wait is over) through ``watch``; a message that carries
+    another call's number (a call given up CallTags.calls_apart calls ago, whose message stayed
+    unmatched on these tags) is dropped with its tail and the receive posted again. Returns the
+    length of the kept message's tail, for the caller to receive (on ``tag`` + TAIL_OFFSET)."""
     watch.wait(requests)
-    while _CODES.unpack_from(incoming)[2] != sequence:
+    _, _, number, tail = _CODES.unpack_from(incoming)
+    while number != sequence:
+        if tail:
+            drop_tail(comm, watch, source, tag, tail)
         watch.wait([comm.Irecv([incoming, MPI.BYTE], source, tag)])
+        _, _, number, tail = _CODES.unpack_from(incoming)
+    return tail
 
 
-#: the codes in front of every message on the signature's tags, (high, negated, the call's number),
-#: 32 bytes (the blocks behind them aligned): native order, as the compiled rounds write them
-CODES = _CODES = struct.Struct("=qqq8x")
+def drop_tail(comm, watch, source, tag, nbytes):
+    """Receive a tail no one wants (a message of a call that differs, or of one given up), whole:
+    left unmatched, its rendezvous send would never end."""
+    watch.wait([comm.Irecv([np.empty(nbytes, np.uint8), MPI.BYTE], source, tag + TAIL_OFFSET)])
+
+
+#: the codes in front of every message on the signature's tags, (high, negated, the call's number,
+#: the length of the message's tail), 32 bytes (the blocks behind them aligned): native order, as
+#: the compiled rounds write them
+CODES = _CODES = struct.Struct("=qqqq")
 #: the longest message on a call's signature tags, and what every receive there posts: the codes'
-#: 32 bytes, or dissemination's blocks behind them (the planner lets it carry the signature only
-#: where they fit). A longer message would be truncated, and Open MPI 5 crashed the receiving
-#: process on a message truncated past its eager limit (seen here: docs/benchmarks.md).
+#: 32 bytes, or dissemination's blocks behind them; what does not fit goes in the message's tail. A
+#: longer message would be truncated, and Open MPI 5 crashed the receiving process on a message
+#: truncated past its eager limit (seen here: docs/benchmarks.md).
 SIGNATURE_MESSAGE_BYTES = 16 << 10
+#: a message's tail goes on its tag + this, in the call's slot (CallTags: the signature's tags from
+#: 512, a round each; the tails' from 768)
+TAIL_OFFSET = 256
 
 
 def dissemination_peers(rank, size):

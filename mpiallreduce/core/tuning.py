@@ -53,9 +53,12 @@ import json
 import math
 import os
 
+from .signature_messages import SIGNATURE_MESSAGE_BYTES
+
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
            "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest",
-           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent", "DISSEMINATION_UP_TO"]
+           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent", "DISSEMINATION_UP_TO",
+           "DISSEMINATION_TWO_RANKS_UP_TO", "dissemination_pays"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
@@ -73,12 +76,30 @@ PERSISTENT_BELOW = 4 << 10
 
 #: where a plain call compares its signature in messages (across nodes, under ULFM), every rank runs
 #: the compiled paths and the table says MPI's own, ``auto`` runs dissemination up to this size (and
-#: where its messages fit the signature's: SIGNATURE_MESSAGE_BYTES), whose rounds carry the comparison:
+#: where its messages fit their heads: SIGNATURE_MESSAGE_BYTES), whose rounds carry the comparison:
 #: on 2 ranks one message each way, where the check and then MPI_Allreduce take a round trip each.
 #: 2 emulated nodes, 2026-12-03 (benchmarks/results-signature/two-nodes.txt, benchmarks/signature_exchange.py):
 #: 21.6-21.8 us against 43.6-44.6 at 4 B, 25.9-28.3 against 48.9-49.5 at 8 KiB; up to 16 KiB where its
 #: messages fit (12 KiB and 16000 B won too in a /tmp script, not kept: 31.6 against 56.0, 66.9 against 85.5)
 DISSEMINATION_UP_TO = 16 << 10
+#: on 2 ranks dissemination is one exchange of the whole buffer each way (recursive doubling's), its
+#: blocks past 16 KiB in the message's tail: ``auto`` runs it up to this size whatever the table says
+#: (the check rides in the head), where the table's choice pays the check's round trip on top. 2
+#: emulated nodes, 2026-12-04 (benchmarks/plain_across_nodes.py, benchmarks/results-signature/):
+#: it won at 16 KiB to 64 KiB in every run; from 96 KiB on it won at some sizes and lost at others
+#: (one rendezvous message per tail, over TCP), and lost at 1 and 4 MiB
+DISSEMINATION_TWO_RANKS_UP_TO = 64 << 10
+
+
+def dissemination_pays(size, nbytes, largest_message):
+    """Whether ``auto`` runs dissemination for a plain call of ``nbytes`` on ``size`` ranks whose
+    signature goes in messages (the planner asks where the rest allows): on 2 ranks up to
+    DISSEMINATION_TWO_RANKS_UP_TO; on more, where the table says MPI's own, up to DISSEMINATION_UP_TO
+    and where its longest message, ``largest_message``, fits a head (Bruck's allgather sends (p - 1)n
+    bytes per rank: for small buffers only)."""
+    if size == 2:
+        return nbytes <= DISSEMINATION_TWO_RANKS_UP_TO
+    return nbytes <= DISSEMINATION_UP_TO and largest_message <= SIGNATURE_MESSAGE_BYTES
 
 #: the table's sections of rules, all that plans read (the metadata is not)
 RULE_SECTIONS = ("by_ranks", "by_ranks_in_place", "by_nodes", "by_nodes_in_place", "device", "persistent_by_ranks",

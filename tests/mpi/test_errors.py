@@ -179,6 +179,20 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
     out = np.full_like(x, -1.0)
     assert mar.allreduce(x, comm=comm, out=out) is out and values_equal(out, expected)
     assert values_equal(mar.allreduce(x, op="mean", comm=comm), numpy_reference("mean", gather_inputs(comm, x)))
+    # past 16 KiB a message's blocks go on in its tail (auto's choice on 2 ranks; asked for here at
+    # every rank count): tails of other lengths, a tail against none, another dtype's, each way
+    big = exact_input("float64", 9000, rank, "sum")
+    expected = numpy_reference("sum", gather_inputs(comm, big))
+    assert "signature: carried by dissemination" in mar.describe_call(big, comm=comm, algorithm="dissemination")
+    for odd_one in (0, size - 1):
+        for mine, theirs, field in [(big, exact_input("float64", 8000, rank, "sum"), "shape"),
+                                    (big, x, "shape"), (x, big, "shape"),
+                                    (big, exact_input("float32", 9000, rank, "sum"), "dtype")]:
+            with pytest.raises(SignatureMismatch) as info:
+                mar.allreduce(theirs if rank == odd_one else mine, comm=comm, algorithm="dissemination")
+            message = str(info.value)
+            assert f"{field} differs: " in message and f"on rank {odd_one};" in message + ";", message
+            assert values_equal(mar.allreduce(big, comm=comm, algorithm="dissemination"), expected)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -198,17 +212,21 @@ def test_dissemination_in_messages_widens_float16_and_leaves_a_reproducible_sums
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(compared_by_messages, monkeypatch):
+@pytest.mark.parametrize("count", [1000, 20000], ids=["8000-bytes", "with-tails"])
+def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(compared_by_messages, monkeypatch, count):
     """The last rank's call times out while the others' (untimed) sent it their rounds; calls_apart
-    calls later the same tags meet those messages, which carry the old call's number: dropped. 8000
-    bytes: past shared memory's eager limit, where a send left behind reads its buffer when matched,
-    so that buffer is never written again."""
+    calls later the same tags meet those messages, which carry the old call's number: dropped, and
+    their tails with them. 8000 bytes: past shared memory's eager limit, where a send left behind
+    reads its buffer when matched, so that buffer is never written again; 160000: the blocks past
+    16 KiB in each message's tail, a rendezvous that ends only when the tail is received."""
     from mpiallreduce.algorithms.base import CallTags
     comm = compared_by_messages
     size, rank = comm.Get_size(), comm.Get_rank()
     monkeypatch.setattr(CallTags, "calls_apart", 8)
     with pytest.raises((mar.AllreduceTimeout, mar.AllreduceAborted)):
-        mar.allreduce(np.full(1000, 1000.0 + rank), comm=comm, timeout=1 if rank == size - 1 else None)
+        mar.allreduce(np.full(count, 1000.0 + rank), comm=comm, algorithm="dissemination",
+                      timeout=1 if rank == size - 1 else None)
     for call in range(20):
-        x = exact_input("float64", 1000, rank, "sum") + call
-        assert values_equal(mar.allreduce(x, comm=comm), numpy_reference("sum", gather_inputs(comm, x))), call
+        x = exact_input("float64", count, rank, "sum") + call
+        assert values_equal(mar.allreduce(x, comm=comm, algorithm="dissemination"),
+                            numpy_reference("sum", gather_inputs(comm, x))), call

@@ -8,8 +8,8 @@ pairwise_exchange) and three algorithms of the words route, one set of bits ever
 numpy's sum (the inputs sum exactly). Then ``rank R node H device-auto ...``: device arrays (the CuPy stand-in,
 mpiallreduce.testing.fake_cupy) through auto, which across nodes must not take device_to_device.
 Then ``rank R node H mismatched-calls ...``: calls that differ in size below 64 KiB (100 against 101
-elements), for every algorithm that runs across nodes and auto, are the same ValueError on every
-rank (the signature compared in messages across nodes), and the next call is right. Then
+elements), for every algorithm that runs across nodes and auto (and for auto sizes whose
+dissemination messages have tails, against others), are the same ValueError on every rank (the signature compared in messages across nodes), and the next call is right. Then
 ``rank R node H timed-on-one-rank ...``: a call timed on rank 0 only ends with an error on every
 rank, and the next calls are right (nothing of it is left to pair with them). Then
 ``rank R node H refused-on-one-rank ...``: an algorithm the planner refuses across nodes, asked for
@@ -33,7 +33,7 @@ rank = comm.Get_rank()
 node = MPI.Get_processor_name()
 for name in list(mar.HOST_ALGORITHMS) + ["auto"]:
     outcome = "ok"
-    for count in (1, comm.Get_size() + 1, 1009, (1 << 16) + 3, (1 << 20) + 3):
+    for count in (1, comm.Get_size() + 1, 1009, 2045, (1 << 16) + 3, (1 << 20) + 3):
         x = exact_input("float64", count, rank, "sum")
         want = numpy_reference("sum", gather_inputs(comm, x))
         try:
@@ -88,10 +88,13 @@ for count in (1, 1009, (1 << 16) + 3, (1 << 20) + 3):
 print(f"rank {rank} node {node} device-auto {outcome}", flush=True)
 
 outcome = "ok"  # calls that differ in size: a ValueError on every rank, never values (auto: dissemination
-for name, other in [("auto", 101), ("auto", 5000)] + [  # carrying the check on both, then against MPI's own
-        (a, 101) for a in mar.HOST_ALGORITHMS if not REGISTRY[a].needs_one_node and not REGISTRY[a].needs_equal_nodes]:
+# carrying the check on both, then against MPI's own; on 2 ranks with tails past 16 KiB, of other lengths
+# or against none, one way and the other)
+for name, mine, other in [("auto", 100, 101), ("auto", 100, 5000), ("auto", 100, 70001), ("auto", 70001, 100),
+                          ("auto", 9000, 8000), ("auto", 2045, 2044)] + [
+        (a, 100, 101) for a in mar.HOST_ALGORITHMS if not REGISTRY[a].needs_one_node and not REGISTRY[a].needs_equal_nodes]:
     try:
-        mar.allreduce(exact_input("float64", 100 if rank == 0 else other, rank, "sum"), algorithm=name)
+        mar.allreduce(exact_input("float64", mine if rank == 0 else other, rank, "sum"), algorithm=name)
         outcome = f"{name}: no error"
     except ValueError as error:
         if "shape differs" not in str(error):

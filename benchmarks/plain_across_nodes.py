@@ -1,0 +1,78 @@
+"""A plain call where the signature goes in messages (across nodes, under ULFM): what ``auto`` runs,
+against the check and then the tuning table's choice (what ``auto`` ran before dissemination carried
+the check on 2 ranks past 16 KiB), the check and then MPI's own, and raw ``comm.Allreduce``:
+
+    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/plain_across_nodes.py [--sizes 4,64K,1M] [--output FILE]
+
+Interleaved in one launch, ROUNDS times per size: a batch of plain calls of each contender on the
+same float32 buffers (``mar.allreduce(x, out=out)``, ``mar.allreduce(x, out=out, algorithm=...)``),
+then raw ``comm.Allreduce``. Each figure: the mean time per call over a batch, the slowest rank's,
+in microseconds; then per size the medians over the rounds and ``auto`` against raw (raw's time over
+auto's: 1.0 is as fast as MPI's own call, which compares nothing).
+"""
+import argparse
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpiallreduce as mar
+from mpiallreduce.core.planner import plan_call
+from mpiallreduce.core.state import state_of
+from signature_exchange import per_call, write_lines  # (benchmarks/, the script's folder)
+
+ROUNDS = 7
+COMM = MPI.COMM_WORLD
+SIZES = "4,8K,32K,64K,128K,256K,512K,1M,4M"
+
+
+def nbytes_of(text):
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def table_choice(x):
+    """What ``auto`` runs where the dissemination rule does not apply: the table's choice."""
+    facts = dataclasses.replace(state_of(COMM).make_ready().facts, compiled=False)
+    return plan_call(facts, False, x.dtype, x.nbytes, "sum", "auto").name
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=SIZES, help=f"comma-separated bytes (K, M suffixes); default {SIZES}")
+    parser.add_argument("--output", help="also write the lines to this file (rank 0)")
+    args = parser.parse_args()
+    lines = [f"# plain calls, the signature in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
+             f"load {' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
+             f"{ROUNDS} interleaved rounds"]
+    summary = []
+    for nbytes in (nbytes_of(s) for s in args.sizes.split(",")):
+        x = np.arange(max(nbytes // 4, 1), dtype=np.float32) + COMM.Get_rank()
+        out = np.empty_like(x)
+        assert "32-byte messages" in mar.describe_call(x, out=out, algorithm="mpi") or COMM.Get_size() == 1, \
+            "the check does not go in messages here: launch with --nodes 2"
+        auto, table = mar.describe_call(x, out=out).split(" ")[0], table_choice(x)
+        contenders = {f"auto ({auto})": lambda: mar.allreduce(x, out=out),
+                      f"check + {table}": lambda: mar.allreduce(x, out=out, algorithm=table)}
+        if table != "mpi":
+            contenders["check + mpi"] = lambda: mar.allreduce(x, out=out, algorithm="mpi")
+        contenders["MPI_Allreduce"] = lambda: COMM.Allreduce(x, out)
+        calls = max(20, min(1000, int(4e7 / max(nbytes, 40000))))
+        for call in contenders.values():
+            for _ in range(10):
+                call()
+        times = {name: [] for name in contenders}
+        for _ in range(ROUNDS):
+            for name, call in contenders.items():
+                times[name].append(per_call(call, calls))
+            lines.append(f"{x.nbytes:>8} B  " + "  ".join(f"{name} {times[name][-1]:8.1f}" for name in contenders))
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        summary.append(f"{x.nbytes:>8} B  medians: " + "  ".join(f"{name} {m:.1f}" for name, m in medians.items())
+                       + f"  |  auto against MPI_Allreduce {medians['MPI_Allreduce'] / medians[f'auto ({auto})']:.2f}x")
+    write_lines(lines + ["# medians over the rounds"] + summary, args.output)
+
+
+if __name__ == "__main__":
+    main()
