@@ -487,7 +487,7 @@ def test_the_compiled_paths_advance_the_sequence_in_one_place_by_one():
     assert source.count("PyDict_SetItem(state, s_sequence, next)") == 1, "sequence set in more than one place"
     assert "long long number = PyLong_AsLongLong(now) + 1;" in source
     callers = [line.strip() for line in source.splitlines() if "next_number(self->state)" in line]
-    assert len(callers) == 3, callers  # (a prepared run; the short path, before its check or after MPI)
+    assert len(callers) == 4, callers  # (a prepared run; the short path, before its check or after MPI; dissemination's)
 
 
 def test_the_compiled_paths_are_built_where_the_environment_has_mpicc():

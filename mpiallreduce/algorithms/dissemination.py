@@ -108,28 +108,38 @@ class DisseminationAllreduce(Algorithm):
         CallTags(state.library, 0)  # (the first one learns MPI_TAG_UB: CallTags.calls_apart)
         calls_apart = CallTags.calls_apart
 
+        def resume(sequence, watch, stopped, high, negated, taken, handles):
+            """The rounds from where the compiled ones stopped (round ``stopped``; -2, an MPI error:
+            ``high``), their requests as Fortran handles, through ``watch``; the codes' maxima."""
+            space, requests = held[0], [MPI.Request.f2py(h) for h in handles]
+            tags = CallTags(state.library, sequence, watch, base)
+            try:
+                if stopped == -2:
+                    watch.wait(requests)  # (MPI's error for them, a dead peer's say; else the C's)
+                    raise MPI.Exception(high)
+                high, negated = finish_round(plan, tags, space, nbytes, stopped, high, negated, 0, sequence, requests,
+                                             taken)
+                return rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
+            except BaseException:  # (given up: MPI may still read or write the buffer, a rendezvous send
+                _keep_while_pending(requests, space)  # left behind say; kept, and never written again)
+                held[:] = fresh()
+                raise
+
         def run(send, recv, sequence, watch):
             space, pieces, address = held
             stopped, high, negated, taken, *handles = exchange_rounds(
                 handle, (sequence % calls_apart) * slot + base, size, rank, address, SIGNATURE_MESSAGE_BYTES,
                 recv if send is None else send, nbytes, code, -code, sequence, _SPIN_SECONDS, TAIL_OFFSET)
             if stopped != -1:  # (a wait that lasts, a message left to the Python, an MPI error: through the watch)
-                requests = [MPI.Request.f2py(h) for h in handles]
-                tags = CallTags(state.library, sequence, watch, base)
-                try:
-                    if stopped == -2:
-                        watch.wait(requests)  # (MPI's error for them, a dead peer's say; else the C's)
-                        raise MPI.Exception(high)
-                    high, negated = finish_round(plan, tags, space, nbytes, stopped, high, negated, 0, sequence,
-                                                 requests, taken)
-                    high, negated = rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
-                except BaseException:  # (given up: MPI may still read or write the buffer, a rendezvous send
-                    _keep_while_pending(requests, space)  # left behind say; kept, and never written again)
-                    held[:] = fresh()
-                    raise
+                high, negated = resume(sequence, watch, stopped, high, negated, taken, handles)
             signature.sequence = sequence
             signature.settle(high, negated)  # (raises on every rank where any rank's call differs)
             reduce_in_rank_order_into(op, pieces, recv)  # (float errors masked by the executor)
+        #: what the compiled short path binds to run the same rounds itself (core.compiled.short_path):
+        #: its buffer (held[2]: the address), ``resume``, the tags, the capacity, this module's
+        #: variables (_SPIN_SECONDS, read at each call) and the tails' offset
+        run.compiled = (held, resume, base, slot, calls_apart, size, rank, SIGNATURE_MESSAGE_BYTES, globals(),
+                        TAIL_OFFSET)
         return run
 
 

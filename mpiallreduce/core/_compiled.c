@@ -42,7 +42,7 @@
 /* the dimensions a ShortPath binds (numpy allows 64: compiled.short_path leaves more to Python) */
 #define MAX_DIMENSIONS 8
 
-static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype, *s_nbytes;
+static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype, *s_nbytes, *s_spin;
 
 /* The objects' attributes are read from their __dict__s (borrowed, no attribute lookup: a few ns
  * where getattr costs 20), which the binding passes: CommState and the worker keep them there. */
@@ -280,6 +280,153 @@ static PyTypeObject PreparedBaseType = {
     .tp_methods = prepared_methods,
 };
 
+/* ---- dissemination's rounds ------------------------------------------------------------------ */
+
+/* exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin,
+ * tail_offset): the rounds of the dissemination algorithm (mpiallreduce/algorithms/dissemination.py,
+ * which says what moves; this does what its Python does, message for message). ``work`` (an
+ * address): the codes (CODES_BYTES: high, negated, the call's number, the tail's length), the
+ * ``size`` blocks of ``nbytes``, then ``capacity`` bytes for a head (signature_messages.
+ * SIGNATURE_MESSAGE_BYTES, what every receive on these tags posts); ``x`` is copied into block 0
+ * first. Round k sends the codes and the first blocks held to rank + 2^k, on tag + k, those that do
+ * not fit ``capacity`` in a tail on tag + k + tail_offset, and appends what comes from rank - 2^k
+ * (its tail received into place once its head is in), keeping the codes' maxima. The GIL is
+ * released; each wait tests its requests for ``spin`` seconds at most (yielding the core after the
+ * first few tests). Returns (round, high, negated, taken, head's receive, head's send, tail's send,
+ * tail's receive): round -1, every round done; round k >= 0, round k is the Python's (its requests
+ * as Fortran handles, MPI.Request.f2py; ``taken``: the head is in and the tail's receive posted):
+ * a wait that lasts (it waits through the call's PeerWatch), or a head of another call or of
+ * another length (it drops it, its tail too, as the Python's rounds do); round -2, an MPI error
+ * (high: its code; the Python waits for the requests through its PeerWatch, which raises what they
+ * failed with, then raises the code). */
+#define CODES_BYTES 32
+
+static double seconds_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+/* what a run of the rounds leaves: the requests (the head's receive, the head's send, the tail's
+ * send, the tail's receive), the round it stopped at (-1: none; -2: an MPI error, ``error``), the
+ * codes' maxima, and whether the stopped round's head was taken in */
+typedef struct {
+    MPI_Request requests[4];
+    int stopped, taken, error;
+    long long high, negated;
+} Rounds;
+
+/* the rounds, with the GIL released by the caller (``r``'s high and negated: this rank's codes) */
+static void run_rounds(MPI_Comm comm, int tag, int size, int rank, char *work, long long capacity, const void *x,
+                       long long nbytes, long long number, double spin, int tail_offset, Rounds *r)
+{
+    char *incoming = work + CODES_BYTES + (size_t)size * (size_t)nbytes;
+    int round = 0, error = MPI_SUCCESS;
+    long long high = r->high, negated = r->negated;
+    for (int i = 0; i < 4; i++)
+        r->requests[i] = MPI_REQUEST_NULL;
+    r->stopped = -1;
+    r->taken = 0;
+    memcpy(work + CODES_BYTES, x, (size_t)nbytes);
+    long long held = 1;
+    for (int distance = 1; distance < size; distance *= 2, round++) {
+        long long count = held < size - held ? held : size - held, total = count * nbytes;
+        long long head = total < capacity - CODES_BYTES ? total : capacity - CODES_BYTES, tail = total - head;
+        long long codes[4] = {high, negated, number, tail};
+        int source = (rank - distance % size + size) % size, to = (rank + distance) % size, taken = 0;
+        MPI_Request *requests = r->requests;
+        memcpy(work, codes, CODES_BYTES);
+        error = MPI_Irecv(incoming, (int)capacity, MPI_BYTE, source, tag + round, comm, &requests[0]);
+        if (error == MPI_SUCCESS)
+            error = MPI_Isend(work, (int)(CODES_BYTES + head), MPI_BYTE, to, tag + round, comm, &requests[1]);
+        if (error == MPI_SUCCESS && tail)
+            error = MPI_Isend(work + CODES_BYTES + head, (int)tail, MPI_BYTE, to, tag + round + tail_offset, comm,
+                              &requests[2]);
+        int done = 0, tests = 0;
+        double give_up = seconds_now() + spin;
+        while (error == MPI_SUCCESS) {
+            if (!taken) {
+                int in = 0;
+                error = MPI_Test(&requests[0], &in, MPI_STATUS_IGNORE);
+                if (error == MPI_SUCCESS && in) {
+                    memcpy(codes, incoming, CODES_BYTES);
+                    if (codes[2] != number || codes[3] != tail)
+                        break;  /* another call's message, or another length's: the Python's */
+                    taken = 1;
+                    if (tail)
+                        error = MPI_Irecv(work + CODES_BYTES + held * nbytes + head, (int)tail, MPI_BYTE, source,
+                                          tag + round + tail_offset, comm, &requests[3]);
+                    continue;
+                }
+            } else {
+                error = MPI_Testall(3, requests + 1, &done, MPI_STATUSES_IGNORE);
+                if (error == MPI_SUCCESS && done)
+                    break;
+            }
+            if (seconds_now() > give_up)
+                break;
+            if (++tests > 64)
+                sched_yield();
+        }
+        r->taken = taken;
+        if (error != MPI_SUCCESS || !done) {
+            r->stopped = error != MPI_SUCCESS ? -2 : round;
+            break;
+        }
+        high = codes[0] > high ? codes[0] : high;
+        negated = codes[1] > negated ? codes[1] : negated;
+        memcpy(work + CODES_BYTES + held * nbytes, incoming + CODES_BYTES, (size_t)head);
+        held += count;
+    }
+    r->error = error;
+    r->high = r->stopped == -2 ? error : high;
+    r->negated = negated;
+}
+
+/* (round, high, negated, taken, the four requests as Fortran handles): exchange_rounds' result */
+static PyObject *rounds_result(const Rounds *r)
+{
+    return Py_BuildValue("iLLiiiii", r->stopped, r->high, r->negated, r->taken, (int)MPI_Request_c2f(r->requests[0]),
+                         (int)MPI_Request_c2f(r->requests[1]), (int)MPI_Request_c2f(r->requests[2]),
+                         (int)MPI_Request_c2f(r->requests[3]));
+}
+
+/* whether a run of the rounds over ``nbytes`` fits (0 with ValueError set where not) */
+static int rounds_fit(long long nbytes, int size, long long capacity)
+{
+    if (nbytes <= 0 || size < 1 || capacity > INT_MAX || capacity <= CODES_BYTES || (long long)size * nbytes > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "exchange_rounds: x is not nbytes long, or a message would pass INT_MAX");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
+{
+    unsigned long long comm_handle, work_address;
+    int tag, size, rank, tail_offset;
+    long long capacity, nbytes, high, negated, number;
+    double spin;
+    Py_buffer x;
+    if (!PyArg_ParseTuple(args, "KiiiKLy*LLLLdi", &comm_handle, &tag, &size, &rank, &work_address, &capacity, &x,
+                          &nbytes, &high, &negated, &number, &spin, &tail_offset))
+        return NULL;
+    if (x.len != nbytes || !rounds_fit(nbytes, size, capacity)) {
+        PyBuffer_Release(&x);
+        if (!PyErr_Occurred())
+            rounds_fit(0, 0, 0);
+        return NULL;
+    }
+    Rounds r = {.high = high, .negated = negated};
+    Py_BEGIN_ALLOW_THREADS
+    run_rounds((MPI_Comm)(uintptr_t)comm_handle, tag, size, rank, (char *)(uintptr_t)work_address, capacity, x.buf,
+               nbytes, number, spin, tail_offset, &r);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    return rounds_result(&r);
+}
+
 /* ---- ShortPath ----------------------------------------------------------------------------- */
 
 typedef struct {
@@ -296,6 +443,13 @@ typedef struct {
     PyObject *state;            /* vars(state) */
     PyObject *slots, *library;  /* what was bound: a call whose state holds others goes to Python */
     PyObject *dtype, *empty, *shape_tuple, *starts, *made, *compare, *failed, *then, *keep;
+    /* dissemination's rounds carrying the signature, in place of the slots and MPI_Allreduce (where
+     * ``rounds`` was bound: compiled.short_path): then a reduction in rank order (MPI_Reduce_local) */
+    PyObject *held, *rest, *mismatch;  /* [space, pieces, its address] (a new one after a call given up),
+                                        * the Python's rounds from a wait that lasts, a mismatch raised */
+    PyObject *variables;               /* dissemination's module's: _SPIN_SECONDS, read at each call */
+    int base, slot, size, rank, tail_offset;
+    long long calls_apart, capacity;
 } ShortPath;
 
 static int short_traverse(ShortPath *self, visitproc visit, void *arg)
@@ -303,6 +457,7 @@ static int short_traverse(ShortPath *self, visitproc visit, void *arg)
     Py_VISIT(self->state); Py_VISIT(self->slots); Py_VISIT(self->library); Py_VISIT(self->dtype);
     Py_VISIT(self->empty); Py_VISIT(self->shape_tuple); Py_VISIT(self->starts); Py_VISIT(self->made);
     Py_VISIT(self->compare); Py_VISIT(self->failed); Py_VISIT(self->then); Py_VISIT(self->keep);
+    Py_VISIT(self->held); Py_VISIT(self->rest); Py_VISIT(self->mismatch); Py_VISIT(self->variables);
     return 0;
 }
 
@@ -311,6 +466,7 @@ static int short_clear(ShortPath *self)
     Py_CLEAR(self->state); Py_CLEAR(self->slots); Py_CLEAR(self->library); Py_CLEAR(self->dtype);
     Py_CLEAR(self->empty); Py_CLEAR(self->shape_tuple); Py_CLEAR(self->starts); Py_CLEAR(self->made);
     Py_CLEAR(self->compare); Py_CLEAR(self->failed); Py_CLEAR(self->then); Py_CLEAR(self->keep);
+    Py_CLEAR(self->held); Py_CLEAR(self->rest); Py_CLEAR(self->mismatch); Py_CLEAR(self->variables);
     return 0;
 }
 
@@ -328,21 +484,29 @@ static Py_ssize_t address_of(PyObject *number)
 }
 
 /* ShortPath(comm, op, datatype, compares, code, vars(state), slots, library, mine, others, shape,
- *           strides, dtype, empty, starts, made, compare, failed, then, (kind, multiply, factor), keep)
- * handles and addresses as ints; ``mine``: this rank's slot's address (0: no slots), ``others``:
- * a tuple of its peers' */
+ *           strides, dtype, empty, starts, made, compare, failed, then, (kind, multiply, factor), keep
+ *           [, rounds]) handles and addresses as ints; ``mine``: this rank's slot's address (0: no
+ *           slots), ``others``: a tuple of its peers'; ``rounds``: (held, rest, mismatch, base, slot,
+ *           calls_apart, size, rank, capacity, variables, tail_offset), dissemination's, or None */
 static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     unsigned long long comm, op, datatype;
     int compares;
     long long code;
     PyObject *state, *slots, *library, *mine, *others, *shape, *strides, *dtype, *empty, *starts, *made;
-    PyObject *compare, *failed, *then, *keep;
+    PyObject *compare, *failed, *then, *keep, *rounds = Py_None, *held = NULL, *rest = NULL, *mismatch = NULL;
+    PyObject *variables = NULL;
     Division division;
-    if (!PyArg_ParseTuple(args, "KKKpLO!OOOO!O!O!OOO!O!OOO(iid)O", &comm, &op, &datatype, &compares, &code, &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "KKKpLO!OOOO!O!O!OOO!O!OOO(iid)O|O", &comm, &op, &datatype, &compares, &code, &PyDict_Type,
                           &state, &slots, &library, &mine, &PyTuple_Type, &others, &PyTuple_Type, &shape,
                           &PyTuple_Type, &strides, &dtype, &empty, &PyList_Type, &starts, &PyList_Type, &made, &compare, &failed,
-                          &then, &division.kind, &division.multiply, &division.factor, &keep))
+                          &then, &division.kind, &division.multiply, &division.factor, &keep, &rounds))
+        return NULL;
+    int base = 0, slot = 0, size = 0, rank = 0, tail_offset = 0;
+    long long calls_apart = 0, capacity = 0;
+    if (rounds != Py_None && !PyArg_ParseTuple(rounds, "O!OOiiLiiLO!i", &PyList_Type, &held, &rest, &mismatch, &base,
+                                               &slot, &calls_apart, &size, &rank, &capacity, &PyDict_Type, &variables,
+                                               &tail_offset))
         return NULL;
     Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
     if (ndim > MAX_DIMENSIONS || PyTuple_GET_SIZE(strides) != ndim) {
@@ -393,6 +557,16 @@ static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     Py_INCREF(failed); self->failed = failed;
     Py_INCREF(then); self->then = then;
     Py_INCREF(keep); self->keep = keep;
+    Py_XINCREF(held); self->held = held;
+    Py_XINCREF(rest); self->rest = rest;
+    Py_XINCREF(mismatch); self->mismatch = mismatch;
+    Py_XINCREF(variables); self->variables = variables;
+    self->base = base; self->slot = slot; self->calls_apart = calls_apart; self->size = size; self->rank = rank;
+    self->capacity = capacity; self->tail_offset = tail_offset;
+    if (held != NULL && (size < 2 || calls_apart < 1 || !rounds_fit(1, size, capacity))) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
@@ -469,6 +643,68 @@ static int view_of(ShortPath *self, PyObject *array, Py_buffer *view, int writab
     return 1;
 }
 
+/* dissemination's rounds carrying the signature (numbered first, as the Python path numbers a
+ * call whose algorithm talks on its tags), then the blocks reduced in rank order: rank 0's copied,
+ * each next one's reduced into it (MPI_Reduce_local: in (op) inout, the same IEEE sum as numpy's
+ * left to right, a + b being b + a), a mean divided. Py_None, or NULL with what ``failed`` raised */
+static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *recv)
+{
+    long long number = next_number(self->state);
+    if (number < 0)
+        return NULL;
+    PyObject *address = PyList_GET_SIZE(self->held) == 3 ? PyList_GET_ITEM(self->held, 2) : NULL;
+    char *work = address == NULL ? NULL : (char *)PyLong_AsVoidPtr(address);
+    if (work == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "ShortPath: no buffer bound for dissemination's rounds");
+        return NULL;
+    }
+    PyObject *spin_now = PyDict_GetItemWithError(self->variables, s_spin);
+    double spin = spin_now == NULL ? -1.0 : PyFloat_AsDouble(spin_now);
+    if (spin == -1.0 && (spin_now == NULL || PyErr_Occurred())) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "ShortPath: dissemination has no _SPIN_SECONDS");
+        return NULL;
+    }
+    long long nbytes = recv->len;
+    Rounds r = {.high = self->code, .negated = -self->code};
+    Py_BEGIN_ALLOW_THREADS
+    run_rounds(self->comm, (int)((number % self->calls_apart) * self->slot + self->base), self->size, self->rank,
+               work, self->capacity, x, nbytes, number, spin, self->tail_offset, &r);
+    Py_END_ALLOW_THREADS
+    long long high = r.high, negated = r.negated;
+    if (r.stopped != -1) {  /* (a wait that lasts, a message left to the Python, an MPI error: through a watch) */
+        PyObject *got = PyObject_CallFunction(self->rest, "LiLLiiiii", number, r.stopped, r.high, r.negated, r.taken,
+                                              (int)MPI_Request_c2f(r.requests[0]), (int)MPI_Request_c2f(r.requests[1]),
+                                              (int)MPI_Request_c2f(r.requests[2]), (int)MPI_Request_c2f(r.requests[3]));
+        int parsed = got != NULL && PyArg_ParseTuple(got, "LL", &high, &negated);
+        Py_XDECREF(got);
+        if (!parsed)
+            return failed_with(self->failed, MPI_SUCCESS, number);
+    }
+    if (high != -negated) {  /* (every rank has the same maxima: the same error everywhere) */
+        PyObject *raised = PyObject_CallFunction(self->mismatch, "LLL", number, high, negated);
+        if (raised != NULL) {
+            Py_DECREF(raised);
+            PyErr_SetString(PyExc_RuntimeError, "ShortPath: the signatures differ, and mismatch() did not raise");
+        }
+        return failed_with(self->failed, MPI_SUCCESS, number);
+    }
+    int code = MPI_SUCCESS;
+    char *blocks = work + CODES_BYTES;  /* (block j holds rank - j's input) */
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(recv->buf, blocks + (size_t)self->rank * (size_t)nbytes, (size_t)nbytes);
+    for (int s = 1; s < self->size && code == MPI_SUCCESS; s++)
+        code = MPI_Reduce_local(blocks + (size_t)((self->rank - s + self->size) % self->size) * (size_t)nbytes,
+                                recv->buf, self->count, self->datatype, self->op);
+    Py_END_ALLOW_THREADS
+    if (code != MPI_SUCCESS)
+        return failed_with(self->failed, code, number);
+    if (self->division.kind)
+        divide(&self->division, recv->buf, self->count);
+    Py_RETURN_NONE;
+}
+
 static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
@@ -520,6 +756,18 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
         goto python;
     long long number = 0;
     int code;
+    if (self->held != NULL && (recv.len <= 0 || (long long)self->size * recv.len > INT_MAX))
+        goto python;  /* (nothing to send, or more than a message holds: the Python's rounds) */
+    if (self->held != NULL) {  /* dissemination's rounds, carrying the signature */
+        PyObject *done = dissemination_run(self, in_place ? recv.buf : send.buf, &recv);
+        if (done == NULL)
+            goto fail;
+        Py_DECREF(done);
+        if (sending)
+            PyBuffer_Release(&send);
+        PyBuffer_Release(&recv);
+        return result;
+    }
     if (self->compares) {
         number = next_number(self->state);
         if (number < 0)
@@ -598,116 +846,6 @@ static PyTypeObject ShortPathType = {
     .tp_methods = short_methods,
 };
 
-/* ---- dissemination's rounds ------------------------------------------------------------------ */
-
-/* exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin,
- * tail_offset): the rounds of the dissemination algorithm (mpiallreduce/algorithms/dissemination.py,
- * which says what moves; this does what its Python does, message for message). ``work`` (an
- * address): the codes (CODES_BYTES: high, negated, the call's number, the tail's length), the
- * ``size`` blocks of ``nbytes``, then ``capacity`` bytes for a head (signature_messages.
- * SIGNATURE_MESSAGE_BYTES, what every receive on these tags posts); ``x`` is copied into block 0
- * first. Round k sends the codes and the first blocks held to rank + 2^k, on tag + k, those that do
- * not fit ``capacity`` in a tail on tag + k + tail_offset, and appends what comes from rank - 2^k
- * (its tail received into place once its head is in), keeping the codes' maxima. The GIL is
- * released; each wait tests its requests for ``spin`` seconds at most (yielding the core after the
- * first few tests). Returns (round, high, negated, taken, head's receive, head's send, tail's send,
- * tail's receive): round -1, every round done; round k >= 0, round k is the Python's (its requests
- * as Fortran handles, MPI.Request.f2py; ``taken``: the head is in and the tail's receive posted):
- * a wait that lasts (it waits through the call's PeerWatch), or a head of another call or of
- * another length (it drops it, its tail too, as the Python's rounds do); round -2, an MPI error
- * (high: its code; the Python waits for the requests through its PeerWatch, which raises what they
- * failed with, then raises the code). */
-#define CODES_BYTES 32
-
-static double seconds_now(void)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
-}
-
-static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
-{
-    unsigned long long comm_handle, work_address;
-    int tag, size, rank, tail_offset;
-    long long capacity, nbytes, high, negated, number;
-    double spin;
-    Py_buffer x;
-    if (!PyArg_ParseTuple(args, "KiiiKLy*LLLLdi", &comm_handle, &tag, &size, &rank, &work_address, &capacity, &x,
-                          &nbytes, &high, &negated, &number, &spin, &tail_offset))
-        return NULL;
-    if (x.len != nbytes || nbytes <= 0 || size < 1 || capacity > INT_MAX || capacity <= CODES_BYTES
-            || (long long)size * nbytes > INT_MAX) {
-        PyBuffer_Release(&x);
-        PyErr_SetString(PyExc_ValueError, "exchange_rounds: x is not nbytes long, or a message would pass INT_MAX");
-        return NULL;
-    }
-    MPI_Comm comm = (MPI_Comm)(uintptr_t)comm_handle;
-    char *work = (char *)(uintptr_t)work_address;
-    char *incoming = work + CODES_BYTES + (size_t)size * (size_t)nbytes;
-    /* the head's receive, the head's send, the tail's send, the tail's receive */
-    MPI_Request requests[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    int round = 0, stopped = -1, taken = 0, error = MPI_SUCCESS;
-    Py_BEGIN_ALLOW_THREADS
-    memcpy(work + CODES_BYTES, x.buf, (size_t)nbytes);
-    long long held = 1;
-    for (int distance = 1; distance < size; distance *= 2, round++) {
-        long long count = held < size - held ? held : size - held, total = count * nbytes;
-        long long head = total < capacity - CODES_BYTES ? total : capacity - CODES_BYTES, tail = total - head;
-        long long codes[4] = {high, negated, number, tail};
-        int source = (rank - distance % size + size) % size, to = (rank + distance) % size;
-        taken = 0;
-        memcpy(work, codes, CODES_BYTES);
-        error = MPI_Irecv(incoming, (int)capacity, MPI_BYTE, source, tag + round, comm, &requests[0]);
-        if (error == MPI_SUCCESS)
-            error = MPI_Isend(work, (int)(CODES_BYTES + head), MPI_BYTE, to, tag + round, comm, &requests[1]);
-        if (error == MPI_SUCCESS && tail)
-            error = MPI_Isend(work + CODES_BYTES + head, (int)tail, MPI_BYTE, to, tag + round + tail_offset, comm,
-                              &requests[2]);
-        int done = 0, tests = 0;
-        double give_up = seconds_now() + spin;
-        while (error == MPI_SUCCESS) {
-            if (!taken) {
-                int in = 0;
-                error = MPI_Test(&requests[0], &in, MPI_STATUS_IGNORE);
-                if (error == MPI_SUCCESS && in) {
-                    memcpy(codes, incoming, CODES_BYTES);
-                    if (codes[2] != number || codes[3] != tail)
-                        break;  /* another call's message, or another length's: the Python's */
-                    taken = 1;
-                    if (tail)
-                        error = MPI_Irecv(work + CODES_BYTES + held * nbytes + head, (int)tail, MPI_BYTE, source,
-                                          tag + round + tail_offset, comm, &requests[3]);
-                    continue;
-                }
-            } else {
-                error = MPI_Testall(3, requests + 1, &done, MPI_STATUSES_IGNORE);
-                if (error == MPI_SUCCESS && done)
-                    break;
-            }
-            if (seconds_now() > give_up)
-                break;
-            if (++tests > 64)
-                sched_yield();
-        }
-        if (error != MPI_SUCCESS || !done) {
-            stopped = error != MPI_SUCCESS ? -2 : round;
-            break;
-        }
-        high = codes[0] > high ? codes[0] : high;
-        negated = codes[1] > negated ? codes[1] : negated;
-        memcpy(work + CODES_BYTES + held * nbytes, incoming + CODES_BYTES, (size_t)head);
-        held += count;
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&x);
-    if (stopped == -2)
-        high = error;
-    return Py_BuildValue("iLLiiiii", stopped, high, negated, taken, (int)MPI_Request_c2f(requests[0]),
-                         (int)MPI_Request_c2f(requests[1]), (int)MPI_Request_c2f(requests[2]),
-                         (int)MPI_Request_c2f(requests[3]));
-}
-
 static PyMethodDef module_methods[] = {
     {"exchange_rounds", exchange_rounds, METH_VARARGS,
      "exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin, tail_offset): "
@@ -727,7 +865,7 @@ PyMODINIT_FUNC PyInit__compiled(void)
         || !(s_sequence = PyUnicode_InternFromString("sequence")) || !(s_call = PyUnicode_InternFromString("_call"))
         || !(s_slots = PyUnicode_InternFromString("signature_slots"))
         || !(s_library = PyUnicode_InternFromString("library")) || !(s_dtype = PyUnicode_InternFromString("dtype"))
-        || !(s_nbytes = PyUnicode_InternFromString("nbytes")))
+        || !(s_nbytes = PyUnicode_InternFromString("nbytes")) || !(s_spin = PyUnicode_InternFromString("_SPIN_SECONDS")))
         return NULL;
     if (PyType_Ready(&PreparedBaseType) < 0 || PyType_Ready(&ShortPathType) < 0)
         return NULL;

@@ -8,7 +8,9 @@
                 recorder is on:
                 - a prepared call on a persistent request (Prepared's __call__, prepared.py)
                 - the short path of a repeated plain call of MPI's own allreduce on numpy arrays
-                  (``short_path``: Execution.short, executor.py)
+                  (``short_path``: Execution.short, executor.py), or of dissemination where its
+                  rounds carry the call's signature: a sum or a mean, the blocks reduced in rank
+                  order by MPI_Reduce_local
                 - the rounds of dissemination, where a plain call's plan carries its signature in
                   them (``exchange_rounds``: mpiallreduce.algorithms.dissemination)
 
@@ -22,7 +24,7 @@ from mpi4py import MPI
 
 from ..faults.watch import PeerWatch
 from . import symmetric
-from .consistency import codes_agree, compare
+from .consistency import CarriedSignature, codes_agree, compare
 from .failures import raise_failed
 from .ops import host_division
 from .settings import settings
@@ -81,25 +83,54 @@ def division_of(execution, result=None):
 
 def short_path(execution):
     """``run(x, out)``, the compiled short path of ``execution`` (Execution._short_path's, for
-    MPI's own allreduce on numpy arrays: the result, or None for the general path); None where
-    it does not apply or is not used."""
+    MPI's own allreduce on numpy arrays, or dissemination's rounds where they carry the signature:
+    the result, or None for the general path); None where it does not apply or is not used."""
     state, shape = execution.state, execution.shape
-    if not (used() and execution.raw and execution.direct and state.recorder is None and state.library is not None
-            and len(shape) <= _compiled.MAX_DIMENSIONS and int(np.prod(shape, dtype=np.int64)) <= _MAX_COUNT):
+    rounds = _rounds_of(execution)
+    if not (used() and execution.raw and (execution.direct or rounds is not None) and state.recorder is None
+            and state.library is not None and len(shape) <= _compiled.MAX_DIMENSIONS
+            and int(np.prod(shape, dtype=np.int64)) <= _MAX_COUNT):
         return None
     slots = state.signature_slots
     mine, others = (0, ()) if slots is None else (_address(slots.mine), tuple(_address(s) for s in slots.others))
     code, describe = execution.code, execution.describe
+    watching = []  # (the watch of rounds the Python took over, while they run: told if this rank leaves them)
 
     def compared(sequence, published):  # (the slots did not agree at once: wait, compare, raise)
         compare(state, code, describe, lambda: PeerWatch(state, sequence, None, "signature"), sequence,
                 published=published)
 
     def failed(error, sequence):
-        raise_failed(MPI.Exception(error) if isinstance(error, int) else error, state, sequence, None)
+        raise_failed(MPI.Exception(error) if isinstance(error, int) else error, state, sequence,
+                     watching.pop() if watching else None)
 
+    if rounds is not None:
+        held, resume, *bound = rounds
+
+        def rest(sequence, stopped, high, negated, taken, *handles):
+            watching[:] = [PeerWatch(state, sequence, None, execution.plan.name)]
+            maxima = resume(sequence, watching[0], stopped, high, negated, taken, handles)
+            watching.clear()
+            return maxima
+
+        def mismatch(sequence, high, negated):
+            CarriedSignature(execution, sequence).settle(high, negated)
+        rounds = (held, rest, mismatch, *bound)
+    mpi_op = execution.mpi_op if rounds is None else execution.op.mpi_op(execution.dtype)
     return _compiled.ShortPath(
-        state.library.handle, execution.mpi_op.handle, execution.datatype.handle, execution.compares_first,
+        state.library.handle, mpi_op.handle, execution.datatype.handle, execution.compares_first,
         code, vars(state), slots, state.library, mine, others, execution.shape, execution.strides, execution.dtype,
-        np.empty, symmetric._STARTS, symmetric._MADE, compared, failed, execution.divide if execution.divides else None,
-        division_of(execution), None).run
+        np.empty, symmetric._STARTS, symmetric._MADE, compared, failed,
+        execution.divide if execution.divides and rounds is None else None, division_of(execution), None, rounds).run
+
+
+def _rounds_of(execution):
+    """What dissemination bound for its compiled rounds (Algorithm.bind_runs), where the short path
+    can run them itself: a sum or a mean (divided in C) of float32, float64, int32 or int64, whose
+    rank-order reduction MPI_Reduce_local does with numpy's bits; else None."""
+    rounds = getattr(execution.runs, "compiled", None)
+    if rounds is None or execution.dtype.str[1:] not in ("f4", "f8", "i4", "i8") or not execution.dtype.isnative:
+        return None
+    if execution.op.name == "sum" or (execution.op.name == "mean" and division_of(execution)[0]):
+        return rounds
+    return None

@@ -196,6 +196,32 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_dissemination_carrying_the_check_reduces_in_rank_order_bit_for_bit(compared_by_messages, dtype):
+    """The compiled short path runs the rounds and reduces the blocks itself (MPI_Reduce_local):
+    sums and means of values whose float sum depends on the order must have the bits of numpy's
+    left-to-right sum over the ranks' inputs, in place and out of place, on every rank."""
+    from functools import reduce
+    comm = compared_by_messages
+    rank = comm.Get_rank()
+    x = (np.random.default_rng(rank).standard_normal(777) * 10 ** rank).astype(dtype)
+    inputs = comm.allgather(x)
+    for op in ("sum", "mean"):
+        if op == "mean" and dtype == "int64":
+            continue
+        assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm, op=op)
+        want = reduce(np.add, inputs[1:], inputs[0].copy())
+        if op == "mean":
+            want = (want / np.array(comm.Get_size(), dtype)).astype(dtype)
+        for _ in range(3):  # (the short path binds at the first call)
+            got = mar.allreduce(x, comm=comm, op=op)
+            assert got.tobytes() == want.tobytes(), (op, dtype)
+        y = x.copy()
+        assert mar.allreduce(y, comm=comm, op=op, out=y) is y and y.tobytes() == want.tobytes(), (op, dtype)
+        assert x.tobytes() == inputs[rank].tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_dissemination_in_messages_widens_float16_and_leaves_a_reproducible_sums_words_uncarried(compared_by_messages):
     """Only an ordinary route carries the check: float16 still sums in float32 (rounded once), and a
     reproducible sum's words (8 bytes per float) compare first, never past the messages' limit."""
