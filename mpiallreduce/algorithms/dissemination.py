@@ -95,7 +95,8 @@ class DisseminationAllreduce(Algorithm):
         nbytes, size, rank = count * execution.dtype.itemsize, state.size, state.rank
         plan = self.plan(size, rank, count)
         if (not execution.carried or exchange_rounds is None or not used() or not execution.raw
-                or execution.plan.route != "plain" or execution.plan.accumulate is not None):  # (widened, words: the executor's routes)
+                or execution.plan.route != "plain" or execution.plan.accumulate is not None  # (widened, words: the executor's routes)
+                or size * nbytes >= 2 ** 31 - SIGNATURE_MESSAGE_BYTES):  # (what one C int counts: the Python's)
             return None
         handle, code, op = state.library.handle, execution.code, execution.op
 
@@ -134,12 +135,13 @@ class DisseminationAllreduce(Algorithm):
                 high, negated = resume(sequence, watch, stopped, high, negated, taken, handles)
             signature.sequence = sequence
             signature.settle(high, negated)  # (raises on every rank where any rank's call differs)
-            reduce_in_rank_order_into(op, pieces, recv)  # (float errors masked by the executor)
-        #: what the compiled short path binds to run the same rounds itself (core.compiled.short_path):
-        #: its buffer (held[2]: the address), ``resume``, the tags, the capacity, this module's
-        #: variables (_SPIN_SECONDS, read at each call) and the tails' offset
-        run.compiled = (held, resume, base, slot, calls_apart, size, rank, SIGNATURE_MESSAGE_BYTES, globals(),
-                        TAIL_OFFSET)
+            reduce_in_order(op, pieces, recv)  # (float errors masked by the executor)
+        if by_mpi(op, execution.dtype):
+            #: what the compiled short path binds to run the same call itself (core.compiled.short_path):
+            #: its buffer (held[2]: the address), ``resume``, the tags, the capacity, this module's
+            #: variables (_SPIN_SECONDS, read at each call) and the tails' offset
+            run.compiled = (held, resume, base, slot, calls_apart, size, rank, SIGNATURE_MESSAGE_BYTES, globals(),
+                            TAIL_OFFSET)
         return run
 
 
@@ -158,8 +160,8 @@ def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0
     incoming = work[HEADER + plan.size * nbytes:]
     for step in range(first, len(plan.rounds)):
         to, source, count, _ = plan.rounds[step]
-        head, tail = split(count * nbytes)
-        _CODES.pack_into(work, 0, high, negated, sequence or 0, tail)
+        head, tail = split(count * nbytes)  # (uncompared: the number's field says the blocks' length)
+        _CODES.pack_into(work, 0, high, negated, count * nbytes if sequence is None else sequence, tail)
         requests = [tags.Irecv([incoming, MPI.BYTE], source, tag + step),
                     tags.Isend([work[:HEADER + head], MPI.BYTE], to, tag + step)]
         if tail:
@@ -187,19 +189,21 @@ def finish_round(plan, tags, space, nbytes, step, high, negated, tag, sequence, 
     if not taken:
         if sequence is None:
             wait_all(tags, requests[:1])
-            theirs = _CODES.unpack_from(incoming)[3]
+            _, _, length, theirs = _CODES.unpack_from(incoming)
         else:
-            theirs = take_round(tags, tags.watch, incoming, source, tag + step, sequence, requests[:1])
-        if theirs == tail and tail:
+            theirs, length = take_round(tags, tags.watch, incoming, source, tag + step, sequence, requests[:1]), count * nbytes
+        if theirs == tail and tail and length == count * nbytes:
             requests.append(tags.Irecv([work[HEADER + at * nbytes + head:HEADER + (at + count) * nbytes], MPI.BYTE],
                                        source, tag + step + TAIL_OFFSET))
-        elif theirs != tail:  # (a rank whose call differs: the codes say so; unchecked, MPI's truncation would)
+        elif theirs != tail or length != count * nbytes:  # (a rank whose call differs: the codes say so)
             if theirs:
-                drop_tail(tags, tags.watch if sequence is not None else _Waits, source, tag + step, theirs)
-            if sequence is None:
+                drop_tail(tags, getattr(tags, "watch", None) or _Waits, source, tag + step, theirs)
+            if sequence is None:  # (uncompared: the lengths say so, on each rank that receives another length)
                 wait_all(tags, requests[1:])
-                raise ValueError(f"dissemination: a message of {theirs} bytes after its head where {tail} were "
-                                 f"expected: the ranks' calls differ (their signatures are not compared)")
+                raise ValueError(f"rank {tags.Get_rank()}: dissemination received {length} bytes of blocks from rank "
+                                 f"{source} where this call sends {count * nbytes}: the ranks' calls differ in size "
+                                 f"(their signatures are not compared: a prepared call, or below "
+                                 f"MPIALLREDUCE_SIGNATURE_MIN_BYTES)")
     wait_all(tags, requests[1:])
     their_high, their_negated, _, _ = _CODES.unpack_from(incoming)
     work[HEADER + at * nbytes:HEADER + at * nbytes + head] = incoming[HEADER:HEADER + head]
@@ -230,7 +234,28 @@ def reduce_blocks(op, space, size, rank, recv):
     if size == 1:
         copy_into(recv, blocks[0])
     else:
-        reduce_in_rank_order_into(op, [blocks[(rank - s) % size] for s in range(size)], recv)
+        reduce_in_order(op, [blocks[(rank - s) % size] for s in range(size)], recv)
+
+
+def by_mpi(op, dtype):
+    """Whether dissemination reduces ``op`` over ``dtype`` by MPI_Reduce_local (a sum, or a mean's
+    sum, of native float32, float64, int32 or int64), on every path: the compiled short path's
+    reduction, done alike in Python; else by the op's own numpy (reduce_in_rank_order_into)."""
+    return op.name in ("sum", "mean") and dtype.isnative and dtype.str[1:] in ("f4", "f8", "i4", "i8")
+
+
+def reduce_in_order(op, pieces, recv):
+    """recv = ``pieces`` reduced left to right: rank 0's copied, each next one reduced into it by
+    MPI_Reduce_local (in (op) inout: a + b is b + a, the same bits as numpy's left to right) where
+    ``by_mpi``, as the compiled short path does; the same NaN payloads whichever path a rank takes
+    (numpy's loops keep one operand's, MPI's the other's). Else the op's own, in numpy."""
+    if not by_mpi(op, recv.dtype):
+        reduce_in_rank_order_into(op, pieces, recv)
+        return
+    copy_into(recv, pieces[0])
+    mpi_op = op.mpi_op(recv.dtype)
+    for piece in pieces[1:]:
+        mpi_op.Reduce_local(piece, recv)
 
 
 ALGORITHM = DisseminationAllreduce()

@@ -564,6 +564,8 @@ static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->base = base; self->slot = slot; self->calls_apart = calls_apart; self->size = size; self->rank = rank;
     self->capacity = capacity; self->tail_offset = tail_offset;
     if (held != NULL && (size < 2 || calls_apart < 1 || !rounds_fit(1, size, capacity))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "ShortPath: dissemination's rounds need 2 ranks or more, and a slot of tags");
         Py_DECREF(self);
         return NULL;
     }
@@ -646,12 +648,10 @@ static int view_of(ShortPath *self, PyObject *array, Py_buffer *view, int writab
 /* dissemination's rounds carrying the signature (numbered first, as the Python path numbers a
  * call whose algorithm talks on its tags), then the blocks reduced in rank order: rank 0's copied,
  * each next one's reduced into it (MPI_Reduce_local: in (op) inout, the same IEEE sum as numpy's
- * left to right, a + b being b + a), a mean divided. Py_None, or NULL with what ``failed`` raised */
+ * left to right, a + b being b + a; dissemination.reduce_in_order does the same on the Python
+ * path, so NaN payloads agree too), a mean divided. Py_None, or NULL with what ``failed`` raised */
 static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *recv)
 {
-    long long number = next_number(self->state);
-    if (number < 0)
-        return NULL;
     PyObject *address = PyList_GET_SIZE(self->held) == 3 ? PyList_GET_ITEM(self->held, 2) : NULL;
     char *work = address == NULL ? NULL : (char *)PyLong_AsVoidPtr(address);
     if (work == NULL) {
@@ -666,6 +666,9 @@ static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *re
             PyErr_SetString(PyExc_AttributeError, "ShortPath: dissemination has no _SPIN_SECONDS");
         return NULL;
     }
+    long long number = next_number(self->state);  /* (what could fail on one rank alone is behind) */
+    if (number < 0)
+        return NULL;
     long long nbytes = recv->len;
     Rounds r = {.high = self->code, .negated = -self->code};
     Py_BEGIN_ALLOW_THREADS

@@ -125,12 +125,10 @@ def short_path(execution):
 
 
 def _rounds_of(execution):
-    """What dissemination bound for its compiled rounds (Algorithm.bind_runs), where the short path
-    can run them itself: a sum or a mean (divided in C) of float32, float64, int32 or int64, whose
-    rank-order reduction MPI_Reduce_local does with numpy's bits; else None."""
+    """What dissemination bound for the short path to run its calls itself (``run.compiled``:
+    Algorithm.bind_runs, for the sums it reduces by MPI_Reduce_local on every path), where a mean's
+    division is done in C too; else None."""
     rounds = getattr(execution.runs, "compiled", None)
-    if rounds is None or execution.dtype.str[1:] not in ("f4", "f8", "i4", "i8") or not execution.dtype.isnative:
+    if rounds is None or (execution.divides and not division_of(execution)[0]):
         return None
-    if execution.op.name == "sum" or (execution.op.name == "mean" and division_of(execution)[0]):
-        return rounds
-    return None
+    return rounds

@@ -38,7 +38,7 @@ Rules, in order:
   (they are exact, and numpy's float16 loops break ties unlike its float32 ones);
 - every call on more than one rank compares its signature (shape, dtype, op, algorithm, route)
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
-  in the communicator's shared slots on one node (a few loads and stores), else in 16-byte
+  in the communicator's shared slots on one node (a few loads and stores), else in 32-byte
   messages; shared_memory carries it in place of its first barrier, dissemination in its messages
   (``auto``'s choice where a plain call's goes in messages, where tuning.dissemination_pays says);
   a prepared call is compared once, when made (``signature="agreed once"``);

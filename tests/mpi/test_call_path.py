@@ -242,14 +242,17 @@ def test_one_rank_failing_midway_ends_the_call_on_every_rank_at_once(monkeypatch
         assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want)  # first use
         if size == 1:
             return
-        op_type = type(mar.OPS["sum"])
+        # (the op's reduction; dissemination reduces a sum by MPI_Reduce_local, in reduce_in_order)
+        from mpiallreduce.algorithms import dissemination
+        owner, name = (dissemination, "reduce_in_order") if algorithm == "dissemination" else (
+            type(mar.OPS["sum"]), "reduce_local")
         if rank == failing:
-            original = op_type.reduce_local
+            original = getattr(owner, name)
 
-            def fail_once(self, a, b, out):
-                monkeypatch.setattr(op_type, "reduce_local", original)
+            def fail_once(*args, **kwargs):
+                monkeypatch.setattr(owner, name, original)
                 raise MemoryError("injected failure in the middle of the algorithm")
-            monkeypatch.setattr(op_type, "reduce_local", fail_once)
+            monkeypatch.setattr(owner, name, fail_once)
         started = time.monotonic()
         outcome = None
         try:

@@ -222,6 +222,56 @@ def test_dissemination_carrying_the_check_reduces_in_rank_order_bit_for_bit(comp
 
 
 @pytest.mark.mpi(min_size=2)
+def test_dissemination_has_one_reduction_on_every_path_nan_payloads_included(compared_by_messages, monkeypatch):
+    """The compiled short path reduces by MPI_Reduce_local; the Python path (a timed call, or the
+    compiled paths off) must give the same bits, even where both operands are NaNs of different
+    payloads (numpy's loops keep one operand's, MPI's the other's)."""
+    comm = compared_by_messages
+    rank = comm.Get_rank()
+    payloads = np.array([0x7FC00001 + rank, 0x7FC00100 + 3 * rank], dtype=np.uint32)
+    x = np.tile(payloads.view(np.float32), 500)  # (1000 elements: SIMD loops and their remainders)
+    assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm)
+    compiled = [mar.allreduce(x, comm=comm).view(np.uint32) for _ in range(3)]
+    timed = mar.allreduce(x, comm=comm, timeout=60).view(np.uint32)  # (the Python rounds and reduction)
+    for got in compiled[1:] + [timed]:
+        assert got.tobytes() == compiled[0].tobytes()
+    assert len(set(comm.allgather(compiled[0].tobytes()))) == 1
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dissemination_calls_not_compared_that_differ_in_size_raise(compared_by_messages):
+    """Calls not compared (below MPIALLREDUCE_SIGNATURE_MIN_BYTES, here set on this communicator)
+    that differ in size: an error on every rank, never values: a ValueError where a rank receives
+    another length, AllreduceAborted where a peer's notice came first; with a head alone and with
+    tails. A matching call then gives numpy's sum."""
+    import dataclasses
+
+    from mpiallreduce.core.state import state_of
+    comm = compared_by_messages
+    rank, size = comm.Get_rank(), comm.Get_size()
+    state = state_of(comm)
+    facts = state.facts
+    state.facts = dataclasses.replace(facts, signature_min_bytes=1 << 40)
+    try:
+        for mine, theirs in ((100, 200), (200, 100), (3000, 4000)):
+            count = theirs if rank == size - 1 else mine
+            x = exact_input("float64", count, rank, "sum")
+            assert "signature: none" in mar.describe_call(x, comm=comm, algorithm="dissemination")
+            try:
+                mar.allreduce(x, comm=comm, algorithm="dissemination")
+                raised = ""
+            except (ValueError, mar.AllreduceAborted) as error:  # (a peer that raised left the call: it says so)
+                raised = str(error)
+            told = comm.allgather(raised)  # (a rank that receives another length says so, unless a
+            assert all(told) and any("differ in size" in t for t in told), told  # peer's notice came first)
+            y = exact_input("float64", 100, rank, "sum")
+            assert values_equal(mar.allreduce(y, comm=comm, algorithm="dissemination"),
+                                numpy_reference("sum", gather_inputs(comm, y)))
+    finally:
+        state.facts = facts
+
+
+@pytest.mark.mpi(min_size=2)
 def test_dissemination_in_messages_widens_float16_and_leaves_a_reproducible_sums_words_uncarried(compared_by_messages):
     """Only an ordinary route carries the check: float16 still sums in float32 (rounded once), and a
     reproducible sum's words (8 bytes per float) compare first, never past the messages' limit."""
