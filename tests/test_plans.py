@@ -555,9 +555,12 @@ def test_dissemination_plan_gives_every_rank_every_input_once_in_the_signature_c
     largest = max((count for _, _, count, _ in plans[0].rounds), default=0)
     assert plans[0].largest_message(10) == 32 + 10 * largest  # (the codes: the signature's, and the call's number)
     from mpiallreduce.algorithms.dissemination import split
-    for nbytes in (0, 8, (16 << 10) - 32, (16 << 10) - 31, 10 * largest * 4096 + 3):  # (head: at most 16 KiB in all)
-        head, tail = split(nbytes)
-        assert head + tail == nbytes and 32 + head <= 16 << 10 and (tail == 0 or 32 + head == 16 << 10)
+    from mpiallreduce.core.signature_messages import SIGNATURE_MESSAGE_BYTES as HEAD
+    for nbytes in (0, 8, HEAD - 32, HEAD - 31, 2 * HEAD - 65, 2 * HEAD - 64, 10 * largest * 4096 + 3):
+        head, tail = split(nbytes)  # (one head; past it, halves while they fit, else a full head)
+        assert head + tail == nbytes and 32 + head <= HEAD, nbytes
+        assert tail == 0 or head == min(HEAD - 32, (nbytes + 1) // 2), (nbytes, head, tail)
+        assert (tail == 0) == (nbytes <= HEAD - 32), nbytes
     assert REGISTRY["dissemination"].can_carry(p, 1 << 20)  # (what does not fit a head goes in its tail)
 
 
@@ -576,7 +579,7 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     three = CallFacts(size=3, spans_nodes=True, node_count=3, compiled=True)
     assert plan_call(three, False, f32, 4096, "sum", "auto").name == "dissemination"
     assert plan_call(three, False, f32, DISSEMINATION_UP_TO + 4, "sum", "auto").name != "dissemination"
-    # on 2 ranks one exchange of the whole buffer, its tail past 16 KiB: whatever the table says, up to a size
+    # on 2 ranks one exchange of the whole buffer, with a tail past one head: whatever the table says, up to a size
     for nbytes in (DISSEMINATION_UP_TO + 4, 40000, DISSEMINATION_TWO_RANKS_UP_TO):
         assert plan_call(nodes, False, f32, nbytes, "sum", "auto").signature == "carried by dissemination", nbytes
         assert plan_call(nodes, False, f32, nbytes, "sum", "auto", once=True).name != "dissemination"
@@ -587,7 +590,7 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
         "32-byte messages")  # (not compiled everywhere: the Python rounds lose to the check and MPI's own)
     assert plan_call(CallFacts(size=2, shared_slots=True, compiled=True), False, f32, 4, "sum", "auto").signature == (
         "shared slots")
-    wide = CallFacts(size=64, spans_nodes=True, node_count=2, compiled=True)  # (32 blocks: 32 + 32 * 1024 > 16 KiB)
-    assert plan_call(wide, False, f32, 1024, "sum", "auto").name != "dissemination"
+    wide = CallFacts(size=64, spans_nodes=True, node_count=2, compiled=True)  # (32 blocks: 32 + 32 * 4096 > 60 KiB)
+    assert plan_call(wide, False, f32, 4096, "sum", "auto").name != "dissemination"
     asked = plan_call(wide, False, f32, 1024, "sum", "dissemination")
     assert asked.name == "dissemination" and asked.signature == "carried by dissemination"  # (tails: any length)

@@ -22,8 +22,9 @@ blocks, or the codes alone; a message of a call given up calls_apart calls ago, 
 tags, is dropped by its number). The result is written only after the last round, once the codes
 agree.
 
-    round k:   head: codes + the first blocks (<= 16 KiB)   tag + k         posted ahead
+    round k:   head: codes + the first blocks (<= 60 KiB)   tag + k         posted ahead
                tail: the rest of the blocks, if any         tag + k + 256   posted once the head is in
+               (past one head, the blocks go half in each while a half fits: both eager on TCP)
 """
 from dataclasses import dataclass
 from typing import Tuple
@@ -173,7 +174,8 @@ def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0
 
 def split(nbytes):
     """(head, tail): how many of a message's ``nbytes`` of blocks go behind its codes, and in its tail."""
-    head = min(nbytes, SIGNATURE_MESSAGE_BYTES - HEADER)
+    room = SIGNATURE_MESSAGE_BYTES - HEADER
+    head = nbytes if nbytes <= room else min(room, (nbytes + 1) // 2)  # (past one head, halves while they fit)
     return head, nbytes - head
 
 

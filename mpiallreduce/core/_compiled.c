@@ -332,7 +332,8 @@ static void run_rounds(MPI_Comm comm, int tag, int size, int rank, char *work, l
     long long held = 1;
     for (int distance = 1; distance < size; distance *= 2, round++) {
         long long count = held < size - held ? held : size - held, total = count * nbytes;
-        long long head = total < capacity - CODES_BYTES ? total : capacity - CODES_BYTES, tail = total - head;
+        long long room = capacity - CODES_BYTES, half = (total + 1) / 2;
+        long long head = total <= room ? total : (half < room ? half : room), tail = total - head;
         long long codes[4] = {high, negated, number, tail};
         int source = (rank - distance % size + size) % size, to = (rank + distance) % size, taken = 0;
         MPI_Request *requests = r->requests;

@@ -13,8 +13,10 @@ sends its blocks behind the same codes in the same rounds, so the two pair with 
     a message whose number is another call's (one given up CallTags.calls_apart calls ago):
                      dropped with its tail, and the receive posted again (take_round)
 
-A tail's receive is posted once its head is in (eager: at most 16 KiB on TCP): a tail above the
-eager limit waits for it in a rendezvous, which costs its round trip anyway.
+A tail's receive is posted once its head is in (60 KiB at most: eager on TCP, whose limit is 64
+KiB with Open MPI's header); a tail above the eager limit waits for it in a rendezvous, which
+costs its round trip anyway. A call whose blocks pass one head splits them in halves while those
+fit (dissemination.split): two eager messages up to 120 KiB, and no rendezvous.
 """
 import struct
 
@@ -85,11 +87,13 @@ def drop_tail(comm, watch, source, tag, nbytes):
 #: the length of the message's tail), 32 bytes (the blocks behind them aligned): native order, as
 #: the compiled rounds write them
 CODES = _CODES = struct.Struct("=qqqq")
-#: the longest message on a call's signature tags, and what every receive there posts: the codes'
-#: 32 bytes, or dissemination's blocks behind them; what does not fit goes in the message's tail. A
-#: longer message would be truncated, and Open MPI 5 crashed the receiving process on a message
-#: truncated past its eager limit (seen here: docs/benchmarks.md).
-SIGNATURE_MESSAGE_BYTES = 16 << 10
+#: the longest message (head) on a call's signature tags, and what every receive there posts: the
+#: codes' 32 bytes, or dissemination's blocks behind them; what does not fit goes in the message's
+#: tail. A longer message would be truncated, and Open MPI 5 crashed the receiving process on a
+#: message truncated past its eager limit (seen here: docs/benchmarks.md). 60 KiB: under Open
+#: MPI's TCP eager limit; 2 emulated nodes, plain calls of 16 to 48 KiB 1.18x to 1.59x raw
+#: MPI_Allreduce's speed with it, 0.91x to 1.02x with 16 KiB (benchmarks/plain_across_nodes.py)
+SIGNATURE_MESSAGE_BYTES = 60 << 10
 #: a message's tail goes on its tag + this, in the call's slot (CallTags: the signature's tags from
 #: 512, a round each; the tails' from 768)
 TAIL_OFFSET = 256

@@ -179,8 +179,8 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
     out = np.full_like(x, -1.0)
     assert mar.allreduce(x, comm=comm, out=out) is out and values_equal(out, expected)
     assert values_equal(mar.allreduce(x, op="mean", comm=comm), numpy_reference("mean", gather_inputs(comm, x)))
-    # past 16 KiB a message's blocks go on in its tail (auto's choice on 2 ranks; asked for here at
-    # every rank count): tails of other lengths, a tail against none, another dtype's, each way
+    # past one head (60 KiB) a message's blocks go on in its tail (auto's choice on 2 ranks; asked
+    # for here at every rank count): tails of other lengths, a tail against none, another dtype's, each way
     big = exact_input("float64", 9000, rank, "sum")
     expected = numpy_reference("sum", gather_inputs(comm, big))
     assert "signature: carried by dissemination" in mar.describe_call(big, comm=comm, algorithm="dissemination")
@@ -294,7 +294,7 @@ def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(comp
     calls later the same tags meet those messages, which carry the old call's number: dropped, and
     their tails with them. 8000 bytes: past shared memory's eager limit, where a send left behind
     reads its buffer when matched, so that buffer is never written again; 160000: the blocks past
-    16 KiB in each message's tail, a rendezvous that ends only when the tail is received."""
+    one head in each message's tail, past 64 KiB a rendezvous that ends only when the tail is received."""
     from mpiallreduce.algorithms.base import CallTags
     comm = compared_by_messages
     size, rank = comm.Get_size(), comm.Get_rank()

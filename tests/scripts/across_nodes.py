@@ -33,7 +33,7 @@ rank = comm.Get_rank()
 node = MPI.Get_processor_name()
 for name in list(mar.HOST_ALGORITHMS) + ["auto"]:
     outcome = "ok"
-    for count in (1, comm.Get_size() + 1, 1009, 2045, (1 << 16) + 3, (1 << 20) + 3):
+    for count in (1, comm.Get_size() + 1, 1009, 7677, (1 << 16) + 3, (1 << 20) + 3):
         x = exact_input("float64", count, rank, "sum")
         want = numpy_reference("sum", gather_inputs(comm, x))
         try:
@@ -88,10 +88,10 @@ for count in (1, 1009, (1 << 16) + 3, (1 << 20) + 3):
 print(f"rank {rank} node {node} device-auto {outcome}", flush=True)
 
 outcome = "ok"  # calls that differ in size: a ValueError on every rank, never values (auto: dissemination
-# carrying the check on both, then against MPI's own; on 2 ranks with tails past 16 KiB, of other lengths
-# or against none, one way and the other)
-for name, mine, other in [("auto", 100, 101), ("auto", 100, 5000), ("auto", 100, 70001), ("auto", 70001, 100),
-                          ("auto", 9000, 8000), ("auto", 2045, 2044)] + [
+# carrying the check on both, then against MPI's own; on 2 ranks with tails past one head, of other
+# lengths or against none, one way and the other)
+for name, mine, other in [("auto", 100, 101), ("auto", 100, 5000), ("auto", 100, 15001), ("auto", 15001, 100),
+                          ("auto", 15000, 13000), ("auto", 7677, 7676)] + [
         (a, 100, 101) for a in mar.HOST_ALGORITHMS if not REGISTRY[a].needs_one_node and not REGISTRY[a].needs_equal_nodes]:
     try:
         mar.allreduce(exact_input("float64", mine if rank == 0 else other, rank, "sum"), algorithm=name)
