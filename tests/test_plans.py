@@ -590,7 +590,7 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
         "32-byte messages")  # (not compiled everywhere: the Python rounds lose to the check and MPI's own)
     assert plan_call(CallFacts(size=2, shared_slots=True, compiled=True), False, f32, 4, "sum", "auto").signature == (
         "shared slots")
-    wide = CallFacts(size=64, spans_nodes=True, node_count=2, compiled=True)  # (32 blocks: 32 + 32 * 4096 > 60 KiB)
-    assert plan_call(wide, False, f32, 4096, "sum", "auto").name != "dissemination"
+    wide = CallFacts(size=64, spans_nodes=True, node_count=2, compiled=True)  # (32 blocks: 32 + 32 * 1024 > 16 KiB)
+    assert plan_call(wide, False, f32, 1024, "sum", "auto").name != "dissemination"
     asked = plan_call(wide, False, f32, 1024, "sum", "dissemination")
     assert asked.name == "dissemination" and asked.signature == "carried by dissemination"  # (tails: any length)

@@ -53,7 +53,6 @@ import json
 import math
 import os
 
-from .signature_messages import SIGNATURE_MESSAGE_BYTES
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
            "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest",
@@ -76,7 +75,7 @@ PERSISTENT_BELOW = 4 << 10
 
 #: where a plain call compares its signature in messages (across nodes, under ULFM), every rank runs
 #: the compiled paths and the table says MPI's own, ``auto`` runs dissemination up to this size (and
-#: where its messages fit their heads: SIGNATURE_MESSAGE_BYTES), whose rounds carry the comparison:
+#: where its longest message is no longer: ``dissemination_pays``), whose rounds carry the comparison:
 #: on 2 ranks one message each way, where the check and then MPI_Allreduce take a round trip each.
 #: 2 emulated nodes, 2026-12-03 (benchmarks/results-signature/two-nodes.txt, benchmarks/signature_exchange.py):
 #: 21.6-21.8 us against 43.6-44.6 at 4 B, 25.9-28.3 against 48.9-49.5 at 8 KiB; up to 16 KiB where its
@@ -88,7 +87,8 @@ DISSEMINATION_UP_TO = 16 << 10
 #: 2 emulated nodes, 2026-12-04, benchmarks/plain_across_nodes.py in two /tmp runs (not kept):
 #: against raw MPI_Allreduce 0.92x to 1.56x from 16 to 128 KiB, where the check and then MPI's own
 #: ran 0.44x to 0.81x; 0.65x and 0.68x at 256 KiB (the tail one rendezvous message over TCP), where
-#: the check ran 0.83x and 0.84x. The kept run: benchmarks/results-signature/plain-two-nodes.txt
+#: the check ran 0.83x and 0.84x. The kept run (benchmarks/results-signature/plain-two-nodes.txt):
+#: 0.91x to 1.29x from 8 to 128 KiB, the check then MPI's own 0.34x to 0.81x
 DISSEMINATION_TWO_RANKS_UP_TO = 128 << 10
 
 
@@ -96,11 +96,12 @@ def dissemination_pays(size, nbytes, largest_message):
     """Whether ``auto`` runs dissemination for a plain call of ``nbytes`` on ``size`` ranks whose
     signature goes in messages (the planner asks where the rest allows): on 2 ranks up to
     DISSEMINATION_TWO_RANKS_UP_TO; on more, where the table says MPI's own, up to DISSEMINATION_UP_TO
-    and where its longest message, ``largest_message``, fits a head (Bruck's allgather sends (p - 1)n
-    bytes per rank: for small buffers only)."""
+    and where its longest message, ``largest_message`` (codes included), is no longer (Bruck's
+    allgather sends (p - 1)n bytes per rank: for small buffers only; the bound measured when a
+    head was 16 KiB, kept when heads grew)."""
     if size == 2:
         return nbytes <= DISSEMINATION_TWO_RANKS_UP_TO
-    return nbytes <= DISSEMINATION_UP_TO and largest_message <= SIGNATURE_MESSAGE_BYTES
+    return nbytes <= DISSEMINATION_UP_TO and largest_message <= DISSEMINATION_UP_TO
 
 #: the table's sections of rules, all that plans read (the metadata is not)
 RULE_SECTIONS = ("by_ranks", "by_ranks_in_place", "by_nodes", "by_nodes_in_place", "device", "persistent_by_ranks",
