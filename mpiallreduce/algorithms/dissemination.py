@@ -33,8 +33,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import aligned_empty, copy_into, retire_scratch, scratch
+from ..core import signature_messages as _messages
 from ..core.signature_messages import (CODES as _CODES, SIGNATURE_MESSAGE_BYTES, TAIL_OFFSET, dissemination_peers,
-                                       drop_tail, take_round)
+                                       drop_tail, keep_while_pending, take_round)
 from .base import Algorithm, CallTags, reduce_in_rank_order_into, wait_all
 
 ROUND_TAG = 210
@@ -123,7 +124,7 @@ class DisseminationAllreduce(Algorithm):
                                              taken)
                 return rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
             except BaseException:  # (given up: MPI may still read or write the buffer, a rendezvous send
-                _keep_while_pending(requests, space)  # left behind say; kept, and never written again)
+                keep_while_pending(requests, space)  # left behind say; kept, and never written again)
                 held[:] = fresh()
                 raise
 
@@ -131,7 +132,7 @@ class DisseminationAllreduce(Algorithm):
             space, pieces, address = held
             stopped, high, negated, taken, *handles = exchange_rounds(
                 handle, (sequence % calls_apart) * slot + base, size, rank, address, SIGNATURE_MESSAGE_BYTES,
-                recv if send is None else send, nbytes, code, -code, sequence, _SPIN_SECONDS, TAIL_OFFSET)
+                recv if send is None else send, nbytes, code, -code, sequence, _messages.SPIN_SECONDS, TAIL_OFFSET)
             if stopped != -1:  # (a wait that lasts, a message left to the Python, an MPI error: through the watch)
                 high, negated = resume(sequence, watch, stopped, high, negated, taken, handles)
             signature.sequence = sequence
@@ -140,15 +141,10 @@ class DisseminationAllreduce(Algorithm):
         if by_mpi(op, execution.dtype):
             #: what the compiled short path binds to run the same call itself (core.compiled.short_path):
             #: its buffer (held[2]: the address), ``resume``, the tags, the capacity, this module's
-            #: variables (_SPIN_SECONDS, read at each call) and the tails' offset
-            run.compiled = (held, resume, base, slot, calls_apart, size, rank, SIGNATURE_MESSAGE_BYTES, globals(),
+            #: variables of signature_messages (SPIN_SECONDS, read at each call) and the tails' offset
+            run.compiled = (held, resume, base, slot, calls_apart, size, rank, SIGNATURE_MESSAGE_BYTES, vars(_messages),
                             TAIL_OFFSET)
         return run
-
-
-#: how long the compiled rounds test a wait's requests before the Python waits for them (and then
-#: looks at the control channel and the deadline: mpiallreduce.faults.watch, every millisecond)
-_SPIN_SECONDS = 1e-3
 
 
 def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0):
@@ -218,16 +214,6 @@ class _Waits:
     @staticmethod
     def wait(requests):
         MPI.Request.Waitall(requests)
-
-
-def _keep_while_pending(requests, space):
-    """Keep ``space`` until ``requests``, left behind by a call given up, are done (the f2py
-    requests of the compiled rounds do not hold it, as mpi4py's own do)."""
-    from ..faults.watch import request_done
-    _KEPT[:] = [(r, s) for r, s in _KEPT if not all(request_done(q) for q in r)] + [(requests, space)]
-
-
-_KEPT = []
 
 
 def reduce_blocks(op, space, size, rank, recv):

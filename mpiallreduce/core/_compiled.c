@@ -14,8 +14,11 @@
  *                          (Execution._short_path, executor.py), on contiguous numpy arrays:
  *                            out: None (a new array), x (in place), or a distinct array like x
  *                            number; publish the code in the shared slots and read the peers'
- *                            (SignatureSlots.agree); not all there yet: compare(sequence), Python
+ *                            (SignatureSlots.agree); not all there yet: compare(sequence), Python;
+ *                            or, with no slots (across nodes, ULFM), the codes alone in the
+ *                            rounds below (signature_messages.codes_agree_by_messages' messages)
  *                            MPI_Allreduce (the GIL released), a mean's division (as above)
+ *                          or dissemination's rounds carrying the signature, then its reduction
  *                          returns None where the Python path must take the call
  *
  *   exchange_rounds(...)   the rounds of dissemination (algorithms/dissemination.py) with the GIL
@@ -444,11 +447,13 @@ typedef struct {
     PyObject *state;            /* vars(state) */
     PyObject *slots, *library;  /* what was bound: a call whose state holds others goes to Python */
     PyObject *dtype, *empty, *shape_tuple, *starts, *made, *compare, *failed, *then, *keep;
-    /* dissemination's rounds carrying the signature, in place of the slots and MPI_Allreduce (where
-     * ``rounds`` was bound: compiled.short_path): then a reduction in rank order (MPI_Reduce_local) */
+    /* the rounds on the signature's tags (where ``rounds`` was bound: compiled.short_path): with
+     * ``compares``, the codes alone in place of the slots, before MPI_Allreduce; else dissemination's
+     * blocks behind them, in place of the slots and MPI_Allreduce, then a reduction in rank order
+     * (MPI_Reduce_local) */
     PyObject *held, *rest, *mismatch;  /* [space, pieces, its address] (a new one after a call given up),
                                         * the Python's rounds from a wait that lasts, a mismatch raised */
-    PyObject *variables;               /* dissemination's module's: _SPIN_SECONDS, read at each call */
+    PyObject *variables;               /* signature_messages' module's: SPIN_SECONDS, read at each call */
     int base, slot, size, rank, tail_offset;
     long long calls_apart, capacity;
 } ShortPath;
@@ -488,7 +493,8 @@ static Py_ssize_t address_of(PyObject *number)
  *           strides, dtype, empty, starts, made, compare, failed, then, (kind, multiply, factor), keep
  *           [, rounds]) handles and addresses as ints; ``mine``: this rank's slot's address (0: no
  *           slots), ``others``: a tuple of its peers'; ``rounds``: (held, rest, mismatch, base, slot,
- *           calls_apart, size, rank, capacity, variables, tail_offset), dissemination's, or None */
+ *           calls_apart, size, rank, capacity, variables, tail_offset), dissemination's or the check's
+ *           in messages (with ``compares``), or None */
 static PyObject *short_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     unsigned long long comm, op, datatype;
@@ -646,31 +652,34 @@ static int view_of(ShortPath *self, PyObject *array, Py_buffer *view, int writab
     return 1;
 }
 
-/* dissemination's rounds carrying the signature (numbered first, as the Python path numbers a
- * call whose algorithm talks on its tags), then the blocks reduced in rank order: rank 0's copied,
- * each next one's reduced into it (MPI_Reduce_local: in (op) inout, the same IEEE sum as numpy's
- * left to right, a + b being b + a; dissemination.reduce_in_order does the same on the Python
- * path, so NaN payloads agree too), a mean divided. Py_None, or NULL with what ``failed`` raised */
-static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *recv)
+/* the buffer and the spin of the rounds on the signature's tags (read before the call is
+ * numbered: what could fail on one rank alone is behind); 0, or -1 with an exception set */
+static int rounds_ready(ShortPath *self, char **work, double *spin)
 {
     PyObject *address = PyList_GET_SIZE(self->held) == 3 ? PyList_GET_ITEM(self->held, 2) : NULL;
-    char *work = address == NULL ? NULL : (char *)PyLong_AsVoidPtr(address);
-    if (work == NULL) {
+    *work = address == NULL ? NULL : (char *)PyLong_AsVoidPtr(address);
+    if (*work == NULL) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_RuntimeError, "ShortPath: no buffer bound for dissemination's rounds");
-        return NULL;
+            PyErr_SetString(PyExc_RuntimeError, "ShortPath: no buffer bound for the rounds");
+        return -1;
     }
     PyObject *spin_now = PyDict_GetItemWithError(self->variables, s_spin);
-    double spin = spin_now == NULL ? -1.0 : PyFloat_AsDouble(spin_now);
-    if (spin == -1.0 && (spin_now == NULL || PyErr_Occurred())) {
+    *spin = spin_now == NULL ? -1.0 : PyFloat_AsDouble(spin_now);
+    if (*spin == -1.0 && (spin_now == NULL || PyErr_Occurred())) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_AttributeError, "ShortPath: dissemination has no _SPIN_SECONDS");
-        return NULL;
+            PyErr_SetString(PyExc_AttributeError, "ShortPath: the rounds' module has no SPIN_SECONDS");
+        return -1;
     }
-    long long number = next_number(self->state);  /* (what could fail on one rank alone is behind) */
-    if (number < 0)
-        return NULL;
-    long long nbytes = recv->len;
+    return 0;
+}
+
+/* call #number's rounds on its signature tags, carrying ``nbytes`` of ``x`` (dissemination's
+ * blocks) or the codes alone (``nbytes`` 0: the check in messages before MPI_Allreduce, message
+ * for message signature_messages.codes_agree_by_messages'), resumed in the Python from a wait that
+ * lasts (rest), the maxima settled (mismatch raises on every rank where any rank's call differs).
+ * 0, or -1 with what ``failed`` raised */
+static int carried_rounds(ShortPath *self, char *work, double spin, const void *x, long long nbytes, long long number)
+{
     Rounds r = {.high = self->code, .negated = -self->code};
     Py_BEGIN_ALLOW_THREADS
     run_rounds(self->comm, (int)((number % self->calls_apart) * self->slot + self->base), self->size, self->rank,
@@ -683,8 +692,10 @@ static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *re
                                               (int)MPI_Request_c2f(r.requests[2]), (int)MPI_Request_c2f(r.requests[3]));
         int parsed = got != NULL && PyArg_ParseTuple(got, "LL", &high, &negated);
         Py_XDECREF(got);
-        if (!parsed)
-            return failed_with(self->failed, MPI_SUCCESS, number);
+        if (!parsed) {
+            failed_with(self->failed, MPI_SUCCESS, number);
+            return -1;
+        }
     }
     if (high != -negated) {  /* (every rank has the same maxima: the same error everywhere) */
         PyObject *raised = PyObject_CallFunction(self->mismatch, "LLL", number, high, negated);
@@ -692,8 +703,29 @@ static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *re
             Py_DECREF(raised);
             PyErr_SetString(PyExc_RuntimeError, "ShortPath: the signatures differ, and mismatch() did not raise");
         }
-        return failed_with(self->failed, MPI_SUCCESS, number);
+        failed_with(self->failed, MPI_SUCCESS, number);
+        return -1;
     }
+    return 0;
+}
+
+/* dissemination's rounds carrying the signature (numbered first, as the Python path numbers a
+ * call whose algorithm talks on its tags), then the blocks reduced in rank order: rank 0's copied,
+ * each next one's reduced into it (MPI_Reduce_local: in (op) inout, the same IEEE sum as numpy's
+ * left to right, a + b being b + a; dissemination.reduce_in_order does the same on the Python
+ * path, so NaN payloads agree too), a mean divided. Py_None, or NULL with what ``failed`` raised */
+static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *recv)
+{
+    char *work;
+    double spin;
+    if (rounds_ready(self, &work, &spin) < 0)
+        return NULL;
+    long long number = next_number(self->state);
+    if (number < 0)
+        return NULL;
+    long long nbytes = recv->len;
+    if (carried_rounds(self, work, spin, x, nbytes, number) < 0)
+        return NULL;
     int code = MPI_SUCCESS;
     char *blocks = work + CODES_BYTES;  /* (block j holds rank - j's input) */
     Py_BEGIN_ALLOW_THREADS
@@ -760,9 +792,10 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
         goto python;
     long long number = 0;
     int code;
-    if (self->held != NULL && (recv.len <= 0 || (long long)self->size * recv.len > INT_MAX))
+    int blocks = self->held != NULL && !self->compares;  /* (else the rounds carry the codes alone) */
+    if (blocks && (recv.len <= 0 || (long long)self->size * recv.len > INT_MAX))
         goto python;  /* (nothing to send, or more than a message holds: the Python's rounds) */
-    if (self->held != NULL) {  /* dissemination's rounds, carrying the signature */
+    if (blocks) {  /* dissemination's rounds, carrying the signature */
         PyObject *done = dissemination_run(self, in_place ? recv.buf : send.buf, &recv);
         if (done == NULL)
             goto fail;
@@ -772,19 +805,32 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
         PyBuffer_Release(&recv);
         return result;
     }
-    if (self->compares) {
+    if (self->compares) {  /* in the shared slots, or in messages (held: across nodes, ULFM) */
+        char *work = NULL;
+        double spin = 0.0;
+        PyObject *slots = PyDict_GetItemWithError(self->state, s_slots);
+        if (slots == NULL && PyErr_Occurred())
+            goto fail;
+        if (self->held != NULL && slots != Py_None)
+            goto python;  /* (slots made since it was bound: the Python's path) */
+        if (self->held != NULL && rounds_ready(self, &work, &spin) < 0)
+            goto fail;
         number = next_number(self->state);
         if (number < 0)
             goto fail;
-        PyObject *slots = PyDict_GetItemWithError(self->state, s_slots);
-        int ours = slots != NULL && slots == self->slots && slots != Py_None;
-        if (!ours || !agree(self, number)) {  /* (Python's compare: wait, compare, say what differs) */
-            PyObject *done = PyObject_CallFunction(self->compare, "LO", number, ours ? Py_True : Py_False);
-            if (done == NULL) {
-                failed_with(self->failed, MPI_SUCCESS, number);
+        if (self->held != NULL) {  /* the codes alone in the rounds: the check in messages, in C */
+            if (carried_rounds(self, work, spin, work, 0, number) < 0)
                 goto fail;
+        } else {
+            int ours = slots != NULL && slots == self->slots && slots != Py_None;
+            if (!ours || !agree(self, number)) {  /* (Python's compare: wait, compare, say what differs) */
+                PyObject *done = PyObject_CallFunction(self->compare, "LO", number, ours ? Py_True : Py_False);
+                if (done == NULL) {
+                    failed_with(self->failed, MPI_SUCCESS, number);
+                    goto fail;
+                }
+                Py_DECREF(done);
             }
-            Py_DECREF(done);
         }
     }
     Py_BEGIN_ALLOW_THREADS
@@ -869,7 +915,7 @@ PyMODINIT_FUNC PyInit__compiled(void)
         || !(s_sequence = PyUnicode_InternFromString("sequence")) || !(s_call = PyUnicode_InternFromString("_call"))
         || !(s_slots = PyUnicode_InternFromString("signature_slots"))
         || !(s_library = PyUnicode_InternFromString("library")) || !(s_dtype = PyUnicode_InternFromString("dtype"))
-        || !(s_nbytes = PyUnicode_InternFromString("nbytes")) || !(s_spin = PyUnicode_InternFromString("_SPIN_SECONDS")))
+        || !(s_nbytes = PyUnicode_InternFromString("nbytes")) || !(s_spin = PyUnicode_InternFromString("SPIN_SECONDS")))
         return NULL;
     if (PyType_Ready(&PreparedBaseType) < 0 || PyType_Ready(&ShortPathType) < 0)
         return NULL;

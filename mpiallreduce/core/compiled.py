@@ -8,7 +8,9 @@
                 recorder is on:
                 - a prepared call on a persistent request (Prepared's __call__, prepared.py)
                 - the short path of a repeated plain call of MPI's own allreduce on numpy arrays
-                  (``short_path``: Execution.short, executor.py), or of dissemination where its
+                  (``short_path``: Execution.short, executor.py), its signature compared in the
+                  shared slots or, across nodes and under ULFM, in the check's rounds of 32-byte
+                  messages (``_check_of``), or of dissemination where its
                   rounds carry the call's signature: a sum or a mean, the blocks reduced in rank
                   order by MPI_Reduce_local
                 - the rounds of dissemination, where a plain call's plan carries its signature in
@@ -86,7 +88,7 @@ def short_path(execution):
     MPI's own allreduce on numpy arrays, or dissemination's rounds where they carry the signature:
     the result, or None for the general path); None where it does not apply or is not used."""
     state, shape = execution.state, execution.shape
-    rounds = _rounds_of(execution)
+    rounds = _rounds_of(execution) or _check_of(execution)
     if not (used() and execution.raw and (execution.direct or rounds is not None) and state.recorder is None
             and state.library is not None and len(shape) <= _compiled.MAX_DIMENSIONS
             and int(np.prod(shape, dtype=np.int64)) <= _MAX_COUNT):
@@ -108,7 +110,7 @@ def short_path(execution):
         held, resume, *bound = rounds
 
         def rest(sequence, stopped, high, negated, taken, *handles):
-            watching[:] = [PeerWatch(state, sequence, None, execution.plan.name)]
+            watching[:] = [PeerWatch(state, sequence, None, execution.plan.name if execution.carried else "signature")]
             maxima = resume(sequence, watching[0], stopped, high, negated, taken, handles)
             watching.clear()
             return maxima
@@ -116,12 +118,12 @@ def short_path(execution):
         def mismatch(sequence, high, negated):
             CarriedSignature(execution, sequence).settle(high, negated)
         rounds = (held, rest, mismatch, *bound)
-    mpi_op = execution.mpi_op if rounds is None else execution.op.mpi_op(execution.dtype)
+    mpi_op = execution.mpi_op if execution.direct else execution.op.mpi_op(execution.dtype)
     return _compiled.ShortPath(
         state.library.handle, mpi_op.handle, execution.datatype.handle, execution.compares_first,
         code, vars(state), slots, state.library, mine, others, execution.shape, execution.strides, execution.dtype,
         np.empty, symmetric._STARTS, symmetric._MADE, compared, failed,
-        execution.divide if execution.divides and rounds is None else None, division_of(execution), None, rounds).run
+        execution.divide if execution.divides and execution.direct else None, division_of(execution), None, rounds).run
 
 
 def _rounds_of(execution):
@@ -132,3 +134,34 @@ def _rounds_of(execution):
     if rounds is None or (execution.divides and not division_of(execution)[0]):
         return None
     return rounds
+
+
+def _check_of(execution):
+    """What the short path binds to compare a plain call of MPI's own in messages itself (across
+    nodes, or under ULFM: no shared slots), before its MPI_Allreduce: the rounds of
+    signature_messages.codes_agree_by_messages, message for message, in C (the codes alone, 32
+    bytes, on the call's signature tags), the Python's from a wait that lasts on
+    (signature_messages.resume_codes); None where the slots compare it, or nothing does."""
+    state = execution.state
+    if not (execution.direct and execution.compares_first and state.signature_slots is None and state.size > 1):
+        return None
+    from . import signature_messages as messages
+    from .buffers import aligned_empty
+
+    def fresh():  # (the codes sent, then room for a head received; a new one after a call given up)
+        space = aligned_empty(messages.CODES.size + messages.SIGNATURE_MESSAGE_BYTES, np.uint8)
+        return [space, None, space.__array_interface__["data"][0]]
+    held, tags = fresh(), messages.call_tags()
+    tags(state.library, 0)  # (the first one learns MPI_TAG_UB: CallTags.calls_apart)
+
+    def resume(sequence, watch, stopped, high, negated, taken, handles):
+        space, requests = held[0], [MPI.Request.f2py(handle) for handle in handles]
+        try:
+            return messages.resume_codes(state, sequence, watch, stopped, high, negated, taken, requests,
+                                         space[messages.CODES.size:])
+        except BaseException:  # (given up: MPI may still write the buffer; kept, and never written again)
+            messages.keep_while_pending(requests, space)
+            held[:] = fresh()
+            raise
+    return (held, resume, tags.SIGNATURE_BASE, tags.slot, tags.calls_apart, state.size, state.rank,
+            messages.SIGNATURE_MESSAGE_BYTES, vars(messages), messages.TAIL_OFFSET)

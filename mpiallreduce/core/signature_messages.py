@@ -23,7 +23,8 @@ import struct
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["codes_agree_by_messages", "take_round", "dissemination_peers", "CODES", "SIGNATURE_MESSAGE_BYTES", "TAIL_OFFSET",
+__all__ = ["codes_agree_by_messages", "codes_by_messages", "resume_codes", "signature_tag", "call_tags",
+           "keep_while_pending", "SPIN_SECONDS", "take_round", "dissemination_peers", "CODES", "SIGNATURE_MESSAGE_BYTES", "TAIL_OFFSET",
            "drop_tail"]
 
 
@@ -42,13 +43,16 @@ def codes_agree_by_messages(state, code, sequence, watch):
     request kept with its buffer, new arrays each round) on tags no call of the next
     CallTags.calls_apart uses (a collective, once started, could not be given up); a message of it
     met there later carries its number, and is dropped (``take_round``)."""
-    if not _TAGS:  # (imported on first use: the algorithms import the core)
-        from ..algorithms.base import CallTags
-        _TAGS.append(CallTags)
-    tag = _TAGS[0](state.library, sequence, None, _TAGS[0].SIGNATURE_BASE).offset  # (+ the round)
+    high, negated = codes_by_messages(state, sequence, watch, code, -code)
+    return high == -negated
+
+
+def codes_by_messages(state, sequence, watch, high, negated, first=0):
+    """``codes_agree_by_messages``' rounds from round ``first`` on, from the maxima so far; the
+    maxima over every rank."""
     library, rank, size = state.library, state.rank, state.size
-    high, negated = code, -code  # (bytes through struct, not numpy: each numpy call costs ~1 us here)
-    for to, source in dissemination_peers(rank, size):
+    tag = signature_tag(library, sequence) + first  # (+ the round)
+    for to, source in dissemination_peers(rank, size)[first:]:
         theirs = np.empty(SIGNATURE_MESSAGE_BYTES, dtype=np.uint8)
         sent = library.Isend([_CODES.pack(high, negated, sequence, 0), MPI.BYTE], to, tag)
         tail = take_round(library, watch, theirs, source, tag, sequence,
@@ -58,7 +62,55 @@ def codes_agree_by_messages(state, code, sequence, watch):
         their_high, their_negated, _, _ = _CODES.unpack_from(theirs)
         high, negated = max(high, their_high), max(negated, their_negated)
         tag += 1
-    return high == -negated
+    return high, negated
+
+
+def resume_codes(state, sequence, watch, stopped, high, negated, taken, requests, incoming):
+    """The compiled check's rounds (the codes alone: mpiallreduce.core.compiled) from round
+    ``stopped``, where they stopped (-2: an MPI error, ``high`` its code), with that round's
+    ``requests`` (the head's receive into ``incoming``, the head's send, then nulls; ``taken``: the
+    head is in), through ``watch``; the maxima over every rank."""
+    if stopped == -2:
+        watch.wait(requests)  # (MPI's error for them, a dead peer's say; else the C's)
+        raise MPI.Exception(high)
+    library = state.library
+    _, source = dissemination_peers(state.rank, state.size)[stopped]
+    if not taken:
+        tag = signature_tag(library, sequence) + stopped
+        tail = take_round(library, watch, incoming, source, tag, sequence, requests[:1])
+        if tail:
+            drop_tail(library, watch, source, tag, tail)
+    watch.wait(requests[1:])
+    their_high, their_negated, _, _ = _CODES.unpack_from(incoming)
+    return codes_by_messages(state, sequence, watch, max(high, their_high), max(negated, their_negated), stopped + 1)
+
+
+def signature_tag(comm, sequence):
+    """The tag of call #``sequence``'s first round on its signature tags (CallTags.SIGNATURE_BASE)."""
+    return call_tags()(comm, sequence, None, call_tags().SIGNATURE_BASE).offset
+
+
+def call_tags():
+    """CallTags (mpiallreduce.algorithms.base), imported on first use: the algorithms import the core."""
+    if not _TAGS:
+        from ..algorithms.base import CallTags
+        _TAGS.append(CallTags)
+    return _TAGS[0]
+
+
+def keep_while_pending(requests, space):
+    """Keep ``space`` until ``requests``, left behind by a call given up, are done (the f2py
+    requests of the compiled rounds do not hold their buffers, as mpi4py's own do): a later call
+    takes a new buffer."""
+    from ..faults.watch import request_done
+    _KEPT[:] = [(r, s) for r, s in _KEPT if not all(request_done(q) for q in r)] + [(requests, space)]
+
+
+_KEPT = []
+#: how long the compiled rounds test a wait's requests before the Python waits for them (and then
+#: looks at the control channel and the deadline: mpiallreduce.faults.watch, every millisecond);
+#: read at each call, by the check's and by dissemination's
+SPIN_SECONDS = 1e-3
 
 
 def take_round(comm, watch, incoming, source, tag, sequence, requests):

@@ -129,13 +129,37 @@ def compared_by_messages():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(compared_by_messages):
+@pytest.mark.parametrize("spin", [10.0, 0.0], ids=["compiled-rounds", "rounds-handed-to-python"])
+def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(compared_by_messages, monkeypatch, spin):
     """The codes' maximum by dissemination reaches every rank whichever rank differs, at every rank
-    count (5: three rounds, ranks counted twice); a matching call then gives numpy's sum."""
+    count (5: three rounds, ranks counted twice); a matching call then gives numpy's sum. A repeated
+    call runs the rounds in C where built (its short path: none in Python while the C waits), and
+    hands them to the Python's from a wait that lasts (``spin`` 0: the last rank comes late, and
+    every other rank's wait goes back); the odd rank's new call takes the Python's from the start."""
+    import time
+
+    from mpiallreduce.core import signature_messages
+    from mpiallreduce.core.compiled import used
     comm = compared_by_messages
     size, rank = comm.Get_size(), comm.Get_rank()
     x = exact_input("float64", 100, rank, "sum")
     assert "signature: 32-byte messages" in mar.describe_call(x, comm=comm, algorithm="mpi")
+    monkeypatch.setattr(signature_messages, "SPIN_SECONDS", spin)
+    expected = numpy_reference("mean", gather_inputs(comm, x))
+    for _ in range(2):  # (the first call plans; the next ones take the short path)
+        assert values_equal(mar.allreduce(x, op="mean", comm=comm, algorithm="mpi"), expected)
+    rounds_in_python, python_rounds = [], signature_messages.codes_by_messages
+    monkeypatch.setattr(signature_messages, "codes_by_messages",
+                        lambda *args, **kwargs: rounds_in_python.append(1) or python_rounds(*args, **kwargs))
+    for _ in range(3):
+        if spin == 0.0 and rank == size - 1:
+            time.sleep(0.05)
+        assert values_equal(mar.allreduce(x, op="mean", comm=comm, algorithm="mpi"), expected)
+    if used():
+        if spin == 0.0:
+            assert len(rounds_in_python) == (3 if rank != size - 1 else len(rounds_in_python)), rounds_in_python
+        else:
+            assert rounds_in_python == [], rounds_in_python
     for odd_one in range(size):
         count = 101 if rank == odd_one else 100
         with pytest.raises(ValueError) as info:
@@ -154,7 +178,7 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
     the check (compiled; with ``spin`` 0 every wait goes back to the Python at once): a rank whose
     call differs, by a size that dissemination carries too or one that makes it compare first
     (MPI's own), or by its dtype, is named on every rank; a matching call then gives numpy's sum."""
-    from mpiallreduce.algorithms import dissemination
+    from mpiallreduce.core import signature_messages
     from mpiallreduce.core.compiled import used
     from mpiallreduce.core.consistency import SignatureMismatch
     comm = compared_by_messages
@@ -164,7 +188,7 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
         pytest.skip("the compiled paths are not built here: auto keeps MPI's own and the check")
     assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm)
     if spin is not None:
-        monkeypatch.setattr(dissemination, "_SPIN_SECONDS", spin)
+        monkeypatch.setattr(signature_messages, "SPIN_SECONDS", spin)
     expected = numpy_reference("sum", gather_inputs(comm, x))
     for odd_one in range(size):
         for theirs, field in [(exact_input("float64", 101, rank, "sum"), "shape"),
@@ -288,8 +312,10 @@ def test_dissemination_in_messages_widens_float16_and_leaves_a_reproducible_sums
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("count", [1000, 20000], ids=["8000-bytes", "with-tails"])
-def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(compared_by_messages, monkeypatch, count):
+@pytest.mark.parametrize("count, algorithm", [(1000, "dissemination"), (20000, "dissemination"), (1000, "mpi")],
+                         ids=["8000-bytes", "with-tails", "the-check-alone"])
+def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(compared_by_messages, monkeypatch, count,
+                                                                           algorithm):
     """The last rank's call times out while the others' (untimed) sent it their rounds; calls_apart
     calls later the same tags meet those messages, which carry the old call's number: dropped, and
     their tails with them. 8000 bytes: past shared memory's eager limit, where a send left behind
@@ -299,10 +325,12 @@ def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(comp
     comm = compared_by_messages
     size, rank = comm.Get_size(), comm.Get_rank()
     monkeypatch.setattr(CallTags, "calls_apart", 8)
+    for _ in range(2):  # (the untimed ranks' call then takes its short path: compiled rounds, where built)
+        assert (mar.allreduce(np.full(count, 1.0), comm=comm, algorithm=algorithm) == size).all()
     with pytest.raises((mar.AllreduceTimeout, mar.AllreduceAborted)):
-        mar.allreduce(np.full(count, 1000.0 + rank), comm=comm, algorithm="dissemination",
+        mar.allreduce(np.full(count, 1000.0 + rank), comm=comm, algorithm=algorithm,
                       timeout=1 if rank == size - 1 else None)
     for call in range(20):
         x = exact_input("float64", count, rank, "sum") + call
-        assert values_equal(mar.allreduce(x, comm=comm, algorithm="dissemination"),
+        assert values_equal(mar.allreduce(x, comm=comm, algorithm=algorithm),
                             numpy_reference("sum", gather_inputs(comm, x))), call
