@@ -2,9 +2,10 @@
 against the check and then the tuning table's choice (what ``auto`` ran before dissemination carried
 the check on 2 ranks past 16 KiB), the check and then MPI's own, and raw ``comm.Allreduce``:
 
-    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/plain_across_nodes.py [--sizes 4,64K,1M] [--output FILE]
+    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/plain_across_nodes.py [--sizes 4,64K,1M] [--rounds 15]
+        [--output FILE]
 
-Interleaved in one launch, ROUNDS times per size: a batch of plain calls of each contender on the
+Interleaved in one launch, ``--rounds`` times per size: a batch of plain calls of each contender on the
 same float32 buffers (``mar.allreduce(x, out=out)``, ``mar.allreduce(x, out=out, algorithm=...)``),
 then raw ``comm.Allreduce``. Each figure: the mean time per call over a batch, the slowest rank's,
 in microseconds; then per size the medians over the rounds and ``auto`` against raw (raw's time over
@@ -23,7 +24,7 @@ from mpiallreduce.core.planner import plan_call
 from mpiallreduce.core.state import state_of
 from signature_exchange import per_call, write_lines  # (benchmarks/, the script's folder)
 
-ROUNDS = 7
+ROUNDS = 15
 COMM = MPI.COMM_WORLD
 SIZES = "4,8K,32K,64K,128K,256K,512K,1M,4M"
 
@@ -42,11 +43,12 @@ def table_choice(x):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=SIZES, help=f"comma-separated bytes (K, M suffixes); default {SIZES}")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per size (default {ROUNDS})")
     parser.add_argument("--output", help="also write the lines to this file (rank 0)")
     args = parser.parse_args()
     lines = [f"# plain calls, the signature in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
              f"load {' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
-             f"{ROUNDS} interleaved rounds"]
+             f"{args.rounds} interleaved rounds"]
     summary = []
     for nbytes in (nbytes_of(s) for s in args.sizes.split(",")):
         x = np.arange(max(nbytes // 4, 1), dtype=np.float32) + COMM.Get_rank()
@@ -64,7 +66,7 @@ def main():
             for _ in range(10):
                 call()
         times = {name: [] for name in contenders}
-        for _ in range(ROUNDS):
+        for _ in range(args.rounds):
             for name, call in contenders.items():
                 times[name].append(per_call(call, calls))
             lines.append(f"{x.nbytes:>8} B  " + "  ".join(f"{name} {times[name][-1]:8.1f}" for name in contenders))

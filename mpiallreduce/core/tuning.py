@@ -53,6 +53,7 @@ import json
 import math
 import os
 
+from .signature_messages import CODES, SIGNATURE_MESSAGE_BYTES
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
            "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest",
@@ -82,14 +83,15 @@ PERSISTENT_BELOW = 4 << 10
 #: messages fit (12 KiB and 16000 B won too in a /tmp script, not kept: 31.6 against 56.0, 66.9 against 85.5)
 DISSEMINATION_UP_TO = 16 << 10
 #: on 2 ranks dissemination is one exchange of the whole buffer each way (recursive doubling's), its
-#: blocks past one head in the message's tail: ``auto`` runs it up to this size whatever the table
-#: says (the check rides in the head), where the table's choice pays the check's round trip on top.
-#: 2 emulated nodes, 2026-12-04, benchmarks/plain_across_nodes.py in two /tmp runs (not kept):
-#: against raw MPI_Allreduce 0.92x to 1.56x from 16 to 128 KiB, where the check and then MPI's own
-#: ran 0.44x to 0.81x; 0.65x and 0.68x at 256 KiB (the tail one rendezvous message over TCP), where
-#: the check ran 0.83x and 0.84x. The kept run (benchmarks/results-signature/plain-two-nodes.txt):
-#: 0.91x to 1.29x from 8 to 128 KiB, the check then MPI's own 0.34x to 0.81x
-DISSEMINATION_TWO_RANKS_UP_TO = 128 << 10
+#: blocks past one head in the message's tail: ``auto`` runs it whatever the table says (the check
+#: rides in the head) while both messages stay eager on TCP (halves of at most a head's room:
+#: signature_messages), where the table's choice pays the check's exchange on top. Past it the
+#: tail waits for a rendezvous. 2 emulated nodes, benchmarks/plain_across_nodes.py: on 2026-12-04
+#: (the check in Python) 0.91x to 1.29x of raw MPI_Allreduce's speed from 8 to 128 KiB, the check
+#: then MPI's own 0.34x to 0.81x; 0.65x and 0.68x at 256 KiB, the check 0.83x and 0.84x. With the
+#: check compiled (04:46-04:47, two runs): at 96 KiB 65-78 us against 75-93 for the check then MPI's
+#: own; at 128 KiB 212-227 against 202-209 (benchmarks/results-signature/plain-two-nodes.txt: the kept run)
+DISSEMINATION_TWO_RANKS_UP_TO = 2 * (SIGNATURE_MESSAGE_BYTES - CODES.size)  # (120 KiB less 64 bytes)
 
 
 def dissemination_pays(size, nbytes, largest_message):
