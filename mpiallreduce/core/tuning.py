@@ -89,8 +89,8 @@ DISSEMINATION_UP_TO = 16 << 10
 #: tail waits for a rendezvous. 2 emulated nodes, benchmarks/plain_across_nodes.py: on 2026-12-04
 #: (the check in Python) 0.91x to 1.29x of raw MPI_Allreduce's speed from 8 to 128 KiB, the check
 #: then MPI's own 0.34x to 0.81x; 0.65x and 0.68x at 256 KiB, the check 0.83x and 0.84x. With the
-#: check compiled (04:46-04:47, two runs): at 96 KiB 65-78 us against 75-93 for the check then MPI's
-#: own; at 128 KiB 212-227 against 202-209 (benchmarks/results-signature/plain-two-nodes.txt: the kept run)
+#: check compiled (/tmp runs, 04:37-04:48): at 96 KiB 65-97 us against 75-106 for the check then MPI's
+#: own; at 128 KiB 212-282 against 202-316 (/tmp runs; the kept run: benchmarks/results-signature/plain-two-nodes.txt)
 DISSEMINATION_TWO_RANKS_UP_TO = 2 * (SIGNATURE_MESSAGE_BYTES - CODES.size)  # (120 KiB less 64 bytes)
 
 
