@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..device.arrays import namespace
-from ..faults.errors import call_site
+from ..faults.errors import AllreduceAborted, call_site
 from ..faults.recorder import array_fields, record_call, run_traced
 from ..faults.watch import PeerWatch, set_up_or_rank_failure
 from . import buffers
@@ -106,7 +106,13 @@ class Call:
             # settings replaced (tests: agreed on again), or the communicator's first untimed call:
             # its collectives (the settings, the node layout and the communicators made from it)
             # here, in program order, after the pending asynchronous calls, never on the worker
-            run_here(lambda: _renew_and_ready(state, current, call.timeout is None))
+            try:
+                run_here(lambda: _renew_and_ready(state, current, call.timeout is None))
+            except AllreduceAborted as aborted:  # (a peer gave up its timed call, this one: its number taken)
+                state.number()
+                if rejected is not None:
+                    raise rejected from aborted  # (this rank's own error, as where the set-up was done)
+                raise
         call.reduce_op = call.execution = None
         call.sequence = state.number()
         call.entry = record_call(state, call.sequence, call)  # (the flight recorder's, queued until it runs)

@@ -57,6 +57,20 @@ def codes_agree(comm, code):
     return extremes[0] == -extremes[1]
 
 
+def set_up_codes_agree(state, code):
+    """``codes_agree`` for a communicator's set-up (CommState.make_ready), its allreduce non-blocking
+    and waited for through the control channel (faults.watch.wait_for_set_up); left pending in
+    ``state.settings_request`` where a peer gave up its timed first call, for the next set-up."""
+    from ..faults.watch import wait_for_set_up
+    if state.settings_request is None:
+        extremes = np.array([code, -code], dtype=np.int64)
+        state.settings_request = state.library.Iallreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX), extremes
+    request, extremes = state.settings_request
+    wait_for_set_up(state, request)
+    state.settings_request = None
+    return extremes[0] == -extremes[1]
+
+
 class SignatureMismatch(ValueError):
     """The ranks' calls differ (raised on every rank, before any data moved)."""
 

@@ -61,6 +61,7 @@ class CommState:
         if blocking:
             self._library_request.Wait()
             self._library_request = None
+        self.settings_request = None  # (the settings' allreduce while pending: consistency.set_up_codes_agree)
         #: where the rendezvous's control messages go: the library's duplicate, on a tag of their own
         self.control = self.library
         self.ready, self.spans_nodes, self.node_count, self.equal_nodes = False, False, 1, True
@@ -75,8 +76,7 @@ class CommState:
         self.on_free = []
         #: an exception every later call re-raises (the ranks' settings differ)
         self.broken = None
-        #: the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
-        self.channel = None
+        self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
         #: requests of calls given up midway, kept with their buffers (mpiallreduce.faults.watch)
         self.left_behind = []
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
@@ -136,9 +136,9 @@ class CommState:
         return self
 
     def _agree_on_settings(self):
-        from .consistency import codes_agree, describe_differences, digest
+        from .consistency import describe_differences, digest, set_up_codes_agree
         agreed = self.settings.agreed(tuning_table=table_digest())
-        if codes_agree(self.library, digest(sorted(agreed.items()))):
+        if set_up_codes_agree(self, digest(sorted(agreed.items()))):
             return
         everyone = self.library.allgather(agreed)
         raise SettingsMismatch(

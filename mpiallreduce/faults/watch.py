@@ -25,7 +25,7 @@ from ..core.slots import yield_core
 from .errors import AllreduceAborted, AllreduceTimeout
 from .channel import FAILED, GAVE_UP, _channel
 
-__all__ = ["PeerWatch", "set_up_or_rank_failure", "request_done"]
+__all__ = ["PeerWatch", "set_up_or_rank_failure", "request_done", "wait_for_set_up"]
 
 #: how long a wait only tests its own requests before it also reads the control channel
 _QUIET_SECONDS = 5e-5
@@ -179,3 +179,22 @@ def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):
         if failure is None:
             raise
         raise failure from error
+
+
+def wait_for_set_up(state, request):
+    """Wait for ``request``, a collective of the communicator's set-up (CommState.make_ready), as a
+    call's wait does: the control channel looked at every millisecond. A peer that gave up the
+    call this rank is about to number (a timed first call makes its communicator ready only after
+    its rendezvous, which an untimed one never joins) ends the wait with AllreduceAborted (the
+    call takes its number: mpiallreduce.core.call). The request stays pending (not cancelled: a
+    collective cannot be), for the next set-up to complete."""
+    if request.Test():
+        return
+    watch = PeerWatch(state, state.sequence + 1, None, "setting up the communicator")
+    look_at = time.monotonic() + _QUIET_SECONDS
+    while not request.Test():
+        now = time.monotonic()
+        if now >= look_at:
+            watch.look_around([], now)  # (no request of its own to leave behind: this one is kept)
+            look_at = now + _LOOK_EVERY_SECONDS
+        yield_core()

@@ -334,3 +334,35 @@ def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(comp
         x = exact_input("float64", count, rank, "sum") + call
         assert values_equal(mar.allreduce(x, comm=comm, algorithm=algorithm),
                             numpy_reference("sum", gather_inputs(comm, x))), call
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_work():
+    """A fresh communicator's first call, timed (1 s) on the last rank and untimed on the others:
+    the timed rank's rendezvous, which the others never join, times out; the others, setting the
+    communicator up (which a timed call does only after its rendezvous), learn it from the control
+    channel and raise AllreduceAborted naming that rank, where they used to wait for ever. The
+    calls' numbers stay in step: the next calls, untimed and timed, give numpy's sum."""
+    import time
+    import warnings
+
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        size, rank = comm.Get_size(), comm.Get_rank()
+        x = exact_input("float64", 100, rank, "sum")
+        started = time.monotonic()
+        if rank == size - 1:
+            with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
+                warnings.simplefilter("ignore", mar.AllreduceStallWarning)
+                mar.allreduce(x, comm=comm, timeout=1)
+        else:
+            with pytest.raises(mar.AllreduceAborted) as info:
+                mar.allreduce(x, comm=comm)
+            assert f"rank {size - 1} gave it up" in str(info.value), str(info.value)
+        assert time.monotonic() - started < 30
+        expected = numpy_reference("sum", gather_inputs(comm, x))
+        assert values_equal(mar.allreduce(x, comm=comm), expected)
+        assert values_equal(mar.allreduce(x + 1, comm=comm, timeout=30), numpy_reference("sum", gather_inputs(comm, x + 1)))
+    finally:
+        comm.Free()
