@@ -584,6 +584,12 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
         assert plan_call(nodes, False, f32, nbytes, "sum", "auto").signature == "carried by dissemination", nbytes
         assert plan_call(nodes, False, f32, nbytes, "sum", "auto", once=True).name != "dissemination"
     assert plan_call(nodes, False, f32, DISSEMINATION_TWO_RANKS_UP_TO + 4, "sum", "auto").name != "dissemination"
+    # (that size: the longest whose two messages, head and tail, both fit one head: eager on TCP)
+    from mpiallreduce.algorithms.dissemination import split
+    from mpiallreduce.core.signature_messages import CODES, SIGNATURE_MESSAGE_BYTES
+    assert DISSEMINATION_TWO_RANKS_UP_TO == 2 * (SIGNATURE_MESSAGE_BYTES - CODES.size)
+    assert max(split(DISSEMINATION_TWO_RANKS_UP_TO)) + CODES.size <= SIGNATURE_MESSAGE_BYTES
+    assert max(split(DISSEMINATION_TWO_RANKS_UP_TO + 4)) + CODES.size > SIGNATURE_MESSAGE_BYTES
     assert plan_call(nodes, False, f16, 4, "sum", "auto").name != "dissemination"
     assert plan_call(nodes, False, f32, 4, "reproducible_sum", "auto").name != "dissemination"
     assert plan_call(CallFacts(size=2, spans_nodes=True, node_count=2), False, f32, 4, "sum", "auto").signature == (
@@ -594,3 +600,14 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     assert plan_call(wide, False, f32, 1024, "sum", "auto").name != "dissemination"
     asked = plan_call(wide, False, f32, 1024, "sum", "dissemination")
     assert asked.name == "dissemination" and asked.signature == "carried by dissemination"  # (tails: any length)
+
+
+def test_the_tuning_table_imports_no_mpi():
+    """mpiallreduce.core.tuning is in the core's MPI-free base (docs/architecture.md): importing it
+    (``mpiallreduce tune --from-bench``, which measures nothing) must not start MPI. A review found
+    an import of the signature's constants that did."""
+    import subprocess
+    import sys
+    code = "import sys, mpiallreduce.core.tuning; print('mpi4py.MPI' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stdout + result.stderr

@@ -57,18 +57,26 @@ def codes_agree(comm, code):
     return extremes[0] == -extremes[1]
 
 
-def set_up_codes_agree(state, code):
-    """``codes_agree`` for a communicator's set-up (CommState.make_ready), its allreduce non-blocking
-    and waited for through the control channel (faults.watch.wait_for_set_up); left pending in
-    ``state.settings_request`` where a peer gave up its timed first call, for the next set-up."""
+def set_up_codes_agree(state, code, sequence):
+    """``codes_agree`` for the set-up of call #``sequence`` (CommState.make_ready): (whether every
+    rank's code is the same, the AllreduceAborted to raise once the set-up is done or None). Its
+    allreduce is non-blocking and waited for through the control channel (faults.watch.
+    wait_for_set_up); left pending in ``state.settings_request`` where a peer gave its timed call
+    up, for the next set-up. Where the codes differ, once more with every rank's code of now: a
+    code left pending may be one of settings replaced since (every rank saw the same maxima, so
+    every rank does it)."""
     from ..faults.watch import wait_for_set_up
-    if state.settings_request is None:
-        extremes = np.array([code, -code], dtype=np.int64)
-        state.settings_request = state.library.Iallreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX), extremes
-    request, extremes = state.settings_request
-    wait_for_set_up(state, request)
-    state.settings_request = None
-    return extremes[0] == -extremes[1]
+    aborted = None
+    for _ in range(2):
+        if state.settings_request is None:
+            extremes = np.array([code, -code], dtype=np.int64)
+            state.settings_request = state.library.Iallreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX), extremes
+        request, extremes = state.settings_request
+        aborted = wait_for_set_up(state, request, sequence) or aborted
+        state.settings_request = None
+        if extremes[0] == -extremes[1]:
+            return True, aborted
+    return False, aborted
 
 
 class SignatureMismatch(ValueError):

@@ -26,7 +26,7 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
     def gather():
         if timeout is not None:
             meet(state, sequence, timeout, site, LIBRARY_GATHER)
-        state.make_ready()
+        state.make_ready(sequence)
         try:
             return state.library.allgather(value)
         except BaseException as error:
@@ -44,7 +44,7 @@ def symmetric_array(comm, shape, dtype, zero):
     entry = record_call(state, sequence, Described(kind="symmetric allocation", shape=str(shape), dtype=str(dtype)))
 
     def make():
-        state.make_ready()
+        state.make_ready(sequence)
         try:
             agreed, rejected = symmetric.checked(shape, dtype), None
             signature = {"symmetric allocation": agreed[0], "dtype": str(agreed[1])}

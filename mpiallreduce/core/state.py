@@ -65,17 +65,13 @@ class CommState:
         #: where the rendezvous's control messages go: the library's duplicate, on a tag of their own
         self.control = self.library
         self.ready, self.spans_nodes, self.node_count, self.equal_nodes = False, False, 1, True
-        #: the planner's facts of this communicator (mpiallreduce.core.planner.CallFacts): what every
-        #: rank agreed on, once ready
-        self.facts = None
+        self.facts = None  # the planner's CallFacts (mpiallreduce.core.planner): agreed on, once ready
         #: whether every rank's MPI takes device pointers (agreed: all of them, or it counts as no)
         self.cuda_aware = False
         #: "untested", "works" or "refused: why": CUDA IPC among the ranks (learn_cuda_ipc)
         self.cuda_ipc = "untested"
-        #: callables run when the communicator is freed
-        self.on_free = []
-        #: an exception every later call re-raises (the ranks' settings differ)
-        self.broken = None
+        self.on_free = []  # callables run when the communicator is freed
+        self.broken = None  # an exception every later call re-raises (the ranks' settings differ)
         self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
         #: requests of calls given up midway, kept with their buffers (mpiallreduce.faults.watch)
         self.left_behind = []
@@ -109,10 +105,12 @@ class CommState:
             self._library_request = None
         return self._library_request is None
 
-    def make_ready(self):
+    def make_ready(self, sequence=None):
         """Collective over the ranks of the communicator (every one is in this call): complete the
         duplicate, agree on the settings, learn the topology. Raises on every rank if the settings
-        differ."""
+        differ; AllreduceAborted where a peer gave up call #``sequence``, the one set up here (None:
+        the next to be numbered), whose rendezvous came first (consistency.set_up_codes_agree)."""
+        aborted = None
         if self.ready:
             if self.broken is not None:
                 raise self.broken
@@ -126,20 +124,21 @@ class CommState:
             from ..faults.channel import announce_given_up
             announce_given_up(self)
             try:
-                self._agree_on_settings()
+                aborted = self._agree_on_settings(self.sequence + 1 if sequence is None else sequence)
                 self._learn_topology()
             except SettingsMismatch as error:
                 self.broken = error
             self.ready = True
-        if self.broken is not None:
-            raise self.broken
+        if self.broken is not None or aborted is not None:
+            raise self.broken or aborted
         return self
 
-    def _agree_on_settings(self):
+    def _agree_on_settings(self, sequence):
         from .consistency import describe_differences, digest, set_up_codes_agree
         agreed = self.settings.agreed(tuning_table=table_digest())
-        if set_up_codes_agree(self, digest(sorted(agreed.items()))):
-            return
+        same, aborted = set_up_codes_agree(self, digest(sorted(agreed.items())), sequence)
+        if same:
+            return aborted
         everyone = self.library.allgather(agreed)
         raise SettingsMismatch(
             f"rank {self.rank}: the settings that must match on every rank of this communicator of "

@@ -181,16 +181,15 @@ def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):
         raise failure from error
 
 
-def wait_for_set_up(state, request):
-    """Wait for ``request``, a collective of the communicator's set-up (CommState.make_ready), as a
-    call's wait does: the control channel looked at every millisecond. A peer that gave up the
-    call this rank is about to number (a timed first call makes its communicator ready only after
-    its rendezvous, which an untimed one never joins) ends the wait with AllreduceAborted (the
-    call takes its number: mpiallreduce.core.call). The request stays pending (not cancelled: a
-    collective cannot be), for the next set-up to complete."""
-    if request.Test():
-        return
-    watch = PeerWatch(state, state.sequence + 1, None, "setting up the communicator")
+def wait_for_set_up(state, request, sequence):
+    """Wait for ``request``, a collective of the set-up of call #``sequence`` (CommState.make_ready),
+    as a call's wait does: the control channel looked at every millisecond. A peer that gave that
+    call up (a timed call makes its communicator ready only after its rendezvous, which an untimed
+    one never joins) ends the wait with AllreduceAborted; the request stays pending (a collective
+    cannot be cancelled), for the next set-up. Done, the channel is looked at once more (the
+    peer's next set-up may have completed it): the AllreduceAborted to raise once this set-up is
+    complete (the peer is in it), or None."""
+    watch = PeerWatch(state, sequence, None, "setting up the communicator")
     look_at = time.monotonic() + _QUIET_SECONDS
     while not request.Test():
         now = time.monotonic()
@@ -198,3 +197,8 @@ def wait_for_set_up(state, request):
             watch.look_around([], now)  # (no request of its own to leave behind: this one is kept)
             look_at = now + _LOOK_EVERY_SECONDS
         yield_core()
+    try:
+        watch.look_around([], time.monotonic())
+    except AllreduceAborted as aborted:
+        return aborted
+    return None

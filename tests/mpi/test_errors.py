@@ -337,32 +337,46 @@ def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(comp
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_work():
-    """A fresh communicator's first call, timed (1 s) on the last rank and untimed on the others:
-    the timed rank's rendezvous, which the others never join, times out; the others, setting the
-    communicator up (which a timed call does only after its rendezvous), learn it from the control
-    channel and raise AllreduceAborted naming that rank, where they used to wait for ever. The
-    calls' numbers stay in step: the next calls, untimed and timed, give numpy's sum."""
+@pytest.mark.parametrize("first", ["allreduce", "gather"])
+def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_work(use_settings, first):
+    """A fresh communicator's first call (an allreduce, or the library's gather that GradientSync
+    makes first), timed (1 s) on the last rank and untimed on the others: the timed rank's
+    rendezvous, which the others never join, times out; the others, setting the communicator up
+    (which a timed call does only after its rendezvous), learn it from the control channel and
+    raise AllreduceAborted naming that rank, where they used to wait for ever (a gather numbered
+    before its set-up too: a review finding). The calls' numbers stay in step, and the settings,
+    replaced alike on every rank since, are agreed on (the untimed ranks' agreement was left
+    pending with the old ones: a review finding): the next calls give numpy's sum."""
     import time
     import warnings
 
     from mpi4py import MPI
+
+    from mpiallreduce.core.gather import gather_from_ranks
+    from mpiallreduce.core.state import state_of
     comm = MPI.COMM_WORLD.Dup()
     try:
         size, rank = comm.Get_size(), comm.Get_rank()
         x = exact_input("float64", 100, rank, "sum")
         started = time.monotonic()
+
+        def make(timeout=None):
+            return (mar.allreduce(x, comm=comm, timeout=timeout) if first == "allreduce"
+                    else gather_from_ranks(comm, rank, timeout=timeout))
         if rank == size - 1:
             with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
                 warnings.simplefilter("ignore", mar.AllreduceStallWarning)
-                mar.allreduce(x, comm=comm, timeout=1)
+                make(timeout=1)
         else:
             with pytest.raises(mar.AllreduceAborted) as info:
-                mar.allreduce(x, comm=comm)
+                make()
             assert f"rank {size - 1} gave it up" in str(info.value), str(info.value)
         assert time.monotonic() - started < 30
+        use_settings()  # (the same settings, replaced on every rank: agreed on again)
+        assert gather_from_ranks(comm, ("next", rank)) == [("next", r) for r in range(size)]
         expected = numpy_reference("sum", gather_inputs(comm, x))
         assert values_equal(mar.allreduce(x, comm=comm), expected)
         assert values_equal(mar.allreduce(x + 1, comm=comm, timeout=30), numpy_reference("sum", gather_inputs(comm, x + 1)))
+        assert len(set(comm.allgather(state_of(comm).sequence))) == 1
     finally:
         comm.Free()
