@@ -108,8 +108,7 @@ class Call:
             # here, in program order, after the pending asynchronous calls, never on the worker
             try:
                 run_here(lambda: _renew_and_ready(state, current, call.timeout is None))
-            except AllreduceAborted as aborted:  # (a peer gave up its timed call, this one: its number taken)
-                state.number()
+            except AllreduceAborted as aborted:  # (a peer gave up its timed call, this one: its number taken there)
                 if rejected is not None:
                     raise rejected from aborted  # (this rank's own error, as where the set-up was done)
                 raise
@@ -161,7 +160,7 @@ class Call:
         if self.timeout is not None:  # (allreduce_async's meeting: wait(timeout) may bring the deadline forward)
             meet(state, self.sequence, self.timeout, self.site,
                  rendezvous=None if self.meeting is None else self.meeting(state, self.sequence, self.site))
-        state.make_ready()
+        state.make_ready(self.sequence)
 
     def signature(self):
         """What must be equal on every rank, for ``check`` (everything, call number and site too)."""

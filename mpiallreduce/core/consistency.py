@@ -26,6 +26,7 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
+from ..faults.errors import AllreduceAborted, ranks_phrase
 from .signature_messages import codes_agree_by_messages as _codes_agree_by_messages
 
 __all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "meet", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
@@ -62,21 +63,46 @@ def set_up_codes_agree(state, code, sequence):
     rank's code is the same, the AllreduceAborted to raise once the set-up is done or None). Its
     allreduce is non-blocking and waited for through the control channel (faults.watch.
     wait_for_set_up); left pending in ``state.settings_request`` where a peer gave its timed call
-    up, for the next set-up. Where the codes differ, once more with every rank's code of now: a
-    code left pending may be one of settings replaced since (every rank saw the same maxima, so
-    every rank does it)."""
+    up, for the next set-up: so it carries the call's number (``_set_up_numbers``). Where the codes
+    differ, once more with every rank's code of now: a code left pending may be one of settings
+    replaced since (every rank saw the same maxima, so every rank does it)."""
     from ..faults.watch import wait_for_set_up
-    aborted = None
-    for _ in range(2):
+    aborted, again = None, True
+    while True:
         if state.settings_request is None:
-            extremes = np.array([code, -code], dtype=np.int64)
-            state.settings_request = state.library.Iallreduce(MPI.IN_PLACE, [extremes, MPI.INT64_T], MPI.MAX), extremes
-        request, extremes = state.settings_request
+            fields = np.array([code, -code, sequence, -sequence], dtype=np.int64)
+            state.settings_request = state.library.Iallreduce(MPI.IN_PLACE, [fields, MPI.INT64_T], MPI.MAX), fields
+        request, fields = state.settings_request
         aborted = wait_for_set_up(state, request, sequence) or aborted
         state.settings_request = None
-        if extremes[0] == -extremes[1]:
-            return True, aborted
-    return False, aborted
+        if not _set_up_numbers(state, fields, sequence, aborted):
+            continue
+        if fields[0] == -fields[1] or not again:
+            return fields[0] == -fields[1], aborted
+        again = False
+
+
+def _set_up_numbers(state, fields, sequence, aborted):
+    """Whether every rank posted its part of the settings' allreduce (``fields``' last two: the max
+    and minus the min of the numbers of the calls whose set-up posted them) for call #``sequence``:
+    then every rank is in that set-up now. Otherwise a part left pending by a set-up given up met
+    one of a later call, and a rank that went on would wait in the set-up's blocking collectives
+    for a rank not in them (in its timed call's rendezvous, say):
+        a part posted for a later call -> this call was given up: AllreduceAborted
+        else (one posted earlier)      -> False: post again, for call #sequence
+    Every rank that took part sees the same numbers (one that has moved on, in its next set-up,
+    posting again there), so the parts posted again meet."""
+    highest, lowest = int(fields[2]), -int(fields[3])
+    if highest == lowest == sequence:
+        return True
+    if aborted is not None:
+        raise aborted
+    if highest > sequence:
+        raise AllreduceAborted(
+            f"rank {state.rank}: allreduce call #{sequence} on {state.size} ranks: another rank has gone on to "
+            f"call #{highest} without it (it gave this call up: did the ranks give it different timeouts?); "
+            "this rank gave up its part", sequence=sequence)
+    return False
 
 
 class SignatureMismatch(ValueError):
@@ -101,20 +127,18 @@ def compare(state, code, describe, watch, sequence, published=False):
     raise_signature_mismatch(state, describe, sequence)
 
 
-
-
 def raise_signature_mismatch(state, describe, sequence):
     """Collective, on ranks that all know the codes differ: gather what each rank called, raise."""
     everyone = state.library.allgather(describe())
     rejected = [f"rank {rank}: {theirs['rejected']}" for rank, theirs in enumerate(everyone) if "rejected" in theirs]
     if rejected:  # (a bad argument there: mpiallreduce.core.call)
         raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} was rejected on "
-                                f"{_ranks_phrase([r for r, t in enumerate(everyone) if 'rejected' in t])} before any "
+                                f"{ranks_phrase([r for r, t in enumerate(everyone) if 'rejected' in t])} before any "
                                 "data moved; nothing was reduced:\n  " + "\n  ".join(rejected))
     checked = [rank for rank, theirs in enumerate(everyone) if theirs.get("check")]
     if checked:  # (mpiallreduce.core.call.Call.agreed_execution)
         raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} was made with check=True on "
-                                f"{_ranks_phrase(checked)} and without it on the others (check must be the same "
+                                f"{ranks_phrase(checked)} and without it on the others (check must be the same "
                                 "on every rank, or set for all by MPIALLREDUCE_CHECK=1); nothing was reduced")
     differences = describe_differences(everyone)
     raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} differs between the {state.size} ranks "
@@ -157,7 +181,7 @@ def agree_on_call(comm, prepare, signature, resolve=None):
             raise local_error  # not a bad argument but a fault here: keep its type (the others raise too)
         lines = [f"rank {rank}: {kind}: {message}" for rank, (kind, message) in failures]
         raise exc_type(
-            f"allreduce arguments rejected on {_ranks_phrase([r for r, _ in failures])} "
+            f"allreduce arguments rejected on {ranks_phrase([r for r, _ in failures])} "
             f"of {len(reports)}:\n  " + "\n  ".join(lines)
         ) from local_error
     differences = describe_differences([sig for _, sig in reports])
@@ -182,7 +206,7 @@ def agree_on_outcome(comm, local_error, what):
     if flags.any():
         reports = comm.allgather(None if local_error is None else f"{type(local_error).__name__}: {local_error}")
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
-        raise RuntimeError(f"{what} failed on {_ranks_phrase([r for r, _ in failed])} of {len(reports)}:\n  "
+        raise RuntimeError(f"{what} failed on {ranks_phrase([r for r, _ in failed])} of {len(reports)}:\n  "
                            + "\n  ".join(f"rank {r}: {report}" for r, report in failed)) from local_error
 
 
@@ -194,7 +218,7 @@ def describe_differences(signatures):
         for rank, sig in enumerate(signatures):
             ranks_by_value.setdefault(repr(sig.get(field)), []).append(rank)
         if len(ranks_by_value) > 1:
-            parts = [f"{value} on {_ranks_phrase(ranks)}" for value, ranks in ranks_by_value.items()]
+            parts = [f"{value} on {ranks_phrase(ranks)}" for value, ranks in ranks_by_value.items()]
             lines.append(f"{field} differs: " + "; ".join(parts))
     return lines
 
@@ -219,7 +243,7 @@ def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
         kinds = {}
         for rank, theirs in sorted(met.codes.items()):
             kinds.setdefault(theirs, []).append(rank)
-        named = [f"{_KIND_OF_CALL.get(theirs, 'a prepared call')} on {_ranks_phrase(ranks)}"
+        named = [f"{_KIND_OF_CALL.get(theirs, 'a prepared call')} on {ranks_phrase(ranks)}"
                  for theirs, ranks in kinds.items()]
         raise SignatureMismatch(
             f"rank {state.rank}: allreduce call #{sequence} is not the same call on every rank: " + ", ".join(named)
@@ -227,12 +251,6 @@ def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
                else "")
             + "; every rank must make the same call at the same point (a call prepared with mpiallreduce.prepare "
             "too); nothing was reduced")
-
-
-def _ranks_phrase(ranks):
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(str(r) for r in ranks)
 
 
 class CarriedSignature:

@@ -6,11 +6,10 @@
                                   (mpiallreduce.faults.rendezvous)
 
 The duplicate (``MPI_Comm_idup``) is made on the first use, on the caller's thread, in program order:
-the library's collectives never meet the user's own (``comm.allreduce``). It is waited for at once
-when that first call is untimed, left pending when it is timed, so that a straggler on the first call
-is reported, not waited for (one pending duplicate at most: with two, CI saw a hang and 11 GiB
-ranks; open-mpi/ompi#2025). The first call then, on the caller's thread too (never on the worker),
-compares the settings, learns the node layout and makes the communicators and shared slots it needs.
+the library's collectives never meet the user's own. It is waited for at once when that first call is
+untimed, left pending when it is timed, so that a straggler on the first call is reported, not waited
+for (one pending duplicate at most: with two, CI saw a hang; open-mpi/ompi#2025). The first call then,
+on the caller's thread too, compares the settings, learns the node layout and makes what it needs.
 
 States are found by the communicator's handle (a dict: cheaper than an MPI attribute lookup); an
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
@@ -22,6 +21,7 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
+from ..faults.errors import AllreduceAborted
 from ..faults.recorder import named_members, recorder
 from ..faults.recorder_signals import install_signal_handlers
 from .consistency import codes_agree
@@ -54,9 +54,7 @@ class CommState:
         #: calls this rank made on the communicator that reached communication (1, 2, ...)
         self.sequence = 0
         self.settings = settings()
-        # Always MPI_Comm_idup, so that ranks whose first calls differ in timeout still make the
-        # same collective (a blocking dup does not match a non-blocking one): waited for at once
-        # unless the first call is timed.
+        # Always MPI_Comm_idup (a blocking dup does not match it), waited for unless the first call is timed
         self.library, self._library_request = user.Idup()
         if blocking:
             self._library_request.Wait()
@@ -77,9 +75,7 @@ class CommState:
         self.left_behind = []
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
-        #: on one node, the ranks' signature codes in shared memory (mpiallreduce.core.slots;
-        #: else in messages: mpiallreduce.core.consistency)
-        self.signature_slots = None
+        self.signature_slots = None  # on one node, the ranks' signature codes (core.slots; else messages)
         self.symmetric = []  # this rank's symmetric allocations, in order (mpiallreduce.core.symmetric)
         self.lock = threading.Lock()
 
@@ -106,10 +102,10 @@ class CommState:
         return self._library_request is None
 
     def make_ready(self, sequence=None):
-        """Collective over the ranks of the communicator (every one is in this call): complete the
-        duplicate, agree on the settings, learn the topology. Raises on every rank if the settings
-        differ; AllreduceAborted where a peer gave up call #``sequence``, the one set up here (None:
-        the next to be numbered), whose rendezvous came first (consistency.set_up_codes_agree)."""
+        """Collective over the ranks (every one is in this call): complete the duplicate, agree on the
+        settings, learn the topology. Raises on every rank if the settings differ; AllreduceAborted
+        where a peer gave up call #``sequence``, the one set up here (consistency.set_up_codes_agree).
+        None: the next number, taken here if so (a first use outside a call: describe_call's)."""
         aborted = None
         if self.ready:
             if self.broken is not None:
@@ -126,9 +122,13 @@ class CommState:
             try:
                 aborted = self._agree_on_settings(self.sequence + 1 if sequence is None else sequence)
                 self._learn_topology()
+                self.ready = True
             except SettingsMismatch as error:
-                self.broken = error
-            self.ready = True
+                self.broken, self.ready = error, True
+            except AllreduceAborted as given_up:  # (the set-up not done: the next one does it)
+                aborted = given_up
+        if aborted is not None and sequence is None:
+            self.number()
         if self.broken is not None or aborted is not None:
             raise self.broken or aborted
         return self

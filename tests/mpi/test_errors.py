@@ -337,7 +337,7 @@ def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(comp
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("first", ["allreduce", "gather"])
+@pytest.mark.parametrize("first", ["allreduce", "gather", "describe_call"])
 def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_work(use_settings, first):
     """A fresh communicator's first call (an allreduce, or the library's gather that GradientSync
     makes first), timed (1 s) on the last rank and untimed on the others: the timed rank's
@@ -346,7 +346,9 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
     raise AllreduceAborted naming that rank, where they used to wait for ever (a gather numbered
     before its set-up too: a review finding). The calls' numbers stay in step, and the settings,
     replaced alike on every rank since, are agreed on (the untimed ranks' agreement was left
-    pending with the old ones: a review finding): the next calls give numpy's sum."""
+    pending with the old ones: a review finding): the next calls give numpy's sum. The same where
+    the untimed ranks' first use is describe_call, which sets up for the next number and now takes
+    it when that call was given up (a review finding: the numbers went out of step)."""
     import time
     import warnings
 
@@ -361,8 +363,10 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
         started = time.monotonic()
 
         def make(timeout=None):
-            return (mar.allreduce(x, comm=comm, timeout=timeout) if first == "allreduce"
-                    else gather_from_ranks(comm, rank, timeout=timeout))
+            if first == "describe_call" and timeout is None:
+                return mar.describe_call(x, comm=comm)
+            return (gather_from_ranks(comm, rank, timeout=timeout) if first == "gather"
+                    else mar.allreduce(x, comm=comm, timeout=timeout))
         if rank == size - 1:
             with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
                 warnings.simplefilter("ignore", mar.AllreduceStallWarning)
@@ -377,6 +381,42 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
         expected = numpy_reference("sum", gather_inputs(comm, x))
         assert values_equal(mar.allreduce(x, comm=comm), expected)
         assert values_equal(mar.allreduce(x + 1, comm=comm, timeout=30), numpy_reference("sum", gather_inputs(comm, x + 1)))
+        assert len(set(comm.allgather(state_of(comm).sequence))) == 1
+    finally:
+        comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_first_calls_timed_on_different_ranks_alone_raise_everywhere_and_the_next_calls_work():
+    """A fresh communicator's call #1 timed (1 s) on the last rank alone, call #2 on rank 0 alone.
+    In call #2 the untimed ranks' settings allreduce meets rank 0's part left pending from call
+    #1's set-up, while rank 0 waits in its rendezvous: they used to go on into the set-up's
+    blocking collectives and wait there for ever (a review finding). The parts carry their call's
+    number: the untimed ranks see a part of call #1, post theirs again, and raise AllreduceAborted
+    when rank 0 gives up; every next call (timed first: no set-up before its rendezvous) then
+    gives numpy's sum, with the numbers in step."""
+    import warnings
+
+    from mpi4py import MPI
+
+    from mpiallreduce.core.state import state_of
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        size, rank = comm.Get_size(), comm.Get_rank()
+        x = exact_input("float64", 100, rank, "sum")
+        for timed_rank in (size - 1, 0):
+            if rank == timed_rank:
+                with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", mar.AllreduceStallWarning)
+                    mar.allreduce(x, comm=comm, timeout=1)
+            else:
+                with pytest.raises(mar.AllreduceAborted) as info:
+                    mar.allreduce(x, comm=comm)
+                assert f"rank {timed_rank} gave it up" in str(info.value), str(info.value)
+        for call in range(3):
+            y = x + call
+            assert values_equal(mar.allreduce(y, comm=comm, timeout=30 if call < 2 else None),
+                                numpy_reference("sum", gather_inputs(comm, y))), call
         assert len(set(comm.allgather(state_of(comm).sequence))) == 1
     finally:
         comm.Free()
