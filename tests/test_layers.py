@@ -510,8 +510,8 @@ def test_only_the_call_and_the_executor_number_calls():
     found = calls_of("number", attribute_only=True)
     assert found, "no call of .number() at all (update this test)"
     bad = outside(found, ["mpiallreduce/core/call.py", "mpiallreduce/core/prepared.py", "mpiallreduce/core/executor.py",
-                           "mpiallreduce/core/gather.py", "mpiallreduce/core/state.py"])  # (state: a first use's given-up set-up)
-    assert not bad, f"calls numbered (.number()) outside core/call.py, prepared.py, executor.py, gather.py and state.py: {bad}"
+                           "mpiallreduce/core/gather.py"])
+    assert not bad, f"calls numbered (.number()) outside core/call.py, core/prepared.py, core/executor.py and core/gather.py: {bad}"
 
 
 def test_only_core_failures_and_the_faults_layer_translate_mpi_errors():

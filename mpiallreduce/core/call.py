@@ -102,13 +102,16 @@ class Call:
                 rejected = error
         if rejected is not None and (state.size == 1 or current.signature_min_bytes != 0):
             raise rejected  # (the other ranks may not compare this call: raised here alone)
+        if state.given_up_ahead is not None:  # (a peer gave this call up, learnt by a first use: state.make_ready)
+            state.number()  # (raises that, the number taken)
         if state.settings is not current or (not state.ready and call.timeout is None):
             # settings replaced (tests: agreed on again), or the communicator's first untimed call:
             # its collectives (the settings, the node layout and the communicators made from it)
             # here, in program order, after the pending asynchronous calls, never on the worker
             try:
                 run_here(lambda: _renew_and_ready(state, current, call.timeout is None))
-            except AllreduceAborted as aborted:  # (a peer gave up its timed call, this one: its number taken there)
+            except AllreduceAborted as aborted:  # (a peer gave up its timed call, this one: its number taken)
+                state.number()
                 if rejected is not None:
                     raise rejected from aborted  # (this rank's own error, as where the set-up was done)
                 raise
@@ -233,7 +236,7 @@ def _renew_and_ready(state, current, untimed):
     if state.settings is not current:
         state.renew_settings(current)
     if untimed:  # (a timed call is made ready after its rendezvous: Call.sets_up)
-        state.make_ready()
+        state.make_ready(state.sequence + 1)
 
 
 def _plain(value):  # (an op or algorithm as the signature names it)

@@ -51,23 +51,20 @@ class CommState:
         self.rank = user.Get_rank()
         #: the flight recorder (faults.recorder) or None; the ranks as COMM_WORLD's, and the recorder's name
         self.recorder, (self.members, self.trace_id) = recorder(), named_members(user)
-        #: calls this rank made on the communicator that reached communication (1, 2, ...)
-        self.sequence = 0
+        self.sequence = 0  # calls this rank made on the communicator that reached communication
         self.settings = settings()
         # Always MPI_Comm_idup (a blocking dup does not match it), waited for unless the first call is timed
         self.library, self._library_request = user.Idup()
         if blocking:
             self._library_request.Wait()
             self._library_request = None
-        self.settings_request = None  # (the settings' allreduce while pending: consistency.set_up_codes_agree)
+        self.settings_request = self.given_up_ahead = None  # (the set-up's: consistency.set_up_codes_agree)
         #: where the rendezvous's control messages go: the library's duplicate, on a tag of their own
         self.control = self.library
         self.ready, self.spans_nodes, self.node_count, self.equal_nodes = False, False, 1, True
         self.facts = None  # the planner's CallFacts (mpiallreduce.core.planner): agreed on, once ready
-        #: whether every rank's MPI takes device pointers (agreed: all of them, or it counts as no)
-        self.cuda_aware = False
-        #: "untested", "works" or "refused: why": CUDA IPC among the ranks (learn_cuda_ipc)
-        self.cuda_ipc = "untested"
+        self.cuda_aware = False  # whether every rank's MPI takes device pointers (agreed: all, or no)
+        self.cuda_ipc = "untested"  # "works" or "refused: why": CUDA IPC among the ranks (learn_cuda_ipc)
         self.on_free = []  # callables run when the communicator is freed
         self.broken = None  # an exception every later call re-raises (the ranks' settings differ)
         self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
@@ -75,8 +72,7 @@ class CommState:
         self.left_behind = []
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
-        self.signature_slots = None  # on one node, the ranks' signature codes (core.slots; else messages)
-        self.symmetric = []  # this rank's symmetric allocations, in order (mpiallreduce.core.symmetric)
+        self.signature_slots, self.symmetric = None, []  # (core.slots: on one node; core.symmetric)  # this rank's symmetric allocations, in order (mpiallreduce.core.symmetric)
         self.lock = threading.Lock()
 
     def keep(self, key, execution, most=256):
@@ -87,10 +83,14 @@ class CommState:
         self.fast_calls[key] = execution
 
     def number(self):
-        """Number the next call on this communicator (1, 2, ...): every call that reaches
-        communication is numbered here, on the caller's thread, in program order
-        (mpiallreduce.core.call), so the numbers match across the ranks whatever thread runs it."""
+        """Number the next call on this communicator (1, 2, ...): every call that reaches communication
+        is numbered here, on the caller's thread, in program order (mpiallreduce.core.call), so the
+        numbers match across the ranks whatever thread runs it. Raises what a first use outside a
+        call learnt of the call of that number (make_ready: a peer gave it up)."""
         self.sequence += 1
+        ahead, self.given_up_ahead = self.given_up_ahead, None
+        if ahead is not None and ahead.sequence == self.sequence:
+            raise ahead
         return self.sequence
 
     # -- completing the duplicate --------------------------------------------------------------
@@ -105,7 +105,7 @@ class CommState:
         """Collective over the ranks (every one is in this call): complete the duplicate, agree on the
         settings, learn the topology. Raises on every rank if the settings differ; AllreduceAborted
         where a peer gave up call #``sequence``, the one set up here (consistency.set_up_codes_agree).
-        None: the next number, taken here if so (a first use outside a call: describe_call's)."""
+        None: the next number, which a first use outside a call (describe_call's) takes no part of."""
         aborted = None
         if self.ready:
             if self.broken is not None:
@@ -127,8 +127,8 @@ class CommState:
                 self.broken, self.ready = error, True
             except AllreduceAborted as given_up:  # (the set-up not done: the next one does it)
                 aborted = given_up
-        if aborted is not None and sequence is None:
-            self.number()
+        if aborted is not None and sequence is None:  # (a first use outside a call, as describe_call's)
+            self.given_up_ahead = aborted  # (raised by the next number(), of the call given up)
         if self.broken is not None or aborted is not None:
             raise self.broken or aborted
         return self
