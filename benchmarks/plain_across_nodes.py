@@ -40,12 +40,28 @@ def table_choice(x):
     return plan_call(facts, False, x.dtype, x.nbytes, "sum", "auto").name
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default=SIZES, help=f"comma-separated bytes (K, M suffixes); default {SIZES}")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds per size (default {ROUNDS})")
+def arguments(description, sizes=SIZES, rounds=ROUNDS):
+    """--sizes, --rounds and --output, parsed (this script's, and exchange_across_nodes.py's)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--sizes", default=sizes, help=f"comma-separated bytes (K, M suffixes); default {sizes}")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds per size (default {rounds})")
     parser.add_argument("--output", help="also write the lines to this file (rank 0)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def interleaved(contenders, calls, rounds, nbytes, lines):
+    """``rounds`` rounds of a batch of ``calls`` of each contender in turn, a line for each round
+    appended to ``lines``: {name: the median over the rounds of the us per call}."""
+    times = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, call in contenders.items():
+            times[name].append(per_call(call, calls))
+        lines.append(f"{nbytes:>8} B  " + "  ".join(f"{name} {times[name][-1]:8.1f}" for name in contenders))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main():
+    args = arguments(__doc__.splitlines()[0])
     lines = [f"# plain calls, the signature in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
              f"load {' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
              f"{args.rounds} interleaved rounds"]
@@ -65,12 +81,7 @@ def main():
         for call in contenders.values():
             for _ in range(10):
                 call()
-        times = {name: [] for name in contenders}
-        for _ in range(args.rounds):
-            for name, call in contenders.items():
-                times[name].append(per_call(call, calls))
-            lines.append(f"{x.nbytes:>8} B  " + "  ".join(f"{name} {times[name][-1]:8.1f}" for name in contenders))
-        medians = {name: statistics.median(values) for name, values in times.items()}
+        medians = interleaved(contenders, calls, args.rounds, x.nbytes, lines)
         summary.append(f"{x.nbytes:>8} B  medians: " + "  ".join(f"{name} {m:.1f}" for name, m in medians.items())
                        + f"  |  auto against MPI_Allreduce {medians['MPI_Allreduce'] / medians[f'auto ({auto})']:.2f}x")
     write_lines(lines + ["# medians over the rounds"] + summary, args.output)
