@@ -18,6 +18,9 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
     (numbered here, on the caller's thread; run here after the pending asynchronous calls, on the
     library's duplicate of ``comm``). With ``timeout`` the ranks meet first, so a rank that does not
     come raises AllreduceTimeout on every rank that did; a dead peer raises RankFailure (ULFM).
+    Untimed, the ranks compare first, as a call's signature (watched): a peer in a timed call's
+    rendezvous, which this rank never joins, gives it up (AllreduceAborted), and a peer in another
+    kind of call raises SignatureMismatch everywhere, where a blocking allgather waited for ever.
     For what the library compares that is not a call's signature (GradientSync's gradients)."""
     state = state_of(check_comm(comm), blocking=timeout is None)
     sequence = state.number()
@@ -27,6 +30,9 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
         if timeout is not None:
             meet(state, sequence, timeout, site, LIBRARY_GATHER)
         state.make_ready(sequence)
+        if timeout is None and state.size > 1:
+            compare(state, LIBRARY_GATHER, lambda: {"call": "a gather of the library's own"},
+                    lambda: PeerWatch(state, sequence, None, "gather"), sequence)
         try:
             return state.library.allgather(value)
         except BaseException as error:

@@ -388,6 +388,65 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("other", ["gather", "allreduce"])
+def test_a_gather_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_work(other):
+    """On a communicator in use, the library's gather (GradientSync's, hvd.allgather_object's)
+    timed (1 s) on the last rank alone while the others make an untimed gather, or an untimed
+    allreduce: the timed rank's rendezvous times out, and the others, which compare first in a
+    watched exchange, raise AllreduceAborted naming it (the untimed gathers waited for ever in a
+    blocking allgather: a review finding). Then gathers and allreduces give the right values, with
+    the call numbers in step."""
+    import warnings
+
+    from mpi4py import MPI
+
+    from mpiallreduce.core.gather import gather_from_ranks
+    from mpiallreduce.core.state import state_of
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        size, rank = comm.Get_size(), comm.Get_rank()
+        x = exact_input("float64", 100, rank, "sum")
+        assert values_equal(mar.allreduce(x, comm=comm), numpy_reference("sum", gather_inputs(comm, x)))
+        if rank == size - 1:
+            with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
+                warnings.simplefilter("ignore", mar.AllreduceStallWarning)
+                gather_from_ranks(comm, rank, timeout=1)
+        else:
+            with pytest.raises(mar.AllreduceAborted) as info:
+                gather_from_ranks(comm, rank) if other == "gather" else mar.allreduce(x, comm=comm)
+            assert f"rank {size - 1} gave it up" in str(info.value), str(info.value)
+        assert gather_from_ranks(comm, ("next", rank)) == [("next", r) for r in range(size)]
+        assert gather_from_ranks(comm, rank, timeout=30) == list(range(size))
+        assert values_equal(mar.allreduce(x, comm=comm), numpy_reference("sum", gather_inputs(comm, x)))
+        assert len(set(comm.allgather(state_of(comm).sequence))) == 1
+    finally:
+        comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_gather_against_an_allreduce_raises_signature_mismatch_everywhere():
+    """Rank 0 makes the library's gather where the others make an allreduce (untimed): every rank
+    raises SignatureMismatch, the gather's compare meeting the allreduce's (it waited for ever in
+    a blocking allgather before), and the next calls give the right values."""
+    from mpi4py import MPI
+
+    from mpiallreduce.core.consistency import SignatureMismatch
+    from mpiallreduce.core.gather import gather_from_ranks
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        size, rank = comm.Get_size(), comm.Get_rank()
+        x = exact_input("float64", 100, rank, "sum")
+        expected = numpy_reference("sum", gather_inputs(comm, x))
+        with pytest.raises(SignatureMismatch) as info:
+            gather_from_ranks(comm, rank) if rank == 0 else mar.allreduce(x, comm=comm)
+        assert "a gather of the library's own" in str(info.value), str(info.value)
+        assert gather_from_ranks(comm, rank) == list(range(size))
+        assert values_equal(mar.allreduce(x, comm=comm), expected)
+    finally:
+        comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_first_calls_timed_on_different_ranks_alone_raise_everywhere_and_the_next_calls_work():
     """A fresh communicator's call #1 timed (1 s) on the last rank alone, call #2 on rank 0 alone.
     In call #2 the untimed ranks' settings allreduce meets rank 0's part left pending from call
