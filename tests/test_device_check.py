@@ -49,7 +49,7 @@ def test_dry_run_goes_to_the_end_and_writes_every_file(wheels, tmp_path):
     assert "smoke test: a float16 kernel and the preamble kernel ran, as numpy" in info and "Open MPI" in info
     assert re.search(r"^kernel release    \S+", info, re.M) and "compute mode Default" in info, info
     assert "CUDA IPC          refused: opening the peers' memory handles" in info, info
-    assert re.search(r"65536 B  staged_ring \(auto: .*; not device_to_device, which needs CUDA IPC, refused", info), info
+    assert re.search(r"67108864 B  staged_ring \(auto: .*; not device_to_device, which needs CUDA IPC, refused", info), info
     two, three = (tmp_path / "tests-2ranks.txt").read_text(), (tmp_path / "tests-4ranks.txt").read_text()
     for text in (two, three):  # (-v: each test's name and verdict)
         assert re.search(r"^tests/mpi/test_device.py::test_\w+\[.*stand_in.*\] PASSED", text, re.M), text

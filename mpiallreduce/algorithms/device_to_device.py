@@ -23,7 +23,8 @@ and writes the result once, (p+1)/p n bytes of traffic where p-1 two-input kerne
 The mappings last one call. CUDA makes freeing exported memory before its importers have closed it
 undefined, and a mapping kept open pins memory its owner has freed; closing before the final
 barrier means that once any rank returns, no peer holds a mapping of its buffers. The price is one
-cudaIpcOpenMemHandle per peer and buffer per call (not yet measured on a GPU).
+cudaIpcOpenMemHandle per peer and buffer per call: on an H200, 4 ranks, a call of 1 MiB took
+2.0 ms against Open MPI's 0.51 (benchmarks/results-gpu/bench-gpu.txt), the mapping's time.
 """
 import contextlib
 import functools

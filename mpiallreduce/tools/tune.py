@@ -51,6 +51,7 @@ def device_section_from_bench(bench, previous=None):
     if not measured:
         raise ValueError("the run has no out-of-place measurements without wrong elements")
     section = dict(previous or shipped_device_section())
+    section.pop("note", None)  # (a guess's note: these rules are measured, and say where from)
     section.update(measured=bench["metadata"].get("device") == "gpu", one_node=rules_from_measurements(measured),
                    source={key: bench["metadata"].get(key) for key in ("date_utc", "git_commit", "hosts", "ranks",
                                                                         "mpi_library", "cuda_aware")})
