@@ -45,7 +45,8 @@
 /* the dimensions a ShortPath binds (numpy allows 64: compiled.short_path leaves more to Python) */
 #define MAX_DIMENSIONS 8
 
-static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype, *s_nbytes, *s_spin;
+static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype, *s_nbytes, *s_spin,
+    *s_ahead;
 
 /* The objects' attributes are read from their __dict__s (borrowed, no attribute lookup: a few ns
  * where getattr costs 20), which the binding passes: CommState and the worker keep them there. */
@@ -67,7 +68,30 @@ static long long next_number(PyObject *state)
         return -1;
     int failed = PyDict_SetItem(state, s_sequence, next);
     Py_DECREF(next);
-    return failed ? -1 : number;
+    if (failed)
+        return -1;
+    /* as CommState.number: what a first use outside a call learnt of this number (a peer gave the
+     * call up) is raised by the call of that number, once */
+    PyObject *ahead = PyDict_GetItemWithError(state, s_ahead);
+    if (ahead == NULL)
+        return PyErr_Occurred() ? -1 : number;
+    if (ahead == Py_None)
+        return number;
+    Py_INCREF(ahead);
+    PyObject *of = PyDict_SetItem(state, s_ahead, Py_None) < 0 ? NULL : PyObject_GetAttrString(ahead, "sequence");
+    long long given_up = of == NULL ? -1 : PyLong_AsLongLong(of);
+    Py_XDECREF(of);
+    if (of == NULL || (given_up == -1 && PyErr_Occurred())) {
+        Py_DECREF(ahead);
+        return -1;
+    }
+    if (given_up == number) {
+        PyErr_SetObject((PyObject *)Py_TYPE(ahead), ahead);
+        Py_DECREF(ahead);
+        return -1;
+    }
+    Py_DECREF(ahead);
+    return number;
 }
 
 /* 1 where the Python path must take the call: an asynchronous call pending (``worker``: the
@@ -915,7 +939,8 @@ PyMODINIT_FUNC PyInit__compiled(void)
         || !(s_sequence = PyUnicode_InternFromString("sequence")) || !(s_call = PyUnicode_InternFromString("_call"))
         || !(s_slots = PyUnicode_InternFromString("signature_slots"))
         || !(s_library = PyUnicode_InternFromString("library")) || !(s_dtype = PyUnicode_InternFromString("dtype"))
-        || !(s_nbytes = PyUnicode_InternFromString("nbytes")) || !(s_spin = PyUnicode_InternFromString("SPIN_SECONDS")))
+        || !(s_nbytes = PyUnicode_InternFromString("nbytes")) || !(s_spin = PyUnicode_InternFromString("SPIN_SECONDS"))
+        || !(s_ahead = PyUnicode_InternFromString("given_up_ahead")))
         return NULL;
     if (PyType_Ready(&PreparedBaseType) < 0 || PyType_Ready(&ShortPathType) < 0)
         return NULL;

@@ -102,7 +102,8 @@ class Call:
                 rejected = error
         if rejected is not None and (state.size == 1 or current.signature_min_bytes != 0):
             raise rejected  # (the other ranks may not compare this call: raised here alone)
-        if state.given_up_ahead is not None:  # (a peer gave this call up, learnt by a first use: state.make_ready)
+        ahead = state.given_up_ahead  # (a peer gave this call up, learnt by a first use: state.make_ready)
+        if ahead is not None and ahead.sequence == state.sequence + 1:
             state.number()  # (raises that, the number taken)
         if state.settings is not current or (not state.ready and call.timeout is None):
             # settings replaced (tests: agreed on again), or the communicator's first untimed call:

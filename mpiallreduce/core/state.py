@@ -59,8 +59,7 @@ class CommState:
             self._library_request.Wait()
             self._library_request = None
         self.settings_request = self.given_up_ahead = None  # (the set-up's: consistency.set_up_codes_agree)
-        #: where the rendezvous's control messages go: the library's duplicate, on a tag of their own
-        self.control = self.library
+        self.control = self.library  # the rendezvous's control messages: on a tag of their own
         self.ready, self.spans_nodes, self.node_count, self.equal_nodes = False, False, 1, True
         self.facts = None  # the planner's CallFacts (mpiallreduce.core.planner): agreed on, once ready
         self.cuda_aware = False  # whether every rank's MPI takes device pointers (agreed: all, or no)
@@ -68,11 +67,11 @@ class CommState:
         self.on_free = []  # callables run when the communicator is freed
         self.broken = None  # an exception every later call re-raises (the ranks' settings differ)
         self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
-        #: requests of calls given up midway, kept with their buffers (mpiallreduce.faults.watch)
-        self.left_behind = []
+        self.left_behind = []  # requests of calls given up midway, kept with their buffers (faults.watch)
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
-        self.signature_slots, self.symmetric = None, []  # (core.slots: on one node; core.symmetric)  # this rank's symmetric allocations, in order (mpiallreduce.core.symmetric)
+        self.signature_slots = None  # on one node, the ranks' signature codes (core.slots; else messages)
+        self.symmetric = []  # this rank's symmetric allocations, in order (core.symmetric)
         self.lock = threading.Lock()
 
     def keep(self, key, execution, most=256):
@@ -83,8 +82,8 @@ class CommState:
         self.fast_calls[key] = execution
 
     def number(self):
-        """Number the next call on this communicator (1, 2, ...): every call that reaches communication
-        is numbered here, on the caller's thread, in program order (mpiallreduce.core.call), so the
+        """Number the next call (1, 2, ...): every call that reaches communication is numbered here
+        (or by _compiled.c's next_number, alike), on the caller's thread, in program order, so the
         numbers match across the ranks whatever thread runs it. Raises what a first use outside a
         call learnt of the call of that number (make_ready: a peer gave it up)."""
         self.sequence += 1
@@ -114,6 +113,8 @@ class CommState:
         with self.lock:
             if self.ready:
                 return self.make_ready()
+            if sequence is None and self.given_up_ahead is not None:  # (learnt already, by a first use)
+                raise self.given_up_ahead
             if self._library_request is not None:
                 self._library_request.Wait()
                 self._library_request = None

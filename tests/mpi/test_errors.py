@@ -348,9 +348,10 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
     replaced alike on every rank since, are agreed on (the untimed ranks' agreement was left
     pending with the old ones: a review finding): the next calls give numpy's sum. The same where
     the untimed ranks use the communicator first in describe_call (print the plan), then make the
-    allreduce: describe_call raises, takes no number, and the allreduce (#1) raises the same at
-    once (review findings: it waited in the set-up; numbered in describe_call, the calls after
-    it paired with the others' next ones and gave wrong sums)."""
+    allreduce: describe_call raises (again at once if made again), takes no number, and the
+    allreduce (#1) raises the same at once (review findings: it waited in the set-up; numbered in
+    describe_call, the calls after it paired with the others' next ones and gave wrong sums; a
+    second describe_call waited for ever)."""
     import time
     import warnings
 
@@ -372,9 +373,9 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
                 warnings.simplefilter("ignore", mar.AllreduceStallWarning)
                 make(timeout=1)
         else:
-            for _ in range(2 if first == "describe_call" else 1):
+            for _ in range(3 if first == "describe_call" else 1):
                 with pytest.raises(mar.AllreduceAborted) as info:
-                    mar.describe_call(x, comm=comm) if first == "describe_call" and _ == 0 else make()
+                    mar.describe_call(x, comm=comm) if first == "describe_call" and _ < 2 else make()
                 assert f"rank {size - 1} gave it up" in str(info.value), str(info.value)
         assert time.monotonic() - started < 30
         use_settings()  # (the same settings, replaced on every rank: agreed on again)
@@ -442,6 +443,40 @@ def test_a_gather_against_an_allreduce_raises_signature_mismatch_everywhere():
         assert "a gather of the library's own" in str(info.value), str(info.value)
         assert gather_from_ranks(comm, rank) == list(range(size))
         assert values_equal(mar.allreduce(x, comm=comm), expected)
+    finally:
+        comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["prepared", "plain"])
+def test_a_call_given_up_ahead_raises_on_the_compiled_paths_too(kind):
+    """What a first use outside a call learnt (a peer gave call #n up: state.given_up_ahead) is
+    raised by the call of number #n on every path that numbers: a prepared call and a repeated
+    plain call (compiled where built: _compiled.c's next_number, which skipped it: a review
+    finding), the number taken once; the next calls give numpy's sum, the numbers in step."""
+    from mpi4py import MPI
+
+    from mpiallreduce.core.state import state_of
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        size, rank = comm.Get_size(), comm.Get_rank()
+        x = exact_input("float64", 100, rank, "sum")
+        expected = numpy_reference("sum", gather_inputs(comm, x))
+        prepared = mar.prepare(x, comm=comm)
+
+        def call():
+            return prepared() if kind == "prepared" else mar.allreduce(x, comm=comm)
+        for _ in range(3):  # (the plain call's short path kept)
+            assert values_equal(call(), expected)
+        state = state_of(comm)
+        before = state.sequence
+        state.given_up_ahead = mar.AllreduceAborted("given up ahead (this test)", sequence=before + 1)
+        with pytest.raises(mar.AllreduceAborted, match="given up ahead"):
+            call()
+        assert state.sequence == before + 1 and state.given_up_ahead is None
+        for _ in range(2):
+            assert values_equal(call(), expected)
+        assert len(set(comm.allgather(state.sequence))) == 1
     finally:
         comm.Free()
 
