@@ -340,7 +340,7 @@ def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(comp
 @pytest.mark.parametrize("first", ["allreduce", "gather", "describe_call"])
 def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_work(use_settings, first):
     """A fresh communicator's first call (an allreduce, or the library's gather that GradientSync
-    makes first), timed (1 s) on the last rank and untimed on the others: the timed rank's
+    makes first), timed (0.3 s) on the last rank and untimed on the others: the timed rank's
     rendezvous, which the others never join, times out; the others, setting the communicator up
     (which a timed call does only after its rendezvous), learn it from the control channel and
     raise AllreduceAborted naming that rank, where they used to wait for ever (a gather numbered
@@ -371,7 +371,7 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
         if rank == size - 1:
             with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
                 warnings.simplefilter("ignore", mar.AllreduceStallWarning)
-                make(timeout=1)
+                make(timeout=0.3)
         else:
             for _ in range(3 if first == "describe_call" else 1):
                 with pytest.raises(mar.AllreduceAborted) as info:
@@ -392,7 +392,7 @@ def test_a_first_call_timed_on_one_rank_alone_raises_everywhere_and_the_next_cal
 @pytest.mark.parametrize("other", ["gather", "allreduce"])
 def test_a_gather_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_work(other):
     """On a communicator in use, the library's gather (GradientSync's, hvd.allgather_object's)
-    timed (1 s) on the last rank alone while the others make an untimed gather, or an untimed
+    timed (0.3 s) on the last rank alone while the others make an untimed gather, or an untimed
     allreduce: the timed rank's rendezvous times out, and the others, which compare first in a
     watched exchange, raise AllreduceAborted naming it (the untimed gathers waited for ever in a
     blocking allgather: a review finding). Then gathers and allreduces give the right values, with
@@ -411,7 +411,7 @@ def test_a_gather_timed_on_one_rank_alone_raises_everywhere_and_the_next_calls_w
         if rank == size - 1:
             with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
                 warnings.simplefilter("ignore", mar.AllreduceStallWarning)
-                gather_from_ranks(comm, rank, timeout=1)
+                gather_from_ranks(comm, rank, timeout=0.3)
         else:
             with pytest.raises(mar.AllreduceAborted) as info:
                 gather_from_ranks(comm, rank) if other == "gather" else mar.allreduce(x, comm=comm)
@@ -483,7 +483,7 @@ def test_a_call_given_up_ahead_raises_on_the_compiled_paths_too(kind):
 
 @pytest.mark.mpi(min_size=2)
 def test_first_calls_timed_on_different_ranks_alone_raise_everywhere_and_the_next_calls_work():
-    """A fresh communicator's call #1 timed (1 s) on the last rank alone, call #2 on rank 0 alone.
+    """A fresh communicator's call #1 timed (0.3 s) on the last rank alone, call #2 on rank 0 alone.
     In call #2 the untimed ranks' settings allreduce meets rank 0's part left pending from call
     #1's set-up, while rank 0 waits in its rendezvous: they used to go on into the set-up's
     blocking collectives and wait there for ever (a review finding). The parts carry their call's
@@ -503,7 +503,7 @@ def test_first_calls_timed_on_different_ranks_alone_raise_everywhere_and_the_nex
             if rank == timed_rank:
                 with pytest.raises(mar.AllreduceTimeout), warnings.catch_warnings():
                     warnings.simplefilter("ignore", mar.AllreduceStallWarning)
-                    mar.allreduce(x, comm=comm, timeout=1)
+                    mar.allreduce(x, comm=comm, timeout=0.3)
             else:
                 with pytest.raises(mar.AllreduceAborted) as info:
                     mar.allreduce(x, comm=comm)
