@@ -105,7 +105,7 @@ def test_assertion_on_one_rank_fails_the_test_on_every_rank_and_the_run_goes_on(
 
 def test_deadlock_on_every_rank_is_ended_by_the_per_test_timeout():
     result = run_pytest(2, [TESTS / "mpi_faults" / "fault_every_rank_hangs.py"], SHORT_TIMEOUT,
-                        extra_args=["--timeout=5"])
+                        extra_args=["--timeout=2"])
     assert not result.timed_out, explain(result)
     assert result.returncode != 0, explain(result)
     assert "Timeout" in result.output and "test_deadlock" in result.output, explain(result)

@@ -268,7 +268,7 @@ def test_a_bucket_that_times_out_changes_no_gradient():
                  "B": exact_input("float64", 10, rank + step + 1, "sum")}
         before = {name: g.copy() for name, g in grads.items()}
         if step == 1 and last:
-            time.sleep(2.5)  # past both allreduces' timeouts (the fused bucket's, then A's)
+            time.sleep(1.6)  # past both allreduces' timeouts (the fused bucket's, then A's)
         for name in ("B", "A"):  # backward's order: the buckets are not rebuilt (nor prepared again)
             sync.ready(grads[name], name=name)
         if step == 0:
@@ -299,7 +299,7 @@ def test_a_rank_late_at_the_first_step_fails_that_step_only(declared):
         before = {name: g.copy() for name, g in grads.items()}
         want = {name: numpy_reference("mean", gather_inputs(WORLD, g)) for name, g in grads.items()}
         if step == 0 and late:
-            time.sleep(2.0)
+            time.sleep(1.2)
         for name in reversed(names):
             sync.ready(grads[name], name=name)
         if step == 0:
