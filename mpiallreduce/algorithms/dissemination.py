@@ -111,9 +111,10 @@ class DisseminationAllreduce(Algorithm):
         CallTags(state.library, 0)  # (the first one learns MPI_TAG_UB: CallTags.calls_apart)
         calls_apart = CallTags.calls_apart
 
-        def resume(sequence, watch, stopped, high, negated, taken, handles):
+        def resume(sequence, watch, stopped, high, negated, taken, handles, owner=None):
             """The rounds from where the compiled ones stopped (round ``stopped``; -2, an MPI error:
-            ``high``), their requests as Fortran handles, through ``watch``; the codes' maxima."""
+            ``high``), their requests as Fortran handles, through ``watch``; the codes' maxima.
+            ``owner``: the array a send reads from where it lies (the short path's on 2 ranks)."""
             space, requests = held[0], [MPI.Request.f2py(h) for h in handles]
             tags = CallTags(state.library, sequence, watch, base)
             try:
@@ -124,7 +125,7 @@ class DisseminationAllreduce(Algorithm):
                                              taken)
                 return rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
             except BaseException:  # (given up: MPI may still read or write the buffer, a rendezvous send
-                keep_while_pending(requests, space)  # left behind say; kept, and never written again)
+                keep_while_pending(requests, (space, owner))  # left behind say; kept, never written again)
                 held[:] = fresh()
                 raise
 
@@ -132,7 +133,8 @@ class DisseminationAllreduce(Algorithm):
             space, pieces, address = held
             stopped, high, negated, taken, *handles = exchange_rounds(
                 handle, (sequence % calls_apart) * slot + base, size, rank, address, SIGNATURE_MESSAGE_BYTES,
-                recv if send is None else send, nbytes, code, -code, sequence, _messages.SPIN_SECONDS, TAIL_OFFSET)
+                recv if send is None else send, nbytes, code, -code, sequence, _messages.SPIN_SECONDS,
+                _messages.SPIN_SECONDS_PER_BYTE, TAIL_OFFSET)
             if stopped != -1:  # (a wait that lasts, a message left to the Python, an MPI error: through the watch)
                 high, negated = resume(sequence, watch, stopped, high, negated, taken, handles)
             signature.sequence = sequence
@@ -141,7 +143,8 @@ class DisseminationAllreduce(Algorithm):
         if by_mpi(op, execution.dtype):
             #: what the compiled short path binds to run the same call itself (core.compiled.short_path):
             #: its buffer (held[2]: the address), ``resume``, the tags, the capacity, this module's
-            #: variables of signature_messages (SPIN_SECONDS, read at each call) and the tails' offset
+            #: variables of signature_messages (SPIN_SECONDS and SPIN_SECONDS_PER_BYTE, read at each call)
+            #: and the tails' offset
             run.compiled = (held, resume, base, slot, calls_apart, size, rank, SIGNATURE_MESSAGE_BYTES, vars(_messages),
                             TAIL_OFFSET)
         return run

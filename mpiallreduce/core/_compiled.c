@@ -45,7 +45,7 @@
 /* the dimensions a ShortPath binds (numpy allows 64: compiled.short_path leaves more to Python) */
 #define MAX_DIMENSIONS 8
 
-static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype, *s_nbytes, *s_spin,
+static PyObject *s_pending, *s_recorder, *s_sequence, *s_call, *s_slots, *s_library, *s_dtype, *s_nbytes, *s_spin, *s_spin_per_byte,
     *s_ahead;
 
 /* The objects' attributes are read from their __dict__s (borrowed, no attribute lookup: a few ns
@@ -310,7 +310,7 @@ static PyTypeObject PreparedBaseType = {
 /* ---- dissemination's rounds ------------------------------------------------------------------ */
 
 /* exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin,
- * tail_offset): the rounds of the dissemination algorithm (mpiallreduce/algorithms/dissemination.py,
+ * spin_per_byte, tail_offset): the rounds of the dissemination algorithm (mpiallreduce/algorithms/dissemination.py,
  * which says what moves; this does what its Python does, message for message). ``work`` (an
  * address): the codes (CODES_BYTES: high, negated, the call's number, the tail's length), the
  * ``size`` blocks of ``nbytes``, then ``capacity`` bytes for a head (signature_messages.
@@ -318,7 +318,8 @@ static PyTypeObject PreparedBaseType = {
  * first. Round k sends the codes and the first blocks held to rank + 2^k, on tag + k, those that do
  * not fit ``capacity`` in a tail on tag + k + tail_offset, and appends what comes from rank - 2^k
  * (its tail received into place once its head is in), keeping the codes' maxima. The GIL is
- * released; each wait tests its requests for ``spin`` seconds at most (yielding the core after the
+ * released; each wait tests its requests for ``spin`` seconds, and ``spin_per_byte`` more per byte of
+ * the round's blocks, at most (yielding the core after the
  * first few tests). Returns (round, high, negated, taken, head's receive, head's send, tail's send,
  * tail's receive): round -1, every round done; round k >= 0, round k is the Python's (its requests
  * as Fortran handles, MPI.Request.f2py; ``taken``: the head is in and the tail's receive posted):
@@ -344,9 +345,13 @@ typedef struct {
     long long high, negated;
 } Rounds;
 
-/* the rounds, with the GIL released by the caller (``r``'s high and negated: this rank's codes) */
+/* the rounds, with the GIL released by the caller (``r``'s high and negated: this rank's codes).
+ * ``direct`` on 2 ranks (one round, block 0 sent whole): the head's blocks are copied, the tail is
+ * sent from ``x`` where it lies, so block 0 holds the head's bytes only (the short path reduces
+ * from x; what owns it is kept while a send may read it: carried_rounds) */
 static void run_rounds(MPI_Comm comm, int tag, int size, int rank, char *work, long long capacity, const void *x,
-                       long long nbytes, long long number, double spin, int tail_offset, Rounds *r)
+                       long long nbytes, long long number, double spin, double spin_per_byte, int tail_offset,
+                       int direct, Rounds *r)
 {
     char *incoming = work + CODES_BYTES + (size_t)size * (size_t)nbytes;
     int round = 0, error = MPI_SUCCESS;
@@ -355,7 +360,9 @@ static void run_rounds(MPI_Comm comm, int tag, int size, int rank, char *work, l
         r->requests[i] = MPI_REQUEST_NULL;
     r->stopped = -1;
     r->taken = 0;
-    memcpy(work + CODES_BYTES, x, (size_t)nbytes);
+    direct = direct && size == 2;
+    if (!direct)
+        memcpy(work + CODES_BYTES, x, (size_t)nbytes);
     long long held = 1;
     for (int distance = 1; distance < size; distance *= 2, round++) {
         long long count = held < size - held ? held : size - held, total = count * nbytes;
@@ -365,14 +372,16 @@ static void run_rounds(MPI_Comm comm, int tag, int size, int rank, char *work, l
         int source = (rank - distance % size + size) % size, to = (rank + distance) % size, taken = 0;
         MPI_Request *requests = r->requests;
         memcpy(work, codes, CODES_BYTES);
+        if (direct)
+            memcpy(work + CODES_BYTES, x, (size_t)head);
         error = MPI_Irecv(incoming, (int)capacity, MPI_BYTE, source, tag + round, comm, &requests[0]);
         if (error == MPI_SUCCESS)
             error = MPI_Isend(work, (int)(CODES_BYTES + head), MPI_BYTE, to, tag + round, comm, &requests[1]);
         if (error == MPI_SUCCESS && tail)
-            error = MPI_Isend(work + CODES_BYTES + head, (int)tail, MPI_BYTE, to, tag + round + tail_offset, comm,
-                              &requests[2]);
+            error = MPI_Isend(direct ? (const char *)x + head : work + CODES_BYTES + head, (int)tail, MPI_BYTE, to,
+                              tag + round + tail_offset, comm, &requests[2]);
         int done = 0, tests = 0;
-        double give_up = seconds_now() + spin;
+        double give_up = seconds_now() + spin + (double)total * spin_per_byte;
         while (error == MPI_SUCCESS) {
             if (!taken) {
                 int in = 0;
@@ -435,10 +444,10 @@ static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
     unsigned long long comm_handle, work_address;
     int tag, size, rank, tail_offset;
     long long capacity, nbytes, high, negated, number;
-    double spin;
+    double spin, spin_per_byte;
     Py_buffer x;
-    if (!PyArg_ParseTuple(args, "KiiiKLy*LLLLdi", &comm_handle, &tag, &size, &rank, &work_address, &capacity, &x,
-                          &nbytes, &high, &negated, &number, &spin, &tail_offset))
+    if (!PyArg_ParseTuple(args, "KiiiKLy*LLLLddi", &comm_handle, &tag, &size, &rank, &work_address, &capacity, &x,
+                          &nbytes, &high, &negated, &number, &spin, &spin_per_byte, &tail_offset))
         return NULL;
     if (x.len != nbytes || !rounds_fit(nbytes, size, capacity)) {
         PyBuffer_Release(&x);
@@ -449,7 +458,7 @@ static PyObject *exchange_rounds(PyObject *unused, PyObject *args)
     Rounds r = {.high = high, .negated = negated};
     Py_BEGIN_ALLOW_THREADS
     run_rounds((MPI_Comm)(uintptr_t)comm_handle, tag, size, rank, (char *)(uintptr_t)work_address, capacity, x.buf,
-               nbytes, number, spin, tail_offset, &r);
+               nbytes, number, spin, spin_per_byte, tail_offset, 0, &r);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&x);
     return rounds_result(&r);
@@ -676,8 +685,23 @@ static int view_of(ShortPath *self, PyObject *array, Py_buffer *view, int writab
     return 1;
 }
 
-/* the buffer and the spin of the rounds on the signature's tags (read before the call is
- * numbered: what could fail on one rank alone is behind); 0, or -1 with an exception set */
+/* a float of the rounds' module (``name``: SPIN_SECONDS, SPIN_SECONDS_PER_BYTE); 0, or -1 with an
+ * exception set */
+static int spin_variable(ShortPath *self, PyObject *name, double *value)
+{
+    PyObject *now = PyDict_GetItemWithError(self->variables, name);
+    *value = now == NULL ? -1.0 : PyFloat_AsDouble(now);
+    if (*value == -1.0 && (now == NULL || PyErr_Occurred())) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_AttributeError, "ShortPath: the rounds' module has no %U", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* the buffer and the spin of the rounds on the signature's tags (spin[0]: seconds, spin[1]: more per
+ * byte; read before the call is numbered: what could fail on one rank alone is behind); 0, or -1
+ * with an exception set */
 static int rounds_ready(ShortPath *self, char **work, double *spin)
 {
     PyObject *address = PyList_GET_SIZE(self->held) == 3 ? PyList_GET_ITEM(self->held, 2) : NULL;
@@ -687,14 +711,7 @@ static int rounds_ready(ShortPath *self, char **work, double *spin)
             PyErr_SetString(PyExc_RuntimeError, "ShortPath: no buffer bound for the rounds");
         return -1;
     }
-    PyObject *spin_now = PyDict_GetItemWithError(self->variables, s_spin);
-    *spin = spin_now == NULL ? -1.0 : PyFloat_AsDouble(spin_now);
-    if (*spin == -1.0 && (spin_now == NULL || PyErr_Occurred())) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_AttributeError, "ShortPath: the rounds' module has no SPIN_SECONDS");
-        return -1;
-    }
-    return 0;
+    return spin_variable(self, s_spin, &spin[0]) < 0 || spin_variable(self, s_spin_per_byte, &spin[1]) < 0 ? -1 : 0;
 }
 
 /* call #number's rounds on its signature tags, carrying ``nbytes`` of ``x`` (dissemination's
@@ -702,18 +719,21 @@ static int rounds_ready(ShortPath *self, char **work, double *spin)
  * for message signature_messages.codes_agree_by_messages'), resumed in the Python from a wait that
  * lasts (rest), the maxima settled (mismatch raises on every rank where any rank's call differs).
  * 0, or -1 with what ``failed`` raised */
-static int carried_rounds(ShortPath *self, char *work, double spin, const void *x, long long nbytes, long long number)
+static int carried_rounds(ShortPath *self, char *work, const double *spin, const void *x, PyObject *owner,
+                          long long nbytes, long long number)
 {
     Rounds r = {.high = self->code, .negated = -self->code};
     Py_BEGIN_ALLOW_THREADS
     run_rounds(self->comm, (int)((number % self->calls_apart) * self->slot + self->base), self->size, self->rank,
-               work, self->capacity, x, nbytes, number, spin, self->tail_offset, &r);
+               work, self->capacity, x, nbytes, number, spin[0], spin[1], self->tail_offset, owner != Py_None, &r);
     Py_END_ALLOW_THREADS
     long long high = r.high, negated = r.negated;
-    if (r.stopped != -1) {  /* (a wait that lasts, a message left to the Python, an MPI error: through a watch) */
-        PyObject *got = PyObject_CallFunction(self->rest, "LiLLiiiii", number, r.stopped, r.high, r.negated, r.taken,
+    if (r.stopped != -1) {  /* (a wait that lasts, a message left to the Python, an MPI error: through a watch;
+                             * ``owner``, what x lies in, kept with the requests if the call is given up) */
+        PyObject *got = PyObject_CallFunction(self->rest, "LiLLi(iiii)O", number, r.stopped, r.high, r.negated, r.taken,
                                               (int)MPI_Request_c2f(r.requests[0]), (int)MPI_Request_c2f(r.requests[1]),
-                                              (int)MPI_Request_c2f(r.requests[2]), (int)MPI_Request_c2f(r.requests[3]));
+                                              (int)MPI_Request_c2f(r.requests[2]), (int)MPI_Request_c2f(r.requests[3]),
+                                              owner);
         int parsed = got != NULL && PyArg_ParseTuple(got, "LL", &high, &negated);
         Py_XDECREF(got);
         if (!parsed) {
@@ -738,25 +758,39 @@ static int carried_rounds(ShortPath *self, char *work, double spin, const void *
  * each next one's reduced into it (MPI_Reduce_local: in (op) inout, the same IEEE sum as numpy's
  * left to right, a + b being b + a; dissemination.reduce_in_order does the same on the Python
  * path, so NaN payloads agree too), a mean divided. Py_None, or NULL with what ``failed`` raised */
-static PyObject *dissemination_run(ShortPath *self, const void *x, Py_buffer *recv)
+static PyObject *dissemination_run(ShortPath *self, PyObject *owner, const void *x, Py_buffer *recv)
 {
     char *work;
-    double spin;
-    if (rounds_ready(self, &work, &spin) < 0)
+    double spin[2];
+    if (rounds_ready(self, &work, spin) < 0)
         return NULL;
     long long number = next_number(self->state);
     if (number < 0)
         return NULL;
     long long nbytes = recv->len;
-    if (carried_rounds(self, work, spin, x, nbytes, number) < 0)
+    if (carried_rounds(self, work, spin, x, owner, nbytes, number) < 0)
         return NULL;
     int code = MPI_SUCCESS;
     char *blocks = work + CODES_BYTES;  /* (block j holds rank - j's input) */
     Py_BEGIN_ALLOW_THREADS
-    memcpy(recv->buf, blocks + (size_t)self->rank * (size_t)nbytes, (size_t)nbytes);
-    for (int s = 1; s < self->size && code == MPI_SUCCESS; s++)
-        code = MPI_Reduce_local(blocks + (size_t)((self->rank - s + self->size) % self->size) * (size_t)nbytes,
-                                recv->buf, self->count, self->datatype, self->op);
+    if (self->size == 2) {  /* (block 0 is x, where it lies: run_rounds' direct; rank 0's input is the first) */
+        char *peer = blocks + nbytes;
+        const void *first = self->rank == 0 ? x : peer, *second = self->rank == 0 ? (const void *)peer : x;
+        if (recv->buf == second) {  /* (in place on rank 1: reduced into the peer's block, then copied) */
+            code = MPI_Reduce_local(second, peer, self->count, self->datatype, self->op);
+            if (code == MPI_SUCCESS)
+                memcpy(recv->buf, peer, (size_t)nbytes);
+        } else {
+            if (recv->buf != first)
+                memcpy(recv->buf, first, (size_t)nbytes);
+            code = MPI_Reduce_local(second, recv->buf, self->count, self->datatype, self->op);
+        }
+    } else {
+        memcpy(recv->buf, blocks + (size_t)self->rank * (size_t)nbytes, (size_t)nbytes);
+        for (int s = 1; s < self->size && code == MPI_SUCCESS; s++)
+            code = MPI_Reduce_local(blocks + (size_t)((self->rank - s + self->size) % self->size) * (size_t)nbytes,
+                                    recv->buf, self->count, self->datatype, self->op);
+    }
     Py_END_ALLOW_THREADS
     if (code != MPI_SUCCESS)
         return failed_with(self->failed, code, number);
@@ -820,7 +854,7 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
     if (blocks && (recv.len <= 0 || (long long)self->size * recv.len > INT_MAX))
         goto python;  /* (nothing to send, or more than a message holds: the Python's rounds) */
     if (blocks) {  /* dissemination's rounds, carrying the signature */
-        PyObject *done = dissemination_run(self, in_place ? recv.buf : send.buf, &recv);
+        PyObject *done = dissemination_run(self, x, in_place ? recv.buf : send.buf, &recv);
         if (done == NULL)
             goto fail;
         Py_DECREF(done);
@@ -831,19 +865,19 @@ static PyObject *short_run(ShortPath *self, PyObject *const *args, Py_ssize_t na
     }
     if (self->compares) {  /* in the shared slots, or in messages (held: across nodes, ULFM) */
         char *work = NULL;
-        double spin = 0.0;
+        double spin[2] = {0.0, 0.0};
         PyObject *slots = PyDict_GetItemWithError(self->state, s_slots);
         if (slots == NULL && PyErr_Occurred())
             goto fail;
         if (self->held != NULL && slots != Py_None)
             goto python;  /* (slots made since it was bound: the Python's path) */
-        if (self->held != NULL && rounds_ready(self, &work, &spin) < 0)
+        if (self->held != NULL && rounds_ready(self, &work, spin) < 0)
             goto fail;
         number = next_number(self->state);
         if (number < 0)
             goto fail;
         if (self->held != NULL) {  /* the codes alone in the rounds: the check in messages, in C */
-            if (carried_rounds(self, work, spin, work, 0, number) < 0)
+            if (carried_rounds(self, work, spin, work, Py_None, 0, number) < 0)
                 goto fail;
         } else {
             int ours = slots != NULL && slots == self->slots && slots != Py_None;
@@ -922,7 +956,8 @@ static PyTypeObject ShortPathType = {
 
 static PyMethodDef module_methods[] = {
     {"exchange_rounds", exchange_rounds, METH_VARARGS,
-     "exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin, tail_offset): "
+     "exchange_rounds(comm, tag, size, rank, work, capacity, x, nbytes, high, negated, number, spin, spin_per_byte, "
+     "tail_offset): "
      "dissemination's rounds"},
     {NULL}
 };
@@ -940,6 +975,7 @@ PyMODINIT_FUNC PyInit__compiled(void)
         || !(s_slots = PyUnicode_InternFromString("signature_slots"))
         || !(s_library = PyUnicode_InternFromString("library")) || !(s_dtype = PyUnicode_InternFromString("dtype"))
         || !(s_nbytes = PyUnicode_InternFromString("nbytes")) || !(s_spin = PyUnicode_InternFromString("SPIN_SECONDS"))
+        || !(s_spin_per_byte = PyUnicode_InternFromString("SPIN_SECONDS_PER_BYTE"))
         || !(s_ahead = PyUnicode_InternFromString("given_up_ahead")))
         return NULL;
     if (PyType_Ready(&PreparedBaseType) < 0 || PyType_Ready(&ShortPathType) < 0)

@@ -109,9 +109,9 @@ def short_path(execution):
     if rounds is not None:
         held, resume, *bound = rounds
 
-        def rest(sequence, stopped, high, negated, taken, *handles):
+        def rest(sequence, stopped, high, negated, taken, handles, owner):  # (owner: what a send reads from)
             watching[:] = [PeerWatch(state, sequence, None, execution.plan.name if execution.carried else "signature")]
-            maxima = resume(sequence, watching[0], stopped, high, negated, taken, handles)
+            maxima = resume(sequence, watching[0], stopped, high, negated, taken, handles, owner)
             watching.clear()
             return maxima
 
@@ -154,7 +154,7 @@ def _check_of(execution):
     held, tags = fresh(), messages.call_tags()
     tags(state.library, 0)  # (the first one learns MPI_TAG_UB: CallTags.calls_apart)
 
-    def resume(sequence, watch, stopped, high, negated, taken, handles):
+    def resume(sequence, watch, stopped, high, negated, taken, handles, owner=None):  # (no send reads the owner's)
         space, requests = held[0], [MPI.Request.f2py(handle) for handle in handles]
         try:
             return messages.resume_codes(state, sequence, watch, stopped, high, negated, taken, requests,

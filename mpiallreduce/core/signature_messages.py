@@ -24,8 +24,8 @@ import numpy as np
 from mpi4py import MPI
 
 __all__ = ["codes_agree_by_messages", "codes_by_messages", "resume_codes", "signature_tag", "call_tags",
-           "keep_while_pending", "SPIN_SECONDS", "take_round", "dissemination_peers", "CODES", "SIGNATURE_MESSAGE_BYTES", "TAIL_OFFSET",
-           "drop_tail"]
+           "keep_while_pending", "SPIN_SECONDS", "SPIN_SECONDS_PER_BYTE", "take_round", "dissemination_peers", "CODES",
+           "SIGNATURE_MESSAGE_BYTES", "TAIL_OFFSET", "drop_tail"]
 
 
 def codes_agree_by_messages(state, code, sequence, watch):
@@ -111,6 +111,11 @@ _KEPT = []
 #: looks at the control channel and the deadline: mpiallreduce.faults.watch, every millisecond);
 #: read at each call, by the check's and by dissemination's
 SPIN_SECONDS = 1e-3
+#: and this much longer per byte of a round's blocks: their transfer takes time of its own (a MiB
+#: each way about 0.7 ms between 2 emulated nodes here), which a return to the Python's millisecond
+#: watch would round up (dissemination of 2 MiB on 2 ranks: 0.56-0.65x of MPI_Allreduce with none of
+#: it; docs/performance.md); a dead peer is noticed that much later
+SPIN_SECONDS_PER_BYTE = 2e-9
 
 
 def take_round(comm, watch, incoming, source, tag, sequence, requests):

@@ -81,15 +81,15 @@ PERSISTENT_BELOW = 4 << 10
 #: messages fit (12 KiB and 16000 B won too in a /tmp script, not kept: 31.6 against 56.0, 66.9 against 85.5)
 DISSEMINATION_UP_TO = 16 << 10
 #: on 2 ranks dissemination is one exchange of the whole buffer each way (recursive doubling's), its
-#: blocks past one head in the message's tail: ``auto`` runs it whatever the table says (the check
-#: rides in the head) while both messages stay eager on TCP (halves of at most a head's room:
-#: signature_messages), where the table's choice pays the check's exchange on top. Past it the
-#: tail waits for a rendezvous. 2 emulated nodes, benchmarks/plain_across_nodes.py: on 2026-12-04
-#: (the check in Python) 0.91x to 1.29x of raw MPI_Allreduce's speed from 8 to 128 KiB, the check
-#: then MPI's own 0.34x to 0.81x; 0.65x and 0.68x at 256 KiB, the check 0.83x and 0.84x. With the
-#: check compiled (/tmp runs, 04:37-04:48): at 96 KiB 65-97 us against 75-106 for the check then MPI's
-#: own; at 128 KiB 212-282 against 202-316 (/tmp runs; the kept run: benchmarks/results-signature/plain-two-nodes.txt)
-DISSEMINATION_TWO_RANKS_UP_TO = 2 * ((60 << 10) - 32)  # (2 x signature_messages' head room: a test checks; no MPI here)
+#: blocks past one head in the message's tail, sent from the input where it lies, no copy of it made
+#: (the compiled short path): ``auto`` runs it up to this size whatever the table says
+#: (the check rides in the head), where the table's choice pays the check's exchange on top.
+#: 2 emulated nodes, 2026-12-04 (/tmp runs of the plain calls, 7 and 9 interleaved rounds; the kept
+#: run: benchmarks/results-signature/plain-two-nodes.txt), time of MPI_Allreduce over each:
+#: dissemination 0.97-1.17x at 128 KiB, 1.03x at 256 KiB, 0.98-1.01x at 512 KiB, 0.99x at 768
+#: KiB, 0.94-1.03x at 1 MiB, 0.92x at 1.5 MiB, 0.82-0.95x at 2 MiB; the check then MPI's own
+#: 0.88-0.92x, 0.93x, 0.96-0.99x, 0.91x, 0.96-1.08x, 0.95x, 0.99-1.08x
+DISSEMINATION_TWO_RANKS_UP_TO = 1 << 20
 
 
 def dissemination_pays(size, nbytes, largest_message):

@@ -145,6 +145,7 @@ def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(compared_by_
     x = exact_input("float64", 100, rank, "sum")
     assert "signature: 32-byte messages" in mar.describe_call(x, comm=comm, algorithm="mpi")
     monkeypatch.setattr(signature_messages, "SPIN_SECONDS", spin)
+    monkeypatch.setattr(signature_messages, "SPIN_SECONDS_PER_BYTE", spin and signature_messages.SPIN_SECONDS_PER_BYTE)
     expected = numpy_reference("mean", gather_inputs(comm, x))
     for _ in range(2):  # (the first call plans; the next ones take the short path)
         assert values_equal(mar.allreduce(x, op="mean", comm=comm, algorithm="mpi"), expected)
@@ -189,6 +190,7 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
     assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm)
     if spin is not None:
         monkeypatch.setattr(signature_messages, "SPIN_SECONDS", spin)
+        monkeypatch.setattr(signature_messages, "SPIN_SECONDS_PER_BYTE", spin)
     expected = numpy_reference("sum", gather_inputs(comm, x))
     for odd_one in range(size):
         for theirs, field in [(exact_input("float64", 101, rank, "sum"), "shape"),
@@ -220,28 +222,34 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(compare
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("count", [777, 20000], ids=["a-head", "with-tails"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
-def test_dissemination_carrying_the_check_reduces_in_rank_order_bit_for_bit(compared_by_messages, dtype):
+def test_dissemination_carrying_the_check_reduces_in_rank_order_bit_for_bit(compared_by_messages, dtype, count):
     """The compiled short path runs the rounds and reduces the blocks itself (MPI_Reduce_local):
     sums and means of values whose float sum depends on the order must have the bits of numpy's
-    left-to-right sum over the ranks' inputs, in place and out of place, on every rank."""
+    left-to-right sum over the ranks' inputs, in place and out of place, on every rank; with tails
+    too (on 2 ranks sent from the input where it lies, rank 1's in-place result made in its peer's
+    block)."""
     from functools import reduce
     comm = compared_by_messages
     rank = comm.Get_rank()
-    x = (np.random.default_rng(rank).standard_normal(777) * 10 ** rank).astype(dtype)
+    x = (np.random.default_rng(rank).standard_normal(count) * 10 ** rank).astype(dtype)
     inputs = comm.allgather(x)
+    algorithm = "dissemination" if count > 1000 else "auto"  # (past auto's bound on more than 2 ranks)
     for op in ("sum", "mean"):
         if op == "mean" and dtype == "int64":
             continue
-        assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm, op=op)
+        assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm, op=op, algorithm=algorithm)
         want = reduce(np.add, inputs[1:], inputs[0].copy())
         if op == "mean":
             want = (want / np.array(comm.Get_size(), dtype)).astype(dtype)
         for _ in range(3):  # (the short path binds at the first call)
-            got = mar.allreduce(x, comm=comm, op=op)
+            got = mar.allreduce(x, comm=comm, op=op, algorithm=algorithm)
             assert got.tobytes() == want.tobytes(), (op, dtype)
-        y = x.copy()
-        assert mar.allreduce(y, comm=comm, op=op, out=y) is y and y.tobytes() == want.tobytes(), (op, dtype)
+        for _ in range(2):
+            y = x.copy()
+            assert mar.allreduce(y, comm=comm, op=op, out=y, algorithm=algorithm) is y, (op, dtype)
+            assert y.tobytes() == want.tobytes(), (op, dtype)
         assert x.tobytes() == inputs[rank].tobytes()
 
 
@@ -252,11 +260,11 @@ def test_dissemination_has_one_reduction_on_every_path_nan_payloads_included(com
     payloads (numpy's loops keep one operand's, MPI's the other's)."""
     comm = compared_by_messages
     rank = comm.Get_rank()
-    payloads = np.array([0x7FC00001 + rank, 0x7FC00100 + 3 * rank], dtype=np.uint32)
-    x = np.tile(payloads.view(np.float32), 500)  # (1000 elements: SIMD loops and their remainders)
-    assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm)
-    compiled = [mar.allreduce(x, comm=comm).view(np.uint32) for _ in range(3)]
-    timed = mar.allreduce(x, comm=comm, timeout=60).view(np.uint32)  # (the Python rounds and reduction)
+    payloads = np.array([0x7FC00001 + rank, 0x7FC00100 + 3 * rank, 0x7FC01000 - rank], dtype=np.uint32)
+    x = np.tile(payloads.view(np.float32), 12345)  # (SIMD loops and their remainders; the head's and a tail's)
+    assert "signature: carried by dissemination" in mar.describe_call(x, comm=comm, algorithm="dissemination")
+    compiled = [mar.allreduce(x, comm=comm, algorithm="dissemination").view(np.uint32) for _ in range(3)]
+    timed = mar.allreduce(x, comm=comm, timeout=60, algorithm="dissemination").view(np.uint32)  # (the Python's)
     for got in compiled[1:] + [timed]:
         assert got.tobytes() == compiled[0].tobytes()
     assert len(set(comm.allgather(compiled[0].tobytes()))) == 1
