@@ -486,7 +486,7 @@ typedef struct {
      * (MPI_Reduce_local) */
     PyObject *held, *rest, *mismatch;  /* [space, pieces, its address] (a new one after a call given up),
                                         * the Python's rounds from a wait that lasts, a mismatch raised */
-    PyObject *variables;               /* signature_messages' module's: SPIN_SECONDS, read at each call */
+    PyObject *variables;               /* signature_messages' module's: SPIN_SECONDS(_PER_BYTE), read at each call */
     int base, slot, size, rank, tail_offset;
     long long calls_apart, capacity;
 } ShortPath;
