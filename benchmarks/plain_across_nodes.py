@@ -3,11 +3,12 @@ against the check and then the tuning table's choice (what ``auto`` ran before d
 the check on 2 ranks past 16 KiB), the check and then MPI's own, and raw ``comm.Allreduce``:
 
     mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/plain_across_nodes.py [--sizes 4,64K,1M] [--rounds 15]
-        [--output FILE]
+        [--in-place] [--output FILE]
 
 Interleaved in one launch, ``--rounds`` times per size: a batch of plain calls of each contender on the
 same float32 buffers (``mar.allreduce(x, out=out)``, ``mar.allreduce(x, out=out, algorithm=...)``),
-then raw ``comm.Allreduce``. Each figure: the mean time per call over a batch, the slowest rank's,
+then raw ``comm.Allreduce``; with ``--in-place`` each contender on a buffer of its own, ``out=x``
+and ``MPI_IN_PLACE``. Each figure: the mean time per call over a batch, the slowest rank's,
 in microseconds; then per size the medians over the rounds and ``auto`` against raw (raw's time over
 auto's: 1.0 is as fast as MPI's own call, which compares nothing).
 """
@@ -34,15 +35,18 @@ def nbytes_of(text):
     return int(text[:-1] if scale > 1 else text) * scale
 
 
-def table_choice(x):
+def table_choice(x, in_place=False):
     """What ``auto`` runs where the dissemination rule does not apply: the table's choice."""
     facts = dataclasses.replace(state_of(COMM).make_ready().facts, compiled=False)
-    return plan_call(facts, False, x.dtype, x.nbytes, "sum", "auto").name
+    return plan_call(facts, False, x.dtype, x.nbytes, "sum", "auto", in_place=in_place).name
 
 
-def arguments(description, sizes=SIZES, rounds=ROUNDS):
-    """--sizes, --rounds and --output, parsed (this script's, and exchange_across_nodes.py's)."""
+def arguments(description, sizes=SIZES, rounds=ROUNDS, in_place=False):
+    """--sizes, --rounds and --output (and ``in_place``: --in-place), parsed (this script's, and
+    exchange_across_nodes.py's)."""
     parser = argparse.ArgumentParser(description=description)
+    if in_place:
+        parser.add_argument("--in-place", action="store_true", help="out=x and MPI_IN_PLACE (default: out of place)")
     parser.add_argument("--sizes", default=sizes, help=f"comma-separated bytes (K, M suffixes); default {sizes}")
     parser.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds per size (default {rounds})")
     parser.add_argument("--output", help="also write the lines to this file (rank 0)")
@@ -60,9 +64,18 @@ def interleaved(contenders, calls, rounds, nbytes, lines):
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def plain(x, out, algorithm, in_place):
+    """A plain call of ``algorithm`` on ``x`` into ``out``; in place on a copy of ``x`` of its own."""
+    if in_place:
+        y = x.copy()
+        return lambda: mar.allreduce(y, out=y, algorithm=algorithm)
+    return lambda: mar.allreduce(x, out=out, algorithm=algorithm)
+
+
 def main():
-    args = arguments(__doc__.splitlines()[0])
-    lines = [f"# plain calls, the signature in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
+    args = arguments(__doc__.splitlines()[0], in_place=True)
+    lines = [f"# plain calls{', in place' if args.in_place else ''}, the signature in messages: {COMM.Get_size()} ranks, "
+             f"{time.strftime('%Y-%m-%d %H:%M')}, "
              f"load {' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
              f"{args.rounds} interleaved rounds"]
     summary = []
@@ -71,12 +84,14 @@ def main():
         out = np.empty_like(x)
         assert "32-byte messages" in mar.describe_call(x, out=out, algorithm="mpi") or COMM.Get_size() == 1, \
             "the check does not go in messages here: launch with --nodes 2"
-        auto, table = mar.describe_call(x, out=out).split(" ")[0], table_choice(x)
-        contenders = {f"auto ({auto})": lambda: mar.allreduce(x, out=out),
-                      f"check + {table}": lambda: mar.allreduce(x, out=out, algorithm=table)}
+        auto = mar.describe_call(x, out=x if args.in_place else out).split(" ")[0]
+        table = table_choice(x, args.in_place)
+        contenders = {f"auto ({auto})": plain(x, out, "auto", args.in_place),
+                      f"check + {table}": plain(x, out, table, args.in_place)}
         if table != "mpi":
-            contenders["check + mpi"] = lambda: mar.allreduce(x, out=out, algorithm="mpi")
-        contenders["MPI_Allreduce"] = lambda: COMM.Allreduce(x, out)
+            contenders["check + mpi"] = plain(x, out, "mpi", args.in_place)
+        contenders["MPI_Allreduce"] = ((lambda y=x.copy(): COMM.Allreduce(MPI.IN_PLACE, y)) if args.in_place else
+                                       (lambda: COMM.Allreduce(x, out)))
         calls = max(20, min(1000, int(4e7 / max(nbytes, 40000))))
         for call in contenders.values():
             for _ in range(10):

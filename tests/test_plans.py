@@ -591,7 +591,8 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     compiled, an ordinary sum or mean, up to DISSEMINATION_UP_TO and where its messages fit (on 2
     ranks up to DISSEMINATION_TWO_RANKS_UP_TO, whatever the table says); a prepared call (compared once) keeps the table's MPI_Allreduce."""
     from mpiallreduce.core.planner import CallFacts, plan_call
-    from mpiallreduce.core.tuning import DISSEMINATION_TWO_RANKS_UP_TO, DISSEMINATION_UP_TO
+    from mpiallreduce.core.tuning import (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO,
+                                          DISSEMINATION_UP_TO)
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     nodes = CallFacts(size=2, spans_nodes=True, node_count=2, compiled=True)
     plan = plan_call(nodes, False, f32, 4, "sum", "auto")
@@ -606,6 +607,11 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
         assert plan_call(nodes, False, f32, nbytes, "sum", "auto").signature == "carried by dissemination", nbytes
         assert plan_call(nodes, False, f32, nbytes, "sum", "auto", once=True).name != "dissemination"
     assert plan_call(nodes, False, f32, DISSEMINATION_TWO_RANKS_UP_TO + 4, "sum", "auto").name != "dissemination"
+    # in place (rank 1 copies its result out, where MPI's own in place copies nothing) to a bound of its own
+    assert DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO < DISSEMINATION_TWO_RANKS_UP_TO
+    for nbytes, carried in ((DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, True), (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO + 4, False),
+                            (DISSEMINATION_TWO_RANKS_UP_TO, False)):
+        assert (plan_call(nodes, False, f32, nbytes, "sum", "auto", in_place=True).name == "dissemination") == carried, nbytes
     assert plan_call(nodes, False, f16, 4, "sum", "auto").name != "dissemination"
     assert plan_call(nodes, False, f32, 4, "reproducible_sum", "auto").name != "dissemination"
     assert plan_call(CallFacts(size=2, spans_nodes=True, node_count=2), False, f32, 4, "sum", "auto").signature == (

@@ -262,7 +262,7 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
         chosen = REGISTRY[name]
     if (compared and not once and auto and (chosen.name == "mpi" or facts.size == 2) and not facts.shared_slots
             and not (on_device or reproducible or low_precision) and facts.compiled and dissemination_pays(
-                facts.size, nbytes, REGISTRY["dissemination"].plan(facts.size, 0, 0).largest_message(nbytes))):
+                facts.size, nbytes, REGISTRY["dissemination"].plan(facts.size, 0, 0).largest_message(nbytes), in_place)):
         chosen, reason = REGISTRY["dissemination"], reason + "; its signature goes in messages: dissemination carries it"
     if chosen.takes_inner_plan and facts.node_count > 1:  # (hierarchical's leaders, two_level's rails)
         leader_choice = choose_name(nbytes, facts.node_count, REGISTRY)
