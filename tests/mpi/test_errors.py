@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import mpiallreduce as mar
-from reference import exact_input, gather_inputs, numpy_reference, values_equal
+from reference import bits_equal, exact_input, gather_inputs, numpy_reference, values_equal
 
 pytestmark = pytest.mark.mpi
 
@@ -251,6 +251,34 @@ def test_dissemination_carrying_the_check_reduces_in_rank_order_bit_for_bit(comp
             assert mar.allreduce(y, comm=comm, op=op, out=y, algorithm=algorithm) is y, (op, dtype)
             assert y.tobytes() == want.tobytes(), (op, dtype)
         assert x.tobytes() == inputs[rank].tobytes()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_rank_in_place_against_the_others_out_of_place_raises_everywhere(compared_by_messages):
+    """In place has a bound of its own (tuning.DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO): between the two,
+    on 2 ranks the out-of-place call runs dissemination (its blocks in the check's messages) and the
+    in-place one the check's codes alone, then the table's choice. Either way every rank raises
+    SignatureMismatch naming the in-place rank, nothing is written, and the next call is right."""
+    from mpiallreduce.core.consistency import SignatureMismatch
+    from mpiallreduce.core.tuning import DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO
+    comm = compared_by_messages
+    rank, size = comm.Get_rank(), comm.Get_size()
+    between = (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO + DISSEMINATION_TWO_RANKS_UP_TO) // 2 // 8
+    for count in (between, 1000):
+        x = exact_input("float64", count, rank, "sum")
+        kept = x.copy()
+        if size == 2 and count == between:
+            assert mar.describe_call(x, comm=comm).startswith("dissemination"), mar.describe_call(x, comm=comm)
+            in_place = mar.describe_call(x, comm=comm, out=x)  # (the table's: MPI's own across nodes)
+            assert "dissemination" not in in_place and "32-byte messages" in in_place, in_place
+        for odd_one in range(size):
+            for _ in range(2):  # (the second on the short paths, compiled where built)
+                out = np.full_like(x, -1.0)
+                with pytest.raises(SignatureMismatch) as info:
+                    mar.allreduce(x, comm=comm, out=x if rank == odd_one else out)
+                assert f"on rank {odd_one}" in str(info.value), str(info.value)
+                assert bits_equal(x, kept) and (rank == odd_one or (out == -1.0).all())
+        assert values_equal(mar.allreduce(x, comm=comm), numpy_reference("sum", gather_inputs(comm, x)))
 
 
 @pytest.mark.mpi(min_size=2)
