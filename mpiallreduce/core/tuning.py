@@ -89,7 +89,7 @@ DISSEMINATION_UP_TO = 16 << 10
 #: 0.97-1.25x at 128 KiB, 1.03-1.09x at 256 KiB, 0.98-1.05x at 512 KiB, 0.97-1.03x at 768 KiB,
 #: 0.90-1.03x at 1 MiB; the check and then MPI's own 0.86-1.01x, 0.91-0.94x, 0.93-0.99x, 0.91-0.98x,
 #: 0.96-1.08x. In place (15:27-15:29, three /tmp runs) 0.97-1.00x at 512 KiB and 0.92-0.97x at
-#: 768 KiB, against 0.96-0.99x and 0.99-1.01x
+#: 768 KiB, against 0.96-0.99x and 0.99-1.01x. 512 KiB out of place: a margin below 768 KiB, not a crossing
 DISSEMINATION_TWO_RANKS_UP_TO = 512 << 10
 #: in place (``out=x``: MPI's own copies nothing, dissemination's rank 1 copies its result), in two
 #: runs (15:27, 15:30: benchmarks/results-signature/plain-two-nodes-in-place.txt), 1.06x and 0.97x at
