@@ -17,12 +17,11 @@ median over 9 interleaved repetitions of the slowest rank's time (after a warm-u
 Prints each time in ms and gradsync / in place.
 """
 import argparse
-import statistics
 
 import numpy as np
 
 import mpiallreduce as mar
-from reproducible_cost import COMM, timed  # (the slowest rank's seconds: benchmarks/reproducible_cost.py)
+from reproducible_cost import COMM, print_medians, timed  # (the slowest rank's seconds: benchmarks/reproducible_cost.py)
 
 REPETITIONS = 9
 
@@ -66,12 +65,9 @@ def main():
         for name, call in contenders.items():
             times[name].append(timed(call))
     if rank == 0:
-        median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-        print(f"# {COMM.Get_size()} ranks, {args.small} x 10,000 float32 + {args.mib:g} MiB float32, timeout "
-              f"{args.timeout}; median of "
-              f"{REPETITIONS} interleaved repetitions, slowest rank, ms")
-        for name, ms in median.items():
-            print(f"{name:>12} {ms:9.3f}")
+        median = print_medians(f"# {COMM.Get_size()} ranks, {args.small} x 10,000 float32 + {args.mib:g} MiB float32, "
+                               f"timeout {args.timeout}; median of {REPETITIONS} interleaved repetitions, slowest rank, ms",
+                               times)
         print(f"gradsync / in place: {median['gradsync'] / median['in place']:.2f}x "
               f"({median['gradsync'] - median['in place']:+.3f} ms; the copy alone {median['copy alone']:.3f} ms)")
 

@@ -15,7 +15,7 @@ slowest rank's time:
 
 With --direct-sizes: the two algorithms of the direct route, shared_memory and pairwise_exchange,
 for reproducible sums of each size (medians of 15 interleaved repetitions, 101 up to 1 MiB): where
-mpiallreduce.planner's REPRODUCIBLE_SHARED_MEMORY_BELOW comes from.
+mpiallreduce.core.overrides' REPRODUCIBLE_SHARED_MEMORY_BELOW comes from.
 """
 import argparse
 import statistics
@@ -38,6 +38,16 @@ def timed(call):
     start = time.perf_counter()
     call()
     return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
+
+
+def print_medians(header, times):
+    """Print ``header`` and each contender's median time in ms (``times``: name -> seconds); returns
+    the medians, in ms."""
+    median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    print(header)
+    for name, ms in median.items():
+        print(f"{name:>12} {ms:9.3f}")
+    return median
 
 
 def main():

@@ -142,6 +142,35 @@ def test_in_place_calls_follow_the_tables_in_place_rules_where_it_has_them():
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
+def test_a_large_mean_across_nodes_runs_one_that_divides_as_it_reduces_where_the_table_says_mpi():
+    """The table is measured on sums; a mean by MPI's own takes a pass of its own to divide. From
+    MEAN_ACROSS_NODES_FROM, where the table says an algorithm that does not divide slices as it
+    reduces, a mean across nodes runs MEAN_ACROSS_NODES (not float16: MPI's own keeps its arithmetic)."""
+    from mpiallreduce.core import tuning
+    from mpiallreduce.core.overrides import MEAN_ACROSS_NODES, MEAN_ACROSS_NODES_FROM
+    from mpiallreduce.core.planner import CallFacts, plan_call
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
+    assert REGISTRY[MEAN_ACROSS_NODES].finishes_slices and MEAN_ACROSS_NODES not in ("mpi",)
+    table = {"by_ranks": {"2": [{"up_to_bytes": None, "algorithm": "mpi"}]},
+             "by_nodes": {"2": {"2": [{"up_to_bytes": 8 << 20, "algorithm": "mpi"},
+                                      {"up_to_bytes": None, "algorithm": "rabenseifner"}]}},
+             "by_nodes_in_place": {"2": {"2": [{"up_to_bytes": None, "algorithm": "mpi"}]}}}
+    try:
+        tuning.set_tuning_table(table)
+        nodes, one = CallFacts(size=2, spans_nodes=True, node_count=2), CallFacts(size=2)
+        for in_place in (False, True):
+            plan = plan_call(nodes, False, f32, MEAN_ACROSS_NODES_FROM, "mean", "auto", in_place)
+            assert plan.name == MEAN_ACROSS_NODES and "a mean" in plan.reason, plan.describe()
+            assert plan_call(nodes, False, f32, MEAN_ACROSS_NODES_FROM - 4, "mean", "auto", in_place).name == "mpi"
+            assert plan_call(nodes, False, f32, MEAN_ACROSS_NODES_FROM, "sum", "auto", in_place).name == "mpi"
+            assert plan_call(nodes, False, f16, MEAN_ACROSS_NODES_FROM, "mean", "auto", in_place).name == "mpi"
+            assert plan_call(one, False, f32, MEAN_ACROSS_NODES_FROM, "mean", "auto", in_place).name == "mpi"
+        assert plan_call(nodes, False, f32, 16 << 20, "mean", "auto").name == "rabenseifner"  # (it divides already)
+        assert plan_call(nodes, False, f32, 16 << 20, "mean", "mpi").name == "mpi"  # (asked for by name)
+    finally:
+        tuning.set_tuning_table(tuning.DEFAULT_TABLE)
+
+
 def test_the_table_digest_the_ranks_compare_tells_rules_in_one_section_from_the_same_in_another():
     """Ranks agree on the table by its digest: the same rules under another section (in place, or
     persistent, rather than the algorithms' out-of-place ones) plan otherwise, so digest otherwise."""

@@ -17,8 +17,8 @@ Rules, in order:
   peers' inputs where they lie and writes every output once); asked for on other arrays, refused;
 - ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count, its
   in-place rules for an in-place call (``out=x``), but a mean's out-of-place one where it divides as it reduces;
-- ``auto``, numpy arrays, several nodes: ``hierarchical``, whose node leaders run the table's choice
-  for their count among the algorithms that work across nodes;
+- ``auto``, numpy arrays, several nodes: the table's by_nodes rules (a mean from 4 MiB: one that divides
+  as it reduces, mpiallreduce.core.overrides), else ``hierarchical`` (its leaders: the table's choice);
 - ``auto``, device arrays: the tuning table's device section, by size on one node (``mpi`` below
   64 KiB, ``device_to_device`` from there on), by CUDA-awareness across nodes (``ring`` through a
   CUDA-aware MPI, else ``staged_ring``). Until a GPU run measures them these are guesses, and the
@@ -40,7 +40,7 @@ Rules, in order:
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
   in the communicator's shared slots on one node (a few loads and stores), else in 32-byte
   messages; shared_memory carries it in place of its first barrier, dissemination in its messages
-  (``auto``'s choice where a plain call's goes in messages, where tuning.dissemination_pays says);
+  (``auto``'s choice where a plain call's goes in messages, where overrides.dissemination_pays says);
   a prepared call is compared once, when made (``signature="agreed once"``);
 - a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
   node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.
@@ -56,7 +56,9 @@ from typing import Optional
 import numpy as np
 
 from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
-from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent, dissemination_pays
+from .overrides import (MEAN_ACROSS_NODES, REPRODUCIBLE_SHARED_MEMORY_BELOW, SINGLE_COPY_FROM, dissemination_pays,
+                        mean_across_nodes)
+from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent
 
 __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
 
@@ -64,14 +66,6 @@ __all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algo
 NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_one_node)
                     | {name for name, a in REGISTRY.items() if a.takes_inner_plan})
 _LOW_PRECISION = ("float16", "bfloat16")
-#: a reproducible sum's direct route on one node runs shared_memory below this size, pairwise_exchange
-#: from it: `launch -n 2 (and 4) -- python benchmarks/reproducible_cost.py --direct-sizes 4K,64K,1M,4M,16M`
-#: (2 runs, 2026-12-01): shared_memory 0.59-0.92x / 0.95-1.04x / 1.07-1.40x pairwise_exchange's time to 1 / 4 / 16 MiB
-REPRODUCIBLE_SHARED_MEMORY_BELOW = 4 << 20
-#: ``auto`` runs single_copy on symmetric buffers from this size (below: the table's choice): `mpiallreduce
-#: bench --sizes 4,64K,1M,16M`, 2 ranks, 2026-12-02: single_copy (prepared) 17.6 us at 4 B against Open
-#: MPI's 4.6 (two barriers, and Python), 18.0 against 25.9 us at 64 KiB, 111 against 307 us at 1 MiB
-SINGLE_COPY_FROM = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -249,6 +243,8 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
             chosen = REGISTRY[measured]
             reason = (f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, at {nbytes} bytes"
                       + (" in place" if in_place else ""))
+            if not low_precision and mean_across_nodes(op_name, nbytes, chosen.finishes_slices):  # (a pass less)
+                chosen, reason = REGISTRY[MEAN_ACROSS_NODES], reason + f" ({measured}); a mean: {MEAN_ACROSS_NODES}"
         else:
             chosen = REGISTRY["hierarchical"]
             reason = (f"numpy arrays across {facts.node_count} nodes" +

@@ -53,6 +53,9 @@ import json
 import math
 import os
 
+from .overrides import (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO,  # noqa: F401 (theirs)
+                        DISSEMINATION_UP_TO, dissemination_pays)
+
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
            "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest",
            "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent", "DISSEMINATION_UP_TO",
@@ -72,41 +75,6 @@ PERSISTENT = "mpi:persistent"
 #: uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs and their commands)
 PERSISTENT_BELOW = 4 << 10
 
-#: where a plain call compares its signature in messages (across nodes, under ULFM), every rank runs
-#: the compiled paths and the table says MPI's own, ``auto`` runs dissemination up to this size (and
-#: where its longest message is no longer: ``dissemination_pays``), whose rounds carry the comparison:
-#: on 2 ranks one message each way, where the check and then MPI_Allreduce take a round trip each.
-#: 2 emulated nodes, 2026-12-03 (benchmarks/results-signature/two-nodes.txt, benchmarks/signature_exchange.py):
-#: 21.6-21.8 us against 43.6-44.6 at 4 B, 25.9-28.3 against 48.9-49.5 at 8 KiB; up to 16 KiB where its
-#: messages fit (12 KiB and 16000 B won too in a /tmp script, not kept: 31.6 against 56.0, 66.9 against 85.5)
-DISSEMINATION_UP_TO = 16 << 10
-#: on 2 ranks dissemination is one exchange of the whole buffer each way (recursive doubling's), its
-#: blocks past one head in the message's tail, sent from the input where it lies, no copy of it made
-#: (the compiled short path): ``auto`` runs it up to this size whatever the table says
-#: (the check rides in the head), where the table's choice pays the check's exchange on top.
-#: 2 emulated nodes, 2026-12-04 14:21-14:37, MPI_Allreduce's time over each in four interleaved runs
-#: of plain calls out of place (benchmarks/results-signature/plain-two-nodes.txt): dissemination
-#: 0.97-1.25x at 128 KiB, 1.03-1.09x at 256 KiB, 0.98-1.05x at 512 KiB, 0.97-1.03x at 768 KiB,
-#: 0.90-1.03x at 1 MiB; the check and then MPI's own 0.86-1.01x, 0.91-0.94x, 0.93-0.99x, 0.91-0.98x,
-#: 0.96-1.08x. In place (15:27-15:29, three /tmp runs) 0.97-1.00x at 512 KiB and 0.92-0.97x at
-#: 768 KiB, against 0.96-0.99x and 0.99-1.01x. 512 KiB out of place: a margin below 768 KiB, not a crossing
-DISSEMINATION_TWO_RANKS_UP_TO = 512 << 10
-#: in place (``out=x``: MPI's own copies nothing, dissemination's rank 1 copies its result), in two
-#: runs (15:27, 15:30: benchmarks/results-signature/plain-two-nodes-in-place.txt), 1.06x and 0.97x at
-#: 256 KiB against 0.93x and 0.93x, 1.00x and 0.91x at 512 KiB against 0.99x and 0.99x
-DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO = 256 << 10
-
-
-def dissemination_pays(size, nbytes, largest_message, in_place=False):
-    """Whether ``auto`` runs dissemination for a plain call of ``nbytes`` on ``size`` ranks whose
-    signature goes in messages (the planner asks where the rest allows): on 2 ranks up to
-    DISSEMINATION_TWO_RANKS_UP_TO (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO ``in_place``); on more,
-    where the table says MPI's own, up to DISSEMINATION_UP_TO and where its longest message,
-    ``largest_message`` (codes included), is no longer (Bruck's allgather sends (p - 1)n bytes per
-    rank: for small buffers only; the bound measured when a head was 16 KiB, kept when heads grew)."""
-    if size == 2:
-        return nbytes <= (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO if in_place else DISSEMINATION_TWO_RANKS_UP_TO)
-    return nbytes <= DISSEMINATION_UP_TO and largest_message <= DISSEMINATION_UP_TO
 
 #: the table's sections of rules, all that plans read (the metadata is not)
 RULE_SECTIONS = ("by_ranks", "by_ranks_in_place", "by_nodes", "by_nodes_in_place", "device", "persistent_by_ranks",

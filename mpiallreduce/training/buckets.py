@@ -128,6 +128,9 @@ def digest_elements(digest):
     return np.stack([digits, digits * digits], axis=1).reshape(-1)
 
 
-def digests_agree(summed, digest, size):
-    """Whether every rank sent ``digest``, given the elements' sum over ``size`` ranks (any dtype)."""
-    return bool(np.array_equal(np.real(np.asarray(summed)).astype(np.float64), size * digest_elements(digest)))
+def digests_agree(summed, digest, size, mean=False):
+    """Whether every rank sent ``digest``, given the elements' sum over ``size`` ranks (any dtype),
+    or with ``mean`` their mean: times ``size`` and rounded, the sum again (exact: the sums are
+    integers far below 2**23, and a mean's relative error is at most float32's 2**-24)."""
+    summed = np.real(np.asarray(summed)).astype(np.float64)
+    return bool(np.array_equal(np.rint(summed * size) if mean else summed, size * digest_elements(digest)))

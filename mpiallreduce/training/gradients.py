@@ -74,25 +74,23 @@ class GradientSync:
         overlap: True: reduce each full bucket in the background while backward goes on; False: at
             ``wait()``, on the caller's thread; None: where this rank has a core to spare (mpiallreduce.
             training.overlap). Ranks may differ; where none overlaps, large gradients go in place.
+        write_back: False: across nodes, host buckets' results (of the gradients' dtype) are not copied
+            into them but returned by ``wait()``, views of a bucket's two buffers (used in turn: valid
+            until the step after next), for a framework to point its gradients at (``grad.set_``).
     """
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
                  postscale=1.0, timeout=None, *, parameters=None, find_unused=False, compression=None,
-                 reproducible=False, rebuild_buckets=True, overlap=None):
+                 reproducible=False, rebuild_buckets=True, overlap=None, write_back=True):
         if op not in ("mean", "sum"):
             raise ValueError(f"GradientSync op must be 'mean' or 'sum', got {op!r}")
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.comm = MPI.COMM_WORLD if comm is None else comm
-        self.bucket_bytes = bucket_bytes
-        self.op = op
-        self.algorithm = algorithm
-        self.prescale = prescale
-        self.postscale = postscale
-        self.timeout = timeout
-        self.find_unused = bool(find_unused)
+        self.bucket_bytes, self.op, self.algorithm, self.timeout = bucket_bytes, op, algorithm, timeout
+        self.prescale, self.postscale, self.write_back = prescale, postscale, bool(write_back)
+        self.find_unused, self.reproducible = bool(find_unused), bool(reproducible)
         self.compression = check_compression(compression)
-        self.reproducible = bool(reproducible)
         if self.reproducible and self.compression:
             raise ValueError("GradientSync: compression rounds each contribution on the way: it cannot be "
                              "reproducible=True as well")
@@ -108,7 +106,8 @@ class GradientSync:
         self._options = {"bucket_bytes": bucket_bytes, "op": op, "algorithm": algorithm, "prescale": prescale,
                          "postscale": postscale, "timed": timeout is not None, "find_unused": self.find_unused,
                          "compression": compression, "reproducible": self.reproducible,
-                         "rebuild_buckets": bool(rebuild_buckets), "declared": self.declared}
+                         "rebuild_buckets": bool(rebuild_buckets), "declared": self.declared,
+                         "write_back": self.write_back}
         if self.declared:
             named = list(parameters.items()) if isinstance(parameters, dict) else list(enumerate(parameters))
             slots = [given_slot(name, array) for name, array in named]
@@ -134,7 +133,7 @@ class GradientSync:
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
                                       compression=self.compression, reproducible=self.reproducible,
-                                      one_node=not self._spans_nodes)
+                                      one_node=not self._spans_nodes, views=not self.write_back)
 
     buckets = property(lambda self: [] if self._slots is None else [[self._slots[i].name for i in b.members]
                                                                     for b in self._buckets],
@@ -142,9 +141,7 @@ class GradientSync:
 
     def _new_step(self):
         self._step = Step(self._slots, self.find_unused)
-        self._arrived = [0] * len(self._buckets)
-        self._next_bucket = 0
-        self._in_flight = []
+        self._arrived, self._next_bucket, self._in_flight = [0] * len(self._buckets), 0, []
 
     in_no_sync = property(lambda self: self._no_sync > 0, doc="Whether a ``no_sync()`` block is open.")
 
@@ -215,7 +212,8 @@ class GradientSync:
         every rank, write the results back into the gradients, in place.
 
         Returns {name: result} for the declared gradients this rank did not mark ready (with
-        ``find_unused``): what the other ranks' gradients summed (or averaged) to.
+        ``find_unused``): what the other ranks' gradients summed (or averaged) to; with
+        ``write_back=False``, also those handed over as views (see there), not written.
 
         Raises (on any error, no gradient was changed: each holds what this rank gave; without a timeout
         where no rank overlaps, a rank lost after the ranks agreed may leave large ones partly reduced):
@@ -294,6 +292,8 @@ class GradientSync:
 
     def synchronize(self, gradients):
         """``ready`` every gradient in order (named by position), then ``wait``; returns the gradients."""
+        if not self.write_back:  # (results handed over: ready() and wait(), which returns them)
+            raise ValueError("GradientSync(write_back=False) hands results over: use ready() and wait()")
         for i, grad in enumerate(gradients):
             self.ready(grad, name=None if self.declared else i)
         self.wait()

@@ -12,14 +12,18 @@ lost rank) leaves every gradient as it was. The price: two copies of each
 large gradient more per step (into its result buffer, and back),
 and memory for its result buffer; where no rank overlaps and there is no timeout, none (the
 gradients are reduced where they lie, once every rank agreed on the step: GradientSync.wait).
+With ``views`` (GradientSync(write_back=False)), host buckets across nodes hand their results over
+as views of their buffers, two a bucket used in turn, by a call of the mean itself: a copy less
+(mpiallreduce.training.fused).
 """
 import numpy as np
 
 from ..core.ops import divide_by_size
 from ..core.worker import Done as _Done
 from ..device.arrays import namespace
-from .buckets import DIGEST_ELEMENTS, digest_elements, digest_of, digests_agree
+from .buckets import digest_of, digests_agree
 from .compression import CompressedSum
+from .fused import FusedBuffers
 
 __all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
 
@@ -35,14 +39,17 @@ class BucketReducer:
     """The allreduces of ``buckets`` (over ``slots``), with their buffers, kept for as long as the plan."""
 
     def __init__(self, comm, slots, buckets, *, op, algorithm, prescale, postscale, timeout, compression,
-                 reproducible, one_node=False):
+                 reproducible, one_node=False, views=False):
         """``one_node``: the host buckets' buffers are symmetric (mpiallreduce.empty: made here, in
-        bucket order, on every rank, as the plan is agreed), so their reductions run single copy."""
+        bucket order, on every rank, as the plan is agreed), so their reductions run single copy.
+        ``views``: elsewhere, host buckets hand their results over as views (two buffers a bucket, in
+        turn: ``write_back``), by a call of the mean itself where nothing else is left to apply."""
         self.comm, self.slots, self.buckets, self.op, self.algorithm = comm, slots, buckets, op, algorithm
         self.timeout, self.prescale, self.postscale = timeout, prescale, postscale
         self.compression, self.reproducible = compression, reproducible
-        self._buffers = {}  # bucket index -> (fused buffer, PreparedAllreduce or None)
-        self._views = {}  # bucket index -> [(slot, its place in the fused buffer, shaped like it)]
+        self.fused = FusedBuffers(comm, slots, buckets, op=op, algorithm=algorithm, timeout=timeout,
+                                  compression=compression, reproducible=reproducible, postscale=postscale,
+                                  one_node=one_node, views=views)  # (each bucket's buffers and calls)
         self._fused_in = {i: bucket for bucket in buckets for i in bucket.fused}  # slot -> its bucket
         self._member_at = {i: n for bucket in buckets for n, i in enumerate(bucket.fused)}  # slot -> its place
         self._direct_slots = [i for bucket in buckets for i in bucket.direct]
@@ -51,21 +58,11 @@ class BucketReducer:
         #: its op: the mean itself, but a reproducible sum divided at the end as a bucket's is (the same bits:
         #: a reproducible mean rounds the exact sum divided, not the rounded sum divided)
         self._direct_op, self._direct_divides = ("sum", op == "mean") if reproducible else (op, False)
-        self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
         self._clean_digest = None  # the digest of a step where every gradient came as planned
-        self._symmetric = []  # the fused buffers made symmetric (freed with the plan: free)
-        if one_node and compression is None:
-            for bucket in buckets:
-                if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):
-                    self._buffer(bucket, np, symmetric=True)
 
     def free(self):
         """Free the symmetric buffers (collective: a replan, every rank at once, nothing in flight)."""
-        from ..core.state import state_of
-        from ..core.symmetric import free_array
-        for fused in self._symmetric:  # (this reducer is not used again)
-            free_array(state_of(self.comm), fused)
-        self._symmetric, self._buffers = [], {}
+        self.fused.free()
 
     def digest(self, step):
         """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every
@@ -85,8 +82,7 @@ class BucketReducer:
         bucket = self._fused_in.get(index)
         if bucket is None or bucket.device:
             return False
-        self._buffer(bucket, np)
-        np.copyto(self._views[bucket.index][self._member_at[index]][1], grad, casting="unsafe")
+        np.copyto(self.fused.current(bucket, np)[1][self._member_at[index]][1], grad, casting="unsafe")
         return True
 
     def apart(self, filled):
@@ -106,23 +102,6 @@ class BucketReducer:
             reach = high if reach is None else max(reach, high)
         return apart
 
-    def _buffer(self, bucket, xp, symmetric=False):
-        """``bucket``'s fused buffer (made at its first use, or ``symmetric`` at the start, with each
-        member's place in it) and its prepared call (None before its first start)."""
-        fused, prepared = self._buffers.get(bucket.index, (None, None))
-        if fused is None:
-            last = bucket.index == len(self.buckets) - 1
-            carries_digest = last and not (self.compression is not None and bucket.dtype.kind == "f")
-            count = bucket.count + (DIGEST_ELEMENTS if carries_digest else 0)
-            if symmetric:
-                from ..api import empty
-                fused = empty(count, bucket.dtype, comm=self.comm)
-                self._symmetric.append(fused)
-            else:
-                fused = xp.empty(count, dtype=bucket.dtype)
-            self._views[bucket.index] = self._members_in(fused, bucket)
-            self._buffers[bucket.index] = (fused, None)
-        return fused, prepared
 
     def start(self, bucket, filled, copied, digest, xp, here=False, in_place=(), part="all"):
         """Start ``bucket``'s allreduces in the background (``here``: run them on this thread, now)
@@ -145,8 +124,8 @@ class BucketReducer:
         scale = bucket.dtype.type(self.prescale)
         handles, reduced_in_place, finished = [], set(), set()
         if (bucket.count or last) and part != "direct":
-            fused, prepared = self._buffer(bucket, xp)
-            for index, view in self._views[bucket.index]:
+            fused, views, _ = self.fused.current(bucket, xp)
+            for index, view in views:
                 if index in copied:  # (copied in at ready(): copy_in)
                     continue
                 grad = filled.get(index)
@@ -158,15 +137,12 @@ class BucketReducer:
             if self.prescale != 1.0:
                 xp.multiply(payload, scale, out=payload)
             if carries_digest:
-                xp.copyto(fused[bucket.count:], self._digest_array(xp, bucket, digest))
+                xp.copyto(fused[bucket.count:], self.fused.digest_array(xp, bucket, digest))
             if compressed:
                 handle = self._start_compressed(fused, digest, here)
             else:
-                if prepared is None:
-                    prepared = prepare_at("", fused, algorithm=self.algorithm, comm=self.comm, out=fused,
-                                          timeout=self.timeout, reproducible=self.reproducible)
+                prepared = self.fused.call(bucket)
                 handle = _Done.of(prepared)() if here else prepared.start()
-            self._buffers[bucket.index] = (fused, prepared)
             handles.append((None, handle))
         # the large ones: each reduced in place (one plan on every rank: mpiallreduce.core.planner), in
         # its result buffer (the gradient only read until write_back) or, ``in_place``, in the gradient
@@ -214,14 +190,16 @@ class BucketReducer:
                     if compressed:
                         agreed = handle.compressed_op.agreed
                     else:
-                        tail = self._buffers[bucket.index][0][bucket.count:]
+                        tail = self.fused.current(bucket)[0][bucket.count:]
                         agreed = digests_agree(tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
-                                               digest, self.comm.Get_size())
+                                               digest, self.comm.Get_size(), mean=self.fused.call_op(bucket) == "mean")
         return first_error, agreed
 
     def write_back(self, in_flight, filled):
         """Write every result into its gradient (``filled``: slot -> gradient). Returns {name: result}
-        for the planned gradients that were not given."""
+        for the planned gradients that were not given and, with ``views``, for those of host buckets
+        of their own dtype: views of the bucket's buffer, not copied (valid until the step after next
+        refills that buffer: the turn moves on here, after a step that succeeded)."""
         size = self.comm.Get_size()
         unused = {}
         for bucket, handles, _, compressed, divide, in_place, finished in in_flight:
@@ -229,12 +207,19 @@ class BucketReducer:
                 if index in finished:  # (reduced in place and divided already)
                     continue
                 if index is None:  # the fused members: from the buffer
-                    xp = namespace(self._buffers[bucket.index][0]) or np
-                    for member, result in self._views[bucket.index]:
+                    fused, views, _ = self.fused.current(bucket)
+                    xp = namespace(fused) or np
+                    handed = self.fused.hands_over(bucket)
+                    if handed and self.fused.call_op(bucket) == "sum":  # (what the call left: in place, one pass)
+                        self._finish(xp, fused[:bucket.count], fused[:bucket.count], bucket, size, divide)
+                    for member, result in views:
                         slot = self.slots[member]
                         grad = filled.get(member)
+                        if handed and (grad is None or (type(grad) is np.ndarray and grad.dtype == result.dtype)):
+                            unused[slot.name] = result
+                            continue
                         target = xp.empty_like(result) if grad is None else grad
-                        if compressed:  # (a compressed sum was divided and scaled before its one rounding)
+                        if compressed or handed:  # (a compressed sum was divided and scaled before its one rounding)
                             xp.copyto(target, result, casting="unsafe")
                         else:
                             self._finish(xp, result, target, bucket, size, divide)
@@ -248,6 +233,7 @@ class BucketReducer:
                 self._finish(xp, result, target, bucket, size, self._direct_divides)  # (else its call's mean)
                 if grad is None:
                     unused[self.slots[index].name] = target
+        self.fused.next_turn()
         return unused
 
     def _finish(self, xp, result, target, bucket, size, divide):
@@ -263,22 +249,6 @@ class BucketReducer:
             result = out
         if result is not target:
             xp.copyto(target, result, casting="unsafe")
-
-    def _members_in(self, fused, bucket):
-        """Each fused member's place in ``fused``, shaped like its gradient (made once per buffer)."""
-        return [(index, fused[offset:offset + self.slots[index].count].reshape(self.slots[index].shape))
-                for index, offset in zip(bucket.fused, bucket.offsets)]
-
-    def _digest_array(self, xp, bucket, digest):
-        """The digest's elements in xp's memory: made once for each digest a bucket has (a copy to
-        the device would wait for the host), then copied from on the stream."""
-        key = (bucket.index, digest)
-        elements = self._digest_arrays.get(key)
-        if elements is None:
-            if len(self._digest_arrays) > 4 * len(self.buckets):
-                self._digest_arrays.clear()
-            elements = self._digest_arrays[key] = xp.asarray(digest_elements(digest).astype(bucket.dtype))
-        return elements
 
     def _start_compressed(self, fused, digest, here=False):
         """A compressed bucket through the call pipeline (route "compressed fp16"/"bf16"): numbered

@@ -68,11 +68,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         comm, bucket_bytes, op, algorithm, prescale, postscale, timeout, overlap: as GradientSync
             (comm: ``hvd.init(comm)``'s by default, else COMM_WORLD; overlap: hooks during backward
             or not, see above).
+        gradient_as_bucket_view: True (default): across nodes, a fused gradient is not copied back
+            from its bucket; ``grad.set_`` points it at its result there (as Horovod's ``set_``,
+            DDP's ``gradient_as_bucket_view``): the same tensor, a copy less, its memory the
+            bucket's until the step after next (GradientSync's ``write_back=False``). False: copied.
     """
 
     def __init__(self, optimizer, named_parameters=None, comm=None, bucket_bytes=25 * 2**20, op="mean",
                  algorithm="auto", prescale=1.0, postscale=1.0, timeout=None, find_unused=False, compression=None,
-                 reproducible=False, backward_passes_per_step=1, gradient_predivide_factor=1.0, overlap=None):
+                 reproducible=False, backward_passes_per_step=1, gradient_predivide_factor=1.0, overlap=None,
+                 gradient_as_bucket_view=True):
         self.optimizer = optimizer
         if named_parameters is None:
             named_parameters = [(f"param.{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
@@ -84,10 +89,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._options = dict(bucket_bytes=bucket_bytes, op=op, algorithm=algorithm,
                              prescale=prescale / gradient_predivide_factor, postscale=postscale * gradient_predivide_factor,
                              timeout=timeout, find_unused=find_unused, compression=compression_name(compression),
-                             reproducible=reproducible, overlap=overlap)
+                             reproducible=reproducible, overlap=overlap, write_back=not gradient_as_bucket_view)
         self._skip = self._synchronized = False
         self.parameters = [p for _, p in self.named_parameters]
         self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
+        self._tensors = {}  # name -> ((a result handed over, its tensor), ...): the last two
         self._hooks = []
         self.rebind(default_comm() if comm is None else comm)
 
@@ -140,29 +146,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     ready(grad.numpy(), name=name)
                 else:
                     self._hand_over(name, parameter)
-        unused = self.sync.wait()
+        results = self.sync.wait()  # (those not written into the gradients: handed over, or unused here)
         widened, self._widened = self._widened, {}
         if any(p.is_cuda for p in self.parameters):
             import cupy
             cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them (once a step)
-        if widened or unused:
-            self._write_widened_and_unused(widened, unused)
+        if widened or results:
+            self._take_results(widened, results)
         self._synchronized = True
 
-    def _write_widened_and_unused(self, widened, unused):
+    def _take_results(self, widened, results):
+        """Point each gradient at its result (a view of a bucket's buffer, or a parameter unused here:
+        the other ranks' gradients; in the accumulation dtype, float32 for 16-bit ones) with
+        ``grad.set_``, as Horovod does: the same tensor, no copy; and round the widened ones back."""
         with torch.no_grad():
+            by_name = dict(self.named_parameters)
+            for name, result in results.items():
+                parameter = by_name[name]
+                widened.pop(name, None)
+                grad = self._tensor_of(name, result, parameter)
+                if parameter.grad is None:
+                    parameter.grad = grad.detach()  # (a tensor of its own: a later set_ moves it, not the kept one)
+                elif grad.is_cuda:  # (a CuPy array of its own: into torch's memory)
+                    parameter.grad.copy_(grad)
+                else:
+                    parameter.grad.set_(grad)
             for parameter, wide in widened.values():
                 parameter.grad.copy_(wide)
-            by_name = dict(self.named_parameters)
-            for name, result in unused.items():  # a parameter unused here: the other ranks' gradients
-                parameter = by_name[name]  # (result: in the accumulation dtype, float32 for 16-bit ones)
-                like = torch.empty(0, dtype=torch.float32, device=parameter.device) if parameter.dtype in (
-                    torch.float16, torch.bfloat16) else parameter
-                grad = _as_tensor(result, like).to(parameter.dtype)
-                if parameter.grad is None:
-                    parameter.grad = grad
-                else:
-                    parameter.grad.copy_(grad)
+
+    def _tensor_of(self, name, result, parameter):
+        """``result`` as a tensor of ``parameter``'s dtype, sharing its memory where it has that dtype:
+        made once for each of a bucket's two views of a gradient (the same arrays, turn after turn)."""
+        kept = self._tensors.get(name, ())
+        for array, tensor in kept:
+            if array is result:
+                return tensor
+        like = torch.empty(0, dtype=torch.float32, device=parameter.device) if parameter.dtype in (
+            torch.float16, torch.bfloat16) else parameter
+        tensor = _as_tensor(result, like).to(parameter.dtype)
+        if tensor.dtype == like.dtype:  # (a view: kept, with the last one)
+            self._tensors[name] = (*kept[-1:], (result, tensor))
+        return tensor
 
     def _grad_versions(self):
         """Which gradients the parameters hold, and how often each was written (a new backward

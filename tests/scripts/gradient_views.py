@@ -1,0 +1,124 @@
+"""GradientSync(write_back=False) across nodes: results handed over as views of a bucket's two
+buffers, used in turn; and DistributedOptimizer, which points its gradients at them (``grad.set_``).
+Every value is an integer, or an integer sum divided once: the references are computed here, in
+float32, from the formula. Prints ``rank R views ok`` and ``rank R torch ok``."""
+import numpy as np
+from mpi4py import MPI
+
+import mpiallreduce as mar
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+SHAPES = {"a": ((300,), np.float32), "b": ((64, 64), np.float32), "c": ((1000,), np.float32),
+          "h": ((50,), np.float16), "big": ((1 << 19,), np.float32)}  # h: widened; big: 2 MiB, on its own
+
+
+def gradient(name, r, step):
+    shape, dtype = SHAPES[name]
+    n = int(np.prod(shape))
+    return ((np.arange(n) % 97) * (r + 1) + step + len(name)).astype(dtype).reshape(shape)
+
+
+def mean(name, step):
+    total = sum(gradient(name, r, step).astype(np.float64) for r in range(size))  # (exact: integers)
+    return (total.astype(np.float32) / np.float32(size)).astype(SHAPES[name][1])  # (one rounding, float32's)
+
+
+def run_step(sync, step, overlap_order=False, wrong=False):
+    grads = {name: gradient(name, rank, step) for name in SHAPES}
+    given = {name: grad.copy() for name, grad in grads.items()}
+    for name in (reversed(list(SHAPES)) if overlap_order else SHAPES):
+        grad = grads[name] if not (wrong and rank == 0 and name == "c") else grads[name][:10]
+        sync.ready(grad, name=name)
+    return grads, given, sync.wait()
+
+
+def numpy_views(overlap):
+    sync = mar.GradientSync(comm=comm, parameters={n: np.empty(s, d) for n, (s, d) in SHAPES.items()},
+                            bucket_bytes=8000, overlap=overlap, write_back=False, rebuild_buckets=False)
+    handed = []
+    for step in range(3):
+        grads, given, results = run_step(sync, step, overlap_order=overlap)
+        assert set(results) == {"a", "b", "c"}, sorted(results)  # (h is float16, big is reduced on its own)
+        for name in ("a", "b", "c"):
+            assert np.array_equal(grads[name], given[name]), name  # (not written: handed over)
+            assert np.array_equal(results[name], mean(name, step)), (name, step)
+        for name in ("h", "big"):
+            assert np.array_equal(grads[name], mean(name, step)), (name, step)
+        handed.append(results)
+    # the two buffers in turn: step 2 refilled step 0's, step 1's results are intact
+    assert not any(np.shares_memory(handed[0][n], handed[1][n]) for n in "abc")
+    assert all(np.shares_memory(handed[0][n], handed[2][n]) for n in "abc")
+    assert all(np.array_equal(handed[1][n], mean(n, 1)) for n in "abc")
+    try:  # a step that fails on every rank (rank 0's c has another shape) changes nothing handed over
+        run_step(sync, 3, wrong=True)
+        raise AssertionError("a mismatched step did not raise")
+    except ValueError as error:
+        assert "'c'" in str(error), error
+    assert all(np.array_equal(handed[2][n], mean(n, 2)) for n in "abc")
+    grads, given, results = run_step(sync, 4)  # the failed step's turn again: not step 2's buffer
+    assert all(np.array_equal(results[n], mean(n, 4)) and not np.shares_memory(results[n], handed[2][n])
+               for n in "abc")
+    assert all(np.array_equal(handed[2][n], mean(n, 2)) for n in "abc")
+    try:
+        sync.synchronize([grads[n] for n in SHAPES])
+        raise AssertionError("synchronize() with write_back=False did not raise")
+    except ValueError as error:
+        assert "write_back=False" in str(error), error
+    print(f"rank {rank} views ok overlap={overlap}", flush=True)
+
+
+def torch_views():
+    import torch
+    import mpiallreduce.torch as mt
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Linear(24, 4))
+
+    def integers(step):  # (integer weights and inputs: every gradient an integer, exact in any order)
+        with torch.no_grad():
+            for k, p in enumerate(model.parameters()):
+                p.copy_(torch.arange(p.numel()).reshape(p.shape) % 5 - 2 + k + step)
+    optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=2.0 ** -10),
+                                        named_parameters=model.named_parameters(), comm=comm, overlap=False)
+
+    def backward(step, only_last=False):
+        x = (torch.arange(8 * 16).reshape(8, 16) % (rank + step + 3) - 1).float()
+        out = model[1](model[0](x).detach() if only_last else model[0](x))
+        (out * (torch.arange(4) + rank + 1)).sum().backward()
+
+    for step in range(4):
+        integers(step)
+        optimizer.zero_grad(set_to_none=step != 2)  # (step 2: into the gradients handed over at step 1)
+        backward(step)
+        raw = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}
+        before = {name: id(p.grad) for name, p in model.named_parameters()}
+        everyone = comm.allgather(raw)
+        optimizer.synchronize()
+        for name, p in model.named_parameters():
+            total = sum(theirs[name].astype(np.float64) for theirs in everyone)
+            assert np.array_equal(p.grad.numpy(), total.astype(np.float32) / np.float32(size)), (name, step)
+            assert id(p.grad) == before[name], name  # (the same tensor: set_, as Horovod's)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    optimizer.zero_grad(set_to_none=rank == 0)  # elsewhere into the views handed over at step 3
+    backward(9, only_last=rank == 0)  # rank 0: no gradient for the first layer
+    given = {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+    try:
+        optimizer.synchronize()
+        raise AssertionError("a step with a gradient missing on rank 0 did not raise")
+    except ValueError as error:
+        assert "not marked ready" in str(error), error
+    for name, p in model.named_parameters():  # (as given, on every rank)
+        assert (p.grad is None and given[name] is None) or torch.equal(p.grad, given[name]), name
+    parameters = [p.detach().numpy().copy() for p in model.parameters()]
+    assert all(all(np.array_equal(a, b) for a, b in zip(parameters, theirs)) for theirs in comm.allgather(parameters))
+    print(f"rank {rank} torch ok", flush=True)
+
+
+numpy_views(overlap=False)
+numpy_views(overlap=True)
+try:
+    import torch  # noqa: F401
+except ImportError:
+    print(f"rank {rank} torch missing", flush=True)
+else:
+    torch_views()
