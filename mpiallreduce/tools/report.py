@@ -133,9 +133,9 @@ def main(argv=None):
                         help="write report.txt, report.csv and scaling.png there (default: print the table only)")
     args = parser.parse_args(argv)
     if args.markdown:
-        from .results_page import has_training_runs, markdown_page
-        try:  # (a folder of training runs, train.txt from train_bench, holds no bench.json)
-            runs = find_runs([path for path in args.results if not has_training_runs(path)])
+        from .results_page import holds_text_results, markdown_page
+        try:  # (a folder of text results, train_bench's train.txt, plain calls, prices, holds no bench.json)
+            runs = find_runs([path for path in args.results if not holds_text_results(path)])
         except ResultsError as e:
             parser.error(str(e))
         with open(args.markdown, "w") as f:

@@ -13,7 +13,7 @@ from .bench.report import format_gain_table, gain_rows
 from .bench.reproducible_table import format_reproducible_table, reproducible_rows
 from .results import run_nodes, run_oversubscribed
 
-__all__ = ["markdown_page", "bench_command", "has_training_runs"]
+__all__ = ["markdown_page", "bench_command", "holds_text_results"]
 
 #: bench's defaults: a run's command names only what differs from them
 _DEFAULTS = {"device": "cpu", "dtype": "float32", "op": "sum", "repetitions": 5, "mode": "both",
@@ -56,9 +56,15 @@ def _training_runs(folder):
     return sorted(os.path.join(root, "train.txt") for root, _dirs, files in os.walk(folder) if "train.txt" in files)
 
 
-def has_training_runs(folder):
-    """Whether ``folder`` holds train_bench runs (train.txt) and no bench run."""
-    return bool(_training_runs(folder)) and not any("bench.json" in files for _root, _dirs, files in os.walk(folder))
+#: the text results a folder may hold besides bench runs: plain calls against raw MPI_Allreduce
+#: (benchmarks/plain_across_nodes.py), and what a guarantee or a path costs (benchmarks/*_price.py)
+_PLAIN, _PRICES = "plain-*.txt", "*price*.txt"
+
+
+def holds_text_results(folder):
+    """Whether ``folder`` holds text results only (train_bench's train.txt, plain calls, prices), no bench run."""
+    texts = _training_runs(folder) or any(glob.glob(os.path.join(folder, pattern)) for pattern in (_PLAIN, _PRICES))
+    return bool(texts) and not any("bench.json" in files for _root, _dirs, files in os.walk(folder))
 
 
 def markdown_page(runs, command, folders=()):
@@ -100,6 +106,18 @@ def markdown_page(runs, command, folders=()):
                 text = f.read().rstrip("\n")
             lines += [f"## {trace}", "", "Where a training step's time goes, phase by phase "
                       "(`benchmarks/train_trace.py`, its command in training.md).", "", "```text", text, "```", ""]
+        for plain in sorted(glob.glob(os.path.join(folder, _PLAIN))):
+            with open(plain) as f:
+                text = f.read().splitlines()
+            medians = text[next((i for i, line in enumerate(text) if line.startswith("# medians")), len(text)):]
+            lines += [f"## {plain}", "", "Plain calls whose signature goes in messages against raw `MPI_Allreduce`, "
+                      "the rounds' medians (`benchmarks/plain_across_nodes.py`, its command in benchmarks.md); "
+                      "the ratio is raw's time over auto's.", "", "```text", text[0], *medians, "```", ""]
+        for price in sorted(glob.glob(os.path.join(folder, _PRICES))):
+            with open(price) as f:
+                text = f.read().rstrip("\n")
+            lines += [f"## {price}", "", "Side by side in one run, as the file's first line says (the script's "
+                      "docstring says what each line is).", "", "```text", text, "```", ""]
         model = os.path.join(folder, "model.txt")
         if os.path.isfile(model):
             with open(model) as f:
