@@ -5,6 +5,7 @@ machine and the command that made it, then its Deep Speech 2 tables, as ``bench`
 page says which command wrote it; docs/results.md is written this way from the results folders in
 the repository (tests/test_readme.py checks that it is what the command writes now).
 """
+import fnmatch
 import glob
 import os
 
@@ -61,9 +62,17 @@ def _training_runs(folder):
 _PLAIN, _PRICES = "plain-*.txt", "*price*.txt"
 
 
+def _text_files(folder, pattern):
+    """The non-empty files under ``folder`` (subfolders too) named like ``pattern``, sorted; a plain-call
+    file is not a price file as well."""
+    found = glob.glob(os.path.join(folder, "**", pattern), recursive=True)
+    return sorted(path for path in found if os.path.getsize(path) and not (
+        pattern == _PRICES and fnmatch.fnmatch(os.path.basename(path), _PLAIN)))
+
+
 def holds_text_results(folder):
     """Whether ``folder`` holds text results only (train_bench's train.txt, plain calls, prices), no bench run."""
-    texts = _training_runs(folder) or any(glob.glob(os.path.join(folder, pattern)) for pattern in (_PLAIN, _PRICES))
+    texts = _training_runs(folder) or any(_text_files(folder, pattern) for pattern in (_PLAIN, _PRICES))
     return bool(texts) and not any("bench.json" in files for _root, _dirs, files in os.walk(folder))
 
 
@@ -106,14 +115,15 @@ def markdown_page(runs, command, folders=()):
                 text = f.read().rstrip("\n")
             lines += [f"## {trace}", "", "Where a training step's time goes, phase by phase "
                       "(`benchmarks/train_trace.py`, its command in training.md).", "", "```text", text, "```", ""]
-        for plain in sorted(glob.glob(os.path.join(folder, _PLAIN))):
+        for plain in _text_files(folder, _PLAIN):
             with open(plain) as f:
                 text = f.read().splitlines()
-            medians = text[next((i for i, line in enumerate(text) if line.startswith("# medians")), len(text)):]
+            start = next((i for i, line in enumerate(text) if line.startswith("# medians")), None)
+            medians = text[start:] if start is not None else ["(no medians: the run did not finish)"]
             lines += [f"## {plain}", "", "Plain calls whose signature goes in messages against raw `MPI_Allreduce`, "
                       "the rounds' medians (`benchmarks/plain_across_nodes.py`, its command in benchmarks.md); "
                       "the ratio is raw's time over auto's.", "", "```text", text[0], *medians, "```", ""]
-        for price in sorted(glob.glob(os.path.join(folder, _PRICES))):
+        for price in _text_files(folder, _PRICES):
             with open(price) as f:
                 text = f.read().rstrip("\n")
             lines += [f"## {price}", "", "Side by side in one run, as the file's first line says (the script's "

@@ -102,7 +102,6 @@ class BucketReducer:
             reach = high if reach is None else max(reach, high)
         return apart
 
-
     def start(self, bucket, filled, copied, digest, xp, here=False, in_place=(), part="all"):
         """Start ``bucket``'s allreduces in the background (``here``: run them on this thread, now)
         (``filled``: slot -> this rank's gradient; zeros for the others; ``copied``: the slots copied

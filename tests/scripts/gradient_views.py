@@ -11,17 +11,20 @@ comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 SHAPES = {"a": ((300,), np.float32), "b": ((64, 64), np.float32), "c": ((1000,), np.float32),
           "h": ((50,), np.float16), "big": ((1 << 19,), np.float32)}  # h: widened; big: 2 MiB, on its own
+#: five gradients just under 1 MiB: one fused bucket of 4.6 MiB, whose mean across nodes auto may run
+#: by another algorithm than a sum (mpiallreduce.core.overrides.MEAN_ACROSS_NODES_FROM)
+MEDIUM = {f"m{i}": ((250_000 - i,), np.float32) for i in range(5)}
 
 
 def gradient(name, r, step):
-    shape, dtype = SHAPES[name]
+    shape, dtype = {**SHAPES, **MEDIUM}[name]
     n = int(np.prod(shape))
     return ((np.arange(n) % 97) * (r + 1) + step + len(name)).astype(dtype).reshape(shape)
 
 
 def mean(name, step):
     total = sum(gradient(name, r, step).astype(np.float64) for r in range(size))  # (exact: integers)
-    return (total.astype(np.float32) / np.float32(size)).astype(SHAPES[name][1])  # (one rounding, float32's)
+    return (total.astype(np.float32) / np.float32(size)).astype({**SHAPES, **MEDIUM}[name][1])  # (one rounding)
 
 
 def run_step(sync, step, overlap_order=False, wrong=False):
@@ -65,10 +68,20 @@ def numpy_views(overlap):
         raise AssertionError("synchronize() with write_back=False did not raise")
     except ValueError as error:
         assert "write_back=False" in str(error), error
+    large = mar.GradientSync(comm=comm, parameters={n: np.empty(s, d) for n, (s, d) in MEDIUM.items()},
+                             overlap=overlap, write_back=False)
+    handed = []
+    for step in range(3):
+        for name in reversed(list(MEDIUM)):
+            large.ready(gradient(name, rank, step), name=name)
+        handed.append(large.wait())
+        assert all(np.array_equal(handed[-1][n], mean(n, step)) for n in MEDIUM), step
+    assert all(np.shares_memory(handed[0][n], handed[2][n]) and not np.shares_memory(handed[0][n], handed[1][n])
+               for n in MEDIUM)
     print(f"rank {rank} views ok overlap={overlap}", flush=True)
 
 
-def torch_views():
+def torch_views(overlap):
     import torch
     import mpiallreduce.torch as mt
     model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Linear(24, 4))
@@ -78,7 +91,7 @@ def torch_views():
             for k, p in enumerate(model.parameters()):
                 p.copy_(torch.arange(p.numel()).reshape(p.shape) % 5 - 2 + k + step)
     optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=2.0 ** -10),
-                                        named_parameters=model.named_parameters(), comm=comm, overlap=False)
+                                        named_parameters=model.named_parameters(), comm=comm, overlap=overlap)
 
     def backward(step, only_last=False):
         x = (torch.arange(8 * 16).reshape(8, 16) % (rank + step + 3) - 1).float()
@@ -111,7 +124,7 @@ def torch_views():
         assert (p.grad is None and given[name] is None) or torch.equal(p.grad, given[name]), name
     parameters = [p.detach().numpy().copy() for p in model.parameters()]
     assert all(all(np.array_equal(a, b) for a, b in zip(parameters, theirs)) for theirs in comm.allgather(parameters))
-    print(f"rank {rank} torch ok", flush=True)
+    print(f"rank {rank} torch ok overlap={overlap}", flush=True)
 
 
 numpy_views(overlap=False)
@@ -121,4 +134,5 @@ try:
 except ImportError:
     print(f"rank {rank} torch missing", flush=True)
 else:
-    torch_views()
+    torch_views(overlap=False)
+    torch_views(overlap=True)  # (the gradients handed over from backward's hooks)
