@@ -55,7 +55,9 @@ def test_plain_calls_of_mpis_allreduce_give_numpys_values_every_way_in(comm, use
                 y[...] = x
                 assert mar.allreduce(y, op=op, comm=comm, out=y) is y and values_equal(y, want)
                 assert values_equal(x, kept)
-            if size > 1 and op != "mean":  # (a mean of one rank is local; of int32 in numpy, float)
+            # (a mean of one rank is local; of int32 in numpy, float; across nodes a compared call is
+            # dissemination's, whose compiled path takes a sum of float64 but not a max or complex128)
+            if size > 1 and op != "mean" and not (signature == "compared" and state_of(comm).make_ready().spans_nodes):
                 assert is_compiled(short_of(comm, x, op)) == (use_compiled and state_of(comm).recorder is None)
     x = exact_input("float64", 64, rank, "sum")
     want = numpy_reference("sum", gather_inputs(comm, x))
@@ -93,8 +95,8 @@ def test_calls_are_numbered_alike_on_every_rank_whichever_path_takes_them(use_se
     assert state.sequence == before + 40
     numbers = comm.allgather(state.sequence)
     assert len(set(numbers)) == 1, numbers
-    if comm.Get_size() > 1:
-        assert prepared._compiled_bound() == use_compiled
+    if comm.Get_size() > 1:  # (bound where it is a persistent request: on one node at 8 elements, by the table)
+        assert prepared._compiled_bound() == (use_compiled and (prepared.persistent or not state.spans_nodes))
     comm.Free()
 
 
