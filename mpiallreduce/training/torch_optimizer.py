@@ -92,6 +92,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              reproducible=reproducible, overlap=overlap, write_back=not gradient_as_bucket_view)
         self._skip = self._synchronized = False
         self.parameters = [p for _, p in self.named_parameters]
+        self._by_name = dict(self.named_parameters)
         self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
         self._tensors = {}  # name -> ((a result handed over, its tensor), ...): the last two
         self._hooks = []
@@ -160,17 +161,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the other ranks' gradients; in the accumulation dtype, float32 for 16-bit ones) with
         ``grad.set_``, as Horovod does: the same tensor, no copy; and round the widened ones back."""
         with torch.no_grad():
-            by_name = dict(self.named_parameters)
+            by_name = self._by_name
             for name, result in results.items():
                 parameter = by_name[name]
-                widened.pop(name, None)
-                grad = self._tensor_of(name, result, parameter)
-                if parameter.grad is None:
+                if widened:
+                    widened.pop(name, None)
+                grad, current = self._tensor_of(name, result, parameter), parameter.grad
+                if current is None:
                     parameter.grad = grad.detach()  # (a tensor of its own: a later set_ moves it, not the kept one)
                 elif grad.is_cuda:  # (a CuPy array of its own: into torch's memory)
-                    parameter.grad.copy_(grad)
+                    current.copy_(grad)
                 else:
-                    parameter.grad.set_(grad)
+                    current.set_(grad)
             for parameter, wide in widened.values():
                 parameter.grad.copy_(wide)
 
