@@ -121,7 +121,8 @@ def raise_on_one_rank(algorithm):
     mar.abort_on_exception()
     mar.allreduce(data(RANK), algorithm=algorithm)
     report(started=f"{time.time():.3f}")
-    if RANK == LATE:
+    if RANK == LATE:  # (after the others are in call #2: else a slow one is ended before it, and named)
+        time.sleep(0.5)
         raise RuntimeError(f"injected failure on rank {RANK}")
     mar.allreduce(data(RANK), algorithm=algorithm)  # the others wait here, until the abort ends them
     report(outcome="not aborted")
