@@ -385,6 +385,21 @@ def test_tune_keep_above_takes_the_new_rules_below_the_cut_and_the_tables_above(
         {"algorithm": "ring", "up_to_bytes": 10_000}, {"algorithm": "ring_pipelined", "up_to_bytes": None}]
 
 
+def test_tune_keeps_the_tables_rules_below_the_smallest_size_it_measured():
+    """A tune of 64 KiB and up does not rewrite what it did not measure: below its smallest size the
+    table's earlier rules stay (persistent ones of 4 B among them), the new ones from there on."""
+    from mpiallreduce.core.tuning import rules_kept_outside
+    kept = [{"algorithm": "mpi:persistent", "up_to_bytes": 2896}, {"algorithm": "mpi", "up_to_bytes": 5792},
+            {"algorithm": "mpi:persistent", "up_to_bytes": 46340}, {"algorithm": "mpi", "up_to_bytes": None}]
+    new = [{"algorithm": "mpi", "up_to_bytes": None}]  # (all it measured, from 64 KiB: the blocking call)
+    assert rules_kept_outside(new, kept, 65536) == kept
+    new = [{"algorithm": "ring", "up_to_bytes": 100_000}, {"algorithm": "mpi", "up_to_bytes": None}]
+    assert rules_kept_outside(new, kept, 65536, 1 << 20) == [
+        {"algorithm": "mpi:persistent", "up_to_bytes": 2896}, {"algorithm": "mpi", "up_to_bytes": 5792},
+        {"algorithm": "mpi:persistent", "up_to_bytes": 46340}, {"algorithm": "mpi", "up_to_bytes": 65535},
+        {"algorithm": "ring", "up_to_bytes": 100_000}, {"algorithm": "mpi", "up_to_bytes": None}]
+
+
 def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
     from mpiallreduce.core.tuning import rules_from_measurements
     measured = [(4, "mpi", 1.0), (4, "ring", 0.97),        # ring 3% faster: keep MPI's own

@@ -57,7 +57,7 @@ from .overrides import (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TW
                         DISSEMINATION_UP_TO, dissemination_pays)
 
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "table_digest",
+           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "rules_kept_outside", "table_digest",
            "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent", "DISSEMINATION_UP_TO",
            "DISSEMINATION_TWO_RANKS_UP_TO", "DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO", "dissemination_pays"]
 
@@ -253,12 +253,27 @@ def rules_kept_above(new, kept, cut):
     """``new`` rules up to ``cut`` bytes, ``kept`` (the table's earlier rules) above it: ``tune
     --keep-above`` (measured again where the choice is clear, the earlier rules kept where runs
     differ by more than the algorithms do). Adjacent rules of one algorithm merge."""
+    return rules_kept_outside(new, kept, 0, cut)
+
+
+def rules_kept_outside(new, kept, low, high=None):
+    """``new`` rules from ``low`` to ``high`` bytes (None: no end), ``kept`` (the table's earlier
+    rules) below ``low`` and above ``high``: what ``tune`` did not measure keeps what it had (the
+    new rule spanning a bound ends, or starts, there). Adjacent rules of one algorithm merge."""
     def choose(rules, nbytes):
         return next(rule["algorithm"] for rule in rules if rule["up_to_bytes"] is None or nbytes <= rule["up_to_bytes"])
-    pieces = [(rule["up_to_bytes"], rule["algorithm"]) for rule in new if rule["up_to_bytes"] is not None
-              and rule["up_to_bytes"] < cut] + [(cut, choose(new, cut))]
-    pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in kept if rule["up_to_bytes"] is None
-               or rule["up_to_bytes"] > cut]
+    pieces = []
+    if low > 0:
+        pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in kept if rule["up_to_bytes"] is not None
+                   and rule["up_to_bytes"] < low - 1] + [(low - 1, choose(kept, low - 1))]
+    pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in new if rule["up_to_bytes"] is not None
+               and rule["up_to_bytes"] >= low and (high is None or rule["up_to_bytes"] < high)]
+    if high is None:
+        pieces.append((None, choose(new, float("inf"))))
+    else:
+        pieces.append((high, choose(new, high)))
+        pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in kept if rule["up_to_bytes"] is None
+                   or rule["up_to_bytes"] > high]
     merged = []
     for up_to, algorithm in pieces:
         if merged and merged[-1]["algorithm"] == algorithm:

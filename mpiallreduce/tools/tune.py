@@ -35,7 +35,7 @@ import os
 import statistics
 
 from .arguments import ArgumentParser, size_list
-from ..core.tuning import TUNING_ENV, set_tuning_table, tuning_table, rules_from_measurements, rules_kept_above, shipped_device_section
+from ..core.tuning import TUNING_ENV, set_tuning_table, tuning_table, rules_from_measurements, rules_kept_outside, shipped_device_section
 
 __all__ = ["main"]
 
@@ -84,11 +84,13 @@ def _print_rules(rules):
 
 def _put(table, args, section, ranks, key, rules, written):
     """``section[ranks] = rules`` and the table's metadata ``key`` = ``written``; with ``--keep-above``
-    the new rules below the cut, the section's earlier ones above it (the metadata says so). The
-    rules put."""
-    if args.keep_above and ranks in section:
-        rules = rules_kept_above(rules, section[ranks], args.keep_above[0])
-        written.update(kept_above_bytes=args.keep_above[0], kept_from=table.get("metadata", {}).get(key))
+    the new rules below the cut, the section's earlier ones above it, and below the smallest size
+    measured (if above 4 B) the section's earlier ones too (the metadata says so). The rules put."""
+    low = min(args.sizes) if min(args.sizes) > 4 else 0  # (below the smallest size measured: the table's, kept)
+    if (args.keep_above or low) and ranks in section:
+        high = args.keep_above[0] if args.keep_above else None
+        rules = rules_kept_outside(rules, section[ranks], low, high)
+        written.update(kept_above_bytes=high, kept_below_bytes=low or None, kept_from=table.get("metadata", {}).get(key))
     section[ranks] = rules
     table.setdefault("metadata", {})[key] = written
     return rules
