@@ -11,7 +11,7 @@ with today's exchange and the two before it, side by side:
 Interleaved in one launch, ROUNDS times: 1000 plain calls of MPI's own allreduce
 (``mar.allreduce(x, out=out, algorithm="mpi")``, the check first) with each exchange in turn, then
 1000 plain calls of what ``auto`` runs there (dissemination, carrying the check in its rounds, up to
-tuning.DISSEMINATION_UP_TO), then raw ``comm.Allreduce`` on the same buffers, at 4 B, 8 KiB and
+overrides.DISSEMINATION_UP_TO), then raw ``comm.Allreduce`` on the same buffers, at 4 B, 8 KiB and
 64 KiB; then, at 64 KiB, one ``Sendrecv`` of the whole buffer (what a check carried in an
 algorithm's own first message would start from) against Open MPI's allreduce. Each figure: the mean
 time per call over a round, the slowest rank's, in microseconds.

@@ -635,8 +635,8 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     compiled, an ordinary sum or mean, up to DISSEMINATION_UP_TO and where its messages fit (on 2
     ranks up to DISSEMINATION_TWO_RANKS_UP_TO, whatever the table says); a prepared call (compared once) keeps the table's MPI_Allreduce."""
     from mpiallreduce.core.planner import CallFacts, plan_call
-    from mpiallreduce.core.tuning import (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO,
-                                          DISSEMINATION_UP_TO)
+    from mpiallreduce.core.overrides import (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO,
+                                             DISSEMINATION_UP_TO)
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     nodes = CallFacts(size=2, spans_nodes=True, node_count=2, compiled=True)
     plan = plan_call(nodes, False, f32, 4, "sum", "auto")

@@ -53,13 +53,9 @@ import json
 import math
 import os
 
-from .overrides import (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO,  # noqa: F401 (theirs)
-                        DISSEMINATION_UP_TO, dissemination_pays)
-
 __all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
            "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "rules_kept_outside", "table_digest",
-           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent", "DISSEMINATION_UP_TO",
-           "DISSEMINATION_TWO_RANKS_UP_TO", "DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO", "dissemination_pays"]
+           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent"]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
 DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")

@@ -255,12 +255,12 @@ def test_dissemination_carrying_the_check_reduces_in_rank_order_bit_for_bit(comp
 
 @pytest.mark.mpi(min_size=2)
 def test_one_rank_in_place_against_the_others_out_of_place_raises_everywhere(compared_by_messages):
-    """In place has a bound of its own (tuning.DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO): between the two,
+    """In place has a bound of its own (overrides.DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO): between the two,
     on 2 ranks the out-of-place call runs dissemination (its blocks in the check's messages) and the
     in-place one the check's codes alone, then the table's choice. Either way every rank raises
     SignatureMismatch naming the in-place rank, nothing is written, and the next call is right."""
     from mpiallreduce.core.consistency import SignatureMismatch
-    from mpiallreduce.core.tuning import DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO
+    from mpiallreduce.core.overrides import DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, DISSEMINATION_TWO_RANKS_UP_TO
     comm = compared_by_messages
     rank, size = comm.Get_rank(), comm.Get_size()
     between = (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO + DISSEMINATION_TWO_RANKS_UP_TO) // 2 // 8

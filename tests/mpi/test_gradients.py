@@ -136,6 +136,9 @@ def test_ranks_whose_gradient_sync_options_differ_are_refused_on_every_rank(comm
     # (reproducible buckets are prepared calls on symmetric buffers too: refused before either is made)
     with pytest.raises(ValueError, match=r"options differ:\n  reproducible differs: False on ranks? 0.*; True on rank"):
         mar.GradientSync(comm=comm, parameters=[np.zeros(20_000, np.float32)], reproducible=last)
+    # (results handed over as views on some ranks, written back on others: a fused call of another op)
+    with pytest.raises(ValueError, match=r"options differ:\n  write_back differs: True on ranks? 0.*; False on rank"):
+        mar.GradientSync(comm=comm, parameters=[np.zeros(4)], write_back=not last)
     sync = mar.GradientSync(comm=comm, parameters=[np.zeros(20_000, np.float32)], reproducible=True)
     grad = np.full(20_000, comm.Get_rank() + 1.0, np.float32)
     sync.synchronize([grad])

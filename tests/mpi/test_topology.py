@@ -68,7 +68,7 @@ def test_auto_runs_hierarchical_across_nodes_where_the_table_has_nothing_measure
     monkeypatch.setattr(REGISTRY["hierarchical"], "execute", lambda *a, **k: ran.append(1) or original(*a, **k))
     tuning.set_tuning_table({"by_ranks": {"1": [{"up_to_bytes": None, "algorithm": "mpi"}]}})  # no by_nodes
     try:
-        # (1.2 MB: past tuning.DISSEMINATION_TWO_RANKS_UP_TO, where 2 ranks run dissemination whatever the table says)
+        # (1.2 MB: past overrides.DISSEMINATION_TWO_RANKS_UP_TO, where 2 ranks run dissemination whatever the table says)
         x = exact_input("float32", 300_000, comm.Get_rank(), "sum")
         expected = numpy_reference("sum", gather_inputs(comm, x))
         assert values_equal(mar.allreduce(x, comm=comm), expected)
