@@ -1,6 +1,7 @@
 """What handing a bucket's results over as views saves a training step, side by side in one run.
 
     mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/views_price.py [--model transformer] [--steps 40]
+    mpiallreduce launch -n 2 -- python benchmarks/views_price.py      (one node: symmetric buffers, single_copy)
 
 The same model (train_bench's), batches and optimizer three times over, one step of each in turn,
 synchronize() timed from a barrier after backward (the slowest rank's time, median over --steps):
@@ -9,9 +10,10 @@ synchronize() timed from a barrier after backward (the slowest rank's time, medi
   into its bucket, the bucket summed in place (auto: the table's choice), and the sum divided into
   the gradient on the way back;
 - views: the default: the bucket's mean in place (auto: overrides.MEAN_ACROSS_NODES from 4 MiB),
-  the gradients pointed at it (grad.set_), no copy back (across nodes; on one node the buckets are
-  symmetric buffers and both write back);
-- views, mpi: the same with algorithm="mpi": MPI's own sum, then a pass that divides.
+  the gradients pointed at it (grad.set_), no copy back (on one node the buckets are symmetric
+  buffers, reduced by single_copy);
+- views, mpi: the same with algorithm="mpi": MPI's own sum, then a pass that divides (on one node
+  too: MPI's own copies the symmetric buffers as it would any others).
 
 Prints each in ms and views / copied back, with the parameters' largest difference between the three
 after the steps (0: the same bits).

@@ -171,12 +171,13 @@ def test_gradient_sync_fuses_medium_gradients_on_one_node_and_across_nodes(nodes
         explain(result)
 
 
-@pytest.mark.parametrize("nranks", [2, 3])
-def test_gradient_results_handed_over_as_views_of_two_buffers_in_turn_across_nodes(nranks):
+@pytest.mark.parametrize("nranks,nodes", [(2, 1), (3, 1), (2, 2), (3, 2)])
+def test_gradient_results_handed_over_as_views_of_two_buffers_in_turn(nranks, nodes):
     # (GradientSync(write_back=False), with and without overlap, and DistributedOptimizer's grad.set_:
-    # right means, gradients not written, a failed step changing nothing handed over: the script says)
+    # right means, gradients not written, a failed step changing nothing handed over: the script says;
+    # on one node the buffers are symmetric, and the first step's rebuild frees them: results kept)
     result = run(nranks, [sys.executable, str(TESTS / "scripts" / "gradient_views.py")], timeout=TIMEOUT, cwd=ROOT,
-                 nodes=2)
+                 nodes=nodes if nodes > 1 else None)
     assert result.returncode == 0, explain(result)
     for kind in ("views ok overlap=False", "views ok overlap=True", "torch ok overlap=False", "torch ok overlap=True"):
         assert sorted(re.findall(rf"^rank (\d) {kind}$", result.output, re.M)) == [str(r) for r in range(nranks)], \

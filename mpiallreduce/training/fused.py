@@ -7,8 +7,9 @@ fills in turn.
 
 The turn t moves on only after a step that succeeded (BucketReducer.write_back): the buffer a step
 reduces is never the one the last results live in (once handed over, the gradients), so a step that
-fails changes none of them. The results stay valid until the step after next refills their buffer.
-On one node the buffers are symmetric (mpiallreduce.empty: single copy), one a bucket, written back.
+fails changes none of them. The results stay valid until the step after next refills their buffer
+(or a replan frees it: BucketReducer.kept copies them first). On one node the buffers are symmetric
+(mpiallreduce.empty: single copy), made at once on every rank, both of them with views.
 """
 import numpy as np
 
@@ -28,7 +29,7 @@ class FusedBuffers:
         self._second = {}  # bucket index -> the same, of the buffer for odd turns (with views)
         self._symmetric = []  # the fused buffers made symmetric (freed with the plan: free)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
-        self.views = views and not (one_node and compression is None)  # (not on symmetric buffers)
+        self.views = views
         self._turn = 0  # which buffer this step fills
         #: a bucket that hands its results over runs the mean itself where nothing else is left to apply
         #: (no postscale, no reproducible sum: divided after, as a large gradient's); the others sum
@@ -37,6 +38,8 @@ class FusedBuffers:
             for bucket in buckets:
                 if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):
                     self._make(bucket, np, symmetric=True)
+                    if self.hands_over(bucket):  # (its second buffer: symmetric too, made now on every rank)
+                        self._second[bucket.index] = self._make(bucket, np, symmetric=True, second=True)
 
     def free(self):
         """Free the symmetric buffers (collective: a replan, every rank at once, nothing in flight)."""
@@ -68,7 +71,7 @@ class FusedBuffers:
         own = self._own[bucket.index]
         if own[2] is None:
             handed = self.hands_over(bucket)
-            made = [own] + ([[np.empty_like(own[0]), None, None]] if handed else [])
+            made = [own] + ([self._second.get(bucket.index) or [np.empty_like(own[0]), None, None]] if handed else [])
             for kept in made:
                 if kept[1] is None:
                     kept[1] = self._members_in(kept[0], bucket)
@@ -94,7 +97,7 @@ class FusedBuffers:
             elements = self._digest_arrays[key] = xp.asarray(digest_elements(digest).astype(bucket.dtype))
         return elements
 
-    def _make(self, bucket, xp, symmetric=False):
+    def _make(self, bucket, xp, symmetric=False, second=False):
         """``bucket``'s own fused buffer (its payload, then the last bucket's digest), with its views."""
         last = bucket.index == len(self.buckets) - 1
         carries_digest = last and not (self.compression is not None and bucket.dtype.kind == "f")
@@ -105,8 +108,10 @@ class FusedBuffers:
             self._symmetric.append(fused)
         else:
             fused = xp.empty(count, dtype=bucket.dtype)
-        own = self._own[bucket.index] = [fused, self._members_in(fused, bucket), None]
-        return own
+        made = [fused, self._members_in(fused, bucket), None]
+        if not second:
+            self._own[bucket.index] = made
+        return made
 
     def _members_in(self, fused, bucket):
         """Each fused member's place in ``fused``, shaped like its gradient (made once per buffer)."""

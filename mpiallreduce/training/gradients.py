@@ -74,9 +74,9 @@ class GradientSync:
         overlap: True: reduce each full bucket in the background while backward goes on; False: at
             ``wait()``, on the caller's thread; None: where this rank has a core to spare (mpiallreduce.
             training.overlap). Ranks may differ; where none overlaps, large gradients go in place.
-        write_back: False: across nodes, host buckets' results (of the gradients' dtype) are not copied
-            into them but returned by ``wait()``, views of a bucket's two buffers (used in turn: valid
-            until the step after next), for a framework to point its gradients at (``grad.set_``).
+        write_back: False: host buckets' results (of the gradients' dtype) are not copied into them
+            but returned by ``wait()``, views of a bucket's two buffers (used in turn: valid until the
+            step after next), for a framework to point its gradients at (``grad.set_``).
     """
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
@@ -208,8 +208,7 @@ class GradientSync:
                                                    else 0, xp, not self.overlap, in_place, part))
 
     def wait(self):
-        """Start the buckets not yet started, wait for every bucket, then, if the step succeeded on
-        every rank, write the results back into the gradients, in place.
+        """Start the buckets not yet started, wait for them; if the step succeeded everywhere, write back.
 
         Returns {name: result} for the declared gradients this rank did not mark ready (with
         ``find_unused``): what the other ranks' gradients summed (or averaged) to; with
@@ -263,6 +262,7 @@ class GradientSync:
             self._rebuild_pending = False
             order = common_order(self.comm, step.arrivals, len(self._slots), self.timeout)
             if order is not None and [m for b in self._buckets for m in b.members] != order:
+                unused = self._reducer.kept(unused)  # (the views' buffers go with the plan)
                 self._use_slots(self._slots, order=order)
         self._new_step()
         return unused
@@ -292,7 +292,7 @@ class GradientSync:
 
     def synchronize(self, gradients):
         """``ready`` every gradient in order (named by position), then ``wait``; returns the gradients."""
-        if not self.write_back:  # (results handed over: ready() and wait(), which returns them)
+        if not self.write_back:
             raise ValueError("GradientSync(write_back=False) hands results over: use ready() and wait()")
         for i, grad in enumerate(gradients):
             self.ready(grad, name=None if self.declared else i)

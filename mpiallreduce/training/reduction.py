@@ -12,8 +12,8 @@ lost rank) leaves every gradient as it was. The price: two copies of each
 large gradient more per step (into its result buffer, and back),
 and memory for its result buffer; where no rank overlaps and there is no timeout, none (the
 gradients are reduced where they lie, once every rank agreed on the step: GradientSync.wait).
-With ``views`` (GradientSync(write_back=False)), host buckets across nodes hand their results over
-as views of their buffers, two a bucket used in turn, by a call of the mean itself: a copy less
+With ``views`` (GradientSync(write_back=False)), host buckets hand their results over as views of
+their buffers (symmetric ones on one node), two a bucket used in turn, by a call of the mean itself: a copy less
 (mpiallreduce.training.fused).
 """
 import numpy as np
@@ -63,6 +63,10 @@ class BucketReducer:
     def free(self):
         """Free the symmetric buffers (collective: a replan, every rank at once, nothing in flight)."""
         self.fused.free()
+
+    def kept(self, results):
+        """``results`` (wait()'s) as they stay once this plan is freed: views of its buffers copied."""
+        return {name: result.copy() if self.fused.views else result for name, result in results.items()}
 
     def digest(self, step):
         """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every

@@ -68,7 +68,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         comm, bucket_bytes, op, algorithm, prescale, postscale, timeout, overlap: as GradientSync
             (comm: ``hvd.init(comm)``'s by default, else COMM_WORLD; overlap: hooks during backward
             or not, see above).
-        gradient_as_bucket_view: True (default): across nodes, a fused gradient is not copied back
+        gradient_as_bucket_view: True (default): a fused gradient is not copied back
             from its bucket; ``grad.set_`` points it at its result there (as Horovod's ``set_``,
             DDP's ``gradient_as_bucket_view``): the same tensor, a copy less, its memory the
             bucket's until the step after next (GradientSync's ``write_back=False``). False: copied.

@@ -1,5 +1,5 @@
-"""GradientSync(write_back=False) across nodes: results handed over as views of a bucket's two
-buffers, used in turn; and DistributedOptimizer, which points its gradients at them (``grad.set_``).
+"""GradientSync(write_back=False), on one node (symmetric buffers) and across nodes: results handed
+over as views of a bucket's two buffers, used in turn; and DistributedOptimizer, which points its gradients at them (``grad.set_``).
 Every value is an integer, or an integer sum divided once: the references are computed here, in
 float32, from the formula. Prints ``rank R views ok`` and ``rank R torch ok``."""
 import numpy as np
