@@ -9,11 +9,15 @@ The turn t moves on only after a step that succeeded (BucketReducer.write_back):
 reduces is never the one the last results live in (once handed over, the gradients), so a step that
 fails changes none of them. The results stay valid until the step after next refills their buffer
 (or a replan frees it: BucketReducer.kept copies them first). On one node the buffers are symmetric
-(mpiallreduce.empty: single copy), made at once on every rank, both of them with views.
+(mpiallreduce.empty: single copy), made at once on every rank, both of them with views; there a
+timed step could fail on some ranks only and leave the turns apart, and each rank's single copy
+would then write into the peers' other buffer (the last results): with a timeout, one buffer a
+bucket, written back.
 """
 import numpy as np
 
 from .buckets import DIGEST_ELEMENTS, digest_elements
+from .overlap import untimed
 
 __all__ = ["FusedBuffers"]
 
@@ -29,7 +33,9 @@ class FusedBuffers:
         self._second = {}  # bucket index -> the same, of the buffer for odd turns (with views)
         self._symmetric = []  # the fused buffers made symmetric (freed with the plan: free)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
-        self.views = views
+        #: on one node, only where every failed step fails on every rank (untimed: turns never differ,
+        #: and a symmetric buffer must lie at the same place on every rank); else written back
+        self.views = views and not (one_node and compression is None and not untimed(timeout))
         self._turn = 0  # which buffer this step fills
         #: a bucket that hands its results over runs the mean itself where nothing else is left to apply
         #: (no postscale, no reproducible sum: divided after, as a large gradient's); the others sum

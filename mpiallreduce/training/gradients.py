@@ -76,7 +76,8 @@ class GradientSync:
             training.overlap). Ranks may differ; where none overlaps, large gradients go in place.
         write_back: False: host buckets' results (of the gradients' dtype) are not copied into them
             but returned by ``wait()``, views of a bucket's two buffers (used in turn: valid until the
-            step after next), for a framework to point its gradients at (``grad.set_``).
+            step after next), for a framework to point its gradients at (``grad.set_``; on one node
+            with a timeout, written back: mpiallreduce.training.fused).
     """
 
     def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
@@ -162,8 +163,7 @@ class GradientSync:
         ``grad`` is read, not written, until ``wait()``: it must not change before then."""
         if self._no_sync:
             return
-        step = self._step
-        step.calls.append((grad, name))
+        (step := self._step).calls.append((grad, name))
         if self._slots is not None and type(grad) is np.ndarray and (name is not None or self.declared):
             index = self._by_name.get(str(name)) if name is not None else self._by_identity.get(id(grad))
             if (self._fits.get(index) == (grad.shape, grad.dtype) and grad.flags.writeable
