@@ -8,7 +8,7 @@ fills in turn.
 The turn t moves on only after a step that succeeded (BucketReducer.write_back): the buffer a step
 reduces is never the one the last results live in (once handed over, the gradients), so a step that
 fails changes none of them. The results stay valid until the step after next refills their buffer
-(or a replan frees it: BucketReducer.kept copies them first). On one node the buffers are symmetric
+(a replan frees it two successful steps later: BucketReducer). On one node the buffers are symmetric
 (mpiallreduce.empty: single copy), made at once on every rank, both of them with views; there a
 timed step could fail on some ranks only and leave the turns apart, and each rank's single copy
 would then write into the peers' other buffer (the last results): with a timeout, one buffer a

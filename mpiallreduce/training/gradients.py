@@ -129,12 +129,11 @@ class GradientSync:
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
         self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else DIRECT_MIN_BYTES)
         self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
-        if self._reducer is not None:  # (a replan: on every rank together, nothing in flight)
-            self._reducer.free()
         self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
                                       prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
                                       compression=self.compression, reproducible=self.reproducible,
-                                      one_node=not self._spans_nodes, views=not self.write_back)
+                                      one_node=not self._spans_nodes, views=not self.write_back,
+                                      replaced=self._reducer)  # (a replan: every rank together, nothing in flight)
 
     buckets = property(lambda self: [] if self._slots is None else [[self._slots[i].name for i in b.members]
                                                                     for b in self._buckets],
@@ -262,7 +261,6 @@ class GradientSync:
             self._rebuild_pending = False
             order = common_order(self.comm, step.arrivals, len(self._slots), self.timeout)
             if order is not None and [m for b in self._buckets for m in b.members] != order:
-                unused = self._reducer.kept(unused)  # (the views' buffers go with the plan)
                 self._use_slots(self._slots, order=order)
         self._new_step()
         return unused

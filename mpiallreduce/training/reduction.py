@@ -39,11 +39,14 @@ class BucketReducer:
     """The allreduces of ``buckets`` (over ``slots``), with their buffers, kept for as long as the plan."""
 
     def __init__(self, comm, slots, buckets, *, op, algorithm, prescale, postscale, timeout, compression,
-                 reproducible, one_node=False, views=False):
+                 reproducible, one_node=False, views=False, replaced=None):
         """``one_node``: the host buckets' buffers are symmetric (mpiallreduce.empty: made here, in
         bucket order, on every rank, as the plan is agreed), so their reductions run single copy.
-        ``views``: elsewhere, host buckets hand their results over as views (two buffers a bucket, in
-        turn: ``write_back``), by a call of the mean itself where nothing else is left to apply."""
+        ``views``: host buckets hand their results over as views (two buffers a bucket, in turn:
+        ``write_back``), by a call of the mean itself where nothing else is left to apply.
+        ``replaced``: the reducer of the plan this one replaces (a replan: every rank at once, nothing
+        in flight): its buffers are freed now, or, where it handed results over, two successful
+        steps on (``write_back``), as long as those results stay valid."""
         self.comm, self.slots, self.buckets, self.op, self.algorithm = comm, slots, buckets, op, algorithm
         self.timeout, self.prescale, self.postscale = timeout, prescale, postscale
         self.compression, self.reproducible = compression, reproducible
@@ -59,14 +62,13 @@ class BucketReducer:
         #: a reproducible mean rounds the exact sum divided, not the rounded sum divided)
         self._direct_op, self._direct_divides = ("sum", op == "mean") if reproducible else (op, False)
         self._clean_digest = None  # the digest of a step where every gradient came as planned
+        #: [FusedBuffers of replaced plans, successful steps until they are freed]
+        self._retired = [] if replaced is None else replaced._retired
+        if replaced is not None and replaced.fused.views:  # (its results, maybe the next gradients, live there)
+            self._retired = [*self._retired, [replaced.fused, 2]]
+        elif replaced is not None:
+            replaced.fused.free()
 
-    def free(self):
-        """Free the symmetric buffers (collective: a replan, every rank at once, nothing in flight)."""
-        self.fused.free()
-
-    def kept(self, results):
-        """``results`` (wait()'s) as they stay once this plan is freed: views of its buffers copied."""
-        return {name: result.copy() if self.fused.views else result for name, result in results.items()}
 
     def digest(self, step):
         """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every
@@ -237,6 +239,11 @@ class BucketReducer:
                 if grad is None:
                     unused[self.slots[index].name] = target
         self.fused.next_turn()
+        for retired in self._retired:  # (a step that succeeded on every rank: collective)
+            retired[1] -= 1
+            if retired[1] == 0:  # (the results handed over from them are no longer valid)
+                retired[0].free()
+        self._retired = [retired for retired in self._retired if retired[1] > 0]
         return unused
 
     def _finish(self, xp, result, target, bucket, size, divide):

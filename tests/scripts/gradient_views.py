@@ -36,6 +36,12 @@ def run_step(sync, step, overlap_order=False, wrong=False):
     return grads, given, sync.wait()
 
 
+def run_named(sync, names, step, given=None):
+    for name in names:
+        sync.ready(gradient(name, rank, step) if given is None else given[name], name=name)
+    return sync.wait()
+
+
 def numpy_views(overlap):
     sync = mar.GradientSync(comm=comm, parameters={n: np.empty(s, d) for n, (s, d) in SHAPES.items()},
                             bucket_bytes=8000, overlap=overlap, write_back=False, rebuild_buckets=False)
@@ -78,6 +84,19 @@ def numpy_views(overlap):
         assert all(np.array_equal(handed[-1][n], mean(n, step)) for n in MEDIUM), step
     assert all(np.shares_memory(handed[0][n], handed[2][n]) and not np.shares_memory(handed[0][n], handed[1][n])
                for n in MEDIUM)
+    # a changed step (a gradient more, undeclared gradients) plans anew: the old plan's buffers, where the
+    # last results live, stay until two steps on; here the changed step's gradients are those results
+    free = mar.GradientSync(comm=comm, bucket_bytes=8000, overlap=overlap, write_back=False)
+    for step in range(2):
+        kept = run_named(free, ("a", "c"), step)
+    for step in range(2, 5):
+        given = {"a": kept["a"], "c": kept["c"], "b": gradient("b", rank, step)} if step == 2 else None
+        results = run_named(free, ("a", "c", "b"), step, given)
+        assert np.array_equal(results["b"], mean("b", step)), step
+        for name in "ac":  # (step 2: the mean of step 1's means, alike on every rank: step 1's)
+            assert np.array_equal(results[name], mean(name, 1 if step == 2 else step)), (name, step)
+            if step == 2:
+                assert np.array_equal(kept[name], mean(name, 1)), name  # (read, not freed)
     # with a timeout, a step may fail on some ranks only: on one node (symmetric buffers, which must lie at
     # the same place everywhere) the results are then written back; across nodes still handed over
     one_node = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() == size
