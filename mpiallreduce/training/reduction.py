@@ -239,12 +239,18 @@ class BucketReducer:
                 if grad is None:
                     unused[self.slots[index].name] = target
         self.fused.next_turn()
-        for retired in self._retired:  # (a step that succeeded on every rank: collective)
+        if self._retired:  # (after a replan only)
+            self._free_retired()
+        return unused
+
+    def _free_retired(self):
+        """After a step that succeeded on every rank (collective): free the replaced plans' buffers
+        whose handed-over results are no longer valid (two successful steps on)."""
+        for retired in self._retired:
             retired[1] -= 1
-            if retired[1] == 0:  # (the results handed over from them are no longer valid)
+            if retired[1] == 0:
                 retired[0].free()
         self._retired = [retired for retired in self._retired if retired[1] > 0]
-        return unused
 
     def _finish(self, xp, result, target, bucket, size, divide):
         """``target`` = ``result`` (a sum) divided by ``size`` (a mean) and times ``postscale``: the
