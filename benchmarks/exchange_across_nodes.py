@@ -2,7 +2,7 @@
 exchange built up layer by layer, up to the library's prepared and plain recursive doubling.
 
     mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/exchange_across_nodes.py [--sizes 128K,512K,1M]
-        [--rounds 11] [--output FILE]
+        [--rounds 11] [--forced] [--output FILE]
 
 On 2 ranks, recursive doubling is one exchange: each rank sends its whole input to the other and
 adds what comes, the lower rank's first (the same bits on both). The contenders, interleaved in one
@@ -10,6 +10,9 @@ launch, ``--rounds`` times per size, each a batch of calls on the same float32 b
 
     MPI_Allreduce    comm.Allreduce(x, out): Open MPI's default (coll/han across nodes)
     sendrecv         comm.Sendrecv of x into a buffer, then np.add into out (blocking)
+    halves           the ring's 2-rank exchange, bare: comm.Sendrecv of the half the peer sums, np.add
+                     of this rank's half, comm.Sendrecv of the summed halves (blocking; n/2 each way
+                     twice and an addition of n/2, against n and n)
     polled           the same as Irecv + Isend, MPI_Testall polled with sched_yield between tests
                      (how the library waits: mpiallreduce.faults.watch.PeerWatch.wait)
     call tags        the same through the library's CallTags and PeerWatch on its duplicate
@@ -17,6 +20,12 @@ launch, ``--rounds`` times per size, each a batch of calls on the same float32 b
     plain rd         mar.allreduce(x, out=out, algorithm="recursive_doubling"): the signature
                      compared first, in 32-byte messages
     auto             mar.allreduce(x, out=out)
+    prepared auto    mar.prepare(x, out=out).run()
+    openmpi:NAME     with --forced: MPI_Allreduce with Open MPI's tuned algorithm NAME forced (han off)
+
+With --forced, a last summary line per size says whether issue #28's 1.2x of Open MPI's strongest
+(the fastest of MPI_Allreduce and the forced ones) is within reach of the bare exchanges, with no
+library layer at all: the faster of "sendrecv" and "halves" over the strongest.
 
 Each figure: the mean per call over a batch, the slowest rank's, in microseconds; per size the
 medians over the rounds, each as MPI_Allreduce's time over its own (above 1: faster than MPI's).
@@ -70,7 +79,36 @@ def exchanges(x, out, incoming):
         tags = CallTags(state.library, number, PeerWatch(state, number, None, "exchange"))
         tags.Sendrecv([x, MPI.FLOAT], peer, 202, [incoming, MPI.FLOAT], peer, 202)
         add()
-    return {"sendrecv": sendrecv, "polled": polled, "call tags": call_tags}
+    half = x.size // 2
+    mine, theirs = (slice(0, half), slice(half, None)) if rank == 0 else (slice(half, None), slice(0, half))
+
+    def halves():
+        received = incoming[mine]
+        own.Sendrecv(x[theirs], peer, 8, received, peer, 8)
+        np.add(x[mine], received, out=out[mine])
+        own.Sendrecv(out[mine], peer, 9, out[theirs], peer, 9)
+    return {"sendrecv": sendrecv, "halves": halves, "polled": polled, "call tags": call_tags}
+
+
+def forced_contenders(x, out):
+    """With --forced: {"openmpi:NAME": MPI_Allreduce with Open MPI's tuned algorithm NAME forced}."""
+    from mpiallreduce.tools.openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator
+    found = {}
+    for number, name in TUNED_ALLREDUCE_ALGORITHMS.items():
+        comm = forced_allreduce_communicator(COMM, number)
+        if comm is not None:
+            found["openmpi:" + name] = lambda comm=comm: comm.Allreduce(x, out)
+    return found
+
+
+def within_reach(nbytes, medians):
+    """The summary line of --forced: the bare exchanges against Open MPI's strongest."""
+    strongest = min((m, name) for name, m in medians.items() if name == "MPI_Allreduce" or name.startswith("openmpi:"))
+    bare = min((medians[name], name) for name in ("sendrecv", "halves"))
+    ours = min((m, name) for name, m in medians.items() if name in ("prepared rd", "auto", "prepared auto"))
+    return (f"{nbytes:>8} B  strongest {strongest[1]} {strongest[0]:.1f}; 1.2x of it: {strongest[0] / 1.2:.1f}; "
+            f"bare {bare[1]} {bare[0]:.1f} ({strongest[0] / bare[0]:.2f}x); ours {ours[1]} {ours[0]:.1f} "
+            f"({strongest[0] / ours[0]:.2f}x)")
 
 
 def layers(prepared, calls):
@@ -109,13 +147,13 @@ def layers(prepared, calls):
 
 
 def main():
-    args = arguments(__doc__.splitlines()[0], SIZES, ROUNDS)
+    args = arguments(__doc__.splitlines()[0], SIZES, ROUNDS, forced=True)
     if COMM.Get_size() != 2:
         raise SystemExit("run it on 2 ranks (launch -n 2 --nodes 2)")
     lines = [f"# a 2-rank exchange across nodes: {time.strftime('%Y-%m-%d %H:%M')}, load "
              f"{' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
              f"{args.rounds} interleaved rounds; ratio: MPI_Allreduce's time over the contender's"]
-    summary, breakdown = [], []
+    summary, breakdown, reach = [], [], []
     for nbytes in (nbytes_of(s) for s in args.sizes.split(",")):
         x = np.arange(nbytes // 4, dtype=np.float32) + COMM.Get_rank()
         out, incoming = np.empty_like(x), np.empty_like(x)
@@ -123,7 +161,7 @@ def main():
         contenders = {"MPI_Allreduce": lambda: COMM.Allreduce(x, out), **exchanges(x, out, incoming),
                       "prepared rd": prepared.run,
                       "plain rd": lambda: mar.allreduce(x, out=out, algorithm="recursive_doubling"),
-                      "auto": lambda: mar.allreduce(x, out=out)}
+                      "auto": lambda: mar.allreduce(x, out=out), "prepared auto": mar.prepare(x, out=out).run, **(forced_contenders(x, out) if args.forced else {})}
         calls = max(20, min(200, int(2e7 / nbytes)))
         expected = np.arange(x.size, dtype=np.float32) * 2 + 1
         for name, call in contenders.items():
@@ -131,12 +169,16 @@ def main():
                 call()
             assert np.array_equal(out, expected), name  # (every contender's sum, against numpy's)
         medians = interleaved(contenders, calls, args.rounds, nbytes, lines)
+        if args.forced:
+            reach.append(within_reach(nbytes, medians))
         summary.append(f"{nbytes:>8} B  " + "  ".join(
             f"{name} {m:.1f} ({medians['MPI_Allreduce'] / m:.2f}x)" for name, m in medians.items()))
         spent = layers(prepared, calls)
         breakdown.append(f"{nbytes:>8} B  " + "  ".join(f"{layer} {us:.1f}" for layer, us in spent.items()))
     write_lines(lines + ["# medians over the rounds (MPI_Allreduce's time over each)"] + summary
-                + ["# the prepared call's layers on rank 0, us per call (one batch)"] + breakdown, args.output)
+                + ["# the prepared call's layers on rank 0, us per call (one batch)"] + breakdown
+                + (["# the bare exchanges against Open MPI's strongest (ratio: its time over theirs)"] + reach
+                   if reach else []), args.output)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,14 @@ def table_choice(x, in_place=False):
     return plan_call(facts, False, x.dtype, x.nbytes, "sum", "auto", in_place=in_place).name
 
 
-def arguments(description, sizes=SIZES, rounds=ROUNDS, in_place=False):
-    """--sizes, --rounds and --output (and ``in_place``: --in-place), parsed (this script's, and
-    exchange_across_nodes.py's)."""
+def arguments(description, sizes=SIZES, rounds=ROUNDS, in_place=False, forced=False):
+    """--sizes, --rounds and --output (and ``in_place``: --in-place; ``forced``: --forced), parsed
+    (this script's, and exchange_across_nodes.py's)."""
     parser = argparse.ArgumentParser(description=description)
     if in_place:
         parser.add_argument("--in-place", action="store_true", help="out=x and MPI_IN_PLACE (default: out of place)")
+    if forced:
+        parser.add_argument("--forced", action="store_true", help="also time Open MPI's six tuned algorithms forced")
     parser.add_argument("--sizes", default=sizes, help=f"comma-separated bytes (K, M suffixes); default {sizes}")
     parser.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds per size (default {rounds})")
     parser.add_argument("--output", help="also write the lines to this file (rank 0)")
