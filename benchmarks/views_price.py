@@ -9,11 +9,12 @@ synchronize() timed from a barrier after backward (the slowest rank's time, medi
 - copied back: DistributedOptimizer(gradient_as_bucket_view=False): each fused gradient is copied
   into its bucket, the bucket summed in place (auto: the table's choice), and the sum divided into
   the gradient on the way back;
-- views: the default: the bucket's mean in place (auto: overrides.MEAN_ACROSS_NODES from 4 MiB),
-  the gradients pointed at it (grad.set_), no copy back (on one node the buckets are symmetric
-  buffers, reduced by single_copy);
-- views, mpi: the same with algorithm="mpi": MPI's own sum, then a pass that divides (on one node
-  too: MPI's own copies the symmetric buffers as it would any others).
+- views: the default: the bucket's mean in place, the gradients pointed at it (grad.set_), no copy
+  back (on one node the buckets are symmetric buffers, reduced by single_copy). On a power-of-two
+  rank count each gradient is copied in times 1/p and the bucket summed (auto: the table's choice
+  for a sum); on others the call is the mean itself (auto: overrides.MEAN_ACROSS_NODES from 4 MiB);
+- views, mpi: the same with algorithm="mpi": MPI's own sum (on other rank counts then a pass that
+  divides; on one node too: MPI's own copies the symmetric buffers as it would any others).
 
 Prints each in ms and views / copied back, with the parameters' largest difference between the three
 after the steps (0: the same bits).

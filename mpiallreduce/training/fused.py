@@ -25,8 +25,8 @@ __all__ = ["FusedBuffers"]
 class FusedBuffers:
     """The fused buffers and calls of ``buckets`` (over ``slots``), for as long as the plan."""
 
-    def __init__(self, comm, slots, buckets, *, op, algorithm, timeout, compression, reproducible, postscale,
-                 one_node, views):
+    def __init__(self, comm, slots, buckets, *, op, algorithm, timeout, compression, reproducible, prescale,
+                 postscale, one_node, views):
         self.comm, self.slots, self.buckets, self.algorithm = comm, slots, buckets, algorithm
         self.timeout, self.compression, self.reproducible = timeout, compression, reproducible
         self._own = {}  # bucket index -> [fused buffer, its members' views, its PreparedAllreduce or None]
@@ -40,6 +40,13 @@ class FusedBuffers:
         #: a bucket that hands its results over runs the mean itself where nothing else is left to apply
         #: (no postscale, no reproducible sum: divided after, as a large gradient's); the others sum
         self._mean_in_call = self.views and op == "mean" and not reproducible and postscale == 1.0
+        #: bucket index -> 1/p, where the mean is divided on the way in instead: p a power of two (exact,
+        #: values staying normal), each gradient copied in times it (the same pass as a copy), and the
+        #: bucket summed by what sums fastest (MPI's own: its mean costs a pass more; docs/training.md)
+        size = comm.Get_size()
+        self.in_scale = {bucket.index: bucket.dtype.type(1 / size) for bucket in buckets
+                         if self._mean_in_call and prescale == 1.0 and size > 1 and not size & (size - 1)
+                         and bucket.dtype.kind in "fc" and self.hands_over(bucket)}
         if one_node and compression is None:
             for bucket in buckets:
                 if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):
@@ -61,7 +68,12 @@ class FusedBuffers:
 
     def call_op(self, bucket):
         """The op of ``bucket``'s fused call: "mean" (see _mean_in_call) or "sum"."""
-        return "mean" if self._mean_in_call and self.hands_over(bucket) else "sum"
+        return "mean" if self.ends_as_mean(bucket) and bucket.index not in self.in_scale else "sum"
+
+    def ends_as_mean(self, bucket):
+        """Whether ``bucket``'s buffer holds the mean once its call is done (its call's, or divided
+        on the way in: ``in_scale``), not a sum to divide."""
+        return self._mean_in_call and self.hands_over(bucket)
 
     def current(self, bucket, xp=None):
         """[the fused buffer this step fills, its members' views (slot, shaped like it), its call or

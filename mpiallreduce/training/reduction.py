@@ -51,7 +51,8 @@ class BucketReducer:
         self.timeout, self.prescale, self.postscale = timeout, prescale, postscale
         self.compression, self.reproducible = compression, reproducible
         self.fused = FusedBuffers(comm, slots, buckets, op=op, algorithm=algorithm, timeout=timeout,
-                                  compression=compression, reproducible=reproducible, postscale=postscale,
+                                  compression=compression, reproducible=reproducible, prescale=prescale,
+                                  postscale=postscale,
                                   one_node=one_node, views=views)  # (each bucket's buffers and calls)
         self._fused_in = {i: bucket for bucket in buckets for i in bucket.fused}  # slot -> its bucket
         self._member_at = {i: n for bucket in buckets for n, i in enumerate(bucket.fused)}  # slot -> its place
@@ -88,7 +89,12 @@ class BucketReducer:
         bucket = self._fused_in.get(index)
         if bucket is None or bucket.device:
             return False
-        np.copyto(self.fused.current(bucket, np)[1][self._member_at[index]][1], grad, casting="unsafe")
+        view = self.fused.current(bucket, np)[1][self._member_at[index]][1]
+        scale = self.fused.in_scale.get(bucket.index)
+        if scale is None:
+            np.copyto(view, grad, casting="unsafe")
+        else:  # (the mean divided on the way in: FusedBuffers.in_scale; in the bucket's dtype)
+            np.multiply(grad, scale, out=view, dtype=view.dtype, casting="unsafe")
         return True
 
     def apart(self, filled):
@@ -130,19 +136,23 @@ class BucketReducer:
         handles, reduced_in_place, finished = [], set(), set()
         if (bucket.count or last) and part != "direct":
             fused, views, _ = self.fused.current(bucket, xp)
+            in_scale = self.fused.in_scale.get(bucket.index)
             for index, view in views:
                 if index in copied:  # (copied in at ready(): copy_in)
                     continue
                 grad = filled.get(index)
                 if grad is None:
                     view.fill(0)
-                else:
+                elif in_scale is None:
                     xp.copyto(view, grad, casting="unsafe")
+                else:
+                    xp.multiply(grad, in_scale, out=view, dtype=view.dtype, casting="unsafe")
             payload = fused[:bucket.count]
             if self.prescale != 1.0:
                 xp.multiply(payload, scale, out=payload)
             if carries_digest:
-                xp.copyto(fused[bucket.count:], self.fused.digest_array(xp, bucket, digest))
+                tail, elements = fused[bucket.count:], self.fused.digest_array(xp, bucket, digest)
+                xp.copyto(tail, elements) if in_scale is None else xp.multiply(elements, in_scale, out=tail)
             if compressed:
                 handle = self._start_compressed(fused, digest, here)
             else:
@@ -197,7 +207,7 @@ class BucketReducer:
                     else:
                         tail = self.fused.current(bucket)[0][bucket.count:]
                         agreed = digests_agree(tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
-                                               digest, self.comm.Get_size(), mean=self.fused.call_op(bucket) == "mean")
+                                               digest, self.comm.Get_size(), mean=self.fused.ends_as_mean(bucket))
         return first_error, agreed
 
     def write_back(self, in_flight, filled):
@@ -215,7 +225,7 @@ class BucketReducer:
                     fused, views, _ = self.fused.current(bucket)
                     xp = namespace(fused) or np
                     handed = self.fused.hands_over(bucket)
-                    if handed and self.fused.call_op(bucket) == "sum":  # (what the call left: in place, one pass)
+                    if handed and not self.fused.ends_as_mean(bucket):  # (what the call left: in place, one pass)
                         self._finish(xp, fused[:bucket.count], fused[:bucket.count], bucket, size, divide)
                     for member, result in views:
                         slot = self.slots[member]
