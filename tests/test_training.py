@@ -112,9 +112,9 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
     rows = report["rows"]
     from mpiallreduce.tools.train_bench import horovod_importable
     horovod = ["none-horovod", "horovod"] if horovod_importable() else []  # (make horovod builds it)
-    assert list(rows) == ["none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce",
-                          *horovod]
-    for name in ("mpiallreduce", "mpi4py", "ddp-gloo", "ddp-mpiallreduce", *horovod[1:]):
+    assert list(rows) == ["none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "mpi4py-fused", "ddp-gloo",
+                          "ddp-mpiallreduce", *horovod]
+    for name in ("mpiallreduce", "mpi4py", "mpi4py-fused", "ddp-gloo", "ddp-mpiallreduce", *horovod[1:]):
         assert rows[name]["max_abs_difference"] < 1e-6, (name, rows[name])
     if horovod:  # against its own baseline too: Horovod's thread runs from hvd.init() on
         own = max(statistics.median(a - b for a, b in zip(rows["horovod"]["rounds_step_s"],
@@ -129,7 +129,8 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
     assert "transformer 2 layers x 16 wide (28 parameter tensors)" in (tmp_path / "train.txt").read_text()
     text = (tmp_path / "train.txt").read_text()  # (one round: too few for an interval, and no verdict either way)
     assert "  mpiallreduce - mpi4py: " in text and "  mpiallreduce - 0.5 x ddp-gloo: " in text, text
-    assert text.count("not measured apart") == 3 and rows["mpi4py"]["comm_s_interval"] == [None, None], text
+    assert "  mpiallreduce - mpi4py-fused: " in text and "  mpi4py-fused - 0.5 x ddp-gloo: " in text, text
+    assert text.count("not measured apart") == 5 and rows["mpi4py"]["comm_s_interval"] == [None, None], text
 
 
 def test_a_medians_interval_is_the_order_statistics_tables_give():

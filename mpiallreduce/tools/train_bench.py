@@ -14,6 +14,11 @@ Contenders (each trains its own copy of the model from the same start, on the sa
     mpi4py             what a user writes by hand: after backward, one MPI_Allreduce per gradient
                        (mpi4py, in place; CUDA gradients through a host copy), then a division by
                        the rank count
+    mpi4py-fused       the same loop fused by hand, as short as it gets: after backward, every gradient
+                       copied into one buffer (torch.cat), one MPI_Allreduce in place, a division
+                       of the buffer, and the gradients pointed at views of it (no check, nothing
+                       kept for a failed step: about the least a fused sync can cost; CUDA buffers
+                       through a host copy)
     ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice; it
                        also takes CUDA tensors, where NCCL refuses ranks that share one GPU)
     ddp-mpiallreduce   the same DDP, its buckets reduced through mpiallreduce.torch.allreduce_hook
@@ -45,7 +50,8 @@ from .train_table import table
 
 __all__ = ["main"]
 
-CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "ddp-gloo", "ddp-mpiallreduce", "horovod")
+CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "mpi4py-fused", "ddp-gloo", "ddp-mpiallreduce",
+              "horovod")
 
 
 def horovod_importable():
@@ -122,6 +128,22 @@ class Contender:
         self.optimizer = optimizer
         self.step_seconds = []
         self.steps = 0
+        if name == "mpi4py-fused":  # (one buffer for every gradient, and each gradient's view of it)
+            self.flat = torch.empty(sum(p.numel() for p in self.model.parameters()), device=device)
+            self.views = torch.split(self.flat, [p.numel() for p in self.model.parameters()])
+            self.views = [view.view(p.shape) for view, p in zip(self.views, self.model.parameters())]
+
+    def fused_by_hand(self, size):
+        """mpi4py-fused's sync: one copy in, one MPI_Allreduce in place, a division, views out."""
+        torch, parameters = self.torch, list(self.model.parameters())
+        torch.cat([p.grad.view(-1) for p in parameters], out=self.flat)
+        host = self.flat.numpy() if self.flat.device.type == "cpu" else self.flat.cpu().numpy()
+        self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+        if self.flat.device.type != "cpu":
+            self.flat.copy_(torch.from_numpy(host))
+        self.flat.div_(size)
+        for p, view in zip(parameters, self.views):
+            p.grad = view
 
     def train(self, args, rank, size, steps):
         torch, comm = self.torch, self.comm
@@ -141,6 +163,8 @@ class Contender:
                     grad /= size
                     if p.grad.device.type != "cpu":
                         p.grad.copy_(torch.from_numpy(grad))
+            elif self.name == "mpi4py-fused":
+                self.fused_by_hand(size)
             self.optimizer.step()
             self.steps += 1
         if self.device.type == "cuda":
