@@ -179,7 +179,8 @@ def test_gradient_results_handed_over_as_views_of_two_buffers_in_turn(nranks, no
     result = run(nranks, [sys.executable, str(TESTS / "scripts" / "gradient_views.py")], timeout=TIMEOUT, cwd=ROOT,
                  nodes=nodes if nodes > 1 else None)
     assert result.returncode == 0, explain(result)
-    for kind in ("views ok overlap=False", "views ok overlap=True", "torch ok overlap=False", "torch ok overlap=True"):
+    for kind in ("views ok overlap=False", "views ok overlap=True", "edges ok", "torch ok overlap=False",
+                 "torch ok overlap=True"):
         assert sorted(re.findall(rf"^rank (\d) {kind}$", result.output, re.M)) == [str(r) for r in range(nranks)], \
             explain(result)
 

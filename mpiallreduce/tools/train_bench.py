@@ -126,17 +126,18 @@ class Contender:
             import horovod.torch as hvd
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
         self.optimizer = optimizer
-        self.step_seconds = []
-        self.steps = 0
+        self.step_seconds, self.steps = [], 0
         if name == "mpi4py-fused":  # (one buffer for every gradient, and each gradient's view of it)
-            self.flat = torch.empty(sum(p.numel() for p in self.model.parameters()), device=device)
-            self.views = torch.split(self.flat, [p.numel() for p in self.model.parameters()])
-            self.views = [view.view(p.shape) for view, p in zip(self.views, self.model.parameters())]
+            self.flat = torch.empty(sum(p.numel() for p in self.model.parameters()),
+                                    dtype=next(self.model.parameters()).dtype, device=device)
+            self.views = [view.view(p.shape) for view, p in zip(
+                torch.split(self.flat, [p.numel() for p in self.model.parameters()]), self.model.parameters())]
 
     def fused_by_hand(self, size):
         """mpi4py-fused's sync: one copy in, one MPI_Allreduce in place, a division, views out."""
         torch, parameters = self.torch, list(self.model.parameters())
-        torch.cat([p.grad.view(-1) for p in parameters], out=self.flat)
+        torch.cat([torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1) for p in parameters],
+                  out=self.flat)  # (set_to_none: the gradients are not views of flat here)
         host = self.flat.numpy() if self.flat.device.type == "cpu" else self.flat.cpu().numpy()
         self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
         if self.flat.device.type != "cpu":

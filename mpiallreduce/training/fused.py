@@ -37,16 +37,19 @@ class FusedBuffers:
         #: and a symmetric buffer must lie at the same place on every rank); else written back
         self.views = views and not (one_node and compression is None and not untimed(timeout))
         self._turn = 0  # which buffer this step fills
-        #: a bucket that hands its results over runs the mean itself where nothing else is left to apply
-        #: (no postscale, no reproducible sum: divided after, as a large gradient's); the others sum
+        #: a bucket that hands its results over ends as the mean where nothing else is left to apply (no
+        #: postscale, no reproducible sum: divided after, as a large gradient's): by a call of the mean,
+        #: or divided on the way in (in_scale) and summed; the others sum
         self._mean_in_call = self.views and op == "mean" and not reproducible and postscale == 1.0
         #: bucket index -> 1/p, where the mean is divided on the way in instead: p a power of two (exact,
-        #: values staying normal), each gradient copied in times it (the same pass as a copy), and the
-        #: bucket summed by what sums fastest (MPI's own: its mean costs a pass more; docs/training.md)
+        #: values staying normal; where the sum would overflow, the mean stays finite, as DDP's, which
+        #: divides first), each gradient copied in times it (the same pass as a copy), and the bucket
+        #: summed by what sums fastest (MPI's own: its mean costs a pass more; docs/training.md). Real
+        #: floats only: a complex product by 1/p can flip the sign of a zero, a division does not
         size = comm.Get_size()
         self.in_scale = {bucket.index: bucket.dtype.type(1 / size) for bucket in buckets
                          if self._mean_in_call and prescale == 1.0 and size > 1 and not size & (size - 1)
-                         and bucket.dtype.kind in "fc" and self.hands_over(bucket)}
+                         and bucket.dtype.kind == "f" and self.hands_over(bucket)}
         if one_node and compression is None:
             for bucket in buckets:
                 if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):

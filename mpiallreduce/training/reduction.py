@@ -13,8 +13,9 @@ large gradient more per step (into its result buffer, and back),
 and memory for its result buffer; where no rank overlaps and there is no timeout, none (the
 gradients are reduced where they lie, once every rank agreed on the step: GradientSync.wait).
 With ``views`` (GradientSync(write_back=False)), host buckets hand their results over as views of
-their buffers (symmetric ones on one node), two a bucket used in turn, by a call of the mean itself: a copy less
-(mpiallreduce.training.fused).
+their buffers (symmetric ones on one node), two a bucket used in turn, ending as the mean (a call of
+the mean itself, or, on a power-of-two rank count, gradients copied in times 1/p and summed): a copy
+less (mpiallreduce.training.fused).
 """
 import numpy as np
 
@@ -43,7 +44,7 @@ class BucketReducer:
         """``one_node``: the host buckets' buffers are symmetric (mpiallreduce.empty: made here, in
         bucket order, on every rank, as the plan is agreed), so their reductions run single copy.
         ``views``: host buckets hand their results over as views (two buffers a bucket, in turn:
-        ``write_back``), by a call of the mean itself where nothing else is left to apply.
+        ``write_back``), ending as the mean where nothing else is left to apply (FusedBuffers.call_op).
         ``replaced``: the reducer of the plan this one replaces (a replan: every rank at once, nothing
         in flight): its buffers are freed now, or, where it handed results over, two successful
         steps on (``write_back``), as long as those results stay valid."""

@@ -108,6 +108,29 @@ def numpy_views(overlap):
     print(f"rank {rank} views ok overlap={overlap}", flush=True)
 
 
+def edge_values():
+    """Where the mean is divided on the way in (a power-of-two rank count: FusedBuffers.in_scale): a
+    sum that would overflow gives a finite mean there (as DDP's), inf elsewhere; complex buckets keep
+    the call of the mean, so the signs of their zeros are a mean's (identical inputs: the input)."""
+    x = np.array([3e38, 1.0, -0.0, 5.0], np.float32)
+    z = np.array([complex(-0.0, -1), complex(-0.0, 1), complex(-0.0, -0.0), complex(0.0, 0.0)], np.complex64)
+    sync = mar.GradientSync(comm=comm, parameters={"x": x, "z": z}, write_back=False, rebuild_buckets=False)
+    sync.ready(x.copy(), name="x")
+    sync.ready(z.copy(), name="z")
+    results = sync.wait()
+    finite = size & (size - 1) == 0  # (2, 4 ranks: divided first)
+    assert results["x"][0] == (np.float32(3e38) if finite else np.inf), (size, results["x"])
+    assert np.array_equal(results["x"][1:], x[1:]) and np.signbit(results["x"][2]), results["x"]
+    expected = z.copy()  # (numpy's sum, rank after rank, then its division; sum() would start from +0)
+    for _ in range(size - 1):
+        expected = expected + z
+    expected = expected / np.complex64(size)
+    assert np.array_equal(results["z"], expected), results["z"]
+    assert (np.array_equal(np.signbit(results["z"].real), np.signbit(expected.real))
+            and np.array_equal(np.signbit(results["z"].imag), np.signbit(expected.imag))), (results["z"], expected)
+    print(f"rank {rank} edges ok", flush=True)
+
+
 def torch_views(overlap):
     import torch
     import mpiallreduce.torch as mt
@@ -156,6 +179,7 @@ def torch_views(overlap):
 
 numpy_views(overlap=False)
 numpy_views(overlap=True)
+edge_values()
 try:
     import torch  # noqa: F401
 except ImportError:
