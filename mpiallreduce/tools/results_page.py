@@ -60,6 +60,8 @@ def _training_runs(folder):
 #: the text results a folder may hold besides bench runs: plain calls against raw MPI_Allreduce
 #: (benchmarks/plain_across_nodes.py), and what a guarantee or a path costs (benchmarks/*_price.py)
 _PLAIN, _PRICES = "plain-*.txt", "*price*.txt"
+#: the bare exchanges across nodes against Open MPI's strongest (benchmarks/exchange_across_nodes.py --forced)
+_FLOORS, _FLOORS_FROM = "exchange-*floor*.txt", "# the bare exchanges"
 
 
 def _text_files(folder, pattern):
@@ -123,6 +125,14 @@ def markdown_page(runs, command, folders=()):
             lines += [f"## {plain}", "", "Plain calls whose signature goes in messages against raw `MPI_Allreduce`, "
                       "the rounds' medians (`benchmarks/plain_across_nodes.py`, its command in benchmarks.md); "
                       "the ratio is raw's time over auto's.", "", "```text", text[0], *medians, "```", ""]
+        for floor in _text_files(folder, _FLOORS):
+            with open(floor) as f:
+                text = f.read().splitlines()
+            start = next((i for i, line in enumerate(text) if line.startswith(_FLOORS_FROM)), len(text))
+            lines += [f"## {floor}", "", "Across nodes, two exchanges with no library layer (a `Sendrecv` and an "
+                      "addition) against Open MPI's strongest (`benchmarks/exchange_across_nodes.py --forced`, its "
+                      "command in benchmarks.md); the ratio is the strongest's time over theirs.", "", "```text",
+                      text[0], *(text[start:] or ["(no summary: the run did not finish)"]), "```", ""]
         for price in _text_files(folder, _PRICES):
             with open(price) as f:
                 text = f.read().rstrip("\n")
