@@ -98,7 +98,7 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
-        watch = PeerWatch(state, sequence, timeout, self.plan.name) if self.watched else None
+        watch = PeerWatch(state, sequence, timeout if self.plan.timed_inside else None, self.plan.name) if self.watched else None
         probed = None
         try:
             if self.compares_first and not compared:  # (no deadline: a timed call's ranks all committed
