@@ -13,8 +13,9 @@ call's PeerWatch instead of blocking in MPI:
            FAILED(#n) so that the others learn it too, raise AllreduceTimeout
 
 So every rank raises at once when the failure is local (and within the timeout when a rank hangs
-instead, but in a plan whose comparison rides in its messages: CallPlan.timed_inside). The requests left behind use the failed call's tags (CallTags): no later call can match
-them; receives are cancelled and every request is kept with its buffer until it completes.
+instead, but in a plan whose comparison rides in its messages: CallPlan.timed_inside). The
+requests left behind use the failed call's tags (CallTags): no later call can match them; receives
+are cancelled and every request is kept with its buffer until it completes.
 """
 import math
 import time

@@ -36,6 +36,15 @@ DIRECT_MIN_BYTES = 1 << 20
 _byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds  # (numpy 1 / numpy 2)
 
 
+def _copy_into(xp, view, grad, scale):
+    """A gradient into its place in a bucket's buffer: copied, or times ``scale`` (the mean divided on
+    the way in: FusedBuffers.in_scale), in the same pass, in the bucket's dtype."""
+    if scale is None:
+        xp.copyto(view, grad, casting="unsafe")
+    else:
+        xp.multiply(grad, scale, out=view, dtype=view.dtype, casting="unsafe")
+
+
 class BucketReducer:
     """The allreduces of ``buckets`` (over ``slots``), with their buffers, kept for as long as the plan."""
 
@@ -71,7 +80,6 @@ class BucketReducer:
         elif replaced is not None:
             replaced.fused.free()
 
-
     def digest(self, step):
         """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every
         gradient came as planned is made once (no walk over every gradient on every step)."""
@@ -90,12 +98,8 @@ class BucketReducer:
         bucket = self._fused_in.get(index)
         if bucket is None or bucket.device:
             return False
-        view = self.fused.current(bucket, np)[1][self._member_at[index]][1]
-        scale = self.fused.in_scale.get(bucket.index)
-        if scale is None:
-            np.copyto(view, grad, casting="unsafe")
-        else:  # (the mean divided on the way in: FusedBuffers.in_scale; in the bucket's dtype)
-            np.multiply(grad, scale, out=view, dtype=view.dtype, casting="unsafe")
+        _copy_into(np, self.fused.current(bucket, np)[1][self._member_at[index]][1], grad,
+                   self.fused.in_scale.get(bucket.index))
         return True
 
     def apart(self, filled):
@@ -144,10 +148,8 @@ class BucketReducer:
                 grad = filled.get(index)
                 if grad is None:
                     view.fill(0)
-                elif in_scale is None:
-                    xp.copyto(view, grad, casting="unsafe")
                 else:
-                    xp.multiply(grad, in_scale, out=view, dtype=view.dtype, casting="unsafe")
+                    _copy_into(xp, view, grad, in_scale)
             payload = fused[:bucket.count]
             if self.prescale != 1.0:
                 xp.multiply(payload, scale, out=payload)
