@@ -29,7 +29,7 @@ _EXPORTS = {
     "select_gpu": ".device",
     "OPS": ".core.ops",
     "AllreduceTimeout": ".faults", "RankFailure": ".faults", "AllreduceStallWarning": ".faults",
-    "AllreduceAborted": ".faults",
+    "AllreduceAborted": ".faults", "SignatureMismatch": ".core.consistency", "SettingsMismatch": ".core.state",
     "survivors": ".faults", "exit_after_rank_failures": ".faults",
     "abort_on_exception": ".faults.aborting", "dump_trace": ".faults.recorder",
 }

@@ -22,7 +22,7 @@ from .faults.recorder import run_traced
 from .core.gather import symmetric_array
 from .core.startup import check_world_matches_slurm
 from .core.state import WORLD_FAST_CALLS, known_state, state_of
-from .core.worker import Meeting, _worker, check_thread_level, run_here, submit, submit_prepared
+from .core.worker import Meeting, check_thread_level, run_here, submit, submit_prepared
 from .core.settings import settings
 from .faults.errors import call_site
 
@@ -84,14 +84,14 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
     if (check is False and timeout is None and axis is None and mesh is None and groups is None
-            and type(x) is np.ndarray and not _worker.pending):  # the short path of a repeated call
+            and type(x) is np.ndarray):  # the short path of a repeated call
         try:
             execution = (WORLD_FAST_CALLS if comm is None else _fast_calls(comm)).get(
                 (x.shape, x.dtype, op, algorithm, out is x) if reproducible is False else  # (the keys
                 (x.shape, x.dtype, op, algorithm, out is x, bool(reproducible), np.ndarray))  # execution_for keeps)
         except TypeError:  # (an unhashable op, MPI.SUM say: the general path takes it, or names the choices)
             execution = None
-        if execution is not None:
+        if execution is not None and not execution.state.worker.pending:  # (none queued on its communicator)
             result = execution.short(x, out)
             if result is not None:
                 return result
@@ -129,7 +129,7 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     description = (f"{'reproducible ' if reproducible else ''}allreduce of {getattr(x, 'shape', '?')} "
                    f"{getattr(x, 'dtype', type(x).__name__)} op={op}")
     checked = call.check or settings().debug_inputs
-    return submit(call.run, x, description, meeting, checksum_comm=call.state.library if checked else None,
+    return submit(call.state, call.run, x, description, meeting, checksum_comm=call.state.library if checked else None,
                   here=call.sets_up())
 
 
@@ -153,7 +153,7 @@ def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis
     measures against the blocking call: mpiallreduce.tools.persistent_rules)."""
     call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site, reproducible)
     # (it makes its shared window, if it needs one; the flight recorder's entry is the agreement's)
-    return run_here(lambda: run_traced(call.entry, lambda: PreparedAllreduce(call, persistent)))
+    return run_here(call.state, lambda: run_traced(call.entry, lambda: PreparedAllreduce(call, persistent)))
 
 
 class PreparedAllreduce(Prepared):

@@ -32,7 +32,7 @@ def explain(result):
 #: reproducible bits, errors, and the pipeline's regression tests; the call path's mechanics,
 #: training and the device stand-in run at 1, 2 and 3 ranks (the suite's time: docs/performance.md)
 RANK_DEPENDENT = ["test_correctness.py", "test_topology.py", "test_mesh.py", "test_reproducible.py",
-                  "test_errors.py", "test_pipeline.py",  # (and the issue's gradient swap, at 2, 3 and 4 ranks)
+                  "test_errors.py", "test_pipeline.py", "test_threads.py",  # (and the issue's gradient swap, at 2, 3 and 4 ranks)
                   "test_buckets.py::test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape"
                   "_are_refused"]
 #: at 5 ranks, what 4 and 3 do not already cover: the algorithms' plans and folding at 4 + 1 ranks,

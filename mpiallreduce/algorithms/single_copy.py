@@ -6,7 +6,8 @@ allocation, every rank's array at the same offset of its segment, mpiallreduce.c
 every rank can load from and store into its peers' arrays. p = 3, slices s0 s1 s2:
 
     --- arrival: every rank's input is ready, every output free to write ---
-                  (the signature codes in the shared slots, compared; or a barrier)
+                  (the signature codes in the shared slots, compared: always, a prepared or
+                  unchecked call too, since the code names the allocations and offsets)
     step 1   rank r, chunk by chunk of its slice, in rank order:
              rank 0: y0[s0] = x0[s0] + x1[s0] + x2[s0];  y1[s0] = y0[s0];  y2[s0] = y0[s0]
              rank 1: y1[s1] = x0[s1] + x1[s1] + x2[s1];  y0[s1] = y1[s1];  y2[s1] = y1[s1]
@@ -18,7 +19,11 @@ rank, against about 5n through shared_memory's private window). A chunk of 256 K
 peers while it is still in the cache. In place (``out=x``), ranks 0 and 1 reduce a chunk into their
 own array (the first two terms of the sum may be its target), the others into scratch first. Each
 slice is reduced once, by one rank, in one order: the same bits everywhere. A reproducible sum
-(mpiallreduce.reproducible) sums each chunk exactly, straight from the p floats (the direct route). A peer writes this rank's output only after every rank has arrived, so
+(mpiallreduce.reproducible) sums each chunk exactly, straight from the p floats (the direct route).
+The arrival is never a bare barrier: a rank whose call runs on other symmetric arrays (another
+prepared call, say) must not meet this one there, or each would read and write arrays the other
+never passed; the code compared names the allocation and offsets of both arrays, so such calls
+raise SignatureMismatch on every rank before anything is written. A peer writes this rank's output only after every rank has arrived, so
 nothing is written before the call is known to run; a rank that dies during step 1 leaves the
 outputs part written (as MPI's shared-memory collectives do).
 """
@@ -47,12 +52,14 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
                              "place on every rank); these arrays are not")
         inputs, outputs = peers.sends, peers.recvs
         rank = comm.Get_rank()
+        if signature is None:  # (the executor always gives one: Execution._reduce)
+            raise ValueError("single_copy compares where the arrays lie on arrival; it was given nothing to compare")
         peers.sync()
-        if signature is None:
-            comm.Barrier()
-        else:
+        if signature.shared():
             signature.publish()
             signature.compare()  # (raises on every rank, before any rank writes anything)
+        else:  # (no shared slots: under ULFM) in messages, which every rank awaits: a barrier too
+            signature.agree()
         peers.sync()
 
         a, b = plan.slices[rank]

@@ -5,7 +5,8 @@ caller's thread, in program order; then planned and run by the executor.
                        communicator resolved (mesh axis, groups) and its state made
                        (mpiallreduce.core.state), the call numbered (CommState.number)
     call.in_turn()     in program order: here, or queued behind pending asynchronous calls;
-                       one that ``sets_up()`` something collective, here after them (run_here)
+                       one that ``sets_up()`` something collective, here after them (run_here);
+                       the order is the communicator's own (mpiallreduce.core.worker)
     call.run()         any thread, in the order calls were started: the rendezvous of a timed
                        call (mpiallreduce.faults.rendezvous), the state made ready, the plan
                        (mpiallreduce.core.planner; with ``check``, agreed on by every rank first),
@@ -32,7 +33,7 @@ from .planner import check_algorithm_name
 from .settings import settings
 from .state import state_of
 from .symmetric import placement_of_call
-from .worker import _worker, run_here, run_in_order
+from .worker import run_here, run_in_order
 
 __all__ = ["Call", "execution_for", "plan_for", "validate", "check_comm", "WORLD"]
 
@@ -110,7 +111,7 @@ class Call:
             # its collectives (the settings, the node layout and the communicators made from it)
             # here, in program order, after the pending asynchronous calls, never on the worker
             try:
-                run_here(lambda: _renew_and_ready(state, current, call.timeout is None))
+                run_here(state, lambda: _renew_and_ready(state, current, call.timeout is None))
             except AllreduceAborted as aborted:  # (a peer gave up its timed call, this one: its number taken)
                 state.number()
                 if rejected is not None:
@@ -120,7 +121,7 @@ class Call:
         call.sequence = state.number()
         call.entry = record_call(state, call.sequence, call)  # (the flight recorder's, queued until it runs)
         if rejected is not None:
-            run_here(lambda: run_traced(call.entry, lambda: call._agree_on_rejection(rejected)))
+            run_here(state, lambda: run_traced(call.entry, lambda: call._agree_on_rejection(rejected)))
         return call
 
     def _agree_on_rejection(self, error, met=False):
@@ -154,9 +155,10 @@ class Call:
 
     def in_turn(self):
         """Run this call in program order (see the module's docstring); its result."""
-        if _worker.busy() and self.sets_up():
-            return run_here(self.run)
-        return run_in_order(self.run)
+        state = self.state
+        if state.worker.busy() and self.sets_up():
+            return run_here(state, self.run)
+        return run_in_order(state, self.run)
 
     def _meet(self):
         """A timed call's rendezvous (the same on every rank: it is collective), then the state ready."""

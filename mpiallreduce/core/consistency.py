@@ -247,7 +247,7 @@ def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
                  for theirs, ranks in kinds.items()]
         raise SignatureMismatch(
             f"rank {state.rank}: allreduce call #{sequence} is not the same call on every rank: " + ", ".join(named)
-            + (" (calls prepared for another shape, dtype, op or plan)" if len(set(kinds) - set(_KIND_OF_CALL)) > 1
+            + (" (calls prepared for another shape, dtype, op, plan or symmetric arrays)" if len(set(kinds) - set(_KIND_OF_CALL)) > 1
                else "")
             + "; every rank must make the same call at the same point (a call prepared with mpiallreduce.prepare "
             "too); nothing was reduced")

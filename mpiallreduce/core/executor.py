@@ -140,8 +140,8 @@ class Execution:
         options = self.options
         if plan.inner_on_tags:
             options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))
-        if self.carried:
-            options = dict(options, signature=CarriedSignature(self, sequence))
+        if self.carried or plan.algorithm.needs_symmetric:  # (single_copy's arrival: the placement always
+            options = dict(options, signature=CarriedSignature(self, sequence))  # compared, agreed once or not)
         comm = CallTags(self.state.library, sequence, watch) if plan.algorithm.messages_only else self.state.library
         if xp is not None and plan.device_path == "host round trip":  # the whole call on pinned host memory
             from ..device.transports import pinned, pinned_in_use

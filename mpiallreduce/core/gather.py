@@ -37,7 +37,7 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
             return state.library.allgather(value)
         except BaseException as error:
             raise_failed(error, state, sequence, None)
-    return run_here(lambda: run_traced(entry, gather))
+    return run_here(state, lambda: run_traced(entry, gather))
 
 
 def symmetric_array(comm, shape, dtype, zero):
@@ -66,4 +66,4 @@ def symmetric_array(comm, shape, dtype, zero):
         if rejected is not None:
             raise rejected
         return symmetric.allocate(state, *agreed, zero)
-    return run_here(lambda: run_traced(entry, make))
+    return run_here(state, lambda: run_traced(entry, make))

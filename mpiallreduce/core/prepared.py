@@ -15,7 +15,7 @@ from . import buffers
 from .compiled import PreparedBase, division_of, used as compiled_used
 from .consistency import digest, meet
 from .failures import translated
-from .worker import _worker, run_in_order
+from .worker import run_in_order
 
 __all__ = ["Prepared"]
 
@@ -43,10 +43,11 @@ class Prepared(PreparedBase):
         self.persistent = getattr(self.execute, "persistent", False)
         self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
-        self.code = digest(("prepared", self.x.shape, str(self.x.dtype), self.op.name, self.plan.describe())) | 1
+        # (the Execution's code names the symmetric arrays' place: two prepared single copies differ)
+        self.code = digest(("prepared", self.execution.code, self.plan.describe())) | 1
         if self.fast and self.persistent and compiled_used():
             request, then, failed = self.execute.compiled
-            self._bind_compiled(request.handle, vars(self.state), vars(_worker), self.result, then, failed,
+            self._bind_compiled(request.handle, vars(self.state), vars(self.state.worker), self.result, then, failed,
                                 self.execute, self.state.library, division_of(self.execution, self.flat.recv),
                                 self.flat.recv)
 
@@ -57,7 +58,7 @@ class Prepared(PreparedBase):
             self._freed()
         sequence = state.number()
         entry = None if state.recorder is None else state.recorder.record(state, sequence, self.described)
-        if self.fast and not _worker.pending:
+        if self.fast and not state.worker.pending:
             try:
                 self.execute(sequence) if elsewhere is None else elsewhere[0](sequence)
             except BaseException as error:
@@ -68,7 +69,7 @@ class Prepared(PreparedBase):
             return self.result if elsewhere is None else elsewhere[1]
         if entry is not None:  # (behind asynchronous calls)
             entry[STATE] = QUEUED
-        return run_in_order(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
+        return run_in_order(state, lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
 
     if PreparedBase is object:  # (not compiled: the call is _call itself, no frame more)
         __call__ = _call

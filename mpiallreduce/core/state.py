@@ -27,6 +27,7 @@ from ..faults.recorder_signals import install_signal_handlers
 from .consistency import codes_agree
 from .settings import ON_RESET, settings
 from .tuning import table_digest
+from .worker import Worker
 
 __all__ = ["CommState", "state_of", "known_state", "forget_plans", "SettingsMismatch", "WORLD_FAST_CALLS"]
 
@@ -53,11 +54,10 @@ class CommState:
         self.recorder, (self.members, self.trace_id) = recorder(), named_members(user)
         self.sequence = 0  # calls this rank made on the communicator that reached communication
         self.settings = settings()
-        # Always MPI_Comm_idup (a blocking dup does not match it), waited for unless the first call is timed
+        # Always MPI_Comm_idup (a blocking dup does not match it), waited for unless the first call is
+        # timed (state_of: outside the lock of every state, so that another thread's first use of
+        # another communicator is not held up by this one's peers)
         self.library, self._library_request = user.Idup()
-        if blocking:
-            self._library_request.Wait()
-            self._library_request = None
         self.settings_request = self.given_up_ahead = None  # (the set-up's: consistency.set_up_codes_agree)
         self.control = self.library  # the rendezvous's control messages: on a tag of their own
         self.ready, self.spans_nodes, self.node_count, self.equal_nodes = False, False, 1, True
@@ -73,6 +73,8 @@ class CommState:
         self.signature_slots = None  # on one node, the ranks' signature codes (core.slots; else messages)
         self.symmetric = []  # this rank's symmetric allocations, in order (core.symmetric)
         self.lock = threading.Lock()
+        #: this communicator's asynchronous calls, in its order (mpiallreduce.core.worker)
+        self.worker = Worker(f"mpiallreduce-worker-{self.trace_id}")
 
     def keep(self, key, execution, most=256):
         """Keep ``execution`` for the short path under ``key``; past ``most`` kinds, the oldest goes
@@ -93,6 +95,13 @@ class CommState:
         return self.sequence
 
     # -- completing the duplicate --------------------------------------------------------------
+
+    def complete_duplicate(self):
+        """Wait for the duplicate (collective: the peers' first use of the communicator)."""
+        with self.lock:
+            if self._library_request is not None:
+                self._library_request.Wait()
+                self._library_request = None
 
     def control_ready(self):
         """Complete the duplicate if it can be without waiting; whether it is complete."""
@@ -198,6 +207,7 @@ class CommState:
     def free(self):
         if self.library is None:  # (freed already: at exit, then by the communicator's own free)
             return
+        self.worker.stop()
         for forget in self.on_free:
             forget()
         from ..faults.channel import free_channel
@@ -225,7 +235,7 @@ def _forget(comm, keyval, state):
         if state in _made:
             _made.remove(state)
     from .worker import pending_calls_finished
-    if not MPI.Is_finalized() and pending_calls_finished("the communicator's free"):
+    if not MPI.Is_finalized() and pending_calls_finished("the communicator's free", [state.worker]):
         state.free()
 
 
@@ -237,6 +247,10 @@ def state_of(comm, blocking=True):
     state = _states.get(comm.handle)
     if state is not None:  # (a freed communicator's state is forgotten: handles are not reused stale)
         return state
+    return _make_state(comm, blocking)
+
+
+def _make_state(comm, blocking):
     global _keyval
     with _lock:
         state = _states.get(comm.handle)
@@ -244,8 +258,8 @@ def state_of(comm, blocking=True):
             return state
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_forget)
-        state = CommState(comm, blocking)
-        state.handle = comm.handle
+        state = CommState(comm)
+        state.handle, state.maker = comm.handle, threading.get_ident()
         comm.Set_attr(_keyval, state)
         _states[comm.handle] = state
         if not _made and not _made_keyval:
@@ -259,7 +273,9 @@ def state_of(comm, blocking=True):
             _made_keyval.append(MPI.Comm.Create_keyval(delete_fn=lambda comm, keyval, value: _free_all_before_finalize()))
             MPI.COMM_SELF.Set_attr(_made_keyval[0], True)
         _made.append(state)
-        return state
+    if blocking:
+        state.complete_duplicate()
+    return state
 
 
 #: every state, in the order it was made: program order, the same on every rank of each communicator
@@ -278,11 +294,27 @@ def _free_all_before_finalize():
     from .worker import pending_calls_finished
     if not pending_calls_finished("exit"):
         return
+    by_thread = {}  # (the thread that made each: the order of one thread's is the same on every rank)
     for state in reversed(_made):
         with _lock:
             _states.pop(state.handle, None)
-        state.free()
+        by_thread.setdefault(state.maker, []).append(state)
     _made.clear()
+    frees = [lambda states=states: [state.free() for state in states] for states in by_thread.values()]
+    if len(frees) == 1:
+        frees[0]()
+        return
+    # States made by different threads: their order differs between ranks, so each thread's are
+    # freed in an order of their own, side by side (each free is collective over its communicator only)
+    threads = [threading.Thread(target=free, name="mpiallreduce-free", daemon=True) for free in frees]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(FREE_JOIN_SECONDS)
+
+
+#: how long the frees at exit of states made by different threads are waited for
+FREE_JOIN_SECONDS = 60
 
 
 def known_state(comm):

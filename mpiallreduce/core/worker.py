@@ -1,31 +1,34 @@
-"""Allreduces that run while the caller goes on: one background thread per process, in call order.
+"""Allreduces that run while the caller goes on: one background thread per communicator, in call order.
 
     caller thread:   allreduce_async(a) -> h1   allreduce_async(b) -> h2   ...   h2.wait()  h1.wait()
-    worker thread:                   [ allreduce(a) ][ allreduce(b) ] ...
+    comm's worker:                   [ allreduce(a) ][ allreduce(b) ] ...
 
-Every rank submits its calls in the same order and one worker per process runs them in that order,
-so the collectives of all ranks match, as in Horovod's background thread; handles may be waited on
-in any order. While calls are pending, a synchronous ``allreduce`` from any thread joins the same
-queue, so it cannot overtake them. A call that must first make something collective (its
-communicator's first call, a shared window that grows) runs on the caller's thread instead, once
-the pending calls have finished (``run_here``; its handle is done when returned): the worker never
-makes a communicator or a window, because Open MPI gives them ids in one order across all threads,
-and one made on the worker while the caller's thread makes another (the user's ``Split``, the
-library's duplicate of a new communicator) can hang. MPI must be initialised with MPI_THREAD_MULTIPLE (mpi4py's
-default). The caller must not touch ``x`` (or ``out``) until the handle is done.
+Every rank submits its calls on a communicator in the same order and that communicator's worker
+runs them in that order, so the collectives of all ranks match, as in Horovod's background thread;
+handles may be waited on in any order. While calls are pending on a communicator, a synchronous
+``allreduce`` on it from any thread joins the same queue, so it cannot overtake them. The order is
+per communicator (as MPI's is): two threads that call on two communicators never wait on each
+other, and calls on different communicators may run at the same time on their own workers. A call
+that must first make something collective (its communicator's first call, a shared window that
+grows) runs on the caller's thread instead, once its communicator's pending calls have finished
+(``run_here``; its handle is done when returned): a worker never makes a communicator or a window,
+so that every communicator and window is made by a thread of the user's program, in that thread's
+program order. MPI must be initialised with MPI_THREAD_MULTIPLE (mpi4py's default). The caller must
+not touch ``x`` (or ``out``) until the handle is done.
 """
 import queue
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 
 from mpi4py import MPI
 
 from ..device.arrays import namespace, synchronize
 
-__all__ = ["AllreduceHandle", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order", "run_here",
-           "pending_calls_finished", "check_thread_level", "Meeting", "Done"]
+__all__ = ["AllreduceHandle", "Worker", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order",
+           "run_here", "pending_calls_finished", "check_thread_level", "Meeting", "Done"]
 
 
 #: how long wait(timeout) waits beyond ``timeout`` for the call to give up on its own
@@ -104,28 +107,43 @@ class AllreduceHandle:
         return f"<AllreduceHandle {self._description} {'done' if self.done() else 'pending'}>"
 
 
-class _Worker:
-    def __init__(self):
+class Worker:
+    """The background thread of one communicator (``CommState.worker``) and its queue: calls
+    submitted to it run in submission order; ``exclusive`` is held by a call of that communicator
+    that runs on the caller's thread (``run_here``), so no call of it joins the queue meanwhile.
+    Nothing here is shared between communicators."""
+
+    def __init__(self, name="mpiallreduce-worker"):
+        self.name = name
         self.tasks = queue.Queue()
-        self.pending = 0
+        self.pending = 0  # (read by _compiled.c from this object's __dict__: no property)
         self.lock = threading.Lock()
         self.thread = None
-        #: held by a call that runs on the caller's thread (``run_here``): no call joins the queue meanwhile
         self.exclusive = threading.RLock()
+        _workers.add(self)
 
     def submit(self, function):
         future = Future()
         with self.exclusive, self.lock:
             self.pending += 1
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="mpiallreduce-worker", daemon=True)
+                self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self.thread.start()
             self.tasks.put((function, future))
         return future
 
+    def stop(self):
+        """End the thread once the calls queued have run (the communicator is being freed)."""
+        with self.lock:
+            if self.thread is not None:
+                self.tasks.put((None, None))
+                self.thread = None
+
     def _run(self):
         while True:
             function, future = self.tasks.get()
+            if function is None:
+                return
             try:
                 if future.set_running_or_notify_cancel():
                     try:
@@ -137,10 +155,36 @@ class _Worker:
                     self.pending -= 1
 
     def busy(self):
+        """Whether calls are queued or running here, seen from another thread than this worker's."""
         return self.pending > 0 and threading.current_thread() is not self.thread
 
+    def run_in_order(self, function):
+        """Run ``function`` now, or after this communicator's pending calls if there are any."""
+        if self.busy():
+            return self.submit(function).result()
+        return function()
 
-_worker = _Worker()
+    def run_here(self, function):
+        """Run ``function`` on this thread, once this communicator's pending calls have finished (a
+        call that makes a communicator or a window: see the module's docstring)."""
+        with self.exclusive:
+            if self.busy():
+                self.submit(lambda: None).result()
+            return function()
+
+    def finished(self, waited):
+        """Whether this communicator's pending calls ended within ``waited`` seconds."""
+        if not self.busy():
+            return True
+        try:
+            self.submit(lambda: None).result(waited)
+            return True
+        except FutureTimeout:
+            return False
+
+
+#: every communicator's worker that is alive (asynchronous_calls_pending, the wait at exit)
+_workers = weakref.WeakSet()
 
 
 def check_thread_level():
@@ -150,32 +194,27 @@ def check_thread_level():
 
 
 def asynchronous_calls_pending():
-    """Whether calls started by allreduce_async are still queued or running (seen from another thread)."""
-    return _worker.busy()
+    """Whether calls started by allreduce_async are still queued or running on any communicator
+    (seen from another thread than their worker)."""
+    return any(worker.busy() for worker in list(_workers))
 
 
-def run_in_order(function):
-    """Run ``function`` now, or after the pending asynchronous calls if there are any."""
-    if _worker.busy():
-        return _worker.submit(function).result()
-    return function()
+def run_in_order(state, function):
+    """Run ``function`` now, or after ``state``'s communicator's pending calls if there are any."""
+    return state.worker.run_in_order(function)
 
 
-def run_here(function):
-    """Run ``function`` on this thread, once the pending asynchronous calls have finished (a call
-    that makes a communicator or a window: see the module's docstring)."""
-    with _worker.exclusive:
-        if _worker.busy():
-            _worker.submit(lambda: None).result()
-        return function()
+def run_here(state, function):
+    """Run ``function`` on this thread, once ``state``'s communicator's pending calls have finished."""
+    return state.worker.run_here(function)
 
 
-def _done(function):
-    """A Future holding what ``run_here(function)`` returned or raised."""
+def _done(worker, function):
+    """A Future holding what ``worker.run_here(function)`` returned or raised."""
     future = Future()
     future.set_running_or_notify_cancel()
     try:
-        future.set_result(run_here(function))
+        future.set_result(worker.run_here(function))
     except Exception as exc:  # delivered to whoever waits, as the worker's are
         future.set_exception(exc)
     return future
@@ -185,22 +224,23 @@ def _done(function):
 FREE_WAIT_SECONDS = 60
 
 
-def pending_calls_finished(when):
-    """Wait for the asynchronous calls still queued or running (every rank made them: they end)
-    before the windows and communicators they use are freed, at ``when``; False, said on stderr, if
-    they have not ended within FREE_WAIT_SECONDS (or twice the timeout setting)."""
-    if not _worker.busy():
+def pending_calls_finished(when, workers=None):
+    """Wait for the asynchronous calls still queued or running on ``workers`` (default: every
+    communicator's; every rank made them: they end) before the windows and communicators they use
+    are freed, at ``when``; False, said on stderr, if they have not ended within FREE_WAIT_SECONDS
+    (or twice the timeout setting)."""
+    workers = [worker for worker in (list(_workers) if workers is None else workers) if worker.busy()]
+    if not workers:
         return True
     from .settings import settings
     timeout = settings().timeout
     waited = FREE_WAIT_SECONDS if timeout is None else max(FREE_WAIT_SECONDS, 2 * timeout)
-    try:
-        _worker.submit(lambda: None).result(waited)
+    deadline = time.monotonic() + waited
+    if all(worker.finished(max(0.0, deadline - time.monotonic())) for worker in workers):
         return True
-    except FutureTimeout:
-        print(f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at {when} "
-              f"after {waited} s; the library's communicators are left to MPI_Finalize", file=sys.stderr)
-        return False
+    print(f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at {when} "
+          f"after {waited} s; the library's communicators are left to MPI_Finalize", file=sys.stderr)
+    return False
 
 
 def submit_prepared(prepared, run, here=False):
@@ -209,12 +249,13 @@ def submit_prepared(prepared, run, here=False):
     if not here:
         check_thread_level()
     meeting = Meeting(None, prepared.site)
-    return submit(run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting,
+    return submit(prepared.state, run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting,
                   here=here)
 
 
-def submit(run, x, description, meeting, checksum_comm=None, here=False):
-    """Run ``run`` on the worker (``here``: on this thread, after the pending calls); an AllreduceHandle.
+def submit(state, run, x, description, meeting, checksum_comm=None, here=False):
+    """Run ``run`` on the worker of ``state``'s communicator (``here``: on this thread, after its
+    pending calls); an AllreduceHandle.
 
     ``checksum_comm`` (check=True, or MPIALLREDUCE_DEBUG_INPUTS=1: the call's communicator): ``x``
     is checksummed here and again once the reduction has finished (unless ``x`` is the output); the
@@ -250,7 +291,7 @@ def submit(run, x, description, meeting, checksum_comm=None, here=False):
                 synchronize(xp)
                 return finish(result)
         job = on_device
-    future = _done(job) if here else _worker.submit(job)
+    future = _done(state.worker, job) if here else state.worker.submit(job)
     return AllreduceHandle(future, description, meeting)
 
 

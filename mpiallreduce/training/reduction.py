@@ -286,7 +286,7 @@ class BucketReducer:
         from ..core.worker import Meeting, submit
         op = CompressedSum(self.compression, digest, self.op == "mean", self.postscale)
         call = Call.start(fused, op, "auto", self.comm, fused, False, None, None, None, None, site="")
-        handle = submit(call.run, fused, f"{self.compression} bucket of {fused.size} {fused.dtype}", Meeting(None, ""),
+        handle = submit(call.state, call.run, fused, f"{self.compression} bucket of {fused.size} {fused.dtype}", Meeting(None, ""),
                         here=here or call.sets_up())
         handle.compressed_op = op
         return handle

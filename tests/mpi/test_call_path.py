@@ -725,11 +725,11 @@ def test_an_input_changed_before_the_reduction_ends_is_caught_with_check_on_ever
     writes into x while the call is queued (behind a gate on the worker); every rank's wait()
     raises, naming rank 0; unchecked, nothing is compared."""
     import threading
-    from mpiallreduce.core import worker as asynchronous
+    from mpiallreduce.core.state import state_of
     rank = WORLD.Get_rank()
     x = exact_input("float64", 1000, rank, "sum")
     gate = threading.Event()
-    asynchronous._worker.submit(gate.wait)  # the worker starts the call only once x has changed
+    state_of(WORLD).worker.submit(gate.wait)  # the worker starts the call only once x has changed
     handle = mar.allreduce_async(x, check=True)
     if rank == 0:
         x[7] += 1.0

@@ -106,6 +106,45 @@ def test_a_placement_that_differs_raises_everywhere_and_writes_nothing():
     assert (mar.allreduce(x, out=out) == size * (size + 1) // 2).all()
 
 
+@pytest.mark.parametrize("timeout", [None, 60])
+def test_prepared_single_copies_on_different_arrays_raise_everywhere_and_write_nothing(timeout):
+    """Issue 54, defect 1: ``pa = prepare(A, out=A)`` and ``pb = prepare(B, out=B)``; rank 0 runs
+    ``pa()``, the others ``pb()``. Prepared calls compare nothing per run, and single_copy's arrival
+    was a bare barrier: every rank returned, A and B half reduced on every rank, rank 1's A written
+    though rank 1 never called on it. Now the arrival compares where the arrays lie, timed or not:
+    SignatureMismatch on every rank, nothing written; then each call runs right on every rank."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    count = 1 << 16
+    a, b = mar.zeros(count, np.float32), mar.zeros(count, np.float32)
+    a_in, b_in = exact_input("float32", count, rank, "sum"), exact_input("float32", count, rank, "sum") + 100
+    a[...], b[...] = a_in, b_in
+    pa, pb = mar.prepare(a, out=a, timeout=timeout), mar.prepare(b, out=b, timeout=timeout)
+    assert "single_copy" in repr(pa), repr(pa)
+    with pytest.raises(mar.SignatureMismatch, match="symmetric"):  # (timed: at the rendezvous)
+        (pa if rank == 0 else pb)()
+    assert np.array_equal(a, a_in) and np.array_equal(b, b_in), f"rank {rank}: a peer wrote into A or B"
+    want_a, want_b = (numpy_reference("sum", gather_inputs(WORLD, v)) for v in (a_in, b_in))
+    assert np.array_equal(pa(), want_a) and np.array_equal(pb(), want_b)
+
+
+def test_unchecked_single_copies_on_different_arrays_raise_everywhere(use_settings):
+    """With the per-call signature off (MPIALLREDUCE_SIGNATURE_MIN_BYTES above the size), a single
+    copy still compares where the arrays lie on arrival: never a write into an array that a peer's
+    call does not own."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    use_settings(signature_min_bytes=1 << 30)
+    count = 1 << 16
+    a, b = mar.zeros(count, np.float32), mar.zeros(count, np.float32)
+    a[...], b[...] = rank + 1, rank + 100
+    with pytest.raises(mar.SignatureMismatch, match="symmetric"):
+        mar.allreduce(a if rank == 0 else b, out=a if rank == 0 else b, algorithm="single_copy")
+    assert (a == rank + 1).all() and (b == rank + 100).all(), f"rank {rank}: a peer wrote into A or B"
+
+
 def test_symmetric_on_some_ranks_only_raises_everywhere_and_writes_nothing():
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     if size == 1:
