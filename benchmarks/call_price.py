@@ -9,6 +9,7 @@ repetitions of the slowest rank's microseconds per call of: raw ``comm.Allreduce
 ``mar.allreduce(x, out=out)`` (auto, repeated: the short path), ``mar.allreduce(..., algorithm="mpi")``
 and a prepared call ``mar.prepare(x, out=out)()``.
 """
+
 import json
 import statistics
 import sys
@@ -52,7 +53,9 @@ def main():
             for name, call in contenders.items():
                 times[name].append(per_call(call, iterations))
         results[label] = {name: statistics.median(t) * 1e6 for name, t in times.items()}
-        expected = np.arange(count, dtype=np.float32) * COMM.Get_size() + sum(range(COMM.Get_size()))
+        expected = np.arange(count, dtype=np.float32) * COMM.Get_size() + sum(
+            range(COMM.Get_size())
+        )
         assert np.array_equal(mar.allreduce(x), expected), "wrong values"
     if COMM.Get_rank() == 0:
         print("RESULT " + json.dumps({"ranks": COMM.Get_size(), "us": results}))

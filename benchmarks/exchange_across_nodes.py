@@ -32,12 +32,19 @@ medians over the rounds, each as MPI_Allreduce's time over its own (above 1: fas
 Then, for the prepared call, where its time goes on rank 0 (perf_counter around each layer,
 the layers' own time: the executor, the algorithm's execute less the exchange and the addition).
 """
+
 import collections
 import os
 import time
 
 import numpy as np
 from mpi4py import MPI
+from plain_across_nodes import (
+    arguments,
+    interleaved,
+    nbytes_of,
+)  # (benchmarks/, the script's folder)
+from signature_exchange import write_lines
 
 import mpiallreduce as mar
 from mpiallreduce.algorithms import recursive_doubling
@@ -45,8 +52,6 @@ from mpiallreduce.algorithms.base import CallTags
 from mpiallreduce.core import executor
 from mpiallreduce.core.state import state_of
 from mpiallreduce.faults.watch import PeerWatch
-from plain_across_nodes import arguments, interleaved, nbytes_of  # (benchmarks/, the script's folder)
-from signature_exchange import write_lines
 
 COMM = MPI.COMM_WORLD
 SIZES = "128K,256K,512K,1M"
@@ -79,20 +84,28 @@ def exchanges(x, out, incoming):
         tags = CallTags(state.library, number, PeerWatch(state, number, None, "exchange"))
         tags.Sendrecv([x, MPI.FLOAT], peer, 202, [incoming, MPI.FLOAT], peer, 202)
         add()
+
     half = x.size // 2
-    mine, theirs = (slice(0, half), slice(half, None)) if rank == 0 else (slice(half, None), slice(0, half))
+    mine, theirs = (
+        (slice(0, half), slice(half, None)) if rank == 0 else (slice(half, None), slice(0, half))
+    )
 
     def halves():
         received = incoming[mine]
         own.Sendrecv(x[theirs], peer, 8, received, peer, 8)
         np.add(x[mine], received, out=out[mine])
         own.Sendrecv(out[mine], peer, 9, out[theirs], peer, 9)
+
     return {"sendrecv": sendrecv, "halves": halves, "polled": polled, "call tags": call_tags}
 
 
 def forced_contenders(x, out):
     """With --forced: {"openmpi:NAME": MPI_Allreduce with Open MPI's tuned algorithm NAME forced}."""
-    from mpiallreduce.tools.openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator
+    from mpiallreduce.tools.openmpi_tuned import (
+        TUNED_ALLREDUCE_ALGORITHMS,
+        forced_allreduce_communicator,
+    )
+
     found = {}
     for number, name in TUNED_ALLREDUCE_ALGORITHMS.items():
         comm = forced_allreduce_communicator(COMM, number)
@@ -103,19 +116,31 @@ def forced_contenders(x, out):
 
 def within_reach(nbytes, medians):
     """The summary line of --forced: the bare exchanges against Open MPI's strongest."""
-    strongest = min((m, name) for name, m in medians.items() if name == "MPI_Allreduce" or name.startswith("openmpi:"))
+    strongest = min(
+        (m, name)
+        for name, m in medians.items()
+        if name == "MPI_Allreduce" or name.startswith("openmpi:")
+    )
     bare = min((medians[name], name) for name in ("sendrecv", "halves"))
-    ours = min((m, name) for name, m in medians.items() if name in ("prepared rd", "auto", "prepared auto"))
-    return (f"{nbytes:>8} B  strongest {strongest[1]} {strongest[0]:.1f}; 1.2x of it: {strongest[0] / 1.2:.1f}; "
-            f"bare {bare[1]} {bare[0]:.1f} ({strongest[0] / bare[0]:.2f}x); ours {ours[1]} {ours[0]:.1f} "
-            f"({strongest[0] / ours[0]:.2f}x)")
+    ours = min(
+        (m, name) for name, m in medians.items() if name in ("prepared rd", "auto", "prepared auto")
+    )
+    return (
+        f"{nbytes:>8} B  strongest {strongest[1]} {strongest[0]:.1f}; 1.2x of it: {strongest[0] / 1.2:.1f}; "
+        f"bare {bare[1]} {bare[0]:.1f} ({strongest[0] / bare[0]:.2f}x); ours {ours[1]} {ours[0]:.1f} "
+        f"({strongest[0] / ours[0]:.2f}x)"
+    )
 
 
 def layers(prepared, calls):
     """Rank 0's time per call in each layer of ``prepared.run()``: {layer: us}."""
     spent = collections.Counter()
-    patched = [(executor.Execution, "run"), (recursive_doubling.RecursiveDoublingAllreduce, "execute"),
-               (CallTags, "Sendrecv"), (recursive_doubling, "reduce_in_rank_order")]
+    patched = [
+        (executor.Execution, "run"),
+        (recursive_doubling.RecursiveDoublingAllreduce, "execute"),
+        (CallTags, "Sendrecv"),
+        (recursive_doubling, "reduce_in_rank_order"),
+    ]
     originals = [getattr(owner, name) for owner, name in patched]
 
     def timed(function, key):
@@ -125,7 +150,9 @@ def layers(prepared, calls):
                 return function(*args, **kwargs)
             finally:
                 spent[key] += time.perf_counter() - start
+
         return run
+
     for (owner, name), function in zip(patched, originals):
         setattr(owner, name, timed(function, name))
     try:
@@ -138,30 +165,41 @@ def layers(prepared, calls):
         for (owner, name), function in zip(patched, originals):
             setattr(owner, name, function)
     us = {key: value / calls * 1e6 for key, value in spent.items()}
-    return {"the whole run()": whole / calls * 1e6,
-            "above the executor (prepared call)": whole / calls * 1e6 - us["run"],
-            "executor, less execute": us["run"] - us["execute"],
-            "execute, less exchange and addition": us["execute"] - us["Sendrecv"] - us["reduce_in_rank_order"],
-            "exchange (CallTags.Sendrecv, watched)": us["Sendrecv"],
-            "addition (reduce_in_rank_order)": us["reduce_in_rank_order"]}
+    return {
+        "the whole run()": whole / calls * 1e6,
+        "above the executor (prepared call)": whole / calls * 1e6 - us["run"],
+        "executor, less execute": us["run"] - us["execute"],
+        "execute, less exchange and addition": us["execute"]
+        - us["Sendrecv"]
+        - us["reduce_in_rank_order"],
+        "exchange (CallTags.Sendrecv, watched)": us["Sendrecv"],
+        "addition (reduce_in_rank_order)": us["reduce_in_rank_order"],
+    }
 
 
 def main():
     args = arguments(__doc__.splitlines()[0], SIZES, ROUNDS, forced=True)
     if COMM.Get_size() != 2:
         raise SystemExit("run it on 2 ranks (launch -n 2 --nodes 2)")
-    lines = [f"# a 2-rank exchange across nodes: {time.strftime('%Y-%m-%d %H:%M')}, load "
-             f"{' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
-             f"{args.rounds} interleaved rounds; ratio: MPI_Allreduce's time over the contender's"]
+    lines = [
+        f"# a 2-rank exchange across nodes: {time.strftime('%Y-%m-%d %H:%M')}, load "
+        f"{' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
+        f"{args.rounds} interleaved rounds; ratio: MPI_Allreduce's time over the contender's"
+    ]
     summary, breakdown, reach = [], [], []
     for nbytes in (nbytes_of(s) for s in args.sizes.split(",")):
         x = np.arange(nbytes // 4, dtype=np.float32) + COMM.Get_rank()
         out, incoming = np.empty_like(x), np.empty_like(x)
         prepared = mar.prepare(x, out=out, algorithm="recursive_doubling")
-        contenders = {"MPI_Allreduce": lambda: COMM.Allreduce(x, out), **exchanges(x, out, incoming),
-                      "prepared rd": prepared.run,
-                      "plain rd": lambda: mar.allreduce(x, out=out, algorithm="recursive_doubling"),
-                      "auto": lambda: mar.allreduce(x, out=out), "prepared auto": mar.prepare(x, out=out).run, **(forced_contenders(x, out) if args.forced else {})}
+        contenders = {
+            "MPI_Allreduce": lambda: COMM.Allreduce(x, out),
+            **exchanges(x, out, incoming),
+            "prepared rd": prepared.run,
+            "plain rd": lambda: mar.allreduce(x, out=out, algorithm="recursive_doubling"),
+            "auto": lambda: mar.allreduce(x, out=out),
+            "prepared auto": mar.prepare(x, out=out).run,
+            **(forced_contenders(x, out) if args.forced else {}),
+        }
         calls = max(20, min(200, int(2e7 / nbytes)))
         expected = np.arange(x.size, dtype=np.float32) * 2 + 1
         for name, call in contenders.items():
@@ -171,14 +209,31 @@ def main():
         medians = interleaved(contenders, calls, args.rounds, nbytes, lines)
         if args.forced:
             reach.append(within_reach(nbytes, medians))
-        summary.append(f"{nbytes:>8} B  " + "  ".join(
-            f"{name} {m:.1f} ({medians['MPI_Allreduce'] / m:.2f}x)" for name, m in medians.items()))
+        summary.append(
+            f"{nbytes:>8} B  "
+            + "  ".join(
+                f"{name} {m:.1f} ({medians['MPI_Allreduce'] / m:.2f}x)"
+                for name, m in medians.items()
+            )
+        )
         spent = layers(prepared, calls)
-        breakdown.append(f"{nbytes:>8} B  " + "  ".join(f"{layer} {us:.1f}" for layer, us in spent.items()))
-    write_lines(lines + ["# medians over the rounds (MPI_Allreduce's time over each)"] + summary
-                + ["# the prepared call's layers on rank 0, us per call (one batch)"] + breakdown
-                + (["# the bare exchanges against Open MPI's strongest (ratio: its time over theirs)"] + reach
-                   if reach else []), args.output)
+        breakdown.append(
+            f"{nbytes:>8} B  " + "  ".join(f"{layer} {us:.1f}" for layer, us in spent.items())
+        )
+    write_lines(
+        lines
+        + ["# medians over the rounds (MPI_Allreduce's time over each)"]
+        + summary
+        + ["# the prepared call's layers on rank 0, us per call (one batch)"]
+        + breakdown
+        + (
+            ["# the bare exchanges against Open MPI's strongest (ratio: its time over theirs)"]
+            + reach
+            if reach
+            else []
+        ),
+        args.output,
+    )
 
 
 if __name__ == "__main__":

@@ -16,12 +16,17 @@ median over 9 interleaved repetitions of the slowest rank's time (after a warm-u
 
 Prints each time in ms and gradsync / in place.
 """
+
 import argparse
 
 import numpy as np
+from reproducible_cost import (
+    COMM,
+    print_medians,
+    timed,
+)  # (the slowest rank's seconds: benchmarks/reproducible_cost.py)
 
 import mpiallreduce as mar
-from reproducible_cost import COMM, print_medians, timed  # (the slowest rank's seconds: benchmarks/reproducible_cost.py)
 
 REPETITIONS = 9
 
@@ -30,7 +35,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=float, default=16.0)
     parser.add_argument("--small", type=int, default=20)
-    parser.add_argument("--timeout", type=float, default=None, help="GradientSync's (with one: the buffer's copies)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="GradientSync's (with one: the buffer's copies)"
+    )
     args = parser.parse_args()
     rank = COMM.Get_rank()
     rng = np.random.default_rng(rank)
@@ -38,7 +45,9 @@ def main():
     small = [rng.standard_normal(10_000).astype(np.float32) for _ in range(args.small)]
     names = [f"s{i}" for i in range(args.small)] + ["large"]
     grads = small + [large]
-    sync = mar.GradientSync(parameters=dict(zip(names, grads)), bucket_bytes=25 << 20, timeout=args.timeout)
+    sync = mar.GradientSync(
+        parameters=dict(zip(names, grads)), bucket_bytes=25 << 20, timeout=args.timeout
+    )
     fused = np.empty(sum(g.size for g in small), np.float32)
     prepared = mar.prepare(fused, op="mean", out=fused)
 
@@ -53,11 +62,15 @@ def main():
         mar.allreduce(large, op="mean", out=large)
         offset = 0
         for g in small:
-            g[:] = fused[offset:offset + g.size]
+            g[:] = fused[offset : offset + g.size]
             offset += g.size
 
     copy_target = np.empty_like(large)
-    contenders = {"gradsync": gradsync, "in place": in_place, "copy alone": lambda: np.copyto(copy_target, large)}
+    contenders = {
+        "gradsync": gradsync,
+        "in place": in_place,
+        "copy alone": lambda: np.copyto(copy_target, large),
+    }
     times = {name: [] for name in contenders}
     for call in contenders.values():
         call()  # (warm-up: plans, buffers, prepared calls)
@@ -65,11 +78,15 @@ def main():
         for name, call in contenders.items():
             times[name].append(timed(call))
     if rank == 0:
-        median = print_medians(f"# {COMM.Get_size()} ranks, {args.small} x 10,000 float32 + {args.mib:g} MiB float32, "
-                               f"timeout {args.timeout}; median of {REPETITIONS} interleaved repetitions, slowest rank, ms",
-                               times)
-        print(f"gradsync / in place: {median['gradsync'] / median['in place']:.2f}x "
-              f"({median['gradsync'] - median['in place']:+.3f} ms; the copy alone {median['copy alone']:.3f} ms)")
+        median = print_medians(
+            f"# {COMM.Get_size()} ranks, {args.small} x 10,000 float32 + {args.mib:g} MiB float32, "
+            f"timeout {args.timeout}; median of {REPETITIONS} interleaved repetitions, slowest rank, ms",
+            times,
+        )
+        print(
+            f"gradsync / in place: {median['gradsync'] / median['in place']:.2f}x "
+            f"({median['gradsync'] - median['in place']:+.3f} ms; the copy alone {median['copy alone']:.3f} ms)"
+        )
 
 
 if __name__ == "__main__":

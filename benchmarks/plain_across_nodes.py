@@ -12,6 +12,7 @@ and ``MPI_IN_PLACE``. Each figure: the mean time per call over a batch, the slow
 in microseconds; then per size the medians over the rounds and ``auto`` against raw (raw's time over
 auto's: 1.0 is as fast as MPI's own call, which compares nothing).
 """
+
 import argparse
 import dataclasses
 import statistics
@@ -19,11 +20,11 @@ import time
 
 import numpy as np
 from mpi4py import MPI
+from signature_exchange import per_call, write_lines  # (benchmarks/, the script's folder)
 
 import mpiallreduce as mar
 from mpiallreduce.core.planner import plan_call
 from mpiallreduce.core.state import state_of
-from signature_exchange import per_call, write_lines  # (benchmarks/, the script's folder)
 
 ROUNDS = 15
 COMM = MPI.COMM_WORLD
@@ -46,11 +47,19 @@ def arguments(description, sizes=SIZES, rounds=ROUNDS, in_place=False, forced=Fa
     (this script's, and exchange_across_nodes.py's)."""
     parser = argparse.ArgumentParser(description=description)
     if in_place:
-        parser.add_argument("--in-place", action="store_true", help="out=x and MPI_IN_PLACE (default: out of place)")
+        parser.add_argument(
+            "--in-place", action="store_true", help="out=x and MPI_IN_PLACE (default: out of place)"
+        )
     if forced:
-        parser.add_argument("--forced", action="store_true", help="also time Open MPI's six tuned algorithms forced")
-    parser.add_argument("--sizes", default=sizes, help=f"comma-separated bytes (K, M suffixes); default {sizes}")
-    parser.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds per size (default {rounds})")
+        parser.add_argument(
+            "--forced", action="store_true", help="also time Open MPI's six tuned algorithms forced"
+        )
+    parser.add_argument(
+        "--sizes", default=sizes, help=f"comma-separated bytes (K, M suffixes); default {sizes}"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=rounds, help=f"interleaved rounds per size (default {rounds})"
+    )
     parser.add_argument("--output", help="also write the lines to this file (rank 0)")
     return parser.parse_args()
 
@@ -62,7 +71,9 @@ def interleaved(contenders, calls, rounds, nbytes, lines):
     for _ in range(rounds):
         for name, call in contenders.items():
             times[name].append(per_call(call, calls))
-        lines.append(f"{nbytes:>8} B  " + "  ".join(f"{name} {times[name][-1]:8.1f}" for name in contenders))
+        lines.append(
+            f"{nbytes:>8} B  " + "  ".join(f"{name} {times[name][-1]:8.1f}" for name in contenders)
+        )
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -76,31 +87,43 @@ def plain(x, out, algorithm, in_place):
 
 def main():
     args = arguments(__doc__.splitlines()[0], in_place=True)
-    lines = [f"# plain calls{', in place' if args.in_place else ''}, the signature in messages: {COMM.Get_size()} ranks, "
-             f"{time.strftime('%Y-%m-%d %H:%M')}, "
-             f"load {' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
-             f"{args.rounds} interleaved rounds"]
+    lines = [
+        f"# plain calls{', in place' if args.in_place else ''}, the signature in messages: {COMM.Get_size()} ranks, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, "
+        f"load {' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
+        f"{args.rounds} interleaved rounds"
+    ]
     summary = []
     for nbytes in (nbytes_of(s) for s in args.sizes.split(",")):
         x = np.arange(max(nbytes // 4, 1), dtype=np.float32) + COMM.Get_rank()
         out = np.empty_like(x)
-        assert "32-byte messages" in mar.describe_call(x, out=out, algorithm="mpi") or COMM.Get_size() == 1, \
-            "the check does not go in messages here: launch with --nodes 2"
+        assert (
+            "32-byte messages" in mar.describe_call(x, out=out, algorithm="mpi")
+            or COMM.Get_size() == 1
+        ), "the check does not go in messages here: launch with --nodes 2"
         auto = mar.describe_call(x, out=x if args.in_place else out).split(" ")[0]
         table = table_choice(x, args.in_place)
-        contenders = {f"auto ({auto})": plain(x, out, "auto", args.in_place),
-                      f"check + {table}": plain(x, out, table, args.in_place)}
+        contenders = {
+            f"auto ({auto})": plain(x, out, "auto", args.in_place),
+            f"check + {table}": plain(x, out, table, args.in_place),
+        }
         if table != "mpi":
             contenders["check + mpi"] = plain(x, out, "mpi", args.in_place)
-        contenders["MPI_Allreduce"] = ((lambda y=x.copy(): COMM.Allreduce(MPI.IN_PLACE, y)) if args.in_place else
-                                       (lambda: COMM.Allreduce(x, out)))
+        contenders["MPI_Allreduce"] = (
+            (lambda y=x.copy(): COMM.Allreduce(MPI.IN_PLACE, y))
+            if args.in_place
+            else (lambda: COMM.Allreduce(x, out))
+        )
         calls = max(20, min(1000, int(4e7 / max(nbytes, 40000))))
         for call in contenders.values():
             for _ in range(10):
                 call()
         medians = interleaved(contenders, calls, args.rounds, x.nbytes, lines)
-        summary.append(f"{x.nbytes:>8} B  medians: " + "  ".join(f"{name} {m:.1f}" for name, m in medians.items())
-                       + f"  |  auto against MPI_Allreduce {medians['MPI_Allreduce'] / medians[f'auto ({auto})']:.2f}x")
+        summary.append(
+            f"{x.nbytes:>8} B  medians: "
+            + "  ".join(f"{name} {m:.1f}" for name, m in medians.items())
+            + f"  |  auto against MPI_Allreduce {medians['MPI_Allreduce'] / medians[f'auto ({auto})']:.2f}x"
+        )
     write_lines(lines + ["# medians over the rounds"] + summary, args.output)
 
 

@@ -17,6 +17,7 @@ With --direct-sizes: the two algorithms of the direct route, shared_memory and p
 for reproducible sums of each size (medians of 15 interleaved repetitions, 101 up to 1 MiB): where
 mpiallreduce.core.overrides' REPRODUCIBLE_SHARED_MEMORY_BELOW comes from.
 """
+
 import argparse
 import statistics
 import time
@@ -25,7 +26,6 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiallreduce as mar
-from mpiallreduce.reproducible import exact as reproducible
 from mpiallreduce.reproducible import routes
 from mpiallreduce.tools.arguments import size_list
 
@@ -53,8 +53,11 @@ def print_medians(header, times):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=float, default=64)
-    parser.add_argument("--direct-sizes", type=size_list,
-                        help="compare the direct route's algorithms at these sizes (4K,1M,...)")
+    parser.add_argument(
+        "--direct-sizes",
+        type=size_list,
+        help="compare the direct route's algorithms at these sizes (4K,1M,...)",
+    )
     args = parser.parse_args()
     if args.direct_sizes:
         compare_direct_route(args.direct_sizes)
@@ -74,10 +77,15 @@ def main():
 
     contenders = {
         "ordinary sum (auto)": lambda: mar.allreduce(x, out=out),
-        "ordinary sum (pairwise_exchange)": lambda: mar.allreduce(x, out=out, algorithm="pairwise_exchange"),
-        "reproducible sum (auto: direct route)": lambda: mar.allreduce(x, out=out, reproducible=True),
-        "reproducible sum (words route)": lambda: mar.allreduce(x, out=out, reproducible=True,
-                                                                algorithm="ring_pipelined"),
+        "ordinary sum (pairwise_exchange)": lambda: mar.allreduce(
+            x, out=out, algorithm="pairwise_exchange"
+        ),
+        "reproducible sum (auto: direct route)": lambda: mar.allreduce(
+            x, out=out, reproducible=True
+        ),
+        "reproducible sum (words route)": lambda: mar.allreduce(
+            x, out=out, reproducible=True, algorithm="ring_pipelined"
+        ),
         "  exact sums of a rank's slice alone": lambda: routes.exact_sum_into(slices, slice_out),
         "  numpy adding the same slices": numpy_adds,
     }
@@ -88,9 +96,16 @@ def main():
     if COMM.Get_rank() == 0:
         base = statistics.median(times["ordinary sum (auto)"])
         from mpiallreduce.reproducible import kernels as reproducible_kernels
-        print(f"# {size} ranks, float32 sum of {args.mib:g} MiB; median of {REPETITIONS} interleaved "
-              "repetitions, slowest rank; exact sums "
-              + ("compiled (numba)" if reproducible_kernels.available() else "in numpy passes (no numba)"))
+
+        print(
+            f"# {size} ranks, float32 sum of {args.mib:g} MiB; median of {REPETITIONS} interleaved "
+            "repetitions, slowest rank; exact sums "
+            + (
+                "compiled (numba)"
+                if reproducible_kernels.available()
+                else "in numpy passes (no numba)"
+            )
+        )
         for name, seconds in times.items():
             median = statistics.median(seconds)
             print(f"{name:<40} {median * 1e3:9.1f} ms  {median / base:6.2f}x")
@@ -98,17 +113,26 @@ def main():
 
 def compare_direct_route(sizes):
     for nbytes in sizes:
-        x = np.random.default_rng([COMM.Get_rank(), nbytes]).standard_normal(nbytes // 4).astype(np.float32)
+        x = (
+            np.random.default_rng([COMM.Get_rank(), nbytes])
+            .standard_normal(nbytes // 4)
+            .astype(np.float32)
+        )
         out = np.empty_like(x)
         names = ("shared_memory", "pairwise_exchange")
         times = {name: [] for name in names}
         for _ in range(101 if nbytes <= 1 << 20 else 15):
             for name in names:
-                times[name].append(timed(lambda: mar.allreduce(x, out=out, algorithm=name, reproducible=True)))
+                times[name].append(
+                    timed(lambda: mar.allreduce(x, out=out, algorithm=name, reproducible=True))
+                )
         if COMM.Get_rank() == 0:
             medians = {name: statistics.median(seconds) * 1e3 for name, seconds in times.items()}
-            print(f"{nbytes:>10} B  " + "  ".join(f"{name} {ms:8.3f} ms" for name, ms in medians.items())
-                  + f"  shared_memory / pairwise_exchange {medians['shared_memory'] / medians['pairwise_exchange']:.2f}")
+            print(
+                f"{nbytes:>10} B  "
+                + "  ".join(f"{name} {ms:8.3f} ms" for name, ms in medians.items())
+                + f"  shared_memory / pairwise_exchange {medians['shared_memory'] / medians['pairwise_exchange']:.2f}"
+            )
 
 
 if __name__ == "__main__":

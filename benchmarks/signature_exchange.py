@@ -16,6 +16,7 @@ overrides.DISSEMINATION_UP_TO), then raw ``comm.Allreduce`` on the same buffers,
 algorithm's own first message would start from) against Open MPI's allreduce. Each figure: the mean
 time per call over a round, the slowest rank's, in microseconds.
 """
+
 import argparse
 import time
 
@@ -34,22 +35,33 @@ def recursive_doubling(state, code, sequence, watch):
     from mpiallreduce.algorithms import REGISTRY
     from mpiallreduce.algorithms.base import CallTags
     from mpiallreduce.core.ops import OPS
+
     extremes = np.array([code, -code], dtype=np.int64)
-    REGISTRY["recursive_doubling"].run(CallTags(state.library, sequence, watch, CallTags.SIGNATURE_BASE), None,
-                                       extremes, OPS["max"], MPI.INT64_T)
+    REGISTRY["recursive_doubling"].run(
+        CallTags(state.library, sequence, watch, CallTags.SIGNATURE_BASE),
+        None,
+        extremes,
+        OPS["max"],
+        MPI.INT64_T,
+    )
     return extremes[0] == -extremes[1]
 
 
 def numpy_dissemination(state, code, sequence, watch):
     """The exchange of 2026-12-03: today's rounds, the codes in numpy arrays."""
     from mpiallreduce.algorithms.base import CallTags
+
     tags = CallTags(state.library, sequence, None, CallTags.SIGNATURE_BASE)
     rank, size = state.rank, state.size
     mine, distance, step = np.array((code, -code), dtype=np.int64), 1, 0
     while distance < size:
         theirs = np.empty(2, dtype=np.int64)
-        watch.wait([tags.Irecv(theirs, (rank - distance) % size, step),
-                    tags.Isend(mine, (rank + distance) % size, step)])
+        watch.wait(
+            [
+                tags.Irecv(theirs, (rank - distance) % size, step),
+                tags.Isend(mine, (rank + distance) % size, step),
+            ]
+        )
         mine = np.maximum(mine, theirs)
         distance, step = distance * 2, step + 1
     return mine[0] == -mine[1]
@@ -68,13 +80,17 @@ def main():
     parser.add_argument("--output", help="also write the lines to this file (rank 0)")
     args = parser.parse_args()
     today = consistency._codes_agree_by_messages
-    lines = [f"# signature exchange in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
-             f"us per call, slowest rank, {ROUNDS} interleaved rounds of {CALLS} calls"]
+    lines = [
+        f"# signature exchange in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"us per call, slowest rank, {ROUNDS} interleaved rounds of {CALLS} calls"
+    ]
     for nbytes in (4, 8 * 1024, 64 * 1024):
         x = np.arange(nbytes // 4, dtype=np.float32) + COMM.Get_rank()
         out = np.empty_like(x)
-        assert "32-byte messages" in mar.describe_call(x, out=out, algorithm="mpi") or COMM.Get_size() == 1, \
-            "the check does not go in messages here: launch with --nodes 2"
+        assert (
+            "32-byte messages" in mar.describe_call(x, out=out, algorithm="mpi")
+            or COMM.Get_size() == 1
+        ), "the check does not go in messages here: launch with --nodes 2"
         auto = mar.describe_call(x, out=out).split(" ")[0]
         for _ in range(20):
             mar.allreduce(x, out=out)
@@ -86,17 +102,31 @@ def main():
                 consistency._codes_agree_by_messages = exchange
                 row.append(per_call(lambda: mar.allreduce(x, out=out, algorithm="mpi")))
             consistency._codes_agree_by_messages = today
-            rows.append((*row, per_call(lambda: mar.allreduce(x, out=out)), per_call(lambda: COMM.Allreduce(x, out))))
+            rows.append(
+                (
+                    *row,
+                    per_call(lambda: mar.allreduce(x, out=out)),
+                    per_call(lambda: COMM.Allreduce(x, out)),
+                )
+            )
         for now, numpy_rounds, doubling, plain, raw in rows:
-            lines.append(f"{nbytes:>6} B  check, then MPI's own: today's exchange {now:7.1f}  numpy {numpy_rounds:7.1f}  "
-                         f"recursive doubling {doubling:7.1f}  |  auto ({auto}) {plain:7.1f}  |  MPI_Allreduce {raw:7.1f}")
+            lines.append(
+                f"{nbytes:>6} B  check, then MPI's own: today's exchange {now:7.1f}  numpy {numpy_rounds:7.1f}  "
+                f"recursive doubling {doubling:7.1f}  |  auto ({auto}) {plain:7.1f}  |  MPI_Allreduce {raw:7.1f}"
+            )
     x = np.arange(16384, dtype=np.float32) + COMM.Get_rank()
-    out, incoming, peer = np.empty_like(x), np.empty_like(x), (COMM.Get_rank() + 1) % COMM.Get_size()
+    out, incoming, peer = (
+        np.empty_like(x),
+        np.empty_like(x),
+        (COMM.Get_rank() + 1) % COMM.Get_size(),
+    )
     source = (COMM.Get_rank() - 1) % COMM.Get_size()
     for _ in range(ROUNDS):
         sendrecv = per_call(lambda: COMM.Sendrecv(x, peer, 7, incoming, source, 7), CALLS // 4)
         allreduce = per_call(lambda: COMM.Allreduce(x, out), CALLS // 4)
-        lines.append(f" 65536 B  one Sendrecv of the buffer {sendrecv:7.1f}  Open MPI's MPI_Allreduce {allreduce:7.1f}")
+        lines.append(
+            f" 65536 B  one Sendrecv of the buffer {sendrecv:7.1f}  Open MPI's MPI_Allreduce {allreduce:7.1f}"
+        )
     write_lines(lines, args.output)
 
 

@@ -18,6 +18,7 @@ Every rank draws the same seeded schedule; each episode is one of
 A rank's clock decides nothing: rank 0's elapsed time rides in the first call of each episode.
 Targets (issue #29): 0 wrong values, 0 calls past TIMEOUT + 5 s, every error naming its cause.
 """
+
 import argparse
 import glob
 import json
@@ -34,7 +35,13 @@ import numpy as np
 
 TIMEOUT = 2.0
 ORDINARY = ("sync", "async", "prepared", "bucketed")
-KINDS = ["sync"] * 6 + ["async"] * 3 + ["prepared"] * 3 + ["bucketed"] * 3 + ["delay", "mismatch", "raise", "raise"]
+KINDS = (
+    ["sync"] * 6
+    + ["async"] * 3
+    + ["prepared"] * 3
+    + ["bucketed"] * 3
+    + ["delay", "mismatch", "raise", "raise"]
+)
 COUNT = 20_011  # elements of an ordinary call (160 KiB of float64)
 
 
@@ -50,8 +57,10 @@ class Ranks:
     """The rank side: the episodes, and one line of JSON per episode in OUTPUT/events-rank<R>.jsonl."""
 
     def __init__(self, args):
-        import mpiallreduce as mar
         from mpi4py import MPI
+
+        import mpiallreduce as mar
+
         self.mar, self.MPI = mar, MPI
         self.world = MPI.COMM_WORLD.Get_rank()
         self.comm = MPI.COMM_WORLD.Dup()
@@ -60,7 +69,10 @@ class Ranks:
         self.log = open(os.path.join(args.output, f"events-rank{self.world}.jsonl"), "w")
         self.killed = False
         import warnings
-        warnings.simplefilter("ignore", mar.AllreduceStallWarning)  # (each delay's: expected, and many)
+
+        warnings.simplefilter(
+            "ignore", mar.AllreduceStallWarning
+        )  # (each delay's: expected, and many)
 
     def note(self, **fields):
         self.log.write(json.dumps(fields) + "\n")
@@ -74,19 +86,33 @@ class Ranks:
         result = self.mar.allreduce(x, comm=self.comm, timeout=TIMEOUT)
         want = reference(self.members, episode, 8)
         right = bool(np.array_equal(result[1:], want[1:]))
-        return float(result[0]), right, {} if right else {"got": result.tolist(), "want": want.tolist(),
-                                                          "sent": x.tolist()}
+        return (
+            float(result[0]),
+            right,
+            {} if right else {"got": result.tolist(), "want": want.tolist(), "sent": x.tolist()},
+        )
 
     def run(self):
-        self.mar.allreduce(np.ones(1), comm=self.comm)  # (first use: the control channel of timed calls)
+        self.mar.allreduce(
+            np.ones(1), comm=self.comm
+        )  # (first use: the control channel of timed calls)
         started = time.monotonic()
         episode = 0
         while True:
             episode += 1
             elapsed, clock_right, wrong = self.clock(episode, started)
-            self.note(episode=episode, kind="clock", comm=self.members, ok=True, right=clock_right, **wrong)
+            self.note(
+                episode=episode,
+                kind="clock",
+                comm=self.members,
+                ok=True,
+                right=clock_right,
+                **wrong,
+            )
             kind = self.rng.choice(KINDS)
-            culprit_index = self.rng.randrange(1, len(self.members))  # (never rank 0 of the communicator)
+            culprit_index = self.rng.randrange(
+                1, len(self.members)
+            )  # (never rank 0 of the communicator)
             if not self.killed and elapsed >= 0.6 * self.seconds and len(self.members) == 4:
                 kind = "kill"
             self.episode(episode, kind, self.members[culprit_index])
@@ -94,19 +120,34 @@ class Ranks:
     def episode(self, episode, kind, culprit):
         mar, comm, me = self.mar, self.comm, self.world
         x, want = data(me, episode), reference(self.members, episode)
-        began, outcome = time.monotonic(), {"episode": episode, "kind": kind, "comm": self.members,
-                                            "culprit": None if kind in ORDINARY else culprit}
+        began, outcome = (
+            time.monotonic(),
+            {
+                "episode": episode,
+                "kind": kind,
+                "comm": self.members,
+                "culprit": None if kind in ORDINARY else culprit,
+            },
+        )
         try:
             right = getattr(self, "do_" + kind)(x, want, episode, culprit)
             outcome.update(ok=True, right=right)
         except Exception as error:  # noqa: BLE001 - every error is checked to name its cause, then counted
-            outcome.update(ok=False, error=type(error).__name__, message=str(error)[:300],
-                           sequence=getattr(error, "sequence", None), named=self.names(kind, culprit, error))
-            if kind in ORDINARY:  # (nothing was injected: where it came from, for whoever reads the events)
+            outcome.update(
+                ok=False,
+                error=type(error).__name__,
+                message=str(error)[:300],
+                sequence=getattr(error, "sequence", None),
+                named=self.names(kind, culprit, error),
+            )
+            if (
+                kind in ORDINARY
+            ):  # (nothing was injected: where it came from, for whoever reads the events)
                 outcome["traceback"] = traceback.format_exc()[-3000:]
             if isinstance(error, mar.RankFailure):  # (go on with the survivors)
                 outcome["failed"] = [int(r) for r in error.failed_ranks]
                 from mpiallreduce.faults.recorder import world_ranks
+
                 self.comm = mar.survivors(comm)
                 self.members, self.killed = list(world_ranks(self.comm)), True
         outcome["seconds"] = time.monotonic() - began
@@ -117,12 +158,16 @@ class Ranks:
         mar, index = self.mar, self.members.index(culprit) if culprit in self.members else None
         if kind == "delay":  # (the late rank's own: its call was given up)
             return isinstance(error, mar.AllreduceTimeout) and (
-                self.world == culprit or tuple(error.missing_ranks) == (index,))
+                self.world == culprit or tuple(error.missing_ranks) == (index,)
+            )
         if kind == "mismatch":
             return f"on rank {index}" in str(error)
         if kind == "raise":
-            return isinstance(error, MemoryError) if self.world == culprit else (
-                isinstance(error, mar.AllreduceAborted) and error.failed_rank == index)
+            return (
+                isinstance(error, MemoryError)
+                if self.world == culprit
+                else (isinstance(error, mar.AllreduceAborted) and error.failed_rank == index)
+            )
         if kind == "kill":
             return isinstance(error, mar.RankFailure) and tuple(error.failed_ranks) == (index,)
         return False  # (an ordinary call raised: nothing injected, so nothing to name)
@@ -143,7 +188,9 @@ class Ranks:
 
     def do_bucketed(self, x, want, episode, culprit):
         a, b = x.copy(), x[:1000].copy()
-        sync = self.mar.GradientSync(comm=self.comm, bucket_bytes=64 << 10, timeout=TIMEOUT, parameters={"a": a, "b": b})
+        sync = self.mar.GradientSync(
+            comm=self.comm, bucket_bytes=64 << 10, timeout=TIMEOUT, parameters={"a": a, "b": b}
+        )
         sync.ready(b, name="b")
         sync.ready(a, name="a")
         sync.wait()
@@ -163,12 +210,18 @@ class Ranks:
         op_type = type(self.mar.OPS["sum"])
         original = op_type.reduce_local
         if self.world == culprit:
+
             def fail_once(op, a, b, out):
                 op_type.reduce_local = original
                 raise MemoryError(f"injected failure on rank {self.world}")
+
             op_type.reduce_local = fail_once
         try:
-            return bool(np.array_equal(self.mar.allreduce(x, comm=self.comm, algorithm="ring", timeout=TIMEOUT), want))
+            return bool(
+                np.array_equal(
+                    self.mar.allreduce(x, comm=self.comm, algorithm="ring", timeout=TIMEOUT), want
+                )
+            )
         finally:
             op_type.reduce_local = original
             time.sleep(0.2)  # (the failed call's messages arrive, as the fault tests wait)
@@ -190,14 +243,37 @@ def drive(args):
         os.remove(old)
     trace = os.path.join(args.output, "trace")
     env = dict(os.environ, MPIALLREDUCE_TRACE_ENTRIES="8192", MPIALLREDUCE_TRACE_DIR=trace)
-    argv = [sys.executable, "-m", "mpiallreduce", "launch", "-n", "4", "--nodes", "2", "--fault-tolerant", "--grace",
-            "10", "--timeout", str(args.minutes * 60 + 60), "--", sys.executable, os.path.abspath(__file__), "--rank-side",
-            "--minutes", str(args.minutes), "--seed", str(args.seed), "--output", args.output]
+    argv = [
+        sys.executable,
+        "-m",
+        "mpiallreduce",
+        "launch",
+        "-n",
+        "4",
+        "--nodes",
+        "2",
+        "--fault-tolerant",
+        "--grace",
+        "10",
+        "--timeout",
+        str(args.minutes * 60 + 60),
+        "--",
+        sys.executable,
+        os.path.abspath(__file__),
+        "--rank-side",
+        "--minutes",
+        str(args.minutes),
+        "--seed",
+        str(args.seed),
+        "--output",
+        args.output,
+    ]
     launcher = subprocess.Popen(argv, env=env)
     time.sleep(args.minutes * 60 * 0.95)
     launcher.send_signal(signal.SIGTERM)
     returncode = launcher.wait(timeout=120)
     from soak_report import report
+
     return report(args.output, trace, TIMEOUT, returncode)
 
 

@@ -4,6 +4,7 @@ whether ``mpiallreduce trace``'s analyzer names each injected fault's rank at it
 
     python benchmarks/soak_report.py results/soak        (soak.py runs it at its end)
 """
+
 import glob
 import json
 import os
@@ -14,23 +15,40 @@ from mpiallreduce.tools.trace import analyze, load_dumps
 ORDINARY = ("clock", "sync", "async", "prepared", "bucketed")
 FAULTS = ("delay", "mismatch", "raise", "kill")
 #: calls each episode makes on each rank (the clock's call is an episode of its own)
-CALLS = {"clock": 1, "sync": 1, "async": 3, "prepared": 3, "bucketed": 2, "delay": 1, "mismatch": 1, "raise": 1}
+CALLS = {
+    "clock": 1,
+    "sync": 1,
+    "async": 3,
+    "prepared": 3,
+    "bucketed": 2,
+    "delay": 1,
+    "mismatch": 1,
+    "raise": 1,
+}
 
 
 def events_of(output):
     events = []
     for path in sorted(glob.glob(os.path.join(output, "events-rank*.jsonl"))):
-        rank = int(os.path.basename(path)[len("events-rank"):-len(".jsonl")])
+        rank = int(os.path.basename(path)[len("events-rank") : -len(".jsonl")])
         with open(path) as f:
             events += [dict(json.loads(line), rank=rank) for line in f if line.strip()]
     return events
 
 
 def count(events, timeout):
-    totals = {"episodes": len({e["episode"] for e in events}), "calls": 0, "errors": 0, "recoveries": 0,
-              "wrong values": 0, "hangs": 0, "errors not naming their cause": 0, "unexpected errors": 0,
-              "lost ranks at the run's end": 0,
-              "faults injected": len({(e["episode"], e["kind"]) for e in events if e["kind"] in FAULTS})}
+    totals = {
+        "episodes": len({e["episode"] for e in events}),
+        "calls": 0,
+        "errors": 0,
+        "recoveries": 0,
+        "wrong values": 0,
+        "hangs": 0,
+        "errors not naming their cause": 0,
+        "unexpected errors": 0,
+        "lost ranks at the run's end": 0,
+        "faults injected": len({(e["episode"], e["kind"]) for e in events if e["kind"] in FAULTS}),
+    }
     by_rank, last = {}, max((e["episode"] for e in events), default=None)
     for e in events:
         by_rank.setdefault(e["rank"], []).append(e)
@@ -49,7 +67,11 @@ def count(events, timeout):
                 totals["unexpected errors"] += 1
     for mine in by_rank.values():  # a fault, then the next ordinary call right: a recovery
         for before, after in zip(mine, mine[1:]):
-            totals["recoveries"] += before["kind"] in FAULTS and after["kind"] in ORDINARY and after.get("right") is True
+            totals["recoveries"] += (
+                before["kind"] in FAULTS
+                and after["kind"] in ORDINARY
+                and after.get("right") is True
+            )
     return totals
 
 
@@ -65,7 +87,9 @@ def check_analyzer(events, trace):
         for comm, numbers in calls.items():
             spans.setdefault(comm, []).append((min(numbers), max(numbers)))
     # (the analyzer compares a call where every dump that has the communicator still holds it)
-    windows = {comm: (max(low for low, _ in s), max(high for _, high in s)) for comm, s in spans.items()}
+    windows = {
+        comm: (max(low for low, _ in s), max(high for _, high in s)) for comm, s in spans.items()
+    }
     checked = {"faults in the dumps": 0, "named by the analyzer": 0, "missed by the analyzer": []}
     seen = set()
     for e in events:
@@ -81,7 +105,9 @@ def check_analyzer(events, trace):
         if finding is not None and e["culprit"] in finding.ranks:
             checked["named by the analyzer"] += 1
         else:
-            checked["missed by the analyzer"].append({"event": e, "finding": finding and finding.__dict__})
+            checked["missed by the analyzer"].append(
+                {"event": e, "finding": finding and finding.__dict__}
+            )
     return analysis, checked
 
 
@@ -89,25 +115,43 @@ def report(output, trace, timeout, returncode=None):
     events = events_of(output)
     totals = count(events, timeout)
     analysis, checked = check_analyzer(events, trace)
-    summary = dict(totals, **{k: v for k, v in checked.items() if k != "missed by the analyzer"},
-                   **{"missed by the analyzer": len(checked["missed by the analyzer"]),
-                      "dumps": [f"rank {d['rank']}: {d['reason']}" for d in analysis.dumps],
-                      "launcher exit status": returncode})
+    summary = dict(
+        totals,
+        **{k: v for k, v in checked.items() if k != "missed by the analyzer"},
+        **{
+            "missed by the analyzer": len(checked["missed by the analyzer"]),
+            "dumps": [f"rank {d['rank']}: {d['reason']}" for d in analysis.dumps],
+            "launcher exit status": returncode,
+        },
+    )
     with open(os.path.join(output, "summary.json"), "w") as f:
         json.dump(dict(summary, missed=checked["missed by the analyzer"]), f, indent=1, default=str)
     print("\n".join(f"{key:<32} {value}" for key, value in summary.items()), flush=True)
-    for e in [e for e in events if not e["ok"] and "traceback" in e][:2]:  # (where an unexpected error came from)
-        print(f"\nunexpected, rank {e['rank']}, episode {e['episode']} ({e['kind']} on {e['comm']}):\n{e['traceback']}")
+    for e in [e for e in events if not e["ok"] and "traceback" in e][
+        :2
+    ]:  # (where an unexpected error came from)
+        print(
+            f"\nunexpected, rank {e['rank']}, episode {e['episode']} ({e['kind']} on {e['comm']}):\n{e['traceback']}"
+        )
     print("\nmpiallreduce trace " + trace + ":\n" + "\n".join(analysis.lines[:12]), flush=True)
-    met = (totals["wrong values"] == 0 and totals["hangs"] == 0 and totals["errors not naming their cause"] == 0
-           and totals["unexpected errors"] == 0 and not checked["missed by the analyzer"])
-    print(f"\ntargets (0 wrong, 0 hangs, every error naming its cause, the analyzer naming every fault): "
-          f"{'met' if met else 'NOT met'}", flush=True)
+    met = (
+        totals["wrong values"] == 0
+        and totals["hangs"] == 0
+        and totals["errors not naming their cause"] == 0
+        and totals["unexpected errors"] == 0
+        and not checked["missed by the analyzer"]
+    )
+    print(
+        f"\ntargets (0 wrong, 0 hangs, every error naming its cause, the analyzer naming every fault): "
+        f"{'met' if met else 'NOT met'}",
+        flush=True,
+    )
     return 0 if met else 1
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from soak import TIMEOUT
+
     folder = sys.argv[1]
     sys.exit(report(folder, os.path.join(folder, "trace"), TIMEOUT))

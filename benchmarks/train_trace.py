@@ -15,6 +15,7 @@ mpiallreduce-at-wait force GradientSync's choice (mpiallreduce.training.overlap)
 mpiallreduce takes it by the cores each rank has. Horovod joins where it imports (make horovod),
 with its own baseline none-horovod, after every other contender (its thread slows what follows).
 """
+
 import argparse
 import contextlib
 import statistics
@@ -40,19 +41,24 @@ class Traced:
         named = self.model.named_parameters()
         if name.startswith("mpiallreduce"):
             overlap = {"mpiallreduce-overlap": True, "mpiallreduce-at-wait": False}.get(name)
-            optimizer = mt.DistributedOptimizer(optimizer, named_parameters=named, comm=comm, overlap=overlap)
+            optimizer = mt.DistributedOptimizer(
+                optimizer, named_parameters=named, comm=comm, overlap=overlap
+            )
         elif name.startswith("ddp"):
             self.forward = torch.nn.parallel.DistributedDataParallel(self.model)
             if name == "ddp-mpiallreduce":
                 self.forward.register_comm_hook(mt.HookState(comm=comm), mt.allreduce_hook)
         elif name == "horovod":
             import horovod.torch as hvd
+
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named)
         self.optimizer, self.times = optimizer, []
 
     def step(self, args, index):
         rank, size = self.comm.Get_rank(), self.comm.Get_size()
-        x, y = global_batch(torch, args.seed, index, args.local_batch * size, args.inputs, args.outputs)
+        x, y = global_batch(
+            torch, args.seed, index, args.local_batch * size, args.inputs, args.outputs
+        )
         mine = slice(rank * args.local_batch, (rank + 1) * args.local_batch)
         x, y = x[mine], y[mine]
         self.comm.Barrier()
@@ -91,13 +97,23 @@ def main(argv=None):
     args.width, args.depth = args.width or width, args.depth or depth
     args.inputs, args.outputs, args.local_batch, args.lr, args.seed = 256, 16, 32, 0.01, 0
     comm = MPI.COMM_WORLD
-    torch.set_num_threads(max(1, int(cores_per_rank(comm))))  # (per machine: emulated nodes share its cores)
+    torch.set_num_threads(
+        max(1, int(cores_per_rank(comm)))
+    )  # (per machine: emulated nodes share its cores)
     start_gloo(torch, comm)
-    names = ["none", "mpiallreduce", "mpiallreduce-overlap", "mpiallreduce-at-wait", "mpi4py", "ddp-gloo",
-             "ddp-mpiallreduce"]
+    names = [
+        "none",
+        "mpiallreduce",
+        "mpiallreduce-overlap",
+        "mpiallreduce-at-wait",
+        "mpi4py",
+        "ddp-gloo",
+        "ddp-mpiallreduce",
+    ]
     groups = [[Traced(name, args, comm) for name in names]]
     if horovod_importable():
         import horovod.torch as hvd
+
         groups.append(None)
     rows = {}
     for group in groups:
@@ -110,8 +126,10 @@ def main(argv=None):
         for traced in group:
             rows[traced.name] = [statistics.median(phase) * 1e3 for phase in zip(*traced.times[2:])]
     if comm.Get_rank() == 0:
-        header = (f"where a step's time goes: {args.model}, {comm.Get_size()} ranks, {torch.get_num_threads()} torch "
-                  f"thread(s) a rank, median of {args.steps} interleaved steps, the slowest rank's; ms")
+        header = (
+            f"where a step's time goes: {args.model}, {comm.Get_size()} ranks, {torch.get_num_threads()} torch "
+            f"thread(s) a rank, median of {args.steps} interleaved steps, the slowest rank's; ms"
+        )
         lines = [header, f"{'contender':<22}" + "".join(f"{p:>10}" for p in PHASES)]
         lines += [f"{name:<22}" + "".join(f"{v:>10.2f}" for v in row) for name, row in rows.items()]
         text = "\n".join(lines)
@@ -125,5 +143,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     import mpiallreduce as mar
+
     mar.abort_on_exception()
     sys.exit(main())

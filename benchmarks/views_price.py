@@ -19,18 +19,23 @@ synchronize() timed from a barrier after backward (the slowest rank's time, medi
 Prints each in ms and views / copied back, with the parameters' largest difference between the three
 after the steps (0: the same bits).
 """
+
 import argparse
 
 import numpy as np
 import torch
 from mpi4py import MPI
+from reproducible_cost import print_medians, timed  # (benchmarks/reproducible_cost.py)
 
 import mpiallreduce.torch as mt
 from mpiallreduce.tools.train_bench import global_batch, make_model
-from reproducible_cost import print_medians, timed  # (benchmarks/reproducible_cost.py)
 
 COMM = MPI.COMM_WORLD
-CONTENDERS = {"copied back": dict(gradient_as_bucket_view=False), "views": {}, "views, mpi": dict(algorithm="mpi")}
+CONTENDERS = {
+    "copied back": dict(gradient_as_bucket_view=False),
+    "views": {},
+    "views, mpi": dict(algorithm="mpi"),
+}
 
 
 def main():
@@ -45,12 +50,17 @@ def main():
     runs = {}
     for name, options in CONTENDERS.items():
         model = make_model(torch, args)
-        optimizer = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), comm=COMM, overlap=False,
-                                            named_parameters=model.named_parameters(), **options)
+        optimizer = mt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            comm=COMM,
+            overlap=False,
+            named_parameters=model.named_parameters(),
+            **options,
+        )
         runs[name] = (model, optimizer, [])
     for step in range(args.steps + 3):
         x, y = global_batch(torch, args.seed, step, batch * size, args.inputs, args.outputs)
-        x, y = x[rank * batch:(rank + 1) * batch], y[rank * batch:(rank + 1) * batch]
+        x, y = x[rank * batch : (rank + 1) * batch], y[rank * batch : (rank + 1) * batch]
         for model, optimizer, times in runs.values():
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -59,14 +69,24 @@ def main():
                 optimizer.step()
             if step >= 3:  # (the first steps plan, and make the buffers)
                 times.append(took)
-    params = {name: [p.detach().numpy() for p in model.parameters()] for name, (model, _, _) in runs.items()}
+    params = {
+        name: [p.detach().numpy() for p in model.parameters()]
+        for name, (model, _, _) in runs.items()
+    }
     first = params["copied back"]
-    diff = max(float(np.max(np.abs(a - b))) for other in params.values() for a, b in zip(first, other))
+    diff = max(
+        float(np.max(np.abs(a - b))) for other in params.values() for a, b in zip(first, other)
+    )
     if rank == 0:
-        ms = print_medians(f"# {args.model}, {size} ranks; synchronize() after backward, median of {args.steps} "
-                           "interleaved steps, slowest rank, ms", {name: times for name, (_, _, times) in runs.items()})
-        print(f"views / copied back: {ms['views'] / ms['copied back']:.2f}x; views / views, mpi: "
-              f"{ms['views'] / ms['views, mpi']:.2f}x; parameters' largest difference: {diff:g}")
+        ms = print_medians(
+            f"# {args.model}, {size} ranks; synchronize() after backward, median of {args.steps} "
+            "interleaved steps, slowest rank, ms",
+            {name: times for name, (_, _, times) in runs.items()},
+        )
+        print(
+            f"views / copied back: {ms['views'] / ms['copied back']:.2f}x; views / views, mpi: "
+            f"{ms['views'] / ms['views, mpi']:.2f}x; parameters' largest difference: {diff:g}"
+        )
 
 
 if __name__ == "__main__":

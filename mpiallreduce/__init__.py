@@ -10,6 +10,7 @@ among others) does not start MPI by itself; the first use of the API does, or, i
 launched job, the import where MPIALLREDUCE_ABORT_ON_EXCEPTION=1 (``mpiallreduce launch`` sets it):
 an exception before the first call then aborts the job too (mpiallreduce.faults.aborting).
 """
+
 import importlib
 import importlib.abc
 import importlib.util
@@ -18,34 +19,72 @@ import sys
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "allreduce": ".api", "prepare": ".api", "PreparedAllreduce": ".api", "describe_call": ".api",
-    "psum": ".api", "pmean": ".api", "pmax": ".api", "pmin": ".api", "allreduce_async": ".api",
-    "empty": ".api", "zeros": ".api",
-    "GradientSync": ".training.gradients", "broadcast_parameters": ".training.gradients",
+    "allreduce": ".api",
+    "prepare": ".api",
+    "PreparedAllreduce": ".api",
+    "describe_call": ".api",
+    "psum": ".api",
+    "pmean": ".api",
+    "pmax": ".api",
+    "pmin": ".api",
+    "allreduce_async": ".api",
+    "empty": ".api",
+    "zeros": ".api",
+    "GradientSync": ".training.gradients",
+    "broadcast_parameters": ".training.gradients",
     "check_replicas": ".training.gradients",
     "Mesh": ".core.mesh",
-    "ALGORITHMS": ".algorithms", "SYMMETRIC_ALGORITHMS": ".algorithms",
+    "ALGORITHMS": ".algorithms",
+    "SYMMETRIC_ALGORITHMS": ".algorithms",
     "HOST_ALGORITHMS": ".algorithms",
     "select_gpu": ".device",
     "OPS": ".core.ops",
-    "AllreduceTimeout": ".faults", "RankFailure": ".faults", "AllreduceStallWarning": ".faults",
-    "AllreduceAborted": ".faults", "SignatureMismatch": ".core.consistency", "SettingsMismatch": ".core.state",
-    "survivors": ".faults", "exit_after_rank_failures": ".faults",
-    "abort_on_exception": ".faults.aborting", "dump_trace": ".faults.recorder",
+    "AllreduceTimeout": ".faults",
+    "RankFailure": ".faults",
+    "AllreduceStallWarning": ".faults",
+    "AllreduceAborted": ".faults",
+    "SignatureMismatch": ".core.consistency",
+    "SettingsMismatch": ".core.state",
+    "survivors": ".faults",
+    "exit_after_rank_failures": ".faults",
+    "abort_on_exception": ".faults.aborting",
+    "dump_trace": ".faults.recorder",
 }
 
 #: where the modules of the flat layout went (docs/architecture.md): their old import paths still
 #: work, as the same module objects (``import mpiallreduce.torch``, ``mpiallreduce.gradients``...)
 MOVED = {
-    "aborting": "faults.aborting", "agreement": "core.consistency", "arguments": "tools.arguments",
-    "asynchronous": "core.worker", "bench": "tools.bench", "buckets": "training.buckets",
-    "buffers": "core.buffers", "cli": "tools.cli", "comms": "core.comms", "compression": "training.compression",
-    "gradients": "training.gradients", "info": "tools.info", "launch": "tools.launch", "mesh": "core.mesh",
-    "model": "tools.model", "mpilib": "core.mpilib", "openmpi_tuned": "tools.openmpi_tuned", "ops": "core.ops",
-    "planner": "core.planner", "plot": "tools.plot", "reproducible_kernels": "reproducible.kernels",
-    "results": "tools.results", "scaling": "tools.report", "settings": "core.settings",
-    "startup": "core.startup", "state": "core.state", "topology": "core.topology", "torch": "training.torch",
-    "train_bench": "tools.train_bench", "transports": "device.transports", "tune": "tools.tune",
+    "aborting": "faults.aborting",
+    "agreement": "core.consistency",
+    "arguments": "tools.arguments",
+    "asynchronous": "core.worker",
+    "bench": "tools.bench",
+    "buckets": "training.buckets",
+    "buffers": "core.buffers",
+    "cli": "tools.cli",
+    "comms": "core.comms",
+    "compression": "training.compression",
+    "gradients": "training.gradients",
+    "info": "tools.info",
+    "launch": "tools.launch",
+    "mesh": "core.mesh",
+    "model": "tools.model",
+    "mpilib": "core.mpilib",
+    "openmpi_tuned": "tools.openmpi_tuned",
+    "ops": "core.ops",
+    "planner": "core.planner",
+    "plot": "tools.plot",
+    "reproducible_kernels": "reproducible.kernels",
+    "results": "tools.results",
+    "scaling": "tools.report",
+    "settings": "core.settings",
+    "startup": "core.startup",
+    "state": "core.state",
+    "topology": "core.topology",
+    "torch": "training.torch",
+    "train_bench": "tools.train_bench",
+    "transports": "device.transports",
+    "tune": "tools.tune",
     "tuning": "core.tuning",
 }
 
@@ -65,8 +104,11 @@ class _Alias(importlib.abc.Loader):
     def get_code(self, name):
         """``python -m`` with an old path: code that runs the moved module as ``__main__`` under its
         own name (its relative imports resolve in its own package)."""
-        return compile(f"import runpy\nrunpy.run_module({self.target!r}, run_name='__main__', alter_sys=True)\n",
-                       f"<{name}: {self.target}>", "exec")
+        return compile(
+            f"import runpy\nrunpy.run_module({self.target!r}, run_name='__main__', alter_sys=True)\n",
+            f"<{name}: {self.target}>",
+            "exec",
+        )
 
 
 class _MovedModules(importlib.abc.MetaPathFinder):
@@ -74,10 +116,12 @@ class _MovedModules(importlib.abc.MetaPathFinder):
         prefix = __name__ + "."
         if not name.startswith(prefix):
             return None
-        old = name[len(prefix):]
+        old = name[len(prefix) :]
         for before, after in MOVED.items():
             if old == before or old.startswith(before + "."):
-                return importlib.util.spec_from_loader(name, _Alias(prefix + after + old[len(before):]))
+                return importlib.util.spec_from_loader(
+                    name, _Alias(prefix + after + old[len(before) :])
+                )
         return None
 
 
@@ -89,6 +133,7 @@ __all__ = list(_EXPORTS) + ["__version__"]
 def lazy_exports(package, exports):
     """A module ``__getattr__`` for ``package`` that imports each name of ``exports`` (name -> the
     module it lives in, relative to ``package``) at its first use, and keeps it."""
+
     def __getattr__(name):
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
@@ -98,6 +143,7 @@ def lazy_exports(package, exports):
 
     def __dir__():
         return sorted(set(vars(sys.modules[package])) | set(exports))
+
     return __getattr__, __dir__
 
 

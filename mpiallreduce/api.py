@@ -13,21 +13,34 @@ A call that repeats one already made (same communicator, dtype, shape, op, algor
 no timeout, contiguous numpy arrays) finds its Execution again (the short path); a prepared call
 holds one, with its buffers bound.
 """
+
 import numpy as np
 from mpi4py import MPI
 
 from .core.call import WORLD, Call, check_comm, plan_for, validate
-from .core.prepared import Prepared
-from .faults.recorder import run_traced
 from .core.gather import symmetric_array
+from .core.prepared import Prepared
+from .core.settings import settings
 from .core.startup import check_world_matches_slurm
 from .core.state import WORLD_FAST_CALLS, known_state, state_of
 from .core.worker import Meeting, check_thread_level, run_here, submit, submit_prepared
-from .core.settings import settings
 from .faults.errors import call_site
+from .faults.recorder import run_traced
 
-__all__ = ["allreduce", "allreduce_async", "prepare", "PreparedAllreduce", "describe_call", "empty", "zeros", "psum",
-           "pmean", "pmax", "pmin", "CHECK_ENV"]
+__all__ = [
+    "allreduce",
+    "allreduce_async",
+    "prepare",
+    "PreparedAllreduce",
+    "describe_call",
+    "empty",
+    "zeros",
+    "psum",
+    "pmean",
+    "pmax",
+    "pmin",
+    "CHECK_ENV",
+]
 
 check_world_matches_slurm()  # the silent-singleton trap, before anything is reduced
 
@@ -37,8 +50,20 @@ _COMMUNICATOR_TYPES = (MPI.Intracomm, MPI.Cartcomm, MPI.Graphcomm, MPI.Distgraph
 _NO_CALLS = {}
 
 
-def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *, axis=None, mesh=None,
-              groups=None, timeout=None, reproducible=False):
+def allreduce(
+    x,
+    op="sum",
+    algorithm="auto",
+    comm=None,
+    out=None,
+    check=False,
+    *,
+    axis=None,
+    mesh=None,
+    groups=None,
+    timeout=None,
+    reproducible=False,
+):
     """Reduce ``x`` elementwise over every rank of ``comm``; every rank gets the same bits.
 
     Args:
@@ -83,19 +108,34 @@ def allreduce(x, op="sum", algorithm="auto", comm=None, out=None, check=False, *
         AllreduceTimeout: not every rank reached this call within ``timeout``, on every rank that did.
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
-    if (check is False and timeout is None and axis is None and mesh is None and groups is None
-            and type(x) is np.ndarray):  # the short path of a repeated call
+    if (
+        check is False
+        and timeout is None
+        and axis is None
+        and mesh is None
+        and groups is None
+        and type(x) is np.ndarray
+    ):  # the short path of a repeated call
         try:
             execution = (WORLD_FAST_CALLS if comm is None else _fast_calls(comm)).get(
-                (x.shape, x.dtype, op, algorithm, out is x) if reproducible is False else  # (the keys
-                (x.shape, x.dtype, op, algorithm, out is x, bool(reproducible), np.ndarray))  # execution_for keeps)
-        except TypeError:  # (an unhashable op, MPI.SUM say: the general path takes it, or names the choices)
+                (x.shape, x.dtype, op, algorithm, out is x)
+                if reproducible is False
+                # (the keys
+                else (x.shape, x.dtype, op, algorithm, out is x, bool(reproducible), np.ndarray)
+            )  # execution_for keeps)
+        except (
+            TypeError
+        ):  # (an unhashable op, MPI.SUM say: the general path takes it, or names the choices)
             execution = None
-        if execution is not None and not execution.state.worker.pending:  # (none queued on its communicator)
+        if (
+            execution is not None and not execution.state.worker.pending
+        ):  # (none queued on its communicator)
             result = execution.short(x, out)
             if result is not None:
                 return result
-    call = Call.start(x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, reproducible=reproducible)
+    call = Call.start(
+        x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, reproducible=reproducible
+    )
     return call.in_turn()  # (after the pending asynchronous calls, if there are any)
 
 
@@ -123,37 +163,96 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
     if unknown:
         raise TypeError(f"allreduce_async got unexpected keyword arguments {sorted(unknown)}")
     reproducible = kwargs.get("reproducible", False)
-    call = Call.start(x, op, algorithm, comm, out, check, kwargs.get("axis"), kwargs.get("mesh"),
-                      kwargs.get("groups"), kwargs.get("timeout"), reproducible=reproducible)
+    call = Call.start(
+        x,
+        op,
+        algorithm,
+        comm,
+        out,
+        check,
+        kwargs.get("axis"),
+        kwargs.get("mesh"),
+        kwargs.get("groups"),
+        kwargs.get("timeout"),
+        reproducible=reproducible,
+    )
     meeting = call.meeting = Meeting(call.timeout, call.site)
-    description = (f"{'reproducible ' if reproducible else ''}allreduce of {getattr(x, 'shape', '?')} "
-                   f"{getattr(x, 'dtype', type(x).__name__)} op={op}")
+    description = (
+        f"{'reproducible ' if reproducible else ''}allreduce of {getattr(x, 'shape', '?')} "
+        f"{getattr(x, 'dtype', type(x).__name__)} op={op}"
+    )
     checked = call.check or settings().debug_inputs
-    return submit(call.state, call.run, x, description, meeting, checksum_comm=call.state.library if checked else None,
-                  here=call.sets_up())
+    return submit(
+        call.state,
+        call.run,
+        x,
+        description,
+        meeting,
+        checksum_comm=call.state.library if checked else None,
+        here=call.sets_up(),
+    )
 
 
-def prepare(x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
-            timeout=None, reproducible=False):
+def prepare(
+    x,
+    op="sum",
+    algorithm="auto",
+    comm=None,
+    out=None,
+    *,
+    axis=None,
+    mesh=None,
+    groups=None,
+    timeout=None,
+    reproducible=False,
+):
     """Collective: the ranks compare the call once (as ``check=True``) and it is planned once; a
     PreparedAllreduce, whose runs then reduce x's current contents with no check and no decision.
     Every rank must run it at the same point (timed: SignatureMismatch everywhere where another
     kind of call meets it; untimed: as MPI's persistent collectives, a mismatch waits for ever).
     ``reproducible``: as ``allreduce``'s, each run's sum exact (mpiallreduce.reproducible)."""
-    return prepare_at(call_site(2), x, op, algorithm, comm, out, axis=axis, mesh=mesh, groups=groups, timeout=timeout,
-                      reproducible=reproducible)
+    return prepare_at(
+        call_site(2),
+        x,
+        op,
+        algorithm,
+        comm,
+        out,
+        axis=axis,
+        mesh=mesh,
+        groups=groups,
+        timeout=timeout,
+        reproducible=reproducible,
+    )
 
 
-def prepare_at(site, x, op="sum", algorithm="auto", comm=None, out=None, *, axis=None, mesh=None, groups=None,
-               timeout=None, persistent=True, reproducible=False):
+def prepare_at(
+    site,
+    x,
+    op="sum",
+    algorithm="auto",
+    comm=None,
+    out=None,
+    *,
+    axis=None,
+    mesh=None,
+    groups=None,
+    timeout=None,
+    persistent=True,
+    reproducible=False,
+):
     """``prepare`` with the call site to compare given (the library's own prepared calls, GradientSync's
     buckets, give "": they are compared by what they reduce, not by where the user's code was);
     ``persistent=False``: never a persistent request (a call also run on other memory); ``"always"``:
     one wherever MPI's own persistent allreduce can run, whatever the table says (what ``tune``
     measures against the blocking call: mpiallreduce.tools.persistent_rules)."""
-    call = Call.start(x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site, reproducible)
+    call = Call.start(
+        x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site, reproducible
+    )
     # (it makes its shared window, if it needs one; the flight recorder's entry is the agreement's)
-    return run_here(call.state, lambda: run_traced(call.entry, lambda: PreparedAllreduce(call, persistent)))
+    return run_here(
+        call.state, lambda: run_traced(call.entry, lambda: PreparedAllreduce(call, persistent))
+    )
 
 
 class PreparedAllreduce(Prepared):
@@ -176,23 +275,38 @@ class PreparedAllreduce(Prepared):
         return Prepared._call(self, _elsewhere=None if array is None else self._elsewhere(array))
 
     def _start_on(self, array=None):
-        return super().start(lambda run: submit_prepared(self, run, False),
-                             None if array is None else self._elsewhere(array))
+        return super().start(
+            lambda run: submit_prepared(self, run, False),
+            None if array is None else self._elsewhere(array),
+        )
 
     def _elsewhere(self, on):
         if self.state.library is None:  # (before binding to the freed communicator)
             self._freed()
-        if not (not self.plan.algorithm.needs_symmetric and self.flat.send is None and self.flat.write_back is None and not self.persistent
-                and type(on) is type(self.x) is np.ndarray and on.shape == self.x.shape
-                and on.dtype == self.x.dtype and on.flags.c_contiguous and on.flags.writeable):
-            raise ValueError(f"a prepared call runs on a writeable C-contiguous numpy array of x's shape and "
-                             f"dtype, prepared in place, not persistent and not single_copy; got {getattr(on, 'shape', '?')} "
-                             f"{getattr(on, 'dtype', type(on).__name__)}")
+        if not (
+            not self.plan.algorithm.needs_symmetric
+            and self.flat.send is None
+            and self.flat.write_back is None
+            and not self.persistent
+            and type(on) is type(self.x) is np.ndarray
+            and on.shape == self.x.shape
+            and on.dtype == self.x.dtype
+            and on.flags.c_contiguous
+            and on.flags.writeable
+        ):
+            raise ValueError(
+                f"a prepared call runs on a writeable C-contiguous numpy array of x's shape and "
+                f"dtype, prepared in place, not persistent and not single_copy; got {getattr(on, 'shape', '?')} "
+                f"{getattr(on, 'dtype', type(on).__name__)}"
+            )
         return self.execution.bound(None, on.reshape(-1), self.timeout, self.xp), on
 
     def __repr__(self):
-        return (f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}"
-                + ("; persistent (MPI_Allreduce_init)" if self.persistent else "") + ">")
+        return (
+            f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}"
+            + ("; persistent (MPI_Allreduce_init)" if self.persistent else "")
+            + ">"
+        )
 
 
 def empty(shape, dtype=np.float64, comm=None):
@@ -224,11 +338,15 @@ def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False, 
     validate(x, op, algorithm, out, reproducible, state.size)
     from .core.call import _op_of
     from .core.symmetric import placement_of_call
-    return plan_for(state, x, _op_of(op, reproducible), algorithm, out is x, placement_of_call(state, x, out)).describe()
+
+    return plan_for(
+        state, x, _op_of(op, reproducible), algorithm, out is x, placement_of_call(state, x, out)
+    ).describe()
 
 
 # JAX's names and argument order (jax.lax.psum(x, axis_name, *, axis_index_groups=None)).
 # axis_name=None: every rank of COMM_WORLD.
+
 
 def psum(x, axis_name=None, *, axis_index_groups=None):
     """Sum over the mesh axis ``axis_name`` (within ``axis_index_groups`` if given)."""

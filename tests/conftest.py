@@ -5,6 +5,7 @@ tests/*.py        run in one ordinary process (``make test``); they start every 
 tests/mpi/        run on every rank under mpiexec (tests/mpi_pytest.py), 1..5 ranks.
 tests/mpi_faults/ tests that fail on purpose, run only by tests/test_under_mpiexec.py.
 """
+
 import sys
 
 import mpi4py

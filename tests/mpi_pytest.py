@@ -3,12 +3,12 @@
 MPI starts before pytest. Only rank 0 prints pytest's report; the other ranks' failures reach it
 through the verdict agreement in ``mpi_verdicts.py`` (and their stderr still shows).
 """
+
 import os
 import sys
 
-from mpi4py import MPI
-
 import pytest
+from mpi4py import MPI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -16,8 +16,16 @@ if __name__ == "__main__":
     sys.path.insert(0, HERE)  # so that -p mpi_verdicts finds the plugin
     if MPI.COMM_WORLD.Get_rank() != 0:
         sys.stdout = open(os.devnull, "w")
-    args = ["--with-mpi", "-p", "mpi_verdicts", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(HERE),
-            "--timeout-method=thread"]  # a signal cannot interrupt a rank blocked inside MPI
+    args = [
+        "--with-mpi",
+        "-p",
+        "mpi_verdicts",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        os.path.dirname(HERE),
+        "--timeout-method=thread",
+    ]  # a signal cannot interrupt a rank blocked inside MPI
     given = [a for a in sys.argv[1:] if a.startswith("--timeout=")]
     if given and MPI.COMM_WORLD.Get_rank() != 0:
         # A test in which every rank hangs is ended by pytest-timeout on the first rank whose timer

@@ -9,6 +9,7 @@ for at most AGREE_SECONDS) on whether any rank failed:
 A test in which every rank hangs is ended by pytest-timeout (``--timeout``), which prints the
 stacks and exits; mpiexec then ends the other ranks.
 """
+
 import os
 import sys
 import time
@@ -41,7 +42,9 @@ def pytest_runtest_call(item):
     try:
         return_value = yield
     except (pytest.skip.Exception, pytest.xfail.Exception) as exc:
-        skipped = exc  # a skip on one rank is no failure; the ranks still agree, then it is re-raised
+        skipped = (
+            exc  # a skip on one rank is no failure; the ranks still agree, then it is re-raised
+        )
     except BaseException as exc:
         failure = exc
     text = None if failure is None else _format(failure)
@@ -55,15 +58,23 @@ def pytest_runtest_call(item):
         raise failure
     ranks_phrase = ", ".join(str(r) for r in failed_ranks)
     details = "\n".join(f"----- rank {r} -----\n{reports[r]}" for r in failed_ranks)
-    pytest.fail(f"failed on rank(s) {ranks_phrase} of {_verdict_comm.Get_size()}:\n{details}", pytrace=False)
+    pytest.fail(
+        f"failed on rank(s) {ranks_phrase} of {_verdict_comm.Get_size()}:\n{details}", pytrace=False
+    )
 
 
 def _format(failure):
     """The traceback without pytest's and pluggy's own frames."""
     report = traceback.TracebackException.from_exception(failure)
     report.stack = traceback.StackSummary.from_list(
-        [frame for frame in report.stack
-         if not any(part in frame.filename for part in ("/_pytest/", "/pluggy/", "mpi_verdicts.py"))])
+        [
+            frame
+            for frame in report.stack
+            if not any(
+                part in frame.filename for part in ("/_pytest/", "/pluggy/", "mpi_verdicts.py")
+            )
+        ]
+    )
     return "".join(report.format())
 
 

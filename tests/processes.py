@@ -1,4 +1,5 @@
 """Finding processes by their command line, for tests that must show nothing was left running."""
+
 import os
 
 

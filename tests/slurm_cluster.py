@@ -9,6 +9,7 @@ over them, and Slurm's variables (SLURMD_NODENAME, SLURM_JOB_NODELIST) name the 
 Debian's packages are installed by `make test` where it runs as root (see the Makefile); elsewhere,
 without them, the Slurm tests are skipped with the reason.
 """
+
 import os
 import shutil
 import socket
@@ -68,16 +69,31 @@ class SlurmCluster:
         self.dir = Path(directory)
         self.host = socket.gethostname().split(".")[0]
         self.nodes = [f"n{i + 1}" for i in range(nodes)]
-        for sub in ["state"] + [f"{kind}-{node}" for node in self.nodes for kind in ("spool", "tmp")]:
+        for sub in ["state"] + [
+            f"{kind}-{node}" for node in self.nodes for kind in ("spool", "tmp")
+        ]:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        node_lines = "\n".join(f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 Port={_free_port()} "
-                               f"CPUs={cpus} State=UNKNOWN" for node in self.nodes)
+        node_lines = "\n".join(
+            f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 Port={_free_port()} "
+            f"CPUs={cpus} State=UNKNOWN"
+            for node in self.nodes
+        )
         self.conf = self.dir / "slurm.conf"
-        self.conf.write_text(CONFIG.format(host=self.host, ctld_port=_free_port(), dir=self.dir,
-                                           node_lines=node_lines, node_names=",".join(self.nodes)))
+        self.conf.write_text(
+            CONFIG.format(
+                host=self.host,
+                ctld_port=_free_port(),
+                dir=self.dir,
+                node_lines=node_lines,
+                node_names=",".join(self.nodes),
+            )
+        )
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
-        for key in [k for k in self.env if k.startswith(("SLURM_", "OMPI_", "PMIX_", "PRTE_"))
-                    and k != "SLURM_CONF"]:
+        for key in [
+            k
+            for k in self.env
+            if k.startswith(("SLURM_", "OMPI_", "PMIX_", "PRTE_")) and k != "SLURM_CONF"
+        ]:
             del self.env[key]
         self.daemons = []
 
@@ -86,17 +102,32 @@ class SlurmCluster:
         # each slurmd in a UTS namespace of its own, named after its node (as mpiallreduce launch
         # --nodes does for mpiexec): its tasks' host name is then Slurm's name for the node, and
         # Open MPI groups the tasks of one node (with the shared host name it saw every task alone)
-        daemons += [(f"slurmd-{node}", ["unshare", "--uts", "sh", "-c",
-                                        f'hostname {node} && exec slurmd -D -f "{self.conf}" -N {node}'])
-                    for node in self.nodes]
+        daemons += [
+            (
+                f"slurmd-{node}",
+                [
+                    "unshare",
+                    "--uts",
+                    "sh",
+                    "-c",
+                    f'hostname {node} && exec slurmd -D -f "{self.conf}" -N {node}',
+                ],
+            )
+            for node in self.nodes
+        ]
         for name, argv in daemons:
             log = open(self.dir / f"{name}.out", "w")
-            self.daemons.append(subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                 start_new_session=True))
+            self.daemons.append(
+                subprocess.Popen(
+                    argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             states = self.command(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.split()
-            if len(states) == len(self.nodes) and all(s in ("idle", "mixed", "allocated") for s in states):
+            if len(states) == len(self.nodes) and all(
+                s in ("idle", "mixed", "allocated") for s in states
+            ):
                 return self
             if any(d.poll() is not None for d in self.daemons):
                 break
@@ -105,12 +136,20 @@ class SlurmCluster:
         raise RuntimeError(f"Slurm did not come up: {self.logs()}")
 
     def command(self, argv, check=True, timeout=60):
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=check)
+        return subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=check
+        )
 
     def submit(self, argv, cwd, env=None):
         """sbatch ... (with ``env`` added to the environment it exports); returns the job id."""
-        out = subprocess.run(["sbatch", "--parsable", *argv], env=dict(self.env, **(env or {})), cwd=cwd,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["sbatch", "--parsable", *argv],
+            env=dict(self.env, **(env or {})),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"sbatch failed: {out.stderr}")
         return out.stdout.strip().split(";")[0]
@@ -127,7 +166,12 @@ class SlurmCluster:
             states[key] = (fields.get("JobState"), fields.get("Restarts"), fields.get("ExitCode"))
         return states
 
-    def wait(self, job_id, timeout, done=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")):
+    def wait(
+        self,
+        job_id,
+        timeout,
+        done=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
+    ):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             states = self.job_states(job_id)
@@ -135,7 +179,9 @@ class SlurmCluster:
                 return states
             time.sleep(1)
         self.command(["scancel", job_id], check=False)
-        raise TimeoutError(f"job {job_id} not finished after {timeout} s: {self.job_states(job_id)}\n{self.logs()}")
+        raise TimeoutError(
+            f"job {job_id} not finished after {timeout} s: {self.job_states(job_id)}\n{self.logs()}"
+        )
 
     def logs(self):
         texts = []

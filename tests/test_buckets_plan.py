@@ -1,10 +1,17 @@
 """The bucket plan, the layout digest and the 16-bit wire formats, in one process (no MPI)."""
+
 import itertools
 
 import numpy as np
 import pytest
 
-from mpiallreduce.training.buckets import Slot, digest_elements, digest_of, digests_agree, plan_buckets
+from mpiallreduce.training.buckets import (
+    Slot,
+    digest_elements,
+    digest_of,
+    digests_agree,
+    plan_buckets,
+)
 from mpiallreduce.training.compression import from_wire, to_wire
 
 
@@ -13,19 +20,31 @@ def slots(*specs):
 
 
 def test_buckets_fill_in_the_given_order_one_open_bucket_per_kind_numbered_as_opened():
-    layout = slots(("a", (10,), "float32"), ("b", (10,), "float64"), ("c", (10,), "float16"),
-                   ("d", (30,), "float32"), ("e", (1,), "float64"))
+    layout = slots(
+        ("a", (10,), "float32"),
+        ("b", (10,), "float64"),
+        ("c", (10,), "float16"),
+        ("d", (30,), "float32"),
+        ("e", (1,), "float64"),
+    )
     buckets = plan_buckets(layout, 80, order=[4, 3, 2, 1, 0])
     # e (f8) opens bucket 0; d (f4, 120 B) fills bucket 1; c (f16, summed in f4) opens bucket 2;
     # b joins e (88 B: closed); a joins c
     assert [(b.members, b.dtype.name, b.count) for b in buckets] == [
-        ((4, 1), "float64", 11), ((3,), "float32", 30), ((2, 0), "float32", 20)]
+        ((4, 1), "float64", 11),
+        ((3,), "float32", 30),
+        ((2, 0), "float32", 20),
+    ]
     assert buckets[2].offsets == (0, 10)
 
 
 def test_the_digest_check_fails_on_every_rank_whenever_any_two_digests_differ():
     """sum(d) = p d and sum(d*d) = p d*d for this rank's d only if every d is the same."""
-    digests = [digest_of(("ready",)), digest_of(("not marked ready",)), digest_of(("ready", ("x",)))]
+    digests = [
+        digest_of(("ready",)),
+        digest_of(("not marked ready",)),
+        digest_of(("ready", ("x",))),
+    ]
     assert len(set(digests)) == 3
     for p in (1, 2, 3, 5):
         for combination in itertools.product(digests, repeat=p):
@@ -38,17 +57,26 @@ def test_the_digest_check_fails_on_every_rank_whenever_any_two_digests_differ():
 def test_bfloat16_encoding_rounds_as_ml_dtypes_does_specials_included():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(0)
-    values = np.concatenate([rng.standard_normal(10000).astype(np.float32) * np.float32(1e3),
-                             np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-40, 1.00390625, 1.01171875],
-                                      np.float32),
-                             rng.integers(0, 2**32, 10000, dtype=np.uint64).astype(np.uint32).view(np.float32)])
+    values = np.concatenate(
+        [
+            rng.standard_normal(10000).astype(np.float32) * np.float32(1e3),
+            np.array(
+                [0.0, -0.0, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-40, 1.00390625, 1.01171875],
+                np.float32,
+            ),
+            rng.integers(0, 2**32, 10000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        ]
+    )
     finite = ~np.isnan(values)
     with np.errstate(invalid="ignore"):
         want = values.astype(ml_dtypes.bfloat16).view(np.uint16)
     got = to_wire(values, "bf16")
     assert np.array_equal(got[finite], want[finite])
     assert np.all(np.isnan(from_wire(got[~finite], "bf16")))
-    assert np.array_equal(from_wire(want[finite], "bf16"), values[finite].astype(ml_dtypes.bfloat16).astype(np.float32))
+    assert np.array_equal(
+        from_wire(want[finite], "bf16"),
+        values[finite].astype(ml_dtypes.bfloat16).astype(np.float32),
+    )
 
 
 def test_float16_encoding_is_numpys():
@@ -65,6 +93,7 @@ def test_torchs_conversions_give_numpys_bits(compression, monkeypatch):
     numpy: the same bits either way (NaN payloads aside)."""
     torch = pytest.importorskip("torch")
     from mpiallreduce.training import compression as module
+
     values = np.random.default_rng(1).standard_normal(5000).astype(np.float32) * np.float32(300)
     encoded = {}
     for name, found in (("torch", torch), ("numpy", None)):
@@ -79,8 +108,14 @@ def test_torchs_conversions_give_numpys_bits(compression, monkeypatch):
 
 def test_a_ranks_share_of_cores_counts_the_ranks_of_its_machine_that_may_run_on_them():
     from mpiallreduce.core.machine import share_of_cores
+
     a, b = frozenset({0, 1}), frozenset({2, 3})
-    everyone = [("m1", a), ("m1", a), ("m1", b), ("m2", a)]  # two ranks unbound on 0-1, one on 2-3, one elsewhere
+    everyone = [
+        ("m1", a),
+        ("m1", a),
+        ("m1", b),
+        ("m2", a),
+    ]  # two ranks unbound on 0-1, one on 2-3, one elsewhere
     assert share_of_cores(("m1", a), everyone) == 1.0  # 2 cores, 2 ranks
     assert share_of_cores(("m1", b), everyone) == 2.0  # 2 cores to itself: a core to spare
     assert share_of_cores(("m2", a), everyone) == 2.0  # alone on its machine

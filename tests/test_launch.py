@@ -1,13 +1,14 @@
 """The launcher: flags and environment in one place, a timeout that leaves nothing running, and one
 rank's exception or failing exit that ends the job (with its status) instead of hanging it."""
+
 import os
 import sys
 import time
 
 import pytest
+from processes import processes_with
 
 from mpiallreduce.tools import launch
-from processes import processes_with
 
 
 def test_command_has_rank_count_and_oversubscribe():
@@ -25,8 +26,13 @@ def test_environment_allows_root_only_for_root():
 
 def test_outside_slurm_the_libfabric_btl_is_left_out_unless_the_user_chose():
     assert launch.launch_environment({"PATH": "/usr/bin"})["OMPI_MCA_btl"] == "^ofi"
-    assert launch.launch_environment({"PATH": "/usr/bin", "OMPI_MCA_btl": "self,tcp"})["OMPI_MCA_btl"] == "self,tcp"
-    assert "OMPI_MCA_btl" not in launch.launch_environment({"PATH": "/usr/bin", "SLURM_JOB_ID": "7"})
+    assert (
+        launch.launch_environment({"PATH": "/usr/bin", "OMPI_MCA_btl": "self,tcp"})["OMPI_MCA_btl"]
+        == "self,tcp"
+    )
+    assert "OMPI_MCA_btl" not in launch.launch_environment(
+        {"PATH": "/usr/bin", "SLURM_JOB_ID": "7"}
+    )
 
 
 def test_timeout_kills_every_rank():
@@ -72,22 +78,46 @@ def test_a_signal_to_launch_with_timeout_reaches_the_ranks_and_leaves_no_orphan(
     with the training program's checkpoint and exit 99.)"""
     import signal
     import subprocess
+
     marker = f"mpiallreduce-signal-test-{os.getpid()}-{signame}"
     script = tmp_path / "rank.py"
     script.write_text(RANK_WAITING_FOR_SIGNALS)
-    launcher = subprocess.Popen([sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "100", "--",
-                                 sys.executable, str(script), str(tmp_path), marker],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mpiallreduce",
+            "launch",
+            "-n",
+            "2",
+            "--timeout",
+            "100",
+            "--",
+            sys.executable,
+            str(script),
+            str(tmp_path),
+            marker,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        assert wait_until(lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 60), "ranks never started"
+        assert wait_until(lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 60), (
+            "ranks never started"
+        )
         launcher.send_signal(getattr(signal, signame))
         launcher.wait(30)
         if signame in ("SIGUSR1", "SIGUSR2"):
-            assert all((tmp_path / f"{signame}-{r}").exists() for r in (0, 1)), launcher.stdout.read()
+            assert all((tmp_path / f"{signame}-{r}").exists() for r in (0, 1)), (
+                launcher.stdout.read()
+            )
             assert launcher.returncode == 0
         else:
             assert launcher.returncode != 0
-        assert wait_until(lambda: not processes_with(marker), 15), f"orphans: {processes_with(marker)}"
+        assert wait_until(lambda: not processes_with(marker), 15), (
+            f"orphans: {processes_with(marker)}"
+        )
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -101,13 +131,23 @@ def test_sighup_to_the_launcher_takes_sigterms_way():
     grace starts, and a second signal ends it."""
     import signal
     import subprocess
+
     from mpiallreduce.tools.ranks import GracefulStop
-    stand_in = subprocess.Popen(["sleep", "30"], start_new_session=True)  # (an mpiexec without ranks)
+
+    stand_in = subprocess.Popen(
+        ["sleep", "30"], start_new_session=True
+    )  # (an mpiexec without ranks)
     stop = GracefulStop(stand_in, grace=60)
     try:
-        assert signal.getsignal(signal.SIGHUP) == stop._stop == signal.getsignal(signal.SIGTERM)  # (else: pytest dies)
+        assert (
+            signal.getsignal(signal.SIGHUP) == stop._stop == signal.getsignal(signal.SIGTERM)
+        )  # (else: pytest dies)
         os.kill(os.getpid(), signal.SIGHUP)
-        assert wait_until(lambda: stop.signal is not None, 5) and stop.signal == "SIGHUP" and not stop.expired()
+        assert (
+            wait_until(lambda: stop.signal is not None, 5)
+            and stop.signal == "SIGHUP"
+            and not stop.expired()
+        )
         os.kill(os.getpid(), signal.SIGHUP)
         assert wait_until(stop.expired, 5)
     finally:
@@ -127,21 +167,48 @@ MPI.COMM_WORLD.Barrier()
 
 def test_under_launch_one_ranks_exception_ends_the_job_unless_switched_off(tmp_path):
     import subprocess
+
     script = tmp_path / "raises.py"
     script.write_text(RANK_THAT_RAISES)
-    command = [sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "20", "--",
-               sys.executable, str(script)]
+    command = [
+        sys.executable,
+        "-m",
+        "mpiallreduce",
+        "launch",
+        "-n",
+        "2",
+        "--timeout",
+        "20",
+        "--",
+        sys.executable,
+        str(script),
+    ]
     started = time.monotonic()
     ended = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert ended.returncode not in (0, 124) and time.monotonic() - started < 20, ended.stdout + ended.stderr
+    assert ended.returncode not in (0, 124) and time.monotonic() - started < 20, (
+        ended.stdout + ended.stderr
+    )
     assert "[rank 1] RuntimeError: rank 1 went wrong" in ended.stdout + ended.stderr
     assert_no_abort_notice(ended.stdout + ended.stderr)
-    shown = subprocess.run(command[:4] + ["--mpi-notices"] + command[4:], capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        command[:4] + ["--mpi-notices"] + command[4:], capture_output=True, text=True, timeout=60
+    )
     assert "MPI_ABORT was invoked on rank 1" in shown.stderr, shown.stdout + shown.stderr
-    short_timeout = command[:command.index("--timeout") + 1] + ["4"] + command[command.index("--timeout") + 2:]
-    switched_off = subprocess.run(short_timeout, capture_output=True, text=True, timeout=60,
-                                  env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="0"))
-    assert switched_off.returncode == 124, switched_off.stdout + switched_off.stderr  # the hang it prevents
+    short_timeout = (
+        command[: command.index("--timeout") + 1]
+        + ["4"]
+        + command[command.index("--timeout") + 2 :]
+    )
+    switched_off = subprocess.run(
+        short_timeout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="0"),
+    )
+    assert switched_off.returncode == 124, (
+        switched_off.stdout + switched_off.stderr
+    )  # the hang it prevents
 
 
 RANK_THAT_RAISES_BEFORE_MPI = """
@@ -159,12 +226,29 @@ def test_under_launch_an_exception_before_any_mpi_call_ends_the_job_too(tmp_path
     does: a rank that raised before its first call once left alone, and the job hung in about half
     the runs (Open MPI left the other rank in MPI_Init or its allreduce)."""
     import subprocess
+
     script = tmp_path / "raises_early.py"
     script.write_text(RANK_THAT_RAISES_BEFORE_MPI)
     for _ in range(3):
         started = time.monotonic()
-        ended = subprocess.run([sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "20", "--",
-                                sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        ended = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mpiallreduce",
+                "launch",
+                "-n",
+                "2",
+                "--timeout",
+                "20",
+                "--",
+                sys.executable,
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         output = ended.stdout + ended.stderr
         assert ended.returncode not in (0, 124) and time.monotonic() - started < 20, output
         assert "[rank 1] RuntimeError: rank 1 went wrong before any call" in output, output
@@ -199,11 +283,29 @@ def assert_no_abort_notice(output):
 def launch_exits(tmp_path, statuses):
     """`mpiallreduce launch -n 2 --timeout 60` of RANK_THAT_EXITS: (its return code, seconds, output)."""
     import subprocess
+
     script = tmp_path / "exits.py"
     script.write_text(RANK_THAT_EXITS)
     started = time.monotonic()
-    ended = subprocess.run([sys.executable, "-m", "mpiallreduce", "launch", "-n", "2", "--timeout", "60", "--",
-                            sys.executable, str(script), statuses], capture_output=True, text=True, timeout=120)
+    ended = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mpiallreduce",
+            "launch",
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            "--",
+            sys.executable,
+            str(script),
+            statuses,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return ended.returncode, time.monotonic() - started, ended.stdout + ended.stderr
 
 
@@ -216,8 +318,11 @@ def test_under_launch_one_ranks_nonzero_exit_ends_the_job_with_its_status(tmp_pa
     assert_no_abort_notice(output)
 
 
-@pytest.mark.parametrize("statuses, expected", [("99,99", 99), ("0,0", 0), ("caught,caught", 0)],
-                         ids=["every-rank-exits-99", "every-rank-exits-0", "a-caught-exit-is-no-exit"])
+@pytest.mark.parametrize(
+    "statuses, expected",
+    [("99,99", 99), ("0,0", 0), ("caught,caught", 0)],
+    ids=["every-rank-exits-99", "every-rank-exits-0", "a-caught-exit-is-no-exit"],
+)
 def test_under_launch_exits_that_end_every_rank_keep_their_status(tmp_path, statuses, expected):
     """99 (the training program's "checkpoint written, requeue me") still comes out as 99, and
     sys.exit(0), or a nonzero sys.exit that the program catches and goes on from, ends normally."""
@@ -229,25 +334,36 @@ def test_under_launch_exits_that_end_every_rank_keep_their_status(tmp_path, stat
 RULE = "-" * 74
 ABORT_NOTICE = f"{RULE}\nMPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n  Errorcode: 99\n{RULE}\n"
 SETPGID = "[vm:21363] plm:ssh: Warning: setpgid(21366,21366) failed in parent with errno=Permission denied(13)\n"
-OTHER_NOTICE = f"{RULE}\nThere are not enough slots available in the system to satisfy the 9\n{RULE}\n"
+OTHER_NOTICE = (
+    f"{RULE}\nThere are not enough slots available in the system to satisfy the 9\n{RULE}\n"
+)
 
 
 def test_notices_are_left_out_only_once_a_rank_said_why_and_others_stay():
     from mpiallreduce.tools.notices import filter_text
-    said = "[rank 1] mpiallreduce: rank 1 exits with status 99; aborting the MPI job with it in 3 s\n"
+
+    said = (
+        "[rank 1] mpiallreduce: rank 1 exits with status 99; aborting the MPI job with it in 3 s\n"
+    )
     assert filter_text(said + ABORT_NOTICE + "after\n") == said + "after\n"
-    assert filter_text(ABORT_NOTICE) == ABORT_NOTICE  # (nobody said why: the notice is all there is)
+    assert (
+        filter_text(ABORT_NOTICE) == ABORT_NOTICE
+    )  # (nobody said why: the notice is all there is)
     # (the notice came through PRRTE before the rank's own line: CI saw it once)
     assert filter_text(ABORT_NOTICE + "before\n" + said) == "before\n" + said
     assert filter_text(ABORT_NOTICE + "before\n") == "before\n" + ABORT_NOTICE  # (held to the end)
     other_rank = said.replace("rank 1", "rank 0")  # (rank 0's line does not explain rank 1's abort)
     assert filter_text(ABORT_NOTICE + other_rank) == other_rank + ABORT_NOTICE
     assert filter_text(other_rank + ABORT_NOTICE + said) == other_rank + said
-    table = RULE + "\n" + "".join(f"row {i}\n" for i in range(60))  # (a rank's own dashes between them)
+    table = (
+        RULE + "\n" + "".join(f"row {i}\n" for i in range(60))
+    )  # (a rank's own dashes between them)
     assert filter_text(ABORT_NOTICE + table + said) == table + said
     assert filter_text(said + OTHER_NOTICE) == said + OTHER_NOTICE
     assert filter_text("a\n" + SETPGID + "b\n") == "a\nb\n"
-    assert filter_text(said + ABORT_NOTICE + SETPGID, show_all=True) == said + ABORT_NOTICE + SETPGID
+    assert (
+        filter_text(said + ABORT_NOTICE + SETPGID, show_all=True) == said + ABORT_NOTICE + SETPGID
+    )
     unfinished = RULE + "\n" + "".join(f"line {i}\n" for i in range(60))  # (dashes, then no notice)
     assert filter_text(unfinished) == unfinished
 
@@ -256,7 +372,9 @@ def test_the_output_pump_writes_partial_lines_at_once_and_filters_whole_ones():
     """A prompt without its newline goes out before the rest of its line comes; whole lines are filtered."""
     import io
     import threading
+
     from mpiallreduce.tools.notices import NoticeFilter, pump
+
     read_end, write_end = os.pipe()
     written = []
     wrote = threading.Event()
@@ -271,10 +389,16 @@ def test_the_output_pump_writes_partial_lines_at_once_and_filters_whole_ones():
     os.write(write_end, b"password? ")
     assert wrote.wait(10) and written[-1] == "password? "
     os.write(write_end, b"secret\n" + SETPGID.encode() + b"[rank 0] done\n")
-    os.write(write_end, RULE.encode() + b"\nstep 1\n")  # (a rank's own dashes: held while they may be a notice)
+    os.write(
+        write_end, RULE.encode() + b"\nstep 1\n"
+    )  # (a rank's own dashes: held while they may be a notice)
     time.sleep(1.0)
-    assert written[-1].endswith("[rank 0] done\n" + RULE + "\nstep 1\n")  # (then let go in the quiet)
-    raw = b"\xff\xfe not UTF-8, " + "é".encode() * 40000 + b"\n"  # (and a character split between reads)
+    assert written[-1].endswith(
+        "[rank 0] done\n" + RULE + "\nstep 1\n"
+    )  # (then let go in the quiet)
+    raw = (
+        b"\xff\xfe not UTF-8, " + "é".encode() * 40000 + b"\n"
+    )  # (and a character split between reads)
     os.write(write_end, raw[:7] + raw[7:8])
     os.write(write_end, raw[8:])
     os.close(write_end)
@@ -287,7 +411,9 @@ def test_a_held_abort_notice_goes_out_after_hold_seconds_while_the_output_stays_
     no rank's line explained goes out after HOLD_SECONDS, not when the output ends."""
     import io
     import threading
+
     from mpiallreduce.tools import notices
+
     monkeypatch.setattr(notices, "HOLD_SECONDS", 0.5)
     read_end, write_end = os.pipe()
     wrote = threading.Event()
@@ -310,6 +436,7 @@ def test_a_held_abort_notice_goes_out_after_hold_seconds_while_the_output_stays_
 def test_a_closed_reader_of_the_output_is_told_once_and_the_rest_is_read():
     """`mpiallreduce launch ... | head -1`: the launcher passes SIGPIPE on (on_broken), keeps reading."""
     from mpiallreduce.tools.notices import pump
+
     read_end, write_end = os.pipe()
     told = []
 
@@ -328,15 +455,22 @@ def test_a_closed_reader_of_the_output_is_told_once_and_the_rest_is_read():
     assert not thread.is_alive() and told == [1]
 
 
-def test_the_abort_banner_reaches_the_processs_stderr_when_sys_stderr_is_a_buffer(capfd, monkeypatch):
+def test_the_abort_banner_reaches_the_processs_stderr_when_sys_stderr_is_a_buffer(
+    capfd, monkeypatch
+):
     """torch.distributed's excepthook runs the previous hook (ours) with sys.stderr swapped for an
     io.StringIO and prints it once that hook returns: after MPI_Abort, never. Ours writes to the
     process's own stderr then."""
     import io
+
     from mpiallreduce.faults import aborting
+
     buffer = io.StringIO()
     monkeypatch.setattr(sys, "stderr", buffer)
     aborting._say(3, "mpiallreduce: uncaught ValueError on rank 3\nTraceback")
     monkeypatch.undo()
     assert buffer.getvalue() == ""
-    assert capfd.readouterr().err == "[rank 3] mpiallreduce: uncaught ValueError on rank 3\n[rank 3] Traceback\n"
+    assert (
+        capfd.readouterr().err
+        == "[rank 3] mpiallreduce: uncaught ValueError on rank 3\n[rank 3] Traceback\n"
+    )

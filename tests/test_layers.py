@@ -9,6 +9,7 @@
 
 ``python tests/test_layers.py`` prints the import graph's report (the lazy imports that go upward too).
 """
+
 import ast
 import importlib
 import importlib.util
@@ -16,7 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -33,9 +34,30 @@ FORBIDDEN_TO_LIBRARY = ("tools", "training")
 #: for the report of upward imports, the layers of docs/architecture.md, bottom up: core's base modules; the
 #: algorithms, device, reproducible, faults (and testing); core's pipeline modules; the entries (api.py, the
 #: package's __init__); training; the tools and the ``python -m`` shims
-CORE_PIPELINE = {"call", "prepared", "compiled", "planner", "executor", "worker", "state", "consistency", "slots"}
-LAYER_RANK = {"algorithms": 1, "device": 1, "reproducible": 1, "faults": 1, "testing": 1,
-              "api": 3, "": 3, "training": 4, "tools": 5, "train": 5, "__main__": 5}
+CORE_PIPELINE = {
+    "call",
+    "prepared",
+    "compiled",
+    "planner",
+    "executor",
+    "worker",
+    "state",
+    "consistency",
+    "slots",
+}
+LAYER_RANK = {
+    "algorithms": 1,
+    "device": 1,
+    "reproducible": 1,
+    "faults": 1,
+    "testing": 1,
+    "api": 3,
+    "": 3,
+    "training": 4,
+    "tools": 5,
+    "train": 5,
+    "__main__": 5,
+}
 
 
 def rank(module):
@@ -53,6 +75,7 @@ def layer_label(module):
 
 # --- the package's source --------------------------------------------------------------------------------------
 
+
 def module_name(path):
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -60,13 +83,15 @@ def module_name(path):
     return ".".join(parts)
 
 
-@lru_cache(maxsize=None)
+@cache
 def sources():
     """{module name: path} of every .py under mpiallreduce/."""
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+    return {
+        module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts
+    }
 
 
-@lru_cache(maxsize=None)
+@cache
 def tree(module):
     path = sources()[module]
     return ast.parse(path.read_text(), filename=str(path))
@@ -93,7 +118,9 @@ def in_layers(module, layers):
 def _package_literal(name):
     """A dict assigned at module level in mpiallreduce/__init__.py (MOVED, _EXPORTS), read without importing."""
     for node in tree(NAME).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
             return ast.literal_eval(node.value)
     raise AssertionError(f"mpiallreduce/__init__.py assigns no {name}")
 
@@ -102,10 +129,10 @@ def canonical(dotted):
     """The module an import path loads: an old flat path (mpiallreduce.MOVED) is its new module."""
     prefix = NAME + "."
     if dotted.startswith(prefix):
-        old = dotted[len(prefix):]
+        old = dotted[len(prefix) :]
         for before, after in _package_literal("MOVED").items():
             if old == before or old.startswith(before + "."):
-                return prefix + after + old[len(before):]
+                return prefix + after + old[len(before) :]
     return dotted
 
 
@@ -118,6 +145,7 @@ def export_module(name):
 
 
 # --- imports ---------------------------------------------------------------------------------------------------
+
 
 class Import:
     def __init__(self, source, target, line, lazy, how=None):
@@ -135,7 +163,11 @@ def _statements(node, lazy=False):
     """(import statement, inside a function?) under ``node``; ``if TYPE_CHECKING:`` blocks are not run."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-            yield from ((n, lazy) for orelse in child.orelse for n in _statements(ast.Module([orelse], []), lazy))
+            yield from (
+                (n, lazy)
+                for orelse in child.orelse
+                for n in _statements(ast.Module([orelse], []), lazy)
+            )
             continue
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child, lazy
@@ -148,7 +180,7 @@ def _from_base(module, node):
     if not node.level:
         return node.module
     parts = module.split(".") if is_package(module) else module.split(".")[:-1]
-    parts = parts[:len(parts) - (node.level - 1)]
+    parts = parts[: len(parts) - (node.level - 1)]
     return ".".join(parts + ([node.module] if node.module else []))
 
 
@@ -157,7 +189,9 @@ def _targets(module, node):
     files = sources()
     found = []
     if isinstance(node, ast.Import):
-        found = [canonical(a.name) for a in node.names if a.name == NAME or a.name.startswith(NAME + ".")]
+        found = [
+            canonical(a.name) for a in node.names if a.name == NAME or a.name.startswith(NAME + ".")
+        ]
     else:
         base = _from_base(module, node)
         if base is None or not (base == NAME or base.startswith(NAME + ".")):
@@ -169,17 +203,26 @@ def _targets(module, node):
             if sub in files:
                 found.append(sub)  # from . import x, x a module (or an old path)
             elif base == NAME and export_module(alias.name):
-                found.append(export_module(alias.name))  # from mpiallreduce import allreduce: loads .api
+                found.append(
+                    export_module(alias.name)
+                )  # from mpiallreduce import allreduce: loads .api
     return [t for t in found if t in files]
 
 
 def _dynamic_imports(module):
     """A package that imports each of its modules through pkgutil at import time (the algorithms registry)."""
     source = sources()[module].read_text()
-    if not is_package(module) or "iter_modules(__path__)" not in source or "import_module(" not in source:
+    if (
+        not is_package(module)
+        or "iter_modules(__path__)" not in source
+        or "import_module(" not in source
+    ):
         return []
-    return [Import(module, other, 1, lazy=False, how="pkgutil discovery") for other in sources()
-            if other.rpartition(".")[0] == module]
+    return [
+        Import(module, other, 1, lazy=False, how="pkgutil discovery")
+        for other in sources()
+        if other.rpartition(".")[0] == module
+    ]
 
 
 def _root_attribute_imports(module):
@@ -191,10 +234,18 @@ def _root_attribute_imports(module):
             bound |= {NAME for a in node.names if a.name.split(".")[0] == NAME and not a.asname}
     found = []
     for node in ast.walk(tree(module)):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+        ):
             target = export_module(node.attr) or canonical(f"{NAME}.{node.attr}")
             if target in sources() and target != NAME:
-                found.append(Import(module, target, node.lineno, lazy=True, how=f"{node.value.id}.{node.attr}"))
+                found.append(
+                    Import(
+                        module, target, node.lineno, lazy=True, how=f"{node.value.id}.{node.attr}"
+                    )
+                )
     return found
 
 
@@ -202,25 +253,36 @@ def _string_imports(module):
     """importlib.import_module("mpiallreduce.x") with a constant name."""
     found = []
     for node in ast.walk(tree(module)):
-        if (isinstance(node, ast.Call) and _call_name(node) == "import_module" and node.args
-                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        if (
+            isinstance(node, ast.Call)
+            and _call_name(node) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             name = node.args[0].value
             if name.startswith("."):
                 package = module if is_package(module) else module.rpartition(".")[0]
                 name = importlib.util.resolve_name(name, package)
             if canonical(name) in sources():
-                found.append(Import(module, canonical(name), node.lineno, lazy=True, how="import_module"))
+                found.append(
+                    Import(module, canonical(name), node.lineno, lazy=True, how="import_module")
+                )
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def imports():
     """Every import of a package module by a package module; ``lazy`` if inside a function."""
     found = []
     for module in sources():
         for node, lazy in _statements(tree(module)):
-            found += [Import(module, t, node.lineno, lazy) for t in _targets(module, node) if t != module]
-        found += _dynamic_imports(module) + _root_attribute_imports(module) + _string_imports(module)
+            found += [
+                Import(module, t, node.lineno, lazy) for t in _targets(module, node) if t != module
+            ]
+        found += (
+            _dynamic_imports(module) + _root_attribute_imports(module) + _string_imports(module)
+        )
     return found
 
 
@@ -291,30 +353,47 @@ def upward_imports():
 
 
 def report():
-    lines = [f"{len(sources())} modules, {sum(1 for i in imports() if not i.lazy)} module-level imports, "
-             f"{sum(1 for i in imports() if i.lazy)} in functions"]
+    lines = [
+        f"{len(sources())} modules, {sum(1 for i in imports() if not i.lazy)} module-level imports, "
+        f"{sum(1 for i in imports() if i.lazy)} in functions"
+    ]
     cycle = find_cycle(module_level_graph())
-    lines.append("module-level cycle: " + (" -> ".join([cycle[0].source] + [e.target for e in cycle])
-                                           if cycle else "none"))
-    for lazy, title in ((False, "upward imports at module level:"), (True, "upward imports in functions:")):
+    lines.append(
+        "module-level cycle: "
+        + (" -> ".join([cycle[0].source] + [e.target for e in cycle]) if cycle else "none")
+    )
+    for lazy, title in (
+        (False, "upward imports at module level:"),
+        (True, "upward imports in functions:"),
+    ):
         lines.append(title)
-        lines += [f"  {imp.where():48} -> {imp.target:38} ({imp.how + '; ' if imp.lazy else ''}{why})"
-                  for imp, why in upward_imports() if imp.lazy == lazy]
+        lines += [
+            f"  {imp.where():48} -> {imp.target:38} ({imp.how + '; ' if imp.lazy else ''}{why})"
+            for imp, why in upward_imports()
+            if imp.lazy == lazy
+        ]
     return "\n".join(lines)
 
 
 # --- 1. imports ------------------------------------------------------------------------------------------------
 
+
 def test_the_import_graph_sees_the_package():
     graph = module_level_graph()
-    assert {"mpiallreduce.api", "mpiallreduce.core.executor", "mpiallreduce.tools.cli"} <= set(graph)
+    assert {"mpiallreduce.api", "mpiallreduce.core.executor", "mpiallreduce.tools.cli"} <= set(
+        graph
+    )
     assert "mpiallreduce.core.call" in graph["mpiallreduce.api"]  # from .core.call import ...
-    assert "mpiallreduce.algorithms.ring" in graph["mpiallreduce.algorithms"]  # the registry's discovery
+    assert (
+        "mpiallreduce.algorithms.ring" in graph["mpiallreduce.algorithms"]
+    )  # the registry's discovery
 
 
 def test_no_import_cycle_between_modules_at_module_level():
     cycle = find_cycle(module_level_graph())
-    assert cycle is None, "import cycle (module-level imports):\n" + "\n".join(f"  {e!r}" for e in cycle)
+    assert cycle is None, "import cycle (module-level imports):\n" + "\n".join(
+        f"  {e!r}" for e in cycle
+    )
 
 
 def test_report_of_imports_that_go_upward():
@@ -324,19 +403,26 @@ def test_report_of_imports_that_go_upward():
 
 
 def test_the_core_never_imports_a_tool_nor_the_training_layer():
-    bad = [imp for imp in imports()
-           if in_layers(imp.source, LIBRARY_LAYERS) and in_layers(imp.target, FORBIDDEN_TO_LIBRARY)]
-    assert not bad, (f"modules of {', '.join(LIBRARY_LAYERS)} import {' or '.join(FORBIDDEN_TO_LIBRARY)}:\n"
-                     + "\n".join(f"  {imp!r}" for imp in bad))
+    bad = [
+        imp
+        for imp in imports()
+        if in_layers(imp.source, LIBRARY_LAYERS) and in_layers(imp.target, FORBIDDEN_TO_LIBRARY)
+    ]
+    assert not bad, (
+        f"modules of {', '.join(LIBRARY_LAYERS)} import {' or '.join(FORBIDDEN_TO_LIBRARY)}:\n"
+        + "\n".join(f"  {imp!r}" for imp in bad)
+    )
 
 
 # --- 2. size ---------------------------------------------------------------------------------------------------
 
 # --- 3. old paths and entry points -----------------------------------------------------------------------------
 
+
 def test_moved_modules_are_the_same_objects_under_their_old_paths():
     import mpiallreduce
-    assert mpiallreduce.MOVED == _package_literal("MOVED")
+
+    assert _package_literal("MOVED") == mpiallreduce.MOVED
     different = []
     for old, new in sorted(mpiallreduce.MOVED.items()):
         if new.startswith("training.torch"):
@@ -345,15 +431,25 @@ def test_moved_modules_are_the_same_objects_under_their_old_paths():
         after = importlib.import_module(f"{NAME}.{new}")
         if before is not after:
             different.append(f"mpiallreduce.{old} is not mpiallreduce.{new}")
-        if hasattr(after, "__path__"):  # a package: its modules under the old path too (mpiallreduce.bench.driver)
-            for sub in sorted(m.rpartition(".")[2] for m in sources() if m.rpartition(".")[0] == f"{NAME}.{new}"):
-                if importlib.import_module(f"{NAME}.{old}.{sub}") is not importlib.import_module(f"{NAME}.{new}.{sub}"):
+        if hasattr(
+            after, "__path__"
+        ):  # a package: its modules under the old path too (mpiallreduce.bench.driver)
+            for sub in sorted(
+                m.rpartition(".")[2] for m in sources() if m.rpartition(".")[0] == f"{NAME}.{new}"
+            ):
+                if importlib.import_module(f"{NAME}.{old}.{sub}") is not importlib.import_module(
+                    f"{NAME}.{new}.{sub}"
+                ):
                     different.append(f"mpiallreduce.{old}.{sub} is not mpiallreduce.{new}.{sub}")
     assert not different, "\n".join(different)
 
 
 def test_every_moved_module_exists():
-    missing = [f"{old} -> {new}" for old, new in _package_literal("MOVED").items() if f"{NAME}.{new}" not in sources()]
+    missing = [
+        f"{old} -> {new}"
+        for old, new in _package_literal("MOVED").items()
+        if f"{NAME}.{new}" not in sources()
+    ]
     assert not missing, f"MOVED names modules that are not there: {missing}"
 
 
@@ -361,17 +457,21 @@ def test_old_import_statements():
     pytest.importorskip("torch")
     import mpiallreduce.torch
     import mpiallreduce.training.torch
+
     assert mpiallreduce.torch is mpiallreduce.training.torch
     from mpiallreduce.gradients import GradientSync
     from mpiallreduce.training.gradients import GradientSync as moved
+
     assert GradientSync is moved
     from mpiallreduce import gradients
+
     assert gradients is sys.modules["mpiallreduce.training.gradients"]
 
 
 def test_api_and_the_lazy_exports_resolve():
     import mpiallreduce
     from mpiallreduce.api import allreduce, prepare
+
     assert mpiallreduce.allreduce is allreduce and mpiallreduce.prepare is prepare
     for name, where in mpiallreduce._EXPORTS.items():
         module = importlib.import_module(where, NAME)
@@ -384,29 +484,49 @@ def test_api_and_the_lazy_exports_resolve():
 def test_importing_the_package_its_faults_or_the_launcher_does_not_start_mpi():
     """Importing mpi4py.MPI is MPI_Init (a second and more where libfabric is probed): the launcher,
     which runs no MPI, must not pay it, nor a program that only imports the package."""
-    code = ("import sys, mpiallreduce, mpiallreduce.faults, mpiallreduce.faults.aborting, mpiallreduce.tools.cli\n"
-            "from mpiallreduce.faults import RankFailure, AllreduceTimeout\n"
-            "assert 'mpi4py.MPI' not in sys.modules, sorted(m for m in sys.modules if m.startswith('mpi'))\n"
-            "assert {'survivors', 'Rendezvous', 'RankFailure'} <= set(dir(mpiallreduce.faults))\n"
-            "from mpiallreduce.faults import survivors\n"
-            "assert 'mpi4py.MPI' in sys.modules\n")
-    env = {key: value for key, value in os.environ.items() if key != "MPIALLREDUCE_ABORT_ON_EXCEPTION"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, env=env)
+    code = (
+        "import sys, mpiallreduce, mpiallreduce.faults, mpiallreduce.faults.aborting, mpiallreduce.tools.cli\n"
+        "from mpiallreduce.faults import RankFailure, AllreduceTimeout\n"
+        "assert 'mpi4py.MPI' not in sys.modules, sorted(m for m in sys.modules if m.startswith('mpi'))\n"
+        "assert {'survivors', 'Rendezvous', 'RankFailure'} <= set(dir(mpiallreduce.faults))\n"
+        "from mpiallreduce.faults import survivors\n"
+        "assert 'mpi4py.MPI' in sys.modules\n"
+    )
+    env = {
+        key: value for key, value in os.environ.items() if key != "MPIALLREDUCE_ABORT_ON_EXCEPTION"
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
 
 
 def run_command(argv):
     from mpiallreduce.tools.launch import launch_environment
+
     env = launch_environment()
     env.pop("MPIALLREDUCE_CHECK", None)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, cwd=ROOT, env=env)
-    return done, f"{' '.join(map(str, argv))}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, cwd=ROOT, env=env
+    )
+    return (
+        done,
+        f"{' '.join(map(str, argv))}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}",
+    )
 
 
-@pytest.mark.parametrize("module, usage", [
-    ("mpiallreduce.train", "usage: python -m mpiallreduce.train"),
-    ("mpiallreduce.tools.train_bench", "usage: python -m mpiallreduce.tools.train_bench"),
-], ids=["train", "train_bench"])
+@pytest.mark.parametrize(
+    "module, usage",
+    [
+        ("mpiallreduce.train", "usage: python -m mpiallreduce.train"),
+        ("mpiallreduce.tools.train_bench", "usage: python -m mpiallreduce.tools.train_bench"),
+    ],
+    ids=["train", "train_bench"],
+)
 def test_python_m_help(module, usage):
     done, explanation = run_command([sys.executable, "-m", module, "--help"])
     assert done.returncode == 0, explanation
@@ -422,6 +542,7 @@ def test_the_mpiallreduce_command_helps():
 
 
 # --- 4. only the pipeline numbers calls, compares signatures, translates MPI errors, masks float errors --------
+
 
 def _call_name(node):
     if isinstance(node.func, ast.Name):
@@ -443,16 +564,22 @@ def occurrences(predicate):
 
 def calls_of(name, attribute_only=False):
     def predicate(module, node):
-        return (isinstance(node, ast.Call) and _call_name(node) == name
-                and (not attribute_only or isinstance(node.func, ast.Attribute)))
+        return (
+            isinstance(node, ast.Call)
+            and _call_name(node) == name
+            and (not attribute_only or isinstance(node.func, ast.Attribute))
+        )
+
     return occurrences(predicate)
 
 
 def outside(found, allowed):
     """The occurrences not in an allowed file or folder (paths relative to the repository, a folder ends in /)."""
+
     def ok(module):
         path = relative(module)
         return any(path == a or (a.endswith("/") and path.startswith(a)) for a in allowed)
+
     return [f"{relative(m)}:{line}" for m, line in found if not ok(m)]
 
 
@@ -462,25 +589,40 @@ def _is_sequence(node):
 
 def test_only_the_state_increments_the_call_sequence():
     def increments(module, node):
-        if isinstance(node, ast.AugAssign) and _is_sequence(node.target) and isinstance(node.op, ast.Add):
+        if (
+            isinstance(node, ast.AugAssign)
+            and _is_sequence(node.target)
+            and isinstance(node.op, ast.Add)
+        ):
             return True
-        return (isinstance(node, ast.Assign) and any(_is_sequence(t) for t in node.targets)
-                and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Add)
-                and any(_is_sequence(n) for n in ast.walk(node.value)))
+        return (
+            isinstance(node, ast.Assign)
+            and any(_is_sequence(t) for t in node.targets)
+            and isinstance(node.value, ast.BinOp)
+            and isinstance(node.value.op, ast.Add)
+            and any(_is_sequence(n) for n in ast.walk(node.value))
+        )
+
     found = occurrences(increments)
     assert found, "no `.sequence += 1` at all: has CommState.number moved? (update this test)"
     bad = outside(found, ["mpiallreduce/core/state.py"])
-    assert not bad, f"a call's sequence is advanced outside CommState.number (mpiallreduce/core/state.py): {bad}"
+    assert not bad, (
+        f"a call's sequence is advanced outside CommState.number (mpiallreduce/core/state.py): {bad}"
+    )
 
 
 def test_the_compiled_paths_advance_the_sequence_in_one_place_by_one():
     """_compiled.c numbers calls as CommState.number does (its counterpart, not a second scheme):
     one function sets ``sequence``, to the number before it plus one, and only the runs call it."""
     source = (PACKAGE / "core" / "_compiled.c").read_text()
-    assert source.count("PyDict_SetItem(state, s_sequence, next)") == 1, "sequence set in more than one place"
+    assert source.count("PyDict_SetItem(state, s_sequence, next)") == 1, (
+        "sequence set in more than one place"
+    )
     assert "long long number = PyLong_AsLongLong(now) + 1;" in source
     callers = [line.strip() for line in source.splitlines() if "next_number(self->state)" in line]
-    assert len(callers) == 4, callers  # (a prepared run; the short path, before its check or after MPI; dissemination's)
+    assert len(callers) == 4, (
+        callers
+    )  # (a prepared run; the short path, before its check or after MPI; dissemination's)
 
 
 def test_the_compiled_paths_are_built_where_the_environment_has_mpicc():
@@ -490,31 +632,54 @@ def test_the_compiled_paths_are_built_where_the_environment_has_mpicc():
     mpicc = Path(sys.prefix) / "bin" / "mpicc"
     if not mpicc.exists():
         pytest.skip(f"no {mpicc}: this environment runs the Python paths only")
-    compiler = subprocess.run([str(mpicc), "--showme:command"], capture_output=True, text=True,
-                              timeout=SUBPROCESS_TIMEOUT).stdout.split()
+    compiler = subprocess.run(
+        [str(mpicc), "--showme:command"], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT
+    ).stdout.split()
     if not compiler or not shutil.which(compiler[0]):
-        pytest.skip(f"{mpicc} wraps {compiler}, which is not here: no C compiler, the Python paths only")
-    result = subprocess.run([sys.executable, "-c", "from mpiallreduce.core import compiled; print(compiled.built())"],
-                            capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, cwd=ROOT)
+        pytest.skip(
+            f"{mpicc} wraps {compiler}, which is not here: no C compiler, the Python paths only"
+        )
+    result = subprocess.run(
+        [sys.executable, "-c", "from mpiallreduce.core import compiled; print(compiled.built())"],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        cwd=ROOT,
+    )
     assert result.stdout.strip() == "True", result.stdout + result.stderr
 
 
 def test_only_the_call_and_the_executor_number_calls():
     found = calls_of("number", attribute_only=True)
     assert found, "no call of .number() at all (update this test)"
-    bad = outside(found, ["mpiallreduce/core/call.py", "mpiallreduce/core/prepared.py", "mpiallreduce/core/executor.py",
-                           "mpiallreduce/core/gather.py"])
-    assert not bad, f"calls numbered (.number()) outside core/call.py, core/prepared.py, core/executor.py and core/gather.py: {bad}"
+    bad = outside(
+        found,
+        [
+            "mpiallreduce/core/call.py",
+            "mpiallreduce/core/prepared.py",
+            "mpiallreduce/core/executor.py",
+            "mpiallreduce/core/gather.py",
+        ],
+    )
+    assert not bad, (
+        f"calls numbered (.number()) outside core/call.py, core/prepared.py, core/executor.py and core/gather.py: {bad}"
+    )
 
 
 def test_only_core_failures_and_the_faults_layer_translate_mpi_errors():
     found = calls_of("failure_of")
     assert found, "no call of failure_of( at all (update this test)"
     bad = outside(found, ["mpiallreduce/core/failures.py", "mpiallreduce/faults/"])
-    assert not bad, f"failure_of( called outside mpiallreduce/core/failures.py and mpiallreduce/faults/: {bad}"
-    imported = occurrences(lambda m, n: isinstance(n, ast.ImportFrom) and any(a.name == "failure_of" for a in n.names))
+    assert not bad, (
+        f"failure_of( called outside mpiallreduce/core/failures.py and mpiallreduce/faults/: {bad}"
+    )
+    imported = occurrences(
+        lambda m, n: isinstance(n, ast.ImportFrom) and any(a.name == "failure_of" for a in n.names)
+    )
     bad = outside(imported, ["mpiallreduce/core/failures.py", "mpiallreduce/faults/"])
-    assert not bad, f"failure_of imported outside mpiallreduce/core/failures.py and mpiallreduce/faults/: {bad}"
+    assert not bad, (
+        f"failure_of imported outside mpiallreduce/core/failures.py and mpiallreduce/faults/: {bad}"
+    )
 
 
 def test_only_core_failures_translates_a_truncated_message():
@@ -525,10 +690,13 @@ def test_only_core_failures_translates_a_truncated_message():
 
 
 def test_only_the_executor_masks_float_errors():
-    definitions = occurrences(lambda m, n: isinstance(n, ast.FunctionDef) and n.name == "ignore_float_errors")
-    assert definitions and not outside(definitions, ["mpiallreduce/core/ops.py"]), \
-        f"ignore_float_errors is defined in {[f'{relative(m)}:{line}' for m, line in definitions]}, " \
+    definitions = occurrences(
+        lambda m, n: isinstance(n, ast.FunctionDef) and n.name == "ignore_float_errors"
+    )
+    assert definitions and not outside(definitions, ["mpiallreduce/core/ops.py"]), (
+        f"ignore_float_errors is defined in {[f'{relative(m)}:{line}' for m, line in definitions]}, "
         "expected mpiallreduce/core/ops.py"
+    )
     bad = outside(calls_of("ignore_float_errors"), ["mpiallreduce/core/executor.py"])
     assert not bad, f"ignore_float_errors( called outside mpiallreduce/core/executor.py: {bad}"
 
@@ -555,10 +723,15 @@ def _uses_of(names_by_module):
                     if canonical(alias.name) in names_by_module and alias.asname:
                         bound_modules[alias.asname] = canonical(alias.name)
         for node in ast.walk(tree(module)):
-            if isinstance(node, ast.Name) and node.id in bound_names and isinstance(node.ctx, ast.Load):
-                found.append((module, node.lineno))
-            elif (isinstance(node, ast.Attribute) and node.attr in names_by_module.get(
-                    bound_modules.get(getattr(node.value, "id", None)) or canonical(ast.unparse(node.value)), ())):
+            if (
+                isinstance(node, ast.Name)
+                and node.id in bound_names
+                and isinstance(node.ctx, ast.Load)
+            ) or isinstance(node, ast.Attribute) and node.attr in names_by_module.get(
+                bound_modules.get(getattr(node.value, "id", None))
+                or canonical(ast.unparse(node.value)),
+                (),
+            ):
                 found.append((module, node.lineno))
     return found
 
@@ -569,14 +742,20 @@ def test_only_the_core_compares_signatures():
     found = _uses_of({consistency: {"compare", "codes_agree"}})
     assert found, "core.consistency's compare/codes_agree are used nowhere (update this test)"
     bad = outside(found, ["mpiallreduce/core/"])
-    assert not bad, f"compare/codes_agree of mpiallreduce.core.consistency used outside mpiallreduce/core/: {bad}"
+    assert not bad, (
+        f"compare/codes_agree of mpiallreduce.core.consistency used outside mpiallreduce/core/: {bad}"
+    )
 
 
 def test_only_the_core_uses_signature_slots():
-    found = occurrences(lambda m, n: (isinstance(n, ast.Name) and n.id == "SignatureSlots")
-                        or (isinstance(n, ast.Attribute) and n.attr == "SignatureSlots")
-                        or (isinstance(n, ast.ImportFrom) and any(a.name == "SignatureSlots" for a in n.names))
-                        or (isinstance(n, ast.ClassDef) and n.name == "SignatureSlots"))
+    found = occurrences(
+        lambda m, n: (
+            (isinstance(n, ast.Name) and n.id == "SignatureSlots")
+            or (isinstance(n, ast.Attribute) and n.attr == "SignatureSlots")
+            or (isinstance(n, ast.ImportFrom) and any(a.name == "SignatureSlots" for a in n.names))
+            or (isinstance(n, ast.ClassDef) and n.name == "SignatureSlots")
+        )
+    )
     assert found
     bad = outside(found, ["mpiallreduce/core/"])
     assert not bad, f"SignatureSlots used outside mpiallreduce/core/: {bad}"
@@ -585,7 +764,9 @@ def test_only_the_core_uses_signature_slots():
 def test_only_the_compression_module_runs_a_compressed_allreduce():
     found = calls_of("compressed_allreduce")
     bad = outside(found, ["mpiallreduce/training/compression.py"])
-    assert not bad, f"compressed_allreduce( called outside mpiallreduce/training/compression.py: {bad}"
+    assert not bad, (
+        f"compressed_allreduce( called outside mpiallreduce/training/compression.py: {bad}"
+    )
 
 
 DIGEST_MODULES = {"hashlib", "zlib", "binascii", "xxhash", "mmh3", "crc32c", "crcmod"}
@@ -597,11 +778,18 @@ def test_the_only_digests_are_core_consistency_and_the_tools():
             return any(a.name.split(".")[0] in DIGEST_MODULES for a in node.names)
         if isinstance(node, ast.ImportFrom):
             return (node.module or "").split(".")[0] in DIGEST_MODULES and not node.level
-        return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hash"
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "hash"
+        )
+
     found = occurrences(digests)
     bad = outside(found, ["mpiallreduce/core/consistency.py", "mpiallreduce/tools/"])
-    assert not bad, ("a digest (hashlib, zlib, binascii, hash()...) outside mpiallreduce/core/consistency.py "
-                     f"and mpiallreduce/tools/ (use consistency.digest/content_digest): {bad}")
+    assert not bad, (
+        "a digest (hashlib, zlib, binascii, hash()...) outside mpiallreduce/core/consistency.py "
+        f"and mpiallreduce/tools/ (use consistency.digest/content_digest): {bad}"
+    )
 
 
 if __name__ == "__main__":

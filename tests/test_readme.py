@@ -26,6 +26,7 @@ program's own launch line, as its first line gives it (the Python test ran that 
 `mpiexec` runs as written, its extra ranks allowed onto a small machine by PRRTE's oversubscribe
 policy in the environment (a cluster node has the slots).
 """
+
 import os
 import re
 import shutil
@@ -42,10 +43,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "jobs" / "README.md"]
 TIMEOUT = 120
 
-COMPLETE = re.compile(r"# (\d+) ranks?: mpiallreduce launch -n \1 (--fault-tolerant )?-- python ([\w.-]+\.py)")
+COMPLETE = re.compile(
+    r"# (\d+) ranks?: mpiallreduce launch -n \1 (--fault-tolerant )?-- python ([\w.-]+\.py)"
+)
 CONTINUES = re.compile(r"# (\d+) ranks?, continues the block above")
-FORMS = ("'# 2 ranks: mpiallreduce launch -n 2 -- python example.py' or "
-         "'# 2 ranks, continues the block above'")
+FORMS = (
+    "'# 2 ranks: mpiallreduce launch -n 2 -- python example.py' or "
+    "'# 2 ranks, continues the block above'"
+)
 
 
 def fenced_blocks(path, language, problems):
@@ -57,7 +62,7 @@ def fenced_blocks(path, language, problems):
             fence = (stripped[3:], number)
         elif fence is not None and stripped == "```":
             if fence[0] == language:
-                blocks.append((fence[1] + 1, "\n".join(lines[fence[1]:number - 1]) + "\n"))
+                blocks.append((fence[1] + 1, "\n".join(lines[fence[1] : number - 1]) + "\n"))
             fence = None
     if fence is not None:
         problems.append(f"{path.relative_to(ROOT)}:{fence[1]}: a ``` block that is never closed")
@@ -67,6 +72,7 @@ def fenced_blocks(path, language, problems):
 @dataclass
 class Chain:
     """A complete program and the blocks that continue it: one launch."""
+
     page: str
     line: int
     name: str
@@ -89,18 +95,30 @@ def python_chains():
             first = text.splitlines()[0] if text.strip() else ""
             complete, continues = COMPLETE.fullmatch(first), CONTINUES.fullmatch(first)
             if complete:
-                chain = Chain(page, line, complete[3], int(complete[1]),
-                              FAULT_TOLERANT_FLAGS if complete[2] else (), text, text)
+                chain = Chain(
+                    page,
+                    line,
+                    complete[3],
+                    int(complete[1]),
+                    FAULT_TOLERANT_FLAGS if complete[2] else (),
+                    text,
+                    text,
+                )
                 chains.append(chain)
             elif continues and chain is not None:
                 chain.ranks, chain.text = int(continues[1]), chain.text + text
             elif continues:
-                problems.append(f"{page}:{line}: {first!r} continues no complete block above it on its page")
+                problems.append(
+                    f"{page}:{line}: {first!r} continues no complete block above it on its page"
+                )
             else:
                 problems.append(f"{page}:{line}: the first line {first!r} says neither {FORMS}")
     names = [chain.name for chain in chains]
-    problems += [f"{chain.id}: the program name {chain.name} is taken by another page's program too"
-                 for chain in chains if names.count(chain.name) > 1]
+    problems += [
+        f"{chain.id}: the program name {chain.name} is taken by another page's program too"
+        for chain in chains
+        if names.count(chain.name) > 1
+    ]
     return chains, problems
 
 
@@ -109,15 +127,21 @@ CHAINS, PROBLEMS = python_chains()
 
 def needs(text):
     """The optional modules a program needs: 'cupy', 'torch'."""
-    return [module for module, pattern in (("cupy", r"^\s*(import|from) cupy\b"),
-                                           ("torch", r"^\s*(import|from) (torch|mpiallreduce\.torch)\b"))
-            if re.search(pattern, text, re.M)]
+    return [
+        module
+        for module, pattern in (
+            ("cupy", r"^\s*(import|from) cupy\b"),
+            ("torch", r"^\s*(import|from) (torch|mpiallreduce\.torch)\b"),
+        )
+        if re.search(pattern, text, re.M)
+    ]
 
 
 def no_gpu():
     """Why CuPy cannot run here, or None where it can."""
     try:
         import cupy
+
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return "CuPy sees no GPU"
     except Exception as error:  # (not installed, no driver, no device)
@@ -140,10 +164,14 @@ def missing(modules):
 
 def test_every_relative_link_in_the_pages_leads_to_a_file():
     """A page's links to other pages and files ([text](path), anchors aside) resolve from its folder."""
-    broken = [f"{page.relative_to(ROOT)}: {target}"
-              for page in [*PAGES, *sorted((ROOT / "benchmarks").glob("*.md"))]
-              for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
-              if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()]
+    broken = [
+        f"{page.relative_to(ROOT)}: {target}"
+        for page in [*PAGES, *sorted((ROOT / "benchmarks").glob("*.md"))]
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+        if "://" not in target
+        and not target.startswith("mailto:")
+        and not (page.parent / target).exists()
+    ]
     assert not broken, broken
 
 
@@ -159,14 +187,23 @@ def test_python_example_runs_as_written(chain, tmp_path):
         pytest.skip(reason)
     script = tmp_path / chain.name
     script.write_text(chain.text)
-    result = run(chain.ranks, [sys.executable, str(script)], timeout=TIMEOUT, extra_flags=chain.flags, cwd=tmp_path,
-                 env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="1"))
-    assert result.returncode == 0, (f"{chain.id} on {chain.ranks} ranks\n{chain.text}\n---\n"
-                                    f"{result.output[-4000:]}")
+    result = run(
+        chain.ranks,
+        [sys.executable, str(script)],
+        timeout=TIMEOUT,
+        extra_flags=chain.flags,
+        cwd=tmp_path,
+        env=dict(os.environ, MPIALLREDUCE_ABORT_ON_EXCEPTION="1"),
+    )
+    assert result.returncode == 0, (
+        f"{chain.id} on {chain.ranks} ranks\n{chain.text}\n---\n{result.output[-4000:]}"
+    )
 
 
-NOT_RUN_HERE = re.compile(r"(^|\s)(make|pytest|module)(\s|$)|-m pip\b|\bpip install\b|-m venv\b"
-                          r"|\b(srun|sbatch|salloc)\b|benchmarks/gpu/|^OUT=")
+NOT_RUN_HERE = re.compile(
+    r"(^|\s)(make|pytest|module)(\s|$)|-m pip\b|\bpip install\b|-m venv\b"
+    r"|\b(srun|sbatch|salloc)\b|benchmarks/gpu/|^OUT="
+)
 
 
 def shell_blocks():
@@ -174,7 +211,9 @@ def shell_blocks():
     problems = []
     for path in PAGES:
         for line, block in fenced_blocks(path, "sh", problems):
-            lines = [text.split("  #")[0].strip() for text in block.replace("\\\n", " ").splitlines()]
+            lines = [
+                text.split("  #")[0].strip() for text in block.replace("\\\n", " ").splitlines()
+            ]
             yield f"{path.relative_to(ROOT)}:{line}", [text for text in lines if text]
 
 
@@ -185,9 +224,13 @@ def cut_down(line):
     if any(chain.first_block.splitlines()[0].split(": ", 1)[1] == line for chain in CHAINS):
         return None  # (a program's own launch line: test_python_example_runs_as_written ran it)
     if "--device gpu" in line and no_gpu():
-        return None  # (tests/test_device_check.py runs bench on the CuPy stand-in, --device fake-gpu)
+        return (
+            None  # (tests/test_device_check.py runs bench on the CuPy stand-in, --device fake-gpu)
+        )
     if " --nodes " in line and (shutil.which("unshare") is None or os.geteuid() != 0):
-        return None  # (emulated nodes need root: tests/test_emulated_nodes.py says so where it skips)
+        return (
+            None  # (emulated nodes need root: tests/test_emulated_nodes.py says so where it skips)
+        )
     for program in re.findall(r"python ([\w.-]+\.py)\b", line):
         chain = next((chain for chain in CHAINS if chain.name == program), None)
         if chain is not None and missing(needs(chain.first_block)):
@@ -196,7 +239,9 @@ def cut_down(line):
         line = re.sub(r"--sizes \S+", "", line) + " --sizes 64,4K --repetitions 2"
         if "mpiallreduce bench" in line and "--openmpi-forced" not in line:
             line += " --openmpi-forced 4"
-        if "mpiallreduce bench" in line and "--algorithms" not in line:  # (every algorithm: test_under_mpiexec)
+        if (
+            "mpiallreduce bench" in line and "--algorithms" not in line
+        ):  # (every algorithm: test_under_mpiexec)
             line += " --algorithms auto,ring"
         if "mpiallreduce tune" in line and "--runs" not in line:
             line += " --runs 1"
@@ -206,18 +251,32 @@ def cut_down(line):
 SHELL_BLOCKS = list(shell_blocks())
 
 
-@pytest.mark.parametrize("lines", [lines for _, lines in SHELL_BLOCKS], ids=[name for name, _ in SHELL_BLOCKS])
+@pytest.mark.parametrize(
+    "lines", [lines for _, lines in SHELL_BLOCKS], ids=[name for name, _ in SHELL_BLOCKS]
+)
 def test_shell_example_runs_with_sizes_cut_down(lines, tmp_path):
     commands = [command for command in map(cut_down, lines) if command]
     if not commands:
         pytest.skip("nothing here runs on this machine: " + "; ".join(lines))
     for chain in CHAINS:
         (tmp_path / chain.name).write_text(chain.first_block)
-    env = launch_environment(dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-                                  PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe"))
+    env = launch_environment(
+        dict(
+            os.environ,
+            PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+            PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
+        )
+    )
     for command in commands:
-        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT)
+        done = subprocess.run(
+            command,
+            shell=True,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
         assert done.returncode == 0, f"{command}\n---\n{(done.stdout + done.stderr)[-4000:]}"
 
 
@@ -225,17 +284,24 @@ def test_the_results_page_is_what_its_command_writes(tmp_path):
     """docs/results.md is generated, never pasted: its first lines name the command, and running that
     command on the results folders in the repository now writes the same page."""
     import subprocess
+
     page = (ROOT / "docs" / "results.md").read_text()
     command = re.search(r"Written by `mpiallreduce report --markdown (\S+) ([^`]+)`", page)
     assert command, "docs/results.md does not say which command wrote it"
     folders = command.group(2).split()
     written = tmp_path / "results.md"
-    done = subprocess.run([sys.executable, "-m", "mpiallreduce", "report", "--markdown", str(written), *folders],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "mpiallreduce", "report", "--markdown", str(written), *folders],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert written.read_text().replace(str(written), command.group(1)) == page, (
         "docs/results.md differs from what its command writes: run `mpiallreduce report --markdown "
-        f"docs/results.md {' '.join(folders)}`")
+        f"docs/results.md {' '.join(folders)}`"
+    )
 
 
 WHAT_AUTO_RUNS = """
@@ -256,7 +322,9 @@ def test_what_auto_runs_in_the_architecture_pages_example_is_what_it_runs_now(tm
     script = tmp_path / "what_auto_runs.py"
     script.write_text(WHAT_AUTO_RUNS)
     env = {key: value for key, value in os.environ.items() if key != "MPIALLREDUCE_TUNING"}
-    result = run(2, [sys.executable, str(script)], timeout=TIMEOUT, env=launch_environment(env), cwd=ROOT)
+    result = run(
+        2, [sys.executable, str(script)], timeout=TIMEOUT, env=launch_environment(env), cwd=ROOT
+    )
     assert result.returncode == 0, result.output[-3000:]
     printed = [line for line in result.output.splitlines() if line.strip()]
     assert len(printed) == 6, result.output[-3000:]

@@ -4,6 +4,7 @@ Blocks whose largest exponents are all normal take the fast path (a rounding con
 np.rint, the result rounded straight into the dtype); blocks holding a zero, subnormal, inf or NaN
 largest take the general one. Which path an element takes depends on its neighbours (its block),
 so a different bucket or fusion could move it from one to the other: their bits must agree."""
+
 import numpy as np
 import pytest
 
@@ -48,8 +49,12 @@ def test_fast_and_general_paths_give_the_same_words_and_sums(dtype):
     summed = np.sum(words, axis=0)
     bits = np.uint16 if dtype == "float16" else np.uint32
     for divide_by in (1, 3):  # (a sum, and a mean of 3 ranks)
-        fast_result = reproducible.from_words(summed, largest, fmt, divide_by, dtype=np.dtype(dtype))
-        general_result = reproducible._from_words_block(summed, largest, fmt, divide_by).astype(dtype)
+        fast_result = reproducible.from_words(
+            summed, largest, fmt, divide_by, dtype=np.dtype(dtype)
+        )
+        general_result = reproducible._from_words_block(summed, largest, fmt, divide_by).astype(
+            dtype
+        )
         assert np.array_equal(fast_result.view(bits), general_result.view(bits)), divide_by
 
 
@@ -66,8 +71,10 @@ def test_a_zero_in_the_block_changes_the_path_not_the_bits():
     for a, m in zip(alone, mixed):
         assert np.array_equal(a, m[:-1])
     summed_alone, summed_mixed = np.sum(alone, axis=0), np.sum(mixed, axis=0)
-    assert np.array_equal(reproducible.from_words(summed_alone, largest[:-1], fmt, dtype=np.float32),
-                          reproducible.from_words(summed_mixed, largest, fmt, dtype=np.float32)[:-1])
+    assert np.array_equal(
+        reproducible.from_words(summed_alone, largest[:-1], fmt, dtype=np.float32),
+        reproducible.from_words(summed_mixed, largest, fmt, dtype=np.float32)[:-1],
+    )
 
 
 @pytest.mark.parametrize("divide_by", [1, 3])
@@ -76,19 +83,22 @@ def test_compiled_kernels_give_the_numpy_passes_bits(monkeypatch, divide_by):
     normal ones with ties on the grid, and ones holding zeros, subnormals, infinities and NaN."""
     pytest.importorskip("numba")
     from mpiallreduce.reproducible import kernels as reproducible_kernels
+
     if not reproducible_kernels.available():
         pytest.skip("numba switched off (MPIALLREDUCE_REPRODUCIBLE_KERNELS=numpy)")
     fmt = reproducible.FORMATS["float32"]
     rows = contributions("float32", 3 * reproducible.BLOCK + 77, 3, seed=3)
     specials = np.array([0.0, -0.0, 1e-45, -3e-42, np.inf, -np.inf, np.nan], np.float32)
     for r, row in enumerate(rows):  # the second block gets a few of each special value
-        row[reproducible.BLOCK + 5:reproducible.BLOCK + 5 + specials.size] = np.roll(specials, r)
+        row[reproducible.BLOCK + 5 : reproducible.BLOCK + 5 + specials.size] = np.roll(specials, r)
 
     def convert():
         codes = [reproducible.exponent_codes(row, fmt) for row in rows]
         largest = np.maximum.reduce(codes)
         words = [reproducible.to_words(row, largest, fmt) for row in rows]
-        result = reproducible.from_words(np.sum(words, axis=0), largest, fmt, divide_by, dtype=np.float32)
+        result = reproducible.from_words(
+            np.sum(words, axis=0), largest, fmt, divide_by, dtype=np.float32
+        )
         return codes, words, result
 
     compiled = convert()
@@ -114,10 +124,20 @@ def with_specials(rows, tiny_at, special_at):
     inf, -inf, inf - inf and NaN."""
     p = len(rows)
     tiny = float(np.finfo(rows[0].dtype).smallest_subnormal)
-    tiny_columns = [[0.0] * p, [-0.0] * p, [-0.0] * (p - 1) + [0.0], [tiny * (r + 1) * (-1) ** r for r in range(p)],
-                    [tiny] + [-tiny] * (p - 1), [1.0] + [tiny] * (p - 1)]
-    special_columns = [[np.inf] + [1.0] * (p - 1), [-np.inf] * p, [np.inf] + [-np.inf] * (p - 1),
-                       [np.nan] + [1.0] * (p - 1)]
+    tiny_columns = [
+        [0.0] * p,
+        [-0.0] * p,
+        [-0.0] * (p - 1) + [0.0],
+        [tiny * (r + 1) * (-1) ** r for r in range(p)],
+        [tiny] + [-tiny] * (p - 1),
+        [1.0] + [tiny] * (p - 1),
+    ]
+    special_columns = [
+        [np.inf] + [1.0] * (p - 1),
+        [-np.inf] * p,
+        [np.inf] + [-np.inf] * (p - 1),
+        [np.nan] + [1.0] * (p - 1),
+    ]
     for at, columns in ((tiny_at, tiny_columns), (special_at, special_columns)):
         for c, column in enumerate(columns):
             for r, row in enumerate(rows):
@@ -132,8 +152,11 @@ def test_the_direct_route_gives_the_words_route_bits(monkeypatch, dtype, ranks):
     words route played here, compiled and in numpy passes, sum and mean, into a new array and into
     the first contribution (in place). Zero and subnormal largests sit in one block (the compiled
     loop takes them), inf and NaN in another (the numpy passes do); the rest are normal."""
-    rows = with_specials(contributions(dtype, 2 * reproducible.BLOCK + 77, ranks, seed=ranks), 40,
-                         reproducible.BLOCK + 11)
+    rows = with_specials(
+        contributions(dtype, 2 * reproducible.BLOCK + 77, ranks, seed=ranks),
+        40,
+        reproducible.BLOCK + 11,
+    )
     bits = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
     for compiled in (True, False):
         if not compiled:
@@ -141,7 +164,11 @@ def test_the_direct_route_gives_the_words_route_bits(monkeypatch, dtype, ranks):
         for divide_by in (1, ranks):
             want = words_route(rows, divide_by, dtype).view(bits)
             got = routes.exact_sum_into(rows, np.empty_like(rows[0]), divide_by)
-            assert np.array_equal(got.view(bits), want), (compiled, divide_by, np.nonzero(got.view(bits) != want))
+            assert np.array_equal(got.view(bits), want), (
+                compiled,
+                divide_by,
+                np.nonzero(got.view(bits) != want),
+            )
             in_place = [row.copy() for row in rows]
             routes.exact_sum_into(in_place, in_place[0], divide_by)
             assert np.array_equal(in_place[0].view(bits), want)
@@ -154,17 +181,24 @@ def test_the_compiled_direct_route_leaves_no_element_to_chance(ranks):
     values against the words route, over many blocks."""
     pytest.importorskip("numba")
     from mpiallreduce.reproducible import kernels as reproducible_kernels
+
     if not reproducible_kernels.available():
         pytest.skip("numba switched off (MPIALLREDUCE_REPRODUCIBLE_KERNELS=numpy)")
     rng = np.random.default_rng(11)
     count = 20 * reproducible_kernels.EXACT_BLOCK + 5
-    rows = [(rng.standard_normal(count) * np.exp2(rng.integers(-160, 120, count))).astype(np.float32)
-            for _ in range(ranks)]
+    rows = [
+        (rng.standard_normal(count) * np.exp2(rng.integers(-160, 120, count))).astype(np.float32)
+        for _ in range(ranks)
+    ]
     rows[1][::9] = -rows[0][::9]  # exact cancellations
-    rows[1][1::9] = rows[0][1::9] * np.float32(2.0 ** -28)  # (28 and 29 binades below: the grid rounds)
-    rows[1][2::9] = rows[0][2::9] * np.float32(-1.5 * 2.0 ** -29)
+    rows[1][1::9] = rows[0][1::9] * np.float32(
+        2.0**-28
+    )  # (28 and 29 binades below: the grid rounds)
+    rows[1][2::9] = rows[0][2::9] * np.float32(-1.5 * 2.0**-29)
     for row in rows:
-        row[::13] = rng.choice([0.0, -0.0, 1e-45, -1e-45, 1e-40], row[::13].size)  # zero or subnormal largests
+        row[::13] = rng.choice(
+            [0.0, -0.0, 1e-45, -1e-45, 1e-40], row[::13].size
+        )  # zero or subnormal largests
     for divide_by in (1, ranks):
         want = words_route(rows, divide_by, "float32").view(np.uint32)
         got = routes.exact_sum_into(rows, np.empty(count, np.float32), divide_by).view(np.uint32)
@@ -176,7 +210,10 @@ def test_more_contributions_than_the_compiled_loop_takes_give_the_same_bits():
     contributions (zero and subnormal largests included) against the words route."""
     rng = np.random.default_rng(12)
     for p in (9, 12):
-        rows = [(rng.standard_normal(5000) * np.exp2(rng.integers(-30, 30, 5000))).astype(np.float32) for _ in range(p)]
+        rows = [
+            (rng.standard_normal(5000) * np.exp2(rng.integers(-30, 30, 5000))).astype(np.float32)
+            for _ in range(p)
+        ]
         rows = with_specials(rows, 10, 3000)
         for divide_by in (1, p):
             want = words_route(rows, divide_by, "float32").view(np.uint32)
@@ -192,11 +229,15 @@ def test_the_one_pass_loop_leaves_inf_and_nan_whole_for_the_numpy_passes(ranks):
     new array and in place into the first and the second contribution."""
     rng = np.random.default_rng(20 + ranks)
     count = 7 * 2048 + 3
-    rows = [(rng.standard_normal(count) * np.exp2(rng.integers(-20, 20, count))).astype(np.float32)
-            for _ in range(ranks)]
+    rows = [
+        (rng.standard_normal(count) * np.exp2(rng.integers(-20, 20, count))).astype(np.float32)
+        for _ in range(ranks)
+    ]
     for r, row in enumerate(rows):
         row[r::3] = rng.choice([np.inf, -np.inf, np.nan], row[r::3].size)
-        row[2::7] = np.float32(3e38)  # (every contribution finite where no inf or NaN fell: a sum of inf)
+        row[2::7] = np.float32(
+            3e38
+        )  # (every contribution finite where no inf or NaN fell: a sum of inf)
     for divide_by in (1, ranks):
         want = words_route(rows, divide_by, "float32").view(np.uint32)
         got = routes.exact_sum_into(rows, np.empty(count, np.float32), divide_by).view(np.uint32)

@@ -1,11 +1,11 @@
 """The jobs in jobs/ on a real single-node Slurm that the test suite starts and stops itself."""
+
 import re
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from processes import processes_with
 from slurm_cluster import SlurmCluster, missing_programs
 
@@ -18,7 +18,9 @@ JOB_TIMEOUT = 240
 def slurm(tmp_path_factory):
     missing = missing_programs()
     if missing:
-        pytest.skip(f"no Slurm here (missing {', '.join(missing)}); `make test` as root installs Debian's")
+        pytest.skip(
+            f"no Slurm here (missing {', '.join(missing)}); `make test` as root installs Debian's"
+        )
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     cluster.env["PYTHON"] = sys.executable
     cluster.start()
@@ -30,12 +32,17 @@ def read(path):
     return path.read_text() if path.exists() else ""
 
 
-def test_info_job_sees_every_task_through_pmix_and_binds_one_gpu_per_node_local_rank(slurm, tmp_path):
+def test_info_job_sees_every_task_through_pmix_and_binds_one_gpu_per_node_local_rank(
+    slurm, tmp_path
+):
     """Two tasks on one node, started by srun through PMIx: info sees both. With the GPUs Slurm leaves
     visible (here: CUDA_VISIBLE_DEVICES as --gpus-per-node=2 would set it), each task of a node takes
     the GPU of its node-local rank: rank i, visible GPU i."""
-    job = slurm.submit(["--nodes=1", "--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")], cwd=tmp_path,
-                       env={"CUDA_VISIBLE_DEVICES": "6,7"})
+    job = slurm.submit(
+        ["--nodes=1", "--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")],
+        cwd=tmp_path,
+        env={"CUDA_VISIBLE_DEVICES": "6,7"},
+    )
     states = slurm.wait(job, JOB_TIMEOUT)
     output = read(tmp_path / f"mpiallreduce-info-{job}.out")
     assert list(states.values())[0][0] == "COMPLETED", (states, output, slurm.logs())
@@ -48,8 +55,16 @@ def test_info_job_sees_every_task_through_pmix_and_binds_one_gpu_per_node_local_
 
 def test_info_job_on_two_nodes_names_each_ranks_node(slurm, tmp_path):
     """sbatch -N 2: srun --mpi=pmix starts one task on each Slurm node; info names the nodes."""
-    job = slurm.submit(["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")],
-                       cwd=tmp_path)
+    job = slurm.submit(
+        [
+            "--nodes=2",
+            "--ntasks=2",
+            "--ntasks-per-node=1",
+            f"--chdir={tmp_path}",
+            str(JOBS / "info.sbatch"),
+        ],
+        cwd=tmp_path,
+    )
     states = slurm.wait(job, JOB_TIMEOUT)
     output = read(tmp_path / f"mpiallreduce-info-{job}.out")
     assert list(states.values())[0][0] == "COMPLETED", (states, output, slurm.logs())
@@ -60,31 +75,56 @@ def test_info_job_on_two_nodes_names_each_ranks_node(slurm, tmp_path):
 
 def test_bench_job_array_writes_one_folder_per_rank_count(slurm, tmp_path):
     import json
-    job = slurm.submit([f"--chdir={tmp_path}", "--export=ALL,RANK_COUNTS=1 2", str(JOBS / "bench.sbatch")], cwd=tmp_path,
-                       env={"BENCH_ARGS": "--sizes 4,4K --repetitions 2 --openmpi-forced none"})
+
+    job = slurm.submit(
+        [f"--chdir={tmp_path}", "--export=ALL,RANK_COUNTS=1 2", str(JOBS / "bench.sbatch")],
+        cwd=tmp_path,
+        env={"BENCH_ARGS": "--sizes 4,4K --repetitions 2 --openmpi-forced none"},
+    )
     states = slurm.wait(job, JOB_TIMEOUT)
     outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))
     assert len(states) == 2 and all(s[0] == "COMPLETED" for s in states.values()), (states, outputs)
     for ranks in (1, 2):
-        data = json.loads((tmp_path / "results" / f"slurm-{job}" / f"ranks-{ranks}" / "bench.json").read_text())
-        assert data["metadata"]["ranks"] == ranks and data["metadata"]["arguments"]["sizes"] == [4, 4096]
+        data = json.loads(
+            (tmp_path / "results" / f"slurm-{job}" / f"ranks-{ranks}" / "bench.json").read_text()
+        )
+        assert data["metadata"]["ranks"] == ranks and data["metadata"]["arguments"]["sizes"] == [
+            4,
+            4096,
+        ]
         assert {m["nbytes"] for m in data["measurements"]} == {4, 4096}
         assert all(m["wrong"] == 0 for m in data["measurements"])
 
 
-def test_bench_job_sweeps_node_counts_skips_what_needs_one_node_and_report_merges_them(slurm, tmp_path):
+def test_bench_job_sweeps_node_counts_skips_what_needs_one_node_and_report_merges_them(
+    slurm, tmp_path
+):
     """jobs/bench.sbatch with -N 2 as a node sweep: array task 0 runs 1 rank on 1 node, task 1 two
     ranks over the 2 Slurm nodes, where what needs one node is left out, named in the output and the
     JSON, and every result is right. `mpiallreduce report` merges both into one table by nodes."""
     import json
     import subprocess
-    job = slurm.submit([f"--chdir={tmp_path}", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--array=0-1",
-                        "--export=ALL,NODE_COUNTS=1 2,RANK_COUNTS=1 2", str(JOBS / "bench.sbatch")], cwd=tmp_path,
-                       env={"BENCH_ARGS": "--sizes 4K,64K --repetitions 2 --openmpi-forced none"})  # (commas: not in --export)
+
+    job = slurm.submit(
+        [
+            f"--chdir={tmp_path}",
+            "--nodes=2",
+            "--ntasks=2",
+            "--ntasks-per-node=1",
+            "--array=0-1",
+            "--export=ALL,NODE_COUNTS=1 2,RANK_COUNTS=1 2",
+            str(JOBS / "bench.sbatch"),
+        ],
+        cwd=tmp_path,
+        env={"BENCH_ARGS": "--sizes 4K,64K --repetitions 2 --openmpi-forced none"},
+    )  # (commas: not in --export)
     states = slurm.wait(job, JOB_TIMEOUT)
     outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))
     assert len(states) == 2 and all(s[0] == "COMPLETED" for s in states.values()), (states, outputs)
-    assert "# skipped: shared_memory (needs every rank on one node; these 2 ranks are on 2 nodes" in outputs, outputs
+    assert (
+        "# skipped: shared_memory (needs every rank on one node; these 2 ranks are on 2 nodes"
+        in outputs
+    ), outputs
     results = tmp_path / "results" / f"slurm-{job}"
     one = json.loads((results / "nodes-1-ranks-1" / "bench.json").read_text())
     two = json.loads((results / "nodes-2-ranks-2" / "bench.json").read_text())
@@ -92,15 +132,37 @@ def test_bench_job_sweeps_node_counts_skips_what_needs_one_node_and_report_merge
     assert (two["metadata"]["nodes"], two["metadata"]["ranks"]) == (2, 2)
     assert sorted(two["metadata"]["slurm_nodes"]) == ["n1", "n2"]
     assert any(s.startswith("shared_memory") for s in two["metadata"]["skipped"])
-    assert {m["algorithm"] for m in two["measurements"]} >= {"ring", "two_level", "hierarchical", "auto"}
+    assert {m["algorithm"] for m in two["measurements"]} >= {
+        "ring",
+        "two_level",
+        "hierarchical",
+        "auto",
+    }
     assert all(m["wrong"] == 0 for m in one["measurements"] + two["measurements"])
-    report = subprocess.run([sys.executable, "-m", "mpiallreduce", "report", str(results), "--output",
-                             str(tmp_path / "report")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mpiallreduce",
+            "report",
+            str(results),
+            "--output",
+            str(tmp_path / "report"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert report.returncode == 0, report.stderr
     assert "2 layouts (1 rank on 1 node, 2 ranks on 2 nodes)" in report.stdout, report.stdout
     rows = re.findall(r"^\s+(\d) +(\d) +(\S+) +(\d+) ", report.stdout, re.M)
-    assert [(n, p, b) for n, p, _, b in rows] == [("1", "1", "4096"), ("1", "1", "65536"),
-                                                  ("2", "2", "4096"), ("2", "2", "65536")], report.stdout
+    assert [(n, p, b) for n, p, _, b in rows] == [
+        ("1", "1", "4096"),
+        ("1", "1", "65536"),
+        ("2", "2", "4096"),
+        ("2", "2", "65536"),
+    ], report.stdout
     assert (tmp_path / "report" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -111,9 +173,17 @@ TRAIN_STEPS = 120
 def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, tmp_path):
     """jobs/train.sbatch as a user submits it with -N 2 (one rank on each Slurm node): USR1, the
     checkpoint, the requeue and the resume, across the nodes."""
-    job = slurm.submit([f"--chdir={tmp_path}", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-                        f"--export=ALL,TRAIN_ARGS=--steps {TRAIN_STEPS} --step-seconds 0.05,CHECKPOINT_EVERY=1000",
-                        str(JOBS / "train.sbatch")], cwd=tmp_path)
+    job = slurm.submit(
+        [
+            f"--chdir={tmp_path}",
+            "--nodes=2",
+            "--ntasks=2",
+            "--ntasks-per-node=1",
+            f"--export=ALL,TRAIN_ARGS=--steps {TRAIN_STEPS} --step-seconds 0.05,CHECKPOINT_EVERY=1000",
+            str(JOBS / "train.sbatch"),
+        ],
+        cwd=tmp_path,
+    )
     log = tmp_path / f"mpiallreduce-train-{job}.out"
     deadline = time.monotonic() + JOB_TIMEOUT
     while "step    10 " not in read(log):
@@ -127,8 +197,11 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
     # once the old ranks are gone, let it start now
     # (and once their step daemons are gone: a step launched while the old one's slurmstepd wound down
     # failed once, "StepId=N.0 aborted before step completely launched", in a clean-clone make test)
-    while (slurm.job_states(job).get(job, ("",))[0] != "PENDING" or processes_with(f"train-{job}.npz")
-           or processes_with(f"slurmstepd: [{job}.")):
+    while (
+        slurm.job_states(job).get(job, ("",))[0] != "PENDING"
+        or processes_with(f"train-{job}.npz")
+        or processes_with(f"slurmstepd: [{job}.")
+    ):
         assert time.monotonic() < deadline, slurm.job_states(job)
         time.sleep(0.5)
     time.sleep(2)
@@ -148,13 +221,29 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
     assert f"step {TRAIN_STEPS:>5} " in output, output
     # the same parameters as a run that was never interrupted (same rank count: the same bits)
     import numpy as np
+
     from mpiallreduce.tools.launch import run
+
     straight = tmp_path / "straight.npz"
-    result = run(2, [sys.executable, "-m", "mpiallreduce.train", "--steps", str(TRAIN_STEPS), "--save-params",
-                                  str(straight)],
-                 timeout=JOB_TIMEOUT, cwd=tmp_path)
+    result = run(
+        2,
+        [
+            sys.executable,
+            "-m",
+            "mpiallreduce.train",
+            "--steps",
+            str(TRAIN_STEPS),
+            "--save-params",
+            str(straight),
+        ],
+        timeout=JOB_TIMEOUT,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.output[-3000:]
-    with np.load(tmp_path / "checkpoints" / f"train-{job}.npz") as interrupted, np.load(straight) as reference:
+    with (
+        np.load(tmp_path / "checkpoints" / f"train-{job}.npz") as interrupted,
+        np.load(straight) as reference,
+    ):
         assert int(interrupted["step"]) == TRAIN_STEPS
         for name in reference.files:
             assert np.array_equal(interrupted[name], reference[name]), name
@@ -162,8 +251,16 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
 
 def test_a_job_launched_the_wrong_way_fails_with_the_singleton_message(slurm, tmp_path):
     script = f"srun --mpi=pmi2 -n 2 {sys.executable} -c 'import numpy, mpiallreduce as m; m.allreduce(numpy.ones(1))'"
-    job = slurm.submit([f"--chdir={tmp_path}", "--ntasks=2", f"--output={tmp_path}/wrong-%j.out", "--wrap", script],
-                       cwd=tmp_path)
+    job = slurm.submit(
+        [
+            f"--chdir={tmp_path}",
+            "--ntasks=2",
+            f"--output={tmp_path}/wrong-%j.out",
+            "--wrap",
+            script,
+        ],
+        cwd=tmp_path,
+    )
     states = slurm.wait(job, JOB_TIMEOUT)
     output = read(tmp_path / f"wrong-{job}.out")
     assert states[job][0] == "FAILED", (states, output)

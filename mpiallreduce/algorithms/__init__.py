@@ -2,12 +2,20 @@
 
 Adding an algorithm is adding a module here (see :mod:`.base`); ``ALGORITHMS`` lists their names.
 """
+
 import importlib
 import pkgutil
 
 from .base import Algorithm
 
-__all__ = ["ALGORITHMS", "HOST_ALGORITHMS", "SYMMETRIC_ALGORITHMS", "REGISTRY", "check_algorithm_name", "Algorithm"]
+__all__ = [
+    "ALGORITHMS",
+    "HOST_ALGORITHMS",
+    "SYMMETRIC_ALGORITHMS",
+    "REGISTRY",
+    "check_algorithm_name",
+    "Algorithm",
+]
 
 _NOT_ALGORITHM_MODULES = {"base", "power_of_two"}
 
@@ -32,10 +40,15 @@ REGISTRY = _discover()
 #: the names accepted by ``allreduce(algorithm=...)`` besides "auto"
 ALGORITHMS = tuple(REGISTRY)
 #: those that run on any numpy arrays (the others are for device arrays only, or symmetric buffers)
-HOST_ALGORITHMS = tuple(name for name, algorithm in REGISTRY.items()
-                        if algorithm.memory != "device" and not algorithm.needs_symmetric)
+HOST_ALGORITHMS = tuple(
+    name
+    for name, algorithm in REGISTRY.items()
+    if algorithm.memory != "device" and not algorithm.needs_symmetric
+)
 #: those that run on symmetric buffers only (mpiallreduce.empty: single_copy)
-SYMMETRIC_ALGORITHMS = tuple(name for name, algorithm in REGISTRY.items() if algorithm.needs_symmetric)
+SYMMETRIC_ALGORITHMS = tuple(
+    name for name, algorithm in REGISTRY.items() if algorithm.needs_symmetric
+)
 
 
 def check_algorithm_name(algorithm, on_device):
@@ -46,6 +59,8 @@ def check_algorithm_name(algorithm, on_device):
         return
     chosen = REGISTRY.get(algorithm)
     if chosen is None:
-        raise ValueError(f"unknown algorithm {algorithm!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}")
+        raise ValueError(
+            f"unknown algorithm {algorithm!r}; expected 'auto' or one of {', '.join(ALGORITHMS)}"
+        )
     if chosen.memory == "device" and not on_device:
         raise TypeError(f"algorithm {algorithm!r} runs on device (CuPy) arrays; x is a numpy array")

@@ -5,13 +5,22 @@ instance; :mod:`mpiallreduce.algorithms` finds it there. ``plan`` is a pure func
 count, this rank and the element count, so plans are cached and can be checked without MPI.
 ``run`` executes a plan on flat contiguous buffers.
 """
+
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Tuple
 
-__all__ = ["Algorithm", "CallTags", "OneNodeSlicedAlgorithm", "SlicesPlan", "slices_plan", "ring_neighbours", "split_evenly",
-           "reduce_in_rank_order_into", "wait_all"]
+__all__ = [
+    "Algorithm",
+    "CallTags",
+    "OneNodeSlicedAlgorithm",
+    "SlicesPlan",
+    "slices_plan",
+    "ring_neighbours",
+    "split_evenly",
+    "reduce_in_rank_order_into",
+    "wait_all",
+]
 
 
 class Algorithm:
@@ -128,7 +137,9 @@ class CallTags:
     ``wait_all(comm, requests)``."""
 
     slot = 1024
-    calls_apart = None  # (MPI_TAG_UB + 1) // slot - 1: 2**21 - 1 calls with Open MPI's TAG_UB of 2**31 - 1
+    calls_apart = (
+        None  # (MPI_TAG_UB + 1) // slot - 1: 2**21 - 1 calls with Open MPI's TAG_UB of 2**31 - 1
+    )
     # (the last slot is left out: its top tag, MPI_TAG_UB, carries the control messages)
 
     #: where in a call's slot the signature comparison's messages go (mpiallreduce.core.consistency),
@@ -138,7 +149,10 @@ class CallTags:
     def __init__(self, comm, sequence, watch=None, base=0):
         if CallTags.calls_apart is None:
             from mpi4py import MPI
-            CallTags.calls_apart = max(1, (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1) // self.slot - 1)
+
+            CallTags.calls_apart = max(
+                1, (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) + 1) // self.slot - 1
+            )
         self.comm = comm
         self.offset = (sequence % CallTags.calls_apart) * self.slot + base
         self.watch = watch
@@ -157,10 +171,16 @@ class CallTags:
 
     def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag, status=None):
         if self.watch is None:
-            self.comm.Sendrecv(sendbuf, dest, sendtag + self.offset, recvbuf, source, recvtag + self.offset, status)
+            self.comm.Sendrecv(
+                sendbuf, dest, sendtag + self.offset, recvbuf, source, recvtag + self.offset, status
+            )
         else:
-            self.watch.wait([self.comm.Irecv(recvbuf, source, recvtag + self.offset),
-                             self.comm.Isend(sendbuf, dest, sendtag + self.offset)])
+            self.watch.wait(
+                [
+                    self.comm.Irecv(recvbuf, source, recvtag + self.offset),
+                    self.comm.Isend(sendbuf, dest, sendtag + self.offset),
+                ]
+            )
 
     def Isend(self, buf, dest, tag=0):
         return self._posted(self.comm.Isend(buf, dest, tag + self.offset))
@@ -184,6 +204,7 @@ def wait_all(comm, requests):
     watch = getattr(comm, "watch", None)
     if watch is None:
         from mpi4py import MPI
+
         MPI.Request.Waitall(requests)
     else:
         watch.wait(requests)
@@ -214,7 +235,7 @@ def split_evenly(count, parts):
 class SlicesPlan:
     """Rank r owns the element range [start, stop) = ``slices[r]`` of the buffer."""
 
-    slices: Tuple[Tuple[int, int], ...]
+    slices: tuple[tuple[int, int], ...]
 
 
 def slices_plan(size, count):

@@ -26,14 +26,15 @@ barrier means that once any rank returns, no peer holds a mapping of its buffers
 cudaIpcOpenMemHandle per peer and buffer per call: on an H200, 4 ranks, a call of 1 MiB took
 2.0 ms against Open MPI's 0.51 (benchmarks/results-gpu/bench-gpu.txt), the mapping's time.
 """
+
 import contextlib
 import functools
 
 import numpy as np
 from mpi4py import MPI
 
-from ..core.consistency import agree_on_outcome
 from ..core.buffers import copy_into
+from ..core.consistency import agree_on_outcome
 from ..device.arrays import allocation_range, close_ipc_mapping, namespace, synchronize
 from .base import OneNodeSlicedAlgorithm
 
@@ -47,8 +48,13 @@ template <typename T> __device__ T mpiallreduce_min(T a, T b) { return (a < b ||
 """
 #: numpy's float16 loops keep the first argument on a tie (np.maximum(f16(0), f16(-0.0)) is +0)
 FIRST_ON_TIES_PREAMBLE = RANK_ORDER_PREAMBLE.replace("a > b", "a >= b").replace("a < b", "a <= b")
-_COMBINE = {"sum": "({a} + {b})", "mean": "({a} + {b})", "prod": "({a} * {b})",
-            "max": "mpiallreduce_max({a}, {b})", "min": "mpiallreduce_min({a}, {b})"}
+_COMBINE = {
+    "sum": "({a} + {b})",
+    "mean": "({a} + {b})",
+    "prod": "({a} * {b})",
+    "max": "mpiallreduce_max({a}, {b})",
+    "min": "mpiallreduce_min({a}, {b})",
+}
 
 
 def rank_order_operation(op_name, count):
@@ -59,14 +65,18 @@ def rank_order_operation(op_name, count):
     return f"result = {expression}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rank_order_kernel(xp, op_name, count, first_on_ties=False):
     """One ElementwiseKernel that reduces ``count`` same-typed inputs in rank order into ``result``
     (``first_on_ties``: min and max as numpy's float16 loops break ties)."""
     inputs = ", ".join(f"T in{i}" for i in range(count))
-    return xp.ElementwiseKernel(inputs, "T result", rank_order_operation(op_name, count),
-                                f"mpiallreduce_rank_order_{op_name}_{count}{'_first' if first_on_ties else ''}",
-                                preamble=FIRST_ON_TIES_PREAMBLE if first_on_ties else RANK_ORDER_PREAMBLE)
+    return xp.ElementwiseKernel(
+        inputs,
+        "T result",
+        rank_order_operation(op_name, count),
+        f"mpiallreduce_rank_order_{op_name}_{count}{'_first' if first_on_ties else ''}",
+        preamble=FIRST_ON_TIES_PREAMBLE if first_on_ties else RANK_ORDER_PREAMBLE,
+    )
 
 
 class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
@@ -86,15 +96,22 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
         # Each step that can fail on one rank alone (a CUDA error, a peer's memory that cannot be
         # mapped) ends in an agreement, a collective, so that every rank raises it instead of the
         # others going on into the next collective and waiting there for ever.
-        handles = exchange_handles(comm, xp, [source, recv])  # (synchronizes first: the input is written)
+        handles = exchange_handles(
+            comm, xp, [source, recv]
+        )  # (synchronizes first: the input is written)
         mappings = PeerMappings(xp)
         try:
             # Step 1: reduce this rank's slice over every rank's input, in rank order, in one kernel
             error = None
             try:
                 sources, results = peer_arrays(comm, xp, [source, recv], handles, mappings)
-                pieces = [own_slice if q == rank and send is None else peer[a:b] for q, peer in enumerate(sources)]
-                rank_order_kernel(xp, op.name, len(pieces), recv.dtype == np.float16)(*pieces, own_slice)
+                pieces = [
+                    own_slice if q == rank and send is None else peer[a:b]
+                    for q, peer in enumerate(sources)
+                ]
+                rank_order_kernel(xp, op.name, len(pieces), recv.dtype == np.float16)(
+                    *pieces, own_slice
+                )
                 synchronize(xp)
             except Exception as failure:  # noqa: BLE001 - raised on every rank by agree_on_outcome
                 error = failure
@@ -109,9 +126,13 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
                 mappings.close()
             except Exception as failure:  # noqa: BLE001 - raised on every rank by agree_on_outcome
                 error = failure
-            agree_on_outcome(comm, error, "device_to_device: copying the peers' slices and unmapping them")
+            agree_on_outcome(
+                comm, error, "device_to_device: copying the peers' slices and unmapping them"
+            )
         finally:
-            if mappings.bases:  # (after a failure every rank raises already: what is left is unmapped quietly)
+            if (
+                mappings.bases
+            ):  # (after a failure every rank raises already: what is left is unmapped quietly)
                 with contextlib.suppress(Exception):
                     mappings.close()
 
@@ -128,7 +149,9 @@ class PeerMappings:
         base = self.bases.get(handle)
         if base is None:
             runtime = self.xp.cuda.runtime
-            base = runtime.ipcOpenMemHandle(handle, getattr(runtime, "cudaIpcMemLazyEnablePeerAccess", 1))
+            base = runtime.ipcOpenMemHandle(
+                handle, getattr(runtime, "cudaIpcMemLazyEnablePeerAccess", 1)
+            )
             self.bases[handle] = base
         return base
 
@@ -164,24 +187,30 @@ def exchange_handles(comm, xp, arrays):
         for i, array in enumerate(arrays):
             base, _ = allocation_range(xp, array.data.ptr)
             start = 1 + i * RECORD_BYTES
-            mine[start:start + IPC_HANDLE_BYTES] = np.frombuffer(bytes(xp.cuda.runtime.ipcGetMemHandle(base)),
-                                                                 dtype=np.uint8)
-            mine[start + IPC_HANDLE_BYTES:start + RECORD_BYTES] = np.array(
-                [array.data.ptr - base, array.device.id], dtype=np.uint64).view(np.uint8)
+            mine[start : start + IPC_HANDLE_BYTES] = np.frombuffer(
+                bytes(xp.cuda.runtime.ipcGetMemHandle(base)), dtype=np.uint8
+            )
+            mine[start + IPC_HANDLE_BYTES : start + RECORD_BYTES] = np.array(
+                [array.data.ptr - base, array.device.id], dtype=np.uint64
+            ).view(np.uint8)
     except Exception as failure:  # noqa: BLE001 - raised on every rank just below
         error = failure
         mine[0] = 1
     everyone = np.empty((comm.Get_size(), mine.size), dtype=np.uint8)
     comm.Allgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
     if everyone[:, 0].any():
-        agree_on_outcome(comm, error, "device_to_device: synchronizing and exporting device memory (CUDA IPC)")
+        agree_on_outcome(
+            comm, error, "device_to_device: synchronizing and exporting device memory (CUDA IPC)"
+        )
     records = []
     for row in everyone:
         entries = []
         for i in range(len(arrays)):
             start = 1 + i * RECORD_BYTES
-            offset, device_id = row[start + IPC_HANDLE_BYTES:start + RECORD_BYTES].view(np.uint64)
-            entries.append((row[start:start + IPC_HANDLE_BYTES].tobytes(), int(offset), int(device_id)))
+            offset, device_id = row[start + IPC_HANDLE_BYTES : start + RECORD_BYTES].view(np.uint64)
+            entries.append(
+                (row[start : start + IPC_HANDLE_BYTES].tobytes(), int(offset), int(device_id))
+            )
         records.append(entries)
     return records
 
@@ -197,7 +226,9 @@ def peer_arrays(comm, xp, arrays, handles, mappings):
                 views[i][q] = array
                 continue
             # the device id given: CuPy need not ask the driver which GPU the pointer is on
-            memory = xp.cuda.UnownedMemory(mappings.base(handle) + offset, array.nbytes, None, device_id)
+            memory = xp.cuda.UnownedMemory(
+                mappings.base(handle) + offset, array.nbytes, None, device_id
+            )
             views[i][q] = xp.ndarray(array.shape, array.dtype, xp.cuda.MemoryPointer(memory, 0))
     return views
 
@@ -222,7 +253,9 @@ def probe_cuda_ipc(comm, xp):
     agree_on_outcome(comm, error, "the CUDA IPC probe: allocating 256 bytes of device memory")
     mappings = PeerMappings(xp)
     try:
-        handles = exchange_handles(comm, xp, [buffer])  # (agreed: raises on every rank if one failed)
+        handles = exchange_handles(
+            comm, xp, [buffer]
+        )  # (agreed: raises on every rank if one failed)
         try:
             peer_arrays(comm, xp, [buffer], handles, mappings)
             mappings.close()

@@ -26,16 +26,25 @@ agree.
                tail: the rest of the blocks, if any         tag + k + 256   posted once the head is in
                (past one head, the blocks go half in each while a half fits: both eager on TCP)
 """
+
 from dataclasses import dataclass
-from typing import Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ..core.buffers import aligned_empty, copy_into, retire_scratch, scratch
 from ..core import signature_messages as _messages
-from ..core.signature_messages import (CODES as _CODES, SIGNATURE_MESSAGE_BYTES, TAIL_OFFSET, dissemination_peers,
-                                       drop_tail, keep_while_pending, take_round)
+from ..core.buffers import aligned_empty, copy_into, retire_scratch, scratch
+from ..core.signature_messages import (
+    CODES as _CODES,
+)
+from ..core.signature_messages import (
+    SIGNATURE_MESSAGE_BYTES,
+    TAIL_OFFSET,
+    dissemination_peers,
+    drop_tail,
+    keep_while_pending,
+    take_round,
+)
 from .base import Algorithm, CallTags, reduce_in_rank_order_into, wait_all
 
 ROUND_TAG = 210
@@ -47,7 +56,7 @@ HEADER = _CODES.size
 class DisseminationPlan:
     size: int
     #: per round: (send to, receive from, blocks sent: this rank's first ones, the block they land at)
-    rounds: Tuple[Tuple[int, int, int, int], ...]
+    rounds: tuple[tuple[int, int, int, int], ...]
 
     def largest_message(self, nbytes):
         """The longest message of a run on ``nbytes`` bytes per rank, its codes included."""
@@ -71,16 +80,32 @@ class DisseminationAllreduce(Algorithm):
 
     def execute(self, plan, comm, send, recv, op, datatype, signature=None):
         nbytes = recv.nbytes
-        space = scratch("dissemination", HEADER + plan.size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8)
-        memoryview(space)[HEADER:HEADER + nbytes] = memoryview(recv if send is None else send).cast("B")
+        space = scratch(
+            "dissemination", HEADER + plan.size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8
+        )
+        memoryview(space)[HEADER : HEADER + nbytes] = memoryview(
+            recv if send is None else send
+        ).cast("B")
         if signature is None:
             codes, tags = (0, 0), comm
         else:  # (the signature's tags, where a rank that compares first sends its codes alone)
-            codes, tags = signature.codes(), CallTags(comm.comm, signature.sequence, comm.watch, CallTags.SIGNATURE_BASE)
+            codes, tags = (
+                signature.codes(),
+                CallTags(comm.comm, signature.sequence, comm.watch, CallTags.SIGNATURE_BASE),
+            )
         try:
-            high, negated = rounds(plan, tags, space, nbytes, *codes, 0 if signature is not None else ROUND_TAG,
-                                   None if signature is None else signature.sequence)
-        except BaseException:  # (given up: its requests, left behind, hold this buffer; a rendezvous
+            high, negated = rounds(
+                plan,
+                tags,
+                space,
+                nbytes,
+                *codes,
+                0 if signature is not None else ROUND_TAG,
+                None if signature is None else signature.sequence,
+            )
+        except (
+            BaseException
+        ):  # (given up: its requests, left behind, hold this buffer; a rendezvous
             retire_scratch("dissemination")  # send may still read it, so no later call writes it)
             raise
         if signature is not None:
@@ -93,21 +118,39 @@ class DisseminationAllreduce(Algorithm):
         carries no signature, the rounds are not compiled or the arrays are not plain numpy ones."""
         from ..core.compiled import exchange_rounds, used
         from ..core.consistency import CarriedSignature
+
         state, count = execution.state, int(np.prod(execution.shape, dtype=np.int64))
         nbytes, size, rank = count * execution.dtype.itemsize, state.size, state.rank
         plan = self.plan(size, rank, count)
-        if (not execution.carried or exchange_rounds is None or not used() or not execution.raw
-                or execution.plan.route != "plain" or execution.plan.accumulate is not None  # (widened, words: the executor's routes)
-                or size * nbytes >= 2 ** 31 - SIGNATURE_MESSAGE_BYTES):  # (what one C int counts: the Python's)
+        if (
+            not execution.carried
+            or exchange_rounds is None
+            or not used()
+            or not execution.raw
+            or execution.plan.route != "plain"
+            or execution.plan.accumulate is not None  # (widened, words: the executor's routes)
+            or size * nbytes >= 2**31 - SIGNATURE_MESSAGE_BYTES
+        ):  # (what one C int counts: the Python's)
             return None
         handle, code, op = state.library.handle, execution.code, execution.op
 
         def fresh():  # (the buffer, its blocks in rank order, its address; a new one after a call given up)
             space = aligned_empty(HEADER + size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8)
-            blocks = space[HEADER:HEADER + size * nbytes].view(execution.dtype).reshape(size, count)
-            return space, [blocks[(rank - s) % size] for s in range(size)], space.__array_interface__["data"][0]
+            blocks = (
+                space[HEADER : HEADER + size * nbytes].view(execution.dtype).reshape(size, count)
+            )
+            return (
+                space,
+                [blocks[(rank - s) % size] for s in range(size)],
+                space.__array_interface__["data"][0],
+            )
+
         held = list(fresh())
-        signature, slot, base = CarriedSignature(execution, 0), CallTags.slot, CallTags.SIGNATURE_BASE
+        signature, slot, base = (
+            CarriedSignature(execution, 0),
+            CallTags.slot,
+            CallTags.SIGNATURE_BASE,
+        )
         CallTags(state.library, 0)  # (the first one learns MPI_TAG_UB: CallTags.calls_apart)
         calls_apart = CallTags.calls_apart
 
@@ -121,32 +164,64 @@ class DisseminationAllreduce(Algorithm):
                 if stopped == -2:
                     watch.wait(requests)  # (MPI's error for them, a dead peer's say; else the C's)
                     raise MPI.Exception(high)
-                high, negated = finish_round(plan, tags, space, nbytes, stopped, high, negated, 0, sequence, requests,
-                                             taken)
-                return rounds(plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1)
-            except BaseException:  # (given up: MPI may still read or write the buffer, a rendezvous send
-                keep_while_pending(requests, (space, owner))  # left behind say; kept, never written again)
+                high, negated = finish_round(
+                    plan, tags, space, nbytes, stopped, high, negated, 0, sequence, requests, taken
+                )
+                return rounds(
+                    plan, tags, space, nbytes, high, negated, 0, sequence, first=stopped + 1
+                )
+            except (
+                BaseException
+            ):  # (given up: MPI may still read or write the buffer, a rendezvous send
+                keep_while_pending(
+                    requests, (space, owner)
+                )  # left behind say; kept, never written again)
                 held[:] = fresh()
                 raise
 
         def run(send, recv, sequence, watch):
             space, pieces, address = held
             stopped, high, negated, taken, *handles = exchange_rounds(
-                handle, (sequence % calls_apart) * slot + base, size, rank, address, SIGNATURE_MESSAGE_BYTES,
-                recv if send is None else send, nbytes, code, -code, sequence, _messages.SPIN_SECONDS,
-                _messages.SPIN_SECONDS_PER_BYTE, TAIL_OFFSET)
-            if stopped != -1:  # (a wait that lasts, a message left to the Python, an MPI error: through the watch)
+                handle,
+                (sequence % calls_apart) * slot + base,
+                size,
+                rank,
+                address,
+                SIGNATURE_MESSAGE_BYTES,
+                recv if send is None else send,
+                nbytes,
+                code,
+                -code,
+                sequence,
+                _messages.SPIN_SECONDS,
+                _messages.SPIN_SECONDS_PER_BYTE,
+                TAIL_OFFSET,
+            )
+            if (
+                stopped != -1
+            ):  # (a wait that lasts, a message left to the Python, an MPI error: through the watch)
                 high, negated = resume(sequence, watch, stopped, high, negated, taken, handles)
             signature.sequence = sequence
             signature.settle(high, negated)  # (raises on every rank where any rank's call differs)
             reduce_in_order(op, pieces, recv)  # (float errors masked by the executor)
+
         if by_mpi(op, execution.dtype):
             #: what the compiled short path binds to run the same call itself (core.compiled.short_path):
             #: its buffer (held[2]: the address), ``resume``, the tags, the capacity, this module's
             #: variables of signature_messages (SPIN_SECONDS and SPIN_SECONDS_PER_BYTE, read at each call)
             #: and the tails' offset
-            run.compiled = (held, resume, base, slot, calls_apart, size, rank, SIGNATURE_MESSAGE_BYTES, vars(_messages),
-                            TAIL_OFFSET)
+            run.compiled = (
+                held,
+                resume,
+                base,
+                slot,
+                calls_apart,
+                size,
+                rank,
+                SIGNATURE_MESSAGE_BYTES,
+                vars(_messages),
+                TAIL_OFFSET,
+            )
         return run
 
 
@@ -157,57 +232,88 @@ def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0
     signature (a message of another call is dropped: signature_messages.take_round). Returns the
     codes' maxima."""
     work = memoryview(space)
-    incoming = work[HEADER + plan.size * nbytes:]
+    incoming = work[HEADER + plan.size * nbytes :]
     for step in range(first, len(plan.rounds)):
         to, source, count, _ = plan.rounds[step]
-        head, tail = split(count * nbytes)  # (uncompared: the number's field says the blocks' length)
-        _CODES.pack_into(work, 0, high, negated, count * nbytes if sequence is None else sequence, tail)
-        requests = [tags.Irecv([incoming, MPI.BYTE], source, tag + step),
-                    tags.Isend([work[:HEADER + head], MPI.BYTE], to, tag + step)]
+        head, tail = split(
+            count * nbytes
+        )  # (uncompared: the number's field says the blocks' length)
+        _CODES.pack_into(
+            work, 0, high, negated, count * nbytes if sequence is None else sequence, tail
+        )
+        requests = [
+            tags.Irecv([incoming, MPI.BYTE], source, tag + step),
+            tags.Isend([work[: HEADER + head], MPI.BYTE], to, tag + step),
+        ]
         if tail:
-            requests.append(tags.Isend([work[HEADER + head:HEADER + count * nbytes], MPI.BYTE], to,
-                                       tag + step + TAIL_OFFSET))
-        high, negated = finish_round(plan, tags, space, nbytes, step, high, negated, tag, sequence, requests)
+            requests.append(
+                tags.Isend(
+                    [work[HEADER + head : HEADER + count * nbytes], MPI.BYTE],
+                    to,
+                    tag + step + TAIL_OFFSET,
+                )
+            )
+        high, negated = finish_round(
+            plan, tags, space, nbytes, step, high, negated, tag, sequence, requests
+        )
     return high, negated
 
 
 def split(nbytes):
     """(head, tail): how many of a message's ``nbytes`` of blocks go behind its codes, and in its tail."""
     room = SIGNATURE_MESSAGE_BYTES - HEADER
-    head = nbytes if nbytes <= room else min(room, (nbytes + 1) // 2)  # (past one head, halves while they fit)
+    head = (
+        nbytes if nbytes <= room else min(room, (nbytes + 1) // 2)
+    )  # (past one head, halves while they fit)
     return head, nbytes - head
 
 
-def finish_round(plan, tags, space, nbytes, step, high, negated, tag, sequence, requests, taken=False):
+def finish_round(
+    plan, tags, space, nbytes, step, high, negated, tag, sequence, requests, taken=False
+):
     """Round ``step`` from its posted ``requests`` (the head's receive, the head's send, the tail's
     send; and the tail's receive where the compiled rounds took the head in, ``taken``): the head
     taken (another call's message dropped), the tail received into place, or dropped where it is
     not this call's length. Returns the codes' maxima; the head's blocks go where they belong."""
     _, source, count, at = plan.rounds[step]
     work = memoryview(space)
-    incoming = work[HEADER + plan.size * nbytes:]
+    incoming = work[HEADER + plan.size * nbytes :]
     head, tail = split(count * nbytes)
     if not taken:
         if sequence is None:
             wait_all(tags, requests[:1])
             _, _, length, theirs = _CODES.unpack_from(incoming)
         else:
-            theirs, length = take_round(tags, tags.watch, incoming, source, tag + step, sequence, requests[:1]), count * nbytes
+            theirs, length = (
+                take_round(tags, tags.watch, incoming, source, tag + step, sequence, requests[:1]),
+                count * nbytes,
+            )
         if theirs == tail and tail and length == count * nbytes:
-            requests.append(tags.Irecv([work[HEADER + at * nbytes + head:HEADER + (at + count) * nbytes], MPI.BYTE],
-                                       source, tag + step + TAIL_OFFSET))
-        elif theirs != tail or length != count * nbytes:  # (a rank whose call differs: the codes say so)
+            requests.append(
+                tags.Irecv(
+                    [work[HEADER + at * nbytes + head : HEADER + (at + count) * nbytes], MPI.BYTE],
+                    source,
+                    tag + step + TAIL_OFFSET,
+                )
+            )
+        elif (
+            theirs != tail or length != count * nbytes
+        ):  # (a rank whose call differs: the codes say so)
             if theirs:
                 drop_tail(tags, getattr(tags, "watch", None) or _Waits, source, tag + step, theirs)
-            if sequence is None:  # (uncompared: the lengths say so, on each rank that receives another length)
+            if (
+                sequence is None
+            ):  # (uncompared: the lengths say so, on each rank that receives another length)
                 wait_all(tags, requests[1:])
-                raise ValueError(f"rank {tags.Get_rank()}: dissemination received {length} bytes of blocks from rank "
-                                 f"{source} where this call sends {count * nbytes}: the ranks' calls differ in size "
-                                 f"(their signatures are not compared: a prepared call, or below "
-                                 f"MPIALLREDUCE_SIGNATURE_MIN_BYTES)")
+                raise ValueError(
+                    f"rank {tags.Get_rank()}: dissemination received {length} bytes of blocks from rank "
+                    f"{source} where this call sends {count * nbytes}: the ranks' calls differ in size "
+                    f"(their signatures are not compared: a prepared call, or below "
+                    f"MPIALLREDUCE_SIGNATURE_MIN_BYTES)"
+                )
     wait_all(tags, requests[1:])
     their_high, their_negated, _, _ = _CODES.unpack_from(incoming)
-    work[HEADER + at * nbytes:HEADER + at * nbytes + head] = incoming[HEADER:HEADER + head]
+    work[HEADER + at * nbytes : HEADER + at * nbytes + head] = incoming[HEADER : HEADER + head]
     return max(high, their_high), max(negated, their_negated)
 
 
@@ -221,7 +327,7 @@ class _Waits:
 
 def reduce_blocks(op, space, size, rank, recv):
     """recv = the p blocks reduced in rank order (block j holds rank - j's input)."""
-    blocks = space[HEADER:HEADER + size * recv.nbytes].view(recv.dtype).reshape(size, recv.size)
+    blocks = space[HEADER : HEADER + size * recv.nbytes].view(recv.dtype).reshape(size, recv.size)
     if size == 1:
         copy_into(recv, blocks[0])
     else:
@@ -232,7 +338,9 @@ def by_mpi(op, dtype):
     """Whether dissemination reduces ``op`` over ``dtype`` by MPI_Reduce_local (a sum, or a mean's
     sum, of native float32, float64, int32 or int64), on every path: the compiled short path's
     reduction, done alike in Python; else by the op's own numpy (reduce_in_rank_order_into)."""
-    return op.name in ("sum", "mean") and dtype.isnative and dtype.str[1:] in ("f4", "f8", "i4", "i8")
+    return (
+        op.name in ("sum", "mean") and dtype.isnative and dtype.str[1:] in ("f4", "f8", "i4", "i8")
+    )
 
 
 def reduce_in_order(op, pieces, recv):

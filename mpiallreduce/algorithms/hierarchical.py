@@ -11,6 +11,7 @@ wants when links between nodes are the bottleneck. The leaders' algorithm gives 
 bits; the broadcast copies them: every rank ends with the same bits. Nodes come from
 ``Split_type(COMM_TYPE_SHARED)`` (or MPIALLREDUCE_RANKS_PER_NODE, see topology.py).
 """
+
 from mpi4py import MPI
 
 from ..core.topology import leader_communicator, node_communicator
@@ -38,17 +39,26 @@ class HierarchicalAllreduce(Algorithm):
 
         # Step 1: reduce within the node
         if node.Get_rank() == LEADER:
-            node.Reduce(MPI.IN_PLACE if send is None else [send, datatype], [recv, datatype], op=mpi_op, root=LEADER)
+            node.Reduce(
+                MPI.IN_PLACE if send is None else [send, datatype],
+                [recv, datatype],
+                op=mpi_op,
+                root=LEADER,
+            )
         else:
             node.Reduce([recv if send is None else send, datatype], None, op=mpi_op, root=LEADER)
 
         # Step 2: allreduce among the leaders
         if leaders != MPI.COMM_NULL and leaders.Get_size() > 1:
             if inner is None or inner.inner is not None:
-                raise ValueError("hierarchical: the node leaders need a plan of their own (mpiallreduce.planner)")
+                raise ValueError(
+                    "hierarchical: the node leaders need a plan of their own (mpiallreduce.planner)"
+                )
             # The leaders' communicator is the library's own (split from its duplicate): messages
             # cannot meet the user's.
-            inner.algorithm.run(leaders if wrap is None else wrap(leaders), None, recv, op, datatype)
+            inner.algorithm.run(
+                leaders if wrap is None else wrap(leaders), None, recv, op, datatype
+            )
 
         # Step 3: share within the node
         node.Bcast([recv, datatype], root=LEADER)

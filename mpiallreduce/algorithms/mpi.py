@@ -7,6 +7,7 @@ ring, segmented ring or Rabenseifner by size and rank count; see docs/field-note
 every hand-written algorithm is checked and timed against. Types MPI cannot reduce itself
 (float16) go through a user-defined op that runs the numpy ufunc.
 """
+
 from mpi4py import MPI
 
 from .base import Algorithm

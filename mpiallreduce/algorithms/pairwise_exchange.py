@@ -20,8 +20,8 @@ order: the same bits everywhere. Because one rank holds every contribution of an
 reproducible sum (mpiallreduce.reproducible) sums it exactly straight from the floats (the direct
 route), across nodes as well, where pairwise algorithms must reduce fixed-point words instead.
 """
+
 from dataclasses import dataclass
-from typing import Tuple
 
 from ..core.buffers import scratch
 from ..core.settings import settings
@@ -35,10 +35,10 @@ ALLGATHER_TAG = 302
 class PairwiseExchangePlan:
     rank: int
     #: rank q owns the element range [start, stop) = slices[q]
-    slices: Tuple[Tuple[int, int], ...]
+    slices: tuple[tuple[int, int], ...]
     #: the other ranks, in the order their messages are posted (r+1, r+2, ...: each rank starts
     #: with a different peer)
-    peers: Tuple[int, ...]
+    peers: tuple[int, ...]
 
 
 class PairwiseExchangeAllreduce(Algorithm):
@@ -49,8 +49,11 @@ class PairwiseExchangeAllreduce(Algorithm):
     finishes_slices = True
 
     def plan(self, size, rank, count):
-        return PairwiseExchangePlan(rank=rank, slices=slices_plan(size, count).slices,
-                                    peers=tuple((rank + k) % size for k in range(1, size)))
+        return PairwiseExchangePlan(
+            rank=rank,
+            slices=slices_plan(size, count).slices,
+            peers=tuple((rank + k) % size for k in range(1, size)),
+        )
 
     def execute(self, plan, comm, send, recv, op, datatype, finish=None):
         source = recv if send is None else send
@@ -63,16 +66,22 @@ class PairwiseExchangeAllreduce(Algorithm):
         def pieces_of(k, length):
             """Segment k's slot of every rank (two sets in turn)."""
             first = (k % 2) * size * width
-            return [slots[first + q * width:first + q * width + length] for q in range(size)]
+            return [slots[first + q * width : first + q * width + length] for q in range(size)]
 
         def segment_of(k, q):
             c, d = plan.slices[q]
             return c + k * segment, min(c + (k + 1) * segment, d)
 
-        def post(k):  # segment k of this rank's slice from every peer; segment k of each peer's slice to it
+        def post(
+            k,
+        ):  # segment k of this rank's slice from every peer; segment k of each peer's slice to it
             lo, hi = segment_of(k, rank)
             incoming = pieces_of(k, hi - lo)
-            requests = [comm.Irecv([incoming[q], datatype], q, REDUCE_SCATTER_TAG) for q in plan.peers if lo < hi]
+            requests = [
+                comm.Irecv([incoming[q], datatype], q, REDUCE_SCATTER_TAG)
+                for q in plan.peers
+                if lo < hi
+            ]
             for q in plan.peers:
                 c, d = segment_of(k, q)
                 if c < d:
@@ -90,7 +99,9 @@ class PairwiseExchangeAllreduce(Algorithm):
             if lo < hi:
                 pieces = pieces_of(k, hi - lo)
                 if send is None and not op.exact and rank >= 2:
-                    pieces[rank][...] = source[lo:hi]  # (out may be only the first or second piece of a pairwise reduction)
+                    pieces[rank][...] = source[
+                        lo:hi
+                    ]  # (out may be only the first or second piece of a pairwise reduction)
                 else:
                     pieces[rank] = source[lo:hi]
                 reduce_in_rank_order_into(op, pieces, out=recv[lo:hi])
@@ -101,10 +112,15 @@ class PairwiseExchangeAllreduce(Algorithm):
         # Step 3: every reduced slice to every rank, segment by segment
         for k in range(rounds):
             lo, hi = segment_of(k, rank)
-            requests = [comm.Irecv([recv[c:d], datatype], q, ALLGATHER_TAG)
-                        for q, (c, d) in ((q, segment_of(k, q)) for q in plan.peers) if c < d]
+            requests = [
+                comm.Irecv([recv[c:d], datatype], q, ALLGATHER_TAG)
+                for q, (c, d) in ((q, segment_of(k, q)) for q in plan.peers)
+                if c < d
+            ]
             if lo < hi:
-                requests += [comm.Isend([recv[lo:hi], datatype], q, ALLGATHER_TAG) for q in plan.peers]
+                requests += [
+                    comm.Isend([recv[lo:hi], datatype], q, ALLGATHER_TAG) for q in plan.peers
+                ]
             wait_all(comm, requests)
 
 

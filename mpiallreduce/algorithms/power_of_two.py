@@ -10,11 +10,17 @@ rem = p - pof2, the first 2*rem ranks pair up: p = 6 (rem = 2):
 Every reduction puts the lower rank's data first, so partners compute the identical expression.
 This is a helper, not an algorithm: the registry skips it.
 """
-from dataclasses import dataclass
-from typing import Optional
 
-__all__ = ["Fold", "fold_plan", "largest_power_of_two_at_most", "reduce_in_rank_order",
-           "fold_in", "fold_out"]
+from dataclasses import dataclass
+
+__all__ = [
+    "Fold",
+    "fold_plan",
+    "largest_power_of_two_at_most",
+    "reduce_in_rank_order",
+    "fold_in",
+    "fold_out",
+]
 
 FOLD_TAG = 201
 
@@ -26,11 +32,11 @@ def largest_power_of_two_at_most(n):
 @dataclass(frozen=True)
 class Fold:
     #: the rank this one hands its input to and then waits on (it sits out the core), or None
-    fold_into: Optional[int]
+    fold_into: int | None
     #: the rank whose input this one reduces in first and sends the result to last, or None
-    fold_from: Optional[int]
+    fold_from: int | None
     #: this rank's number among the pof2 ranks of the core (None if it sits out)
-    new_rank: Optional[int]
+    new_rank: int | None
     pof2: int
     rem: int
 

@@ -17,8 +17,8 @@ recursive doubling's latency (Open MPI's and MPICH's choice for long messages). 
 fold the extra ranks in before and out after (power_of_two.py). Every chunk is reduced once, by
 one chain of pairwise reductions, then copied: the same bits on every rank.
 """
+
 from dataclasses import dataclass
-from typing import Tuple
 
 from ..core.buffers import copy_into, scratch
 from .base import Algorithm, split_evenly
@@ -32,9 +32,9 @@ ALLGATHER_TAG = 302
 class RabenseifnerPlan:
     fold: Fold
     #: (partner rank, elements sent [start, stop), elements kept and reduced [start, stop)) per step
-    reduce_scatter_steps: Tuple[Tuple[int, Tuple[int, int], Tuple[int, int]], ...]
+    reduce_scatter_steps: tuple[tuple[int, tuple[int, int], tuple[int, int]], ...]
     #: (partner rank, elements sent [start, stop), elements received [start, stop)) per step
-    allgather_steps: Tuple[Tuple[int, Tuple[int, int], Tuple[int, int]], ...]
+    allgather_steps: tuple[tuple[int, tuple[int, int], tuple[int, int]], ...]
     largest_piece: int
 
 
@@ -62,7 +62,9 @@ class RabenseifnerAllreduce(Algorithm):
             lo, hi = window
             middle = (lo + hi) // 2
             lower_half, upper_half = (lo, middle), (middle, hi)
-            keep, give = (lower_half, upper_half) if me & distance == 0 else (upper_half, lower_half)
+            keep, give = (
+                (lower_half, upper_half) if me & distance == 0 else (upper_half, lower_half)
+            )
             reduce_scatter.append((fold.old_rank(me ^ distance), elements(*give), elements(*keep)))
             windows.append((give, keep))
             window = keep
@@ -81,29 +83,46 @@ class RabenseifnerAllreduce(Algorithm):
         # Otherwise no copy first: step 0 sends from the input and reduces input (op) incoming into
         # recv; what this rank gives away arrives, reduced, in the allgather.
         source = recv if send is None or folding else send
-        incoming = scratch("rabenseifner.incoming",
-                           recv.size if plan.fold.fold_from is not None else plan.largest_piece, recv.dtype,
-                           like=recv)
+        incoming = scratch(
+            "rabenseifner.incoming",
+            recv.size if plan.fold.fold_from is not None else plan.largest_piece,
+            recv.dtype,
+            like=recv,
+        )
         if fold_in(plan.fold, comm, recv, incoming, op, datatype):
             return
         rank = comm.Get_rank()
 
         # Reduce-scatter (recursive halving)
         for partner, (s0, s1), (k0, k1) in plan.reduce_scatter_steps:
-            comm.Sendrecv([source[s0:s1], datatype], partner, REDUCE_SCATTER_TAG,
-                          [incoming[:k1 - k0], datatype], partner, REDUCE_SCATTER_TAG)
+            comm.Sendrecv(
+                [source[s0:s1], datatype],
+                partner,
+                REDUCE_SCATTER_TAG,
+                [incoming[: k1 - k0], datatype],
+                partner,
+                REDUCE_SCATTER_TAG,
+            )
             if partner < rank:
-                op.reduce_local(incoming[:k1 - k0], source[k0:k1], out=recv[k0:k1])
+                op.reduce_local(incoming[: k1 - k0], source[k0:k1], out=recv[k0:k1])
             else:
-                op.reduce_local(source[k0:k1], incoming[:k1 - k0], out=recv[k0:k1])
+                op.reduce_local(source[k0:k1], incoming[: k1 - k0], out=recv[k0:k1])
             source = recv
-        if finish is not None and plan.reduce_scatter_steps:  # (a mean's division, on the block it kept last)
+        if (
+            finish is not None and plan.reduce_scatter_steps
+        ):  # (a mean's division, on the block it kept last)
             finish(recv[k0:k1])
 
         # Allgather (recursive doubling)
         for partner, (s0, s1), (r0, r1) in plan.allgather_steps:
-            comm.Sendrecv([recv[s0:s1], datatype], partner, ALLGATHER_TAG,
-                          [recv[r0:r1], datatype], partner, ALLGATHER_TAG)
+            comm.Sendrecv(
+                [recv[s0:s1], datatype],
+                partner,
+                ALLGATHER_TAG,
+                [recv[r0:r1], datatype],
+                partner,
+                ALLGATHER_TAG,
+            )
 
         fold_out(plan.fold, comm, recv, datatype)
 

@@ -17,8 +17,8 @@ Same bits everywhere: each reduction applies the op to the lower rank's data fir
 partners compute the identical expression even where the result depends on operand order (NaN
 payloads); folded-out ranks get a copy. Cost lg p (alpha + n beta + n gamma): for small messages.
 """
+
 from dataclasses import dataclass
-from typing import Tuple
 
 from ..core.buffers import copy_into, scratch
 from .base import Algorithm
@@ -31,7 +31,7 @@ EXCHANGE_TAG = 202
 class RecursiveDoublingPlan:
     fold: Fold
     #: the partner's rank, in this communicator, for each exchange round (empty for folded ranks)
-    exchange_partners: Tuple[int, ...]
+    exchange_partners: tuple[int, ...]
 
 
 class RecursiveDoublingAllreduce(Algorithm):
@@ -62,8 +62,9 @@ class RecursiveDoublingAllreduce(Algorithm):
             return
         rank = comm.Get_rank()
         for partner in plan.exchange_partners:
-            comm.Sendrecv([mine, datatype], partner, EXCHANGE_TAG,
-                          [incoming, datatype], partner, EXCHANGE_TAG)
+            comm.Sendrecv(
+                [mine, datatype], partner, EXCHANGE_TAG, [incoming, datatype], partner, EXCHANGE_TAG
+            )
             reduce_in_rank_order(op, rank, mine, partner, incoming, out=recv)
             mine = recv
         fold_out(plan.fold, comm, recv, datatype)

@@ -6,6 +6,7 @@
 Cost about 2 lg(p) latencies and 2 n lg(p) bytes per rank with binomial trees: a baseline that the
 ring beats on large messages. Every rank ends with a copy of rank 0's bits.
 """
+
 from mpi4py import MPI
 
 from .base import Algorithm

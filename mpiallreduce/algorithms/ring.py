@@ -28,8 +28,8 @@ which it copies over its own:
 Every chunk is reduced once, by one chain of ranks, and then copied: all ranks end with the same
 bits whatever the op or dtype.
 """
+
 from dataclasses import dataclass
-from typing import Tuple
 
 from ..core.buffers import scratch
 from .base import Algorithm, ring_neighbours, split_evenly
@@ -44,12 +44,12 @@ ALLGATHER_TAG = 102
 class RingPlan:
     left: int
     right: int
-    chunk_offsets: Tuple[int, ...]
-    chunk_counts: Tuple[int, ...]
+    chunk_offsets: tuple[int, ...]
+    chunk_counts: tuple[int, ...]
     #: (chunk sent, chunk received and reduced) per step
-    reduce_scatter_steps: Tuple[Tuple[int, int], ...]
+    reduce_scatter_steps: tuple[tuple[int, int], ...]
     #: (chunk sent, chunk received and copied) per step
-    allgather_steps: Tuple[Tuple[int, int], ...]
+    allgather_steps: tuple[tuple[int, int], ...]
 
 
 class RingAllreduce(Algorithm):
@@ -66,8 +66,12 @@ class RingAllreduce(Algorithm):
             right=right,
             chunk_offsets=offsets,
             chunk_counts=counts,
-            reduce_scatter_steps=tuple(((rank - s) % size, (rank - s - 1) % size) for s in range(size - 1)),
-            allgather_steps=tuple(((rank + 1 - s) % size, (rank - s) % size) for s in range(size - 1)),
+            reduce_scatter_steps=tuple(
+                ((rank - s) % size, (rank - s - 1) % size) for s in range(size - 1)
+            ),
+            allgather_steps=tuple(
+                ((rank + 1 - s) % size, (rank - s) % size) for s in range(size - 1)
+            ),
         )
 
     def execute(self, plan, comm, send, recv, op, datatype, finish=None):
@@ -82,10 +86,18 @@ class RingAllreduce(Algorithm):
             s0, s1 = bounds[send_chunk]
             r0, r1 = bounds[reduce_chunk]
             outgoing = source[s0:s1] if step == 0 else recv[s0:s1]
-            comm.Sendrecv([outgoing, datatype], plan.right, REDUCE_SCATTER_TAG,
-                          [incoming[:r1 - r0], datatype], plan.left, REDUCE_SCATTER_TAG)
-            op.reduce_local(source[r0:r1], incoming[:r1 - r0], out=recv[r0:r1])
-        if finish is not None and plan.reduce_scatter_steps:  # (a mean's division, on this rank's chunk)
+            comm.Sendrecv(
+                [outgoing, datatype],
+                plan.right,
+                REDUCE_SCATTER_TAG,
+                [incoming[: r1 - r0], datatype],
+                plan.left,
+                REDUCE_SCATTER_TAG,
+            )
+            op.reduce_local(source[r0:r1], incoming[: r1 - r0], out=recv[r0:r1])
+        if (
+            finish is not None and plan.reduce_scatter_steps
+        ):  # (a mean's division, on this rank's chunk)
             finish(recv[r0:r1])
 
         ring_allgather(plan, comm, recv, datatype)
@@ -105,8 +117,14 @@ def ring_allgather(plan, comm, recv, datatype, received=None):
     for send_chunk, copy_chunk in plan.allgather_steps:
         s0, s1 = bounds[send_chunk]
         c0, c1 = bounds[copy_chunk]
-        comm.Sendrecv([recv[s0:s1], datatype], plan.right, ALLGATHER_TAG,
-                      [recv[c0:c1], datatype], plan.left, ALLGATHER_TAG)
+        comm.Sendrecv(
+            [recv[s0:s1], datatype],
+            plan.right,
+            ALLGATHER_TAG,
+            [recv[c0:c1], datatype],
+            plan.left,
+            ALLGATHER_TAG,
+        )
         if received is not None:
             received(c0, c1)
 

@@ -13,6 +13,7 @@ allreduce of 2 ranks ran about 25% faster than with whole chunks, the sender's a
 copies of a segment staying in cache. Bits as the ring's: every chunk reduced once along one chain
 of ranks, then copied.
 """
+
 from ..core.buffers import scratch
 from ..core.settings import settings
 from .base import wait_all
@@ -25,7 +26,9 @@ from .ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds
 
 class PipelinedRingAllreduce(RingAllreduce):
     name = "ring_pipelined"
-    blocking_messages_only = False  # Isend/Irecv: device arrays take the host round trip when staged
+    blocking_messages_only = (
+        False  # Isend/Irecv: device arrays take the host round trip when staged
+    )
 
     @property
     def segment_bytes(self):
@@ -35,8 +38,10 @@ class PipelinedRingAllreduce(RingAllreduce):
         source = recv if send is None else send
         bounds = chunk_bounds(plan)
         segment = max(1, self.segment_bytes // recv.dtype.itemsize)
-        buffers = (scratch("ring_pipelined.a", segment, recv.dtype, like=recv),
-                   scratch("ring_pipelined.b", segment, recv.dtype, like=recv))
+        buffers = (
+            scratch("ring_pipelined.a", segment, recv.dtype, like=recv),
+            scratch("ring_pipelined.b", segment, recv.dtype, like=recv),
+        )
 
         # Reduce-scatter, segment by segment, the next segment in flight while one is reduced
         last = len(plan.reduce_scatter_steps) - 1  # (the step that completes this rank's chunk)
@@ -54,10 +59,16 @@ class PipelinedRingAllreduce(RingAllreduce):
                 requests = []
                 if k < len(recv_segments):
                     c, d = recv_segments[k]
-                    requests.append(comm.Irecv([buffers[k % 2][:d - c], datatype], plan.left, REDUCE_SCATTER_TAG))
+                    requests.append(
+                        comm.Irecv(
+                            [buffers[k % 2][: d - c], datatype], plan.left, REDUCE_SCATTER_TAG
+                        )
+                    )
                 if k < len(send_segments):
                     a, b = send_segments[k]
-                    requests.append(comm.Isend([outgoing[a:b], datatype], plan.right, REDUCE_SCATTER_TAG))
+                    requests.append(
+                        comm.Isend([outgoing[a:b], datatype], plan.right, REDUCE_SCATTER_TAG)
+                    )
                 return requests
 
             rounds = max(len(send_segments), len(recv_segments))
@@ -67,8 +78,10 @@ class PipelinedRingAllreduce(RingAllreduce):
                 wait_all(comm, in_flight)
                 if k < len(recv_segments):
                     c, d = recv_segments[k]
-                    op.reduce_local(source[c:d], buffers[k % 2][:d - c], out=recv[c:d])
-                    if finish is not None and step == last:  # (a mean's division, on a segment of this rank's chunk)
+                    op.reduce_local(source[c:d], buffers[k % 2][: d - c], out=recv[c:d])
+                    if (
+                        finish is not None and step == last
+                    ):  # (a mean's division, on a segment of this rank's chunk)
                         finish(recv[c:d])
                 in_flight = following
 
@@ -79,7 +92,9 @@ class PipelinedRingAllreduce(RingAllreduce):
             for k in range(max(-(-(s1 - s0) // segment), -(-(c1 - c0) // segment))):
                 a, b = s0 + k * segment, min(s0 + (k + 1) * segment, s1)
                 c, d = c0 + k * segment, min(c0 + (k + 1) * segment, c1)
-                requests = [comm.Irecv([recv[c:d], datatype], plan.left, ALLGATHER_TAG)] if c < d else []
+                requests = (
+                    [comm.Irecv([recv[c:d], datatype], plan.left, ALLGATHER_TAG)] if c < d else []
+                )
                 if a < b:
                     requests.append(comm.Isend([recv[a:b], datatype], plan.right, ALLGATHER_TAG))
                 wait_all(comm, requests)

@@ -44,7 +44,7 @@ class SharedWindow:
         """This call's half of every rank's segment, as arrays of ``dtype``."""
         start = (self.calls % 2) * self.half_bytes
         self.calls += 1
-        return [s[start:start + nbytes].view(dtype) for s in self.segments]
+        return [s[start : start + nbytes].view(dtype) for s in self.segments]
 
     def fence(self, comm):
         """All ranks' stores before it are visible to all ranks' loads after it."""
@@ -106,7 +106,9 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
             try:
                 signature.compare()
             except ValueError:
-                window.calls -= 1  # this call did not happen: the halves stay in step with the others'
+                window.calls -= (
+                    1  # this call did not happen: the halves stay in step with the others'
+                )
                 raise
             window.window.Sync()
 

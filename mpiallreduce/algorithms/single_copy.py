@@ -27,6 +27,7 @@ raise SignatureMismatch on every rank before anything is written. A peer writes 
 nothing is written before the call is known to run; a rank that dies during step 1 leaves the
 outputs part written (as MPI's shared-memory collectives do).
 """
+
 from .base import OneNodeSlicedAlgorithm, reduce_in_rank_order_into
 
 #: elements per chunk: 256 KiB of float32 (reduced, then copied while in the L2 cache)
@@ -46,14 +47,20 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
     #: each slice is reduced from every rank's input at once (a reproducible sum's direct route)
     sees_every_contribution = True
 
-    def execute(self, plan, comm, send, recv, op, datatype, signature=None, peers=None, finish=None):
+    def execute(
+        self, plan, comm, send, recv, op, datatype, signature=None, peers=None, finish=None
+    ):
         if peers is None:
-            raise ValueError("single_copy runs on symmetric buffers only (mpiallreduce.empty/zeros, the same "
-                             "place on every rank); these arrays are not")
+            raise ValueError(
+                "single_copy runs on symmetric buffers only (mpiallreduce.empty/zeros, the same "
+                "place on every rank); these arrays are not"
+            )
         inputs, outputs = peers.sends, peers.recvs
         rank = comm.Get_rank()
         if signature is None:  # (the executor always gives one: Execution._reduce)
-            raise ValueError("single_copy compares where the arrays lie on arrival; it was given nothing to compare")
+            raise ValueError(
+                "single_copy compares where the arrays lie on arrival; it was given nothing to compare"
+            )
         peers.sync()
         if signature.shared():
             signature.publish()
@@ -70,11 +77,12 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
         through_scratch = send is None and rank > 1
         if through_scratch:
             from ..core.buffers import scratch
+
             chunk_buffer = scratch("single_copy", min(step, b - a), recv.dtype)
         others = [out for q, out in enumerate(outputs) if q != rank]
         for start in range(a, b, step):
             stop = min(b, start + step)
-            target = chunk_buffer[:stop - start] if through_scratch else mine[start:stop]
+            target = chunk_buffer[: stop - start] if through_scratch else mine[start:stop]
             reduce_in_rank_order_into(op, [x[start:stop] for x in inputs], out=target)
             if finish is not None:  # (a mean's division, before the copies)
                 finish(target)

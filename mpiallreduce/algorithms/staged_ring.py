@@ -17,6 +17,7 @@ Allgather: this rank's reduced chunk is copied to a pinned host buffer once; the
 round the ring host to host (ring.ring_allgather), and each one is copied to the device on the
 h2d stream as it arrives, overlapping the next transfer.
 """
+
 import threading
 
 from ..core.buffers import scratch
@@ -75,7 +76,9 @@ class StagedRingAllreduce(RingAllreduce):
         arrived = [pinned(xp, f"staged_ring.arrived{i}", largest, recv.dtype) for i in (0, 1)]
         landed = [scratch(f"staged_ring.landed{i}", largest, recv.dtype, like=recv) for i in (0, 1)]
         arrived_copied = [None, None]  # per parity: the h2d copies out of arrived[parity] are done
-        reduced = event_on(xp, compute)  # what the copies out must wait for: the input, then each step
+        reduced = event_on(
+            xp, compute
+        )  # what the copies out must wait for: the input, then each step
 
         # Reduce-scatter
         for step, (send_chunk, reduce_chunk) in enumerate(plan.reduce_scatter_steps):
@@ -89,22 +92,32 @@ class StagedRingAllreduce(RingAllreduce):
             d2h.wait_event(reduced)
             copied_out = []
             for a, b in send_segments:
-                xp.asnumpy(outgoing[a:b], stream=d2h, out=sent[parity][a - s0:b - s0], blocking=False)
+                xp.asnumpy(
+                    outgoing[a:b], stream=d2h, out=sent[parity][a - s0 : b - s0], blocking=False
+                )
                 copied_out.append(event_on(xp, d2h))
             if arrived_copied[parity] is not None:
                 arrived_copied[parity].synchronize()
-            receives = [comm.Irecv([arrived[parity][c - r0:d - r0], datatype], plan.left, REDUCE_SCATTER_TAG)
-                        for c, d in recv_segments]
+            receives = [
+                comm.Irecv(
+                    [arrived[parity][c - r0 : d - r0], datatype], plan.left, REDUCE_SCATTER_TAG
+                )
+                for c, d in recv_segments
+            ]
             sends = []
             for (a, b), copied in zip(send_segments, copied_out):
                 copied.synchronize()
-                sends.append(comm.Isend([sent[parity][a - s0:b - s0], datatype], plan.right, REDUCE_SCATTER_TAG))
+                sends.append(
+                    comm.Isend(
+                        [sent[parity][a - s0 : b - s0], datatype], plan.right, REDUCE_SCATTER_TAG
+                    )
+                )
             h2d.wait_event(reduced)  # landed[parity] was last read by an earlier step's reductions
             for (c, d), request in zip(recv_segments, receives):
                 wait_all(comm, [request])
-                landed[parity][c - r0:d - r0].set(arrived[parity][c - r0:d - r0], stream=h2d)
+                landed[parity][c - r0 : d - r0].set(arrived[parity][c - r0 : d - r0], stream=h2d)
                 compute.wait_event(event_on(xp, h2d))
-                op.reduce_local(source[c:d], landed[parity][c - r0:d - r0], out=recv[c:d])
+                op.reduce_local(source[c:d], landed[parity][c - r0 : d - r0], out=recv[c:d])
             arrived_copied[parity] = event_on(xp, h2d)
             wait_all(comm, sends)
             reduced = event_on(xp, compute)
@@ -112,7 +125,9 @@ class StagedRingAllreduce(RingAllreduce):
         # Allgather, host to host; each chunk copied to the device as it arrives
         result = pinned(xp, "staged_ring.result", recv.size, recv.dtype)
         own0, own1 = bounds[(comm.Get_rank() + 1) % comm.Get_size()]
-        xp.asnumpy(recv[own0:own1], stream=compute, out=result[own0:own1])  # blocking: after the reductions
+        xp.asnumpy(
+            recv[own0:own1], stream=compute, out=result[own0:own1]
+        )  # blocking: after the reductions
 
         def copy_in(start, stop):
             recv[start:stop].set(result[start:stop], stream=h2d)

@@ -19,6 +19,7 @@ algorithm gives its ranks the same bits, then copied within each node: every ran
 same bits. Needs the same rank count on every node (otherwise every rank raises ValueError and
 names the nodes' sizes: use ``hierarchical``).
 """
+
 from mpi4py import MPI
 
 from ..core.topology import node_communicator, node_sizes, rail_communicator
@@ -42,8 +43,10 @@ class TwoLevelAllreduce(Algorithm):
         algorithm talks on it (the executor's: the call's tags and peer watch)."""
         sizes = node_sizes(comm)
         if len(set(sizes)) > 1:  # (the same sizes on every rank: every rank raises)
-            raise ValueError(f"the two_level algorithm needs the same number of ranks on every node; these "
-                             f"{len(sizes)} nodes have {', '.join(map(str, sizes))} (use algorithm='hierarchical')")
+            raise ValueError(
+                f"the two_level algorithm needs the same number of ranks on every node; these "
+                f"{len(sizes)} nodes have {', '.join(map(str, sizes))} (use algorithm='hierarchical')"
+            )
         node = node_communicator(comm)
         rail = rail_communicator(comm)
         k, local = node.Get_size(), node.Get_rank()
@@ -62,7 +65,9 @@ class TwoLevelAllreduce(Algorithm):
         # Step 2: allreduce the shard along the rail
         if rail.Get_size() > 1 and shard.size:  # (the same on the whole rail: its shards are alike)
             if inner is None or inner.inner is not None:
-                raise ValueError("two_level: the rails need a plan of their own (mpiallreduce.planner)")
+                raise ValueError(
+                    "two_level: the rails need a plan of their own (mpiallreduce.planner)"
+                )
             inner.algorithm.run(rail if wrap is None else wrap(rail), None, shard, op, datatype)
 
         # Step 3: allgather the shards within the node

@@ -6,10 +6,11 @@ user passed (any shape, strided or not, ``out`` or not) into those, and copies t
 contiguous view was not possible. Device arrays (CuPy, or the test stand-in) get the same
 treatment through their own array module (``xp``), which has the same names as numpy.
 """
+
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -50,7 +51,7 @@ def views(a, b):
     return a.size == b.size and array_module(a).may_share_memory(a, b)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dtype_name(dtype):
     return dtype.name  # (numpy computes it anew each time, at a cost of microseconds)
 
@@ -72,14 +73,21 @@ def check_array(x, name="x"):
             where = getattr(getattr(x, "device", None), "type", "?")
             raise TypeError(
                 f"{name} is a torch.Tensor ({where}); use mpiallreduce.torch.allreduce({name}), or pass "
-                + (f"{name}.numpy() (a numpy array sharing its memory)" if where == "cpu" else
-                   f"cupy.from_dlpack({name}) (a CuPy array sharing its memory)"))
+                + (
+                    f"{name}.numpy() (a numpy array sharing its memory)"
+                    if where == "cpu"
+                    else f"cupy.from_dlpack({name}) (a CuPy array sharing its memory)"
+                )
+            )
         if foreign_device_array(x):
             raise TypeError(
                 f"{name} is a device array of type {type(x).__module__}.{type(x).__qualname__}; "
-                f"pass a CuPy array instead (cupy.from_dlpack({name}) shares the memory without a copy)")
-        raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray, "
-                        f"got {type(x).__module__}.{type(x).__qualname__}")
+                f"pass a CuPy array instead (cupy.from_dlpack({name}) shares the memory without a copy)"
+            )
+        raise TypeError(
+            f"{name} must be a numpy.ndarray or cupy.ndarray, "
+            f"got {type(x).__module__}.{type(x).__qualname__}"
+        )
     dtype = x.dtype
     if dtype.kind == "V" and _dtype_name(dtype) == "bfloat16":  # ml_dtypes' bfloat16
         return
@@ -99,10 +107,14 @@ def check_out(out, x):
     """Raise TypeError/ValueError unless ``out`` can receive the allreduce of ``x``."""
     if out is None:
         return
-    if type(out) is not type(x) and (array_module(out) is not array_module(x)
-                                     or not (isinstance(out, np.ndarray) or namespace(out))):
-        raise TypeError(f"out must be None or an array of the same kind as x ({type(x).__module__}."
-                        f"{type(x).__qualname__}), got {type(out).__module__}.{type(out).__qualname__}")
+    if type(out) is not type(x) and (
+        array_module(out) is not array_module(x)
+        or not (isinstance(out, np.ndarray) or namespace(out))
+    ):
+        raise TypeError(
+            f"out must be None or an array of the same kind as x ({type(x).__module__}."
+            f"{type(x).__qualname__}), got {type(out).__module__}.{type(out).__qualname__}"
+        )
     if out.shape != x.shape:
         raise ValueError(f"out has shape {out.shape}, but x has shape {x.shape}; they must match")
     if out.dtype != x.dtype:
@@ -111,7 +123,7 @@ def check_out(out, x):
         raise ValueError("out is read-only; pass a writeable array (or out=None for a new one)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _datatype_for(dtype):
     try:
         # The predefined type (MPI_FLOAT, MPI_SHORT_FLOAT, ...): MPI's predefined ops accept only
@@ -142,7 +154,7 @@ def aligned_empty(count, dtype, alignment=4096):
     nbytes = count * dtype.itemsize
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
-    return raw[start:start + nbytes].view(dtype)
+    return raw[start : start + nbytes].view(dtype)
 
 
 class _ScratchPool(threading.local):
@@ -166,7 +178,11 @@ def scratch(slot, count, dtype, like=None):
     key = slot if xp is None else (slot, xp.__name__)
     raw = _scratch_pool.buffers.get(key)
     if raw is None or raw.nbytes < nbytes:
-        raw = aligned_empty(max(nbytes, 1), np.uint8) if xp is None else xp.empty(max(nbytes, 1), np.uint8)
+        raw = (
+            aligned_empty(max(nbytes, 1), np.uint8)
+            if xp is None
+            else xp.empty(max(nbytes, 1), np.uint8)
+        )
         _scratch_pool.buffers[key] = raw
     return raw[:nbytes].view(dtype)
 
@@ -187,10 +203,10 @@ class FlatBuffers:
     write_back: copies ``recv`` into ``result`` when ``recv`` is a temporary, else None.
     """
 
-    send: Optional[np.ndarray]
+    send: np.ndarray | None
     recv: np.ndarray
     result: np.ndarray
-    write_back: Optional[Callable[[], None]]
+    write_back: Callable[[], None] | None
 
     def finish(self):
         if self.write_back is not None:
@@ -211,7 +227,9 @@ def flat_buffers(x, out):
     result = xp.empty(x.shape, dtype=x.dtype) if out is None else out
     recv = _flat_view(result)
     write_back = None
-    if recv is None:  # a strided out (or strided x in place): reduce in a temporary, copy back after
+    if (
+        recv is None
+    ):  # a strided out (or strided x in place): reduce in a temporary, copy back after
         recv = xp.empty(x.size, dtype=x.dtype)
         write_back = lambda: xp.copyto(result, recv.reshape(result.shape))  # noqa: E731
     if in_place:

@@ -16,6 +16,7 @@ caller's thread, in program order; then planned and run by the executor.
 
 Every entry builds a Call: ``allreduce(_async)``, ``prepare``, GradientSync, ``psum`` & co., ``.torch``.
 """
+
 import numpy as np
 from mpi4py import MPI
 
@@ -42,7 +43,9 @@ WORLD = MPI.COMM_WORLD
 
 def check_comm(comm):
     if not isinstance(comm, MPI.Intracomm):
-        raise TypeError(f"comm must be an mpi4py intracommunicator (MPI.Intracomm), got {type(comm).__name__}")
+        raise TypeError(
+            f"comm must be an mpi4py intracommunicator (MPI.Intracomm), got {type(comm).__name__}"
+        )
     if comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL")
     return comm
@@ -53,6 +56,7 @@ def _op_of(op, reproducible):
     if not reproducible:  # (the general path of every call: no import here)
         return get_op(op)
     from ..reproducible.routes import EXACT_OPS
+
     return EXACT_OPS[op] if isinstance(op, str) and op in EXACT_OPS else get_op(op)
 
 
@@ -61,6 +65,7 @@ def validate(x, op, algorithm, out, reproducible=False, size=1):
     buffers.check_array(x)
     if reproducible:
         from ..reproducible.routes import check_reproducible
+
         check_reproducible(x, op, size)
     get_op(op).check_dtype(x.dtype)
     check_algorithm_name(algorithm, type(x) is not np.ndarray and namespace(x) is not None)
@@ -70,21 +75,56 @@ def validate(x, op, algorithm, out, reproducible=False, size=1):
 class Call:
     """One call's arguments, captured by the entry point on the caller's thread."""
 
-    __slots__ = ("x", "op", "reduce_op", "algorithm", "out", "check", "timeout", "site", "state", "sequence",
-                 "meeting", "reproducible", "entry", "execution")
+    __slots__ = (
+        "x",
+        "op",
+        "reduce_op",
+        "algorithm",
+        "out",
+        "check",
+        "timeout",
+        "site",
+        "state",
+        "sequence",
+        "meeting",
+        "reproducible",
+        "entry",
+        "execution",
+    )
 
     @classmethod
-    def start(cls, x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, site=None, reproducible=False):
+    def start(
+        cls,
+        x,
+        op,
+        algorithm,
+        comm,
+        out,
+        check,
+        axis,
+        mesh,
+        groups,
+        timeout,
+        site=None,
+        reproducible=False,
+    ):
         """Resolve the communicator, make its state and number the call: on the caller's thread."""
         call, rejected = cls(), None
         if not isinstance(check, bool):
-            rejected, check = TypeError(f"check must be True or False, got {type(check).__name__} {check!r}"), False
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not timeout > 0):
-            rejected = rejected or ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
+            rejected, check = (
+                TypeError(f"check must be True or False, got {type(check).__name__} {check!r}"),
+                False,
+            )
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            rejected = rejected or ValueError(
+                f"timeout must be a number of seconds > 0 (or None), got {timeout!r}"
+            )
             timeout = None
         if axis is not None or mesh is not None or groups is not None:
             from .mesh import resolve_communicator
+
             comm = resolve_communicator(comm, axis, mesh, groups)
         comm = check_comm(WORLD if comm is None else comm)
         current = settings()
@@ -93,9 +133,17 @@ class Call:
         call.reproducible = bool(reproducible)
         call.check = check or current.check
         call.timeout = current.timeout if timeout is None else timeout
-        call.site = site if site is not None else call_site() if (call.check or call.timeout is not None) else ""
+        call.site = (
+            site
+            if site is not None
+            else call_site()
+            if (call.check or call.timeout is not None)
+            else ""
+        )
         call.meeting = None
-        call.state = state = set_up_or_rank_failure(comm, lambda: state_of(comm, blocking=call.timeout is None))
+        call.state = state = set_up_or_rank_failure(
+            comm, lambda: state_of(comm, blocking=call.timeout is None)
+        )
         if not call.check and rejected is None:  # a bad argument raises here, before any data moves
             try:
                 validate(x, op, algorithm, out, call.reproducible, state.size)
@@ -103,7 +151,9 @@ class Call:
                 rejected = error
         if rejected is not None and (state.size == 1 or current.signature_min_bytes != 0):
             raise rejected  # (the other ranks may not compare this call: raised here alone)
-        ahead = state.given_up_ahead  # (a peer gave this call up, learnt by a first use: state.make_ready)
+        ahead = (
+            state.given_up_ahead
+        )  # (a peer gave this call up, learnt by a first use: state.make_ready)
         if ahead is not None and ahead.sequence == state.sequence + 1:
             state.number()  # (raises that, the number taken)
         if state.settings is not current or (not state.ready and call.timeout is None):
@@ -112,16 +162,22 @@ class Call:
             # here, in program order, after the pending asynchronous calls, never on the worker
             try:
                 run_here(state, lambda: _renew_and_ready(state, current, call.timeout is None))
-            except AllreduceAborted as aborted:  # (a peer gave up its timed call, this one: its number taken)
+            except (
+                AllreduceAborted
+            ) as aborted:  # (a peer gave up its timed call, this one: its number taken)
                 state.number()
                 if rejected is not None:
                     raise rejected from aborted  # (this rank's own error, as where the set-up was done)
                 raise
         call.reduce_op = call.execution = None
         call.sequence = state.number()
-        call.entry = record_call(state, call.sequence, call)  # (the flight recorder's, queued until it runs)
+        call.entry = record_call(
+            state, call.sequence, call
+        )  # (the flight recorder's, queued until it runs)
         if rejected is not None:
-            run_here(state, lambda: run_traced(call.entry, lambda: call._agree_on_rejection(rejected)))
+            run_here(
+                state, lambda: run_traced(call.entry, lambda: call._agree_on_rejection(rejected))
+            )
         return call
 
     def _agree_on_rejection(self, error, met=False):
@@ -133,9 +189,16 @@ class Call:
             self._meet()
         state, sequence, text = self.state, self.sequence, f"{type(error).__name__}: {error}"
         try:
-            compare(state, digest(("rejected", text)), lambda: {"rejected": text},
-                    lambda: PeerWatch(state, sequence, None, "signature"), sequence)
-        except Exception as other:  # (a mismatch, or the others gave a timed call up): this rank's own error
+            compare(
+                state,
+                digest(("rejected", text)),
+                lambda: {"rejected": text},
+                lambda: PeerWatch(state, sequence, None, "signature"),
+                sequence,
+            )
+        except (
+            Exception
+        ) as other:  # (a mismatch, or the others gave a timed call up): this rank's own error
             raise error from other
         raise error
 
@@ -147,9 +210,19 @@ class Call:
         if not state.ready:
             return True
         try:
-            execution = execution_for(state, self.x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                      self.reproducible, False, self.out is self.x)  # (not kept: the worker may change the facts)
-        except Exception:  # (an argument that check=True validates on every rank: raised when it runs)
+            execution = execution_for(
+                state,
+                self.x,
+                self.op,
+                _op_of(self.op, self.reproducible),
+                self.algorithm,
+                self.reproducible,
+                False,
+                self.out is self.x,
+            )  # (not kept: the worker may change the facts)
+        except (
+            Exception
+        ):  # (an argument that check=True validates on every rank: raised when it runs)
             return True
         return execution.needs_set_up()
 
@@ -163,19 +236,37 @@ class Call:
     def _meet(self):
         """A timed call's rendezvous (the same on every rank: it is collective), then the state ready."""
         state = self.state
-        if self.timeout is not None:  # (allreduce_async's meeting: wait(timeout) may bring the deadline forward)
-            meet(state, self.sequence, self.timeout, self.site,
-                 rendezvous=None if self.meeting is None else self.meeting(state, self.sequence, self.site))
+        if (
+            self.timeout is not None
+        ):  # (allreduce_async's meeting: wait(timeout) may bring the deadline forward)
+            meet(
+                state,
+                self.sequence,
+                self.timeout,
+                self.site,
+                rendezvous=None
+                if self.meeting is None
+                else self.meeting(state, self.sequence, self.site),
+            )
         state.make_ready(self.sequence)
 
     def signature(self):
         """What must be equal on every rank, for ``check`` (everything, call number and site too)."""
         x = self.x
-        names = {"op": _plain(self.op), "algorithm": _plain(self.algorithm), "reproducible": self.reproducible,
-                 "call_number": self.sequence, "call_site": self.site}
+        names = {
+            "op": _plain(self.op),
+            "algorithm": _plain(self.algorithm),
+            "reproducible": self.reproducible,
+            "call_number": self.sequence,
+            "call_site": self.site,
+        }
         if isinstance(x, np.ndarray) or namespace(x) is not None:
-            return {"memory": "host" if isinstance(x, np.ndarray) else "device", "shape": tuple(x.shape),
-                    "dtype": str(x.dtype), **names}
+            return {
+                "memory": "host" if isinstance(x, np.ndarray) else "device",
+                "shape": tuple(x.shape),
+                "dtype": str(x.dtype),
+                **names,
+            }
         return {"x": type(x).__name__, **names}
 
     def agreed_execution(self):
@@ -185,25 +276,63 @@ class Call:
         state = self.state
         if _compared(state):
             sequence = self.sequence
-            translated(state, sequence, lambda: compare(state, _CHECKED, lambda: {"check": True}, lambda: PeerWatch(
-                state, sequence, None, "signature"), sequence))
+            translated(
+                state,
+                sequence,
+                lambda: compare(
+                    state,
+                    _CHECKED,
+                    lambda: {"check": True},
+                    lambda: PeerWatch(state, sequence, None, "signature"),
+                    sequence,
+                ),
+            )
 
         placement = placement_of_call(state, self.x, self.out)  # (None but for symmetric arrays)
 
         def prepare():
             validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
             reduce_op = _op_of(self.op, self.reproducible)
-            return reduce_op, plan_for(state, self.x, reduce_op, self.algorithm, self.out is self.x, placement, once=True)
-        reduce_op, plan = translated(state, self.sequence, lambda: agree_on_call(state.library, prepare, self.signature(
-        ), resolve=lambda p: {"runs": p[1].describe(), "symmetric at": p[1].algorithm.needs_symmetric and placement.signature()}))
+            return reduce_op, plan_for(
+                state, self.x, reduce_op, self.algorithm, self.out is self.x, placement, once=True
+            )
+
+        reduce_op, plan = translated(
+            state,
+            self.sequence,
+            lambda: agree_on_call(
+                state.library,
+                prepare,
+                self.signature(),
+                resolve=lambda p: {
+                    "runs": p[1].describe(),
+                    "symmetric at": p[1].algorithm.needs_symmetric and placement.signature(),
+                },
+            ),
+        )
         kind = "host" if type(self.x) is np.ndarray else "device"
-        return Execution(state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind, placement)
+        return Execution(
+            state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind, placement
+        )
 
-    def trace_fields(self):  # (what the flight recorder's dump says of it: mpiallreduce.faults.recorder)
-        return array_fields(self.x, kind="allreduce", site=self.site, op=_plain(self.op), timeout=self.timeout, in_place=self.out
-                            is self.x, algorithm=_plain(self.algorithm) if self.execution is None else self.execution.plan.name)
+    def trace_fields(
+        self,
+    ):  # (what the flight recorder's dump says of it: mpiallreduce.faults.recorder)
+        return array_fields(
+            self.x,
+            kind="allreduce",
+            site=self.site,
+            op=_plain(self.op),
+            timeout=self.timeout,
+            in_place=self.out is self.x,
+            algorithm=_plain(self.algorithm)
+            if self.execution is None
+            else self.execution.plan.name,
+        )
 
-    holds_arrays = True  # (the recorder snapshots the description of a finished call: faults.recorder)
+    holds_arrays = (
+        True  # (the recorder snapshots the description of a finished call: faults.recorder)
+    )
 
     def run(self):
         return run_traced(self.entry, self._run)
@@ -215,10 +344,21 @@ class Call:
             execution = self.agreed_execution()
         else:
             try:
-                execution = execution_for(state, x, self.op, _op_of(self.op, self.reproducible), self.algorithm,
-                                          self.reproducible, keep=self.timeout is None, in_place=self.out is x,
-                                          placement=placement_of_call(state, x, self.out))
-            except (TypeError, ValueError) as error:  # (refused by the planner: an algorithm that cannot run here)
+                execution = execution_for(
+                    state,
+                    x,
+                    self.op,
+                    _op_of(self.op, self.reproducible),
+                    self.algorithm,
+                    self.reproducible,
+                    keep=self.timeout is None,
+                    in_place=self.out is x,
+                    placement=placement_of_call(state, x, self.out),
+                )
+            except (
+                TypeError,
+                ValueError,
+            ) as error:  # (refused by the planner: an algorithm that cannot run here)
                 if _compared(state):
                     self._agree_on_rejection(error, met=True)
                 raise
@@ -228,7 +368,9 @@ class Call:
         return flat.finish()
 
 
-_CHECKED = digest(("check=True",))  # (the code every checked call compares first: Call.agreed_execution)
+_CHECKED = digest(
+    ("check=True",)
+)  # (the code every checked call compares first: Call.agreed_execution)
 
 
 def _compared(state):  # (every call on this communicator compares its signature before data moves)

@@ -7,6 +7,7 @@ mpiallreduce.state.
 The attribute's delete callback frees what it holds when the user's communicator is freed (or at
 ``MPI_Finalize`` for ``COMM_WORLD``).
 """
+
 import threading
 
 from mpi4py import MPI

@@ -21,6 +21,7 @@ shared slots, MPI, a mean's division: of float32 and float64 in C, the same IEEE
 numpy's, ``division_of``), and hand anything unusual back to it: the Python raises
 what a failure means (core.failures) and waits for late peers (core.consistency).
 """
+
 import numpy as np
 from mpi4py import MPI
 
@@ -40,7 +41,15 @@ except ImportError:  # (not built: the Python paths only)
 if _compiled is not None and not MPI.Get_library_version().startswith("Open MPI"):
     _compiled = None
 
-__all__ = ["PreparedBase", "built", "used", "short_path", "division_of", "exchange_rounds", "used_everywhere"]
+__all__ = [
+    "PreparedBase",
+    "built",
+    "used",
+    "short_path",
+    "division_of",
+    "exchange_rounds",
+    "used_everywhere",
+]
 
 #: the base class of Prepared: its __call__ compiled where built
 PreparedBase = object if _compiled is None else _compiled.PreparedBase
@@ -64,7 +73,7 @@ def used_everywhere(comm):
 
 
 #: the largest count of elements MPI_Allreduce takes (a C int); larger calls take the Python path
-_MAX_COUNT = 2 ** 31 - 1
+_MAX_COUNT = 2**31 - 1
 
 
 def _address(view):
@@ -76,8 +85,13 @@ def division_of(execution, result=None):
     native order, on C-contiguous ``result`` if given), the same operation as numpy's; (0, 0, 0.0)
     where the Python division (Execution.divide) runs instead, or where there is none."""
     dtype = execution.dtype
-    if not (execution.divides and execution.divides_host is not None and dtype.isnative
-            and dtype in (np.float32, np.float64) and (result is None or result.flags.c_contiguous)):
+    if not (
+        execution.divides
+        and execution.divides_host is not None
+        and dtype.isnative
+        and dtype in (np.float32, np.float64)
+        and (result is None or result.flags.c_contiguous)
+    ):
         return 0, 0, 0.0
     how, factor = host_division(dtype, execution.state.size)
     return dtype.itemsize, int(how == "multiply"), factor
@@ -89,41 +103,87 @@ def short_path(execution):
     the result, or None for the general path); None where it does not apply or is not used."""
     state, shape = execution.state, execution.shape
     rounds = _rounds_of(execution) or _check_of(execution)
-    if not (used() and execution.raw and (execution.direct or rounds is not None) and state.recorder is None
-            and state.library is not None and len(shape) <= _compiled.MAX_DIMENSIONS
-            and int(np.prod(shape, dtype=np.int64)) <= _MAX_COUNT):
+    if not (
+        used()
+        and execution.raw
+        and (execution.direct or rounds is not None)
+        and state.recorder is None
+        and state.library is not None
+        and len(shape) <= _compiled.MAX_DIMENSIONS
+        and int(np.prod(shape, dtype=np.int64)) <= _MAX_COUNT
+    ):
         return None
     slots = state.signature_slots
-    mine, others = (0, ()) if slots is None else (_address(slots.mine), tuple(_address(s) for s in slots.others))
+    mine, others = (
+        (0, ())
+        if slots is None
+        else (_address(slots.mine), tuple(_address(s) for s in slots.others))
+    )
     code, describe = execution.code, execution.describe
     watching = []  # (the watch of rounds the Python took over, while they run: told if this rank leaves them)
 
     def compared(sequence, published):  # (the slots did not agree at once: wait, compare, raise)
-        compare(state, code, describe, lambda: PeerWatch(state, sequence, None, "signature"), sequence,
-                published=published)
+        compare(
+            state,
+            code,
+            describe,
+            lambda: PeerWatch(state, sequence, None, "signature"),
+            sequence,
+            published=published,
+        )
 
     def failed(error, sequence):
-        raise_failed(MPI.Exception(error) if isinstance(error, int) else error, state, sequence,
-                     watching.pop() if watching else None)
+        raise_failed(
+            MPI.Exception(error) if isinstance(error, int) else error,
+            state,
+            sequence,
+            watching.pop() if watching else None,
+        )
 
     if rounds is not None:
         held, resume, *bound = rounds
 
-        def rest(sequence, stopped, high, negated, taken, handles, owner):  # (owner: what a send reads from)
-            watching[:] = [PeerWatch(state, sequence, None, execution.plan.name if execution.carried else "signature")]
+        def rest(
+            sequence, stopped, high, negated, taken, handles, owner
+        ):  # (owner: what a send reads from)
+            watching[:] = [
+                PeerWatch(
+                    state, sequence, None, execution.plan.name if execution.carried else "signature"
+                )
+            ]
             maxima = resume(sequence, watching[0], stopped, high, negated, taken, handles, owner)
             watching.clear()
             return maxima
 
         def mismatch(sequence, high, negated):
             CarriedSignature(execution, sequence).settle(high, negated)
+
         rounds = (held, rest, mismatch, *bound)
     mpi_op = execution.mpi_op if execution.direct else execution.op.mpi_op(execution.dtype)
     return _compiled.ShortPath(
-        state.library.handle, mpi_op.handle, execution.datatype.handle, execution.compares_first,
-        code, vars(state), slots, state.library, mine, others, execution.shape, execution.strides, execution.dtype,
-        np.empty, symmetric._STARTS, symmetric._MADE, compared, failed,
-        execution.divide if execution.divides and execution.direct else None, division_of(execution), None, rounds).run
+        state.library.handle,
+        mpi_op.handle,
+        execution.datatype.handle,
+        execution.compares_first,
+        code,
+        vars(state),
+        slots,
+        state.library,
+        mine,
+        others,
+        execution.shape,
+        execution.strides,
+        execution.dtype,
+        np.empty,
+        symmetric._STARTS,
+        symmetric._MADE,
+        compared,
+        failed,
+        execution.divide if execution.divides and execution.direct else None,
+        division_of(execution),
+        None,
+        rounds,
+    ).run
 
 
 def _rounds_of(execution):
@@ -143,7 +203,12 @@ def _check_of(execution):
     bytes, on the call's signature tags), the Python's from a wait that lasts on
     (signature_messages.resume_codes); None where the slots compare it, or nothing does."""
     state = execution.state
-    if not (execution.direct and execution.compares_first and state.signature_slots is None and state.size > 1):
+    if not (
+        execution.direct
+        and execution.compares_first
+        and state.signature_slots is None
+        and state.size > 1
+    ):
         return None
     from . import signature_messages as messages
     from .buffers import aligned_empty
@@ -151,17 +216,42 @@ def _check_of(execution):
     def fresh():  # (the codes sent, then room for a head received; a new one after a call given up)
         space = aligned_empty(messages.CODES.size + messages.SIGNATURE_MESSAGE_BYTES, np.uint8)
         return [space, None, space.__array_interface__["data"][0]]
+
     held, tags = fresh(), messages.call_tags()
     tags(state.library, 0)  # (the first one learns MPI_TAG_UB: CallTags.calls_apart)
 
-    def resume(sequence, watch, stopped, high, negated, taken, handles, owner=None):  # (no send reads the owner's)
+    def resume(
+        sequence, watch, stopped, high, negated, taken, handles, owner=None
+    ):  # (no send reads the owner's)
         space, requests = held[0], [MPI.Request.f2py(handle) for handle in handles]
         try:
-            return messages.resume_codes(state, sequence, watch, stopped, high, negated, taken, requests,
-                                         space[messages.CODES.size:])
-        except BaseException:  # (given up: MPI may still write the buffer; kept, and never written again)
+            return messages.resume_codes(
+                state,
+                sequence,
+                watch,
+                stopped,
+                high,
+                negated,
+                taken,
+                requests,
+                space[messages.CODES.size :],
+            )
+        except (
+            BaseException
+        ):  # (given up: MPI may still write the buffer; kept, and never written again)
             messages.keep_while_pending(requests, space)
             held[:] = fresh()
             raise
-    return (held, resume, tags.SIGNATURE_BASE, tags.slot, tags.calls_apart, state.size, state.rank,
-            messages.SIGNATURE_MESSAGE_BYTES, vars(messages), messages.TAIL_OFFSET)
+
+    return (
+        held,
+        resume,
+        tags.SIGNATURE_BASE,
+        tags.slot,
+        tags.calls_apart,
+        state.size,
+        state.rank,
+        messages.SIGNATURE_MESSAGE_BYTES,
+        vars(messages),
+        messages.TAIL_OFFSET,
+    )

@@ -21,6 +21,7 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
                                validated on every rank, in one allgather
     agree_on_outcome(...)      a step that can fail on one rank (inside an algorithm) made collective
 """
+
 import hashlib
 
 import numpy as np
@@ -29,8 +30,19 @@ from mpi4py import MPI
 from ..faults.errors import AllreduceAborted, ranks_phrase
 from .signature_messages import codes_agree_by_messages as _codes_agree_by_messages
 
-__all__ = ["digest", "content_digest", "compare", "SignatureMismatch", "meet", "codes_agree", "raise_signature_mismatch", "agree_on_call", "agree_on_outcome",
-           "describe_differences", "CarriedSignature"]
+__all__ = [
+    "digest",
+    "content_digest",
+    "compare",
+    "SignatureMismatch",
+    "meet",
+    "codes_agree",
+    "raise_signature_mismatch",
+    "agree_on_call",
+    "agree_on_outcome",
+    "describe_differences",
+    "CarriedSignature",
+]
 
 
 def digest(value, bits=63):
@@ -42,6 +54,7 @@ def digest(value, bits=63):
 def content_digest(array):
     """A 63-bit digest of an array's bytes (host or device): replicas and inputs compared by content."""
     from .buffers import array_module
+
     xp = array_module(array)
     host = array if xp.__name__ == "numpy" else xp.asnumpy(array)
     data = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
@@ -67,11 +80,15 @@ def set_up_codes_agree(state, code, sequence):
     differ, once more with every rank's code of now: a code left pending may be one of settings
     replaced since (every rank saw the same maxima, so every rank does it)."""
     from ..faults.watch import wait_for_set_up
+
     aborted, again = None, True
     while True:
         if state.settings_request is None:
             fields = np.array([code, -code, sequence, -sequence], dtype=np.int64)
-            state.settings_request = state.library.Iallreduce(MPI.IN_PLACE, [fields, MPI.INT64_T], MPI.MAX), fields
+            state.settings_request = (
+                state.library.Iallreduce(MPI.IN_PLACE, [fields, MPI.INT64_T], MPI.MAX),
+                fields,
+            )
         request, fields = state.settings_request
         aborted = wait_for_set_up(state, request, sequence) or aborted
         state.settings_request = None
@@ -101,7 +118,9 @@ def _set_up_numbers(state, fields, sequence, aborted):
         raise AllreduceAborted(
             f"rank {state.rank}: allreduce call #{sequence} on {state.size} ranks: another rank has gone on to "
             f"call #{highest} without it (it gave this call up: did the ranks give it different timeouts?); "
-            "this rank gave up its part", sequence=sequence)
+            "this rank gave up its part",
+            sequence=sequence,
+        )
     return False
 
 
@@ -130,20 +149,30 @@ def compare(state, code, describe, watch, sequence, published=False):
 def raise_signature_mismatch(state, describe, sequence):
     """Collective, on ranks that all know the codes differ: gather what each rank called, raise."""
     everyone = state.library.allgather(describe())
-    rejected = [f"rank {rank}: {theirs['rejected']}" for rank, theirs in enumerate(everyone) if "rejected" in theirs]
+    rejected = [
+        f"rank {rank}: {theirs['rejected']}"
+        for rank, theirs in enumerate(everyone)
+        if "rejected" in theirs
+    ]
     if rejected:  # (a bad argument there: mpiallreduce.core.call)
-        raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} was rejected on "
-                                f"{ranks_phrase([r for r, t in enumerate(everyone) if 'rejected' in t])} before any "
-                                "data moved; nothing was reduced:\n  " + "\n  ".join(rejected))
+        raise SignatureMismatch(
+            f"rank {state.rank}: allreduce call #{sequence} was rejected on "
+            f"{ranks_phrase([r for r, t in enumerate(everyone) if 'rejected' in t])} before any "
+            "data moved; nothing was reduced:\n  " + "\n  ".join(rejected)
+        )
     checked = [rank for rank, theirs in enumerate(everyone) if theirs.get("check")]
     if checked:  # (mpiallreduce.core.call.Call.agreed_execution)
-        raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} was made with check=True on "
-                                f"{ranks_phrase(checked)} and without it on the others (check must be the same "
-                                "on every rank, or set for all by MPIALLREDUCE_CHECK=1); nothing was reduced")
+        raise SignatureMismatch(
+            f"rank {state.rank}: allreduce call #{sequence} was made with check=True on "
+            f"{ranks_phrase(checked)} and without it on the others (check must be the same "
+            "on every rank, or set for all by MPIALLREDUCE_CHECK=1); nothing was reduced"
+        )
     differences = describe_differences(everyone)
-    raise SignatureMismatch(f"rank {state.rank}: allreduce call #{sequence} differs between the {state.size} ranks "
-                     "(shape, dtype, op, algorithm or route; see also check=True); nothing was reduced:\n  "
-                     + "\n  ".join(differences or ["(the calls' digests differ)"]))
+    raise SignatureMismatch(
+        f"rank {state.rank}: allreduce call #{sequence} differs between the {state.size} ranks "
+        "(shape, dtype, op, algorithm or route; see also check=True); nothing was reduced:\n  "
+        + "\n  ".join(differences or ["(the calls' digests differ)"])
+    )
 
 
 def agree_on_call(comm, prepare, signature, resolve=None):
@@ -168,7 +197,9 @@ def agree_on_call(comm, prepare, signature, resolve=None):
         prepared = prepare()
         if resolve is not None:
             signature = dict(signature, **resolve(prepared))
-    except Exception as exc:  # any exception: raised alone, it would leave the others in the allgather
+    except (
+        Exception
+    ) as exc:  # any exception: raised alone, it would leave the others in the allgather
         local_error = exc
     reports = comm.allgather(
         (None if local_error is None else (type(local_error).__name__, str(local_error)), signature)
@@ -202,18 +233,26 @@ def agree_on_outcome(comm, local_error, what):
     next collective and waiting there for ever.
     """
     flags = np.zeros(comm.Get_size(), dtype=np.int8)  # the common case: one small Allgather
-    comm.Allgather([np.array([local_error is not None], dtype=np.int8), MPI.INT8_T], [flags, MPI.INT8_T])
+    comm.Allgather(
+        [np.array([local_error is not None], dtype=np.int8), MPI.INT8_T], [flags, MPI.INT8_T]
+    )
     if flags.any():
-        reports = comm.allgather(None if local_error is None else f"{type(local_error).__name__}: {local_error}")
+        reports = comm.allgather(
+            None if local_error is None else f"{type(local_error).__name__}: {local_error}"
+        )
         failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
-        raise RuntimeError(f"{what} failed on {ranks_phrase([r for r, _ in failed])} of {len(reports)}:\n  "
-                           + "\n  ".join(f"rank {r}: {report}" for r, report in failed)) from local_error
+        raise RuntimeError(
+            f"{what} failed on {ranks_phrase([r for r, _ in failed])} of {len(reports)}:\n  "
+            + "\n  ".join(f"rank {r}: {report}" for r, report in failed)
+        ) from local_error
 
 
 def describe_differences(signatures):
     """One line per field whose value is not the same on every rank, naming which ranks had which."""
     lines = []
-    for field in dict.fromkeys(field for sig in signatures for field in sig):  # (every rank's, in order)
+    for field in dict.fromkeys(
+        field for sig in signatures for field in sig
+    ):  # (every rank's, in order)
         ranks_by_value = {}
         for rank, sig in enumerate(signatures):
             ranks_by_value.setdefault(repr(sig.get(field)), []).append(rank)
@@ -225,8 +264,10 @@ def describe_differences(signatures):
 
 #: the kind of call a rank brings to a rendezvous (``meet``), besides a prepared call's own code
 PLAIN_CALL, LIBRARY_GATHER = 0, digest(("a gather of the library's",)) | 1
-_KIND_OF_CALL = {PLAIN_CALL: "a plain allreduce",
-                 LIBRARY_GATHER: "a gather of the library's own (GradientSync's agreement on the gradients, replicas)"}
+_KIND_OF_CALL = {
+    PLAIN_CALL: "a plain allreduce",
+    LIBRARY_GATHER: "a gather of the library's own (GradientSync's agreement on the gradients, replicas)",
+}
 
 
 def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
@@ -236,6 +277,7 @@ def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
     compares nothing more). Where they differ, raise SignatureMismatch on every rank (every rank
     holds every rank's code), before any data moves."""
     from ..faults.rendezvous import Rendezvous
+
     met = rendezvous if rendezvous is not None else Rendezvous(state, sequence, timeout, site, code)
     met.code = code
     met.run()
@@ -243,14 +285,21 @@ def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
         kinds = {}
         for rank, theirs in sorted(met.codes.items()):
             kinds.setdefault(theirs, []).append(rank)
-        named = [f"{_KIND_OF_CALL.get(theirs, 'a prepared call')} on {ranks_phrase(ranks)}"
-                 for theirs, ranks in kinds.items()]
+        named = [
+            f"{_KIND_OF_CALL.get(theirs, 'a prepared call')} on {ranks_phrase(ranks)}"
+            for theirs, ranks in kinds.items()
+        ]
         raise SignatureMismatch(
-            f"rank {state.rank}: allreduce call #{sequence} is not the same call on every rank: " + ", ".join(named)
-            + (" (calls prepared for another shape, dtype, op, plan or symmetric arrays)" if len(set(kinds) - set(_KIND_OF_CALL)) > 1
-               else "")
+            f"rank {state.rank}: allreduce call #{sequence} is not the same call on every rank: "
+            + ", ".join(named)
+            + (
+                " (calls prepared for another shape, dtype, op, plan or symmetric arrays)"
+                if len(set(kinds) - set(_KIND_OF_CALL)) > 1
+                else ""
+            )
             + "; every rank must make the same call at the same point (a call prepared with mpiallreduce.prepare "
-            "too); nothing was reduced")
+            "too); nothing was reduced"
+        )
 
 
 class CarriedSignature:
@@ -267,6 +316,7 @@ class CarriedSignature:
 
     def _watch(self):
         from ..faults.watch import PeerWatch
+
         return PeerWatch(self.execution.state, self.sequence, None, "signature")
 
     def shared(self):
@@ -282,7 +332,9 @@ class CarriedSignature:
     def compare(self):
         e = self.execution
         if not e.state.signature_slots.all_equal(e.code, self.sequence, self._watch):
-            raise_signature_mismatch(e.state, e.describe, self.sequence)  # (collective: every rank is here)
+            raise_signature_mismatch(
+                e.state, e.describe, self.sequence
+            )  # (collective: every rank is here)
 
     def codes(self):
         """In messages (dissemination's): the two 64-bit numbers this rank sends first (with the call's

@@ -18,6 +18,7 @@ The only place that runs a plan and masks floating-point errors (np.errstate, as
 reductions do); what a failed run raises is core.failures' (a dead rank becomes RankFailure, a
 truncated message a ValueError). It decides nothing: every choice is the plan's.
 """
+
 import numpy as np
 from mpi4py import MPI
 
@@ -38,16 +39,50 @@ __all__ = ["Execution"]
 class Execution:
     """What every run of one plan needs, bound once (see the module's docstring)."""
 
-    __slots__ = ("state", "plan", "op", "shape", "dtype", "datatype", "code", "describe", "compares_first",
-                 "direct", "divides", "divides_host", "mpi_op", "strides", "watched", "options", "carried", "raw", "raw_unchecked", "short",
-                 "after_probe", "runs")
+    __slots__ = (
+        "state",
+        "plan",
+        "op",
+        "shape",
+        "dtype",
+        "datatype",
+        "code",
+        "describe",
+        "compares_first",
+        "direct",
+        "divides",
+        "divides_host",
+        "mpi_op",
+        "strides",
+        "watched",
+        "options",
+        "carried",
+        "raw",
+        "raw_unchecked",
+        "short",
+        "after_probe",
+        "runs",
+    )
 
     def __init__(self, state, plan, op, shape, dtype, kind, placement=None):
         """``kind``: "host"/"device" (the arrays' memory); ``op`` a ReduceOp; ``placement``: single_copy's."""
-        self.state, self.plan, self.op, self.shape, self.dtype = state, plan, op, tuple(shape), np.dtype(dtype)
+        self.state, self.plan, self.op, self.shape, self.dtype = (
+            state,
+            plan,
+            op,
+            tuple(shape),
+            np.dtype(dtype),
+        )
         self.datatype = buffers.mpi_datatype(self.dtype)
-        signature = {"memory": kind, "shape": self.shape, "dtype": str(self.dtype), "op": op.name,
-                     "algorithm": plan.name, "route": plan.route, "in place (out=x)": plan.in_place}
+        signature = {
+            "memory": kind,
+            "shape": self.shape,
+            "dtype": str(self.dtype),
+            "op": op.name,
+            "algorithm": plan.name,
+            "route": plan.route,
+            "in place (out=x)": plan.in_place,
+        }
         if plan.algorithm.needs_symmetric:  # (the twins must lie at the same place on every rank)
             signature["symmetric (allocation, input, output)"] = placement.signature()
         #: the call's signature code: what every rank's must equal (the planner's name for what runs
@@ -56,27 +91,54 @@ class Execution:
         self.describe = lambda: signature
         self.compares_first = plan.compares and not plan.carried
         self.carried = plan.carried
-        self.direct = (plan.name == "mpi" and plan.route == "plain" and plan.accumulate is None
-                       and not plan.local_only and plan.device_path is None)
+        self.direct = (
+            plan.name == "mpi"
+            and plan.route == "plain"
+            and plan.accumulate is None
+            and not plan.local_only
+            and plan.device_path is None
+        )
         #: a mean: the direct path divides after (host arrays: bound once, ~0.4 us less per call)
         self.divides = op.divide_by_size and state.size != 1
-        self.divides_host = op.host_finish(self.dtype, state.size) if self.divides and kind == "host" else None
+        self.divides_host = (
+            op.host_finish(self.dtype, state.size) if self.divides and kind == "host" else None
+        )
         self.mpi_op = op.mpi_op(self.dtype) if self.direct else None
         #: mpi4py finds a predefined datatype from the numpy array itself: no [buffer, datatype] to make
-        self.raw = self.datatype.is_predefined and self.dtype.char in "bhilqBHILQefdgFDG?" and kind == "host"
+        self.raw = (
+            self.datatype.is_predefined
+            and self.dtype.char in "bhilqBHILQefdgFDG?"
+            and kind == "host"
+        )
         self.raw_unchecked = self.raw and self.direct and not self.compares_first
         self.strides = np.empty(self.shape, self.dtype).strides if kind == "host" else None
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
-        self.options = {"peers": placement} if plan.algorithm.needs_symmetric else {} if plan.inner is None else {
-            "inner": plan.inner}
-        self.runs = plan.algorithm.bind_runs(self) if kind == "host" and not plan.local_only else None  # (its own, bound once)
-        self.short = (short_path(self) or self._short_path()) if kind == "host" else None  # (compiled where it can)
+        self.options = (
+            {"peers": placement}
+            if plan.algorithm.needs_symmetric
+            else {}
+            if plan.inner is None
+            else {"inner": plan.inner}
+        )
+        self.runs = (
+            plan.algorithm.bind_runs(self) if kind == "host" and not plan.local_only else None
+        )  # (its own, bound once)
+        self.short = (
+            (short_path(self) or self._short_path()) if kind == "host" else None
+        )  # (compiled where it can)
         self.after_probe = None
 
     def trace_fields(self):  # (what the flight recorder's dump says of a call that ran this)
-        return {"kind": "allreduce", "site": "", "op": self.op.name, "algorithm": self.plan.name, "shape": list(self.shape),
-                "dtype": str(self.dtype), "bytes": int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
-                "in_place": self.plan.in_place}
+        return {
+            "kind": "allreduce",
+            "site": "",
+            "op": self.op.name,
+            "algorithm": self.plan.name,
+            "shape": list(self.shape),
+            "dtype": str(self.dtype),
+            "bytes": int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
+            "in_place": self.plan.in_place,
+        }
 
     def _probed(self, xp):
         """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator, in this
@@ -84,12 +146,25 @@ class Execution:
         rank may have asked for device_to_device by name, now refused, and another for "auto")."""
         if self.after_probe is None:
             from .planner import plan_call
+
             state = self.state
             state.learn_cuda_ipc(xp)
             # (the one comparison of arguments and plans: a plan refused on some ranks is raised on all)
-            after = agree_on_call(state.library, lambda: Execution(
-                state, plan_call(state.facts, *self.plan.ipc_probe), self.op, self.shape, self.dtype, "device"),
-                {}, resolve=lambda execution: {"plan once CUDA IPC was probed": execution.plan.describe()})
+            after = agree_on_call(
+                state.library,
+                lambda: Execution(
+                    state,
+                    plan_call(state.facts, *self.plan.ipc_probe),
+                    self.op,
+                    self.shape,
+                    self.dtype,
+                    "device",
+                ),
+                {},
+                resolve=lambda execution: {
+                    "plan once CUDA IPC was probed": execution.plan.describe()
+                },
+            )
             self.after_probe = after
         return self.after_probe
 
@@ -98,20 +173,36 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
-        watch = PeerWatch(state, sequence, timeout if self.plan.timed_inside else None, self.plan.name) if self.watched else None
+        watch = (
+            PeerWatch(state, sequence, timeout if self.plan.timed_inside else None, self.plan.name)
+            if self.watched
+            else None
+        )
         probed = None
         try:
-            if self.compares_first and not compared:  # (no deadline: a timed call's ranks all committed
-                compare(state, self.code, self.describe,  # at its rendezvous)
-                        lambda: PeerWatch(state, sequence, None, "signature"), sequence)
+            if (
+                self.compares_first and not compared
+            ):  # (no deadline: a timed call's ranks all committed
+                compare(
+                    state,
+                    self.code,
+                    self.describe,  # at its rendezvous)
+                    lambda: PeerWatch(state, sequence, None, "signature"),
+                    sequence,
+                )
             if self.plan.ipc_probe is not None:
                 probed = self._probed(xp)
             elif self.direct:
                 if self.raw:
-                    state.library.Allreduce(MPI.IN_PLACE if send is None else send, recv, self.mpi_op)
+                    state.library.Allreduce(
+                        MPI.IN_PLACE if send is None else send, recv, self.mpi_op
+                    )
                 else:
-                    state.library.Allreduce(MPI.IN_PLACE if send is None else [send, self.datatype],
-                                            [recv, self.datatype], self.mpi_op)
+                    state.library.Allreduce(
+                        MPI.IN_PLACE if send is None else [send, self.datatype],
+                        [recv, self.datatype],
+                        self.mpi_op,
+                    )
                 if self.divides:
                     self.divide(recv)
                 return recv
@@ -134,19 +225,34 @@ class Execution:
                 buffers.copy_into(recv, send)
             op.finish(recv, size)
             return
-        if self.runs is not None and timeout is None and xp is None:  # (the algorithm's own, bound once)
+        if (
+            self.runs is not None and timeout is None and xp is None
+        ):  # (the algorithm's own, bound once)
             self.runs(send, recv, sequence, watch)
             return op.finish(recv, size)
         options = self.options
         if plan.inner_on_tags:
             options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))
-        if self.carried or plan.algorithm.needs_symmetric:  # (single_copy's arrival: the placement always
-            options = dict(options, signature=CarriedSignature(self, sequence))  # compared, agreed once or not)
-        comm = CallTags(self.state.library, sequence, watch) if plan.algorithm.messages_only else self.state.library
-        if xp is not None and plan.device_path == "host round trip":  # the whole call on pinned host memory
+        if (
+            self.carried or plan.algorithm.needs_symmetric
+        ):  # (single_copy's arrival: the placement always
+            options = dict(
+                options, signature=CarriedSignature(self, sequence)
+            )  # compared, agreed once or not)
+        comm = (
+            CallTags(self.state.library, sequence, watch)
+            if plan.algorithm.messages_only
+            else self.state.library
+        )
+        if (
+            xp is not None and plan.device_path == "host round trip"
+        ):  # the whole call on pinned host memory
             from ..device.transports import pinned, pinned_in_use
+
             host = pinned(xp, "round_trip", recv.size, recv.dtype)
-            xp.asnumpy(recv if send is None else send, out=host)  # blocking: waits for the current stream
+            xp.asnumpy(
+                recv if send is None else send, out=host
+            )  # blocking: waits for the current stream
             self._route(comm, None, host, None, options)
             stream = xp.cuda.get_current_stream()
             recv.set(host, stream=stream)  # asynchronous: `host` is read after this call returns
@@ -167,7 +273,9 @@ class Execution:
 
     def _route(self, comm, send, recv, xp, options):
         plan, op, size = self.plan, self.op, self.state.size
-        if plan.route.startswith("compressed"):  # the op runs on its own (mpiallreduce.training.compression)
+        if plan.route.startswith(
+            "compressed"
+        ):  # the op runs on its own (mpiallreduce.training.compression)
             if send is not None:
                 buffers.copy_into(recv, send)
             op.reduce_whole(self.state.library, recv)
@@ -175,18 +283,40 @@ class Execution:
             from ..reproducible.routes import sum_by_words
 
             def allreduce_in_place(array, step_op):
-                plan.algorithm.run(comm, None, array, OPS[step_op], buffers.mpi_datatype(array.dtype), **options)
+                plan.algorithm.run(
+                    comm, None, array, OPS[step_op], buffers.mpi_datatype(array.dtype), **options
+                )
+
             allreduce_in_place.size = size
             sum_by_words(send, recv, op.mean, allreduce_in_place)
-        elif plan.accumulate is not None:  # float16/bfloat16 (or its words): accumulate in float32, round once
+        elif (
+            plan.accumulate is not None
+        ):  # float16/bfloat16 (or its words): accumulate in float32, round once
             wide = op.widen(recv if send is None else send, plan.accumulate)
-            self._algorithm(comm, None, wide, buffers.mpi_datatype(plan.accumulate), xp, options, op.widened_op())
+            self._algorithm(
+                comm,
+                None,
+                wide,
+                buffers.mpi_datatype(plan.accumulate),
+                xp,
+                options,
+                op.widened_op(),
+            )
             op.finish(wide, size)
             op.narrow(wide, recv)
         else:  # (a mean's division: by each slice's owner where the algorithm finishes_slices, else after)
-            sliced = plan.algorithm.finishes_slices and op.divide_by_size and size != 1 and xp is None
-            self._algorithm(comm, send, recv, self.datatype, xp, dict(options, finish=lambda v: op.finish(v, size))
-                            if sliced else options, op)
+            sliced = (
+                plan.algorithm.finishes_slices and op.divide_by_size and size != 1 and xp is None
+            )
+            self._algorithm(
+                comm,
+                send,
+                recv,
+                self.datatype,
+                xp,
+                dict(options, finish=lambda v: op.finish(v, size)) if sliced else options,
+                op,
+            )
             if not sliced:
                 op.finish(recv, size)
 
@@ -195,13 +325,26 @@ class Execution:
             self.plan.algorithm.run(comm, send, recv, op, datatype, **options)
         else:
             from ..device.transports import run_on_device
-            run_on_device(self.plan.device_path, self.plan.algorithm, comm, send, recv, op, datatype, xp, **options)
+
+            run_on_device(
+                self.plan.device_path,
+                self.plan.algorithm,
+                comm,
+                send,
+                recv,
+                op,
+                datatype,
+                xp,
+                **options,
+            )
 
     def needs_set_up(self):
         """Whether a run must first make something collective (a larger shared window): then it runs
         on the caller's thread, after the pending asynchronous calls (mpiallreduce.core.call)."""
         plan = self.plan
-        return not plan.local_only and plan.algorithm.needs_set_up(self.state.library, plan.working_bytes)
+        return not plan.local_only and plan.algorithm.needs_set_up(
+            self.state.library, plan.working_bytes
+        )
 
     def set_up(self):
         """Make it (collective: every rank, after the call was agreed on; a prepared call, once)."""
@@ -215,13 +358,29 @@ class Execution:
         good (``kept``: a prepared call's own buffers) as a persistent request where the plan says
         (``kept="always"``: wherever the plan can be one, as tune measures it)."""
         if self.direct and not self.compares_first and timeout is None and xp is None:
-            state, allreduce, mpi_op, divide = self.state, self.state.library.Allreduce, self.mpi_op, self.divides
+            state, allreduce, mpi_op, divide = (
+                self.state,
+                self.state.library.Allreduce,
+                self.mpi_op,
+                self.divides,
+            )
             # ([buffer, datatype] made once: mpi4py then skips reading the array's format, ~0.1 us)
-            source, target = MPI.IN_PLACE if send is None else [send, self.datatype], [recv, self.datatype]
-            persistent = kept and (self.plan.persistent is not None if kept == "always" else self.plan.persistent
-                                   ) and bind_persistent(
-                state.library, source, target, mpi_op, lambda error, sequence: raise_failed(error, state, sequence, None),
-                then=(lambda: self.divide(recv)) if divide else None)
+            source, target = (
+                MPI.IN_PLACE if send is None else [send, self.datatype],
+                [recv, self.datatype],
+            )
+            persistent = (
+                kept
+                and (self.plan.persistent is not None if kept == "always" else self.plan.persistent)
+                and bind_persistent(
+                    state.library,
+                    source,
+                    target,
+                    mpi_op,
+                    lambda error, sequence: raise_failed(error, state, sequence, None),
+                    then=(lambda: self.divide(recv)) if divide else None,
+                )
+            )
             if persistent:
                 return persistent
 
@@ -232,6 +391,7 @@ class Execution:
                         self.divide(recv)
                 except BaseException as error:
                     raise_failed(error, state, sequence, None)
+
             return run_bound
         return lambda sequence: self.run(send, recv, sequence, timeout, xp)
 
@@ -240,32 +400,69 @@ class Execution:
         or None when these arrays need the general path (strided, views, another kind of out, a
         read-only out). Numbered on the caller's thread (the entry point checked that no asynchronous
         call is pending). A closure over what it reads: each call is ~0.1 us of Python in all."""
-        state, shape, dtype, strides, mpi_op = self.state, self.shape, self.dtype, self.strides, self.mpi_op
-        raw_unchecked, raw_direct, code, describe = self.raw_unchecked, self.raw and self.direct, self.code, self.describe
-        empty, ndarray, may_share_memory, in_place = np.empty, np.ndarray, np.may_share_memory, MPI.IN_PLACE
-        allreduce, number, divides, divide = state.library.Allreduce, state.number, self.divides, self.divide  # (the state's for its life: freed, it is forgotten)
-        recorder, execution = state.recorder, self  # (the flight recorder's; a new one comes with new short paths)
+        state, shape, dtype, strides, mpi_op = (
+            self.state,
+            self.shape,
+            self.dtype,
+            self.strides,
+            self.mpi_op,
+        )
+        raw_unchecked, raw_direct, code, describe = (
+            self.raw_unchecked,
+            self.raw and self.direct,
+            self.code,
+            self.describe,
+        )
+        empty, ndarray, may_share_memory, in_place = (
+            np.empty,
+            np.ndarray,
+            np.may_share_memory,
+            MPI.IN_PLACE,
+        )
+        allreduce, number, divides, divide = (
+            state.library.Allreduce,
+            state.number,
+            self.divides,
+            self.divide,
+        )  # (the state's for its life: freed, it is forgotten)
+        recorder, execution = (
+            state.recorder,
+            self,
+        )  # (the flight recorder's; a new one comes with new short paths)
 
         def short(x, out):
-            if x.strides != strides or touches(x):  # (symmetric arrays may run single_copy: the general path)
+            if x.strides != strides or touches(
+                x
+            ):  # (symmetric arrays may run single_copy: the general path)
                 return None
             if out is None:
                 result, send = empty(shape, dtype), x
             elif out is x:
                 result, send = x, in_place
-            elif (type(out) is ndarray and out.dtype is dtype and out.shape == shape and out.strides == strides
-                  and ((out.base is None and x.base is None) or not may_share_memory(x, out))):
+            elif (
+                type(out) is ndarray
+                and out.dtype is dtype
+                and out.shape == shape
+                and out.strides == strides
+                and ((out.base is None and x.base is None) or not may_share_memory(x, out))
+            ):
                 result, send = out, x  # (they do not overlap)
             else:
                 return None
             if raw_unchecked:  # MPI_Allreduce itself, on the arrays as they are (any shape)
                 # (recorded before it runs, under the number it will take: a rank stuck in it says so)
-                entry = None if recorder is None else recorder.record(state, state.sequence + 1, execution, RUNNING)
+                entry = (
+                    None
+                    if recorder is None
+                    else recorder.record(state, state.sequence + 1, execution, RUNNING)
+                )
                 try:
                     allreduce(send, result, mpi_op)
                     if divides:
                         divide(result)
-                except BufferError:  # (a read-only out, refused by mpi4py before MPI: the general path says so)
+                except (
+                    BufferError
+                ):  # (a read-only out, refused by mpi4py before MPI: the general path says so)
                     if entry is not None:
                         entry[STATE] = WITHDRAWN
                     return None
@@ -283,18 +480,29 @@ class Execution:
                 try:
                     slots = state.signature_slots
                     if slots is None or not slots.agree(code, sequence):
-                        compare(state, code, describe, lambda: PeerWatch(state, sequence, None, "signature"),
-                                sequence, published=slots is not None)
+                        compare(
+                            state,
+                            code,
+                            describe,
+                            lambda: PeerWatch(state, sequence, None, "signature"),
+                            sequence,
+                            published=slots is not None,
+                        )
                     state.library.Allreduce(send, result, mpi_op)
                     if divides:
                         divide(result)
                 except BaseException as error:
                     raise_failed(error, state, sequence, None, entry)
             else:
-                run_traced(entry, lambda: self.run(None if send is in_place else send.reshape(-1), result.reshape(-1),
-                                                   sequence))
+                run_traced(
+                    entry,
+                    lambda: self.run(
+                        None if send is in_place else send.reshape(-1), result.reshape(-1), sequence
+                    ),
+                )
                 return result
             if entry is not None:
                 entry[STATE], entry[ENDED] = DONE, clock()
             return result
+
         return short

@@ -1,11 +1,12 @@
 """What a failed call raises, the one translation of MPI's errors for every call.
 
-    translated(state, n, collective)    a step of call #n before its run: a dead rank found while
-                                        agreeing on it or making its buffers becomes RankFailure
-    raise_failed(error, state, n, ...)  a run that failed: RankFailure for a dead rank (ULFM), a
-                                        ValueError for a truncated message, else the error itself
-                                        (after telling a watched algorithm's peers)
+translated(state, n, collective)    a step of call #n before its run: a dead rank found while
+                                    agreeing on it or making its buffers becomes RankFailure
+raise_failed(error, state, n, ...)  a run that failed: RankFailure for a dead rank (ULFM), a
+                                    ValueError for a truncated message, else the error itself
+                                    (after telling a watched algorithm's peers)
 """
+
 from mpi4py import MPI
 
 from ..faults.errors import AllreduceAborted, AllreduceTimeout
@@ -36,12 +37,16 @@ def raise_failed(error, state, sequence, watch, entry=None):
     if isinstance(error, MPI.Exception) and error.Get_error_class() == MPI.ERR_TRUNCATE:
         if watch is not None:
             watch.fail()
-        truncated = ValueError(f"rank {state.rank}: allreduce call #{sequence} received more data than its "
-                               "buffer holds: the ranks' calls differ in size (a prepared call, or calls below "
-                               "MPIALLREDUCE_SIGNATURE_MIN_BYTES, are not compared)")
+        truncated = ValueError(
+            f"rank {state.rank}: allreduce call #{sequence} received more data than its "
+            "buffer holds: the ranks' calls differ in size (a prepared call, or calls below "
+            "MPIALLREDUCE_SIGNATURE_MIN_BYTES, are not compared)"
+        )
         finish(entry, truncated)
         raise truncated from error
-    if watch is not None and not isinstance(error, (AllreduceAborted, AllreduceTimeout, SignatureMismatch)):
+    if watch is not None and not isinstance(
+        error, (AllreduceAborted, AllreduceTimeout, SignatureMismatch)
+    ):
         watch.fail()
     finish(entry, error)
     raise error

@@ -1,9 +1,10 @@
 """The library's own collectives that are not allreduces, made like a call: what it gathers from every
 rank that is not a call's signature (GradientSync's gradients, replicas' layouts and digests), and
 symmetric allocations (mpiallreduce.empty)."""
-from . import symmetric
+
 from ..faults.recorder import Described, record_call, run_traced
 from ..faults.watch import PeerWatch
+from . import symmetric
 from .call import WORLD, check_comm
 from .consistency import LIBRARY_GATHER, compare, digest, meet
 from .failures import raise_failed
@@ -31,12 +32,18 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
             meet(state, sequence, timeout, site, LIBRARY_GATHER)
         state.make_ready(sequence)
         if timeout is None and state.size > 1:
-            compare(state, LIBRARY_GATHER, lambda: {"call": "a gather of the library's own"},
-                    lambda: PeerWatch(state, sequence, None, "gather"), sequence)
+            compare(
+                state,
+                LIBRARY_GATHER,
+                lambda: {"call": "a gather of the library's own"},
+                lambda: PeerWatch(state, sequence, None, "gather"),
+                sequence,
+            )
         try:
             return state.library.allgather(value)
         except BaseException as error:
             raise_failed(error, state, sequence, None)
+
     return run_here(state, lambda: run_traced(entry, gather))
 
 
@@ -47,7 +54,9 @@ def symmetric_array(comm, shape, dtype, zero):
     allocate (mpiallreduce.core.symmetric)."""
     state = state_of(check_comm(WORLD if comm is None else comm))
     sequence = state.number()
-    entry = record_call(state, sequence, Described(kind="symmetric allocation", shape=str(shape), dtype=str(dtype)))
+    entry = record_call(
+        state, sequence, Described(kind="symmetric allocation", shape=str(shape), dtype=str(dtype))
+    )
 
     def make():
         state.make_ready(sequence)
@@ -55,10 +64,18 @@ def symmetric_array(comm, shape, dtype, zero):
             agreed, rejected = symmetric.checked(shape, dtype), None
             signature = {"symmetric allocation": agreed[0], "dtype": str(agreed[1])}
         except (TypeError, ValueError) as error:
-            rejected, signature = error, {"symmetric allocation": "rejected", "error": f"{type(error).__name__}: {error}"}
+            rejected, signature = (
+                error,
+                {"symmetric allocation": "rejected", "error": f"{type(error).__name__}: {error}"},
+            )
         try:
-            compare(state, digest(tuple(signature.items())), lambda: signature,
-                    lambda: PeerWatch(state, sequence, None, "symmetric allocation"), sequence)
+            compare(
+                state,
+                digest(tuple(signature.items())),
+                lambda: signature,
+                lambda: PeerWatch(state, sequence, None, "symmetric allocation"),
+                sequence,
+            )
         except Exception as other:
             if rejected is not None:
                 raise rejected from other
@@ -66,4 +83,5 @@ def symmetric_array(comm, shape, dtype, zero):
         if rejected is not None:
             raise rejected
         return symmetric.allocate(state, *agreed, zero)
+
     return run_here(state, lambda: run_traced(entry, make))

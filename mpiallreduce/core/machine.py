@@ -9,6 +9,7 @@ A machine is its kernel's boot id (emulated nodes of one machine share it, so th
 as the one machine's), else its host name. A rank's cores are its CPU affinity; they are shared
 by every rank of its machine whose affinity overlaps it.
 """
+
 import os
 import socket
 

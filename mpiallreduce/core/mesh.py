@@ -11,6 +11,7 @@ coordinate (``MPI_Cart_sub``), made once and cached; ``allreduce(x, axis="model"
 it. ``groups=[[0, 1], [2, 3, 4]]`` reduces within each group of ranks (of the axis, or of the
 communicator): a ``Split`` by group, cached. ``psum``/``pmean``/``pmax``/``pmin`` read as JAX's.
 """
+
 import contextvars
 import math
 
@@ -36,14 +37,20 @@ class Mesh:
         shape = tuple(shape)
         axis_names = tuple(axis_names)
         if len(shape) != len(axis_names):
-            raise ValueError(f"mesh shape {shape} has {len(shape)} axes but {len(axis_names)} names {axis_names}")
-        if not all(isinstance(n, str) for n in axis_names) or len(set(axis_names)) != len(axis_names):
+            raise ValueError(
+                f"mesh shape {shape} has {len(shape)} axes but {len(axis_names)} names {axis_names}"
+            )
+        if not all(isinstance(n, str) for n in axis_names) or len(set(axis_names)) != len(
+            axis_names
+        ):
             raise ValueError(f"axis names must be distinct strings, got {axis_names}")
         if not all(isinstance(d, int) and d >= 1 for d in shape):
             raise ValueError(f"mesh shape must be positive integers, got {shape}")
         if math.prod(shape) != comm.Get_size():
-            raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} ranks but the communicator "
-                             f"has {comm.Get_size()}")
+            raise ValueError(
+                f"mesh shape {shape} holds {math.prod(shape)} ranks but the communicator "
+                f"has {comm.Get_size()}"
+            )
         self.shape = shape
         self.axis_names = axis_names
         self.cart = comm.Create_cart(dims=list(shape), periods=[False] * len(shape), reorder=False)
@@ -55,7 +62,9 @@ class Mesh:
         try:
             return self.axis_names.index(name)
         except ValueError:
-            raise ValueError(f"unknown mesh axis {name!r}; this mesh has {self.axis_names}") from None
+            raise ValueError(
+                f"unknown mesh axis {name!r}; this mesh has {self.axis_names}"
+            ) from None
 
     def size(self, axis):
         """How many ranks lie along ``axis`` (a name, or a tuple of names: the product)."""
@@ -107,7 +116,9 @@ def check_groups(groups, size):
             if not 0 <= r < size:
                 raise ValueError(f"group {index} names rank {r}, but the ranks are 0..{size - 1}")
             if r in seen:
-                raise ValueError(f"rank {r} is in group {seen[r]} and in group {index}; groups must not overlap")
+                raise ValueError(
+                    f"rank {r} is in group {seen[r]} and in group {index}; groups must not overlap"
+                )
             seen[r] = index
     missing = [r for r in range(size) if r not in seen]
     if missing:
@@ -117,12 +128,14 @@ def check_groups(groups, size):
 
 def group_communicator(comm, groups):
     """This rank's group of ``comm`` (groups already checked), ranks in group order; cached."""
+
     def make():
         rank = comm.Get_rank()
         for index, group in enumerate(groups):
             if rank in group:
                 return comm.Split(color=index, key=group.index(rank))
         raise AssertionError("unreachable: checked groups cover every rank")
+
     return cached(comm, ("groups", groups), make)
 
 

@@ -1,4 +1,5 @@
 """Facts about the MPI library this process runs on, asked of the library itself."""
+
 import ctypes
 import ctypes.util
 

@@ -5,20 +5,31 @@
 too, and integer-valued inputs give the correctly rounded mean. The cost is that float16 sums can
 overflow where a divide-first mean would not; GPU/low-precision work accumulates those in float32.
 """
+
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import mpi_datatype
 from ..device.arrays import namespace
+from .buffers import mpi_datatype
 
-__all__ = ["ReduceOp", "Bfloat16Bits", "OPS", "get_op", "name_of", "ignore_float_errors", "restore_float_errors",
-           "divide_by_size", "host_division"]
+__all__ = [
+    "ReduceOp",
+    "Bfloat16Bits",
+    "OPS",
+    "get_op",
+    "name_of",
+    "ignore_float_errors",
+    "restore_float_errors",
+    "divide_by_size",
+    "host_division",
+]
 
 try:  # numpy 2: the error state is a context variable, set here directly (entering np.errstate costs ~2 us)
     from numpy._core.umath import _extobj_contextvar, _make_extobj
+
     _IGNORED = _make_extobj(all="ignore")
 
     def ignore_float_errors():
@@ -27,7 +38,12 @@ try:  # numpy 2: the error state is a context variable, set here directly (enter
         return _extobj_contextvar.set(_IGNORED)
 
     restore_float_errors = _extobj_contextvar.reset
-except (ImportError, AttributeError, TypeError):  # numpy 1 (or a numpy 2 that moved them): np.errstate itself
+except (
+    ImportError,
+    AttributeError,
+    TypeError,
+):  # numpy 1 (or a numpy 2 that moved them): np.errstate itself
+
     def ignore_float_errors():
         state = np.errstate(all="ignore")
         state.__enter__()
@@ -83,7 +99,9 @@ class ReduceOp:
     def finish(self, result, size):
         """Apply what remains after the reduction proper (mean's division), in place."""
         if self.divide_by_size and size != 1:
-            divide_by_size(np if type(result) is np.ndarray else namespace(result), result, size, result)
+            divide_by_size(
+                np if type(result) is np.ndarray else namespace(result), result, size, result
+            )
 
     def host_finish(self, dtype, size):
         """``finish`` of numpy results of ``dtype`` bound once, for a call's short path: a function of
@@ -150,7 +168,7 @@ class Bfloat16Bits(ReduceOp):
         xp.copyto(out, xp.where(xp.isnan(wide), quiet, rounded), casting="unsafe")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _library_reduces(op_name, dtype):
     """Whether the MPI library applies op ``op_name`` to ``dtype`` itself: a one-element local reduction."""
     mpi_op = OPS[op_name].mpi
@@ -165,7 +183,7 @@ def _library_reduces(op_name, dtype):
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _numpy_mpi_op(ufunc, dtype):
     """A commutative user-defined MPI op that applies ``ufunc`` to elements of ``dtype``."""
 
@@ -193,7 +211,9 @@ _MPI_NAMES = ((MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"), (MPI.MAX, 
 
 def name_of(op):
     """``op`` as the library names it: mpi4py's MPI.SUM, PROD, MIN or MAX its name, else ``op`` itself."""
-    return next((name for mpi, name in _MPI_NAMES if op == mpi), op) if isinstance(op, MPI.Op) else op
+    return (
+        next((name for mpi, name in _MPI_NAMES if op == mpi), op) if isinstance(op, MPI.Op) else op
+    )
 
 
 def get_op(name):
@@ -203,8 +223,10 @@ def get_op(name):
         return name
     name = name_of(name)  # (op=MPI.SUM, as with mpi4py)
     if not isinstance(name, str):
-        raise TypeError(f"op must be a string, one of {', '.join(OPS)} (or MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX); "
-                        f"got {type(name).__name__} {name!r}")
+        raise TypeError(
+            f"op must be a string, one of {', '.join(OPS)} (or MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX); "
+            f"got {type(name).__name__} {name!r}"
+        )
     try:
         return OPS[name]
     except KeyError:

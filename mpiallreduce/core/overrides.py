@@ -10,9 +10,17 @@ planner (mpiallreduce.core.planner) reads, with the runs that set it.
 - a reproducible sum's direct route on one node: shared_memory below REPRODUCIBLE_SHARED_MEMORY_BELOW.
 """
 
-__all__ = ["DISSEMINATION_UP_TO", "DISSEMINATION_TWO_RANKS_UP_TO", "DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO",
-           "dissemination_pays", "MEAN_ACROSS_NODES", "MEAN_ACROSS_NODES_FROM", "mean_across_nodes",
-           "SINGLE_COPY_FROM", "REPRODUCIBLE_SHARED_MEMORY_BELOW"]
+__all__ = [
+    "DISSEMINATION_UP_TO",
+    "DISSEMINATION_TWO_RANKS_UP_TO",
+    "DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO",
+    "dissemination_pays",
+    "MEAN_ACROSS_NODES",
+    "MEAN_ACROSS_NODES_FROM",
+    "mean_across_nodes",
+    "SINGLE_COPY_FROM",
+    "REPRODUCIBLE_SHARED_MEMORY_BELOW",
+]
 
 #: where a plain call compares its signature in messages (across nodes, under ULFM), every rank runs
 #: the compiled paths and the table says MPI's own, ``auto`` runs dissemination up to this size (and
@@ -47,7 +55,9 @@ def dissemination_pays(size, nbytes, largest_message, in_place=False):
     ``largest_message`` (codes included), is no longer (Bruck's allgather sends (p - 1)n bytes per
     rank: for small buffers only; the bound measured when a head was 16 KiB, kept when heads grew)."""
     if size == 2:
-        return nbytes <= (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO if in_place else DISSEMINATION_TWO_RANKS_UP_TO)
+        return nbytes <= (
+            DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO if in_place else DISSEMINATION_TWO_RANKS_UP_TO
+        )
     return nbytes <= DISSEMINATION_UP_TO and largest_message <= DISSEMINATION_UP_TO
 
 

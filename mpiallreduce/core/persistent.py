@@ -10,6 +10,7 @@ Which prepared calls do is the plan's (``persistent``: the tuning table's persis
 Open MPI's persistent allreduce beat its blocking one, mpiallreduce.core.tuning.choose_persistent);
 the executor binds it (Execution.bound).
 """
+
 import weakref
 
 from mpi4py import MPI
@@ -33,11 +34,15 @@ def bind_persistent(library, source, target, mpi_op, failed, then=None):
                 then()
         except BaseException as error:
             failed(error, sequence)
+
     weakref.finalize(run, _free, request)
     run.persistent = True
 
-    def failed_compiled(error, sequence):  # (the compiled run's: an MPI error code, or what then() raised)
+    def failed_compiled(
+        error, sequence
+    ):  # (the compiled run's: an MPI error code, or what then() raised)
         failed(MPI.Exception(error) if isinstance(error, int) else error, sequence)
+
     #: what the compiled run (mpiallreduce.core.compiled) binds: the request, then, failed
     run.compiled = (request, then, failed_compiled)
     return run
@@ -47,5 +52,7 @@ def _free(request):
     if not MPI.Is_finalized():
         try:
             request.Free()
-        except MPI.Exception:  # (left active by a run that failed: MPI_Finalize or the abort takes it)
+        except (
+            MPI.Exception
+        ):  # (left active by a run that failed: MPI_Finalize or the abort takes it)
             pass

@@ -49,6 +49,7 @@ A plan is a pure function of its inputs and of CallFacts, which hold only what e
 communicator agreed on (mpiallreduce.core.state.CommState.make_ready: node layout, CUDA-awareness,
 the settings); so it is the same on every rank. ``plan_call`` is the one plan cache.
 """
+
 import functools
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -56,15 +57,28 @@ from typing import Optional
 import numpy as np
 
 from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
-from .overrides import (MEAN_ACROSS_NODES, REPRODUCIBLE_SHARED_MEMORY_BELOW, SINGLE_COPY_FROM, dissemination_pays,
-                        mean_across_nodes)
+from .overrides import (
+    MEAN_ACROSS_NODES,
+    REPRODUCIBLE_SHARED_MEMORY_BELOW,
+    SINGLE_COPY_FROM,
+    dissemination_pays,
+    mean_across_nodes,
+)
 from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent
 
-__all__ = ["CallFacts", "CallPlan", "plan_call", "choose_algorithm", "check_algorithm_name", "NOT_ACROSS_NODES"]
+__all__ = [
+    "CallFacts",
+    "CallPlan",
+    "plan_call",
+    "choose_algorithm",
+    "check_algorithm_name",
+    "NOT_ACROSS_NODES",
+]
 
 #: algorithms that cannot run among ranks of different nodes
-NOT_ACROSS_NODES = (frozenset(name for name, a in REGISTRY.items() if a.needs_one_node)
-                    | {name for name, a in REGISTRY.items() if a.takes_inner_plan})
+NOT_ACROSS_NODES = frozenset(name for name, a in REGISTRY.items() if a.needs_one_node) | {
+    name for name, a in REGISTRY.items() if a.takes_inner_plan
+}
 _LOW_PRECISION = ("float16", "bfloat16")
 
 
@@ -97,7 +111,7 @@ class CallPlan:
     #: why this algorithm (one line)
     reason: str
     #: how device arrays travel (a name from mpiallreduce.transports), None for numpy arrays
-    device_path: Optional[str]
+    device_path: str | None
     #: the dtype the reduction runs in: float32 for float16/bfloat16 in the hand-written algorithms
     accumulate: np.dtype
     #: nothing to send (one rank or an empty buffer): a local copy
@@ -119,12 +133,12 @@ class CallPlan:
     working_bytes: int = 0
     #: an algorithm that needs CUDA IPC on a communicator that has not probed it yet: plan_call's
     #: arguments, to plan again with once the executor has probed it (the verdict in the facts)
-    ipc_probe: Optional[tuple] = None
+    ipc_probe: tuple | None = None
     #: planned for an in-place call (``out=x``): part of the signature the ranks compare
     in_place: bool = False
     #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request (the table's
     #: persistent rules: tuning.choose_persistent); False, the blocking call each run; None: it cannot be one
-    persistent: Optional[bool] = None
+    persistent: bool | None = None
 
     @property
     def name(self):
@@ -140,7 +154,9 @@ class CallPlan:
         return self.signature.startswith("carried")
 
     @property
-    def timed_inside(self):  # (a timed call's waits in the algorithm keep its deadline; dissemination's not: faults.md)
+    def timed_inside(
+        self,
+    ):  # (a timed call's waits in the algorithm keep its deadline; dissemination's not: faults.md)
         return not (self.carried and self.algorithm.carries_signature == "messages")
 
     @property
@@ -163,8 +179,9 @@ class CallPlan:
         if self.accumulate is not None:
             text += f"; accumulates in {self.accumulate}"
         if self.inner is not None:
-            text += (f"; node leaders run {self.inner.name}"
-                     + (" (on the call's tags, watching the peers)" if self.inner_on_tags else ""))
+            text += f"; node leaders run {self.inner.name}" + (
+                " (on the call's tags, watching the peers)" if self.inner_on_tags else ""
+            )
         text += f"; signature: {self.signature}"
         if self.ipc_probe is not None:
             text += "; CUDA IPC not yet probed: the first call probes it, and plans again if it is refused"
@@ -172,7 +189,9 @@ class CallPlan:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False, symmetric=False, once=False):
+def plan_call(
+    facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False, symmetric=False, once=False
+):
     """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name,
     ``in_place``: ``out=x`` (the tuning table has rules of its own for it), ``symmetric``: the
     call's arrays are symmetric buffers of one allocation (mpiallreduce.core.symmetric.placement_of),
@@ -183,94 +202,191 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     """
     reproducible = op_name.startswith("reproducible_")
     compressed = op_name.startswith("compressed_")
-    if reproducible and on_device:  # reproducible sums of device arrays run on the host (a round trip)
+    if (
+        reproducible and on_device
+    ):  # reproducible sums of device arrays run on the host (a round trip)
         if algorithm != "auto" and REGISTRY[algorithm].memory == "device":
             algorithm = "auto"
         plan = plan_call(facts, False, dtype, nbytes, op_name, algorithm, in_place)
         return replace(plan, device_path="host round trip")
     check_algorithm_name(algorithm, on_device)
     auto = algorithm == "auto"
-    bits = op_name.startswith("bfloat16_bits_")  # (bfloat16 words in uint16: mpiallreduce.core.ops.Bfloat16Bits)
+    bits = op_name.startswith(
+        "bfloat16_bits_"
+    )  # (bfloat16 words in uint16: mpiallreduce.core.ops.Bfloat16Bits)
     low_precision = bits or dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
     compared = facts.size > 1 and 0 <= facts.signature_min_bytes <= nbytes
-    signature = "none" if not compared else "shared slots" if facts.shared_slots else "32-byte messages"
+    signature = (
+        "none" if not compared else "shared slots" if facts.shared_slots else "32-byte messages"
+    )
     if compressed:  # (on one rank too: each value rounded to 16 bits, as with more)
-        return CallPlan(REGISTRY["mpi"], auto, "16-bit values through MPI_Alltoall, summed in float32 by "
-                        "each slice's owner, then MPI_Allgather (mpiallreduce.training.compression)",
-                        "host round trip" if on_device else None, None, False, compared,
-                        route=op_name.replace("_", " "), signature=signature, in_place=in_place)
+        return CallPlan(
+            REGISTRY["mpi"],
+            auto,
+            "16-bit values through MPI_Alltoall, summed in float32 by "
+            "each slice's owner, then MPI_Allgather (mpiallreduce.training.compression)",
+            "host round trip" if on_device else None,
+            None,
+            False,
+            compared,
+            route=op_name.replace("_", " "),
+            signature=signature,
+            in_place=in_place,
+        )
     if facts.size == 1 or nbytes == 0:
-        return CallPlan(REGISTRY["mpi"], auto, "one rank or an empty buffer: a local copy", None,
-                        None, True, compared, signature=signature, in_place=in_place)
+        return CallPlan(
+            REGISTRY["mpi"],
+            auto,
+            "one rank or an empty buffer: a local copy",
+            None,
+            None,
+            True,
+            compared,
+            signature=signature,
+            in_place=in_place,
+        )
     inner = None
-    single_copy = (symmetric and not facts.spans_nodes and not on_device and (reproducible or not low_precision)
-                   and (not auto or nbytes >= SINGLE_COPY_FROM))
+    single_copy = (
+        symmetric
+        and not facts.spans_nodes
+        and not on_device
+        and (reproducible or not low_precision)
+        and (not auto or nbytes >= SINGLE_COPY_FROM)
+    )
     if not auto and REGISTRY[algorithm].needs_symmetric and not single_copy:
-        raise ValueError(f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or zeros, "
-                         "input and output at the same place on every rank of one node, a reproducible sum or an "
-                         "ordinary op on a dtype other than float16/bfloat16); use 'auto' or another algorithm")
+        raise ValueError(
+            f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or zeros, "
+            "input and output at the same place on every rank of one node, a reproducible sum or an "
+            "ordinary op on a dtype other than float16/bfloat16); use 'auto' or another algorithm"
+        )
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"
         if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:
-            raise ValueError(f"the {algorithm} algorithm needs every rank of the communicator on one node; "
-                             f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})")
+            raise ValueError(
+                f"the {algorithm} algorithm needs every rank of the communicator on one node; "
+                f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})"
+            )
         if chosen.needs_cuda_ipc and facts.cuda_ipc.startswith("refused"):
-            raise ValueError(f"the {algorithm} algorithm maps the peers' device memory (CUDA IPC), which "
-                             f"this machine refused (use algorithm={chosen.across_nodes!r} or 'auto'); the "
-                             f"probe's {facts.cuda_ipc}")
+            raise ValueError(
+                f"the {algorithm} algorithm maps the peers' device memory (CUDA IPC), which "
+                f"this machine refused (use algorithm={chosen.across_nodes!r} or 'auto'); the "
+                f"probe's {facts.cuda_ipc}"
+            )
     elif single_copy:
         chosen = REGISTRY["single_copy"]
         reason = "symmetric buffers on one node: each rank reads its peers' inputs where they lie (single copy)"
     elif reproducible:
         shared = not facts.spans_nodes and nbytes < REPRODUCIBLE_SHARED_MEMORY_BELOW
         chosen = REGISTRY["shared_memory" if shared else "pairwise_exchange"]
-        where = ("across nodes" if facts.spans_nodes else
-                 f"{'below' if shared else 'from'} {REPRODUCIBLE_SHARED_MEMORY_BELOW >> 20} MiB on one node")
-        reason = ("a reproducible sum: every contribution of an element on one rank, summed exactly from the "
-                  f"floats themselves ({where})")
+        where = (
+            "across nodes"
+            if facts.spans_nodes
+            else f"{'below' if shared else 'from'} {REPRODUCIBLE_SHARED_MEMORY_BELOW >> 20} MiB on one node"
+        )
+        reason = (
+            "a reproducible sum: every contribution of an element on one rank, summed exactly from the "
+            f"floats themselves ({where})"
+        )
     elif on_device:
         name, measured = choose_on_device(nbytes, facts.spans_nodes, facts.cuda_aware, REGISTRY)
         where = f"across {facts.node_count} nodes" if facts.spans_nodes else "on one node"
-        reason = (f"the device table for device arrays {where}, {nbytes} bytes"
-                  + (f", MPI {'is' if facts.cuda_aware else 'is not'} CUDA-aware" if facts.spans_nodes else "")
-                  + ("" if measured else " (unmeasured guess)"))
+        reason = (
+            f"the device table for device arrays {where}, {nbytes} bytes"
+            + (
+                f", MPI {'is' if facts.cuda_aware else 'is not'} CUDA-aware"
+                if facts.spans_nodes
+                else ""
+            )
+            + ("" if measured else " (unmeasured guess)")
+        )
         if REGISTRY[name].needs_cuda_ipc and facts.cuda_ipc.startswith("refused"):
             # (the table's choice across nodes: the ranks' own messages, staged or CUDA-aware)
             refused, (name, _) = name, choose_on_device(nbytes, True, facts.cuda_aware, REGISTRY)
-            reason += (f"; not {refused}, which needs CUDA IPC, {' '.join(facts.cuda_ipc.split())}; "
-                       f"the table's choice across nodes instead (MPI {'is' if facts.cuda_aware else 'is not'} "
-                       "CUDA-aware)")
+            reason += (
+                f"; not {refused}, which needs CUDA IPC, {' '.join(facts.cuda_ipc.split())}; "
+                f"the table's choice across nodes instead (MPI {'is' if facts.cuda_aware else 'is not'} "
+                "CUDA-aware)"
+            )
         chosen = REGISTRY[name]
     elif facts.spans_nodes:
         measured = choose_across_nodes(nbytes, facts.node_count, facts.size, REGISTRY, in_place)
         if measured is not None and (facts.equal_nodes or not REGISTRY[measured].needs_equal_nodes):
             chosen = REGISTRY[measured]
-            reason = (f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, at {nbytes} bytes"
-                      + (" in place" if in_place else ""))
-            if not low_precision and mean_across_nodes(op_name, nbytes, chosen.finishes_slices):  # (a pass less)
-                chosen, reason = REGISTRY[MEAN_ACROSS_NODES], reason + f" ({measured}); a mean: {MEAN_ACROSS_NODES}"
+            reason = (
+                f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, at {nbytes} bytes"
+                + (" in place" if in_place else "")
+            )
+            if not low_precision and mean_across_nodes(
+                op_name, nbytes, chosen.finishes_slices
+            ):  # (a pass less)
+                chosen, reason = (
+                    REGISTRY[MEAN_ACROSS_NODES],
+                    reason + f" ({measured}); a mean: {MEAN_ACROSS_NODES}",
+                )
         else:
             chosen = REGISTRY["hierarchical"]
-            reason = (f"numpy arrays across {facts.node_count} nodes" +
-                      ("" if measured is None else f" ({measured}, the table's choice, needs equal nodes)"))
+            reason = f"numpy arrays across {facts.node_count} nodes" + (
+                "" if measured is None else f" ({measured}, the table's choice, needs equal nodes)"
+            )
     else:
-        name, elsewhere = choose_name(nbytes, facts.size, REGISTRY, in_place), choose_name(nbytes, facts.size, REGISTRY)
-        reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes" + (" in place" if in_place else "")
-        if (op_name == "mean" and not low_precision and not REGISTRY[name].finishes_slices  # (its division: a pass)
-                and REGISTRY[elsewhere].finishes_slices):
-            name, reason = elsewhere, reason + "; a mean: the out-of-place rule's, which divides slices as it reduces"
+        name, elsewhere = (
+            choose_name(nbytes, facts.size, REGISTRY, in_place),
+            choose_name(nbytes, facts.size, REGISTRY),
+        )
+        reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes" + (
+            " in place" if in_place else ""
+        )
+        if (
+            op_name == "mean"
+            and not low_precision
+            and not REGISTRY[name].finishes_slices  # (its division: a pass)
+            and REGISTRY[elsewhere].finishes_slices
+        ):
+            name, reason = (
+                elsewhere,
+                reason + "; a mean: the out-of-place rule's, which divides slices as it reduces",
+            )
         chosen = REGISTRY[name]
-    if (compared and not once and auto and (chosen.name == "mpi" or facts.size == 2) and not facts.shared_slots
-            and not (on_device or reproducible or low_precision) and facts.compiled and dissemination_pays(
-                facts.size, nbytes, REGISTRY["dissemination"].plan(facts.size, 0, 0).largest_message(nbytes), in_place)):
-        chosen, reason = REGISTRY["dissemination"], reason + "; its signature goes in messages: dissemination carries it"
-    if chosen.takes_inner_plan and facts.node_count > 1:  # (hierarchical's leaders, two_level's rails)
+    if (
+        compared
+        and not once
+        and auto
+        and (chosen.name == "mpi" or facts.size == 2)
+        and not facts.shared_slots
+        and not (on_device or reproducible or low_precision)
+        and facts.compiled
+        and dissemination_pays(
+            facts.size,
+            nbytes,
+            REGISTRY["dissemination"].plan(facts.size, 0, 0).largest_message(nbytes),
+            in_place,
+        )
+    ):
+        chosen, reason = (
+            REGISTRY["dissemination"],
+            reason + "; its signature goes in messages: dissemination carries it",
+        )
+    if (
+        chosen.takes_inner_plan and facts.node_count > 1
+    ):  # (hierarchical's leaders, two_level's rails)
         leader_choice = choose_name(nbytes, facts.node_count, REGISTRY)
-        inner = plan_call(CallFacts(size=facts.node_count, spans_nodes=True, node_count=facts.node_count, signature_min_bytes=-1),
-                          False, dtype, nbytes, op_name, "ring" if leader_choice in NOT_ACROSS_NODES else leader_choice)
+        inner = plan_call(
+            CallFacts(
+                size=facts.node_count,
+                spans_nodes=True,
+                node_count=facts.node_count,
+                signature_min_bytes=-1,
+            ),
+            False,
+            dtype,
+            nbytes,
+            op_name,
+            "ring" if leader_choice in NOT_ACROSS_NODES else leader_choice,
+        )
     path = None
     if on_device:
         from ..device.transports import device_path
+
         path = device_path(chosen, facts.cuda_aware)
     route = "plain"
     if reproducible:
@@ -280,21 +396,63 @@ def plan_call(facts, on_device, dtype, nbytes, op_name, algorithm, in_place=Fals
     accumulate = None
     if bits:
         route = "bfloat16 bits"
-    exact_anyway = op_name in ("max", "min") and not bits  # (max and min of float16 are exact: numpy's rules kept)
-    if (low_precision and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16" or bits) and not reproducible
-            and not exact_anyway):
+    exact_anyway = (
+        op_name in ("max", "min") and not bits
+    )  # (max and min of float16 are exact: numpy's rules kept)
+    if (
+        low_precision
+        and (chosen.name != "mpi" or on_device or dtype.name == "bfloat16" or bits)
+        and not reproducible
+        and not exact_anyway
+    ):
         accumulate = np.dtype(np.float32)
     working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
-    if compared and not on_device and (route == "plain" or facts.shared_slots) and chosen.carries_signature == (
-            "shared slots" if facts.shared_slots else "messages") and chosen.can_carry(facts.size, working):
+    if (
+        compared
+        and not on_device
+        and (route == "plain" or facts.shared_slots)
+        and chosen.carries_signature == ("shared slots" if facts.shared_slots else "messages")
+        and chosen.can_carry(facts.size, working)
+    ):
         signature = f"carried by {chosen.name}"
-    probe = (on_device, dtype, nbytes, op_name, algorithm, in_place) if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested" else None
-    persistent = choose_persistent(working, facts.size, in_place, facts.node_count if facts.spans_nodes else 1) if (
-        chosen.name == "mpi" and not on_device and facts.persistent_collectives and route == "plain" and accumulate is None) else None
-    return CallPlan(chosen, auto, reason, path, accumulate, False, compared, inner, route, signature, working, probe,
-                    in_place, persistent)
+    probe = (
+        (on_device, dtype, nbytes, op_name, algorithm, in_place)
+        if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested"
+        else None
+    )
+    persistent = (
+        choose_persistent(
+            working, facts.size, in_place, facts.node_count if facts.spans_nodes else 1
+        )
+        if (
+            chosen.name == "mpi"
+            and not on_device
+            and facts.persistent_collectives
+            and route == "plain"
+            and accumulate is None
+        )
+        else None
+    )
+    return CallPlan(
+        chosen,
+        auto,
+        reason,
+        path,
+        accumulate,
+        False,
+        compared,
+        inner,
+        route,
+        signature,
+        working,
+        probe,
+        in_place,
+        persistent,
+    )
 
 
 def choose_algorithm(nbytes, size):
     """The algorithm "auto" runs for numpy arrays of ``nbytes`` bytes on ``size`` ranks of one node."""
-    return plan_call(CallFacts(size=size), False, np.dtype(np.uint8), max(nbytes, 1), "sum", "auto").algorithm
+    return plan_call(
+        CallFacts(size=size), False, np.dtype(np.uint8), max(nbytes, 1), "sum", "auto"
+    ).algorithm

@@ -7,12 +7,25 @@ on the caller's thread, then executed (``prepare``, GradientSync's buckets).
                        (compiled where mpiallreduce.core.compiled says so: the same steps)
     .start(submit)     numbered here, run by the worker
 """
+
 import numpy as np
 
 from ..device.arrays import namespace
-from ..faults.recorder import DONE, ENDED, QUEUED, STATE, Described, array_fields, clock, finish, record_call, run_traced
+from ..faults.recorder import (
+    DONE,
+    ENDED,
+    QUEUED,
+    STATE,
+    Described,
+    array_fields,
+    clock,
+    finish,
+    record_call,
+    run_traced,
+)
 from . import buffers
-from .compiled import PreparedBase, division_of, used as compiled_used
+from .compiled import PreparedBase, division_of
+from .compiled import used as compiled_used
 from .consistency import digest, meet
 from .failures import translated
 from .worker import run_in_order
@@ -30,16 +43,32 @@ class Prepared(PreparedBase):
         call._meet()
         self.state, self.timeout, self.site, self.x = call.state, call.timeout, call.site, call.x
         self.execution = call.agreed_execution()
-        translated(self.state, call.sequence, self.execution.set_up)  # (agreed: every rank makes it now, not a run)
+        translated(
+            self.state, call.sequence, self.execution.set_up
+        )  # (agreed: every rank makes it now, not a run)
         self.plan, self.op = self.execution.plan, self.execution.op
-        self.described = Described(array_fields(self.x, kind="prepared", site=self.site, op=self.op.name, timeout=self.timeout,
-                                                algorithm=self.plan.name, in_place=self.plan.in_place))
+        self.described = Described(
+            array_fields(
+                self.x,
+                kind="prepared",
+                site=self.site,
+                op=self.op.name,
+                timeout=self.timeout,
+                algorithm=self.plan.name,
+                in_place=self.plan.in_place,
+            )
+        )
         self.xp = None if type(call.x) is np.ndarray else namespace(call.x)
         self.flat = flat = buffers.flat_buffers(call.x, call.out)
         #: the flat input is x itself (a view), or a copy to refresh before each run
-        self.input_is_x = flat.send is None and flat.write_back is None or (
-            flat.send is not None and buffers.views(flat.send, call.x))
-        self.execute = self.execution.bound(flat.send, flat.recv, self.timeout, self.xp, kept=persistent)
+        self.input_is_x = (
+            flat.send is None
+            and flat.write_back is None
+            or (flat.send is not None and buffers.views(flat.send, call.x))
+        )
+        self.execute = self.execution.bound(
+            flat.send, flat.recv, self.timeout, self.xp, kept=persistent
+        )
         self.persistent = getattr(self.execute, "persistent", False)
         self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
@@ -47,9 +76,18 @@ class Prepared(PreparedBase):
         self.code = digest(("prepared", self.execution.code, self.plan.describe())) | 1
         if self.fast and self.persistent and compiled_used():
             request, then, failed = self.execute.compiled
-            self._bind_compiled(request.handle, vars(self.state), vars(self.state.worker), self.result, then, failed,
-                                self.execute, self.state.library, division_of(self.execution, self.flat.recv),
-                                self.flat.recv)
+            self._bind_compiled(
+                request.handle,
+                vars(self.state),
+                vars(self.state.worker),
+                self.result,
+                then,
+                failed,
+                self.execute,
+                self.state.library,
+                division_of(self.execution, self.flat.recv),
+                self.flat.recv,
+            )
 
     def _call(self, *, _elsewhere=None):
         """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
@@ -57,7 +95,11 @@ class Prepared(PreparedBase):
         if state.library is None:
             self._freed()
         sequence = state.number()
-        entry = None if state.recorder is None else state.recorder.record(state, sequence, self.described)
+        entry = (
+            None
+            if state.recorder is None
+            else state.recorder.record(state, sequence, self.described)
+        )
         if self.fast and not state.worker.pending:
             try:
                 self.execute(sequence) if elsewhere is None else elsewhere[0](sequence)
@@ -69,7 +111,9 @@ class Prepared(PreparedBase):
             return self.result if elsewhere is None else elsewhere[1]
         if entry is not None:  # (behind asynchronous calls)
             entry[STATE] = QUEUED
-        return run_in_order(state, lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
+        return run_in_order(
+            state, lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere))
+        )
 
     if PreparedBase is object:  # (not compiled: the call is _call itself, no frame more)
         __call__ = _call
@@ -89,19 +133,23 @@ class Prepared(PreparedBase):
     def _freed(self):
         """Raise for a run after the communicator was freed (every rank frees it: every rank raises),
         before its request meets the freed communicator."""
-        raise ValueError(f"rank {self.state.rank}: this prepared call's communicator was freed; prepare the "
-                         "call again on a live communicator")
+        raise ValueError(
+            f"rank {self.state.rank}: this prepared call's communicator was freed; prepare the "
+            "call again on a live communicator"
+        )
 
     def run_numbered(self, sequence, elsewhere=None):
-        if self.timeout is not None:  # (its code: a plain call, or another prepared one, elsewhere raises)
+        if (
+            self.timeout is not None
+        ):  # (its code: a plain call, or another prepared one, elsewhere raises)
             meet(self.state, sequence, self.timeout, self.site, self.code)
         if elsewhere is not None:  # (bound run, array): on other memory
             elsewhere[0](sequence)
             return elsewhere[1]
         flat = self.flat
         if not self.input_is_x:  # a strided or overlapping x: refresh the contiguous copy
-            buffers.copy_into((flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x)
+            buffers.copy_into(
+                (flat.recv if flat.send is None else flat.send).reshape(self.x.shape), self.x
+            )
         self.execute(sequence)
         return flat.finish()
-
-

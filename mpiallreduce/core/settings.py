@@ -10,12 +10,20 @@ communicator, on its first use (``state.CommState``: one 16-byte allreduce of a 
 table is gathered only when the digests differ), and a difference raises on every rank, naming the
 setting and the ranks.
 """
+
 import math
 import os
 from dataclasses import asdict, dataclass, fields
-from typing import Optional
 
-__all__ = ["Settings", "settings", "reset_settings", "parse_bool", "parse_bytes", "TRUE_WORDS", "FALSE_WORDS"]
+__all__ = [
+    "Settings",
+    "settings",
+    "reset_settings",
+    "parse_bool",
+    "parse_bytes",
+    "TRUE_WORDS",
+    "FALSE_WORDS",
+]
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
@@ -42,7 +50,9 @@ def parse_bytes(name, text, default):
     try:
         value = int(float(digits) * scale)
     except ValueError:
-        raise ValueError(f"{name}={text!r}: expected a number of bytes (K, M, G suffixes allowed)") from None
+        raise ValueError(
+            f"{name}={text!r}: expected a number of bytes (K, M, G suffixes allowed)"
+        ) from None
     if value < 0:
         raise ValueError(f"{name}={text!r}: expected a number of bytes >= 0")
     return value
@@ -81,7 +91,7 @@ class Settings:
     #: MPIALLREDUCE_CHECK: every call compares its arguments, call number and site across ranks
     check: bool = False
     #: MPIALLREDUCE_TIMEOUT: seconds a call waits for every rank to arrive (None: for ever)
-    timeout: Optional[float] = None
+    timeout: float | None = None
     #: MPIALLREDUCE_TIMEOUT_WARN_FRACTION: a stall warning after this fraction of the timeout
     warn_fraction: float = 0.5
     #: MPIALLREDUCE_SIGNATURE_MIN_BYTES: calls of at least this many bytes compare shape, dtype,
@@ -96,7 +106,7 @@ class Settings:
     #: the table's content, not its path)
     tuning_path: str = ""
     #: MPIALLREDUCE_CUDA_AWARE: True/False forces; None asks the MPI library
-    cuda_aware: Optional[bool] = None
+    cuda_aware: bool | None = None
     #: MPIALLREDUCE_RANKS_PER_NODE: pretend every k consecutive ranks form a node (0: real nodes)
     ranks_per_node: int = 0
     #: MPIALLREDUCE_ABORT_ON_EXCEPTION
@@ -115,8 +125,16 @@ class Settings:
     compiled: bool = True
 
     #: the fields every rank of a communicator must agree on
-    AGREED = ("check", "timeout", "signature_min_bytes", "ring_segment_bytes", "staged_segment_bytes",
-              "cuda_aware", "ranks_per_node", "debug_inputs")
+    AGREED = (
+        "check",
+        "timeout",
+        "signature_min_bytes",
+        "ring_segment_bytes",
+        "staged_segment_bytes",
+        "cuda_aware",
+        "ranks_per_node",
+        "debug_inputs",
+    )
 
     @classmethod
     def from_environment(cls, environ=None):
@@ -125,28 +143,58 @@ class Settings:
         cuda_aware_text = (env.get("MPIALLREDUCE_CUDA_AWARE") or "").strip()
         ranks_per_node = (env.get("MPIALLREDUCE_RANKS_PER_NODE") or "").strip()
         if ranks_per_node and (not ranks_per_node.isdigit() or int(ranks_per_node) < 1):
-            raise ValueError(f"MPIALLREDUCE_RANKS_PER_NODE={ranks_per_node!r}: expected a whole number >= 1")
+            raise ValueError(
+                f"MPIALLREDUCE_RANKS_PER_NODE={ranks_per_node!r}: expected a whole number >= 1"
+            )
         return cls(
             check=parse_bool("MPIALLREDUCE_CHECK", env.get("MPIALLREDUCE_CHECK")),
             timeout=_seconds("MPIALLREDUCE_TIMEOUT", env.get("MPIALLREDUCE_TIMEOUT")),
-            warn_fraction=_fraction("MPIALLREDUCE_TIMEOUT_WARN_FRACTION", env.get("MPIALLREDUCE_TIMEOUT_WARN_FRACTION"),
-                                    0.5),
-            signature_min_bytes=(-1 if signature.lower() in FALSE_WORDS - {"0"} else
-                                 parse_bytes("MPIALLREDUCE_SIGNATURE_MIN_BYTES", signature, 0)),
-            ring_segment_bytes=_positive(parse_bytes("MPIALLREDUCE_RING_SEGMENT_BYTES",
-                                                     env.get("MPIALLREDUCE_RING_SEGMENT_BYTES"), 1 << 20),
-                                         "MPIALLREDUCE_RING_SEGMENT_BYTES"),
-            staged_segment_bytes=_positive(parse_bytes("MPIALLREDUCE_STAGED_SEGMENT_BYTES",
-                                                       env.get("MPIALLREDUCE_STAGED_SEGMENT_BYTES"), 4 << 20),
-                                           "MPIALLREDUCE_STAGED_SEGMENT_BYTES"),
+            warn_fraction=_fraction(
+                "MPIALLREDUCE_TIMEOUT_WARN_FRACTION",
+                env.get("MPIALLREDUCE_TIMEOUT_WARN_FRACTION"),
+                0.5,
+            ),
+            signature_min_bytes=(
+                -1
+                if signature.lower() in FALSE_WORDS - {"0"}
+                else parse_bytes("MPIALLREDUCE_SIGNATURE_MIN_BYTES", signature, 0)
+            ),
+            ring_segment_bytes=_positive(
+                parse_bytes(
+                    "MPIALLREDUCE_RING_SEGMENT_BYTES",
+                    env.get("MPIALLREDUCE_RING_SEGMENT_BYTES"),
+                    1 << 20,
+                ),
+                "MPIALLREDUCE_RING_SEGMENT_BYTES",
+            ),
+            staged_segment_bytes=_positive(
+                parse_bytes(
+                    "MPIALLREDUCE_STAGED_SEGMENT_BYTES",
+                    env.get("MPIALLREDUCE_STAGED_SEGMENT_BYTES"),
+                    4 << 20,
+                ),
+                "MPIALLREDUCE_STAGED_SEGMENT_BYTES",
+            ),
             tuning_path=(env.get("MPIALLREDUCE_TUNING") or "").strip(),
-            cuda_aware=(None if not cuda_aware_text else parse_bool("MPIALLREDUCE_CUDA_AWARE", cuda_aware_text)),
+            cuda_aware=(
+                None
+                if not cuda_aware_text
+                else parse_bool("MPIALLREDUCE_CUDA_AWARE", cuda_aware_text)
+            ),
             ranks_per_node=int(ranks_per_node or 0),
-            abort_on_exception=parse_bool("MPIALLREDUCE_ABORT_ON_EXCEPTION", env.get("MPIALLREDUCE_ABORT_ON_EXCEPTION")),
-            debug_inputs=parse_bool("MPIALLREDUCE_DEBUG_INPUTS", env.get("MPIALLREDUCE_DEBUG_INPUTS")),
-            trace_entries=_count("MPIALLREDUCE_TRACE_ENTRIES", env.get("MPIALLREDUCE_TRACE_ENTRIES"), 0),
+            abort_on_exception=parse_bool(
+                "MPIALLREDUCE_ABORT_ON_EXCEPTION", env.get("MPIALLREDUCE_ABORT_ON_EXCEPTION")
+            ),
+            debug_inputs=parse_bool(
+                "MPIALLREDUCE_DEBUG_INPUTS", env.get("MPIALLREDUCE_DEBUG_INPUTS")
+            ),
+            trace_entries=_count(
+                "MPIALLREDUCE_TRACE_ENTRIES", env.get("MPIALLREDUCE_TRACE_ENTRIES"), 0
+            ),
             trace_dir=(env.get("MPIALLREDUCE_TRACE_DIR") or "").strip(),
-            compiled=parse_bool("MPIALLREDUCE_COMPILED", env.get("MPIALLREDUCE_COMPILED"), default=True),
+            compiled=parse_bool(
+                "MPIALLREDUCE_COMPILED", env.get("MPIALLREDUCE_COMPILED"), default=True
+            ),
         )
 
     def agreed(self, **more):

@@ -18,14 +18,28 @@ KiB with Open MPI's header); a tail above the eager limit waits for it in a rend
 costs its round trip anyway. A call whose blocks pass one head splits them in halves while those
 fit (dissemination.split): two eager messages up to 120 KiB, and no rendezvous.
 """
+
 import struct
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["codes_agree_by_messages", "codes_by_messages", "resume_codes", "signature_tag", "call_tags",
-           "keep_while_pending", "SPIN_SECONDS", "SPIN_SECONDS_PER_BYTE", "take_round", "dissemination_peers", "CODES",
-           "SIGNATURE_MESSAGE_BYTES", "TAIL_OFFSET", "drop_tail"]
+__all__ = [
+    "codes_agree_by_messages",
+    "codes_by_messages",
+    "resume_codes",
+    "signature_tag",
+    "call_tags",
+    "keep_while_pending",
+    "SPIN_SECONDS",
+    "SPIN_SECONDS_PER_BYTE",
+    "take_round",
+    "dissemination_peers",
+    "CODES",
+    "SIGNATURE_MESSAGE_BYTES",
+    "TAIL_OFFSET",
+    "drop_tail",
+]
 
 
 def codes_agree_by_messages(state, code, sequence, watch):
@@ -55,8 +69,15 @@ def codes_by_messages(state, sequence, watch, high, negated, first=0):
     for to, source in dissemination_peers(rank, size)[first:]:
         theirs = np.empty(SIGNATURE_MESSAGE_BYTES, dtype=np.uint8)
         sent = library.Isend([_CODES.pack(high, negated, sequence, 0), MPI.BYTE], to, tag)
-        tail = take_round(library, watch, theirs, source, tag, sequence,
-                          [library.Irecv([theirs, MPI.BYTE], source, tag), sent])  # (32 bytes: eager)
+        tail = take_round(
+            library,
+            watch,
+            theirs,
+            source,
+            tag,
+            sequence,
+            [library.Irecv([theirs, MPI.BYTE], source, tag), sent],
+        )  # (32 bytes: eager)
         if tail:  # (a rank whose call differs runs dissemination on a longer buffer: its tail taken, dropped)
             drop_tail(library, watch, source, tag, tail)
         their_high, their_negated, _, _ = _CODES.unpack_from(theirs)
@@ -82,7 +103,9 @@ def resume_codes(state, sequence, watch, stopped, high, negated, taken, requests
             drop_tail(library, watch, source, tag, tail)
     watch.wait(requests[1:])
     their_high, their_negated, _, _ = _CODES.unpack_from(incoming)
-    return codes_by_messages(state, sequence, watch, max(high, their_high), max(negated, their_negated), stopped + 1)
+    return codes_by_messages(
+        state, sequence, watch, max(high, their_high), max(negated, their_negated), stopped + 1
+    )
 
 
 def signature_tag(comm, sequence):
@@ -94,6 +117,7 @@ def call_tags():
     """CallTags (mpiallreduce.algorithms.base), imported on first use: the algorithms import the core."""
     if not _TAGS:
         from ..algorithms.base import CallTags
+
         _TAGS.append(CallTags)
     return _TAGS[0]
 
@@ -103,7 +127,10 @@ def keep_while_pending(requests, space):
     requests of the compiled rounds do not hold their buffers, as mpi4py's own do): a later call
     takes a new buffer."""
     from ..faults.watch import request_done
-    _KEPT[:] = [(r, s) for r, s in _KEPT if not all(request_done(q) for q in r)] + [(requests, space)]
+
+    _KEPT[:] = [(r, s) for r, s in _KEPT if not all(request_done(q) for q in r)] + [
+        (requests, space)
+    ]
 
 
 _KEPT = []
@@ -159,7 +186,7 @@ TAIL_OFFSET = 256
 
 def dissemination_peers(rank, size):
     """(send to, receive from) in each round of dissemination: round k, rank + 2**k and rank - 2**k."""
-    return [((rank + 2 ** k) % size, (rank - 2 ** k) % size) for k in range((size - 1).bit_length())]
+    return [((rank + 2**k) % size, (rank - 2**k) % size) for k in range((size - 1).bit_length())]
 
 
 _TAGS = []

@@ -17,6 +17,7 @@ revoked communicator), so it never spins on a departed rank. It has no deadline 
 timed call's rendezvous has bounded the ranks' arrival, and after it every rank has committed (a
 rank that timed out here, its code published, once left a peer in MPI_Allreduce for ever).
 """
+
 import os
 import time
 
@@ -42,8 +43,10 @@ class SignatureSlots:
         self.comm = comm
         self.window = MPI.Win.Allocate_shared(8 * self._PER_RANK, 8, comm=comm)
         # memoryviews of int64s: indexing one costs a tenth of a numpy scalar's
-        self.slots = [memoryview(self.window.Shared_query(r)[0]).cast("B")[:8 * self._PER_RANK].cast("q")
-                      for r in range(comm.Get_size())]
+        self.slots = [
+            memoryview(self.window.Shared_query(r)[0]).cast("B")[: 8 * self._PER_RANK].cast("q")
+            for r in range(comm.Get_size())
+        ]
         self.mine = self.slots[comm.Get_rank()]
         self.others = [slot for r, slot in enumerate(self.slots) if r != comm.Get_rank()]
         self.window.Lock_all(MPI.MODE_NOCHECK)

@@ -4,6 +4,7 @@ The silent-singleton trap (docs/field-notes.md): Open MPI started by ``srun`` wi
 gives every task a world of size 1, and each "succeeds" alone. Inside a Slurm job step that asked
 for more than one task, a world of one rank is refused with a clear message.
 """
+
 import os
 
 from mpi4py import MPI

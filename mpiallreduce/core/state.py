@@ -15,6 +15,7 @@ States are found by the communicator's handle (a dict: cheaper than an MPI attri
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
 communicator is freed (at MPI_Finalize for COMM_WORLD).
 """
+
 import dataclasses
 import threading
 
@@ -29,7 +30,14 @@ from .settings import ON_RESET, settings
 from .tuning import table_digest
 from .worker import Worker
 
-__all__ = ["CommState", "state_of", "known_state", "forget_plans", "SettingsMismatch", "WORLD_FAST_CALLS"]
+__all__ = [
+    "CommState",
+    "state_of",
+    "known_state",
+    "forget_plans",
+    "SettingsMismatch",
+    "WORLD_FAST_CALLS",
+]
 
 
 class SettingsMismatch(ValueError):
@@ -58,19 +66,29 @@ class CommState:
         # timed (state_of: outside the lock of every state, so that another thread's first use of
         # another communicator is not held up by this one's peers)
         self.library, self._library_request = user.Idup()
-        self.settings_request = self.given_up_ahead = None  # (the set-up's: consistency.set_up_codes_agree)
+        self.settings_request = self.given_up_ahead = (
+            None  # (the set-up's: consistency.set_up_codes_agree)
+        )
         self.control = self.library  # the rendezvous's control messages: on a tag of their own
         self.ready, self.spans_nodes, self.node_count, self.equal_nodes = False, False, 1, True
-        self.facts = None  # the planner's CallFacts (mpiallreduce.core.planner): agreed on, once ready
-        self.cuda_aware = False  # whether every rank's MPI takes device pointers (agreed: all, or no)
-        self.cuda_ipc = "untested"  # "works" or "refused: why": CUDA IPC among the ranks (learn_cuda_ipc)
+        self.facts = (
+            None  # the planner's CallFacts (mpiallreduce.core.planner): agreed on, once ready
+        )
+        self.cuda_aware = (
+            False  # whether every rank's MPI takes device pointers (agreed: all, or no)
+        )
+        self.cuda_ipc = (
+            "untested"  # "works" or "refused: why": CUDA IPC among the ranks (learn_cuda_ipc)
+        )
         self.on_free = []  # callables run when the communicator is freed
         self.broken = None  # an exception every later call re-raises (the ranks' settings differ)
         self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
         self.left_behind = []  # requests of calls given up midway, kept with their buffers (faults.watch)
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
-        self.signature_slots = None  # on one node, the ranks' signature codes (core.slots; else messages)
+        self.signature_slots = (
+            None  # on one node, the ranks' signature codes (core.slots; else messages)
+        )
         self.symmetric = []  # this rank's symmetric allocations, in order (core.symmetric)
         self.lock = threading.Lock()
         #: this communicator's asynchronous calls, in its order (mpiallreduce.core.worker)
@@ -79,7 +97,9 @@ class CommState:
     def keep(self, key, execution, most=256):
         """Keep ``execution`` for the short path under ``key``; past ``most`` kinds, the oldest goes
         (a long run of new kinds, as bench's sizes, keeps its short paths)."""
-        if len(self.fast_calls) >= most:  # (another thread may change it meanwhile: pop what is first then)
+        if (
+            len(self.fast_calls) >= most
+        ):  # (another thread may change it meanwhile: pop what is first then)
             self.fast_calls.pop(next(iter(self.fast_calls.copy()), None), None)
         self.fast_calls[key] = execution
 
@@ -122,22 +142,29 @@ class CommState:
         with self.lock:
             if self.ready:
                 return self.make_ready()
-            if sequence is None and self.given_up_ahead is not None:  # (learnt already, by a first use)
+            if (
+                sequence is None and self.given_up_ahead is not None
+            ):  # (learnt already, by a first use)
                 raise self.given_up_ahead
             if self._library_request is not None:
                 self._library_request.Wait()
                 self._library_request = None
             from ..faults.channel import announce_given_up
+
             announce_given_up(self)
             try:
-                aborted = self._agree_on_settings(self.sequence + 1 if sequence is None else sequence)
+                aborted = self._agree_on_settings(
+                    self.sequence + 1 if sequence is None else sequence
+                )
                 self._learn_topology()
                 self.ready = True
             except SettingsMismatch as error:
                 self.broken, self.ready = error, True
             except AllreduceAborted as given_up:  # (the set-up not done: the next one does it)
                 aborted = given_up
-        if aborted is not None and sequence is None:  # (a first use outside a call, as describe_call's)
+        if (
+            aborted is not None and sequence is None
+        ):  # (a first use outside a call, as describe_call's)
             self.given_up_ahead = aborted  # (raised by the next number(), of the call given up)
         if self.broken is not None or aborted is not None:
             raise self.broken or aborted
@@ -145,6 +172,7 @@ class CommState:
 
     def _agree_on_settings(self, sequence):
         from .consistency import describe_differences, digest, set_up_codes_agree
+
         agreed = self.settings.agreed(tuning_table=table_digest())
         same, aborted = set_up_codes_agree(self, digest(sorted(agreed.items())), sequence)
         if same:
@@ -152,10 +180,13 @@ class CommState:
         everyone = self.library.allgather(agreed)
         raise SettingsMismatch(
             f"rank {self.rank}: the settings that must match on every rank of this communicator of "
-            f"{self.size} ranks differ (see mpiallreduce.settings):\n  " + "\n  ".join(describe_differences(everyone)))
+            f"{self.size} ranks differ (see mpiallreduce.settings):\n  "
+            + "\n  ".join(describe_differences(everyone))
+        )
 
     def _learn_topology(self):
         from .topology import leader_communicator, node_communicator, node_sizes, rail_communicator
+
         node = node_communicator(self.library)
         leaders = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int64)
         self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
@@ -163,30 +194,49 @@ class CommState:
         self.spans_nodes, self.equal_nodes = self.node_count > 1, True
         if self.spans_nodes:
             self.equal_nodes = bool(codes_agree(self.library, node.Get_size()))
-        if self.size > 1:  # what hierarchical and two_level talk on, made here, in program order (see the docstring)
+        if (
+            self.size > 1
+        ):  # what hierarchical and two_level talk on, made here, in program order (see the docstring)
             leader_communicator(self.library)
             rail_communicator(self.library)
             node_sizes(self.library)
         # (not under ULFM: a barrier that meets a dead rank fails there with no failed rank known)
         from ..faults.ulfm import fault_tolerant, warn_of_han
+
         warn_of_han(self.spans_nodes)  # (a survivor's call that returns with its result unwritten)
-        if self.node_count == 1 and self.size > 1 and self.signature_slots is None and not fault_tolerant():
+        if (
+            self.node_count == 1
+            and self.size > 1
+            and self.signature_slots is None
+            and not fault_tolerant()
+        ):
             from .slots import SignatureSlots
+
             self.signature_slots = SignatureSlots(self.library)
         from ..device.arrays import agree_on_cuda_awareness
+
         self.cuda_aware = agree_on_cuda_awareness(self.library, self.settings.cuda_aware)
         from .compiled import used_everywhere
         from .planner import CallFacts
-        self.facts = CallFacts(size=self.size, spans_nodes=self.spans_nodes, node_count=self.node_count,
-                               equal_nodes=self.equal_nodes, cuda_aware=self.cuda_aware, cuda_ipc=self.cuda_ipc,
-                               signature_min_bytes=self.settings.signature_min_bytes,
-                               shared_slots=self.signature_slots is not None, persistent_collectives=not fault_tolerant(),
-                               compiled=used_everywhere(self.library))
+
+        self.facts = CallFacts(
+            size=self.size,
+            spans_nodes=self.spans_nodes,
+            node_count=self.node_count,
+            equal_nodes=self.equal_nodes,
+            cuda_aware=self.cuda_aware,
+            cuda_ipc=self.cuda_ipc,
+            signature_min_bytes=self.settings.signature_min_bytes,
+            shared_slots=self.signature_slots is not None,
+            persistent_collectives=not fault_tolerant(),
+            compiled=used_everywhere(self.library),
+        )
 
     def learn_cuda_ipc(self, xp):
         """Probe CUDA IPC once (collective: in a call's turn, on every rank) and plan with the verdict."""
         if self.cuda_ipc == "untested":
             from ..algorithms.device_to_device import probe_cuda_ipc
+
             self.cuda_ipc = probe_cuda_ipc(self.library, xp)
             self.facts = dataclasses.replace(self.facts, cuda_ipc=self.cuda_ipc)
             self.fast_calls.clear()  # (plans made before it probe; the next ones need not)
@@ -202,7 +252,9 @@ class CommState:
                 self.broken = None
 
     def library_communicators(self):
-        return () if self.library is None or self._library_request is not None else (self.library,)  # (a dup made)
+        return (
+            () if self.library is None or self._library_request is not None else (self.library,)
+        )  # (a dup made)
 
     def free(self):
         if self.library is None:  # (freed already: at exit, then by the communicator's own free)
@@ -211,6 +263,7 @@ class CommState:
         for forget in self.on_free:
             forget()
         from ..faults.channel import free_channel
+
         free_channel(self)
         if self.signature_slots is not None:
             self.signature_slots.free()
@@ -235,6 +288,7 @@ def _forget(comm, keyval, state):
         if state in _made:
             _made.remove(state)
     from .worker import pending_calls_finished
+
     if not MPI.Is_finalized() and pending_calls_finished("the communicator's free", [state.worker]):
         state.free()
 
@@ -245,7 +299,9 @@ def state_of(comm, blocking=True):
     Call it on the thread that makes the call, in program order: it may start a collective.
     """
     state = _states.get(comm.handle)
-    if state is not None:  # (a freed communicator's state is forgotten: handles are not reused stale)
+    if (
+        state is not None
+    ):  # (a freed communicator's state is forgotten: handles are not reused stale)
         return state
     return _make_state(comm, blocking)
 
@@ -269,8 +325,13 @@ def _make_state(comm, blocking):
             # the start of an MPI_Finalize the program calls itself (it frees COMM_SELF first, while
             # MPI still works: its attribute's delete callback)
             import atexit
+
             atexit.register(_free_all_before_finalize)
-            _made_keyval.append(MPI.Comm.Create_keyval(delete_fn=lambda comm, keyval, value: _free_all_before_finalize()))
+            _made_keyval.append(
+                MPI.Comm.Create_keyval(
+                    delete_fn=lambda comm, keyval, value: _free_all_before_finalize()
+                )
+            )
             MPI.COMM_SELF.Set_attr(_made_keyval[0], True)
         _made.append(state)
     if blocking:
@@ -289,9 +350,13 @@ def _free_all_before_finalize():
     MPI_Finalize Open MPI frees them in an order of its own, which differs between ranks of
     different communicators, and waits for ever (3 ranks, shared_memory on 2- and 1-rank halves)."""
     from ..faults import aborting
-    if MPI.Is_finalized() or aborting.exit_status() is not None:  # (a rank leaving early: the job aborts)
+
+    if (
+        MPI.Is_finalized() or aborting.exit_status() is not None
+    ):  # (a rank leaving early: the job aborts)
         return
     from .worker import pending_calls_finished
+
     if not pending_calls_finished("exit"):
         return
     by_thread = {}  # (the thread that made each: the order of one thread's is the same on every rank)
@@ -300,13 +365,17 @@ def _free_all_before_finalize():
             _states.pop(state.handle, None)
         by_thread.setdefault(state.maker, []).append(state)
     _made.clear()
-    frees = [lambda states=states: [state.free() for state in states] for states in by_thread.values()]
+    frees = [
+        lambda states=states: [state.free() for state in states] for states in by_thread.values()
+    ]
     if len(frees) == 1:
         frees[0]()
         return
     # States made by different threads: their order differs between ranks, so each thread's are
     # freed in an order of their own, side by side (each free is collective over its communicator only)
-    threads = [threading.Thread(target=free, name="mpiallreduce-free", daemon=True) for free in frees]
+    threads = [
+        threading.Thread(target=free, name="mpiallreduce-free", daemon=True) for free in frees
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -19,6 +19,7 @@ A symmetric array is valid until its communicator is freed (COMM_WORLD's: at MPI
 latest at exit). Its windows are freed then, with every rank: an array used after that is freed
 memory.
 """
+
 import bisect
 import operator
 
@@ -27,8 +28,16 @@ from mpi4py import MPI
 
 from .topology import node_communicator
 
-__all__ = ["Allocation", "checked", "allocate", "free_array", "placement_of", "placement_of_call", "Placement",
-           "touches"]
+__all__ = [
+    "Allocation",
+    "checked",
+    "allocate",
+    "free_array",
+    "placement_of",
+    "placement_of_call",
+    "Placement",
+    "touches",
+]
 
 #: every segment starts on a page (MPI's alloc_shared_noncontig: each rank's segment on its own pages)
 _INFO = None
@@ -46,7 +55,9 @@ def touches(a):
     if not _MADE:
         return False
     base = a.base
-    if base is None or (type(base) is np.ndarray and base.flags.owndata):  # (numpy's own memory: in no window)
+    if base is None or (
+        type(base) is np.ndarray and base.flags.owndata
+    ):  # (numpy's own memory: in no window)
         return False
     address = a.__array_interface__["data"][0]
     at = bisect.bisect_right(_STARTS, address) - 1
@@ -63,8 +74,10 @@ class Allocation:
             _INFO.Set("alloc_shared_noncontig", "true")
         self.number, self.nbytes, self.node = number, nbytes, node
         self.window = MPI.Win.Allocate_shared(max(nbytes, 1), 1, _INFO, comm=node)
-        self.segments = [np.frombuffer(self.window.Shared_query(r)[0], dtype=np.uint8)[:nbytes]
-                         for r in range(node.Get_size())]
+        self.segments = [
+            np.frombuffer(self.window.Shared_query(r)[0], dtype=np.uint8)[:nbytes]
+            for r in range(node.Get_size())
+        ]
         self.window.Lock_all(MPI.MODE_NOCHECK)
         self.mine = self.segments[node.Get_rank()]
         self.start = self.mine.__array_interface__["data"][0] if nbytes else 0
@@ -91,11 +104,17 @@ class Allocation:
 def checked(shape, dtype):
     """(shape as a tuple of ints, numpy dtype), or TypeError/ValueError saying what is wrong."""
     dtype = np.dtype(dtype)
-    shape = tuple(operator.index(n) for n in ((shape,) if np.isscalar(shape) else shape))  # (2.7: TypeError)
+    shape = tuple(
+        operator.index(n) for n in ((shape,) if np.isscalar(shape) else shape)
+    )  # (2.7: TypeError)
     if dtype.kind not in "biufc" and dtype.name != "bfloat16":
-        raise TypeError(f"a symmetric array holds numbers (bool, integer, float, complex); got dtype {dtype}")
+        raise TypeError(
+            f"a symmetric array holds numbers (bool, integer, float, complex); got dtype {dtype}"
+        )
     if any(n < 0 for n in shape) or np.prod(shape, dtype=object) * dtype.itemsize >= 1 << 62:
-        raise ValueError(f"a symmetric array needs a shape of sizes >= 0 that fits in memory; got {shape}")
+        raise ValueError(
+            f"a symmetric array needs a shape of sizes >= 0 that fits in memory; got {shape}"
+        )
     return shape, dtype
 
 
@@ -137,12 +156,19 @@ class Placement:
     def __init__(self, send_at, recv_at, count, dtype):
         """``send_at``/``recv_at``: (allocation, byte offset); ``send_at`` None: in place."""
         self.send_at, self.recv_at = send_at, recv_at
-        self.allocations = (recv_at[0],) if send_at is None or send_at[0] is recv_at[0] else (send_at[0], recv_at[0])
+        self.allocations = (
+            (recv_at[0],)
+            if send_at is None or send_at[0] is recv_at[0]
+            else (send_at[0], recv_at[0])
+        )
         nbytes = count * dtype.itemsize
 
         def twins(at):
             allocation, offset = at
-            return [segment[offset:offset + nbytes].view(dtype) for segment in allocation.segments]
+            return [
+                segment[offset : offset + nbytes].view(dtype) for segment in allocation.segments
+            ]
+
         self.recvs = twins(recv_at)
         self.sends = self.recvs if send_at is None else twins(send_at)
 
@@ -152,7 +178,9 @@ class Placement:
 
     def signature(self):
         """What every rank's must equal: the allocations' numbers and the offsets in them."""
-        return tuple(None if at is None else (at[0].number, at[1]) for at in (self.send_at, self.recv_at))
+        return tuple(
+            None if at is None else (at[0].number, at[1]) for at in (self.send_at, self.recv_at)
+        )
 
 
 def _find(made, a):
@@ -161,7 +189,7 @@ def _find(made, a):
     address = a.__array_interface__["data"][0]
     for allocation in made:
         offset = address - allocation.start
-        if 0 <= offset and offset + a.nbytes <= allocation.nbytes and allocation.window is not None:
+        if offset >= 0 and offset + a.nbytes <= allocation.nbytes and allocation.window is not None:
             return allocation, offset
     return None
 
@@ -170,8 +198,11 @@ def placement_of_call(state, x, out):
     """``placement_of`` for ``allreduce(x, out=out)`` (x and out as the user gave them)."""
     if not _MADE or out is None or type(x) is not np.ndarray:
         return None
-    return placement_of(state, None if out is x else x.reshape(-1) if x.flags.c_contiguous else x,
-                        out.reshape(-1) if type(out) is np.ndarray and out.flags.c_contiguous else out)
+    return placement_of(
+        state,
+        None if out is x else x.reshape(-1) if x.flags.c_contiguous else x,
+        out.reshape(-1) if type(out) is np.ndarray and out.flags.c_contiguous else out,
+    )
 
 
 def placement_of(state, send, recv):
@@ -181,11 +212,18 @@ def placement_of(state, send, recv):
     made = getattr(state, "symmetric", None)
     if not made or state.spans_nodes or type(recv) is not np.ndarray or not recv.flags.c_contiguous:
         return None
-    if send is not None and (type(send) is not np.ndarray or not send.flags.c_contiguous
-                             or np.may_share_memory(send, recv)):
+    if send is not None and (
+        type(send) is not np.ndarray
+        or not send.flags.c_contiguous
+        or np.may_share_memory(send, recv)
+    ):
         return None
     recv_at = _find(made, recv)
     send_at = None if send is None else _find(made, send)
-    if recv_at is None or (send is not None and send_at is None) or recv_at[0].node.Get_size() != state.size:
+    if (
+        recv_at is None
+        or (send is not None and send_at is None)
+        or recv_at[0].node.Get_size() != state.size
+    ):
         return None
     return Placement(send_at, recv_at, recv.size, recv.dtype)

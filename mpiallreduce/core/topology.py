@@ -3,12 +3,19 @@
 ``MPIALLREDUCE_RANKS_PER_NODE=k`` (mpiallreduce.settings) pretends that every k consecutive ranks
 form a node, so that multi-node algorithms can be exercised on one machine (tests, experiments).
 """
+
 from mpi4py import MPI
 
 from .comms import cached
 from .settings import settings
 
-__all__ = ["RANKS_PER_NODE_ENV", "node_communicator", "leader_communicator", "rail_communicator", "node_sizes"]
+__all__ = [
+    "RANKS_PER_NODE_ENV",
+    "node_communicator",
+    "leader_communicator",
+    "rail_communicator",
+    "node_sizes",
+]
 
 RANKS_PER_NODE_ENV = "MPIALLREDUCE_RANKS_PER_NODE"
 
@@ -27,25 +34,31 @@ def node_communicator(comm):
 
 def leader_communicator(comm):
     """The node leaders (rank 0 of each node communicator), or COMM_NULL on other ranks."""
+
     def make():
         is_leader = node_communicator(comm).Get_rank() == 0
         return comm.Split(color=0 if is_leader else MPI.UNDEFINED, key=comm.Get_rank())
+
     return cached(comm, ("leaders", settings().ranks_per_node), make)
 
 
 def rail_communicator(comm):
     """The ranks with this rank's node-local rank on every node (one per node), in ``comm``'s order:
     the "rail" its node-local rank talks to other nodes on (collective on first use)."""
+
     def make():
         return comm.Split(color=node_communicator(comm).Get_rank(), key=comm.Get_rank())
+
     return cached(comm, ("rail", settings().ranks_per_node), make)
 
 
 def node_sizes(comm):
     """Every node's rank count, nodes in the order of their leaders' ranks: the same tuple on every
     rank (collective on first use)."""
+
     def make():
         node = node_communicator(comm)
         mine = (comm.Get_rank(), node.Get_size()) if node.Get_rank() == 0 else None
         return tuple(size for _, size in sorted(f for f in comm.allgather(mine) if f is not None))
+
     return cached(comm, ("node_sizes", settings().ranks_per_node), make)

@@ -48,17 +48,34 @@ says so in its reason) until a GPU run (benchmarks/gpu/device_check.sh) replaces
                              {"up_to_bytes": null, "algorithm": "device_to_device"}],
                 "across_nodes": {"cuda_aware": "ring", "not_cuda_aware": "staged_ring"}}
 """
+
 import functools
 import json
 import math
 import os
 
-__all__ = ["TUNING_ENV", "DEFAULT_TABLE", "set_tuning_table", "tuning_table", "choose_name",
-           "choose_across_nodes", "choose_on_device", "shipped_device_section", "rules_from_measurements", "rules_kept_above", "rules_kept_outside", "table_digest",
-           "PERSISTENT", "PERSISTENT_BELOW", "choose_persistent"]
+__all__ = [
+    "TUNING_ENV",
+    "DEFAULT_TABLE",
+    "set_tuning_table",
+    "tuning_table",
+    "choose_name",
+    "choose_across_nodes",
+    "choose_on_device",
+    "shipped_device_section",
+    "rules_from_measurements",
+    "rules_kept_above",
+    "rules_kept_outside",
+    "table_digest",
+    "PERSISTENT",
+    "PERSISTENT_BELOW",
+    "choose_persistent",
+]
 
 TUNING_ENV = "MPIALLREDUCE_TUNING"
-DEFAULT_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json")
+DEFAULT_TABLE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json"
+)
 #: tune prefers MPI_Allreduce (the reference) unless another algorithm is faster by more than this,
 #: and by more than what a plain call of it costs over a plain call of MPI's own (tune measures that:
 #: the compiled short path runs only MPI's own, mpiallreduce.tools.plain_price)
@@ -73,8 +90,17 @@ PERSISTENT_BELOW = 4 << 10
 
 
 #: the table's sections of rules, all that plans read (the metadata is not)
-RULE_SECTIONS = ("by_ranks", "by_ranks_in_place", "by_nodes", "by_nodes_in_place", "device", "persistent_by_ranks",
-                 "persistent_by_ranks_in_place", "persistent_by_nodes", "persistent_by_nodes_in_place")
+RULE_SECTIONS = (
+    "by_ranks",
+    "by_ranks_in_place",
+    "by_nodes",
+    "by_nodes_in_place",
+    "device",
+    "persistent_by_ranks",
+    "persistent_by_ranks_in_place",
+    "persistent_by_nodes",
+    "persistent_by_nodes_in_place",
+)
 
 _table = None
 _choices = {}
@@ -90,7 +116,11 @@ def set_tuning_table(path_or_table):
             _table = json.load(f)
     _choices.clear()
     import sys
-    planner, state = sys.modules.get("mpiallreduce.core.planner"), sys.modules.get("mpiallreduce.core.state")
+
+    planner, state = (
+        sys.modules.get("mpiallreduce.core.planner"),
+        sys.modules.get("mpiallreduce.core.state"),
+    )
     if planner is not None:  # what was planned with the old table is forgotten
         planner.plan_call.cache_clear()
     if state is not None:
@@ -100,6 +130,7 @@ def set_tuning_table(path_or_table):
 def tuning_table():
     if _table is None:
         from .settings import settings
+
         set_tuning_table(settings().tuning_path or DEFAULT_TABLE)
     return _table
 
@@ -108,7 +139,10 @@ def table_digest():
     """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
     table = tuning_table()
     from .consistency import digest
-    text = json.dumps({key: table.get(key) or {} for key in RULE_SECTIONS}, sort_keys=True)  # (by name: rules
+
+    text = json.dumps(
+        {key: table.get(key) or {} for key in RULE_SECTIONS}, sort_keys=True
+    )  # (by name: rules
     # moved from one section to another plan differently)
     return f"{digest(text):016x}"
 
@@ -127,7 +161,9 @@ def _measured(section, in_place_section, count, in_place):
     """``section``'s entry for ``count`` (the nearest count it has); for an ``in_place`` call,
     ``in_place_section``'s entry for that same count where it has one (never another count's),
     else the out-of-place one."""
-    key = _nearest_key(section, count) or (_nearest_key(in_place_section, count) if in_place else None)
+    key = _nearest_key(section, count) or (
+        _nearest_key(in_place_section, count) if in_place else None
+    )
     if key is None:
         return None
     if in_place and key in in_place_section:
@@ -137,7 +173,10 @@ def _measured(section, in_place_section, count, in_place):
 
 def _rules_for(size, in_place=False):
     table = tuning_table()
-    return _measured(table.get("by_ranks", {}), table.get("by_ranks_in_place", {}), size, in_place) or []
+    return (
+        _measured(table.get("by_ranks", {}), table.get("by_ranks_in_place", {}), size, in_place)
+        or []
+    )
 
 
 def _rule_choice(rules, nbytes, known):
@@ -168,8 +207,12 @@ def choose_persistent(nbytes, size, in_place=False, nodes=1):
     if nodes > 1:
         rules = _rules_across_nodes(table, "persistent_by_nodes", nodes, size, in_place)
     else:
-        rules = _measured(table.get("persistent_by_ranks", {}), table.get("persistent_by_ranks_in_place", {}), size,
-                          in_place)
+        rules = _measured(
+            table.get("persistent_by_ranks", {}),
+            table.get("persistent_by_ranks_in_place", {}),
+            size,
+            in_place,
+        )
     if not rules:
         return nodes == 1 and nbytes < PERSISTENT_BELOW
     return _rule_choice(rules, nbytes, (PERSISTENT,)) == PERSISTENT
@@ -178,11 +221,19 @@ def choose_persistent(nbytes, size, in_place=False, nodes=1):
 def _rules_across_nodes(table, name, nodes, size, in_place):
     """The rules of section ``name`` (or ``name``_in_place) for ``size`` ranks on ``nodes`` nodes: the
     nearest smaller node count, then rank count, as for rank counts; None where it has none."""
-    by_nodes, in_place_nodes = table.get(name, {}), table.get(name + "_in_place", {}) if in_place else {}
+    by_nodes, in_place_nodes = (
+        table.get(name, {}),
+        table.get(name + "_in_place", {}) if in_place else {},
+    )
     # (the nearest smaller node count of the out-of-place section, as for rank counts; none smaller: none)
-    node_key = _nearest_key(by_nodes, nodes, or_smallest=False) or _nearest_key(in_place_nodes, nodes, False)
-    return None if node_key is None else _measured(by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {}), size,
-                                                   in_place)
+    node_key = _nearest_key(by_nodes, nodes, or_smallest=False) or _nearest_key(
+        in_place_nodes, nodes, False
+    )
+    return (
+        None
+        if node_key is None
+        else _measured(by_nodes.get(node_key, {}), in_place_nodes.get(node_key, {}), size, in_place)
+    )
 
 
 def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
@@ -199,7 +250,7 @@ def choose_across_nodes(nbytes, nodes, size, known, in_place=False):
     return _choices[key]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shipped_device_section():
     """The shipped table's device section: what "auto" runs on device arrays when the table in use
     has none (a table ``tune`` wrote before it had one, say)."""
@@ -231,8 +282,13 @@ def rules_from_measurements(measurements, prices=None):
     for nbytes in sorted(by_size):
         times = by_size[nbytes]
         mpi = times.get("mpi")
-        ahead = {name: t for name, t in times.items() if mpi is None or name == "mpi" or (
-            mpi > t * (1 + PREFER_MPI_WITHIN) and mpi - t > prices.get(name, 0.0))}
+        ahead = {
+            name: t
+            for name, t in times.items()
+            if mpi is None
+            or name == "mpi"
+            or (mpi > t * (1 + PREFER_MPI_WITHIN) and mpi - t > prices.get(name, 0.0))
+        }
         winners.append((nbytes, min(ahead, key=ahead.get)))
     rules = []
     for i, (nbytes, best) in enumerate(winners):
@@ -256,20 +312,37 @@ def rules_kept_outside(new, kept, low, high=None):
     """``new`` rules from ``low`` to ``high`` bytes (None: no end), ``kept`` (the table's earlier
     rules) below ``low`` and above ``high``: what ``tune`` did not measure keeps what it had (the
     new rule spanning a bound ends, or starts, there). Adjacent rules of one algorithm merge."""
+
     def choose(rules, nbytes):
-        return next(rule["algorithm"] for rule in rules if rule["up_to_bytes"] is None or nbytes <= rule["up_to_bytes"])
+        return next(
+            rule["algorithm"]
+            for rule in rules
+            if rule["up_to_bytes"] is None or nbytes <= rule["up_to_bytes"]
+        )
+
     pieces = []
     if low > 0:
-        pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in kept if rule["up_to_bytes"] is not None
-                   and rule["up_to_bytes"] < low - 1] + [(low - 1, choose(kept, low - 1))]
-    pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in new if rule["up_to_bytes"] is not None
-               and rule["up_to_bytes"] >= low and (high is None or rule["up_to_bytes"] < high)]
+        pieces += [
+            (rule["up_to_bytes"], rule["algorithm"])
+            for rule in kept
+            if rule["up_to_bytes"] is not None and rule["up_to_bytes"] < low - 1
+        ] + [(low - 1, choose(kept, low - 1))]
+    pieces += [
+        (rule["up_to_bytes"], rule["algorithm"])
+        for rule in new
+        if rule["up_to_bytes"] is not None
+        and rule["up_to_bytes"] >= low
+        and (high is None or rule["up_to_bytes"] < high)
+    ]
     if high is None:
         pieces.append((None, choose(new, float("inf"))))
     else:
         pieces.append((high, choose(new, high)))
-        pieces += [(rule["up_to_bytes"], rule["algorithm"]) for rule in kept if rule["up_to_bytes"] is None
-                   or rule["up_to_bytes"] > high]
+        pieces += [
+            (rule["up_to_bytes"], rule["algorithm"])
+            for rule in kept
+            if rule["up_to_bytes"] is None or rule["up_to_bytes"] > high
+        ]
     merged = []
     for up_to, algorithm in pieces:
         if merged and merged[-1]["algorithm"] == algorithm:

@@ -16,19 +16,32 @@ so that every communicator and window is made by a thread of the user's program,
 program order. MPI must be initialised with MPI_THREAD_MULTIPLE (mpi4py's default). The caller must
 not touch ``x`` (or ``out``) until the handle is done.
 """
+
 import queue
 import sys
 import threading
 import time
 import weakref
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from mpi4py import MPI
 
 from ..device.arrays import namespace, synchronize
 
-__all__ = ["AllreduceHandle", "Worker", "submit", "submit_prepared", "asynchronous_calls_pending", "run_in_order",
-           "run_here", "pending_calls_finished", "check_thread_level", "Meeting", "Done"]
+__all__ = [
+    "AllreduceHandle",
+    "Worker",
+    "submit",
+    "submit_prepared",
+    "asynchronous_calls_pending",
+    "run_in_order",
+    "run_here",
+    "pending_calls_finished",
+    "check_thread_level",
+    "Meeting",
+    "Done",
+]
 
 
 #: how long wait(timeout) waits beyond ``timeout`` for the call to give up on its own
@@ -48,6 +61,7 @@ class Meeting:
 
     def __call__(self, state, sequence, site):
         from ..faults.rendezvous import Rendezvous
+
         self.rendezvous = Rendezvous(state, sequence, self.timeout, self.site)
         if self.deadline is not None:
             self.rendezvous.bring_deadline_forward(self.deadline)
@@ -89,19 +103,29 @@ class AllreduceHandle:
         try:
             return self._future.result(timeout + (GIVE_UP_GRACE_SECONDS if timed else 0))
         except FutureTimeout:
-            if self._future.done():  # the call's own AllreduceTimeout (a TimeoutError, as FutureTimeout is)
+            if (
+                self._future.done()
+            ):  # the call's own AllreduceTimeout (a TimeoutError, as FutureTimeout is)
                 raise
         from ..faults.errors import AllreduceTimeout
+
         rendezvous = self._meeting.rendezvous
         if not timed:
-            raise AllreduceTimeout(f"{self._description}: not finished after {timeout} s; it goes on (started "
-                                   "without a timeout of its own, it cannot be given up on every rank)") from None
+            raise AllreduceTimeout(
+                f"{self._description}: not finished after {timeout} s; it goes on (started "
+                "without a timeout of its own, it cannot be given up on every rank)"
+            ) from None
         if rendezvous is None:
-            raise AllreduceTimeout(f"{self._description}: not started after {timeout} s: it is queued behind "
-                                   "earlier asynchronous calls that have not finished") from None
-        raise AllreduceTimeout(f"{self._description} (call #{rendezvous.sequence}): every rank arrived, but the "
-                               f"reduction has not finished after {timeout} s; it goes on",
-                               sequence=rendezvous.sequence, waited=timeout) from None
+            raise AllreduceTimeout(
+                f"{self._description}: not started after {timeout} s: it is queued behind "
+                "earlier asynchronous calls that have not finished"
+            ) from None
+        raise AllreduceTimeout(
+            f"{self._description} (call #{rendezvous.sequence}): every rank arrived, but the "
+            f"reduction has not finished after {timeout} s; it goes on",
+            sequence=rendezvous.sequence,
+            waited=timeout,
+        ) from None
 
     def __repr__(self):
         return f"<AllreduceHandle {self._description} {'done' if self.done() else 'pending'}>"
@@ -189,8 +213,10 @@ _workers = weakref.WeakSet()
 
 def check_thread_level():
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        raise RuntimeError("allreduce_async needs MPI initialised with MPI_THREAD_MULTIPLE "
-                           f"(this process has level {MPI.Query_thread()}); mpi4py asks for it by default")
+        raise RuntimeError(
+            "allreduce_async needs MPI initialised with MPI_THREAD_MULTIPLE "
+            f"(this process has level {MPI.Query_thread()}); mpi4py asks for it by default"
+        )
 
 
 def asynchronous_calls_pending():
@@ -229,17 +255,23 @@ def pending_calls_finished(when, workers=None):
     communicator's; every rank made them: they end) before the windows and communicators they use
     are freed, at ``when``; False, said on stderr, if they have not ended within FREE_WAIT_SECONDS
     (or twice the timeout setting)."""
-    workers = [worker for worker in (list(_workers) if workers is None else workers) if worker.busy()]
+    workers = [
+        worker for worker in (list(_workers) if workers is None else workers) if worker.busy()
+    ]
     if not workers:
         return True
     from .settings import settings
+
     timeout = settings().timeout
     waited = FREE_WAIT_SECONDS if timeout is None else max(FREE_WAIT_SECONDS, 2 * timeout)
     deadline = time.monotonic() + waited
     if all(worker.finished(max(0.0, deadline - time.monotonic())) for worker in workers):
         return True
-    print(f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at {when} "
-          f"after {waited} s; the library's communicators are left to MPI_Finalize", file=sys.stderr)
+    print(
+        f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at {when} "
+        f"after {waited} s; the library's communicators are left to MPI_Finalize",
+        file=sys.stderr,
+    )
     return False
 
 
@@ -249,8 +281,14 @@ def submit_prepared(prepared, run, here=False):
     if not here:
         check_thread_level()
     meeting = Meeting(None, prepared.site)
-    return submit(prepared.state, run, prepared.x, f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}", meeting,
-                  here=here)
+    return submit(
+        prepared.state,
+        run,
+        prepared.x,
+        f"prepared allreduce of {prepared.x.shape} {prepared.x.dtype}",
+        meeting,
+        here=here,
+    )
 
 
 def submit(state, run, x, description, meeting, checksum_comm=None, here=False):
@@ -268,11 +306,18 @@ def submit(state, run, x, description, meeting, checksum_comm=None, here=False):
     def finish(result):
         if checksum is not None:
             from .consistency import agree_on_outcome
+
             error = None
             if x is not result and _checksum(x) != checksum:
-                error = RuntimeError("x changed between allreduce_async and the end of the reduction")
-            agree_on_outcome(checksum_comm, error, f"{description} (check: x must not change until wait() returns; "
-                                                   "the results may mix old and new values on every rank)")
+                error = RuntimeError(
+                    "x changed between allreduce_async and the end of the reduction"
+                )
+            agree_on_outcome(
+                checksum_comm,
+                error,
+                f"{description} (check: x must not change until wait() returns; "
+                "the results may mix old and new values on every rank)",
+            )
         return result
 
     if xp is None:
@@ -290,6 +335,7 @@ def submit(state, run, x, description, meeting, checksum_comm=None, here=False):
                 result = run()
                 synchronize(xp)
                 return finish(result)
+
         job = on_device
     future = _done(state.worker, job) if here else state.worker.submit(job)
     return AllreduceHandle(future, description, meeting)
@@ -297,6 +343,7 @@ def submit(state, run, x, description, meeting, checksum_comm=None, here=False):
 
 def _checksum(x):
     from .consistency import content_digest
+
     return content_digest(x)
 
 
@@ -313,6 +360,7 @@ class Done:
                 return cls(function(*args, **kwargs))
             except Exception as error:  # noqa: BLE001 - raised by wait(), as a background call's is
                 return cls(error=error)
+
         return run
 
     def wait(self):

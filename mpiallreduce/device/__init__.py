@@ -1,5 +1,6 @@
 """The device layer: device (CuPy) arrays, which GPU a rank uses, whether MPI takes device pointers
 (``arrays``), and how device memory travels between ranks (``transports``). The device-only
 algorithms (device_to_device, staged_ring) live with the others in mpiallreduce.algorithms."""
+
 from .arrays import *  # noqa: F401,F403
 from .arrays import __all__  # noqa: F401

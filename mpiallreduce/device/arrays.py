@@ -4,6 +4,7 @@ mpiallreduce accepts CuPy arrays (and, for tests, :mod:`mpiallreduce.testing.fak
 which has the same API over host memory). The code that handles them asks this module for the
 array's module (``xp``: ``cupy``, or the stand-in) and calls the same CuPy functions either way.
 """
+
 import functools
 import os
 import sys
@@ -66,9 +67,10 @@ def synchronize(xp):
     xp.cuda.get_current_stream().synchronize()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _library_cuda_aware():
     from ..core.mpilib import cuda_aware as ask_library
+
     aware, how = ask_library()
     return bool(aware), how
 
@@ -80,6 +82,7 @@ def cuda_aware():
     (``MPIX_Query_cuda_support`` / ``MPIX_GPU_query_support``), and "unknown" counts as no.
     """
     from ..core.settings import settings
+
     forced = settings().cuda_aware
     if forced is not None:
         return forced, f"{CUDA_AWARE_ENV}={int(forced)}"
@@ -98,8 +101,13 @@ def agree_on_cuda_awareness(comm, forced):
 
 
 #: variables in which launchers tell a process its rank among the processes of its node
-LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK",
-                        "SLURM_LOCALID", "PMIX_LOCAL_RANK")
+LOCAL_RANK_VARIABLES = (
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+    "PMIX_LOCAL_RANK",
+)
 
 
 def local_rank(comm=None):
@@ -114,8 +122,10 @@ def local_rank(comm=None):
             if value.isdigit():
                 return int(value)
     from mpi4py import MPI
-    from ..core.topology import node_communicator
+
     from ..core.state import state_of
+    from ..core.topology import node_communicator
+
     comm = MPI.COMM_WORLD if comm is None else comm
     return node_communicator(state_of(comm).make_ready().library).Get_rank()
 
@@ -124,8 +134,10 @@ def gpu_for_local_rank(local_rank, device_count):
     """The GPU (an index among the visible ones) for node-local rank ``local_rank``: round robin,
     so that 8 ranks on 4 GPUs put two on each and any number of ranks can share one GPU."""
     if device_count < 1:
-        raise RuntimeError("no CUDA device is visible to this process "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})")
+        raise RuntimeError(
+            "no CUDA device is visible to this process "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})"
+        )
     return local_rank % device_count
 
 
@@ -140,15 +152,20 @@ def select_gpu(comm=None, xp=None):
         try:
             import cupy as xp
         except ModuleNotFoundError:
-            raise ModuleNotFoundError("select_gpu needs CuPy: pip install 'mpiallreduce[cuda12]' (or [cuda13], "
-                                      "for the CUDA major version of the driver)") from None
+            raise ModuleNotFoundError(
+                "select_gpu needs CuPy: pip install 'mpiallreduce[cuda12]' (or [cuda13], "
+                "for the CUDA major version of the driver)"
+            ) from None
     try:
         count = xp.cuda.runtime.getDeviceCount()
-    except Exception as error:  # (cudaErrorInsufficientDriver, cudaErrorNoDevice, ...): one clear message
-        raise RuntimeError(f"CuPy {getattr(xp, '__version__', '')} is installed but no GPU is usable here: "
-                           f"{type(error).__name__}: {error}. No NVIDIA driver, one older than CuPy's CUDA, or no "
-                           "device visible; `mpiallreduce info` says which. Without a GPU, use numpy arrays."
-                           ) from error
+    except (
+        Exception
+    ) as error:  # (cudaErrorInsufficientDriver, cudaErrorNoDevice, ...): one clear message
+        raise RuntimeError(
+            f"CuPy {getattr(xp, '__version__', '')} is installed but no GPU is usable here: "
+            f"{type(error).__name__}: {error}. No NVIDIA driver, one older than CuPy's CUDA, or no "
+            "device visible; `mpiallreduce info` says which. Without a GPU, use numpy arrays."
+        ) from error
     index = gpu_for_local_rank(local_rank(comm), count)
     xp.cuda.Device(index).use()
     return index
@@ -164,17 +181,21 @@ def allocation_range(xp, ptr):
     if stand_in is not None:
         return stand_in(ptr)
     import ctypes
+
     libcuda = _libcuda()
     base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    status = libcuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+    status = libcuda.cuMemGetAddressRange_v2(
+        ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)
+    )
     if status != 0:
         raise RuntimeError(f"cuMemGetAddressRange({ptr:#x}) failed with CUresult {status}")
     return base.value, size.value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _libcuda():
     import ctypes
+
     return ctypes.CDLL("libcuda.so.1")
 
 
@@ -186,4 +207,5 @@ def close_ipc_mapping(xp, ptr):
         close(ptr)
         return
     import ctypes
+
     _libcuda().cuIpcCloseMemHandle(ctypes.c_uint64(ptr))

@@ -13,6 +13,7 @@
 Whatever the path, the current CUDA stream is synchronized before MPI touches device memory, and
 the result is ordered on the current stream for the caller's later kernels.
 """
+
 import threading
 
 import numpy as np
@@ -43,7 +44,9 @@ def run_on_device(path, algorithm, comm, send, recv, op, datatype, xp, **options
         algorithm.run(StagingComm(comm, xp), send, recv, op, datatype, **options)
     elif path == "host round trip":
         host = pinned(xp, "round_trip", recv.size, recv.dtype)
-        xp.asnumpy(recv if send is None else send, out=host)  # blocking: waits for the current stream
+        xp.asnumpy(
+            recv if send is None else send, out=host
+        )  # blocking: waits for the current stream
         algorithm.run(comm, None, host, op, datatype, **options)
         stream = xp.cuda.get_current_stream()
         recv.set(host, stream=stream)  # asynchronous: `host` is read after this call returns
@@ -166,5 +169,7 @@ class StagingComm(_Forwarding):
     def Sendrecv(self, sendbuf, dest, sendtag, recvbuf, source, recvtag):
         synchronize(self.xp)
         host_recv = self._host_for(recvbuf, "staging.recv")
-        self.comm.Sendrecv(self._to_host(sendbuf, "staging.send"), dest, sendtag, host_recv, source, recvtag)
+        self.comm.Sendrecv(
+            self._to_host(sendbuf, "staging.send"), dest, sendtag, host_recv, source, recvtag
+        )
         self._to_device(host_recv, recvbuf)

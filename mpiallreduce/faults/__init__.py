@@ -10,13 +10,34 @@ Names are loaded on first use, as in the package: importing ``mpiallreduce`` imp
 ``faults.aborting``, and so this package, and neither may start MPI (rendezvous and ulfm import
 mpi4py.MPI, whose import is MPI_Init: a second and more where libfabric is probed).
 """
+
 from .. import lazy_exports
-from .errors import AllreduceAborted, AllreduceStallWarning, AllreduceTimeout, RankFailure, call_site, ranks_phrase
+from .errors import (
+    AllreduceAborted,
+    AllreduceStallWarning,
+    AllreduceTimeout,
+    RankFailure,
+    call_site,
+    ranks_phrase,
+)
 
-_LAZY = {"Rendezvous": ".rendezvous", "failure_of": ".ulfm", "caused_by_rank_failure": ".ulfm",
-         "failed_ranks": ".ulfm", "survivors": ".ulfm", "exit_after_rank_failures": ".ulfm"}
+_LAZY = {
+    "Rendezvous": ".rendezvous",
+    "failure_of": ".ulfm",
+    "caused_by_rank_failure": ".ulfm",
+    "failed_ranks": ".ulfm",
+    "survivors": ".ulfm",
+    "exit_after_rank_failures": ".ulfm",
+}
 
-__all__ = ["AllreduceTimeout", "AllreduceAborted", "RankFailure", "AllreduceStallWarning", "call_site", "ranks_phrase",
-           *_LAZY]
+__all__ = [
+    "AllreduceTimeout",
+    "AllreduceAborted",
+    "RankFailure",
+    "AllreduceStallWarning",
+    "call_site",
+    "ranks_phrase",
+    *_LAZY,
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

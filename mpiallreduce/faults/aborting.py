@@ -26,6 +26,7 @@ start MPI by being imported; turning the abort on does in a rank of a launched j
 (MPIALLREDUCE_ABORT_ON_EXCEPTION=1 at ``import mpiallreduce``), so that an exception before the
 first call aborts the job too.
 """
+
 import atexit
 import os
 import sys
@@ -87,15 +88,23 @@ def _abort(kind, value, tb, where="", previous=sys.__excepthook__):
     header = f"mpiallreduce: uncaught {kind.__name__} on rank {rank}{where}; aborting the MPI job\n"
     _say(rank, header + "".join(traceback.format_exception(kind, value, tb)))
     from .recorder import dump
+
     dump(f"uncaught {kind.__name__}: {value}"[:300])
     status = INTERRUPTED_STATUS if issubclass(kind, KeyboardInterrupt) else ABORT_STATUS
     sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(status)
 
 
 def _abort_from_thread(args):
-    if issubclass(args.exc_type, SystemExit):  # it ends its thread, not the program (as Python has it)
+    if issubclass(
+        args.exc_type, SystemExit
+    ):  # it ends its thread, not the program (as Python has it)
         return
-    _abort(args.exc_type, args.exc_value, args.exc_traceback, f" in thread {args.thread.name if args.thread else '?'}")
+    _abort(
+        args.exc_type,
+        args.exc_value,
+        args.exc_traceback,
+        f" in thread {args.thread.name if args.thread else '?'}",
+    )
 
 
 class _Leaving:
@@ -119,7 +128,9 @@ def _exit(status=None):
         _python_exit(status)
     except SystemExit as leaving:
         code = leaving.code
-        exit_status = 0 if code is None else code if isinstance(code, int) else 1  # as Python computes it
+        exit_status = (
+            0 if code is None else code if isinstance(code, int) else 1
+        )  # as Python computes it
         if exit_status and threading.current_thread() is threading.main_thread():
             leaving.mpiallreduce_leaving = _Leaving(exit_status)
         raise
@@ -140,9 +151,13 @@ def _abort_after_exit():
     world = sys.modules["mpi4py.MPI"].COMM_WORLD
     if world.Get_size() == 1:  # no other rank to wait for this one: MPI_Finalize returns
         return
-    _say(rank, f"mpiallreduce: rank {rank} exits with status {_exit_status}; aborting the MPI job with it "
-               f"in {EXIT_GRACE_SECONDS} s")
+    _say(
+        rank,
+        f"mpiallreduce: rank {rank} exits with status {_exit_status}; aborting the MPI job with it "
+        f"in {EXIT_GRACE_SECONDS} s",
+    )
     from .recorder import dump
+
     dump(f"sys.exit({_exit_status})")
     time.sleep(EXIT_GRACE_SECONDS)
     world.Abort(_exit_status)
@@ -158,7 +173,9 @@ def abort_on_exception(enable=True):
         threading.excepthook = threading.__excepthook__
         sys.exit = _python_exit
         return
-    if "PMIX_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:  # (a rank of a launched job)
+    if (
+        "PMIX_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+    ):  # (a rank of a launched job)
         # MPI starts now if it has not (``import mpiallreduce`` does not start it): an exception or
         # a sys.exit(n) before this rank's first call must reach MPI_Abort too; a rank that leaves
         # alone while the others are in MPI_Init or a collective can leave them there for ever
@@ -167,7 +184,10 @@ def abort_on_exception(enable=True):
     threading.excepthook = _abort_from_thread
     from .recorder import recorder
     from .recorder_signals import install_signal_handlers
-    if recorder() is not None:  # (SIGTERM, as the launcher sends it: the recorder's dump, then the end)
+
+    if (
+        recorder() is not None
+    ):  # (SIGTERM, as the launcher sends it: the recorder's dump, then the end)
         install_signal_handlers(terminate=True)
     sys.exit = _exit
     atexit.register(_abort_after_exit)

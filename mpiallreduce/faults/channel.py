@@ -8,6 +8,7 @@ one source): a message of an earlier call (one given up on) is dropped when it c
 later call is kept for that call. ``code`` says what kind of call a rank makes (ARRIVED's: 0 for a
 plain call, a prepared call's own number), so that the ranks see a mismatch before data moves.
 """
+
 from collections import deque
 
 import numpy as np
@@ -15,7 +16,12 @@ from mpi4py import MPI
 
 __all__ = ["ARRIVED", "GO", "GAVE_UP", "FAILED", "CONTROL_TAG", "announce_given_up", "free_channel"]
 
-ARRIVED, GO, GAVE_UP, FAILED = 0, 1, 2, 3  # (FAILED: a rank left a call midway, mpiallreduce.faults.watch)
+ARRIVED, GO, GAVE_UP, FAILED = (
+    0,
+    1,
+    2,
+    3,
+)  # (FAILED: a rank left a call midway, mpiallreduce.faults.watch)
 #: the control messages' tag: the highest there is (CallTags keeps every algorithm's tag below it)
 CONTROL_TAG = None
 
@@ -36,7 +42,9 @@ class _Channel:
         self.peers = [r for r in range(self.size) if r != self.rank]
         self.inbox = np.zeros((self.size, 3), dtype=np.int64)
         self.tag = _control_tag()
-        self.receives = {r: comm.Irecv([self.inbox[r], MPI.INT64_T], r, self.tag) for r in self.peers}
+        self.receives = {
+            r: comm.Irecv([self.inbox[r], MPI.INT64_T], r, self.tag) for r in self.peers
+        }
         #: messages of calls later than the one being met, per peer: (kind, number, code)
         self.early = {r: deque() for r in self.peers}
         #: the highest call number seen from each peer
@@ -63,7 +71,9 @@ class _Channel:
                 if not request.Test():
                     break
                 kind, n, code = (int(v) for v in self.inbox[r])
-                request = self.receives[r] = self.comm.Irecv([self.inbox[r], MPI.INT64_T], r, self.tag)
+                request = self.receives[r] = self.comm.Irecv(
+                    [self.inbox[r], MPI.INT64_T], r, self.tag
+                )
                 self.latest[r] = max(self.latest[r], n)
                 if n == number:
                     yield r, kind, code
@@ -100,5 +110,3 @@ def announce_given_up(state):
         channel = _channel(state)
         while pending:
             channel.send(GAVE_UP, pending.popleft())
-
-

@@ -4,6 +4,7 @@ Under ULFM, when a peer dies inside han's MPI_Allreduce, a survivor's call can r
 with its result never written (docs/faults.md): ``mpiallreduce launch --fault-tolerant`` takes han
 out (``without_han``), and the library warns where it is still selectable (``han_selectable``).
 """
+
 __all__ = ["without_han", "han_selectable"]
 
 

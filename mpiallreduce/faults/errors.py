@@ -1,4 +1,5 @@
 """The exceptions of stalls, stragglers and lost ranks, and the call site that messages name."""
+
 import os
 import sys
 
@@ -34,12 +35,18 @@ class AllreduceAborted(RuntimeError):
 
     @classmethod
     def by(cls, state, sequence, peer, algorithm="", gave_up=False):
-        what = ("gave it up (its timeout ran out before every rank had arrived: did the ranks give this call "
-                "different timeouts?)" if gave_up else
-                "failed in the middle of it (its own exception is raised there)")
-        return cls(f"rank {state.rank}: allreduce call #{sequence}{f' ({algorithm})' if algorithm else ''} on "
-                   f"{state.size} ranks: rank {peer} {what}; this rank gave up its part",
-                   failed_rank=peer, sequence=sequence)
+        what = (
+            "gave it up (its timeout ran out before every rank had arrived: did the ranks give this call "
+            "different timeouts?)"
+            if gave_up
+            else "failed in the middle of it (its own exception is raised there)"
+        )
+        return cls(
+            f"rank {state.rank}: allreduce call #{sequence}{f' ({algorithm})' if algorithm else ''} on "
+            f"{state.size} ranks: rank {peer} {what}; this rank gave up its part",
+            failed_rank=peer,
+            sequence=sequence,
+        )
 
 
 class RankFailure(RuntimeError):

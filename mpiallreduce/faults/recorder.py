@@ -17,6 +17,7 @@ exception), abandoned (given up because of another rank: AllreduceAborted, RankF
 
 The signals that dump it: mpiallreduce.faults.recorder_signals.
 """
+
 import itertools
 import json
 import os
@@ -27,11 +28,29 @@ import time
 
 from ..core.settings import settings
 
-__all__ = ["dump_trace", "record_call", "run_traced", "finish", "array_fields", "Described", "dump", "recorder",
-           "world_ranks", "trace_id", "named_members", "QUEUED", "RUNNING", "DONE", "FAILED", "ABANDONED"]
+__all__ = [
+    "dump_trace",
+    "record_call",
+    "run_traced",
+    "finish",
+    "array_fields",
+    "Described",
+    "dump",
+    "recorder",
+    "world_ranks",
+    "trace_id",
+    "named_members",
+    "QUEUED",
+    "RUNNING",
+    "DONE",
+    "FAILED",
+    "ABANDONED",
+]
 
 QUEUED, RUNNING, DONE, FAILED, ABANDONED = "queued", "running", "done", "failed", "abandoned"
-WITHDRAWN = "withdrawn"  # (recorded, then not made: the short path handed the call to the general one)
+WITHDRAWN = (
+    "withdrawn"  # (recorded, then not made: the short path handed the call to the general one)
+)
 #: an entry's fields
 COMM, NUMBER, WHAT, STATE, QUEUED_AT, STARTED, ENDED, ERROR = range(8)
 clock = time.perf_counter
@@ -54,7 +73,9 @@ class Recorder:
     def last(self):
         """The entries, oldest first."""
         entries = list(self.entries)  # (a copy: other threads go on recording)
-        return [e for e in sorted((e for e in entries if e is not None), key=lambda e: e[QUEUED_AT])]
+        return [
+            e for e in sorted((e for e in entries if e is not None), key=lambda e: e[QUEUED_AT])
+        ]
 
 
 class Described(dict):
@@ -83,6 +104,7 @@ def recorder():
 def world_ranks(comm):
     """``comm``'s ranks as COMM_WORLD's ranks (a tuple; local, no communication)."""
     from mpi4py import MPI
+
     size = comm.Get_size()
     if comm == MPI.COMM_WORLD:
         return tuple(range(size))
@@ -145,8 +167,11 @@ def finish(entry, error=None):
         entry[STATE] = DONE
         return
     from .errors import AllreduceAborted, AllreduceTimeout, RankFailure
+
     entry[STATE] = ABANDONED if isinstance(error, (AllreduceAborted, RankFailure)) else FAILED
-    entry[ERROR] = _error_fields(error)  # (not the exception: its traceback holds the call's arrays)
+    entry[ERROR] = _error_fields(
+        error
+    )  # (not the exception: its traceback holds the call's arrays)
     if isinstance(error, (AllreduceTimeout, RankFailure)):
         dump(f"{type(error).__name__} in call #{entry[NUMBER]}")
 
@@ -163,15 +188,25 @@ def _error_fields(error):
     for name in ("missing_ranks", "failed_ranks", "failed_rank", "elsewhere"):
         value = getattr(error, name, None)
         if value not in (None, (), {}):
-            fields[name] = ({str(k): v for k, v in value.items()} if isinstance(value, dict) else
-                            list(value) if isinstance(value, (tuple, list)) else value)
+            fields[name] = (
+                {str(k): v for k, v in value.items()}
+                if isinstance(value, dict)
+                else list(value)
+                if isinstance(value, (tuple, list))
+                else value
+            )
     return fields
 
 
 def _entry_fields(entry, offset):
     state = entry[COMM]
-    fields = {"comm": list(state.members), "comm_id": state.trace_id, "rank_in_comm": state.rank, "call": entry[NUMBER],
-              "state": entry[STATE]}
+    fields = {
+        "comm": list(state.members),
+        "comm_id": state.trace_id,
+        "rank_in_comm": state.rank,
+        "call": entry[NUMBER],
+        "state": entry[STATE],
+    }
     try:
         fields.update(entry[WHAT].trace_fields())
     except Exception as error:  # noqa: BLE001 - a dump must not fail on one entry
@@ -188,13 +223,13 @@ def trace_dir():
     return settings().trace_dir or os.path.join(os.getcwd(), "mpiallreduce-trace")
 
 
-
 def dump(reason="on demand", directory=None):
     """Write this rank's buffer to ``directory`` (MPIALLREDUCE_TRACE_DIR, else ./mpiallreduce-trace)
     as rank<R>.json, replacing an earlier dump of this rank; the file's path, or None (no recorder,
     or it could not be written: said on stderr, never raised)."""
     current = recorder()
     from .aborting import world_rank_and_size
+
     rank, size = world_rank_and_size()
     if current is None or rank is None:
         return None
@@ -203,10 +238,18 @@ def dump(reason="on demand", directory=None):
             directory = directory or trace_dir()
             os.makedirs(directory, exist_ok=True)
             offset = time.time() - clock()
-            document = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid(),
-                        "job": os.environ.get("SLURM_JOB_ID") or os.environ.get("PMIX_NAMESPACE") or "",
-                        "reason": reason, "dumped": time.time(),
-                        "entries": [_entry_fields(e, offset) for e in current.last() if e[STATE] != WITHDRAWN]}
+            document = {
+                "rank": rank,
+                "size": size,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "job": os.environ.get("SLURM_JOB_ID") or os.environ.get("PMIX_NAMESPACE") or "",
+                "reason": reason,
+                "dumped": time.time(),
+                "entries": [
+                    _entry_fields(e, offset) for e in current.last() if e[STATE] != WITHDRAWN
+                ],
+            }
             path = os.path.join(directory, f"rank{rank}.json")
             partial = f"{path}.{os.getpid()}.partial"
             with open(partial, "w") as out:
@@ -214,8 +257,11 @@ def dump(reason="on demand", directory=None):
             os.replace(partial, path)
             return path
         except Exception as error:  # noqa: BLE001 - said, never raised: it runs where a call already failed
-            print(f"[rank {rank}] mpiallreduce: could not write the flight recorder's dump: {error}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[rank {rank}] mpiallreduce: could not write the flight recorder's dump: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
 
 

@@ -6,6 +6,7 @@ A rank stuck inside MPI runs no Python, so the handlers also have the signals wr
 main thread waits in MPI (mpi4py releases the GIL there). A forked child (a data loader's worker)
 forgets both, so that it never dumps as its parent's rank nor ends it.
 """
+
 import os
 import signal
 import sys
@@ -59,7 +60,9 @@ def install_signal_handlers(terminate=False):
                 return
         except ValueError:
             return
-        threading.Thread(target=_read_signals, args=(read,), name="mpiallreduce-trace-signals", daemon=True).start()
+        threading.Thread(
+            target=_read_signals, args=(read,), name="mpiallreduce-trace-signals", daemon=True
+        ).start()
         _installed, _wakeup[:] = True, [write, os.getpid()]
         if hasattr(os, "register_at_fork") and not _wakeup_registered:
             os.register_at_fork(after_in_child=_forget_in_child)

@@ -31,19 +31,20 @@ channel (mpiallreduce.state starts it on first use): if a rank is missing, the o
 T, and send their GAVE_UP as soon as the channel is complete, so the straggler learns at once that
 the call was given up and the call numbers stay in step.
 """
+
 import math
 import time
 import warnings
 from collections import deque
 
-import numpy as np
 from mpi4py import MPI
 
 from .channel import ARRIVED, FAILED, GAVE_UP, GO, _channel, announce_given_up
-from .errors import AllreduceAborted, AllreduceTimeout, AllreduceStallWarning, ranks_phrase
+from .errors import AllreduceAborted, AllreduceStallWarning, AllreduceTimeout, ranks_phrase
 from .ulfm import failure_of
 
 __all__ = ["Rendezvous"]
+
 
 class Rendezvous:
     """One timed call's meeting of the ranks. ``deadline`` (time.monotonic()) may be brought forward
@@ -52,7 +53,9 @@ class Rendezvous:
     def __init__(self, state, sequence, timeout, site="", code=0):
         self.state = state
         self.code = code  # what kind of call this rank makes (mpiallreduce.faults.channel)
-        self.codes = None  # once round 1 is over: {rank: its code}, every rank's, this one's included
+        self.codes = (
+            None  # once round 1 is over: {rank: its code}, every rank's, this one's included
+        )
         self.sequence = sequence
         self.timeout = timeout
         self.site = site
@@ -88,8 +91,11 @@ class Rendezvous:
             # Round 1: arrivals
             went_early = set()  # peers whose GO came before this rank's round 2
             warned = False
-            warn_at = (self.started + state.settings.warn_fraction * self.timeout
-                       if self.timeout is not None else math.inf)
+            warn_at = (
+                self.started + state.settings.warn_fraction * self.timeout
+                if self.timeout is not None
+                else math.inf
+            )
             for _ in _polling():
                 for peer, kind, code in channel.receive(number):
                     if kind == GAVE_UP:
@@ -107,10 +113,17 @@ class Rendezvous:
                     raise self._timeout(channel, now)
                 if not warned and now >= warn_at:
                     warned = True
-                    where = "".join(f" (rank {r} is in its call #{n})" for r, n in self._elsewhere(channel).items())
-                    warnings.warn(f"rank {rank}: {self._describe()} on {size} ranks has waited "
-                                  f"{now - self.started:.1f} s for {ranks_phrase(self.missing)}{where}; it times "
-                                  f"out after {self.timeout:g} s", AllreduceStallWarning, stacklevel=4)
+                    where = "".join(
+                        f" (rank {r} is in its call #{n})"
+                        for r, n in self._elsewhere(channel).items()
+                    )
+                    warnings.warn(
+                        f"rank {rank}: {self._describe()} on {size} ranks has waited "
+                        f"{now - self.started:.1f} s for {ranks_phrase(self.missing)}{where}; it times "
+                        f"out after {self.timeout:g} s",
+                        AllreduceStallWarning,
+                        stacklevel=4,
+                    )
             self.arrived, self.codes = True, codes
 
             # Round 2: everyone arrived, or someone gave up
@@ -128,7 +141,9 @@ class Rendezvous:
                 if not waiting:
                     return
         except MPI.Exception as error:  # a dead peer (ULFM): RankFailure on every survivor
-            failure = failure_of(error, state.user, number, also_revoke=state.library_communicators())
+            failure = failure_of(
+                error, state.user, number, also_revoke=state.library_communicators()
+            )
             if failure is None:
                 raise
             raise failure from error
@@ -144,7 +159,9 @@ class Rendezvous:
                 if state.control_ready():
                     return
             except MPI.Exception as error:
-                failure = failure_of(error, state.user, self.sequence, also_revoke=state.library_communicators())
+                failure = failure_of(
+                    error, state.user, self.sequence, also_revoke=state.library_communicators()
+                )
                 if failure is None:
                     raise
                 raise failure from error
@@ -159,7 +176,9 @@ class Rendezvous:
                     f"ranks: not every rank reached it within {now - self.started:.1f} s (which ranks cannot be "
                     "told on a communicator's first call: make an untimed call, or mpiallreduce.prepare, first "
                     "to have them named). The late ranks will learn that this call was given up",
-                    sequence=self.sequence, waited=now - self.started)
+                    sequence=self.sequence,
+                    waited=now - self.started,
+                )
 
     def _given_up_in_round_1(self, channel, peer):
         """Another rank's timeout ran out first: say so, and name the ranks still missing as this
@@ -176,7 +195,10 @@ class Rendezvous:
         return AllreduceTimeout(
             f"rank {self.state.rank}: {self._describe()} on {self.state.size} ranks: rank {peer} gave up waiting "
             f"for it (its timeout ran out before every rank arrived; this rank came {waited:.1f} s ago{still})",
-            missing_ranks=missing, sequence=self.sequence, waited=waited)
+            missing_ranks=missing,
+            sequence=self.sequence,
+            waited=waited,
+        )
 
     def _elsewhere(self, channel):
         """{missing rank: the number of the call it was last seen in} where that is not this one."""
@@ -190,17 +212,28 @@ class Rendezvous:
         """The AllreduceTimeout for ranks still missing; names those waiting in a call of another number."""
         state = self.state
         elsewhere = self._elsewhere(channel)
-        message = (f"rank {state.rank}: {self._describe()} on {state.size} ranks timed out after "
-                   f"{now - self.started:.1f} s: {ranks_phrase(self.missing)} had not arrived at it "
-                   f"(sequence number {self.sequence})")
+        message = (
+            f"rank {state.rank}: {self._describe()} on {state.size} ranks timed out after "
+            f"{now - self.started:.1f} s: {ranks_phrase(self.missing)} had not arrived at it "
+            f"(sequence number {self.sequence})"
+        )
         if elsewhere:
-            message += "; " + "; ".join(f"rank {r} is waiting in its call #{n}" for r, n in sorted(elsewhere.items()))
+            message += "; " + "; ".join(
+                f"rank {r} is waiting in its call #{n}" for r, n in sorted(elsewhere.items())
+            )
             message += " -- the ranks' calls do not match: a rank skipped a call or made one more"
         elif self.first_contact:
-            message += (" -- or, this being the communicator's first call, had come and given up before this rank "
-                        "came: a rank can only tell the others once every rank has reached the first call")
-        return AllreduceTimeout(message, missing_ranks=self.missing, sequence=self.sequence,
-                                waited=now - self.started, elsewhere=elsewhere)
+            message += (
+                " -- or, this being the communicator's first call, had come and given up before this rank "
+                "came: a rank can only tell the others once every rank has reached the first call"
+            )
+        return AllreduceTimeout(
+            message,
+            missing_ranks=self.missing,
+            sequence=self.sequence,
+            waited=now - self.started,
+            elsewhere=elsewhere,
+        )
 
 
 def _polling(spin_seconds=2e-4, first_sleep=5e-5, longest_sleep=2e-3):

@@ -7,6 +7,7 @@ MPI_ERR_REVOKED) and every survivor raises ``RankFailure`` naming the lost ranks
 ``survivors(comm)`` then returns the shrunken communicator (``MPI_Comm_shrink``) to carry on with.
 Without ULFM, mpiexec (or ``srun --kill-on-bad-exit``) ends the job when a rank dies, naming it.
 """
+
 import os
 import pickle
 import sys
@@ -16,14 +17,23 @@ from mpi4py import MPI
 from .coll_han import han_selectable
 from .errors import RankFailure, ranks_phrase
 
-__all__ = ["failed_ranks", "failure_of", "caused_by_rank_failure", "survivors", "exit_after_rank_failures",
-           "fault_tolerant", "warn_of_han"]
-
+__all__ = [
+    "failed_ranks",
+    "failure_of",
+    "caused_by_rank_failure",
+    "survivors",
+    "exit_after_rank_failures",
+    "fault_tolerant",
+    "warn_of_han",
+]
 
 
 def _failure_classes():
-    return {getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
-            if hasattr(MPI, name)}
+    return {
+        getattr(MPI, name)
+        for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+        if hasattr(MPI, name)
+    }
 
 
 def fault_tolerant():
@@ -38,9 +48,14 @@ def warn_of_han(spans_nodes):
     ``mpiallreduce launch --fault-tolerant`` takes it out (``without_han``)."""
     if spans_nodes and fault_tolerant() and han_selectable(os.environ):
         import warnings
-        warnings.warn("under ULFM, Open MPI's coll/han can return MPI_SUCCESS with a result never written when "
-                      "a peer dies inside its MPI_Allreduce: launch with `--mca coll ^han` (mpiallreduce launch "
-                      "--fault-tolerant does; docs/faults.md)", RuntimeWarning, stacklevel=2)
+
+        warnings.warn(
+            "under ULFM, Open MPI's coll/han can return MPI_SUCCESS with a result never written when "
+            "a peer dies inside its MPI_Allreduce: launch with `--mca coll ^han` (mpiallreduce launch "
+            "--fault-tolerant does; docs/faults.md)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def failed_ranks(comm):
@@ -50,8 +65,13 @@ def failed_ranks(comm):
     except (MPI.Exception, NotImplementedError, AttributeError):
         return ()
     try:
-        return tuple(r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group())
-                     if r != MPI.UNDEFINED)
+        return tuple(
+            r
+            for r in MPI.Group.Translate_ranks(
+                group, list(range(group.Get_size())), comm.Get_group()
+            )
+            if r != MPI.UNDEFINED
+        )
     finally:
         group.Free()
 
@@ -81,10 +101,16 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
     that died mid-collective never sent, where Open MPI returned success (seen at the soak's SIGTERM).
     """
     if isinstance(error, MPI.Exception):
-        if error.Get_error_class() not in _failure_classes() and not _learns_of_failed_ranks(comm, also_revoke):
+        if error.Get_error_class() not in _failure_classes() and not _learns_of_failed_ranks(
+            comm, also_revoke
+        ):
             return None
         cause = error.Get_error_string()
-    elif isinstance(error, MISSING_BYTES) and fault_tolerant() and _learns_of_failed_ranks(comm, also_revoke):
+    elif (
+        isinstance(error, MISSING_BYTES)
+        and fault_tolerant()
+        and _learns_of_failed_ranks(comm, also_revoke)
+    ):
         cause = f"{type(error).__name__}: {error}, from bytes the dead rank never sent"
     else:
         return None
@@ -97,10 +123,15 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
     lost = _lost(comm, also_revoke)
     rank = comm.Get_rank()
     what = f"{ranks_phrase(lost)} of {comm.Get_size()} failed" if lost else "a rank failed"
-    call = "allreduce call" if sequence is None else f"allreduce call #{sequence}"  # (None: before it is numbered)
-    return RankFailure(f"rank {rank}: {call}: {what} during the call "
-                       f"({cause}); recover with mpiallreduce.survivors(comm)",
-                       failed_ranks=lost, sequence=sequence)
+    call = (
+        "allreduce call" if sequence is None else f"allreduce call #{sequence}"
+    )  # (None: before it is numbered)
+    return RankFailure(
+        f"rank {rank}: {call}: {what} during the call "
+        f"({cause}); recover with mpiallreduce.survivors(comm)",
+        failed_ranks=lost,
+        sequence=sequence,
+    )
 
 
 def _lost(comm, others):
@@ -111,6 +142,7 @@ def _lost(comm, others):
     Without it, a rank on the dead rank's node (shared memory: no broken connection to notice)
     never learned it (Get_failed empty after 4 s, 2 emulated nodes); with it, in about 20 ms."""
     import time
+
     deadline = time.monotonic() + (LEARN_OF_FAILURE_SECONDS if fault_tolerant() else 0.0)
     while True:
         lost = failed_ranks(comm) or next((f for f in map(failed_ranks, others) if f), ())

@@ -17,14 +17,15 @@ instead, but in a plan whose comparison rides in its messages: CallPlan.timed_in
 requests left behind use the failed call's tags (CallTags): no later call can match them; receives
 are cancelled and every request is kept with its buffer until it completes.
 """
+
 import math
 import time
 
 from mpi4py import MPI
 
 from ..core.slots import yield_core
-from .errors import AllreduceAborted, AllreduceTimeout
 from .channel import FAILED, GAVE_UP, _channel
+from .errors import AllreduceAborted, AllreduceTimeout
 
 __all__ = ["PeerWatch", "set_up_or_rank_failure", "request_done", "wait_for_set_up"]
 
@@ -52,6 +53,7 @@ def _under_ulfm():
     global _ULFM
     if _ULFM is None:
         from .ulfm import fault_tolerant
+
         _ULFM = fault_tolerant() and hasattr(MPI, "ERR_REVOKED")
     return _ULFM
 
@@ -61,6 +63,7 @@ _ULFM = None
 
 def _knows_failed(comm):
     from .ulfm import failed_ranks
+
     return bool(failed_ranks(comm))
 
 
@@ -119,7 +122,9 @@ class PeerWatch:
     def look_around(self, requests, now):
         """Raise if a peer gave the call up, the communicator was revoked (ULFM), or the deadline
         has passed (``requests``, the wait's own, are left behind first)."""
-        if _under_ulfm() and any(_revoked(c) or _knows_failed(c) for c in self.state.library_communicators()):
+        if _under_ulfm() and any(
+            _revoked(c) or _knows_failed(c) for c in self.state.library_communicators()
+        ):
             # A survivor that saw the failure revoked the communicator, or this process knows of a
             # dead rank in it; a request here that waits for a live peer (which has left the call)
             # may never be completed with the error (seen across emulated nodes): leave it and
@@ -129,16 +134,23 @@ class PeerWatch:
         for peer, kind, _ in _channel(self.state).receive(self.sequence):
             if kind in (FAILED, GAVE_UP):
                 self._leave_behind(requests)
-                raise AllreduceAborted.by(self.state, self.sequence, peer, self.name, gave_up=kind == GAVE_UP)
+                raise AllreduceAborted.by(
+                    self.state, self.sequence, peer, self.name, gave_up=kind == GAVE_UP
+                )
         if now >= self.deadline:
             self._leave_behind(requests)
             self.fail()
-            where, missing = (("in the middle of the algorithm", "a message it waited for from a peer") if requests
-                              else ("comparing the ranks' calls", "every rank's signature"))
+            where, missing = (
+                ("in the middle of the algorithm", "a message it waited for from a peer")
+                if requests
+                else ("comparing the ranks' calls", "every rank's signature")
+            )
             raise AllreduceTimeout(
                 f"rank {self.state.rank}: allreduce call #{self.sequence} ({self.name}) on {self.state.size} "
                 f"ranks timed out {where}: {self.timeout:g} s without {missing}; the other ranks are told",
-                sequence=self.sequence, waited=self.timeout)
+                sequence=self.sequence,
+                waited=self.timeout,
+            )
 
     def fail(self):
         """This rank leaves the call midway: tell every peer (once)."""
@@ -148,9 +160,13 @@ class PeerWatch:
 
     def _leave_behind(self, requests):
         kept = self.state.left_behind
-        kept[:] = [r for r in kept if not request_done(r)]  # (earlier calls' requests that have completed)
+        kept[:] = [
+            r for r in kept if not request_done(r)
+        ]  # (earlier calls' requests that have completed)
         for request in {id(r): r for r in [*requests, *self.posted]}.values():  # (each once)
-            if any(request is r for r in kept) or request_done(request):  # (kept already: look_around raised)
+            if any(request is r for r in kept) or request_done(
+                request
+            ):  # (kept already: look_around raised)
                 continue
             try:
                 request.Cancel()  # (receives; Open MPI does not cancel sends)
@@ -174,8 +190,11 @@ def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):
     (faults.ulfm.failure_of), as in a run; any other as it is."""
     try:
         return set_up()
-    except Exception as error:  # (an MPI error, or what a dead rank's missing bytes unpickle to: failure_of)
+    except (
+        Exception
+    ) as error:  # (an MPI error, or what a dead rank's missing bytes unpickle to: failure_of)
         from .ulfm import failure_of
+
         failure = failure_of(error, comm, sequence, also_revoke=also_revoke)
         if failure is None:
             raise

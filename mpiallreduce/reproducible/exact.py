@@ -34,14 +34,20 @@ through float64: at most one ulp). With p <= 1024 ranks that is within 2 ulps of
 whatever the dtype. Contributions within 2^(K-mantissa bits) of M lie on the grid exactly. Device
 (CuPy) arrays go through the host.
 """
+
 import functools
 import sys
 
 import numpy as np
 
-
-__all__ = ["REPRODUCIBLE_DTYPES", "MAX_RANKS", "FORMATS", "exponent_codes", "to_words",
-           "from_words"]
+__all__ = [
+    "REPRODUCIBLE_DTYPES",
+    "MAX_RANKS",
+    "FORMATS",
+    "exponent_codes",
+    "to_words",
+    "from_words",
+]
 
 #: "numpy" forces the numpy passes (for comparisons); anything else uses numba where installed
 #: (mpiallreduce.reproducible_kernels)
@@ -80,15 +86,17 @@ def compiled_kernels(fmt):  # (``_compiled``, looked up at each call: tests repl
     return _compiled(fmt)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels():  # (imported once, on first use: numba's import takes a while)
     from . import kernels
+
     return kernels if kernels.available() else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scale_tables(bias, k):
     from .kernels import scale_tables
+
     return scale_tables(bias, k)
 
 
@@ -134,21 +142,30 @@ def to_words(values, largest, fmt, out=None):
     flat, largest = values.reshape(-1), largest.reshape(-1)
     words = np.empty(flat.size * fmt.words, np.int64) if out is None else out
     normal = fmt.words == 1 and _all_normal(largest, fmt)
-    kernels = _compiled(fmt)  # (one compiled pass over normal stretches; else numpy passes by block)
+    kernels = _compiled(
+        fmt
+    )  # (one compiled pass over normal stretches; else numpy passes by block)
     down = None if kernels is None else _scale_tables(fmt.bias, fmt.k)[0]
     if normal and kernels is not None:
         kernels.to_words_f32(flat, largest, down, words)
         return words
-    scratch = (np.empty(min(BLOCK, flat.size), np.int64), np.empty(min(BLOCK, flat.size), np.float64))
+    scratch = (
+        np.empty(min(BLOCK, flat.size), np.int64),
+        np.empty(min(BLOCK, flat.size), np.float64),
+    )
     for start in range(0, flat.size, BLOCK):
         stop = min(start + BLOCK, flat.size)
-        block, codes, target = flat[start:stop], largest[start:stop], words[start * fmt.words:stop * fmt.words]
+        block, codes, target = (
+            flat[start:stop],
+            largest[start:stop],
+            words[start * fmt.words : stop * fmt.words],
+        )
         if not (normal or (fmt.words == 1 and _all_normal(codes, fmt))):
             target[...] = _to_words_block(block, codes, fmt)
         elif kernels is not None:
             kernels.to_words_f32(block, codes, down, target)
         else:
-            _to_words_normal_block(block, codes, fmt, [a[:stop - start] for a in scratch], target)
+            _to_words_normal_block(block, codes, fmt, [a[: stop - start] for a in scratch], target)
     return words
 
 
@@ -159,7 +176,7 @@ def _all_normal(codes, fmt):
 
 #: 1.5 * 2^52: v + ROUNDING lies in [2^52, 2^53), where float64's spacing is 1, for |v| < 2^51, so the
 #: addition rounds v to the nearest integer (ties to even), and the sum's bits minus ROUNDING's are it
-ROUNDING = np.float64(1.5 * 2.0 ** 52)
+ROUNDING = np.float64(1.5 * 2.0**52)
 ROUNDING_BITS = ROUNDING.view(np.int64)
 
 
@@ -193,14 +210,24 @@ def _to_words_block(values, largest, fmt):
         if special_any:
             special = largest == fmt.all_ones
             wide = np.where(special, 0.0, wide)
-        if fmt.words == 1:  # |x| / q < 2^51: scale by a power of two built from the bits, round, convert
-            np.multiply(wide, _power_of_two(-grid) if tiny_any else _scale_into(np.empty(largest.shape, np.int64), largest, fmt, +1), out=wide)
+        if (
+            fmt.words == 1
+        ):  # |x| / q < 2^51: scale by a power of two built from the bits, round, convert
+            np.multiply(
+                wide,
+                _power_of_two(-grid)
+                if tiny_any
+                else _scale_into(np.empty(largest.shape, np.int64), largest, fmt, +1),
+                out=wide,
+            )
             high = np.rint(wide, out=wide).astype(np.int64)
             low = None
         else:  # float64: 2^-grid may leave float64's range, ldexp does not
             scaled = np.ldexp(wide, -grid)
             high_part = np.floor(np.ldexp(scaled, -FIELD))
-            low = np.rint(scaled - np.ldexp(high_part, FIELD)).astype(np.int64)  # exact: 0 <= . <= 2^40
+            low = np.rint(scaled - np.ldexp(high_part, FIELD)).astype(
+                np.int64
+            )  # exact: 0 <= . <= 2^40
             high = high_part.astype(np.int64)
     if tiny_any:
         original = values.astype(np.float64)
@@ -208,8 +235,11 @@ def _to_words_block(values, largest, fmt):
         high += np.where((largest == 0) & not_negative_zero, np.int64(1) << FIELD, 0)
     if special_any:
         original = values.astype(np.float64)
-        counts = (np.where(original == np.inf, 1, 0) + np.where(original == -np.inf, np.int64(1) << INF_FIELD, 0)
-                  + np.where(np.isnan(original), np.int64(1) << FIELD, 0)).astype(np.int64)
+        counts = (
+            np.where(original == np.inf, 1, 0)
+            + np.where(original == -np.inf, np.int64(1) << INF_FIELD, 0)
+            + np.where(np.isnan(original), np.int64(1) << FIELD, 0)
+        ).astype(np.int64)
         high = np.where(special, counts, high)
         if low is not None:
             low = np.where(special, 0, low)
@@ -238,15 +268,20 @@ def from_words(summed, largest, fmt, divide_by=1, dtype=np.float64, out=None):
         return out
     result = np.empty(largest.size, dtype) if out is None else out
     normal = fmt.words == 1 and _all_normal(largest, fmt)
-    kernels = _compiled(fmt) if dtype == np.float32 else None  # (one compiled pass; else numpy passes)
+    kernels = (
+        _compiled(fmt) if dtype == np.float32 else None
+    )  # (one compiled pass; else numpy passes)
     up = None if kernels is None else _scale_tables(fmt.bias, fmt.k)[1]
     if normal and kernels is not None:
         kernels.from_words_f32(summed, largest, up, float(divide_by), result)
         return result
-    scale, wide = np.empty(min(BLOCK, largest.size), np.int64), np.empty(min(BLOCK, largest.size), np.float64)
+    scale, wide = (
+        np.empty(min(BLOCK, largest.size), np.int64),
+        np.empty(min(BLOCK, largest.size), np.float64),
+    )
     for start in range(0, largest.size, BLOCK):
         stop = min(start + BLOCK, largest.size)
-        words, codes = summed[start * fmt.words:stop * fmt.words], largest[start:stop]
+        words, codes = summed[start * fmt.words : stop * fmt.words], largest[start:stop]
         if not (normal or (fmt.words == 1 and _all_normal(codes, fmt))):
             with np.errstate(over="ignore", invalid="ignore"):
                 result[start:stop] = _from_words_block(words, codes, fmt, divide_by)
@@ -255,9 +290,9 @@ def from_words(summed, largest, fmt, divide_by=1, dtype=np.float64, out=None):
         else:
             # one rounding to float64, times a power of two (exact), a mean's division, then one
             # rounding to dtype: _from_words_block's operations
-            block = wide[:stop - start]
+            block = wide[: stop - start]
             np.copyto(block, words, casting="unsafe")
-            np.multiply(block, _scale_into(scale[:stop - start], codes, fmt, -1), out=block)
+            np.multiply(block, _scale_into(scale[: stop - start], codes, fmt, -1), out=block)
             if divide_by != 1:
                 np.divide(block, divide_by, out=block)
             np.copyto(result[start:stop], block, casting="unsafe")
@@ -281,9 +316,17 @@ def _from_words_block(summed, largest, fmt, divide_by):
     with np.errstate(invalid="ignore", over="ignore"):
         if low is None:  # < 2^62: one rounding, to 53 bits; then a power of two (exact)
             result = high.astype(np.float64)
-            np.multiply(result, _power_of_two(grid) if tiny_any else _scale_into(np.empty(largest.shape, np.int64), largest, fmt, -1), out=result)
+            np.multiply(
+                result,
+                _power_of_two(grid)
+                if tiny_any
+                else _scale_into(np.empty(largest.shape, np.int64), largest, fmt, -1),
+                out=result,
+            )
         else:
-            total = np.ldexp(high.astype(np.float64), FIELD) + low.astype(np.float64)  # exact terms, one rounding
+            total = np.ldexp(high.astype(np.float64), FIELD) + low.astype(
+                np.float64
+            )  # exact terms, one rounding
             result = np.ldexp(total, grid)
         if divide_by != 1:
             result /= divide_by
@@ -296,5 +339,7 @@ def _from_words_block(summed, largest, fmt, divide_by):
         negative = (word >> INF_FIELD) & ((np.int64(1) << (FIELD - INF_FIELD)) - 1)
         nan = (word >> FIELD) > 0
         infinity = np.where(positive > 0, np.inf, -np.inf)
-        result = np.where(special, np.where(nan | ((positive > 0) & (negative > 0)), np.nan, infinity), result)
+        result = np.where(
+            special, np.where(nan | ((positive > 0) & (negative > 0)), np.nan, infinity), result
+        )
     return result

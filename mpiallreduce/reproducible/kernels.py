@@ -32,13 +32,24 @@ No fastmath, so LLVM may not reassociate or contract them. ``available()`` is Fa
 not installed (``pip install 'mpiallreduce[fast]'``) or MPIALLREDUCE_REPRODUCIBLE_KERNELS=numpy; the
 numpy passes run then. Compiled functions are cached on disk by numba (``cache=True``).
 """
+
 import os
 
 import numpy as np
 
-__all__ = ["available", "exponent_codes_f32", "to_words_f32", "from_words_f32", "exact_sum_f32", "scale_tables",
-           "EXACT_BLOCK", "EXACT_MOST_CONTRIBUTIONS",
-           "fused_sum_f32", "pair_sum_f32", "FUSED_MOST_CONTRIBUTIONS"]
+__all__ = [
+    "available",
+    "exponent_codes_f32",
+    "to_words_f32",
+    "from_words_f32",
+    "exact_sum_f32",
+    "scale_tables",
+    "EXACT_BLOCK",
+    "EXACT_MOST_CONTRIBUTIONS",
+    "fused_sum_f32",
+    "pair_sum_f32",
+    "FUSED_MOST_CONTRIBUTIONS",
+]
 
 from .exact import KERNELS_ENV
 
@@ -76,7 +87,7 @@ def scale_tables(bias, k):
 # the other way round
 _DOWN_NORMAL, _DOWN_TINY = 1023 + 127 - 1 + 51, 1023 + 127 - 1 + 23
 _UP_NORMAL, _UP_TINY = 1023 - 127 + 1 - 51, 1023 - 127 + 1 - 23
-_ROUNDING = 1.5 * 2.0 ** 52
+_ROUNDING = 1.5 * 2.0**52
 _ROUNDING_BITS = int(np.float64(_ROUNDING).view(np.int64))
 _FIELD = 40  # (mpiallreduce.reproducible.FIELD: where a tiny element's count of contributions that are not -0 starts)
 _HALF_FIELD, _BELOW_FIELD = 1 << (_FIELD - 1), (1 << _FIELD) - 1
@@ -90,11 +101,14 @@ if njit is not None:
 
     def _bitcast(result, argument, ir_type):
         """An intrinsic: the ``result`` whose bits are those of the ``argument`` (a numba type each)."""
+
         @intrinsic
         def bitcast(typingctx, value):  # pragma: no cover - compiled
             def codegen(context, builder, signature, args):
                 return builder.bitcast(args[0], ir_type)
+
             return result(argument), codegen
+
         return bitcast
 
     _as_float64 = _bitcast(types.float64, types.int64, ir.DoubleType())
@@ -128,7 +142,9 @@ if njit is not None:
         for first in range(start, n, block):
             m = min(block, n - first)
             special = tiny_any = np.uint32(0)
-            base = np.uint64(first)  # (unsigned indices: no negative-index wraparound, so LLVM vectorizes)
+            base = np.uint64(
+                first
+            )  # (unsigned indices: no negative-index wraparound, so LLVM vectorizes)
             for i in range(m):  # pass 1: the largest exponent byte of each element
                 k = base + np.uint64(i)
                 magnitude = np.uint32(0)  # (the largest magnitude's bits hold the largest exponent)
@@ -147,19 +163,29 @@ if njit is not None:
                     down = _as_float64((np.int64(_DOWN_NORMAL) - e) << 52)
                     total = np.int64(0)
                     for j in range(p):
-                        total += _as_int64(np.float64(values[j][k]) * down + _ROUNDING) - np.int64(_ROUNDING_BITS)
+                        total += _as_int64(np.float64(values[j][k]) * down + _ROUNDING) - np.int64(
+                            _ROUNDING_BITS
+                        )
                     high = np.float64(np.int32(total >> 32)) * 4294967296.0
                     low = np.float64(np.int32((total & 0xFFFFFFFF) - 0x80000000)) + 2147483648.0
-                    out[k] = np.float32((high + low) * _as_float64((np.int64(_UP_NORMAL) + e) << 52) / divide_by)
+                    out[k] = np.float32(
+                        (high + low) * _as_float64((np.int64(_UP_NORMAL) + e) << 52) / divide_by
+                    )
                 continue
-            for i in range(m):  # pass 2 with zero or subnormal largests (no branches: it vectorizes)
+            for i in range(
+                m
+            ):  # pass 2 with zero or subnormal largests (no branches: it vectorizes)
                 k = base + np.uint64(i)
                 e = np.int64(largest[i])
                 tiny = np.int64(e == 0)  # 1 where every contribution is zero or subnormal
-                down = _as_float64((tiny * np.int64(_DOWN_TINY) + (1 - tiny) * (np.int64(_DOWN_NORMAL) - e)) << 52)
+                down = _as_float64(
+                    (tiny * np.int64(_DOWN_TINY) + (1 - tiny) * (np.int64(_DOWN_NORMAL) - e)) << 52
+                )
                 total = np.int64(0)
                 for j in range(p):
-                    total += _as_int64(np.float64(values[j][k]) * down + _ROUNDING) - np.int64(_ROUNDING_BITS)
+                    total += _as_int64(np.float64(values[j][k]) * down + _ROUNDING) - np.int64(
+                        _ROUNDING_BITS
+                    )
                     # (the words route's count field, where tiny: the contributions that are not -0)
                     total += (tiny & np.int64(bits[j][k] != np.uint32(0x80000000))) << _FIELD
                 # where tiny the value is the part below the count field, signed
@@ -167,7 +193,9 @@ if njit is not None:
                 value = tiny * below + (1 - tiny) * total
                 high = np.float64(np.int32(value >> 32)) * 4294967296.0
                 low = np.float64(np.int32((value & 0xFFFFFFFF) - 0x80000000)) + 2147483648.0
-                up = _as_float64((tiny * np.int64(_UP_TINY) + (1 - tiny) * (np.int64(_UP_NORMAL) + e)) << 52)
+                up = _as_float64(
+                    (tiny * np.int64(_UP_TINY) + (1 - tiny) * (np.int64(_UP_NORMAL) + e)) << 52
+                )
                 result = (high + low) * up / divide_by
                 # every contribution -0 (tiny, a zero result, a count of 0): -0
                 negative_zero = tiny & np.int64(result == 0.0) & np.int64(total == below)
@@ -175,7 +203,9 @@ if njit is not None:
         return n
 
     @njit(cache=True, nogil=True)
-    def fused_sum_f32(values, bits, divide_by, power_of_two, out_bits):  # pragma: no cover - compiled
+    def fused_sum_f32(
+        values, bits, divide_by, power_of_two, out_bits
+    ):  # pragma: no cover - compiled
         """values, bits: tuples of p <= FUSED_MOST_CONTRIBUTIONS contributions (float32, and the same
         as uint32); the reproducible sum / divide_by into ``out_bits`` (the output's uint32 view) in
         one pass, every kind of element by selects, no branch:
@@ -193,18 +223,24 @@ if njit is not None:
           with -inf is NaN); a NaN becomes the canonical one (the numpy passes' 0x7FC00000)."""
         p = len(values)
         inverse = 1.0 / divide_by
-        for k in range(np.uint64(out_bits.size)):  # (unsigned indices: no negative-index wraparound, so LLVM vectorizes)
+        for k in range(
+            np.uint64(out_bits.size)
+        ):  # (unsigned indices: no negative-index wraparound, so LLVM vectorizes)
             magnitude = np.uint32(0)  # (the largest magnitude's bits hold the largest exponent)
             signs = np.uint32(0xFFFFFFFF)
             for j in range(p):
                 magnitude = max(magnitude, bits[j][k] & np.uint32(0x7FFFFFFF))
                 signs &= bits[j][k]
-            c = _as_float64((np.int64(magnitude >> np.uint32(23)) << 52) + np.int64(_GRID_ROUNDING_BITS))
+            c = _as_float64(
+                (np.int64(magnitude >> np.uint32(23)) << 52) + np.int64(_GRID_ROUNDING_BITS)
+            )
             exact = (np.float64(values[0][k]) + c) - c
             for j in range(1, p):
                 exact += (np.float64(values[j][k]) + c) - c
             result = np.float32(exact * inverse) if power_of_two else np.float32(exact / divide_by)
-            negative_zero = signs & (magnitude - np.uint32(1)) & np.uint32(0x80000000)  # (magnitude 0: all ones)
+            negative_zero = (
+                signs & (magnitude - np.uint32(1)) & np.uint32(0x80000000)
+            )  # (magnitude 0: all ones)
             result_bits = _float32_bits(result) | negative_zero
             out_bits[k] = np.uint32(_CANONICAL_NAN) if result != result else result_bits
 
@@ -219,4 +255,6 @@ if njit is not None:
             out_bits[k] = np.uint32(_CANONICAL_NAN) if result != result else _float32_bits(result)
 
 else:
-    exponent_codes_f32 = to_words_f32 = from_words_f32 = exact_sum_f32 = fused_sum_f32 = pair_sum_f32 = None
+    exponent_codes_f32 = to_words_f32 = from_words_f32 = exact_sum_f32 = fused_sum_f32 = (
+        pair_sum_f32
+    ) = None

@@ -9,6 +9,7 @@
 ``EXACT_OPS[op]`` is the op a reproducible call runs (mpiallreduce.core.call); the planner names
 the route from the algorithm it chose.
 """
+
 import math
 
 import numpy as np
@@ -23,15 +24,23 @@ def check_reproducible(x, op, comm_size):
     """TypeError/ValueError (no communication) unless ``reproducible=True`` applies to this call."""
     name = np.dtype(x.dtype).name
     if name not in FORMATS:
-        raise TypeError(f"reproducible=True sums float16, bfloat16, float32 and float64; got dtype {name}")
+        raise TypeError(
+            f"reproducible=True sums float16, bfloat16, float32 and float64; got dtype {name}"
+        )
     if op not in ("sum", "mean"):
-        raise ValueError(f"reproducible=True applies to op 'sum' and 'mean' (min, max and prod of floats are "
-                         f"reproducible already), got {op!r}")
+        raise ValueError(
+            f"reproducible=True applies to op 'sum' and 'mean' (min, max and prod of floats are "
+            f"reproducible already), got {op!r}"
+        )
     if comm_size > MAX_RANKS:
-        raise ValueError(f"reproducible=True supports up to {MAX_RANKS} ranks, this communicator has {comm_size}")
+        raise ValueError(
+            f"reproducible=True supports up to {MAX_RANKS} ranks, this communicator has {comm_size}"
+        )
 
 
-_FORMAT_OF = {np.dtype(name): FORMATS[name] for name in ("float16", "float32", "float64")}  # (bfloat16: by name)
+_FORMAT_OF = {
+    np.dtype(name): FORMATS[name] for name in ("float16", "float32", "float64")
+}  # (bfloat16: by name)
 
 
 def exact_sum_into(contributions, out, divide_by=1):
@@ -48,27 +57,40 @@ def exact_sum_into(contributions, out, divide_by=1):
     block."""
     fmt = _FORMAT_OF.get(out.dtype) or FORMATS[out.dtype.name]
     kernels = compiled_kernels(fmt)
-    if (kernels is not None and len(contributions) <= kernels.EXACT_MOST_CONTRIBUTIONS and out.flags.c_contiguous
-            and all(c.flags.c_contiguous for c in contributions)):
+    if (
+        kernels is not None
+        and len(contributions) <= kernels.EXACT_MOST_CONTRIBUTIONS
+        and out.flags.c_contiguous
+        and all(c.flags.c_contiguous for c in contributions)
+    ):
         if len(contributions) == 2 and divide_by == 1:
             kernels.pair_sum_f32(contributions[0], contributions[1], out.view(np.uint32))
             return out
-        if not all(c.flags.writeable for c in contributions):  # (numba indexes a tuple of one array type only)
+        if not all(
+            c.flags.writeable for c in contributions
+        ):  # (numba indexes a tuple of one array type only)
             contributions = [_read_only(c) for c in contributions]
         values = tuple(contributions)
         bits = tuple(c.view(np.uint32) for c in contributions)
         if len(values) <= kernels.FUSED_MOST_CONTRIBUTIONS:
-            power_of_two = math.frexp(divide_by)[0] == 0.5  # (then dividing is multiplying by the inverse, exact)
+            power_of_two = (
+                math.frexp(divide_by)[0] == 0.5
+            )  # (then dividing is multiplying by the inverse, exact)
             kernels.fused_sum_f32(values, bits, float(divide_by), power_of_two, out.view(np.uint32))
             return out
         from ..core.buffers import scratch
+
         count, start = out.size, 0
         largest = scratch("reproducible.exact_largest", kernels.EXACT_BLOCK, np.uint32)
-        while start < count:  # compiled up to a block holding an inf or NaN largest, which the numpy passes take
+        while (
+            start < count
+        ):  # compiled up to a block holding an inf or NaN largest, which the numpy passes take
             start = kernels.exact_sum_f32(values, bits, float(divide_by), out, start, largest)
             stop = min(start + kernels.EXACT_BLOCK, count)
             if start < stop:
-                _exact_sum_block([c[start:stop] for c in contributions], out[start:stop], fmt, divide_by)
+                _exact_sum_block(
+                    [c[start:stop] for c in contributions], out[start:stop], fmt, divide_by
+                )
             start = stop
         return out
     for start in range(0, out.size, BLOCK):
@@ -99,15 +121,25 @@ def sum_by_words(send, recv, mean, allreduce_in_place):
     ``allreduce_in_place(array, op_name)``: the allreduce of the two integer steps (the call's
     algorithm, communicator and watch; mpiallreduce.api.execute); it has a ``size``."""
     from ..core.buffers import scratch
+
     values = recv if send is None else send
     fmt = FORMATS[np.dtype(values.dtype).name]
     # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced in place
     codes = exponent_codes(values, fmt, out=scratch("reproducible.codes", values.size, fmt.code))
     allreduce_in_place(codes, "max")
-    words = to_words(values, codes, fmt, out=scratch("reproducible.words", values.size * fmt.words, np.int64))
+    words = to_words(
+        values, codes, fmt, out=scratch("reproducible.words", values.size * fmt.words, np.int64)
+    )
     allreduce_in_place(words, "sum")  # (values, for in place, is read by now)
     with np.errstate(over="ignore", invalid="ignore"):
-        from_words(words, codes, fmt, divide_by=allreduce_in_place.size if mean else 1, dtype=values.dtype, out=recv)
+        from_words(
+            words,
+            codes,
+            fmt,
+            divide_by=allreduce_in_place.size if mean else 1,
+            dtype=values.dtype,
+            out=recv,
+        )
 
 
 class ExactSumOp(ReduceOp):
@@ -127,10 +159,14 @@ class ExactSumOp(ReduceOp):
 
     def check_dtype(self, dtype):
         if dtype.name not in FORMATS:
-            check_reproducible(np.empty(0, dtype), "mean" if self.mean else "sum", 1)  # (raises, saying why)
+            check_reproducible(
+                np.empty(0, dtype), "mean" if self.mean else "sum", 1
+            )  # (raises, saying why)
 
     def reduce_local(self, a, b, out):
-        raise TypeError(f"{self.name} sums every contribution at once (reduce_all_into), never two at a time")
+        raise TypeError(
+            f"{self.name} sums every contribution at once (reduce_all_into), never two at a time"
+        )
 
     def mpi_op(self, dtype):
         raise TypeError(f"{self.name} is no MPI op: its steps reduce with MPI.MAX and MPI.SUM")

@@ -19,23 +19,89 @@ The module is in three parts beside it: fake_cupy_memory.py (allocations in /dev
 fake_cupy_streams.py (streams, events, devices) and fake_cupy_arrays.py (ndarray, the functions and
 kernels); here they are put together under CuPy's names, with ``cuda`` and ``cuda.runtime``.
 """
+
 import types
 
 from numpy import bool_, float16, float32, float64, int16, int32, int64, uint8, uint16, uint32  # noqa: F401
 
-from .fake_cupy_arrays import (ElementwiseKernel, MemoryPointer, UnownedMemory, _Flags, add,  # noqa: F401
-                               array, asarray, ascontiguousarray, asnumpy, bitwise_and, bitwise_or, copyto,
-                               divide, empty, empty_like, isnan, left_shift, maximum, may_share_memory, minimum, multiply,
-                               ndarray, right_shift, true_divide, where, zeros)
-from .fake_cupy_memory import (_Memory, _allocation_range, _ipc_close_mem_handle, _ipc_get_mem_handle,  # noqa: F401
-                               _ipc_open_mem_handle, _opened, counts, open_ipc_mappings)
-from .fake_cupy_streams import Event, Stream, _Device, _device_count, _null_stream, get_current_stream  # noqa: F401
+from .fake_cupy_arrays import (
+    ElementwiseKernel,
+    MemoryPointer,
+    UnownedMemory,
+    _Flags,
+    add,  # noqa: F401
+    array,
+    asarray,
+    ascontiguousarray,
+    asnumpy,
+    bitwise_and,
+    bitwise_or,
+    copyto,
+    divide,
+    empty,
+    empty_like,
+    isnan,
+    left_shift,
+    maximum,
+    may_share_memory,
+    minimum,
+    multiply,
+    ndarray,
+    right_shift,
+    true_divide,
+    where,
+    zeros,
+)
+from .fake_cupy_memory import (
+    _allocation_range,
+    _ipc_close_mem_handle,
+    _ipc_get_mem_handle,  # noqa: F401
+    _ipc_open_mem_handle,
+    _Memory,
+    _opened,
+    counts,
+    open_ipc_mappings,
+)
+from .fake_cupy_streams import (
+    Event,
+    Stream,
+    _Device,
+    _device_count,
+    _null_stream,
+    get_current_stream,
+)  # noqa: F401
 
-__all__ = ["ndarray", "ElementwiseKernel", "empty", "empty_like", "zeros", "asarray", "asnumpy", "copyto", "ascontiguousarray",
-           "may_share_memory", "add", "multiply", "minimum", "maximum", "divide", "cuda"]
+__all__ = [
+    "ndarray",
+    "ElementwiseKernel",
+    "empty",
+    "empty_like",
+    "zeros",
+    "asarray",
+    "asnumpy",
+    "copyto",
+    "ascontiguousarray",
+    "may_share_memory",
+    "add",
+    "multiply",
+    "minimum",
+    "maximum",
+    "divide",
+    "cuda",
+]
 
 # the classes keep the module path they are known by (as in ``type(x).__module__`` in messages)
-for _class in (ndarray, ElementwiseKernel, MemoryPointer, UnownedMemory, _Flags, _Memory, Stream, Event, _Device):
+for _class in (
+    ndarray,
+    ElementwiseKernel,
+    MemoryPointer,
+    UnownedMemory,
+    _Flags,
+    _Memory,
+    Stream,
+    Event,
+    _Device,
+):
     _class.__module__ = __name__
 del _class
 
@@ -72,4 +138,5 @@ def refuse_ipc(refused=True):
     """Make opening a peer's memory fail (True) or work again (False), as in a sandbox that refuses
     CUDA IPC (MPIALLREDUCE_FAKE_CUPY_IPC=refuse does it from the start)."""
     from . import fake_cupy_memory
+
     fake_cupy_memory.refuse_ipc = bool(refused)

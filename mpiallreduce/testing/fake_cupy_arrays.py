@@ -1,5 +1,6 @@
 """fake_cupy's arrays and kernels: ``ndarray`` (``__cuda_array_interface__`` over fake device memory),
 the functions that make and copy arrays, and the asynchronous kernels (elementwise, ElementwiseKernel)."""
+
 import ctypes
 import re
 
@@ -52,7 +53,9 @@ class ndarray:
             self._owner = memory
             raw = memory.host[:nbytes]
         else:
-            raw = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(memptr.ptr))[:nbytes]
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(memptr.ptr))[
+                :nbytes
+            ]
             self._owner = memptr.mem
         self._host = raw.view(dtype).reshape(shape)
 
@@ -71,7 +74,9 @@ class ndarray:
     strides = property(lambda self: self._host.strides)
     itemsize = property(lambda self: self._host.itemsize)
     flags = property(lambda self: _Flags(self._host))
-    data = property(lambda self: MemoryPointer(UnownedMemory(self._host.ctypes.data, self.nbytes, self, 0), 0))
+    data = property(
+        lambda self: MemoryPointer(UnownedMemory(self._host.ctypes.data, self.nbytes, self, 0), 0)
+    )
     device = property(lambda self: _Device(0))  # (cuda.Device)
 
     @property
@@ -131,14 +136,18 @@ class ndarray:
     def set(self, arr, stream=None):
         """Host to device, asynchronous on ``stream``: ``arr`` is read when the copy runs."""
         target = self._host
-        (stream or get_current_stream()).launch(lambda: np.copyto(target, arr.reshape(target.shape)))
+        (stream or get_current_stream()).launch(
+            lambda: np.copyto(target, arr.reshape(target.shape))
+        )
 
     def __repr__(self):
         return f"fake_cupy.ndarray(shape={self.shape}, dtype={self.dtype})"
 
     def __array__(self, *args, **kwargs):
-        raise TypeError("Implicit conversion to a NumPy array is not allowed. "
-                        "Please use `.get()` to construct a NumPy array explicitly.")
+        raise TypeError(
+            "Implicit conversion to a NumPy array is not allowed. "
+            "Please use `.get()` to construct a NumPy array explicitly."
+        )
 
 
 def empty(shape, dtype=float, order="C"):
@@ -209,8 +218,10 @@ def _elementwise(ufunc):
         a_host = a._host if isinstance(a, ndarray) else a
         b_host = b._host if isinstance(b, ndarray) else b
         if out is None:
-            out = empty(np.broadcast_shapes(np.shape(a_host), np.shape(b_host)),
-                        np.result_type(a_host, b_host))
+            out = empty(
+                np.broadcast_shapes(np.shape(a_host), np.shape(b_host)),
+                np.result_type(a_host, b_host),
+            )
         target = out._host
         _launch(lambda: ufunc(a_host, b_host, out=target))
         return out
@@ -232,7 +243,9 @@ class ElementwiseKernel:
         self.outputs = [param.split()[-1] for param in out_params.split(",")]
         target, _, expression = operation.strip().rstrip(";").partition("=")
         if len(self.outputs) != 1 or target.strip() != self.outputs[0]:
-            raise NotImplementedError(f"the stand-in runs one assignment to the one output, not {operation!r}")
+            raise NotImplementedError(
+                f"the stand-in runs one assignment to the one output, not {operation!r}"
+            )
         self.code = compile(expression.strip(), name, "eval")
         self.name = name
         self._functions = preamble_functions(preamble)
@@ -246,7 +259,9 @@ class ElementwiseKernel:
 
         def run():
             with np.errstate(all="ignore"):
-                np.copyto(target, eval(self.code, dict(self._functions), variables), casting="unsafe")
+                np.copyto(
+                    target, eval(self.code, dict(self._functions), variables), casting="unsafe"
+                )
 
         counts["elementwise_launches"] += 1
         _launch(run)
@@ -255,8 +270,10 @@ class ElementwiseKernel:
 
 #: a preamble function the stand-in can run: ``template <typename T> __device__ T f(T a, T b)
 #: { return (CONDITION) ? a : b; }``, CONDITION comparisons joined by ``||`` or ``&&``
-_DEVICE_FUNCTION = re.compile(r"template\s*<typename T>\s*__device__\s+T\s+(\w+)\s*\(\s*T\s+(\w+)\s*,\s*T\s+(\w+)\s*\)"
-                              r"\s*\{\s*return\s*\((.*?)\)\s*\?\s*(\w+)\s*:\s*(\w+)\s*;\s*\}")
+_DEVICE_FUNCTION = re.compile(
+    r"template\s*<typename T>\s*__device__\s+T\s+(\w+)\s*\(\s*T\s+(\w+)\s*,\s*T\s+(\w+)\s*\)"
+    r"\s*\{\s*return\s*\((.*?)\)\s*\?\s*(\w+)\s*:\s*(\w+)\s*;\s*\}"
+)
 
 
 _COMPARISON = re.compile(r"\w+\s*(==|!=|<=|>=|<|>)\s*\w+")
@@ -272,11 +289,17 @@ def preamble_functions(preamble):
         joiner = "||" if "||" in condition else "&&"
         parts = [part.strip() for part in condition.split(joiner)]
         odd = [part for part in parts if not _COMPARISON.fullmatch(part)]
-        if odd:  # (anything else could mean one thing in C and another in Python: refused, not guessed)
-            raise NotImplementedError(f"the stand-in runs comparisons of two names joined by || or &&, not {odd}")
+        if (
+            odd
+        ):  # (anything else could mean one thing in C and another in Python: refused, not guessed)
+            raise NotImplementedError(
+                f"the stand-in runs comparisons of two names joined by || or &&, not {odd}"
+            )
         python = {"||": " | ", "&&": " & "}[joiner].join(f"({part})" for part in parts)
         code = compile(f"where({python}, {chosen}, {other})", name, "eval")
-        functions[name] = (lambda code, a, b: lambda x, y: eval(code, {"where": np.where}, {a: x, b: y}))(code, a, b)
+        functions[name] = (
+            lambda code, a, b: lambda x, y: eval(code, {"where": np.where}, {a: x, b: y})
+        )(code, a, b)
     leftover = _DEVICE_FUNCTION.sub("", preamble).strip()
     if leftover:
         raise NotImplementedError(f"the stand-in cannot run this preamble: {leftover!r}")

@@ -1,6 +1,7 @@
 """fake_cupy's device memory: allocations that are files in /dev/shm, mapped into this process and,
 through the IPC calls (``cuda.runtime.ipcGetMemHandle`` / ``ipcOpenMemHandle`` / ``ipcCloseMemHandle``),
 into the other processes of the node, as CUDA IPC does for device memory."""
+
 import atexit
 import itertools
 import mmap
@@ -77,8 +78,10 @@ refuse_ipc = os.environ.get("MPIALLREDUCE_FAKE_CUPY_IPC") == "refuse"
 
 def _ipc_open_mem_handle(handle, flags=1):
     if refuse_ipc:
-        raise RuntimeError("cudaErrorMapBufferObjectFailed: mapping of buffer object failed "
-                           "(the CuPy stand-in refuses CUDA IPC: MPIALLREDUCE_FAKE_CUPY_IPC=refuse)")
+        raise RuntimeError(
+            "cudaErrorMapBufferObjectFailed: mapping of buffer object failed "
+            "(the CuPy stand-in refuses CUDA IPC: MPIALLREDUCE_FAKE_CUPY_IPC=refuse)"
+        )
     name = bytes(handle).rstrip(b"\0").decode()
     fd = os.open(os.path.join(_SHM_DIR or "/tmp", name), os.O_RDWR)
     try:
@@ -101,4 +104,3 @@ def _ipc_close_mem_handle(ptr):
 def open_ipc_mappings():
     """How many peers' allocations are mapped into this process now."""
     return len(_opened)
-

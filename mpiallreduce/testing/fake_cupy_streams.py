@@ -1,7 +1,9 @@
 """fake_cupy's streams, events and devices: kernels wait in the current stream's queue and run only
 when it is synchronized (or an event recorded after them is waited for); the current device."""
+
 import os
 import threading
+
 
 class Stream:
     """``cupy.cuda.Stream``: kernels launched while it is current wait in it until synchronized."""

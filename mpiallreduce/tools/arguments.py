@@ -6,6 +6,7 @@ communicating (no traceback per rank, no collective that a rank might not reach)
 checked before anything runs: a size that is not a size, an algorithm that does not exist, an op
 the dtype cannot take.
 """
+
 import argparse
 import difflib
 import os
@@ -41,16 +42,22 @@ def parse_size(text):
     wrong otherwise."""
     cleaned = text.strip().upper()
     for suffix in ("IB", "B"):
-        if cleaned.endswith(suffix) and cleaned[:-len(suffix)][-1:] in "KMG0123456789" and len(cleaned) > len(suffix):
-            cleaned = cleaned[:-len(suffix)]
+        if (
+            cleaned.endswith(suffix)
+            and cleaned[: -len(suffix)][-1:] in "KMG0123456789"
+            and len(cleaned) > len(suffix)
+        ):
+            cleaned = cleaned[: -len(suffix)]
             break
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(cleaned[-1:], 1)
     number = cleaned[:-1] if scale != 1 else cleaned
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f"{text.strip()!r} is not a size: give bytes as a number with an optional K, M or G "
-                         "(64, 4K, 16M)") from None
+        raise ValueError(
+            f"{text.strip()!r} is not a size: give bytes as a number with an optional K, M or G "
+            "(64, 4K, 16M)"
+        ) from None
     if value < 0 or value * scale != int(value * scale):
         raise ValueError(f"{text.strip()!r} is not a whole, non-negative number of bytes")
     return int(value * scale)

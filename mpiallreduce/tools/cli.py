@@ -1,4 +1,5 @@
 """The ``mpiallreduce`` command: ``info``, ``bench``, ``plot``, ``tune``, ``report``, ``model``, ``trace`` and ``launch``."""
+
 import os
 import signal
 import sys
@@ -27,12 +28,17 @@ commands:
 
 def _info(argv):
     parser = ArgumentParser(prog="mpiallreduce info")
-    parser.add_argument("--device", choices=["gpu", "fake-gpu"], default="gpu",
-                        help="the GPU part: real CuPy (default), or the stand-in (tests, the device check's dry run)")
+    parser.add_argument(
+        "--device",
+        choices=["gpu", "fake-gpu"],
+        default="gpu",
+        help="the GPU part: real CuPy (default), or the stand-in (tests, the device check's dry run)",
+    )
     args = parser.parse_args(argv)
     from mpi4py import MPI
 
     from .info import collect, format_report
+
     info = collect(MPI.COMM_WORLD, device=args.device)
     if info is not None:
         print(format_report(info), flush=True)
@@ -41,6 +47,7 @@ def _info(argv):
 
 def _bench(argv):
     from .bench import main
+
     return main(argv)
 
 
@@ -48,25 +55,49 @@ def _launch(argv):
     parser = ArgumentParser(
         prog="mpiallreduce launch",
         description="Start a command on N ranks: srun --mpi=pmix inside a Slurm allocation, else mpiexec "
-                    "with this machine's flags (MPIALLREDUCE_LAUNCHER=srun|mpiexec to choose).")
-    parser.add_argument("-n", "--ranks", type=int, default=None,
-                        help="rank count (default inside Slurm: the allocation's task count)")
-    parser.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
-    parser.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
-                        help="after SIGTERM, SIGINT (Ctrl-C) or SIGHUP, which reach every rank as SIGTERM, how long "
-                             "the ranks get to checkpoint and end before they are killed (default 30); the launcher "
-                             "exits with their status (99 after a checkpoint: jobs/train.sbatch requeues on it)")
-    parser.add_argument("--fault-tolerant", action="store_true",
-                        help="ULFM (mpiexec --with-ft ulfm): ranks survive the death of others")
-    parser.add_argument("--nodes", type=int, default=None, metavar="N",
-                        help="spread the ranks over N nodes. Inside a Slurm allocation: N of its nodes (srun -N). "
-                             "Elsewhere: N emulated nodes of this machine (node0, node1, ...; ranks by block), each "
-                             "node's daemon in a UTS namespace of its own, so Open MPI sees N nodes, shared memory "
-                             "within them and TCP between them. Needs root. Not a cluster: one machine's cores and "
-                             "memory bandwidth, the kernel's loopback for a network")
-    parser.add_argument("--mpi-notices", action="store_true",
-                        help="show every notice of Open MPI's, also the abort notices that follow a rank's own "
-                             "explanation (an uncaught exception, sys.exit(n)) and the setpgid warnings of --nodes")
+        "with this machine's flags (MPIALLREDUCE_LAUNCHER=srun|mpiexec to choose).",
+    )
+    parser.add_argument(
+        "-n",
+        "--ranks",
+        type=int,
+        default=None,
+        help="rank count (default inside Slurm: the allocation's task count)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="kill everything after this many seconds"
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="after SIGTERM, SIGINT (Ctrl-C) or SIGHUP, which reach every rank as SIGTERM, how long "
+        "the ranks get to checkpoint and end before they are killed (default 30); the launcher "
+        "exits with their status (99 after a checkpoint: jobs/train.sbatch requeues on it)",
+    )
+    parser.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="ULFM (mpiexec --with-ft ulfm): ranks survive the death of others",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="spread the ranks over N nodes. Inside a Slurm allocation: N of its nodes (srun -N). "
+        "Elsewhere: N emulated nodes of this machine (node0, node1, ...; ranks by block), each "
+        "node's daemon in a UTS namespace of its own, so Open MPI sees N nodes, shared memory "
+        "within them and TCP between them. Needs root. Not a cluster: one machine's cores and "
+        "memory bandwidth, the kernel's loopback for a network",
+    )
+    parser.add_argument(
+        "--mpi-notices",
+        action="store_true",
+        help="show every notice of Open MPI's, also the abort notices that follow a rank's own "
+        "explanation (an uncaught exception, sys.exit(n)) and the setpgid warnings of --nodes",
+    )
     parser.add_argument("command", nargs="...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -83,6 +114,7 @@ def _launch(argv):
     from ..faults.aborting import ABORT_ENV
     from .fault_tolerant import fault_tolerant_flags
     from .launch import launch_command, launch_environment, run
+
     # One rank's uncaught exception (with its traceback) or sys.exit(n), n nonzero, ends the job with
     # status 1 or n (in programs that import mpiallreduce; faults/aborting.py), rather than leaving
     # the others waiting for it, unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
@@ -95,42 +127,66 @@ def _launch(argv):
     # mpiexec: stay its parent, so that TERM, INT and HUP reach the ranks as SIGTERM, with --grace
     # seconds to checkpoint (mpiallreduce.tools.ranks), and the ranks' exit status is the launcher's
     nranks = args.ranks if args.ranks is not None else int(argv[argv.index("-n") + 1])
-    result = run(nranks, command, timeout=args.timeout, capture=False, env=env, forward_signals=True,
-                 extra_flags=fault_tolerant_flags() if args.fault_tolerant else (), nodes=args.nodes, grace=args.grace,
-                 mpi_notices=args.mpi_notices)
+    result = run(
+        nranks,
+        command,
+        timeout=args.timeout,
+        capture=False,
+        env=env,
+        forward_signals=True,
+        extra_flags=fault_tolerant_flags() if args.fault_tolerant else (),
+        nodes=args.nodes,
+        grace=args.grace,
+        mpi_notices=args.mpi_notices,
+    )
     if result.timed_out:
         print(f"mpiallreduce launch: {result.killed}", file=sys.stderr)
         return 124 if "timeout" in result.killed else 128 + signal.SIGTERM
-    return 128 - result.returncode if result.returncode < 0 else result.returncode  # (a signal: as a shell says it)
+    return (
+        128 - result.returncode if result.returncode < 0 else result.returncode
+    )  # (a signal: as a shell says it)
 
 
 def _plot(argv):
     from .plot import main
+
     return main(argv)
 
 
 def _tune(argv):
     from .tune import main
+
     return main(argv)
 
 
 def _report(argv):
     from .report import main
+
     return main(argv)
 
 
 def _model(argv):
     from .model import main
+
     return main(argv)
 
 
 def _trace(argv):
     from .trace import main
+
     return main(argv)
 
 
-COMMANDS = {"info": _info, "bench": _bench, "plot": _plot, "tune": _tune, "report": _report, "model": _model,
-            "launch": _launch, "trace": _trace}
+COMMANDS = {
+    "info": _info,
+    "bench": _bench,
+    "plot": _plot,
+    "tune": _tune,
+    "report": _report,
+    "model": _model,
+    "launch": _launch,
+    "trace": _trace,
+}
 
 
 def main(argv=None):

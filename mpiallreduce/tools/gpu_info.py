@@ -7,6 +7,7 @@ device arrays here (so a device check's info step says why a path is or is not t
     all ranks    the CUDA IPC probe, on one node, 2+ ranks   (CommState.learn_cuda_ipc: collective)
     rank 0       the report; every rank's lines gathered
 """
+
 import platform
 
 from mpi4py import MPI
@@ -24,6 +25,7 @@ def usable_cupy(device="gpu"):
     "fake-gpu" gives mpiallreduce.testing.fake_cupy (tests, the device check's dry run)."""
     if device == "fake-gpu":
         from ..testing import fake_cupy
+
         return fake_cupy, "the CuPy stand-in (mpiallreduce.testing.fake_cupy)"
     try:
         import cupy
@@ -32,11 +34,14 @@ def usable_cupy(device="gpu"):
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as error:  # noqa: BLE001 - no driver, a driver too old, no device
-        return None, (f"CuPy {cupy.__version__} imports but sees no GPU: {type(error).__name__}: {error} "
-                      "(no NVIDIA driver, one older than CuPy's CUDA, or no device visible)")
+        return None, (
+            f"CuPy {cupy.__version__} imports but sees no GPU: {type(error).__name__}: {error} "
+            "(no NVIDIA driver, one older than CuPy's CUDA, or no device visible)"
+        )
     if count == 0:
         return None, f"CuPy {cupy.__version__} imports but sees no GPU (0 devices visible)"
     from ..device.arrays import select_gpu
+
     index = select_gpu(xp=cupy)
     return cupy, f"CuPy {cupy.__version__}, GPU {index} of {count}"
 
@@ -59,7 +64,10 @@ def gpu_facts(comm=MPI.COMM_WORLD, device="gpu"):
         try:
             mine.update(_device_line(xp))
         except Exception as error:  # noqa: BLE001 - a device that cannot be queried is not usable
-            xp, mine["cupy"] = None, f"{why}, but its properties cannot be read: {type(error).__name__}: {error}"
+            xp, mine["cupy"] = (
+                None,
+                f"{why}, but its properties cannot be read: {type(error).__name__}: {error}",
+            )
     usable = comm.allreduce(0 if xp is None else 1, op=MPI.MIN)
     plans = {}
     if not usable:
@@ -68,14 +76,22 @@ def gpu_facts(comm=MPI.COMM_WORLD, device="gpu"):
         ipc = "not probed: one rank (mpiallreduce launch -n 2 -- python -m mpiallreduce info probes it)"
     else:
         from ..core.state import state_of
+
         state = state_of(comm).make_ready()
-        ipc = ("not probed: the ranks span nodes (CUDA IPC is between the processes of one node)"
-               if state.spans_nodes else state.learn_cuda_ipc(xp))
+        ipc = (
+            "not probed: the ranks span nodes (CUDA IPC is between the processes of one node)"
+            if state.spans_nodes
+            else state.learn_cuda_ipc(xp)
+        )
     if usable:
         import numpy as np
 
         from ..api import describe_call
-        plans = {n: describe_call(xp.empty(n // 4, dtype=np.float32), comm=comm) for n in DEVICE_PLAN_SIZES}
+
+        plans = {
+            n: describe_call(xp.empty(n // 4, dtype=np.float32), comm=comm)
+            for n in DEVICE_PLAN_SIZES
+        }
     everyone = comm.gather(mine, root=0)
     if comm.Get_rank() != 0:
         return None
@@ -84,9 +100,14 @@ def gpu_facts(comm=MPI.COMM_WORLD, device="gpu"):
 
 def format_gpu(facts):
     """The lines ``info`` prints for ``gpu_facts``'s result."""
-    lines = [f"kernel release    {facts['per_rank'][0]['kernel']}", f"CUDA IPC          {facts['cuda_ipc']}"]
+    lines = [
+        f"kernel release    {facts['per_rank'][0]['kernel']}",
+        f"CUDA IPC          {facts['cuda_ipc']}",
+    ]
     for r in facts["per_rank"]:
-        gpu = f"; GPU {r['gpu']} {r['name']}, compute mode {r['compute_mode']}" if "gpu" in r else ""
+        gpu = (
+            f"; GPU {r['gpu']} {r['name']}, compute mode {r['compute_mode']}" if "gpu" in r else ""
+        )
         lines.append(f"  rank {r['rank']:<3} {r['cupy']}{gpu}")
     if facts["device_plans"]:
         lines.append("what auto runs on device arrays here (float32 sum):")

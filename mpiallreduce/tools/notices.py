@@ -21,6 +21,7 @@ A notice is the block between two lines of 74 dashes (Open MPI's show_help), on 
 MPI and PRRTE write all of these; stdout is not filtered. ``mpiallreduce launch --mpi-notices``
 shows everything.
 """
+
 import os
 import re
 import select
@@ -33,14 +34,19 @@ RULE = "-" * 74
 #: a notice longer than this is not one of Open MPI's: pass it on as it came
 MAX_NOTICE_LINES = 40
 HARMLESS_LINES = (
-    re.compile(r"^\[[^\]]*\] plm:ssh: Warning: setpgid\(\d+,\d+\) failed in parent with errno=Permission denied\(13\)$"),
+    re.compile(
+        r"^\[[^\]]*\] plm:ssh: Warning: setpgid\(\d+,\d+\) failed in parent with errno=Permission denied\(13\)$"
+    ),
 )
 #: what rank R prints before it aborts the job (faults/aborting.py): the job's end is explained
 RANKS_SAID_WHY = re.compile(r"mpiallreduce: .*?\brank (\d+)\b.*aborting the MPI job")
 #: the notices about a job's end that a rank's line explains: (a phrase that marks one, the
 #: pattern of the rank it names: its rank in MPI_COMM_WORLD)
 EXPLAINED_NOTICES = (
-    ("MPI_ABORT was invoked on rank", re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator MPI_COMM_WORLD\b")),
+    (
+        "MPI_ABORT was invoked on rank",
+        re.compile(r"MPI_ABORT was invoked on rank (\d+) in communicator MPI_COMM_WORLD\b"),
+    ),
     ("has exited due to process rank", re.compile(r"has exited due to process rank (\d+)\b")),
     ("exited with non-zero status", re.compile(r"Process name: \[[^\]]*,(\d+)\]")),
 )
@@ -101,7 +107,9 @@ class NoticeFilter:
     def due(self, now=None):
         """The held notices that waited HOLD_SECONDS for their rank's line in vain: their lines."""
         now = time.monotonic() if now is None else now
-        lines = [line for since, _, block in self.held if now - since >= HOLD_SECONDS for line in block]
+        lines = [
+            line for since, _, block in self.held if now - since >= HOLD_SECONDS for line in block
+        ]
         self.held = [notice for notice in self.held if now - notice[0] < HOLD_SECONDS]
         return lines
 
@@ -142,7 +150,9 @@ def pump(source, destination, notices=None, on_broken=None):
         fd, pending, midline, broken = source.fileno(), b"", False, [False]
 
         def write(pieces):
-            data = b"".join(p if isinstance(p, bytes) else p.encode("utf-8", "surrogateescape") for p in pieces)
+            data = b"".join(
+                p if isinstance(p, bytes) else p.encode("utf-8", "surrogateescape") for p in pieces
+            )
             if not data or broken[0]:
                 return
             try:
@@ -157,7 +167,9 @@ def pump(source, destination, notices=None, on_broken=None):
             if notices is not None and (notices.block is not None or pending or notices.held):
                 reading = notices.block is not None or pending
                 quiet = QUIET_SECONDS if reading else notices.seconds_to_due()
-                if not select.select([fd], [], [], quiet)[0]:  # (quiet: not a notice in the writing)
+                if not select.select([fd], [], [], quiet)[
+                    0
+                ]:  # (quiet: not a notice in the writing)
                     write(notices.due() + notices.flush(end=False) + [pending])
                     pending, midline = b"", midline or bool(pending)
                     continue

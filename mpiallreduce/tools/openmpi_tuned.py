@@ -7,17 +7,26 @@ are control variables of the MPI tool interface (MPI_T), so a running program ca
 takes the forced choice; the variables are put back at once. So one benchmark run can time Open
 MPI's default, each of its algorithms and ours side by side.
 """
+
 import ctypes
 
 from ..core.mpilib import loaded_libmpi
 
-__all__ = ["TUNED_ALLREDUCE_ALGORITHMS", "forced_allreduce_communicator", "han_off_communicator",
-           "default_allreduce_component"]
+__all__ = [
+    "TUNED_ALLREDUCE_ALGORITHMS",
+    "forced_allreduce_communicator",
+    "han_off_communicator",
+    "default_allreduce_component",
+]
 
 #: coll_tuned_allreduce_algorithm values (ompi_info --param coll tuned --level 9)
 TUNED_ALLREDUCE_ALGORITHMS = {
-    1: "basic_linear", 2: "nonoverlapping", 3: "recursive_doubling",
-    4: "ring", 5: "segmented_ring", 6: "rabenseifner",
+    1: "basic_linear",
+    2: "nonoverlapping",
+    3: "recursive_doubling",
+    4: "ring",
+    5: "segmented_ring",
+    6: "rabenseifner",
 }
 MPI_T_THREAD_MULTIPLE = 3
 
@@ -34,8 +43,11 @@ def _tool_interface():
         except OSError:
             lib = None
         provided = ctypes.c_int()
-        if lib is None or not hasattr(lib, "MPI_T_cvar_get_index") or \
-                lib.MPI_T_init_thread(MPI_T_THREAD_MULTIPLE, ctypes.byref(provided)) != 0:
+        if (
+            lib is None
+            or not hasattr(lib, "MPI_T_cvar_get_index")
+            or lib.MPI_T_init_thread(MPI_T_THREAD_MULTIPLE, ctypes.byref(provided)) != 0
+        ):
             _lib = False
         else:
             _lib = lib
@@ -68,9 +80,15 @@ def forced_allreduce_communicator(comm, algorithm):
     allreduce before tuned, priority 30). Collective. Returns None on every rank if any rank cannot
     force it (not Open MPI, no MPI_T). The caller frees the communicator.
     """
-    return _dup_with(comm, {"coll_tuned_use_dynamic_rules": 1, "coll_tuned_allreduce_algorithm": algorithm,
-                            "coll_han_priority": 0}, needed=("coll_tuned_use_dynamic_rules",
-                                                             "coll_tuned_allreduce_algorithm"))
+    return _dup_with(
+        comm,
+        {
+            "coll_tuned_use_dynamic_rules": 1,
+            "coll_tuned_allreduce_algorithm": algorithm,
+            "coll_han_priority": 0,
+        },
+        needed=("coll_tuned_use_dynamic_rules", "coll_tuned_allreduce_algorithm"),
+    )
 
 
 def han_off_communicator(comm):

@@ -11,6 +11,7 @@ cannot flip a size. ``tune`` writes them into the table's ``persistent_by_ranks`
 ranks that span nodes ``persistent_by_nodes``), which the planner reads
 (mpiallreduce.core.tuning.choose_persistent).
 """
+
 import statistics
 
 from ..core.tuning import PERSISTENT, rules_from_measurements
@@ -25,15 +26,33 @@ def persistent_rules(comm, sizes, modes=(False, True), repetitions=5, runs=3):
     collective: every rank passes the same arguments and gets the same result."""
     times = {}
     for _ in range(max(1, runs)):
-        for m in compare(comm, sizes, [PERSISTENT, OURS_BLOCKING], "float32", "sum", repetitions, modes, forced=()):
+        for m in compare(
+            comm,
+            sizes,
+            [PERSISTENT, OURS_BLOCKING],
+            "float32",
+            "sum",
+            repetitions,
+            modes,
+            forced=(),
+        ):
             if m.algorithm != BASELINE:
                 times.setdefault((m.in_place, m.nbytes, m.algorithm), []).append(m.time_us)
     medians = {key: statistics.median(values) for key, values in times.items()}
     rules, measured = {}, {}
     for in_place in modes:
-        mine = {(nbytes, name): t for (mode, nbytes, name), t in medians.items() if mode == in_place}
+        mine = {
+            (nbytes, name): t for (mode, nbytes, name), t in medians.items() if mode == in_place
+        }
         rules[in_place] = rules_from_measurements(
-            [(nbytes, "mpi" if name == OURS_BLOCKING else name, t) for (nbytes, name), t in mine.items()])
-        measured[in_place] = {nbytes: (mine[nbytes, PERSISTENT], mine[nbytes, OURS_BLOCKING])
-                              for nbytes, name in mine if name == PERSISTENT}
+            [
+                (nbytes, "mpi" if name == OURS_BLOCKING else name, t)
+                for (nbytes, name), t in mine.items()
+            ]
+        )
+        measured[in_place] = {
+            nbytes: (mine[nbytes, PERSISTENT], mine[nbytes, OURS_BLOCKING])
+            for nbytes, name in mine
+            if name == PERSISTENT
+        }
     return rules, measured

@@ -15,6 +15,7 @@ prepared one a persistent request: tune's contender mpi:blocking)
 each time `bench`'s (the slowest rank's, the median of interleaved repetitions: its contenders X
 and X:plain), in each of ``runs`` runs; the price is the median of the runs'.
 """
+
 import statistics
 
 from ..algorithms import HOST_ALGORITHMS
@@ -35,13 +36,24 @@ def plain_call_prices_us(comm, algorithms, modes=(False, True), repetitions=5, r
     names = [name for name in algorithms if name != "mpi" and name in HOST_ALGORITHMS]
     per_run = {}
     for _ in range(max(1, runs)):
-        took = {(m.in_place, m.algorithm): m.time_us
-                for m in compare(comm, [PRICE_BYTES], names + [OURS_BLOCKING] + [name + PLAIN for name in names + ["mpi"]],
-                                 "float32", "sum", repetitions, modes, forced=())}
+        took = {
+            (m.in_place, m.algorithm): m.time_us
+            for m in compare(
+                comm,
+                [PRICE_BYTES],
+                names + [OURS_BLOCKING] + [name + PLAIN for name in names + ["mpi"]],
+                "float32",
+                "sum",
+                repetitions,
+                modes,
+                forced=(),
+            )
+        }
         for in_place in modes:
             own = took[in_place, "mpi" + PLAIN] - took[in_place, OURS_BLOCKING]
             for name in names:
                 per_run.setdefault((in_place, name), []).append(
-                    took[in_place, name + PLAIN] - took[in_place, name] - own)
+                    took[in_place, name + PLAIN] - took[in_place, name] - own
+                )
     prices = {key: max(0.0, statistics.median(values)) for key, values in per_run.items()}
     return prices, {key: (min(values), max(values)) for key, values in per_run.items()}

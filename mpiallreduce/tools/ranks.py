@@ -10,6 +10,7 @@ SIGINT or SIGHUP to the launcher becomes SIGTERM to every rank (a program that c
 SIGTERM, ``python -m mpiallreduce.train``, then exits 99, which the launcher returns and Slurm
 requeues on); after the grace period, or a second such signal, everything is killed.
 """
+
 import os
 import signal
 import subprocess
@@ -63,15 +64,22 @@ def _descendants(pid, table):
 def rank_pids(launcher_pid):
     """The ranks that mpiexec ``launcher_pid`` started: its descendants whose parent is a daemon."""
     table = _processes()
-    return [pid for pid in _descendants(launcher_pid, table)
-            if table[pid][2] not in DAEMONS and table.get(table[pid][0], (0, 0, ""))[2] in DAEMONS]
+    return [
+        pid
+        for pid in _descendants(launcher_pid, table)
+        if table[pid][2] not in DAEMONS and table.get(table[pid][0], (0, 0, ""))[2] in DAEMONS
+    ]
 
 
 def session_members(session_id):
     """Pids whose session is ``session_id`` (elsewhere than Linux: just the leader). A rank may sit
     in a process group of its own, but it stays in the session mpiexec started."""
     table = _processes()
-    return [pid for pid, (_, session, _) in table.items() if session == session_id] if table else [session_id]
+    return (
+        [pid for pid, (_, session, _) in table.items() if session == session_id]
+        if table
+        else [session_id]
+    )
 
 
 def kill_group(process):
@@ -79,7 +87,11 @@ def kill_group(process):
     its session and every descendant (an emulated node's daemon and ranks leave the session)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         table = _processes()
-        targets = set(session_members(process.pid)) | set(_descendants(process.pid, table)) if table else {process.pid}
+        targets = (
+            set(session_members(process.pid)) | set(_descendants(process.pid, table))
+            if table
+            else {process.pid}
+        )
         for pid in targets:
             try:
                 os.kill(pid, sig)
@@ -117,8 +129,12 @@ class GracefulStop:
             return
         self.signal, self.deadline = signal.Signals(signum).name, now + self.grace
         ranks = rank_pids(self.process.pid)
-        print(f"mpiallreduce launch: {self.signal}: SIGTERM to the {len(ranks)} ranks; they are killed in "
-              f"{self.grace:g} s unless they end (a second signal kills them now)", file=sys.stderr, flush=True)
+        print(
+            f"mpiallreduce launch: {self.signal}: SIGTERM to the {len(ranks)} ranks; they are killed in "
+            f"{self.grace:g} s unless they end (a second signal kills them now)",
+            file=sys.stderr,
+            flush=True,
+        )
         for pid in ranks:
             try:
                 os.kill(pid, signal.SIGTERM)

@@ -13,6 +13,7 @@ scaling.png: time against layout for each size, our best (solid) against Open MP
 scheduler's times, not the hardware's; the title names them). report.txt and report.csv hold the
 table, whose notes name the oversubscribed runs.
 """
+
 import csv
 import os
 from types import SimpleNamespace
@@ -25,9 +26,24 @@ __all__ = ["merged_rows", "plot_scaling", "main"]
 
 #: sizes drawn when none are given: at most this many, spread over the sizes every layout measured
 PLOTTED_SIZES = 6
-COLUMNS = ("nodes", "ranks", "nbytes", "openmpi_default", "openmpi_us", "ours_us", "ours_algorithm", "gain",
-           "auto_gain", "openmpi_best_forced", "openmpi_best_forced_us", "gain_over_best_forced",
-           "ours_busbw_gbs", "openmpi_busbw_gbs", "date_utc", "source")
+COLUMNS = (
+    "nodes",
+    "ranks",
+    "nbytes",
+    "openmpi_default",
+    "openmpi_us",
+    "ours_us",
+    "ours_algorithm",
+    "gain",
+    "auto_gain",
+    "openmpi_best_forced",
+    "openmpi_best_forced_us",
+    "gain_over_best_forced",
+    "ours_busbw_gbs",
+    "openmpi_busbw_gbs",
+    "date_utc",
+    "source",
+)
 
 
 def merged_rows(runs, in_place=False):
@@ -38,20 +54,31 @@ def merged_rows(runs, in_place=False):
         meta = results.get("metadata", {})
         measurements = [SimpleNamespace(**m) for m in results["measurements"]]
         if not any(m.algorithm == "openmpi" and m.in_place == in_place for m in measurements):
-            notes.append(f"{path}: no {'in-place' if in_place else 'out-of-place'} Open MPI default rows, left out")
+            notes.append(
+                f"{path}: no {'in-place' if in_place else 'out-of-place'} Open MPI default rows, left out"
+            )
             continue
         crowded = run_oversubscribed(results)
         if crowded:
-            notes.append(f"{path}: {crowded[0]} ranks ran on {crowded[1]} cores (oversubscribed): its times are "
-                         "not the hardware's; compare its results for correctness")
+            notes.append(
+                f"{path}: {crowded[0]} ranks ran on {crowded[1]} cores (oversubscribed): its times are "
+                "not the hardware's; compare its results for correctness"
+            )
         for row in gain_rows(measurements, in_place):
-            row.update(nodes=run_nodes(results), openmpi_default=meta.get("openmpi_default"), oversubscribed=bool(crowded),
-                       date_utc=meta.get("date_utc", ""), source=path)
+            row.update(
+                nodes=run_nodes(results),
+                openmpi_default=meta.get("openmpi_default"),
+                oversubscribed=bool(crowded),
+                date_utc=meta.get("date_utc", ""),
+                source=path,
+            )
             key = (row["nodes"], row["ranks"], row["nbytes"])
             if key in chosen:
                 older, newer = sorted((chosen[key], row), key=lambda r: r["date_utc"])
-                notes.append(f"{key[0]} nodes x {key[1]} ranks at {key[2]} B measured by {older['source']} and "
-                             f"{newer['source']}: the later kept")
+                notes.append(
+                    f"{key[0]} nodes x {key[1]} ranks at {key[2]} B measured by {older['source']} and "
+                    f"{newer['source']}: the later kept"
+                )
                 row = newer
             chosen[key] = row
     return [chosen[k] for k in sorted(chosen)], notes
@@ -63,8 +90,11 @@ def _layout(row):
 
 def _plotted_sizes(rows, sizes=None):
     layouts = {_layout(r) for r in rows}
-    common = sorted(n for n in {r["nbytes"] for r in rows}
-                    if all(any(_layout(r) == l and r["nbytes"] == n for r in rows) for l in layouts))
+    common = sorted(
+        n
+        for n in {r["nbytes"] for r in rows}
+        if all(any(_layout(r) == l and r["nbytes"] == n for r in rows) for l in layouts)
+    )
     if sizes:
         return [n for n in sizes if n in {r["nbytes"] for r in rows}]
     if len(common) <= PLOTTED_SIZES:
@@ -78,11 +108,15 @@ def plot_scaling(rows, path, sizes=None):
     Oversubscribed layouts (more ranks than cores) are left out, and the title says which: their
     times are the scheduler's, not the hardware's."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from .plot import _size_label
-    crowded = sorted({_layout(r) for r in rows if r.get("oversubscribed")}, key=lambda l: (l[1], l[0]))
+
+    crowded = sorted(
+        {_layout(r) for r in rows if r.get("oversubscribed")}, key=lambda l: (l[1], l[0])
+    )
     rows = [r for r in rows if not r.get("oversubscribed")]
     layouts = sorted({_layout(r) for r in rows}, key=lambda l: (l[1], l[0]))
     fig, ax = plt.subplots(figsize=(9, 5.5))
@@ -90,18 +124,38 @@ def plot_scaling(rows, path, sizes=None):
     for i, nbytes in enumerate(_plotted_sizes(rows, sizes)):
         here = {_layout(r): r for r in rows if r["nbytes"] == nbytes}
         xs = [x for x, l in enumerate(layouts) if l in here]
-        ax.plot(xs, [here[layouts[x]]["ours_us"] for x in xs], "-", marker="o", color=colours(i % 10),
-                label=f"{_size_label(nbytes)}: ours (best)")
-        ax.plot(xs, [here[layouts[x]]["openmpi_us"] for x in xs], "--", marker="x", color=colours(i % 10),
-                label=f"{_size_label(nbytes)}: Open MPI default")
+        ax.plot(
+            xs,
+            [here[layouts[x]]["ours_us"] for x in xs],
+            "-",
+            marker="o",
+            color=colours(i % 10),
+            label=f"{_size_label(nbytes)}: ours (best)",
+        )
+        ax.plot(
+            xs,
+            [here[layouts[x]]["openmpi_us"] for x in xs],
+            "--",
+            marker="x",
+            color=colours(i % 10),
+            label=f"{_size_label(nbytes)}: Open MPI default",
+        )
     ax.set_xticks(range(len(layouts)))
-    ax.set_xticklabels([f"{p} ranks\n{n} node{'s' if n > 1 else ''}" for n, p in layouts], fontsize=8)
+    ax.set_xticklabels(
+        [f"{p} ranks\n{n} node{'s' if n > 1 else ''}" for n, p in layouts], fontsize=8
+    )
     ax.set_yscale("log")
     ax.set_ylabel("time per allreduce (us)")
     left_out = ", ".join(f"{n}x{p // n}" for n, p in crowded)
-    ax.set_title("allreduce time against ranks and nodes: ours (solid) and Open MPI's default (dashed)"
-                 + (f"\noversubscribed layouts left out (nodes x ranks per node): {left_out}" if crowded else ""),
-                 fontsize=9)
+    ax.set_title(
+        "allreduce time against ranks and nodes: ours (solid) and Open MPI's default (dashed)"
+        + (
+            f"\noversubscribed layouts left out (nodes x ranks per node): {left_out}"
+            if crowded
+            else ""
+        ),
+        fontsize=9,
+    )
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -120,27 +174,47 @@ def _write_csv(rows, path):
 
 def main(argv=None):
     parser = ArgumentParser(prog="mpiallreduce report", description=__doc__.split("\n")[0])
-    parser.add_argument("results", nargs="+",
-                        help="results folders of `mpiallreduce bench --output`, or folders holding them")
+    parser.add_argument(
+        "results",
+        nargs="+",
+        help="results folders of `mpiallreduce bench --output`, or folders holding them",
+    )
     parser.add_argument("--mode", choices=("out-of-place", "in-place"), default="out-of-place")
-    parser.add_argument("--sizes", type=size_list, help="sizes to draw in scaling.png (default: up to 6 every "
-                                                        "layout measured)")
-    parser.add_argument("--wide", action="store_true", help="with both busbw columns (over 120 characters)")
-    parser.add_argument("--markdown", metavar="PAGE",
-                        help="write the runs, each with its date, commit, machine and command, and its tables, "
-                             "as a Markdown page (docs/results.md) instead")
-    parser.add_argument("--output", metavar="DIR",
-                        help="write report.txt, report.csv and scaling.png there (default: print the table only)")
+    parser.add_argument(
+        "--sizes",
+        type=size_list,
+        help="sizes to draw in scaling.png (default: up to 6 every layout measured)",
+    )
+    parser.add_argument(
+        "--wide", action="store_true", help="with both busbw columns (over 120 characters)"
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="PAGE",
+        help="write the runs, each with its date, commit, machine and command, and its tables, "
+        "as a Markdown page (docs/results.md) instead",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="DIR",
+        help="write report.txt, report.csv and scaling.png there (default: print the table only)",
+    )
     args = parser.parse_args(argv)
     if args.markdown:
         from .results_page import holds_text_results, markdown_page
+
         try:  # (a folder of text results, train_bench's train.txt, plain calls, prices, holds no bench.json)
             runs = find_runs([path for path in args.results if not holds_text_results(path)])
         except ResultsError as e:
             parser.error(str(e))
         with open(args.markdown, "w") as f:
-            f.write(markdown_page(runs, "mpiallreduce report --markdown " + " ".join([args.markdown, *args.results]),
-                                  folders=args.results))
+            f.write(
+                markdown_page(
+                    runs,
+                    "mpiallreduce report --markdown " + " ".join([args.markdown, *args.results]),
+                    folders=args.results,
+                )
+            )
         print(f"written: {args.markdown} ({len(runs)} runs)")
         return 0
     try:
@@ -148,12 +222,22 @@ def main(argv=None):
     except ResultsError as e:
         parser.error(str(e))
     if not rows:
-        parser.error(f"no {args.mode} measurements with Open MPI's default in " + ", ".join(args.results))
+        parser.error(
+            f"no {args.mode} measurements with Open MPI's default in " + ", ".join(args.results)
+        )
     layouts = sorted({_layout(r) for r in rows})
-    text = "\n".join([f"# {len(rows)} rows from {len(layouts)} layouts ("
-                      + ", ".join(f"{p} rank{'s' if p > 1 else ''} on {n} node{'s' if n > 1 else ''}" for n, p in layouts)
-                      + f"), {args.mode}; gains within each run",
-                      *(f"# note: {n}" for n in notes), format_gain_table(rows, args.wide)])
+    text = "\n".join(
+        [
+            f"# {len(rows)} rows from {len(layouts)} layouts ("
+            + ", ".join(
+                f"{p} rank{'s' if p > 1 else ''} on {n} node{'s' if n > 1 else ''}"
+                for n, p in layouts
+            )
+            + f"), {args.mode}; gains within each run",
+            *(f"# note: {n}" for n in notes),
+            format_gain_table(rows, args.wide),
+        ]
+    )
     print(text)
     if args.output:
         os.makedirs(args.output, exist_ok=True)

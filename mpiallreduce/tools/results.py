@@ -4,6 +4,7 @@ A run is a folder holding bench.json (metadata, measurements, gain tables) and b
 measurements alone). Several runs are folders of such folders too: a job array's
 ``results/slurm-<job>/ranks-<n>/``, or ``results/`` after runs on 1, 2 and 3 emulated nodes.
 """
+
 import csv
 import json
 import os
@@ -11,8 +12,18 @@ import sys
 
 __all__ = ["load_results", "find_runs", "run_nodes", "run_oversubscribed", "ResultsError"]
 
-_NUMBERS = {"ranks": int, "nbytes": int, "count": int, "iterations": int, "repetitions": int, "wrong": int,
-            "time_us": float, "algbw_gbs": float, "busbw_gbs": float, "busbw_share_of_memcpy": float}
+_NUMBERS = {
+    "ranks": int,
+    "nbytes": int,
+    "count": int,
+    "iterations": int,
+    "repetitions": int,
+    "wrong": int,
+    "time_us": float,
+    "algbw_gbs": float,
+    "busbw_gbs": float,
+    "busbw_share_of_memcpy": float,
+}
 
 
 class ResultsError(ValueError):
@@ -29,8 +40,10 @@ def _read_csv(path):
             if row.get(key) not in (None, ""):
                 row[key] = kind(row[key])
         row["in_place"] = row.get("in_place") == "True"
-    print(f"{path}: read without its bench.json, so without the run's metadata: taken as one node",
-          file=sys.stderr)
+    print(
+        f"{path}: read without its bench.json, so without the run's metadata: taken as one node",
+        file=sys.stderr,
+    )
     return {"metadata": {"ranks": rows[0]["ranks"]}, "measurements": rows}
 
 
@@ -38,7 +51,9 @@ def load_results(path):
     """One run: a results folder, its bench.json, or its bench.csv (then without the metadata)."""
     if os.path.isdir(path):
         if not os.path.exists(os.path.join(path, "bench.json")):
-            raise ResultsError(f"{path}: no bench.json here (give a folder written by `mpiallreduce bench --output`)")
+            raise ResultsError(
+                f"{path}: no bench.json here (give a folder written by `mpiallreduce bench --output`)"
+            )
         path = os.path.join(path, "bench.json")
     if not os.path.exists(path):
         raise ResultsError(f"{path}: no such file or folder")
@@ -61,8 +76,11 @@ def find_runs(paths):
     found = []
     for path in paths:
         if os.path.isdir(path) and not os.path.exists(os.path.join(path, "bench.json")):
-            below = sorted(os.path.join(root, "bench.json") for root, _dirs, files in os.walk(path)
-                           if "bench.json" in files)
+            below = sorted(
+                os.path.join(root, "bench.json")
+                for root, _dirs, files in os.walk(path)
+                if "bench.json" in files
+            )
             if not below:
                 raise ResultsError(f"{path}: no bench.json in it or below it")
             found.extend(below)

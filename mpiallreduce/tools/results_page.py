@@ -5,6 +5,7 @@ machine and the command that made it, then its Deep Speech 2 tables, as ``bench`
 page says which command wrote it; docs/results.md is written this way from the results folders in
 the repository (tests/test_readme.py checks that it is what the command writes now).
 """
+
 import fnmatch
 import glob
 import os
@@ -17,16 +18,26 @@ from .results import run_nodes, run_oversubscribed
 __all__ = ["markdown_page", "bench_command", "holds_text_results"]
 
 #: bench's defaults: a run's command names only what differs from them
-_DEFAULTS = {"device": "cpu", "dtype": "float32", "op": "sum", "repetitions": 5, "mode": "both",
-             "openmpi_forced": "all", "algorithms": None}
+_DEFAULTS = {
+    "device": "cpu",
+    "dtype": "float32",
+    "op": "sum",
+    "repetitions": 5,
+    "mode": "both",
+    "openmpi_forced": "all",
+    "algorithms": None,
+}
 
 
 def bench_command(meta):
     """The command line that made a run, from its metadata (ranks, nodes, bench's arguments)."""
     arguments = meta.get("arguments") or {}
     nodes = int(meta.get("nodes") or 1)
-    words = [f"mpiallreduce launch -n {meta.get('ranks', '?')}" + (f" --nodes {nodes}" if nodes > 1 else ""),
-             "-- python -m mpiallreduce bench"]
+    words = [
+        f"mpiallreduce launch -n {meta.get('ranks', '?')}"
+        + (f" --nodes {nodes}" if nodes > 1 else ""),
+        "-- python -m mpiallreduce bench",
+    ]
     sizes = arguments.get("sizes")
     if sizes and sizes != "default":
         words.append(f"--sizes {sizes if isinstance(sizes, str) else ','.join(map(str, sizes))}")
@@ -39,8 +50,10 @@ def bench_command(meta):
 
 def _machine(meta, results):
     library = str(meta.get("mpi_library", "?")).split(",")[0]
-    text = (f"{', '.join(meta.get('hosts', [])) or '?'}: {meta.get('ranks', '?')} ranks on {run_nodes(results)} "
-            f"node(s), {library}")
+    text = (
+        f"{', '.join(meta.get('hosts', [])) or '?'}: {meta.get('ranks', '?')} ranks on {run_nodes(results)} "
+        f"node(s), {library}"
+    )
     if meta.get("openmpi_default"):
         text += f", Open MPI's default component {meta['openmpi_default']}"
     if results.get("memcpy_gbs"):
@@ -54,7 +67,11 @@ def _machine(meta, results):
 
 
 def _training_runs(folder):
-    return sorted(os.path.join(root, "train.txt") for root, _dirs, files in os.walk(folder) if "train.txt" in files)
+    return sorted(
+        os.path.join(root, "train.txt")
+        for root, _dirs, files in os.walk(folder)
+        if "train.txt" in files
+    )
 
 
 #: the text results a folder may hold besides bench runs: plain calls against raw MPI_Allreduce
@@ -68,81 +85,168 @@ def _text_files(folder, pattern):
     """The non-empty files under ``folder`` (subfolders too) named like ``pattern``, sorted; a plain-call
     file is not a price file as well."""
     found = glob.glob(os.path.join(folder, "**", pattern), recursive=True)
-    return sorted(path for path in found if os.path.getsize(path) and not (
-        pattern == _PRICES and fnmatch.fnmatch(os.path.basename(path), _PLAIN)))
+    return sorted(
+        path
+        for path in found
+        if os.path.getsize(path)
+        and not (pattern == _PRICES and fnmatch.fnmatch(os.path.basename(path), _PLAIN))
+    )
 
 
 def holds_text_results(folder):
     """Whether ``folder`` holds text results only (train_bench's train.txt, plain calls, prices), no bench run."""
-    texts = _training_runs(folder) or any(_text_files(folder, pattern) for pattern in (_PLAIN, _PRICES))
+    texts = _training_runs(folder) or any(
+        _text_files(folder, pattern) for pattern in (_PLAIN, _PRICES)
+    )
     return bool(texts) and not any("bench.json" in files for _root, _dirs, files in os.walk(folder))
 
 
 def markdown_page(runs, command, folders=()):
     """The page, from ``runs`` ((path, results) pairs: mpiallreduce.tools.results.find_runs); and,
     whole, each of ``folders``' training runs (train.txt) and model.txt (``mpiallreduce model``)."""
-    lines = ["# Measured results", "",
-             f"Written by `{command}` from the results folders in the repository. Do not edit it: run the",
-             "command again. Gain = Open MPI's default time / our time, both measured in the same run",
-             "(interleaved repetitions, the median); above 1, ours is faster. `auto` is what the library",
-             "runs by default. A gain marked `?` is within the noise: the repetitions of the two overlap.",
-             "How to read them: [benchmarks.md](benchmarks.md).", ""]
+    lines = [
+        "# Measured results",
+        "",
+        f"Written by `{command}` from the results folders in the repository. Do not edit it: run the",
+        "command again. Gain = Open MPI's default time / our time, both measured in the same run",
+        "(interleaved repetitions, the median); above 1, ours is faster. `auto` is what the library",
+        "runs by default. A gain marked `?` is within the noise: the repetitions of the two overlap.",
+        "How to read them: [benchmarks.md](benchmarks.md).",
+        "",
+    ]
     for path, results in runs:
         meta = results.get("metadata", {})
         measurements = results["measurements"]
-        lines += [f"## {path}", "",
-                  f"- date: {meta.get('date_utc', '?')}",
-                  f"- commit: {str(meta.get('git_commit', '?'))[:12]}",
-                  f"- machine: {_machine(meta, results)}",
-                  f"- command: `{bench_command(meta)}`",
-                  f"- Open MPI's forced algorithms measured: "
-                  f"{'yes' if any(m['algorithm'].startswith(FORCED_PREFIX) for m in measurements) else 'no'}", ""]
+        lines += [
+            f"## {path}",
+            "",
+            f"- date: {meta.get('date_utc', '?')}",
+            f"- commit: {str(meta.get('git_commit', '?'))[:12]}",
+            f"- machine: {_machine(meta, results)}",
+            f"- command: `{bench_command(meta)}`",
+            f"- Open MPI's forced algorithms measured: "
+            f"{'yes' if any(m['algorithm'].startswith(FORCED_PREFIX) for m in measurements) else 'no'}",
+            "",
+        ]
         for in_place in sorted({m["in_place"] for m in measurements}):
             from types import SimpleNamespace
+
             rows = gain_rows([SimpleNamespace(**m) for m in measurements], in_place)
-            lines += [f"{'In place' if in_place else 'Out of place'}:", "", "```text", format_gain_table(rows), "```", ""]
+            lines += [
+                f"{'In place' if in_place else 'Out of place'}:",
+                "",
+                "```text",
+                format_gain_table(rows),
+                "```",
+                "",
+            ]
             exact_rows = reproducible_rows([SimpleNamespace(**m) for m in measurements], in_place)
             if exact_rows:
-                lines += ["Reproducible sums against our fastest ordinary sum on the same kind of buffers "
-                          "(docs/reproducible.md):", "", "```text", format_reproducible_table(exact_rows), "```", ""]
+                lines += [
+                    "Reproducible sums against our fastest ordinary sum on the same kind of buffers "
+                    "(docs/reproducible.md):",
+                    "",
+                    "```text",
+                    format_reproducible_table(exact_rows),
+                    "```",
+                    "",
+                ]
     for folder in folders:
         for train in _training_runs(folder):
             with open(train) as f:
                 text = f.read().rstrip("\n")
-            lines += [f"## {train}", "", "Training end to end (`python -m mpiallreduce.tools.train_bench`, make "
-                      "bench-train; how to read it: training.md). comm ms/step is the step's time minus that of "
-                      "`none`, no synchronization.", "", "```text", text, "```", ""]
+            lines += [
+                f"## {train}",
+                "",
+                "Training end to end (`python -m mpiallreduce.tools.train_bench`, make "
+                "bench-train; how to read it: training.md). comm ms/step is the step's time minus that of "
+                "`none`, no synchronization.",
+                "",
+                "```text",
+                text,
+                "```",
+                "",
+            ]
         for trace in sorted(glob.glob(os.path.join(folder, "trace-*.txt"))):
             with open(trace) as f:
                 text = f.read().rstrip("\n")
-            lines += [f"## {trace}", "", "Where a training step's time goes, phase by phase "
-                      "(`benchmarks/train_trace.py`, its command in training.md).", "", "```text", text, "```", ""]
+            lines += [
+                f"## {trace}",
+                "",
+                "Where a training step's time goes, phase by phase "
+                "(`benchmarks/train_trace.py`, its command in training.md).",
+                "",
+                "```text",
+                text,
+                "```",
+                "",
+            ]
         for plain in _text_files(folder, _PLAIN):
             with open(plain) as f:
                 text = f.read().splitlines()
             start = next((i for i, line in enumerate(text) if line.startswith("# medians")), None)
-            medians = text[start:] if start is not None else ["(no medians: the run did not finish)"]
-            lines += [f"## {plain}", "", "Plain calls whose signature goes in messages against raw `MPI_Allreduce`, "
-                      "the rounds' medians (`benchmarks/plain_across_nodes.py`, its command in benchmarks.md); "
-                      "the ratio is raw's time over auto's.", "", "```text", text[0], *medians, "```", ""]
+            medians = (
+                text[start:] if start is not None else ["(no medians: the run did not finish)"]
+            )
+            lines += [
+                f"## {plain}",
+                "",
+                "Plain calls whose signature goes in messages against raw `MPI_Allreduce`, "
+                "the rounds' medians (`benchmarks/plain_across_nodes.py`, its command in benchmarks.md); "
+                "the ratio is raw's time over auto's.",
+                "",
+                "```text",
+                text[0],
+                *medians,
+                "```",
+                "",
+            ]
         for floor in _text_files(folder, _FLOORS):
             with open(floor) as f:
                 text = f.read().splitlines()
-            start = next((i for i, line in enumerate(text) if line.startswith(_FLOORS_FROM)), len(text))
-            lines += [f"## {floor}", "", "Across nodes, two exchanges with no library layer (a `Sendrecv` and an "
-                      "addition) against Open MPI's strongest (`benchmarks/exchange_across_nodes.py --forced`, its "
-                      "command in benchmarks.md); the ratio is the strongest's time over theirs.", "", "```text",
-                      text[0], *(text[start:] or ["(no summary: the run did not finish)"]), "```", ""]
+            start = next(
+                (i for i, line in enumerate(text) if line.startswith(_FLOORS_FROM)), len(text)
+            )
+            lines += [
+                f"## {floor}",
+                "",
+                "Across nodes, two exchanges with no library layer (a `Sendrecv` and an "
+                "addition) against Open MPI's strongest (`benchmarks/exchange_across_nodes.py --forced`, its "
+                "command in benchmarks.md); the ratio is the strongest's time over theirs.",
+                "",
+                "```text",
+                text[0],
+                *(text[start:] or ["(no summary: the run did not finish)"]),
+                "```",
+                "",
+            ]
         for price in _text_files(folder, _PRICES):
             with open(price) as f:
                 text = f.read().rstrip("\n")
-            lines += [f"## {price}", "", "Side by side in one run, as the file's first line says (the script's "
-                      "docstring says what each line is).", "", "```text", text, "```", ""]
+            lines += [
+                f"## {price}",
+                "",
+                "Side by side in one run, as the file's first line says (the script's "
+                "docstring says what each line is).",
+                "",
+                "```text",
+                text,
+                "```",
+                "",
+            ]
         model = os.path.join(folder, "model.txt")
         if os.path.isfile(model):
             with open(model) as f:
                 text = f.read().rstrip("\n")
-            lines += [f"## {model}", "", "The cost model fitted to the runs above and projected to larger jobs, as "
-                      "`mpiallreduce model` printed it (its command is in benchmarks.md).", "", "```text", text,
-                      "```", ""]
+            lines += [
+                f"## {model}",
+                "",
+                "The cost model fitted to the runs above and projected to larger jobs, as "
+                "`mpiallreduce model` printed it (its command is in benchmarks.md).",
+                "",
+                "```text",
+                text,
+                "```",
+                "",
+            ]
     return "\n".join(lines)

@@ -12,11 +12,11 @@ ranks on any nodes: mpiallreduce.faults.recorder) and say where the ranks parted
     or agreement    every rank agrees on every call recorded, and the slowest rank of each of the
                     last calls (the last to start it: the one the others waited for)
 """
+
 import glob
 import json
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 __all__ = ["load_dumps", "analyze", "Finding", "main"]
 
@@ -30,17 +30,21 @@ class Finding:
     comm: tuple  # (its world ranks, its name in the dumps: COMM_WORLD and its duplicates have the same ranks)
     call: int
     what: str
-    ranks: List[int]
+    ranks: list[int]
     detail: str = ""
 
 
 @dataclass
 class Analysis:
     dumps: list
-    finding: Optional[Finding]
-    findings: List[Finding] = field(default_factory=list)  # every one, each communicator's in call order
-    culprits: List[int] = field(default_factory=list)  # ranks whose own dump says they ended the job
-    lines: List[str] = field(default_factory=list)
+    finding: Finding | None
+    findings: list[Finding] = field(
+        default_factory=list
+    )  # every one, each communicator's in call order
+    culprits: list[int] = field(
+        default_factory=list
+    )  # ranks whose own dump says they ended the job
+    lines: list[str] = field(default_factory=list)
 
 
 def load_dumps(directory):
@@ -91,7 +95,9 @@ def _same_job(dumps):
     """(the dumps of the newest dump's job, the others): a folder may hold an older run's dumps."""
     newest = max(dumps, key=lambda d: d.get("dumped", 0))
     job = newest.get("job", "")
-    return [d for d in dumps if d.get("job", "") == job], [d for d in dumps if d.get("job", "") != job]
+    return [d for d in dumps if d.get("job", "") == job], [
+        d for d in dumps if d.get("job", "") != job
+    ]
 
 
 def _divergences(comm, calls, dumped):
@@ -99,15 +105,20 @@ def _divergences(comm, calls, dumped):
     whose signatures differ, that failed, that some ranks never made (each such rank once: its
     later calls are not known), or that one rank still runs while the others finished it."""
     last = {rank: max(entries, default=0) for rank, entries in calls.items()}
-    start = max(min(entries) for entries in calls.values() if entries)  # (older calls may have left some buffers)
+    start = max(
+        min(entries) for entries in calls.values() if entries
+    )  # (older calls may have left some buffers)
     gone = set()  # ranks known to have stopped before (never reached an earlier call)
     for n in range(start, max(last.values()) + 1):
         present = {rank: entries[n] for rank, entries in calls.items() if n in entries}
         began = min((e["started"] for e in present.values()), default=None)
         # (a rank whose dump was written before the others began call n cannot say it never made it:
         # killed since, it left an older dump)
-        never = sorted(rank for rank in calls if rank not in gone and last[rank] < n and began is not None
-                       and dumped[rank] >= began)
+        never = sorted(
+            rank
+            for rank in calls
+            if rank not in gone and last[rank] < n and began is not None and dumped[rank] >= began
+        )
         groups = {}
         for rank, entry in present.items():
             groups.setdefault(_signature(entry), []).append(rank)
@@ -117,20 +128,33 @@ def _divergences(comm, calls, dumped):
             sizes = sorted((len(g) for g in groups.values()), reverse=True)
             largest = sizes[0] if sizes[0] > sizes[1] else None  # (a tie: every rank is concerned)
             odd = sorted(r for g in groups.values() if len(g) != largest for r in g)
-            detail = "; ".join(f"{_ranks(g)}: {_describe_signature(present[g[0]])}" for g in groups.values())
+            detail = "; ".join(
+                f"{_ranks(g)}: {_describe_signature(present[g[0]])}" for g in groups.values()
+            )
             yield Finding(comm, n, "different signatures", odd, detail)
         elif failed:
             named = sorted({r for e in failed.values() for r in _named_ranks(e)})
-            own = sorted(rank for rank, e in failed.items() if e["state"] == "failed" and not _named_ranks(e))
-            detail = "; ".join(f"rank {r}: {e['state']} ({e['error']['type']}: {e['error']['message'][:160]})"
-                               for r, e in sorted(failed.items()))
+            own = sorted(
+                rank for rank, e in failed.items() if e["state"] == "failed" and not _named_ranks(e)
+            )
+            detail = "; ".join(
+                f"rank {r}: {e['state']} ({e['error']['type']}: {e['error']['message'][:160]})"
+                for r, e in sorted(failed.items())
+            )
             yield Finding(comm, n, "failed", named or own or sorted(failed), detail)
         elif never and present:
             detail = "; ".join(f"rank {r}'s last call is #{last[r]}" for r in never)
-            yield Finding(comm, n, f"made by {_ranks(sorted(present))}, never reached by {_ranks(never)}", never,
-                          detail)
+            yield Finding(
+                comm,
+                n,
+                f"made by {_ranks(sorted(present))}, never reached by {_ranks(never)}",
+                never,
+                detail,
+            )
         elif still and len(still) < len(present):
-            yield Finding(comm, n, f"still running on {_ranks(still)}, finished on the others", still)
+            yield Finding(
+                comm, n, f"still running on {_ranks(still)}, finished on the others", still
+            )
         gone.update(never)
 
 
@@ -141,14 +165,20 @@ def _ranks(ranks):
 
 def _describe_signature(entry):
     shape, dtype = entry.get("shape"), entry.get("dtype")
-    return (f"{entry.get('kind')} {tuple(shape) if shape is not None else ''} {dtype or ''} op={entry.get('op')}"
-            f"{' in place' if entry.get('in_place') else ''}{' at ' + entry['site'] if entry.get('site') else ''}")
+    return (
+        f"{entry.get('kind')} {tuple(shape) if shape is not None else ''} {dtype or ''} op={entry.get('op')}"
+        f"{' in place' if entry.get('in_place') else ''}{' at ' + entry['site'] if entry.get('site') else ''}"
+    )
 
 
 def _comm_name(comm, size):
     members, name = comm
     if list(members) == list(range(size)):
-        return f"COMM_WORLD ({size} ranks)" if name.endswith("#0") or not name else f"a duplicate of COMM_WORLD ({name})"
+        return (
+            f"COMM_WORLD ({size} ranks)"
+            if name.endswith("#0") or not name
+            else f"a duplicate of COMM_WORLD ({name})"
+        )
     return f"the communicator of world ranks {list(members)}"
 
 
@@ -164,7 +194,9 @@ def _bytes(n):
 def _cell(entry):
     if entry is None:
         return "-"
-    took = "" if entry.get("ended") is None else f" {(entry['ended'] - entry['started']) * 1e3:.3g} ms"
+    took = (
+        "" if entry.get("ended") is None else f" {(entry['ended'] - entry['started']) * 1e3:.3g} ms"
+    )
     error = f" {entry['error']['type']}" if entry.get("error") else ""
     return f"{entry['state']} {entry.get('algorithm', '')} {_bytes(entry.get('bytes'))}{took}{error}".strip()
 
@@ -176,7 +208,10 @@ def side_by_side(comm, calls, around, count=6):
     cells = [[str(n)] + [_cell(calls[r].get(n)) for r in ranks] for n in numbers]
     header = ["call"] + [f"rank {r}" for r in ranks]
     widths = [max(len(row[i]) for row in cells + [header]) for i in range(len(header))]
-    return ["  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip() for row in [header] + cells]
+    return [
+        "  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip()
+        for row in [header] + cells
+    ]
 
 
 def _slowest(calls, count=6):
@@ -194,34 +229,63 @@ def analyze(dumps):
     dumps, other_jobs = _same_job(dumps)
     size = max(d["size"] for d in dumps)
     ranks = [d["rank"] for d in dumps]
-    lines = [f"{len(dumps)} dump(s), from {_ranks(ranks)} of {size}"
-             + (f"; none from {_ranks(sorted(set(range(size)) - set(ranks)))}" if len(dumps) < size else "")]
-    lines += [f"  left out: rank {d['rank']}'s dump, of another job ({d.get('job') or 'none named'})" for d in other_jobs]
+    lines = [
+        f"{len(dumps)} dump(s), from {_ranks(ranks)} of {size}"
+        + (
+            f"; none from {_ranks(sorted(set(range(size)) - set(ranks)))}"
+            if len(dumps) < size
+            else ""
+        )
+    ]
+    lines += [
+        f"  left out: rank {d['rank']}'s dump, of another job ({d.get('job') or 'none named'})"
+        for d in other_jobs
+    ]
     culprits = []
     for d in dumps:
-        lines.append(f"  rank {d['rank']} on {d['host']}: {d['reason']} ({len(d['entries'])} calls recorded)")
+        lines.append(
+            f"  rank {d['rank']} on {d['host']}: {d['reason']} ({len(d['entries'])} calls recorded)"
+        )
         if d["reason"].startswith(("uncaught", "sys.exit")):
             culprits.append(d["rank"])
     comms = _by_comm(dumps)
     dumped = {d["rank"]: d.get("dumped", float("inf")) for d in dumps}
     findings = [f for comm, calls in comms.items() for f in _divergences(comm, calls, dumped)]
-    finding = min(findings, key=lambda f: min(comms[f.comm][r][f.call]["started"] for r in comms[f.comm]
-                                              if f.call in comms[f.comm][r]), default=None)
+    finding = min(
+        findings,
+        key=lambda f: min(
+            comms[f.comm][r][f.call]["started"] for r in comms[f.comm] if f.call in comms[f.comm][r]
+        ),
+        default=None,
+    )
     if culprits:
         lines.append(f"ended the job itself: {_ranks(culprits)}")
     if finding is not None:
-        lines.append(f"first divergence: call #{finding.call} on {_comm_name(finding.comm, size)}: {finding.what}")
+        lines.append(
+            f"first divergence: call #{finding.call} on {_comm_name(finding.comm, size)}: {finding.what}"
+        )
         if finding.detail:
             lines.append(f"  {finding.detail}")
         lines.append(f"ranks concerned: {', '.join(map(str, finding.ranks))}")
         if len(findings) > 1:
-            lines.append(f"and {len(findings) - 1} later call(s) where they parted: " + "; ".join(
-                f"#{f.call} ({f.what}: {', '.join(map(str, f.ranks))})" for f in findings if f is not finding)[:2000])
+            lines.append(
+                f"and {len(findings) - 1} later call(s) where they parted: "
+                + "; ".join(
+                    f"#{f.call} ({f.what}: {', '.join(map(str, f.ranks))})"
+                    for f in findings
+                    if f is not finding
+                )[:2000]
+            )
         lines.append("last calls there, side by side:")
-        lines += ["  " + line for line in side_by_side(finding.comm, comms[finding.comm], finding.call)]
+        lines += [
+            "  " + line for line in side_by_side(finding.comm, comms[finding.comm], finding.call)
+        ]
     else:
-        lines.append(f"every rank agrees on every call recorded ({sum(len(e) for c in comms.values() for e in c.values())}"
-                     f" entries on {len(comms)} communicator(s))" + (f"; rank(s) {culprits} ended the job" if culprits else ""))
+        lines.append(
+            f"every rank agrees on every call recorded ({sum(len(e) for c in comms.values() for e in c.values())}"
+            f" entries on {len(comms)} communicator(s))"
+            + (f"; rank(s) {culprits} ended the job" if culprits else "")
+        )
         for comm, calls in comms.items():
             lines.append(f"the slowest rank of the last calls on {_comm_name(comm, size)}:")
             lines += _slowest(calls)
@@ -230,9 +294,15 @@ def analyze(dumps):
 
 def main(argv):
     from .arguments import ArgumentParser
-    parser = ArgumentParser(prog="mpiallreduce trace",
-                            description="merge the flight recorder's dumps (one per rank) and say where the ranks parted")
-    parser.add_argument("directory", help="where the dumps are (MPIALLREDUCE_TRACE_DIR; default ./mpiallreduce-trace)")
+
+    parser = ArgumentParser(
+        prog="mpiallreduce trace",
+        description="merge the flight recorder's dumps (one per rank) and say where the ranks parted",
+    )
+    parser.add_argument(
+        "directory",
+        help="where the dumps are (MPIALLREDUCE_TRACE_DIR; default ./mpiallreduce-trace)",
+    )
     args = parser.parse_args(argv)
     try:
         analysis = analyze(load_dumps(args.directory))

@@ -17,6 +17,7 @@ survivors agree (MPI_Comm_agree) that the step failed, undo it, shrink the commu
 (mpiallreduce.survivors) and redo it among themselves, the mean now over the survivors, logging
 which ranks were lost. --timeout bounds each gradient allreduce's wait for the other ranks.
 """
+
 import argparse
 import os
 import signal
@@ -44,8 +45,12 @@ def global_batch(seed, step, size):
 
 def initial_parameters(seed):
     rng = np.random.default_rng([seed, 10**9 + 1])
-    return {"w1": rng.standard_normal((INPUTS, HIDDEN)) / np.sqrt(INPUTS), "b1": np.zeros(HIDDEN),
-            "w2": rng.standard_normal((HIDDEN, OUTPUTS)) / np.sqrt(HIDDEN), "b2": np.zeros(OUTPUTS)}
+    return {
+        "w1": rng.standard_normal((INPUTS, HIDDEN)) / np.sqrt(INPUTS),
+        "b1": np.zeros(HIDDEN),
+        "w2": rng.standard_normal((HIDDEN, OUTPUTS)) / np.sqrt(HIDDEN),
+        "b2": np.zeros(OUTPUTS),
+    }
 
 
 class NumpyMLP:
@@ -73,10 +78,10 @@ class NumpyMLP:
         h = np.tanh(x @ p["w1"] + p["b1"])
         out = h @ p["w2"] + p["b2"]
         diff = out - y
-        loss = float(np.mean(diff ** 2))
+        loss = float(np.mean(diff**2))
         d_out = 2 * diff / diff.size
         grads = {"w2": h.T @ d_out, "b2": d_out.sum(0)}
-        d_h = (d_out @ p["w2"].T) * (1 - h ** 2)
+        d_h = (d_out @ p["w2"].T) * (1 - h**2)
         grads.update(w1=x.T @ d_h, b1=d_h.sum(0))
         for name in ("b2", "w2", "b1", "w1"):  # as backward produces them
             self.sync.ready(grads[name], name=name)
@@ -96,18 +101,23 @@ class TorchMLP:
         import torch
 
         import mpiallreduce.torch as mt
+
         self.torch = torch
         if device == "cuda":  # one GPU per node-local rank (mpiallreduce.select_gpu)
             torch.cuda.set_device(mar.select_gpu())
         self.device = torch.device(device)
         torch.set_default_dtype(torch.float64)
-        self.model = torch.nn.Sequential(torch.nn.Linear(INPUTS, HIDDEN), torch.nn.Tanh(),
-                                         torch.nn.Linear(HIDDEN, OUTPUTS)).to(self.device)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(INPUTS, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUTPUTS)
+        ).to(self.device)
         self.load(params)
         self.sync_options = sync_options
-        self.optimizer = mt.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=lr),
-                                                 named_parameters=self.model.named_parameters(), comm=comm,
-                                                 **sync_options)
+        self.optimizer = mt.DistributedOptimizer(
+            torch.optim.SGD(self.model.parameters(), lr=lr),
+            named_parameters=self.model.named_parameters(),
+            comm=comm,
+            **sync_options,
+        )
         mt.broadcast_parameters(self.model.state_dict(), root=0, comm=comm)
         mt.broadcast_optimizer_state(self.optimizer, root=0, comm=comm)
 
@@ -142,7 +152,12 @@ class TorchMLP:
     def arrays(self):
         m = self.model
         host = lambda t: t.detach().cpu().numpy()  # noqa: E731
-        return {"w1": host(m[0].weight).T, "b1": host(m[0].bias), "w2": host(m[2].weight).T, "b2": host(m[2].bias)}
+        return {
+            "w1": host(m[0].weight).T,
+            "b1": host(m[0].bias),
+            "w2": host(m[2].weight).T,
+            "b2": host(m[2].bias),
+        }
 
 
 class _StopRequest:
@@ -164,7 +179,9 @@ def agree_all_succeeded(comm, succeeded):
     """ULFM's fault-tolerant agreement: True on every survivor iff the step succeeded on all of them."""
     try:
         return bool(comm.Agree(int(succeeded)))
-    except MPI.Exception:  # a failure not yet acknowledged here: acknowledge, then agree among the living
+    except (
+        MPI.Exception
+    ):  # a failure not yet acknowledged here: acknowledge, then agree among the living
         comm.Ack_failed()
         return bool(comm.Agree(int(succeeded)))
 
@@ -178,10 +195,16 @@ def save_checkpoint(path, arrays, step, comm):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mpiallreduce.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mpiallreduce.train", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--framework", choices=["numpy", "torch"], default="numpy")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cuda: torch on the GPU of this node-local rank (with --framework torch)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: torch on the GPU of this node-local rank (with --framework torch)",
+    )
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--local-batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
@@ -190,19 +213,38 @@ def main(argv=None):
     parser.add_argument("--checkpoint", help="file to save to (and resume from with --resume)")
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--save-params", help="write the final parameters here (npz), for comparison")
-    parser.add_argument("--check-replicas", action="store_true", help="check bitwise identity after every step")
-    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (to test preemption)")
+    parser.add_argument(
+        "--save-params", help="write the final parameters here (npz), for comparison"
+    )
+    parser.add_argument(
+        "--check-replicas", action="store_true", help="check bitwise identity after every step"
+    )
+    parser.add_argument(
+        "--step-seconds", type=float, default=0.0, help="sleep per step (to test preemption)"
+    )
     parser.add_argument("--algorithm", default="auto", help="allreduce algorithm for the gradients")
-    parser.add_argument("--reproducible", action="store_true",
-                        help="reproducible gradient sums: the same bits whatever the bucket size or algorithm")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds an allreduce waits for the other ranks (default MPIALLREDUCE_TIMEOUT)")
-    parser.add_argument("--fault-tolerant", action="store_true",
-                        help="under ULFM (mpiallreduce launch --fault-tolerant): when a rank dies, go on with "
-                             "the survivors (the step is redone on the shrunken communicator)")
-    parser.add_argument("--no-abort-on-exception", action="store_true",
-                        help="do not abort the whole job when a rank raises (the default aborts it)")
+    parser.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="reproducible gradient sums: the same bits whatever the bucket size or algorithm",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds an allreduce waits for the other ranks (default MPIALLREDUCE_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="under ULFM (mpiallreduce launch --fault-tolerant): when a rank dies, go on with "
+        "the survivors (the step is redone on the shrunken communicator)",
+    )
+    parser.add_argument(
+        "--no-abort-on-exception",
+        action="store_true",
+        help="do not abort the whole job when a rank raises (the default aborts it)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and args.framework != "torch":
         parser.error("--device cuda needs --framework torch")
@@ -223,10 +265,17 @@ def main(argv=None):
     if saved_state is not None:
         params, start = saved_state
         if rank == 0:
-            print(f"resumed from {args.checkpoint} at step {start} "
-                  f"(SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '-')})", flush=True)
-    sync_options = dict(bucket_bytes=args.bucket_bytes, algorithm=args.algorithm, timeout=args.timeout,
-                        reproducible=args.reproducible)
+            print(
+                f"resumed from {args.checkpoint} at step {start} "
+                f"(SLURM_RESTART_COUNT={os.environ.get('SLURM_RESTART_COUNT', '-')})",
+                flush=True,
+            )
+    sync_options = dict(
+        bucket_bytes=args.bucket_bytes,
+        algorithm=args.algorithm,
+        timeout=args.timeout,
+        reproducible=args.reproducible,
+    )
     if args.framework == "numpy":
         model = NumpyMLP(params, args.lr, comm, sync_options)
     else:
@@ -239,7 +288,7 @@ def main(argv=None):
         saved = model.snapshot() if args.fault_tolerant else None
         try:
             x, y = global_batch(args.seed, step, b * size)
-            loss = model.step(x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b])
+            loss = model.step(x[rank * b : (rank + 1) * b], y[rank * b : (rank + 1) * b])
             if args.step_seconds:
                 time.sleep(args.step_seconds)
             loss = comm.allreduce(loss) / size
@@ -261,12 +310,18 @@ def main(argv=None):
             rank, size = comm.Get_rank(), comm.Get_size()
             model.rebind(comm)
             if rank == 0:
-                print(f"rank failure at step {step + 1}: lost rank(s) {', '.join(map(str, lost)) or '?'} of "
-                      f"{old_size}; redoing the step and going on with {size} ranks", flush=True)
+                print(
+                    f"rank failure at step {step + 1}: lost rank(s) {', '.join(map(str, lost)) or '?'} of "
+                    f"{old_size}; redoing the step and going on with {size} ranks",
+                    flush=True,
+                )
             continue
         step += 1
         if rank == 0:
-            print(f"step {step:>5}  loss {loss:.6f}  {b * size / seconds:,.0f} samples/s  ({size} ranks)", flush=True)
+            print(
+                f"step {step:>5}  loss {loss:.6f}  {b * size / seconds:,.0f} samples/s  ({size} ranks)",
+                flush=True,
+            )
         done = step
         if args.checkpoint and args.checkpoint_every and done % args.checkpoint_every == 0:
             save_checkpoint(args.checkpoint, model.arrays(), done, comm)
@@ -274,15 +329,22 @@ def main(argv=None):
             if args.checkpoint:
                 save_checkpoint(args.checkpoint, model.arrays(), done, comm)
             if rank == 0:
-                print(f"signal received: checkpoint at step {done} written to {args.checkpoint}; "
-                      f"exiting with {EXIT_CHECKPOINTED} to be requeued", flush=True)
+                print(
+                    f"signal received: checkpoint at step {done} written to {args.checkpoint}; "
+                    f"exiting with {EXIT_CHECKPOINTED} to be requeued",
+                    flush=True,
+                )
             return EXIT_CHECKPOINTED
     if args.save_params and rank == 0:
-        np.savez(args.save_params, **{k: np.ascontiguousarray(v) for k, v in model.arrays().items()})
+        np.savez(
+            args.save_params, **{k: np.ascontiguousarray(v) for k, v in model.arrays().items()}
+        )
     if args.checkpoint:
         save_checkpoint(args.checkpoint, model.arrays(), args.steps, comm)
     return 0
 
 
 if __name__ == "__main__":
-    mar.exit_after_rank_failures(main())  # sys.exit, but not through a finalize that waits for the dead
+    mar.exit_after_rank_failures(
+        main()
+    )  # sys.exit, but not through a finalize that waits for the dead

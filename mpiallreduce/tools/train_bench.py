@@ -35,6 +35,7 @@ the others). Per epoch, that is --epoch-samples samples. Last, rank 0 trains one
 contender's parameters are compared with it (max |difference|; float32, so the summation order
 shows at ~1e-7).
 """
+
 import argparse
 import importlib
 import json
@@ -50,8 +51,16 @@ from .train_table import table
 
 __all__ = ["main"]
 
-CONTENDERS = ("none", "mpiallreduce", "mpiallreduce-fp16", "mpi4py", "mpi4py-fused", "ddp-gloo", "ddp-mpiallreduce",
-              "horovod")
+CONTENDERS = (
+    "none",
+    "mpiallreduce",
+    "mpiallreduce-fp16",
+    "mpi4py",
+    "mpi4py-fused",
+    "ddp-gloo",
+    "ddp-mpiallreduce",
+    "horovod",
+)
 
 
 def horovod_importable():
@@ -81,14 +90,19 @@ def tiny_transformer(torch, args, tokens=16, heads=4):
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            layer = torch.nn.TransformerEncoderLayer(args.width, heads, 4 * args.width, dropout=0.0, batch_first=True)
+            layer = torch.nn.TransformerEncoderLayer(
+                args.width, heads, 4 * args.width, dropout=0.0, batch_first=True
+            )
             self.embed = torch.nn.Linear(args.inputs // tokens, args.width)
-            self.encoder = torch.nn.TransformerEncoder(layer, args.depth, enable_nested_tensor=False)
+            self.encoder = torch.nn.TransformerEncoder(
+                layer, args.depth, enable_nested_tensor=False
+            )
             self.head = torch.nn.Linear(args.width, args.outputs)
 
         def forward(self, x):
             h = self.encoder(self.embed(x.reshape(x.shape[0], tokens, -1)))
             return self.head(h.mean(dim=1))
+
     return Model()
 
 
@@ -110,34 +124,59 @@ class Contender:
 
     def __init__(self, name, torch, args, comm, device):
         import mpiallreduce.torch as mt
+
         self.name, self.torch, self.comm, self.device = name, torch, comm, device
         self.model = make_model(torch, args).to(device)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
         self.forward = self.model
         if name.startswith("mpiallreduce"):
-            optimizer = mt.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters(), comm=comm,
-                                                bucket_bytes=args.bucket_bytes,
-                                                compression="fp16" if name.endswith("fp16") else None)
+            optimizer = mt.DistributedOptimizer(
+                optimizer,
+                named_parameters=self.model.named_parameters(),
+                comm=comm,
+                bucket_bytes=args.bucket_bytes,
+                compression="fp16" if name.endswith("fp16") else None,
+            )
         elif name.startswith("ddp"):
-            self.forward = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=args.bucket_bytes / 2**20)
+            self.forward = torch.nn.parallel.DistributedDataParallel(
+                self.model, bucket_cap_mb=args.bucket_bytes / 2**20
+            )
             if name == "ddp-mpiallreduce":
                 self.forward.register_comm_hook(mt.HookState(comm=comm), mt.allreduce_hook)
         elif name == "horovod":
             import horovod.torch as hvd
-            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters())
+
+            optimizer = hvd.DistributedOptimizer(
+                optimizer, named_parameters=self.model.named_parameters()
+            )
         self.optimizer = optimizer
         self.step_seconds, self.steps = [], 0
-        if name == "mpi4py-fused":  # (one buffer for every gradient, and each gradient's view of it)
-            self.flat = torch.empty(sum(p.numel() for p in self.model.parameters()),
-                                    dtype=next(self.model.parameters()).dtype, device=device)
-            self.views = [view.view(p.shape) for view, p in zip(
-                torch.split(self.flat, [p.numel() for p in self.model.parameters()]), self.model.parameters())]
+        if (
+            name == "mpi4py-fused"
+        ):  # (one buffer for every gradient, and each gradient's view of it)
+            self.flat = torch.empty(
+                sum(p.numel() for p in self.model.parameters()),
+                dtype=next(self.model.parameters()).dtype,
+                device=device,
+            )
+            self.views = [
+                view.view(p.shape)
+                for view, p in zip(
+                    torch.split(self.flat, [p.numel() for p in self.model.parameters()]),
+                    self.model.parameters(),
+                )
+            ]
 
     def fused_by_hand(self, size):
         """mpi4py-fused's sync: one copy in, one MPI_Allreduce in place, a division, views out."""
         torch, parameters = self.torch, list(self.model.parameters())
-        torch.cat([torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1) for p in parameters],
-                  out=self.flat)  # (set_to_none: the gradients are not views of flat here)
+        torch.cat(
+            [
+                torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1)
+                for p in parameters
+            ],
+            out=self.flat,
+        )  # (set_to_none: the gradients are not views of flat here)
         host = self.flat.numpy() if self.flat.device.type == "cpu" else self.flat.cpu().numpy()
         self.comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
         if self.flat.device.type != "cpu":
@@ -153,7 +192,10 @@ class Contender:
         begin = time.perf_counter()
         for _ in range(steps):
             x, y = global_batch(torch, args.seed, self.steps, b * size, args.inputs, args.outputs)
-            x, y = x[rank * b:(rank + 1) * b].to(self.device), y[rank * b:(rank + 1) * b].to(self.device)
+            x, y = (
+                x[rank * b : (rank + 1) * b].to(self.device),
+                y[rank * b : (rank + 1) * b].to(self.device),
+            )
             self.optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(self.forward(x), y)
             loss.backward()
@@ -182,7 +224,9 @@ def single_process_parameters(torch, args, size, steps, device):
     model = make_model(torch, args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(steps):
-        x, y = global_batch(torch, args.seed, step, args.local_batch * size, args.inputs, args.outputs)
+        x, y = global_batch(
+            torch, args.seed, step, args.local_batch * size, args.inputs, args.outputs
+        )
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
         optimizer.step()
@@ -192,43 +236,77 @@ def single_process_parameters(torch, args, size, steps, device):
 def start_gloo(torch, comm):
     """torch.distributed over gloo (its rendezvous given out through MPI: mpiallreduce.torch)."""
     from ..training.ddp_hooks import init_process_group
+
     init_process_group("gloo", comm)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mpiallreduce.tools.train_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--contenders", default=None,
-                        help=f"comma-separated, from {', '.join(CONTENDERS)} (none is always run; default: all, "
-                             "horovod where it imports)")
+    parser = argparse.ArgumentParser(
+        prog="python -m mpiallreduce.tools.train_bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--contenders",
+        default=None,
+        help=f"comma-separated, from {', '.join(CONTENDERS)} (none is always run; default: all, "
+        "horovod where it imports)",
+    )
     parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
-    parser.add_argument("--width", type=int, default=None, help="MLP: 2048 (default); transformer: 128")
-    parser.add_argument("--depth", type=int, default=None,
-                        help="MLP: hidden layers (width x width each after the first; 3); transformer: layers (8)")
-    for flag, default in (("--inputs", 256), ("--outputs", 16), ("--local-batch", 32), ("--seed", 0),
-                          ("--bucket-bytes", 25 * 2**20), ("--rounds", 25), ("--steps-per-round", 3),
-                          ("--epoch-samples", 50_000)):
+    parser.add_argument(
+        "--width", type=int, default=None, help="MLP: 2048 (default); transformer: 128"
+    )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="MLP: hidden layers (width x width each after the first; 3); transformer: layers (8)",
+    )
+    for flag, default in (
+        ("--inputs", 256),
+        ("--outputs", 16),
+        ("--local-batch", 32),
+        ("--seed", 0),
+        ("--bucket-bytes", 25 * 2**20),
+        ("--rounds", 25),
+        ("--steps-per-round", 3),
+        ("--epoch-samples", 50_000),
+    ):
         parser.add_argument(flag, type=int, default=default)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads per rank (default: its share of its machine's cores, at least 1)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where the model trains: cuda puts rank r on GPU (node-local rank %% GPUs)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads per rank (default: its share of its machine's cores, at least 1)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the model trains: cuda puts rank r on GPU (node-local rank %% GPUs)",
+    )
     parser.add_argument("--output", help="folder for train.json and train.txt")
     args = parser.parse_args(argv)
     args.width = args.width or (128 if args.model == "transformer" else 2048)
     args.depth = args.depth or (8 if args.model == "transformer" else 3)
     horovod = all(MPI.COMM_WORLD.allgather(horovod_importable()))  # (every rank, or none)
-    asked = args.contenders.split(",") if args.contenders else [n for n in CONTENDERS if n != "horovod" or horovod]
+    asked = (
+        args.contenders.split(",")
+        if args.contenders
+        else [n for n in CONTENDERS if n != "horovod" or horovod]
+    )
     names = ["none"] + [n for n in asked if n and n != "none"]
     unknown = [n for n in names if n not in CONTENDERS]
     if unknown:
         parser.error(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
     if "horovod" in names and not horovod:
-        parser.error("horovod: horovod.torch does not import on every rank; `make horovod` builds it into the venv")
+        parser.error(
+            "horovod: horovod.torch does not import on every rank; `make horovod` builds it into the venv"
+        )
 
     import torch
 
     import mpiallreduce as mar
+
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -239,44 +317,73 @@ def main(argv=None):
         if not torch.cuda.is_available():
             raise SystemExit("train_bench --device cuda: torch sees no CUDA device")
         from ..device.arrays import gpu_for_local_rank
-        device = torch.device("cuda", gpu_for_local_rank(node.Get_rank(), torch.cuda.device_count()))
+
+        device = torch.device(
+            "cuda", gpu_for_local_rank(node.Get_rank(), torch.cuda.device_count())
+        )
         torch.cuda.set_device(device)
     ddp = any(name.startswith("ddp") for name in names)
     if ddp:
         start_gloo(torch, comm)
     if rank == 0 and not args.contenders and "horovod" not in names:
-        print("train_bench: Horovod does not import here; `make horovod` builds it into the venv "
-              "(benchmarks/horovod/build.sh)", flush=True)
+        print(
+            "train_bench: Horovod does not import here; `make horovod` builds it into the venv "
+            "(benchmarks/horovod/build.sh)",
+            flush=True,
+        )
     contenders = [Contender(name, torch, args, comm, device) for name in names if name != "horovod"]
     gradient_bytes = sum(p.numel() * 4 for p in contenders[0].model.parameters())
     run_rounds(contenders, args, rank, size)
-    if "horovod" in names:  # last: once started, Horovod's thread slows whatever runs in the process
+    if (
+        "horovod" in names
+    ):  # last: once started, Horovod's thread slows whatever runs in the process
         import horovod.torch as hvd
+
         hvd.init(comm=comm)
         last = [Contender(name, torch, args, comm, device) for name in ("none-horovod", "horovod")]
         run_rounds(last, args, rank, size)
         contenders += last
     total_steps = 1 + args.rounds * args.steps_per_round
     for contender in (c for c in contenders if not c.name.startswith("none")):
-        mar.check_replicas(contender.parameters(), comm=comm)  # every contender keeps replicas identical
-    reference = single_process_parameters(torch, args, size, total_steps, device) if rank == 0 else None
+        mar.check_replicas(
+            contender.parameters(), comm=comm
+        )  # every contender keeps replicas identical
+    reference = (
+        single_process_parameters(torch, args, size, total_steps, device) if rank == 0 else None
+    )
     rows = {}
     for contender in contenders:
-        row = {"step_s": statistics.median(contender.step_seconds), "rounds_step_s": contender.step_seconds}
+        row = {
+            "step_s": statistics.median(contender.step_seconds),
+            "rounds_step_s": contender.step_seconds,
+        }
         if rank == 0:
-            row["max_abs_difference"] = max(float(np.max(np.abs(a - b)))
-                                            for a, b in zip(contender.parameters(), reference))
+            row["max_abs_difference"] = max(
+                float(np.max(np.abs(a - b))) for a, b in zip(contender.parameters(), reference)
+            )
         rows[contender.name] = row
     if rank == 0:
-        text = table(rows, args, size, nodes, gradient_bytes, describe_model(args, contenders[0].model))
+        text = table(
+            rows, args, size, nodes, gradient_bytes, describe_model(args, contenders[0].model)
+        )
         print(text, flush=True)
         if args.output:
             os.makedirs(args.output, exist_ok=True)
             with open(os.path.join(args.output, "train.txt"), "w") as out:
                 out.write(text + "\n")
             with open(os.path.join(args.output, "train.json"), "w") as out:
-                json.dump({"ranks": size, "nodes": nodes, "gradient_bytes": gradient_bytes, "steps": total_steps,
-                           "arguments": vars(args), "rows": rows}, out, indent=1)
+                json.dump(
+                    {
+                        "ranks": size,
+                        "nodes": nodes,
+                        "gradient_bytes": gradient_bytes,
+                        "steps": total_steps,
+                        "arguments": vars(args),
+                        "rows": rows,
+                    },
+                    out,
+                    indent=1,
+                )
     if ddp:
         torch.distributed.destroy_process_group()
     if "horovod" in names:
@@ -296,5 +403,6 @@ def run_rounds(contenders, args, rank, size):
 
 if __name__ == "__main__":
     import mpiallreduce as mar
+
     mar.abort_on_exception()
     raise SystemExit(main())

@@ -20,13 +20,23 @@ summation order. A rank whose digit is d sees sum(d) = p*d and sum(d*d) = p*d*d 
 rank's digit is d (the variance is zero), so when the ranks' contents differ, every rank sees it,
 with no extra message.
 """
+
 import math
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["GradientSpec", "Slot", "Bucket", "plan_buckets", "accumulation_dtype", "DIGEST_ELEMENTS",
-           "digest_of", "digest_elements", "digests_agree"]
+__all__ = [
+    "GradientSpec",
+    "Slot",
+    "Bucket",
+    "plan_buckets",
+    "accumulation_dtype",
+    "DIGEST_ELEMENTS",
+    "digest_of",
+    "digest_elements",
+    "digests_agree",
+]
 
 #: 8 digits of 4 bits, each as d and d*d: sums stay exact to 74565 ranks in float32
 DIGEST_DIGITS = 8
@@ -35,6 +45,7 @@ DIGEST_ELEMENTS = 2 * DIGEST_DIGITS
 
 class GradientSpec(NamedTuple):
     """What a gradient will look like, when there is no array to show yet (a torch parameter's)."""
+
     shape: tuple
     dtype: object
     device: bool = False
@@ -43,7 +54,9 @@ class GradientSpec(NamedTuple):
 def accumulation_dtype(dtype):
     """float16, bfloat16 (ml_dtypes) and narrower floats are summed in float32; the rest in their own type."""
     dtype = np.dtype(dtype)
-    if (dtype.kind == "f" and dtype.itemsize < 4) or dtype.name == "bfloat16":  # ml_dtypes' bfloat16
+    if (
+        dtype.kind == "f" and dtype.itemsize < 4
+    ) or dtype.name == "bfloat16":  # ml_dtypes' bfloat16
         return np.dtype(np.float32)
     if dtype.kind not in "fc":
         raise TypeError(f"gradients must be floating or complex arrays, got dtype {dtype}")
@@ -52,6 +65,7 @@ def accumulation_dtype(dtype):
 
 class Slot(NamedTuple):
     """One gradient's place: its name, shape, dtype and whether it lives on a device."""
+
     name: str
     shape: tuple
     dtype: str
@@ -59,7 +73,9 @@ class Slot(NamedTuple):
 
     @classmethod
     def of(cls, name, array, device):
-        return cls(str(name), tuple(int(n) for n in array.shape), np.dtype(array.dtype).name, bool(device))
+        return cls(
+            str(name), tuple(int(n) for n in array.shape), np.dtype(array.dtype).name, bool(device)
+        )
 
     @property
     def count(self):
@@ -68,8 +84,9 @@ class Slot(NamedTuple):
     @property
     def kind(self):
         """Gradients of one kind share buckets: (on a device?, accumulation dtype)."""
-        return self.device, (np.dtype(np.float32) if self.dtype == "bfloat16" else
-                             accumulation_dtype(self.dtype)).str
+        return self.device, (
+            np.dtype(np.float32) if self.dtype == "bfloat16" else accumulation_dtype(self.dtype)
+        ).str
 
     def describe(self):
         return f"{self.name!r} {self.shape} {self.dtype}{' on the device' if self.device else ''}"
@@ -105,13 +122,27 @@ def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):
         dtype = np.dtype(dtype)
 
         def in_place(i):
-            return (direct_min_bytes is not None and slots[i].dtype == dtype.name
-                    and slots[i].count * dtype.itemsize >= direct_min_bytes)
+            return (
+                direct_min_bytes is not None
+                and slots[i].dtype == dtype.name
+                and slots[i].count * dtype.itemsize >= direct_min_bytes
+            )
+
         fused = tuple(i for i in members if not in_place(i))
         offsets = tuple(int(o) for o in np.cumsum([0] + [slots[i].count for i in fused])[:-1])
         count = sum(slots[i].count for i in fused)
-        buckets.append(Bucket(number, device, dtype, tuple(members), fused, offsets, count,
-                              tuple(i for i in members if in_place(i))))
+        buckets.append(
+            Bucket(
+                number,
+                device,
+                dtype,
+                tuple(members),
+                fused,
+                offsets,
+                count,
+                tuple(i for i in members if in_place(i)),
+            )
+        )
     return buckets
 
 
@@ -119,6 +150,7 @@ def digest_of(contents):
     """32 bits that name what a rank put in a bucket (a tuple of plain values): the library's one
     digest (mpiallreduce.core.consistency), cut to what the bucket's digest elements carry."""
     from ..core.consistency import digest
+
     return digest(contents, bits=32)
 
 
@@ -133,4 +165,6 @@ def digests_agree(summed, digest, size, mean=False):
     or with ``mean`` their mean: times ``size`` and rounded, the sum again (exact: the sums are
     integers far below 2**23, and a mean's relative error is at most float32's 2**-24)."""
     summed = np.real(np.asarray(summed)).astype(np.float64)
-    return bool(np.array_equal(np.rint(summed * size) if mean else summed, size * digest_elements(digest)))
+    return bool(
+        np.array_equal(np.rint(summed * size) if mean else summed, size * digest_elements(digest))
+    )

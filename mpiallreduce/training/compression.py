@@ -22,11 +22,19 @@ bfloat16 rounding (to nearest, ties to even) is done on the float32 bits, so nei
 a device bfloat16 type is needed. Device (CuPy) buckets are compressed on the host: the network
 carries half the bytes, the copy to the host does not.
 """
+
 import numpy as np
 
 from ..core.ops import ReduceOp, divide_by_size
 
-__all__ = ["COMPRESSIONS", "check_compression", "to_wire", "from_wire", "compressed_allreduce", "CompressedSum"]
+__all__ = [
+    "COMPRESSIONS",
+    "check_compression",
+    "to_wire",
+    "from_wire",
+    "compressed_allreduce",
+    "CompressedSum",
+]
 
 #: the 16-bit formats on the wire
 COMPRESSIONS = ("fp16", "bf16")
@@ -47,7 +55,9 @@ def to_wire(values, compression):
     rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
     nan = np.isnan(values)
     if nan.any():  # (the rounding above would carry a NaN's payload into the exponent)
-        rounded[nan] = ((bits[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)  # a quiet NaN, sign kept
+        rounded[nan] = ((bits[nan] >> 16) | np.uint32(0x0040)).astype(
+            np.uint16
+        )  # a quiet NaN, sign kept
     return rounded
 
 
@@ -63,6 +73,7 @@ def _torch():
     """torch, if the program has imported it: its conversions to and from 16 bits are several times
     numpy's (vectorized); the bits are the same (round to nearest even) but for NaN payloads."""
     import sys
+
     return sys.modules.get("torch")
 
 
@@ -73,7 +84,9 @@ def _encode_into(destination, values, compression):
         destination[...] = to_wire(values, compression)
         return
     wire = torch.float16 if compression == "fp16" else torch.bfloat16
-    torch.from_numpy(destination.view(np.int16)).view(wire).copy_(torch.from_numpy(np.ascontiguousarray(values)))
+    torch.from_numpy(destination.view(np.int16)).view(wire).copy_(
+        torch.from_numpy(np.ascontiguousarray(values))
+    )
 
 
 def _decode_into(destination, encoded, compression, accumulate=False):
@@ -105,9 +118,9 @@ def compressed_allreduce(comm, values, compression, digest, mean=False, postscal
     chunk = -(-count // size) if count else 0
     send = np.empty((size, chunk + 2), np.uint16)
     for rank in range(size):  # each chunk rounded straight into its row (the last one padded)
-        part = values[rank * chunk:min((rank + 1) * chunk, count)]
-        _encode_into(send[rank, :part.size], part, compression)
-        send[rank, part.size:chunk] = 0
+        part = values[rank * chunk : min((rank + 1) * chunk, count)]
+        _encode_into(send[rank, : part.size], part, compression)
+        send[rank, part.size : chunk] = 0
     send[:, chunk] = digest & 0xFFFF
     send[:, chunk + 1] = (digest >> 16) & 0xFFFF
     received = np.empty_like(send)
@@ -127,8 +140,8 @@ def compressed_allreduce(comm, values, compression, digest, mean=False, postscal
     gathered = np.empty((size, chunk + 1), np.uint16)
     comm.Allgather(mine, gathered)
     for rank in range(size):
-        part = values[rank * chunk:min((rank + 1) * chunk, count)]
-        _decode_into(part, gathered[rank, :part.size], compression)
+        part = values[rank * chunk : min((rank + 1) * chunk, count)]
+        _decode_into(part, gathered[rank, : part.size], compression)
     return bool(np.all(gathered[:, chunk] == 1))
 
 
@@ -141,8 +154,13 @@ class CompressedSum(ReduceOp):
 
     def __init__(self, compression, digest, mean=False, postscale=1.0):
         super().__init__(f"compressed_{compression}", np.add, None)
-        for name, value in (("compression", compression), ("digest", digest), ("mean", mean),
-                            ("postscale", postscale), ("agreed", None)):
+        for name, value in (
+            ("compression", compression),
+            ("digest", digest),
+            ("mean", mean),
+            ("postscale", postscale),
+            ("agreed", None),
+        ):
             object.__setattr__(self, name, value)
 
     def __repr__(self):
@@ -157,5 +175,10 @@ class CompressedSum(ReduceOp):
 
     def reduce_whole(self, comm, values):
         """``values`` (flat, host) replaced by the compressed sum over ``comm``'s ranks."""
-        object.__setattr__(self, "agreed", compressed_allreduce(comm, values, self.compression, self.digest,
-                                                                self.mean, self.postscale))
+        object.__setattr__(
+            self,
+            "agreed",
+            compressed_allreduce(
+                comm, values, self.compression, self.digest, self.mean, self.postscale
+            ),
+        )

@@ -15,6 +15,7 @@ send 16 bits per element and sum in float32, rounded once (torch's own fp16 hook
 through a GradientSync of one gradient per bucket (mpiallreduce.training.compression), made at
 the bucket's first use, and again when DDP rebuilds its buckets after the first step.
 """
+
 import os
 import socket
 
@@ -25,8 +26,14 @@ from ..core.machine import machine_id
 from .gradients import GradientSpec, GradientSync
 from .torch_tensors import _as_array, _numpy_dtype, default_comm, reduce_tensor
 
-__all__ = ["HookState", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "reproducible_hook",
-           "init_process_group"]
+__all__ = [
+    "HookState",
+    "allreduce_hook",
+    "fp16_compress_hook",
+    "bf16_compress_hook",
+    "reproducible_hook",
+    "init_process_group",
+]
 
 
 class HookState:
@@ -48,7 +55,9 @@ def _done(tensor):
 def allreduce_hook(state, bucket):
     """The mean of the bucket over the ranks (DDP's default, through mpiallreduce)."""
     tensor = bucket.buffer()
-    reduce_tensor(tensor, "mean", True, algorithm=state.algorithm, comm=state.comm, timeout=state.timeout)
+    reduce_tensor(
+        tensor, "mean", True, algorithm=state.algorithm, comm=state.comm, timeout=state.timeout
+    )
     return _done(tensor)
 
 
@@ -56,8 +65,15 @@ def reproducible_hook(state, bucket):
     """The mean, its sum reproducible: the same bits whatever the algorithm or the ranks' order
     (mpiallreduce.reproducible)."""
     tensor = bucket.buffer()
-    reduce_tensor(tensor, "mean", True, algorithm=state.algorithm, comm=state.comm, timeout=state.timeout,
-                  reproducible=True)
+    reduce_tensor(
+        tensor,
+        "mean",
+        True,
+        algorithm=state.algorithm,
+        comm=state.comm,
+        timeout=state.timeout,
+        reproducible=True,
+    )
     return _done(tensor)
 
 
@@ -70,19 +86,28 @@ def _compressed_hook(codec):
         sync = state._syncs.get(key)
         if sync is None:  # (collective: every rank meets this bucket here, in the same order)
             spec = GradientSpec((tensor.numel(),), _numpy_dtype(tensor.dtype), tensor.is_cuda)
-            sync = state._syncs[key] = GradientSync(comm=state.comm, parameters={"bucket": spec},
-                                                    algorithm=state.algorithm, compression=codec,
-                                                    bucket_bytes=1 << 62, rebuild_buckets=False)
+            sync = state._syncs[key] = GradientSync(
+                comm=state.comm,
+                parameters={"bucket": spec},
+                algorithm=state.algorithm,
+                compression=codec,
+                bucket_bytes=1 << 62,
+                rebuild_buckets=False,
+            )
         sync.ready(_as_array(tensor), name="bucket")
         sync.wait()
         if tensor.is_cuda:
             import cupy
+
             cupy.cuda.get_current_stream().synchronize()
         return _done(tensor)
+
     # (not torch's own names: DistributedDataParallel refuses a hook named bf16_compress_hook without NCCL)
     hook.__name__ = hook.__qualname__ = f"mpiallreduce_{codec}_compress_hook"
-    hook.__doc__ = (f"The mean of the bucket, sent as {codec} and summed in float32, rounded once "
-                    "(16-bit buckets go as they are).")
+    hook.__doc__ = (
+        f"The mean of the bucket, sent as {codec} and summed in float32, rounded once "
+        "(16-bit buckets go as they are)."
+    )
     return hook
 
 
@@ -101,11 +126,18 @@ def init_process_group(backend="gloo", comm=None, address=None):
     where = None
     if comm.Get_rank() == 0:
         one_machine = all(boot == boots[0] for boot in boots)
-        host = address or os.environ.get("MASTER_ADDR") or ("127.0.0.1" if one_machine else socket.gethostname())
+        host = (
+            address
+            or os.environ.get("MASTER_ADDR")
+            or ("127.0.0.1" if one_machine else socket.gethostname())
+        )
         with socket.socket() as probe:
             probe.bind(("127.0.0.1" if host == "127.0.0.1" else "", 0))
             where = (host, probe.getsockname()[1])
     host, port = gather_from_ranks(comm, where)[0]
-    torch.distributed.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.Get_rank(),
-                                         world_size=comm.Get_size())
-
+    torch.distributed.init_process_group(
+        backend,
+        init_method=f"tcp://{host}:{port}",
+        rank=comm.Get_rank(),
+        world_size=comm.Get_size(),
+    )

@@ -14,6 +14,7 @@ timed step could fail on some ranks only and leave the turns apart, and each ran
 would then write into the peers' other buffer (the last results): with a timeout, one buffer a
 bucket, written back.
 """
+
 import numpy as np
 
 from .buckets import DIGEST_ELEMENTS, digest_elements
@@ -25,8 +26,22 @@ __all__ = ["FusedBuffers"]
 class FusedBuffers:
     """The fused buffers and calls of ``buckets`` (over ``slots``), for as long as the plan."""
 
-    def __init__(self, comm, slots, buckets, *, op, algorithm, timeout, compression, reproducible, prescale,
-                 postscale, one_node, views):
+    def __init__(
+        self,
+        comm,
+        slots,
+        buckets,
+        *,
+        op,
+        algorithm,
+        timeout,
+        compression,
+        reproducible,
+        prescale,
+        postscale,
+        one_node,
+        views,
+    ):
         self.comm, self.slots, self.buckets, self.algorithm = comm, slots, buckets, algorithm
         self.timeout, self.compression, self.reproducible = timeout, compression, reproducible
         self._own = {}  # bucket index -> [fused buffer, its members' views, its PreparedAllreduce or None]
@@ -47,27 +62,43 @@ class FusedBuffers:
         #: summed by what sums fastest (MPI's own: its mean costs a pass more; docs/training.md). Real
         #: floats only: a complex product by 1/p can flip the sign of a zero, a division does not
         size = comm.Get_size()
-        self.in_scale = {bucket.index: bucket.dtype.type(1 / size) for bucket in buckets
-                         if self._mean_in_call and prescale == 1.0 and size > 1 and not size & (size - 1)
-                         and bucket.dtype.kind == "f" and self.hands_over(bucket)}
+        self.in_scale = {
+            bucket.index: bucket.dtype.type(1 / size)
+            for bucket in buckets
+            if self._mean_in_call
+            and prescale == 1.0
+            and size > 1
+            and not size & (size - 1)
+            and bucket.dtype.kind == "f"
+            and self.hands_over(bucket)
+        }
         if one_node and compression is None:
             for bucket in buckets:
                 if not bucket.device and (bucket.count or bucket.index == len(buckets) - 1):
                     self._make(bucket, np, symmetric=True)
-                    if self.hands_over(bucket):  # (its second buffer: symmetric too, made now on every rank)
-                        self._second[bucket.index] = self._make(bucket, np, symmetric=True, second=True)
+                    if self.hands_over(
+                        bucket
+                    ):  # (its second buffer: symmetric too, made now on every rank)
+                        self._second[bucket.index] = self._make(
+                            bucket, np, symmetric=True, second=True
+                        )
 
     def free(self):
         """Free the symmetric buffers (collective: a replan, every rank at once, nothing in flight)."""
         from ..core.state import state_of
         from ..core.symmetric import free_array
+
         for fused in self._symmetric:  # (not used again)
             free_array(state_of(self.comm), fused)
         self._symmetric, self._own, self._second = [], {}, {}
 
     def hands_over(self, bucket):
         """Whether ``bucket``'s results go back as views of its buffers (``views``: host, not compressed)."""
-        return self.views and not bucket.device and not (self.compression is not None and bucket.dtype.kind == "f")
+        return (
+            self.views
+            and not bucket.device
+            and not (self.compression is not None and bucket.dtype.kind == "f")
+        )
 
     def call_op(self, bucket):
         """The op of ``bucket``'s fused call: "mean" (see _mean_in_call) or "sum"."""
@@ -89,15 +120,29 @@ class FusedBuffers:
         every rank, in bucket order (collective); with views one on each buffer, neither persistent:
         where a step failed on some ranks only their turns differ, and the two are the same call to MPI."""
         from ..api import prepare_at
+
         own = self._own[bucket.index]
         if own[2] is None:
             handed = self.hands_over(bucket)
-            made = [own] + ([self._second.get(bucket.index) or [np.empty_like(own[0]), None, None]] if handed else [])
+            made = [own] + (
+                [self._second.get(bucket.index) or [np.empty_like(own[0]), None, None]]
+                if handed
+                else []
+            )
             for kept in made:
                 if kept[1] is None:
                     kept[1] = self._members_in(kept[0], bucket)
-                kept[2] = prepare_at("", kept[0], self.call_op(bucket), self.algorithm, self.comm, out=kept[0],
-                                     timeout=self.timeout, persistent=not handed, reproducible=self.reproducible)
+                kept[2] = prepare_at(
+                    "",
+                    kept[0],
+                    self.call_op(bucket),
+                    self.algorithm,
+                    self.comm,
+                    out=kept[0],
+                    timeout=self.timeout,
+                    persistent=not handed,
+                    reproducible=self.reproducible,
+                )
             if handed:
                 self._second[bucket.index] = made[1]
         return self.current(bucket)[2]
@@ -115,7 +160,9 @@ class FusedBuffers:
         if elements is None:
             if len(self._digest_arrays) > 4 * len(self.buckets):
                 self._digest_arrays.clear()
-            elements = self._digest_arrays[key] = xp.asarray(digest_elements(digest).astype(bucket.dtype))
+            elements = self._digest_arrays[key] = xp.asarray(
+                digest_elements(digest).astype(bucket.dtype)
+            )
         return elements
 
     def _make(self, bucket, xp, symmetric=False, second=False):
@@ -125,6 +172,7 @@ class FusedBuffers:
         count = bucket.count + (DIGEST_ELEMENTS if carries_digest else 0)
         if symmetric:
             from ..api import empty
+
             fused = empty(count, bucket.dtype, comm=self.comm)
             self._symmetric.append(fused)
         else:
@@ -136,5 +184,10 @@ class FusedBuffers:
 
     def _members_in(self, fused, bucket):
         """Each fused member's place in ``fused``, shaped like its gradient (made once per buffer)."""
-        return [(index, fused[offset:offset + self.slots[index].count].reshape(self.slots[index].shape))
-                for index, offset in zip(bucket.fused, bucket.offsets)]
+        return [
+            (
+                index,
+                fused[offset : offset + self.slots[index].count].reshape(self.slots[index].shape),
+            )
+            for index, offset in zip(bucket.fused, bucket.offsets)
+        ]

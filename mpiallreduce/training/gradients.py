@@ -20,19 +20,30 @@ on every rank (mpiallreduce.training.reduction).
 float16 and bfloat16 are summed in float32, rounded once; ``compression`` sends 16 bits. Gradients may be
 numpy or CuPy arrays (device buckets); on one node host buckets are symmetric buffers (single copy).
 """
+
 import contextlib
 
 import numpy as np
 from mpi4py import MPI
 
+from ..device.arrays import namespace
 from .buckets import GradientSpec, plan_buckets
 from .compression import check_compression
 from .overlap import overlap_with_backward, untimed
 from .reduction import DIRECT_MIN_BYTES, BucketReducer
 from .replicas import broadcast_parameters, check_replicas
-from .steps import (UNNAMED_TWIN, Step, agree_on_slots, common_order, describe_step_differences, given_slot,
-                    on_device, problem, refuse_ambiguous_slots, twins)
-from ..device.arrays import namespace
+from .steps import (
+    UNNAMED_TWIN,
+    Step,
+    agree_on_slots,
+    common_order,
+    describe_step_differences,
+    given_slot,
+    on_device,
+    problem,
+    refuse_ambiguous_slots,
+    twins,
+)
 
 __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replicas"]
 
@@ -80,23 +91,47 @@ class GradientSync:
             with a timeout, written back: mpiallreduce.training.fused).
     """
 
-    def __init__(self, comm=None, bucket_bytes=25 * 2**20, op="mean", algorithm="auto", prescale=1.0,
-                 postscale=1.0, timeout=None, *, parameters=None, find_unused=False, compression=None,
-                 reproducible=False, rebuild_buckets=True, overlap=None, write_back=True):
+    def __init__(
+        self,
+        comm=None,
+        bucket_bytes=25 * 2**20,
+        op="mean",
+        algorithm="auto",
+        prescale=1.0,
+        postscale=1.0,
+        timeout=None,
+        *,
+        parameters=None,
+        find_unused=False,
+        compression=None,
+        reproducible=False,
+        rebuild_buckets=True,
+        overlap=None,
+        write_back=True,
+    ):
         if op not in ("mean", "sum"):
             raise ValueError(f"GradientSync op must be 'mean' or 'sum', got {op!r}")
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.comm = MPI.COMM_WORLD if comm is None else comm
-        self.bucket_bytes, self.op, self.algorithm, self.timeout = bucket_bytes, op, algorithm, timeout
+        self.bucket_bytes, self.op, self.algorithm, self.timeout = (
+            bucket_bytes,
+            op,
+            algorithm,
+            timeout,
+        )
         self.prescale, self.postscale, self.write_back = prescale, postscale, bool(write_back)
         self.find_unused, self.reproducible = bool(find_unused), bool(reproducible)
         self.compression = check_compression(compression)
         if self.reproducible and self.compression:
-            raise ValueError("GradientSync: compression rounds each contribution on the way: it cannot be "
-                             "reproducible=True as well")
+            raise ValueError(
+                "GradientSync: compression rounds each contribution on the way: it cannot be "
+                "reproducible=True as well"
+            )
         if self.compression and timeout is not None:
-            raise ValueError("GradientSync: compressed buckets cannot be timed yet (timeout=None with compression)")
+            raise ValueError(
+                "GradientSync: compressed buckets cannot be timed yet (timeout=None with compression)"
+            )
         self.declared = parameters is not None
         self.overlap, self._asked_overlap = None, overlap  # (decided at the first plan: collective)
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
@@ -104,18 +139,37 @@ class GradientSync:
         self._by_name, self._by_identity = {}, {}
         self._device_xp, self._no_sync, self._buckets = None, 0, []
         #: what every rank's GradientSync must have alike (compared with the gradients, collectively)
-        self._options = {"bucket_bytes": bucket_bytes, "op": op, "algorithm": algorithm, "prescale": prescale,
-                         "postscale": postscale, "timed": timeout is not None, "find_unused": self.find_unused,
-                         "compression": compression, "reproducible": self.reproducible,
-                         "rebuild_buckets": bool(rebuild_buckets), "declared": self.declared,
-                         "write_back": self.write_back}
+        self._options = {
+            "bucket_bytes": bucket_bytes,
+            "op": op,
+            "algorithm": algorithm,
+            "prescale": prescale,
+            "postscale": postscale,
+            "timed": timeout is not None,
+            "find_unused": self.find_unused,
+            "compression": compression,
+            "reproducible": self.reproducible,
+            "rebuild_buckets": bool(rebuild_buckets),
+            "declared": self.declared,
+            "write_back": self.write_back,
+        }
         if self.declared:
-            named = list(parameters.items()) if isinstance(parameters, dict) else list(enumerate(parameters))
+            named = (
+                list(parameters.items())
+                if isinstance(parameters, dict)
+                else list(enumerate(parameters))
+            )
             slots = [given_slot(name, array) for name, array in named]
-            problems = [f"{slot.describe()}: {reason}" for slot, (_, array) in zip(slots, named)
-                        if not isinstance(array, GradientSpec) and (reason := problem(array)) is not None
-                        and "read-only" not in reason]  # (parameters may be read-only views: only their shape counts)
-            agree_on_slots(self.comm, slots, "GradientSync(parameters=...)", self._options, problems, timeout)
+            problems = [
+                f"{slot.describe()}: {reason}"
+                for slot, (_, array) in zip(slots, named)
+                if not isinstance(array, GradientSpec)
+                and (reason := problem(array)) is not None
+                and "read-only" not in reason
+            ]  # (parameters may be read-only views: only their shape counts)
+            agree_on_slots(
+                self.comm, slots, "GradientSync(parameters=...)", self._options, problems, timeout
+            )
             self._by_identity = {id(array): i for i, (_, array) in enumerate(named)}
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
@@ -123,27 +177,49 @@ class GradientSync:
     def _use_slots(self, slots, order):
         if self.overlap is None:  # (every rank plans here, together, whatever it was asked)
             self.overlap, self._agree_first, self._spans_nodes = overlap_with_backward(
-                self.comm, self._asked_overlap, self.timeout)
+                self.comm, self._asked_overlap, self.timeout
+            )
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
-        self._buckets = plan_buckets(slots, self.bucket_bytes, list(order), None if self.compression else DIRECT_MIN_BYTES)
-        self._bucket_of = {member: bucket.index for bucket in self._buckets for member in bucket.members}
-        self._reducer = BucketReducer(self.comm, slots, self._buckets, op=self.op, algorithm=self.algorithm,
-                                      prescale=self.prescale, postscale=self.postscale, timeout=self.timeout,
-                                      compression=self.compression, reproducible=self.reproducible,
-                                      one_node=not self._spans_nodes, views=not self.write_back,
-                                      replaced=self._reducer)  # (a replan: every rank together, nothing in flight)
+        self._buckets = plan_buckets(
+            slots, self.bucket_bytes, list(order), None if self.compression else DIRECT_MIN_BYTES
+        )
+        self._bucket_of = {
+            member: bucket.index for bucket in self._buckets for member in bucket.members
+        }
+        self._reducer = BucketReducer(
+            self.comm,
+            slots,
+            self._buckets,
+            op=self.op,
+            algorithm=self.algorithm,
+            prescale=self.prescale,
+            postscale=self.postscale,
+            timeout=self.timeout,
+            compression=self.compression,
+            reproducible=self.reproducible,
+            one_node=not self._spans_nodes,
+            views=not self.write_back,
+            replaced=self._reducer,
+        )  # (a replan: every rank together, nothing in flight)
 
-    buckets = property(lambda self: [] if self._slots is None else [[self._slots[i].name for i in b.members]
-                                                                    for b in self._buckets],
-                       doc="The buckets, in the order they are started: lists of gradient names (none unplanned).")
+    buckets = property(
+        lambda self: (
+            []
+            if self._slots is None
+            else [[self._slots[i].name for i in b.members] for b in self._buckets]
+        ),
+        doc="The buckets, in the order they are started: lists of gradient names (none unplanned).",
+    )
 
     def _new_step(self):
         self._step = Step(self._slots, self.find_unused)
         self._arrived, self._next_bucket, self._in_flight = [0] * len(self._buckets), 0, []
 
-    in_no_sync = property(lambda self: self._no_sync > 0, doc="Whether a ``no_sync()`` block is open.")
+    in_no_sync = property(
+        lambda self: self._no_sync > 0, doc="Whether a ``no_sync()`` block is open."
+    )
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -163,20 +239,37 @@ class GradientSync:
         if self._no_sync:
             return
         (step := self._step).calls.append((grad, name))
-        if self._slots is not None and type(grad) is np.ndarray and (name is not None or self.declared):
-            index = self._by_name.get(str(name)) if name is not None else self._by_identity.get(id(grad))
-            if (self._fits.get(index) == (grad.shape, grad.dtype) and grad.flags.writeable
-                    and step.accept(index, grad)):  # (the common case: as it came before)
+        if (
+            self._slots is not None
+            and type(grad) is np.ndarray
+            and (name is not None or self.declared)
+        ):
+            index = (
+                self._by_name.get(str(name))
+                if name is not None
+                else self._by_identity.get(id(grad))
+            )
+            if (
+                self._fits.get(index) == (grad.shape, grad.dtype)
+                and grad.flags.writeable
+                and step.accept(index, grad)
+            ):  # (the common case: as it came before)
                 return self._arrive(index, grad)
         # Nothing here raises: what is wrong with a gradient is recorded and reaches every rank through
         # the digest, so that every rank's wait() raises, not this one's alone (leaving the others).
         trouble = problem(grad)
         if trouble is None and self._device_xp is None and on_device(grad):
             self._device_xp = namespace(grad)
-        if self._slots is None:  # the first step declares the gradients: its buckets start at wait()
+        if (
+            self._slots is None
+        ):  # the first step declares the gradients: its buckets start at wait()
             return
         if name is not None or self.declared:  # (by name, else the declared array itself)
-            index = self._by_name.get(str(name)) if name is not None else self._by_identity.get(id(grad))
+            index = (
+                self._by_name.get(str(name))
+                if name is not None
+                else self._by_identity.get(id(grad))
+            )
         else:  # (by position: the n-th ready is the n-th gradient, unless another has its shape and dtype)
             index = len(step.arrivals) if len(step.arrivals) < len(self._slots) else None
             trouble = UNNAMED_TWIN if trouble is None and index in self._twins else trouble
@@ -192,19 +285,45 @@ class GradientSync:
         if grad is not None and type(grad) is np.ndarray and self._reducer.copy_in(index, grad):
             self._step.copied.add(index)
         self._arrived[self._bucket_of[index]] += 1
-        last, step = len(self._buckets) - 1, self._step  # (the last starts at wait(): its digest counts extras)
+        last, step = (
+            len(self._buckets) - 1,
+            self._step,
+        )  # (the last starts at wait(): its digest counts extras)
         try:
-            while self.overlap and step.failed is None and self._next_bucket < last and self._arrived[
-                    self._next_bucket] == len(self._buckets[self._next_bucket].members):
+            while (
+                self.overlap
+                and step.failed is None
+                and self._next_bucket < last
+                and self._arrived[self._next_bucket]
+                == len(self._buckets[self._next_bucket].members)
+            ):
                 self._start(self._buckets[self._next_bucket])
                 self._next_bucket += 1
-        except Exception as error:  # (a bucket's first start meets the other ranks: a timeout there)
-            step.failed = error  # no later bucket starts; wait() raises it on every rank that saw it
+        except (
+            Exception
+        ) as error:  # (a bucket's first start meets the other ranks: a timeout there)
+            step.failed = (
+                error  # no later bucket starts; wait() raises it on every rank that saw it
+            )
 
     def _start(self, bucket, in_place=(), part="all"):
-        step, xp, last = self._step, self._device_xp if bucket.device else np, bucket.index == len(self._buckets) - 1
-        self._in_flight.append(self._reducer.start(bucket, step.filled, step.copied, self._reducer.digest(step) if last
-                                                   else 0, xp, not self.overlap, in_place, part))
+        step, xp, last = (
+            self._step,
+            self._device_xp if bucket.device else np,
+            bucket.index == len(self._buckets) - 1,
+        )
+        self._in_flight.append(
+            self._reducer.start(
+                bucket,
+                step.filled,
+                step.copied,
+                self._reducer.digest(step) if last else 0,
+                xp,
+                not self.overlap,
+                in_place,
+                part,
+            )
+        )
 
     def wait(self):
         """Start the buckets not yet started, wait for them; if the step succeeded everywhere, write back.
@@ -223,12 +342,25 @@ class GradientSync:
             return {}
         if self._slots is None:
             calls = self._step.calls
-            slots = [given_slot(name if name is not None else f"#{i}", grad) for i, (grad, name) in enumerate(calls)]
-            problems = [f"{slot.describe()}: {reason}" for slot, (grad, _) in zip(slots, calls)
-                        if (reason := problem(grad)) is not None]
+            slots = [
+                given_slot(name if name is not None else f"#{i}", grad)
+                for i, (grad, name) in enumerate(calls)
+            ]
+            problems = [
+                f"{slot.describe()}: {reason}"
+                for slot, (grad, _) in zip(slots, calls)
+                if (reason := problem(grad)) is not None
+            ]
             try:
-                slots = agree_on_slots(self.comm, slots, "GradientSync: the first step's gradients", self._options,
-                                       problems, self.timeout, any_order=True)
+                slots = agree_on_slots(
+                    self.comm,
+                    slots,
+                    "GradientSync: the first step's gradients",
+                    self._options,
+                    problems,
+                    self.timeout,
+                    any_order=True,
+                )
                 refuse_ambiguous_slots(slots)  # (alike everywhere: the slots agreed)
             except Exception:
                 self._new_step()  # (this step is over: the next one starts afresh)
@@ -238,22 +370,34 @@ class GradientSync:
                 return {}
             self._use_slots(slots, order=range(len(slots)))
             self._replay(calls)
-        step, first = self._step, self._buckets[self._next_bucket:]
-        agreed = self._reduce(first[-1:], last_part="fused") if self._agree_first else self._reduce(first)
+        step, first = self._step, self._buckets[self._next_bucket :]
+        agreed = (
+            self._reduce(first[-1:], last_part="fused")
+            if self._agree_first
+            else self._reduce(first)
+        )
         self._next_bucket = len(self._buckets)
         if not agreed:
-            message = describe_step_differences(self.comm, step, self._buckets)  # collective: every rank saw it
+            message = describe_step_differences(
+                self.comm, step, self._buckets
+            )  # collective: every rank saw it
             self._new_step()
             raise ValueError(message)
         trouble = step.trouble()
         if trouble:  # the same on every rank (the digests agreed)
-            if not self.declared and UNNAMED_TWIN not in str(trouble):  # changed alike: plan anew from this step
+            if not self.declared and UNNAMED_TWIN not in str(
+                trouble
+            ):  # changed alike: plan anew from this step
                 self._slots = None  # (nothing was written: the step is replayed as it was given)
                 self._replay(step.calls)
                 return self.wait()
             self._new_step()
-            raise ValueError("GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed")
-        if self._agree_first:  # (agreed on the step: the other buckets, their large gradients in place)
+            raise ValueError(
+                "GradientSync: on every rank, " + "; ".join(trouble) + "; no gradient was changed"
+            )
+        if (
+            self._agree_first
+        ):  # (agreed on the step: the other buckets, their large gradients in place)
             apart = self._reducer.apart(step.filled) if untimed(self.timeout) else ()
             self._reduce(first, len(self._in_flight), in_place=apart, last_part="direct")
         unused = self._reducer.write_back(self._in_flight, step.filled)
@@ -272,9 +416,13 @@ class GradientSync:
             if self._step.failed is not None:
                 raise self._step.failed
             for bucket in buckets:
-                self._start(bucket, in_place, last_part if bucket.index == len(self._buckets) - 1 else "all")
+                self._start(
+                    bucket, in_place, last_part if bucket.index == len(self._buckets) - 1 else "all"
+                )
         except Exception:  # (a bucket's first start agrees with the other ranks: a timeout there)
-            self._reducer.collect(self._in_flight[since:])  # those started finish before their buffers are reused
+            self._reducer.collect(
+                self._in_flight[since:]
+            )  # those started finish before their buffers are reused
             self._new_step()
             raise
         first_error, agreed = self._reducer.collect(self._in_flight[since:])
@@ -291,7 +439,9 @@ class GradientSync:
     def synchronize(self, gradients):
         """``ready`` every gradient in order (named by position), then ``wait``; returns the gradients."""
         if not self.write_back:
-            raise ValueError("GradientSync(write_back=False) hands results over: use ready() and wait()")
+            raise ValueError(
+                "GradientSync(write_back=False) hands results over: use ready() and wait()"
+            )
         for i, grad in enumerate(gradients):
             self.ready(grad, name=None if self.declared else i)
         self.wait()

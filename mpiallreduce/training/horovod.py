@@ -15,23 +15,70 @@ fp16 in fp16); ``name=`` is accepted and not needed (calls are matched by their 
 rank, and their signatures compared); there are no process sets other than ``init(comm)``'s ranks
 (COMM_WORLD by default), no Adasum, no tensor allgather or alltoall (docs/training.md).
 """
+
 import torch
 from mpi4py import MPI
 
 from ..core.gather import gather_from_ranks
-from .torch_optimizer import Compression, DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
-from .torch_tensors import (_as_array, _as_tensor, _op_for, default_comm, local_rank, local_size, rank, reduce_tensor,
-                            set_default_comm, size)
+from .torch_optimizer import (
+    Compression,
+    DistributedOptimizer,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from .torch_tensors import (
+    _as_array,
+    _as_tensor,
+    _op_for,
+    default_comm,
+    local_rank,
+    local_size,
+    rank,
+    reduce_tensor,
+    set_default_comm,
+    size,
+)
 
-__all__ = ["init", "shutdown", "is_initialized", "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression",
-           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "synchronize", "poll", "broadcast",
-           "broadcast_", "broadcast_object", "allgather_object", "broadcast_parameters", "broadcast_optimizer_state",
-           "DistributedOptimizer", "rank", "size", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-           "mpi_threads_supported", "gloo_built", "nccl_built", "cuda_built"]
+__all__ = [
+    "init",
+    "shutdown",
+    "is_initialized",
+    "Average",
+    "Sum",
+    "Min",
+    "Max",
+    "Product",
+    "Adasum",
+    "Compression",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "synchronize",
+    "poll",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "allgather_object",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+    "DistributedOptimizer",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "gloo_built",
+    "nccl_built",
+    "cuda_built",
+]
 
 #: Horovod's ops, as this package names them
 Average, Sum, Min, Max, Product = "mean", "sum", "min", "max", "prod"
 Adasum = "adasum"
+
 
 def init(comm=None):
     """Start (MPI is already up once mpi4py is imported). ``comm``: an mpi4py communicator whose
@@ -72,6 +119,7 @@ def cuda_built():
     """Whether CUDA tensors can be reduced here: CuPy imports and sees a GPU."""
     try:
         import cupy
+
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all "no"
         return False
@@ -83,13 +131,17 @@ def _op(average, op):
         raise ValueError("give op= or average=, not both (Horovod's rule)")
     op = (Average if average in (None, True) else Sum) if op is None else op
     if op == Adasum:
-        raise NotImplementedError("hvd.Adasum is not implemented by mpiallreduce: use hvd.Average or hvd.Sum")
+        raise NotImplementedError(
+            "hvd.Adasum is not implemented by mpiallreduce: use hvd.Average or hvd.Sum"
+        )
     return op
 
 
 def _options(name, process_set, kwargs):
     if process_set is not None:
-        raise NotImplementedError("process sets are not implemented by mpiallreduce: init(comm) picks the ranks")
+        raise NotImplementedError(
+            "process sets are not implemented by mpiallreduce: init(comm) picks the ranks"
+        )
     kwargs.setdefault("comm", default_comm())
     return kwargs
 
@@ -136,20 +188,53 @@ def _reduce(tensor, average, op, compression, prescale_factor, postscale_factor,
     return tensor
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=None, **kwargs):
+def allreduce(
+    tensor,
+    average=None,
+    name=None,
+    compression=Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+    **kwargs,
+):
     """A new tensor: ``tensor`` reduced over the ranks, averaged unless ``op`` says otherwise
     (Horovod's default; torch.distributed's is a sum: ``op=hvd.Sum``). Keywords of
     ``mpiallreduce.allreduce`` (algorithm, timeout, reproducible...) pass through."""
-    return _reduce(tensor, average, op, compression, prescale_factor, postscale_factor, False,
-                   _options(name, process_set, kwargs))
+    return _reduce(
+        tensor,
+        average,
+        op,
+        compression,
+        prescale_factor,
+        postscale_factor,
+        False,
+        _options(name, process_set, kwargs),
+    )
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               process_set=None, **kwargs):
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set=None,
+    **kwargs,
+):
     """``tensor`` reduced over the ranks in place; returns it."""
-    return _reduce(tensor, average, op, None, prescale_factor, postscale_factor, True,
-                   _options(name, process_set, kwargs))
+    return _reduce(
+        tensor,
+        average,
+        op,
+        None,
+        prescale_factor,
+        postscale_factor,
+        True,
+        _options(name, process_set, kwargs),
+    )
 
 
 class _Handle:
@@ -162,16 +247,26 @@ class _Handle:
         result = self.pending.wait()
         if self.tensor.device.type == "cuda":
             import cupy
+
             cupy.cuda.get_current_stream().synchronize()
         return self.tensor if self.in_place else _as_tensor(result, self.tensor)
 
 
 def _reduce_async(tensor, average, op, in_place, name, process_set, kwargs):
     from ..api import allreduce_async as start
+
     kwargs = _options(name, process_set, kwargs)
     array = _as_array(tensor)
-    return _Handle(start(array, op=_op_for(tensor, _op(average, op), kwargs), out=array if in_place else None,
-                         **kwargs), tensor, in_place)
+    return _Handle(
+        start(
+            array,
+            op=_op_for(tensor, _op(average, op), kwargs),
+            out=array if in_place else None,
+            **kwargs,
+        ),
+        tensor,
+        in_place,
+    )
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, process_set=None, **kwargs):

@@ -16,6 +16,7 @@ decides it by hand (ranks may differ); PyTorch's own threads are not counted
 GradientSync's ``wait()`` reduces the last bucket's fused buffer (which carries the step's digest)
 first: once every rank agreed on the step, the large gradients are reduced in place.
 """
+
 from ..core.gather import gather_from_ranks
 from ..core.machine import cpu_set, machine_id, share_of_cores
 
@@ -30,9 +31,14 @@ def overlap_with_backward(comm, asked=None, timeout=None):
     of ``comm`` overlaps; whether its ranks span nodes). Collective: every rank says what it has
     and what it was asked."""
     everyone = gather_from_ranks(comm, (machine_id(), cpu_set(), asked), timeout)
-    decided = [bool(theirs) if theirs is not None else share_of_cores((machine, cores), [e[:2] for e in everyone])
-               >= SPARE_CORES for machine, cores, theirs in everyone]
+    decided = [
+        bool(theirs)
+        if theirs is not None
+        else share_of_cores((machine, cores), [e[:2] for e in everyone]) >= SPARE_CORES
+        for machine, cores, theirs in everyone
+    ]
     from ..core.state import state_of  # (its topology: emulated nodes share a machine, not a node)
+
     return decided[comm.Get_rank()], not any(decided), state_of(comm).make_ready().spans_nodes
 
 
@@ -41,4 +47,5 @@ def untimed(timeout):
     MPIALLREDUCE_TIMEOUT): only then are large gradients reduced where they lie once the ranks
     agreed, since a timed call could give up after the agreement, with some reduced."""
     from ..core.settings import settings
+
     return timeout is None and settings().timeout is None

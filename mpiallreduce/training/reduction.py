@@ -17,6 +17,7 @@ their buffers (symmetric ones on one node), two a bucket used in turn, ending as
 the mean itself, or, on a power-of-two rank count, gradients copied in times 1/p and summed): a copy
 less (mpiallreduce.training.fused).
 """
+
 import numpy as np
 
 from ..core.ops import divide_by_size
@@ -33,7 +34,9 @@ __all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
 #: each, across nodes (a message) and on one node (where the bucket is symmetric: single copy), and
 #: so where they could be reduced in place (docs/training.md: 64 KiB there before, 1.1-2x slower)
 DIRECT_MIN_BYTES = 1 << 20
-_byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds  # (numpy 1 / numpy 2)
+_byte_bounds = (
+    getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
+)  # (numpy 1 / numpy 2)
 
 
 def _copy_into(xp, view, grad, scale):
@@ -48,8 +51,23 @@ def _copy_into(xp, view, grad, scale):
 class BucketReducer:
     """The allreduces of ``buckets`` (over ``slots``), with their buffers, kept for as long as the plan."""
 
-    def __init__(self, comm, slots, buckets, *, op, algorithm, prescale, postscale, timeout, compression,
-                 reproducible, one_node=False, views=False, replaced=None):
+    def __init__(
+        self,
+        comm,
+        slots,
+        buckets,
+        *,
+        op,
+        algorithm,
+        prescale,
+        postscale,
+        timeout,
+        compression,
+        reproducible,
+        one_node=False,
+        views=False,
+        replaced=None,
+    ):
         """``one_node``: the host buckets' buffers are symmetric (mpiallreduce.empty: made here, in
         bucket order, on every rank, as the plan is agreed), so their reductions run single copy.
         ``views``: host buckets hand their results over as views (two buffers a bucket, in turn:
@@ -57,25 +75,49 @@ class BucketReducer:
         ``replaced``: the reducer of the plan this one replaces (a replan: every rank at once, nothing
         in flight): its buffers are freed now, or, where it handed results over, two successful
         steps on (``write_back``), as long as those results stay valid."""
-        self.comm, self.slots, self.buckets, self.op, self.algorithm = comm, slots, buckets, op, algorithm
+        self.comm, self.slots, self.buckets, self.op, self.algorithm = (
+            comm,
+            slots,
+            buckets,
+            op,
+            algorithm,
+        )
         self.timeout, self.prescale, self.postscale = timeout, prescale, postscale
         self.compression, self.reproducible = compression, reproducible
-        self.fused = FusedBuffers(comm, slots, buckets, op=op, algorithm=algorithm, timeout=timeout,
-                                  compression=compression, reproducible=reproducible, prescale=prescale,
-                                  postscale=postscale,
-                                  one_node=one_node, views=views)  # (each bucket's buffers and calls)
-        self._fused_in = {i: bucket for bucket in buckets for i in bucket.fused}  # slot -> its bucket
-        self._member_at = {i: n for bucket in buckets for n, i in enumerate(bucket.fused)}  # slot -> its place
+        self.fused = FusedBuffers(
+            comm,
+            slots,
+            buckets,
+            op=op,
+            algorithm=algorithm,
+            timeout=timeout,
+            compression=compression,
+            reproducible=reproducible,
+            prescale=prescale,
+            postscale=postscale,
+            one_node=one_node,
+            views=views,
+        )  # (each bucket's buffers and calls)
+        self._fused_in = {
+            i: bucket for bucket in buckets for i in bucket.fused
+        }  # slot -> its bucket
+        self._member_at = {
+            i: n for bucket in buckets for n, i in enumerate(bucket.fused)
+        }  # slot -> its place
         self._direct_slots = [i for bucket in buckets for i in bucket.direct]
         self._results = {}  # slot -> the result buffer of a large gradient (zeros reduced where one is missing)
         self._direct = {}  # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
         #: its op: the mean itself, but a reproducible sum divided at the end as a bucket's is (the same bits:
         #: a reproducible mean rounds the exact sum divided, not the rounded sum divided)
-        self._direct_op, self._direct_divides = ("sum", op == "mean") if reproducible else (op, False)
+        self._direct_op, self._direct_divides = (
+            ("sum", op == "mean") if reproducible else (op, False)
+        )
         self._clean_digest = None  # the digest of a step where every gradient came as planned
         #: [FusedBuffers of replaced plans, successful steps until they are freed]
         self._retired = [] if replaced is None else replaced._retired
-        if replaced is not None and replaced.fused.views:  # (its results, maybe the next gradients, live there)
+        if (
+            replaced is not None and replaced.fused.views
+        ):  # (its results, maybe the next gradients, live there)
             self._retired = [*self._retired, [replaced.fused, 2]]
         elif replaced is not None:
             replaced.fused.free()
@@ -98,8 +140,12 @@ class BucketReducer:
         bucket = self._fused_in.get(index)
         if bucket is None or bucket.device:
             return False
-        _copy_into(np, self.fused.current(bucket, np)[1][self._member_at[index]][1], grad,
-                   self.fused.in_scale.get(bucket.index))
+        _copy_into(
+            np,
+            self.fused.current(bucket, np)[1][self._member_at[index]][1],
+            grad,
+            self.fused.in_scale.get(bucket.index),
+        )
         return True
 
     def apart(self, filled):
@@ -107,14 +153,22 @@ class BucketReducer:
         that share no memory with another large one: those that may be reduced in place (by byte
         bounds, sorted). A fused one that shares their memory is harmless: it was copied into its
         bucket at ready(), and its result is written back last, from what it held then."""
-        bounds = sorted((*_byte_bounds(grad), index) for index in self._direct_slots  # (strided ones too)
-                        if isinstance(grad := filled.get(index), np.ndarray))
+        bounds = sorted(
+            (*_byte_bounds(grad), index)
+            for index in self._direct_slots  # (strided ones too)
+            if isinstance(grad := filled.get(index), np.ndarray)
+        )
         apart, reach = set(), None
         for k, (low, high, index) in enumerate(bounds):
             after = bounds[k + 1][0] if k + 1 < len(bounds) else None
             grad = filled[index]
-            if ((reach is None or low >= reach) and (after is None or after >= high) and type(grad) is np.ndarray
-                    and grad.flags.c_contiguous and grad.flags.writeable):
+            if (
+                (reach is None or low >= reach)
+                and (after is None or after >= high)
+                and type(grad) is np.ndarray
+                and grad.flags.c_contiguous
+                and grad.flags.writeable
+            ):
                 apart.add(index)
             reach = high if reach is None else max(reach, high)
         return apart
@@ -132,6 +186,7 @@ class BucketReducer:
         (the algorithms that finish slices divide each slice as they reduce it: 1/p of a pass), but
         for a reproducible sum, divided as a bucket's."""
         from ..api import prepare_at
+
         if xp is None:  # a device bucket none of whose gradients came: any device module will do
             import cupy as xp
         last = bucket.index == len(self.buckets) - 1
@@ -150,12 +205,14 @@ class BucketReducer:
                     view.fill(0)
                 else:
                     _copy_into(xp, view, grad, in_scale)
-            payload = fused[:bucket.count]
+            payload = fused[: bucket.count]
             if self.prescale != 1.0:
                 xp.multiply(payload, scale, out=payload)
             if carries_digest:
-                tail, elements = fused[bucket.count:], self.fused.digest_array(xp, bucket, digest)
-                xp.copyto(tail, elements) if in_scale is None else xp.multiply(elements, in_scale, out=tail)
+                tail, elements = fused[bucket.count :], self.fused.digest_array(xp, bucket, digest)
+                xp.copyto(tail, elements) if in_scale is None else xp.multiply(
+                    elements, in_scale, out=tail
+                )
             if compressed:
                 handle = self._start_compressed(fused, digest, here)
             else:
@@ -167,12 +224,16 @@ class BucketReducer:
         for index in bucket.direct if part != "fused" else ():
             result = self._results.get(index)
             if result is None:
-                result = self._results[index] = xp.empty(self.slots[index].shape, dtype=bucket.dtype)
+                result = self._results[index] = xp.empty(
+                    self.slots[index].shape, dtype=bucket.dtype
+                )
             grad = filled.get(index)
             if index in in_place:  # (agreed everywhere; no other gradient shares its memory)
                 result = grad
                 reduced_in_place.add(index)
-            if grad is None:  # zeros in its place (find_unused), or a gradient that did not fit its slot
+            if (
+                grad is None
+            ):  # zeros in its place (find_unused), or a gradient that did not fit its slot
                 result.fill(0)
             elif self.prescale != 1.0:
                 xp.multiply(grad, scale, out=result)
@@ -181,13 +242,25 @@ class BucketReducer:
             # (prepared once on its result buffer: agreed then; the step's digest says the ranks' calls match)
             own = self._results[index]
             prepared = self._direct.get(index)
-            if prepared is None:  # (not persistent: run on other memory as well, the same kind of call)
-                prepared = self._direct[index] = prepare_at("", own, self._direct_op, self.algorithm, self.comm, out=own,
-                                                            timeout=self.timeout, persistent=False,
-                                                            reproducible=self.reproducible)
+            if (
+                prepared is None
+            ):  # (not persistent: run on other memory as well, the same kind of call)
+                prepared = self._direct[index] = prepare_at(
+                    "",
+                    own,
+                    self._direct_op,
+                    self.algorithm,
+                    self.comm,
+                    out=own,
+                    timeout=self.timeout,
+                    persistent=False,
+                    reproducible=self.reproducible,
+                )
             on = None if result is own else result
             handle = _Done.of(prepared._run_on)(on) if here else prepared._start_on(on)
-            if here and index in reduced_in_place and handle.error is None:  # (what remains now, while in cache)
+            if (
+                here and index in reduced_in_place and handle.error is None
+            ):  # (what remains now, while in cache)
                 self._finish(np, grad, grad, bucket, self.comm.Get_size(), self._direct_divides)
                 finished.add(index)
             handles.append((index, handle))
@@ -208,9 +281,13 @@ class BucketReducer:
                     if compressed:
                         agreed = handle.compressed_op.agreed
                     else:
-                        tail = self.fused.current(bucket)[0][bucket.count:]
-                        agreed = digests_agree(tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
-                                               digest, self.comm.Get_size(), mean=self.fused.ends_as_mean(bucket))
+                        tail = self.fused.current(bucket)[0][bucket.count :]
+                        agreed = digests_agree(
+                            tail if namespace(tail) is None else namespace(tail).asnumpy(tail),
+                            digest,
+                            self.comm.Get_size(),
+                            mean=self.fused.ends_as_mean(bucket),
+                        )
         return first_error, agreed
 
     def write_back(self, in_flight, filled):
@@ -228,16 +305,25 @@ class BucketReducer:
                     fused, views, _ = self.fused.current(bucket)
                     xp = namespace(fused) or np
                     handed = self.fused.hands_over(bucket)
-                    if handed and not self.fused.ends_as_mean(bucket):  # (what the call left: in place, one pass)
-                        self._finish(xp, fused[:bucket.count], fused[:bucket.count], bucket, size, divide)
+                    if handed and not self.fused.ends_as_mean(
+                        bucket
+                    ):  # (what the call left: in place, one pass)
+                        self._finish(
+                            xp, fused[: bucket.count], fused[: bucket.count], bucket, size, divide
+                        )
                     for member, result in views:
                         slot = self.slots[member]
                         grad = filled.get(member)
-                        if handed and (grad is None or (type(grad) is np.ndarray and grad.dtype == result.dtype)):
+                        if handed and (
+                            grad is None
+                            or (type(grad) is np.ndarray and grad.dtype == result.dtype)
+                        ):
                             unused[slot.name] = result
                             continue
                         target = xp.empty_like(result) if grad is None else grad
-                        if compressed or handed:  # (a compressed sum was divided and scaled before its one rounding)
+                        if (
+                            compressed or handed
+                        ):  # (a compressed sum was divided and scaled before its one rounding)
                             xp.copyto(target, result, casting="unsafe")
                         else:
                             self._finish(xp, result, target, bucket, size, divide)
@@ -248,7 +334,9 @@ class BucketReducer:
                 result = grad if index in in_place else self._results[index]
                 xp = namespace(result) or np
                 target = xp.empty_like(result) if grad is None else grad
-                self._finish(xp, result, target, bucket, size, self._direct_divides)  # (else its call's mean)
+                self._finish(
+                    xp, result, target, bucket, size, self._direct_divides
+                )  # (else its call's mean)
                 if grad is None:
                     unused[self.slots[index].name] = target
         self.fused.next_turn()
@@ -284,9 +372,18 @@ class BucketReducer:
         here, on the caller's thread; the handle's op says whether the digests agreed."""
         from ..core.call import Call
         from ..core.worker import Meeting, submit
+
         op = CompressedSum(self.compression, digest, self.op == "mean", self.postscale)
-        call = Call.start(fused, op, "auto", self.comm, fused, False, None, None, None, None, site="")
-        handle = submit(call.state, call.run, fused, f"{self.compression} bucket of {fused.size} {fused.dtype}", Meeting(None, ""),
-                        here=here or call.sets_up())
+        call = Call.start(
+            fused, op, "auto", self.comm, fused, False, None, None, None, None, site=""
+        )
+        handle = submit(
+            call.state,
+            call.run,
+            fused,
+            f"{self.compression} bucket of {fused.size} {fused.dtype}",
+            Meeting(None, ""),
+            here=here or call.sets_up(),
+        )
         handle.compressed_op = op
         return handle

@@ -11,8 +11,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import mpi_datatype
-from ..core.gather import gather_from_ranks
 from ..core.consistency import content_digest, describe_differences
+from ..core.gather import gather_from_ranks
 from ..device.arrays import namespace, synchronize
 
 __all__ = ["broadcast_parameters", "check_replicas"]
@@ -70,4 +70,6 @@ def check_replicas(arrays, comm=None):
             groups.setdefault(rank_digests[index], []).append(rank)
         if len(groups) > 1:
             parts = "; ".join(f"ranks {ranks} hold {digest}" for digest, ranks in groups.items())
-            raise ValueError(f"replicas differ: array {name!r} is not the same on every rank ({parts})")
+            raise ValueError(
+                f"replicas differ: array {name!r} is not the same on every rank ({parts})"
+            )

@@ -8,17 +8,28 @@ gathers every rank's contents and names the first gradient that differs and the 
 ``agree_on_slots`` is the one collective comparison of a plan's gradients and options (declared
 parameters, or the first step's gradients).
 """
+
 from collections import Counter
 
 import numpy as np
 
-from ..core.gather import gather_from_ranks
 from ..core.consistency import describe_differences
+from ..core.gather import gather_from_ranks
 from ..device.arrays import namespace
 from .buckets import GradientSpec, Slot, accumulation_dtype
 
-__all__ = ["Step", "agree_on_slots", "describe_step_differences", "given_slot", "on_device", "problem", "twins",
-           "refuse_ambiguous_slots", "common_order", "UNNAMED_TWIN"]
+__all__ = [
+    "Step",
+    "agree_on_slots",
+    "describe_step_differences",
+    "given_slot",
+    "on_device",
+    "problem",
+    "twins",
+    "refuse_ambiguous_slots",
+    "common_order",
+    "UNNAMED_TWIN",
+]
 
 #: why an unnamed gradient cannot be told from another (a later step's ready() without a name)
 UNNAMED_TWIN = "unnamed, and another gradient has its shape and dtype: give ready(..., name=)"
@@ -45,7 +56,9 @@ class Step:
         self.extras = []  # gradients that have no slot
         self.arrivals = []  # slot indices, in the order they were marked ready
         self.calls = []  # (grad, name): what this step was given, to replan from
-        self.failed = None  # what starting a bucket raised (a timeout at its first start): wait() raises it
+        self.failed = (
+            None  # what starting a bucket raised (a timeout at its first start): wait() raises it
+        )
 
     def accept(self, index, grad):
         """Record ``grad``, known to fit slot ``index`` (the short way); False if the slot has been
@@ -59,8 +72,10 @@ class Step:
     def mark(self, index, grad, given, trouble):
         """Record ``grad`` (whose Slot is ``given``; ``trouble``: why it cannot be a gradient, or
         None) for slot ``index`` (None: no slot). Returns whether it counts towards its bucket."""
+
         def described():
             return given.describe() + (f" ({trouble})" if trouble else "")
+
         self.arrivals.append(index)
         if index is None:
             self.extras.append(described())
@@ -69,7 +84,11 @@ class Step:
         if index in self.filled or index in self.status:
             self.status[index] = f"marked ready twice (once as {described()})"
             return False
-        if trouble is not None or (given.shape, given.dtype, given.device) != (slot.shape, slot.dtype, slot.device):
+        if trouble is not None or (given.shape, given.dtype, given.device) != (
+            slot.shape,
+            slot.dtype,
+            slot.device,
+        ):
             self.status[index] = f"given {described()}"
         else:
             self.filled[index] = grad
@@ -77,7 +96,11 @@ class Step:
 
     def clean(self):
         """Whether every gradient came as planned (nothing to tell the others)."""
-        return not self.status and not self.extras and (self.find_unused or len(self.filled) == len(self.slots))
+        return (
+            not self.status
+            and not self.extras
+            and (self.find_unused or len(self.filled) == len(self.slots))
+        )
 
     def contents(self):
         """What this rank gave for each gradient, and what it gave that has no slot: the digest's
@@ -90,20 +113,29 @@ class Step:
                 contents[slot.describe()] = OK
             else:
                 contents[slot.describe()] = MISSING
-        contents["gradients marked ready that were not expected"] = _Text(", ".join(self.extras) or "none")
+        contents["gradients marked ready that were not expected"] = _Text(
+            ", ".join(self.extras) or "none"
+        )
         return contents
 
     def trouble(self):
         """What is wrong with this step (lines), when every rank's contents are alike."""
         if self.clean():
             return []
-        trouble = [f"{self.slots[i].describe()} was {status}" for i, status in sorted(self.status.items())]
+        trouble = [
+            f"{self.slots[i].describe()} was {status}" for i, status in sorted(self.status.items())
+        ]
         if not self.find_unused:
-            missing = [self.slots[i].name for i in range(len(self.slots))
-                       if i not in self.filled and i not in self.status]
+            missing = [
+                self.slots[i].name
+                for i in range(len(self.slots))
+                if i not in self.filled and i not in self.status
+            ]
             if missing:
-                trouble.append(f"{len(missing)} declared gradient(s) were not marked ready: {missing[:8]} "
-                               "(pass find_unused=True to count them as zeros)")
+                trouble.append(
+                    f"{len(missing)} declared gradient(s) were not marked ready: {missing[:8]} "
+                    "(pass find_unused=True to count them as zeros)"
+                )
         if self.extras:
             trouble.append(f"gradients that were not declared were marked ready: {self.extras[:8]}")
         return trouble
@@ -111,17 +143,37 @@ class Step:
 
 def describe_step_differences(comm, step, buckets):
     """Every rank's contents of ``step``, compared (collective): the message each rank raises."""
-    everyone = gather_from_ranks(comm, step.contents())  # (every rank is here: its digests disagreed)
+    everyone = gather_from_ranks(
+        comm, step.contents()
+    )  # (every rank is here: its digests disagreed)
     lines = describe_differences(everyone)
-    bucket_of = {step.slots[i].describe(): bucket.index for bucket in buckets for i in bucket.members}
-    where = next((bucket_of[line.split(" differs:")[0]] for line in lines
-                  if line.split(" differs:")[0] in bucket_of), None)
+    bucket_of = {
+        step.slots[i].describe(): bucket.index for bucket in buckets for i in bucket.members
+    }
+    where = next(
+        (
+            bucket_of[line.split(" differs:")[0]]
+            for line in lines
+            if line.split(" differs:")[0] in bucket_of
+        ),
+        None,
+    )
     missing = any(MISSING in theirs.values() for theirs in everyone)
-    hint = "" if not missing else ("\n(a gradient not marked ready on some ranks: an unused parameter there? "
-                                   "pass find_unused=True to count it as zeros there)")
-    return ("GradientSync: the ranks' gradients differ"
-            + (f" (first in bucket {where} of {len(buckets)})" if where is not None else "")
-            + "; no gradient was changed:\n  " + "\n  ".join(lines) + hint)
+    hint = (
+        ""
+        if not missing
+        else (
+            "\n(a gradient not marked ready on some ranks: an unused parameter there? "
+            "pass find_unused=True to count it as zeros there)"
+        )
+    )
+    return (
+        "GradientSync: the ranks' gradients differ"
+        + (f" (first in bucket {where} of {len(buckets)})" if where is not None else "")
+        + "; no gradient was changed:\n  "
+        + "\n  ".join(lines)
+        + hint
+    )
 
 
 def on_device(array):
@@ -170,8 +222,10 @@ def refuse_ambiguous_slots(slots):
     names = Counter(slot.name for slot in slots)
     twice = sorted(name for name, count in names.items() if count > 1)
     if twice:
-        raise ValueError(f"GradientSync: gradient name(s) {twice[:8]} given to more than one gradient in a step "
-                         "that plans the buckets: give each gradient its own name; no gradient was changed")
+        raise ValueError(
+            f"GradientSync: gradient name(s) {twice[:8]} given to more than one gradient in a step "
+            "that plans the buckets: give each gradient its own name; no gradient was changed"
+        )
     unnamed = [i for i in sorted(twins(slots)) if slots[i].name == f"#{i}"]
     if unnamed:
         raise ValueError(
@@ -179,7 +233,8 @@ def refuse_ambiguous_slots(slots):
             "first, or one whose gradients changed alike on every rank) were marked ready without a name and "
             f"share their shape and dtype with another ({slots[unnamed[0]].describe()}): "
             "their order cannot be checked across ranks, and a rank that swapped them would get wrong means. "
-            "Pass ready(grad, name=...) or GradientSync(parameters=...); no gradient was changed")
+            "Pass ready(grad, name=...) or GradientSync(parameters=...); no gradient was changed"
+        )
 
 
 def agree_on_slots(comm, slots, what, options, problems=(), timeout=None, any_order=False):
@@ -191,23 +246,34 @@ def agree_on_slots(comm, slots, what, options, problems=(), timeout=None, any_or
     everyone = gather_from_ranks(comm, (options, list(problems), slots), timeout)
     troubled = [(rank, p) for rank, (_, theirs, _) in enumerate(everyone) for p in theirs]
     if troubled:
-        raise TypeError(f"{what}: gradients that are not writeable float or complex arrays:\n  "
-                        + "\n  ".join(f"rank {rank}: {p}" for rank, p in troubled[:8]))
+        raise TypeError(
+            f"{what}: gradients that are not writeable float or complex arrays:\n  "
+            + "\n  ".join(f"rank {rank}: {p}" for rank, p in troubled[:8])
+        )
     differences = describe_differences([theirs for theirs, _, _ in everyone])
     if differences:
-        raise ValueError(f"{what}: the ranks' GradientSync options differ:\n  " + "\n  ".join(differences))
+        raise ValueError(
+            f"{what}: the ranks' GradientSync options differ:\n  " + "\n  ".join(differences)
+        )
     every_slots = [theirs for _, _, theirs in everyone]
     if all(theirs == every_slots[0] for theirs in every_slots):
         return every_slots[0]
     by_name = [sorted(theirs, key=lambda slot: slot.name) for theirs in every_slots]
-    if any_order and len({slot.name for slot in slots}) == len(slots) and all(b == by_name[0] for b in by_name):
+    if (
+        any_order
+        and len({slot.name for slot in slots}) == len(slots)
+        and all(b == by_name[0] for b in by_name)
+    ):
         return every_slots[0]
     lengths = {len(theirs) for theirs in every_slots}
     fields = [{"count": len(theirs)} for theirs in every_slots] if len(lengths) > 1 else []
     if not fields:
         first = next(i for i in range(len(slots)) if len({theirs[i] for theirs in every_slots}) > 1)
         fields = [{f"gradient #{first}": _Text(theirs[first].describe())} for theirs in every_slots]
-    raise ValueError(f"{what}: the ranks hold different gradients:\n  " + "\n  ".join(describe_differences(fields)))
+    raise ValueError(
+        f"{what}: the ranks hold different gradients:\n  "
+        + "\n  ".join(describe_differences(fields))
+    )
 
 
 def common_order(comm, arrivals, count, timeout=None):
@@ -215,4 +281,6 @@ def common_order(comm, arrivals, count, timeout=None):
     rank's slot indices), if it is one same order (collective), else None: DDP's bucket rebuild."""
     complete = sorted(a for a in arrivals if a is not None) == list(range(count))
     orders = gather_from_ranks(comm, list(arrivals) if complete else None, timeout)
-    return orders[0] if orders[0] is not None and all(order == orders[0] for order in orders) else None
+    return (
+        orders[0] if orders[0] is not None and all(order == orders[0] for order in orders) else None
+    )

@@ -13,6 +13,7 @@ every gradient over at once. The buckets are fixed from ``named_parameters`` (as
 ``backward_passes_per_step``, ``gradient_predivide_factor``, ``op=Average``) and is a
 ``torch.optim.Optimizer`` to LR schedulers, its param groups and state the wrapped optimizer's.
 """
+
 import contextlib
 import warnings
 
@@ -22,7 +23,12 @@ from .gradients import GradientSpec, GradientSync
 from .gradients import broadcast_parameters as _broadcast_arrays
 from .torch_tensors import _as_array, _as_tensor, _numpy_dtype, default_comm
 
-__all__ = ["DistributedOptimizer", "Compression", "broadcast_parameters", "broadcast_optimizer_state"]
+__all__ = [
+    "DistributedOptimizer",
+    "Compression",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+]
 
 
 class _Codec:
@@ -36,6 +42,7 @@ class _Codec:
 class Compression:
     """Horovod's compression choices: gradients travel in 16 bits and are summed in float32 (Horovod
     sums fp16 in fp16), rounded once (mpiallreduce.training.compression)."""
+
     none = _Codec(None)
     fp16 = _Codec("fp16")
     bf16 = _Codec("bf16")
@@ -74,22 +81,51 @@ class DistributedOptimizer(torch.optim.Optimizer):
             bucket's until the step after next (GradientSync's ``write_back=False``). False: copied.
     """
 
-    def __init__(self, optimizer, named_parameters=None, comm=None, bucket_bytes=25 * 2**20, op="mean",
-                 algorithm="auto", prescale=1.0, postscale=1.0, timeout=None, find_unused=False, compression=None,
-                 reproducible=False, backward_passes_per_step=1, gradient_predivide_factor=1.0, overlap=None,
-                 gradient_as_bucket_view=True):
+    def __init__(
+        self,
+        optimizer,
+        named_parameters=None,
+        comm=None,
+        bucket_bytes=25 * 2**20,
+        op="mean",
+        algorithm="auto",
+        prescale=1.0,
+        postscale=1.0,
+        timeout=None,
+        find_unused=False,
+        compression=None,
+        reproducible=False,
+        backward_passes_per_step=1,
+        gradient_predivide_factor=1.0,
+        overlap=None,
+        gradient_as_bucket_view=True,
+    ):
         self.optimizer = optimizer
         if named_parameters is None:
-            named_parameters = [(f"param.{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
-                                for j, p in enumerate(group["params"])]
+            named_parameters = [
+                (f"param.{i}.{j}", p)
+                for i, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"])
+            ]
         self.named_parameters = [(name, p) for name, p in named_parameters if p.requires_grad]
         if int(backward_passes_per_step) < 1:
-            raise ValueError(f"backward_passes_per_step must be 1 or more, got {backward_passes_per_step}")
+            raise ValueError(
+                f"backward_passes_per_step must be 1 or more, got {backward_passes_per_step}"
+            )
         self.backward_passes_per_step, self._passes = int(backward_passes_per_step), {}
-        self._options = dict(bucket_bytes=bucket_bytes, op=op, algorithm=algorithm,
-                             prescale=prescale / gradient_predivide_factor, postscale=postscale * gradient_predivide_factor,
-                             timeout=timeout, find_unused=find_unused, compression=compression_name(compression),
-                             reproducible=reproducible, overlap=overlap, write_back=not gradient_as_bucket_view)
+        self._options = dict(
+            bucket_bytes=bucket_bytes,
+            op=op,
+            algorithm=algorithm,
+            prescale=prescale / gradient_predivide_factor,
+            postscale=postscale * gradient_predivide_factor,
+            timeout=timeout,
+            find_unused=find_unused,
+            compression=compression_name(compression),
+            reproducible=reproducible,
+            overlap=overlap,
+            write_back=not gradient_as_bucket_view,
+        )
         self._skip = self._synchronized = False
         self.parameters = [p for _, p in self.named_parameters]
         self._by_name = dict(self.named_parameters)
@@ -101,12 +137,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def rebind(self, comm):
         """Synchronize over ``comm`` from now on (a survivors' communicator after a rank failure;
         collective over it)."""
-        specs = {name: GradientSpec(tuple(p.shape), _numpy_dtype(p.dtype), p.is_cuda) for name, p in self.named_parameters}
+        specs = {
+            name: GradientSpec(tuple(p.shape), _numpy_dtype(p.dtype), p.is_cuda)
+            for name, p in self.named_parameters
+        }
         self.sync = GradientSync(comm=comm, parameters=specs, **self._options)
         for hook in self._hooks:
             hook.remove()
-        self._hooks = ([p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named_parameters]
-                       if self.sync.overlap else [])
+        self._hooks = (
+            [
+                p.register_post_accumulate_grad_hook(self._hook(name))
+                for name, p in self.named_parameters
+            ]
+            if self.sync.overlap
+            else []
+        )
 
     def _hook(self, name):
         def ready(parameter):
@@ -117,6 +162,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._passes[name] = 0
             if not self.sync.in_no_sync:  # (in it, gradients only accumulate: nothing to hand over)
                 self._hand_over(name, parameter)
+
         return ready
 
     def _hand_over(self, name, parameter):
@@ -134,7 +180,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Wait for every bucket; gradients then hold the mean over the ranks."""
         self._synchronize()
-        self._synchronized_grads = self._grad_versions()  # (step() compares: a backward since then?)
+        self._synchronized_grads = (
+            self._grad_versions()
+        )  # (step() compares: a backward since then?)
 
     def _synchronize(self):
         if not self._hooks and not self.sync.in_no_sync:  # (no core to spare: every gradient now)
@@ -143,14 +191,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 grad = parameter.grad
                 if grad is None:
                     continue
-                if not grad.is_cuda and grad.dtype != bfloat16 and not grad.requires_grad:  # (numpy sees it as it is)
+                if (
+                    not grad.is_cuda and grad.dtype != bfloat16 and not grad.requires_grad
+                ):  # (numpy sees it as it is)
                     ready(grad.numpy(), name=name)
                 else:
                     self._hand_over(name, parameter)
-        results = self.sync.wait()  # (those not written into the gradients: handed over, or unused here)
+        results = (
+            self.sync.wait()
+        )  # (those not written into the gradients: handed over, or unused here)
         widened, self._widened = self._widened, {}
         if any(p.is_cuda for p in self.parameters):
             import cupy
+
             cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them (once a step)
         if widened or results:
             self._take_results(widened, results)
@@ -168,7 +221,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     widened.pop(name, None)
                 grad, current = self._tensor_of(name, result, parameter), parameter.grad
                 if current is None:
-                    parameter.grad = grad.detach()  # (a tensor of its own: a later set_ moves it, not the kept one)
+                    parameter.grad = (
+                        grad.detach()
+                    )  # (a tensor of its own: a later set_ moves it, not the kept one)
                 elif grad.is_cuda:  # (a CuPy array of its own: into torch's memory)
                     current.copy_(grad)
                 else:
@@ -183,8 +238,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for array, tensor in kept:
             if array is result:
                 return tensor
-        like = torch.empty(0, dtype=torch.float32, device=parameter.device) if parameter.dtype in (
-            torch.float16, torch.bfloat16) else parameter
+        like = (
+            torch.empty(0, dtype=torch.float32, device=parameter.device)
+            if parameter.dtype in (torch.float16, torch.bfloat16)
+            else parameter
+        )
         tensor = _as_tensor(result, like).to(parameter.dtype)
         if tensor.dtype == like.dtype:  # (a view: kept, with the last one)
             self._tensors[name] = (*kept[-1:], (result, tensor))
@@ -206,11 +264,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._skip = self._synchronized = False
 
     def step(self, closure=None):
-        if self._synchronized and not self._hooks and self._grad_versions() != self._synchronized_grads:
+        if (
+            self._synchronized
+            and not self._hooks
+            and self._grad_versions() != self._synchronized_grads
+        ):
             self._synchronized = False  # (a backward since synchronize(), with no hook to say so)
         if self._synchronized and not self._skip:  # (Horovod warns too, and does not reduce again)
-            warnings.warn("optimizer.step() after optimizer.synchronize() without optimizer.skip_synchronize(): "
-                          "the gradients were reduced already and are not reduced again", stacklevel=2)
+            warnings.warn(
+                "optimizer.step() after optimizer.synchronize() without optimizer.skip_synchronize(): "
+                "the gradients were reduced already and are not reduced again",
+                stacklevel=2,
+            )
         elif not self._skip:
             self._synchronize()
         self._synchronized = False
@@ -226,11 +291,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state)
 
     # the wrapped optimizer's, for LR schedulers and anything else that reads an Optimizer
-    param_groups = property(lambda self: self.optimizer.param_groups,
-                            lambda self, value: setattr(self.optimizer, "param_groups", value))
-    state = property(lambda self: self.optimizer.state, lambda self, value: setattr(self.optimizer, "state", value))
-    defaults = property(lambda self: self.optimizer.defaults,
-                        lambda self, value: setattr(self.optimizer, "defaults", value))
+    param_groups = property(
+        lambda self: self.optimizer.param_groups,
+        lambda self, value: setattr(self.optimizer, "param_groups", value),
+    )
+    state = property(
+        lambda self: self.optimizer.state,
+        lambda self, value: setattr(self.optimizer, "state", value),
+    )
+    defaults = property(
+        lambda self: self.optimizer.defaults,
+        lambda self, value: setattr(self.optimizer, "defaults", value),
+    )
 
     def __repr__(self):
         return f"DistributedOptimizer({self.optimizer!r})"
@@ -241,11 +313,15 @@ def broadcast_parameters(state_dict, root=None, comm=None, root_rank=0):
     tensors) into every rank's, in place. ``root_rank``: Horovod's name for ``root``."""
     root = root_rank if root is None else root
     if isinstance(state_dict, dict):
-        arrays = {name: _as_array(t) for name, t in state_dict.items() if isinstance(t, torch.Tensor)}
+        arrays = {
+            name: _as_array(t) for name, t in state_dict.items() if isinstance(t, torch.Tensor)
+        }
     else:
         items = list(state_dict)
         named = all(isinstance(item, tuple) and len(item) == 2 for item in items)
-        arrays = {name: _as_array(t) for name, t in items} if named else [_as_array(t) for t in items]
+        arrays = (
+            {name: _as_array(t) for name, t in items} if named else [_as_array(t) for t in items]
+        )
     _broadcast_arrays(arrays, root=root, comm=default_comm() if comm is None else comm)
     return state_dict
 

@@ -8,11 +8,20 @@ event: no host synchronization per tensor. bfloat16 (which neither numpy nor CuP
 goes as ml_dtypes.bfloat16 on the CPU and as its 16-bit words on the GPU, reduced with
 Bfloat16Bits: either way summed in float32 and rounded once. Also the ranks as Horovod names them.
 """
+
 import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["reduce_tensor", "rank", "size", "local_rank", "local_size", "default_comm", "set_default_comm"]
+__all__ = [
+    "reduce_tensor",
+    "rank",
+    "size",
+    "local_rank",
+    "local_size",
+    "default_comm",
+    "set_default_comm",
+]
 
 
 def _as_array(tensor):
@@ -24,10 +33,12 @@ def _as_array(tensor):
     if tensor.device.type == "cpu":
         if tensor.dtype == torch.bfloat16:
             import ml_dtypes
+
             return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return tensor.numpy()
     if tensor.device.type == "cuda":
         import cupy  # (DLPack: CuPy's current stream waits for torch's, on the GPU)
+
         if tensor.dtype == torch.bfloat16:
             return cupy.from_dlpack(tensor.view(torch.int16)).view(cupy.uint16)
         return cupy.from_dlpack(tensor)
@@ -41,6 +52,7 @@ def _as_tensor(array, like):
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
     import cupy
+
     cupy.cuda.get_current_stream().synchronize()  # what CuPy queued has been written
     if like.dtype == torch.bfloat16:
         return torch.from_dlpack(array.view(cupy.int16)).view(torch.bfloat16)
@@ -53,24 +65,33 @@ def _op_for(tensor, op, options):
     if tensor.dtype != torch.bfloat16 or tensor.device.type != "cuda":
         return op
     if options.get("reproducible"):
-        raise TypeError("reproducible sums of CUDA bfloat16 tensors are not supported; reduce a float32 copy")
+        raise TypeError(
+            "reproducible sums of CUDA bfloat16 tensors are not supported; reduce a float32 copy"
+        )
     from ..core.ops import Bfloat16Bits, get_op
-    return Bfloat16Bits(get_op(op))
 
+    return Bfloat16Bits(get_op(op))
 
 
 def reduce_tensor(tensor, op, in_place, algorithm="auto", comm=None, **options):
     """``tensor`` (CPU or CUDA) reduced over the ranks: in place (returns it) or as a new tensor on
     its device; what requires grad is detached. Keywords as ``mpiallreduce.allreduce``."""
     from ..api import allreduce as reduce_array
+
     array = _as_array(tensor)
-    result = reduce_array(array, op=_op_for(tensor, op, options), algorithm=algorithm,
-                          comm=default_comm() if comm is None else comm,
-                          out=array if in_place else None, **options)
+    result = reduce_array(
+        array,
+        op=_op_for(tensor, op, options),
+        algorithm=algorithm,
+        comm=default_comm() if comm is None else comm,
+        out=array if in_place else None,
+        **options,
+    )
     if not in_place:
         return _as_tensor(result, tensor)
     if tensor.device.type == "cuda":
         import cupy
+
         cupy.cuda.get_current_stream().synchronize()
     return tensor
 
@@ -110,6 +131,7 @@ def local_rank():
     as the launcher numbers them (Open MPI's need not follow the world ranks' order), else from
     the node communicator (collective over COMM_WORLD the first time)."""
     from ..device.arrays import local_rank as node_local_rank
+
     return node_local_rank()
 
 
@@ -118,4 +140,5 @@ def local_size():
     the first time)."""
     from ..core.state import state_of
     from ..core.topology import node_communicator
+
     return node_communicator(state_of(MPI.COMM_WORLD).make_ready().library).Get_size()

@@ -6,6 +6,7 @@ Every rank prints lines "RESULT rank=R key=value ..." that the test parses. Data
 index; expected values come from numpy on every rank's data (recomputed here from the formula,
 independently of mpiallreduce).
 """
+
 import os
 import signal
 import sys
@@ -42,11 +43,20 @@ def timed_call(algorithm, call, timeout=TIMEOUT):
     started = time.monotonic()
     try:
         result = mar.allreduce(data(RANK, call), algorithm=algorithm, timeout=timeout)
-        report(call=call, outcome="ok", right=np.array_equal(result, expected(call)),
-               seconds=f"{time.monotonic() - started:.2f}")
+        report(
+            call=call,
+            outcome="ok",
+            right=np.array_equal(result, expected(call)),
+            seconds=f"{time.monotonic() - started:.2f}",
+        )
     except mar.AllreduceTimeout as error:
-        report(call=call, outcome="AllreduceTimeout", missing=",".join(map(str, error.missing_ranks)) or "-",
-               sequence=error.sequence, seconds=f"{time.monotonic() - started:.2f}")
+        report(
+            call=call,
+            outcome="AllreduceTimeout",
+            missing=",".join(map(str, error.missing_ranks)) or "-",
+            sequence=error.sequence,
+            seconds=f"{time.monotonic() - started:.2f}",
+        )
         print(f"rank {RANK} message: {error}", flush=True)
         return error
 
@@ -68,7 +78,12 @@ def sleep_less_than_timeout(algorithm):
         warnings.simplefilter("always")
         timed_call(algorithm, 1)
     stalls = [str(w.message) for w in caught if issubclass(w.category, mar.AllreduceStallWarning)]
-    named = sorted({s.split(" for ")[1].split(";")[0].replace("rank ", "").replace("ranks ", "") for s in stalls})
+    named = sorted(
+        {
+            s.split(" for ")[1].split(";")[0].replace("rank ", "").replace("ranks ", "")
+            for s in stalls
+        }
+    )
     report(warnings=len(stalls), warned_of=",".join(named) or "-")
 
 
@@ -121,10 +136,14 @@ def raise_on_one_rank(algorithm):
     mar.abort_on_exception()
     mar.allreduce(data(RANK), algorithm=algorithm)
     report(started=f"{time.time():.3f}")
-    if RANK == LATE:  # (after the others are in call #2: else a slow one is ended before it, and named)
+    if (
+        RANK == LATE
+    ):  # (after the others are in call #2: else a slow one is ended before it, and named)
         time.sleep(0.5)
         raise RuntimeError(f"injected failure on rank {RANK}")
-    mar.allreduce(data(RANK), algorithm=algorithm)  # the others wait here, until the abort ends them
+    mar.allreduce(
+        data(RANK), algorithm=algorithm
+    )  # the others wait here, until the abort ends them
     report(outcome="not aborted")
 
 
@@ -182,8 +201,11 @@ def killed_under_ulfm(algorithm):
             mar.allreduce(big, algorithm=algorithm, out=big, comm=comm)
             big[:] = 1
     except mar.RankFailure as failure:
-        report(outcome="RankFailure", failed=",".join(map(str, failure.failed_ranks)) or "-",
-               seconds=f"{time.monotonic() - started:.2f}")
+        report(
+            outcome="RankFailure",
+            failed=",".join(map(str, failure.failed_ranks)) or "-",
+            seconds=f"{time.monotonic() - started:.2f}",
+        )
         print(f"rank {RANK} message: {failure}", flush=True)
     survivors = mar.survivors(comm)
     alive = [r for r in range(SIZE) if r != LATE]
@@ -195,30 +217,42 @@ def killed_under_ulfm(algorithm):
 def killed_before_a_timed_call_under_ulfm(algorithm):
     """Under ULFM, with a timeout: a rank killed before a timed call is a RankFailure naming it on
     every survivor (not a bare MPI error from the rendezvous), and the survivors go on."""
-    killed_before(algorithm, lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30))
+    killed_before(
+        algorithm,
+        lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30),
+    )
 
 
 def killed_before_a_prepare_under_ulfm(algorithm):
     """Under ULFM: a rank killed before ``prepare`` is a RankFailure naming it on every survivor
     (not a bare MPI error from the allgather that agrees on the prepared call)."""
-    killed_before(algorithm, lambda comm, fresh: mar.prepare(data(RANK), algorithm=algorithm, comm=comm)())
+    killed_before(
+        algorithm, lambda comm, fresh: mar.prepare(data(RANK), algorithm=algorithm, comm=comm)()
+    )
 
 
 def killed_before_a_first_call_under_ulfm(algorithm):
     """Under ULFM: a rank killed before the first call on a communicator, whose set-up (the
     library's duplicate) meets the dead rank, is a RankFailure naming it on every survivor (it was
     a bare MPI_ERR_INTERN; timed, a crash in MPI_Comm_revoke of the unfinished duplicate)."""
-    killed_before(algorithm, lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=fresh))
+    killed_before(
+        algorithm, lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=fresh)
+    )
 
 
 def killed_before_a_first_timed_call_under_ulfm(algorithm):
     """The same for a timed first call (its duplicate is waited for in the rendezvous)."""
-    killed_before(algorithm, lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=fresh, timeout=30))
+    killed_before(
+        algorithm,
+        lambda comm, fresh: mar.allreduce(data(RANK), algorithm=algorithm, comm=fresh, timeout=30),
+    )
 
 
 def killed_before(algorithm, call):
     comm, fresh = WORLD.Dup(), WORLD.Dup()  # (fresh: no call on it before the death)
-    mar.allreduce(data(RANK), algorithm=algorithm, comm=comm, timeout=30)  # the control channel is set up
+    mar.allreduce(
+        data(RANK), algorithm=algorithm, comm=comm, timeout=30
+    )  # the control channel is set up
     WORLD.Barrier()
     if RANK == LATE:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -228,8 +262,11 @@ def killed_before(algorithm, call):
         call(comm, fresh)
         report(outcome="ok")
     except mar.RankFailure as failure:
-        report(outcome="RankFailure", failed=",".join(map(str, failure.failed_ranks)) or "-",
-               seconds=f"{time.monotonic() - started:.2f}")
+        report(
+            outcome="RankFailure",
+            failed=",".join(map(str, failure.failed_ranks)) or "-",
+            seconds=f"{time.monotonic() - started:.2f}",
+        )
         print(f"rank {RANK} message: {failure}", flush=True)
     except Exception as error:  # noqa: BLE001 - what the test must not see
         report(outcome=type(error).__name__)
@@ -237,7 +274,10 @@ def killed_before(algorithm, call):
     survivors = mar.survivors(comm)
     alive = [r for r in range(SIZE) if r != LATE]
     result = mar.allreduce(data(RANK), algorithm=algorithm, comm=survivors, timeout=30)
-    report(survivors=survivors.Get_size(), right=np.array_equal(result, np.sum([data(r) for r in alive], axis=0)))
+    report(
+        survivors=survivors.Get_size(),
+        right=np.array_equal(result, np.sum([data(r) for r in alive], axis=0)),
+    )
 
 
 def peers_die_mid_call(algorithm):
@@ -254,14 +294,20 @@ def peers_die_mid_call(algorithm):
         x = data(RANK, call)[:8]
         try:
             result = mar.allreduce(x, algorithm=algorithm, comm=comm, timeout=TIMEOUT)
-        except (mar.RankFailure, mar.AllreduceTimeout) as error:  # (a timeout, on a machine slow to tell)
+        except (
+            mar.RankFailure,
+            mar.AllreduceTimeout,
+        ) as error:  # (a timeout, on a machine slow to tell)
             report(outcome=type(error).__name__, right=right, wrong=wrong)
             return
         if np.array_equal(result, expected(call)[:8]):
             right += 1
         else:
             wrong += 1
-            print(f"rank {RANK}: call {call} returned {result.tolist()}, not {expected(call)[:8].tolist()}", flush=True)
+            print(
+                f"rank {RANK}: call {call} returned {result.tolist()}, not {expected(call)[:8].tolist()}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Fixtures for tests that run on every rank under mpiexec."""
+
 import pytest
 from mpi4py import MPI
 
@@ -25,8 +26,15 @@ def _make(kind):
 # 1-rank run, 12 s of the 3-rank launch; at 5 its halves, 3 and 2 ranks, repeat the runs at 3 and 2). On one rank all three
 # are the same one-rank communicator: world alone. (Cut repetition, not coverage: docs/performance.md.)
 _SIZE = MPI.COMM_WORLD.Get_size()
-KINDS = (["world"] if _SIZE == 1 else ["world", "split", "dup"] if _SIZE == 2 else
-         ["world", "split"] if _SIZE == 4 else ["world"])
+KINDS = (
+    ["world"]
+    if _SIZE == 1
+    else ["world", "split", "dup"]
+    if _SIZE == 2
+    else ["world", "split"]
+    if _SIZE == 4
+    else ["world"]
+)
 
 
 def communicator(kind):
@@ -56,6 +64,7 @@ def use_settings():
     import dataclasses
 
     from mpiallreduce.core import settings as settings_module
+
     original = settings_module.settings()
 
     def apply(**changes):

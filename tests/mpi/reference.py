@@ -6,6 +6,7 @@ from the ranks (MPI_Allgather of the raw bytes), or, where the inputs are a func
 small integers (in every dtype), so any order of summation gives the same bits and results can be
 compared bitwise.
 """
+
 import functools
 import hashlib
 import os
@@ -14,7 +15,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-NUMPY_REDUCTIONS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "mean": np.add}
+NUMPY_REDUCTIONS = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+    "mean": np.add,
+}
 PROD_VALUES = np.array([1, 2, -1, -2, 1, -1, 2])  # |product over 5 ranks| <= 32: exact everywhere
 
 
@@ -46,7 +53,9 @@ def gather_inputs(comm, x):
     """Every rank's ``x``, stacked: shape (comm.size,) + x.shape, gathered with MPI_Allgather on bytes."""
     x = np.array(x, order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
     gathered = np.empty((comm.Get_size(),) + x.shape, dtype=x.dtype)
-    comm.Allgather([x.reshape(-1).view(np.uint8), MPI.BYTE], [gathered.reshape(-1).view(np.uint8), MPI.BYTE])
+    comm.Allgather(
+        [x.reshape(-1).view(np.uint8), MPI.BYTE], [gathered.reshape(-1).view(np.uint8), MPI.BYTE]
+    )
     return gathered
 
 
@@ -57,11 +66,13 @@ def every_ranks(make, size):
     return np.stack([np.asarray(make(rank)) for rank in range(size)])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exact_reference(op, dtype, count, size):
     """numpy's ``op`` over the exact_input of each of ``size`` ranks (read-only): made once per case,
     not once per algorithm and per rank's message."""
-    expected = numpy_reference(op, every_ranks(lambda rank: exact_input(dtype, count, rank, op), size))
+    expected = numpy_reference(
+        op, every_ranks(lambda rank: exact_input(dtype, count, rank, op), size)
+    )
     expected.flags.writeable = False
     return expected
 
@@ -79,7 +90,11 @@ def significant_bytes(result):
     """The bytes that carry the value: x86's 80-bit long double sits in 16 bytes, 6 of them padding
     that a store leaves as it found them; those may differ between ranks and mean nothing."""
     a = np.ascontiguousarray(result)
-    if a.dtype.char in "gG" and np.finfo(np.longdouble).nmant == 63 and np.dtype(np.longdouble).itemsize == 16:
+    if (
+        a.dtype.char in "gG"
+        and np.finfo(np.longdouble).nmant == 63
+        and np.dtype(np.longdouble).itemsize == 16
+    ):
         return a.reshape(-1).view(np.longdouble).view(np.uint8).reshape(-1, 16)[:, :10].tobytes()
     return a.tobytes()
 
@@ -96,7 +111,9 @@ def _who_differs(digests):
         groups.setdefault(d, []).append(rank)
     if len(groups) == 1:
         return None
-    return "results differ between ranks: " + "; ".join(f"{d[:12]} on ranks {r}" for d, r in groups.items())
+    return "results differ between ranks: " + "; ".join(
+        f"{d[:12]} on ranks {r}" for d, r in groups.items()
+    )
 
 
 def digests_differ(comm, result):
@@ -119,7 +136,10 @@ class BitsAcrossRanks:
         everyone = comm.allgather(self.digests)
         if len({len(digests) for digests in everyone}) > 1:
             return [f"ranks checked different numbers of results: {[len(d) for d in everyone]}"]
-        differing = ((case, _who_differs([digests[i] for digests in everyone])) for i, case in enumerate(self.cases))
+        differing = (
+            (case, _who_differs([digests[i] for digests in everyone]))
+            for i, case in enumerate(self.cases)
+        )
         return [f"{case}: {message}" for case, message in differing if message]
 
 
@@ -140,7 +160,9 @@ def problems_with(comm, result, expected, case, bits=None):
     are compared later, with the others' (no message here)."""
     problems = []
     if not values_equal(result, expected):
-        problems.append(f"{case}: got {result.reshape(-1)[:4]}, expected {expected.reshape(-1)[:4]}")
+        problems.append(
+            f"{case}: got {result.reshape(-1)[:4]}, expected {expected.reshape(-1)[:4]}"
+        )
     if bits is not None:
         bits.add(case, result)
         return problems

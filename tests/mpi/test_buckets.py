@@ -1,12 +1,13 @@
 """GradientSync's fixed buckets on every rank: any ready order, unused gradients, no_sync, compression."""
+
 import threading
 
 import numpy as np
 import pytest
 from mpi4py import MPI
+from reference import exact_input, gather_inputs, numpy_reference, values_equal
 
 import mpiallreduce as mar
-from reference import exact_input, gather_inputs, numpy_reference, values_equal
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -19,7 +20,10 @@ SIZES = [250, 20_000, (1 << 20) // 8 + 3]
 
 def two_gradients(rank, count=250):
     """Two gradients of one shape (so that a swap cannot show in a shape), rank- and index-dependent."""
-    return {"a": exact_input("float64", count, rank, "sum"), "b": exact_input("float64", count, rank + 7, "sum")}
+    return {
+        "a": exact_input("float64", count, rank, "sum"),
+        "b": exact_input("float64", count, rank + 7, "sum"),
+    }
 
 
 def expected_means(comm, grads):
@@ -28,11 +32,15 @@ def expected_means(comm, grads):
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at_wait"])
 @pytest.mark.parametrize("count", SIZES)
-def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_them(comm, count, overlap):
+def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_them(
+    comm, count, overlap
+):
     rank = comm.Get_rank()
     grads = two_gradients(rank, count)
     want = expected_means(comm, grads)
-    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=1000, overlap=overlap)  # one gradient a bucket
+    sync = mar.GradientSync(
+        comm=comm, parameters=grads, bucket_bytes=1000, overlap=overlap
+    )  # one gradient a bucket
     assert sync.buckets == [["b"], ["a"]]  # reverse order, as backward produces them
     for step in range(3):
         order = ["a", "b"] if (rank + step) % 2 == 0 else ["b", "a"]
@@ -50,16 +58,24 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
     """The communicator's ranks on one machine, unbound (the launcher's --bind-to none), share its
     cores (emulated nodes too: one kernel, one boot id)."""
     import os
+
     grads = two_gradients(comm.Get_rank())
     with open("/proc/sys/kernel/random/boot_id") as f:
         machine = f.read()
     cores = len(os.sched_getaffinity(0)) / comm.allgather(machine).count(machine)
     sync = mar.GradientSync(comm=comm, parameters=grads)
     assert sync.overlap is (cores >= 2), cores
-    assert mar.GradientSync(comm=comm, parameters=grads, overlap=not sync.overlap).overlap is (not sync.overlap)
+    assert mar.GradientSync(comm=comm, parameters=grads, overlap=not sync.overlap).overlap is (
+        not sync.overlap
+    )
     # ranks may choose differently: rank 0 by hand, the others by their cores (all meet at the first plan)
-    mixed = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=1000, timeout=60,
-                             overlap=True if comm.Get_rank() == 0 else None)
+    mixed = mar.GradientSync(
+        comm=comm,
+        parameters=grads,
+        bucket_bytes=1000,
+        timeout=60,
+        overlap=True if comm.Get_rank() == 0 else None,
+    )
     want = expected_means(comm, grads)
     for name in ("b", "a"):
         mixed.ready(grads[name], name=name)
@@ -70,7 +86,9 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
     assert sync._agree_first is (not sync.overlap)  # (every rank has the same cores here)
 
 
-def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(comm):
+def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(
+    comm,
+):
     """GradientSync(bucket_bytes=1000), two float64 gradients of one shape marked ready [a, b] on even
     ranks and [b, a] on odd ones, nothing declared: unnamed, every rank raises at the first step (a
     swap could not be seen) and nothing changes; named, the means are right, step after step. A later
@@ -84,7 +102,10 @@ def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_
     sync = mar.GradientSync(comm=comm, bucket_bytes=1000)
     for name in order:
         sync.ready(grads[name])
-    with pytest.raises(ValueError, match=r"#0, #1 of a step that plans the buckets .* without a name .* Pass ready\(grad, name=\.\.\.\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"#0, #1 of a step that plans the buckets .* without a name .* Pass ready\(grad, name=\.\.\.\)",
+    ):
         sync.wait()
     assert all(np.array_equal(grads[name], before[name]) for name in grads)  # nothing was changed
     for step in range(2):
@@ -95,7 +116,9 @@ def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_
         assert all(values_equal(grads[name], want[name]) for name in grads), step
     kept = {name: g.copy() for name, g in grads.items()}
     sync.ready(grads["a"])  # ("b" dropped; unnamed, "#0" could be "a" here and "b" elsewhere)
-    with pytest.raises(ValueError, match=r"on every rank, 'a' .* was given '#0' .*unnamed, and another gradient"):
+    with pytest.raises(
+        ValueError, match=r"on every rank, 'a' .* was given '#0' .*unnamed, and another gradient"
+    ):
         sync.wait()
     assert np.array_equal(grads["a"], kept["a"])
     for step in range(2):
@@ -106,13 +129,19 @@ def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_
     kept = {name: g.copy() for name, g in grads.items()}
     for name in order:
         sync.ready(grads[name])
-    with pytest.raises(ValueError, match=r"#0, #1 of a step that plans the buckets .* without a name"):
+    with pytest.raises(
+        ValueError, match=r"#0, #1 of a step that plans the buckets .* without a name"
+    ):
         sync.wait()
-    assert all(np.array_equal(grads[name], kept[name]) for name in grads) and sync.buckets == []  # (the plan dropped)
+    assert (
+        all(np.array_equal(grads[name], kept[name]) for name in grads) and sync.buckets == []
+    )  # (the plan dropped)
     if comm.Get_size() == 1:
         return
     mixed = mar.GradientSync(comm=comm)  # unnamed on rank 0, named by place (synchronize) elsewhere
-    with pytest.raises(ValueError, match=r"hold different gradients(?s:.*)'#0' \(250,\) float64 on rank 0"):
+    with pytest.raises(
+        ValueError, match=r"hold different gradients(?s:.*)'#0' \(250,\) float64 on rank 0"
+    ):
         if rank == 0:
             mixed.ready(grads["a"])
             mixed.ready(grads["b"])
@@ -126,14 +155,19 @@ def test_a_name_given_to_two_gradients_is_refused_on_every_rank(comm):
     step would otherwise find it marked twice and plan anew, for ever) and nothing changes; with a
     name each, the means are right."""
     rank = comm.Get_rank()
-    grads = {"a": exact_input("float64", 4, rank, "sum"), "b": exact_input("float64", 3, rank + 1, "sum")}
+    grads = {
+        "a": exact_input("float64", 4, rank, "sum"),
+        "b": exact_input("float64", 3, rank + 1, "sum"),
+    }
     kept = {name: g.copy() for name, g in grads.items()}
     sync = mar.GradientSync(comm=comm, bucket_bytes=1000)
     sync.ready(grads["a"], name="a")
     sync.ready(grads["b"], name="a")
     with pytest.raises(ValueError, match=r"name\(s\) \['a'\] given to more than one gradient"):
         sync.wait()
-    assert all(np.array_equal(grads[name], kept[name]) for name in grads) and sync.buckets == []  # (no plan)
+    assert (
+        all(np.array_equal(grads[name], kept[name]) for name in grads) and sync.buckets == []
+    )  # (no plan)
     want = expected_means(comm, grads)
     for name in grads:
         sync.ready(grads[name], name=name)
@@ -142,21 +176,30 @@ def test_a_name_given_to_two_gradients_is_refused_on_every_rank(comm):
 
 
 @pytest.mark.parametrize("count", SIZES)
-def test_a_gradient_missing_on_one_rank_is_an_error_everywhere_or_zeros_with_find_unused(comm, count):
+def test_a_gradient_missing_on_one_rank_is_an_error_everywhere_or_zeros_with_find_unused(
+    comm, count
+):
     if comm.Get_size() == 1:
         pytest.skip("needs two ranks")
     rank, size = comm.Get_rank(), comm.Get_size()
     grads = two_gradients(rank, count)
     skipper = size - 1  # this rank never uses "a"
     for find_unused in (False, True):
-        sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=100, find_unused=find_unused)
-        given = {name: g.copy() for name, g in grads.items() if not (rank == skipper and name == "a")}
+        sync = mar.GradientSync(
+            comm=comm, parameters=grads, bucket_bytes=100, find_unused=find_unused
+        )
+        given = {
+            name: g.copy() for name, g in grads.items() if not (rank == skipper and name == "a")
+        }
         contributions = gather_inputs(comm, given.get("a", np.zeros(count)))
         for name, g in given.items():
             sync.ready(g, name=name)
         if not find_unused:
-            with pytest.raises(ValueError, match=rf"(?s)'a' \({count},\) float64 differs: ready on .*; not marked "
-                                                 rf"ready on rank {skipper}.*find_unused=True"):
+            with pytest.raises(
+                ValueError,
+                match=rf"(?s)'a' \({count},\) float64 differs: ready on .*; not marked "
+                rf"ready on rank {skipper}.*find_unused=True",
+            ):
                 sync.wait()
             continue
         unused = sync.wait()
@@ -176,7 +219,11 @@ def test_marking_a_gradient_that_was_not_declared_is_an_error_on_every_rank(comm
         sync.ready(grads[name], name=name)
     if rank == 0:
         sync.ready(np.ones(3), name="c")
-    match = "not declared were marked ready" if comm.Get_size() == 1 else "gradients marked ready that were not expected"
+    match = (
+        "not declared were marked ready"
+        if comm.Get_size() == 1
+        else "gradients marked ready that were not expected"
+    )
     with pytest.raises(ValueError, match=match):
         sync.wait()
 
@@ -185,7 +232,10 @@ def test_declared_parameters_that_differ_between_ranks_are_refused_on_every_rank
     if comm.Get_size() == 1:
         pytest.skip("needs two ranks")
     last = comm.Get_rank() == comm.Get_size() - 1
-    with pytest.raises(ValueError, match=r"gradient #1 differs: 'b' \(3,\) float64 on ranks? 0.*; 'b' \(4,\) float64 on rank"):
+    with pytest.raises(
+        ValueError,
+        match=r"gradient #1 differs: 'b' \(3,\) float64 on ranks? 0.*; 'b' \(4,\) float64 on rank",
+    ):
         mar.GradientSync(comm=comm, parameters={"a": np.zeros(2), "b": np.zeros(4 if last else 3)})
 
 
@@ -217,10 +267,12 @@ def test_no_sync_over_four_micro_batches_equals_one_step_on_the_whole_batch(comm
     accumulated = np.zeros(6)
     with sync.no_sync():
         for micro in range(3):
-            accumulated += gradient(x[micro * 8:(micro + 1) * 8], y[micro * 8:(micro + 1) * 8])
+            accumulated += gradient(x[micro * 8 : (micro + 1) * 8], y[micro * 8 : (micro + 1) * 8])
             sync.ready(accumulated, name="w")
             assert sync.wait() == {}
-    assert np.array_equal(accumulated, sum(gradient(x[m * 8:(m + 1) * 8], y[m * 8:(m + 1) * 8]) for m in range(3)))
+    assert np.array_equal(
+        accumulated, sum(gradient(x[m * 8 : (m + 1) * 8], y[m * 8 : (m + 1) * 8]) for m in range(3))
+    )
     accumulated += gradient(x[24:], y[24:])
     sync.ready(accumulated, name="w")
     sync.wait()
@@ -230,13 +282,16 @@ def test_no_sync_over_four_micro_batches_equals_one_step_on_the_whole_batch(comm
 
 @pytest.mark.parametrize("compression, bits", [("fp16", 11), ("bf16", 8)])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
-def test_compression_is_within_one_rounding_of_the_mean_and_the_same_bits_on_every_rank(comm, compression, bits,
-                                                                                      dtype):
+def test_compression_is_within_one_rounding_of_the_mean_and_the_same_bits_on_every_rank(
+    comm, compression, bits, dtype
+):
     rank = comm.Get_rank()
     rng = np.random.default_rng([rank, 5])
     # magnitudes over 6 decades, and values whose sum overflows float16 (a sum in float16 would be inf)
-    grads = {"small": (rng.standard_normal(3001) * 10.0 ** rng.integers(-2, 4, 3001)).astype(dtype),
-             "large": np.full(17, 40000.0 + rank, dtype)}
+    grads = {
+        "small": (rng.standard_normal(3001) * 10.0 ** rng.integers(-2, 4, 3001)).astype(dtype),
+        "large": np.full(17, 40000.0 + rank, dtype),
+    }
     gathered = {name: np.array(comm.allgather(g.astype(np.float64))) for name, g in grads.items()}
     sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=2000, compression=compression)
     for name, g in grads.items():
@@ -246,23 +301,31 @@ def test_compression_is_within_one_rounding_of_the_mean_and_the_same_bits_on_eve
         result, exact = g.astype(np.float64), gathered[name].mean(axis=0)
         # each contribution rounded once to `bits`, the mean rounded once: per element, within one
         # rounding of the contributions' mean magnitude and one of the result (fp16's subnormals: 6e-8)
-        bound = 2.0 ** -bits * (np.abs(gathered[name]).mean(axis=0) + np.abs(exact)) + 1e-7
-        assert np.all(np.abs(result - exact) <= bound), (name, np.max(np.abs(result - exact) / bound))
+        bound = 2.0**-bits * (np.abs(gathered[name]).mean(axis=0) + np.abs(exact)) + 1e-7
+        assert np.all(np.abs(result - exact) <= bound), (
+            name,
+            np.max(np.abs(result - exact) / bound),
+        )
         assert np.isfinite(result).all()
         everyone = comm.allgather(g.tobytes())
         assert all(b == everyone[0] for b in everyone), f"{name}: not the same bits on every rank"
 
 
-def test_device_gradients_are_ordered_on_streams_without_a_host_synchronization_per_gradient(comm, monkeypatch):
+def test_device_gradients_are_ordered_on_streams_without_a_host_synchronization_per_gradient(
+    comm, monkeypatch
+):
     """With the CuPy stand-in: ready() queues the fusing copies on the current stream and never
     waits for it; the worker waits for an event; wait() gives the right means."""
     import mpiallreduce.testing.fake_cupy as fake_cupy
+
     rank = comm.Get_rank()
     host = {f"g{i}": exact_input("float32", 300 + i, rank + i, "sum") for i in range(6)}
     want = expected_means(comm, host)
     grads = {name: fake_cupy.asarray(g) for name, g in host.items()}
     sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=2500)
-    sync.synchronize([grads[name] for name in reversed(list(grads))])  # the first step prepares (collective)
+    sync.synchronize(
+        [grads[name] for name in reversed(list(grads))]
+    )  # the first step prepares (collective)
     for name, g in grads.items():
         fake_cupy.copyto(g, fake_cupy.asarray(host[name]))
     fake_cupy.synchronize_all()
@@ -273,6 +336,7 @@ def test_device_gradients_are_ordered_on_streams_without_a_host_synchronization_
         if threading.current_thread() is caller:  # (the worker thread may wait: it is not backward)
             waits.append(stream)
         original(stream)
+
     monkeypatch.setattr(fake_cupy.Stream, "synchronize", counted)
     for name in reversed(list(grads)):
         sync.ready(grads[name], name=name)
@@ -289,8 +353,13 @@ def test_where_no_rank_overlaps_one_array_given_for_two_names_is_reduced_once(co
     shared = exact_input("float64", (1 << 20) // 8 + 3, comm.Get_rank(), "sum")
     want = numpy_reference("mean", gather_inputs(comm, shared))
     small = np.full(5, float(comm.Get_rank()))
-    sync = mar.GradientSync(comm=comm, parameters={"a": shared, "b": shared, "c": small}, bucket_bytes=1000,
-                            overlap=False, postscale=3.0)
+    sync = mar.GradientSync(
+        comm=comm,
+        parameters={"a": shared, "b": shared, "c": small},
+        bucket_bytes=1000,
+        overlap=False,
+        postscale=3.0,
+    )
     for name in ("c", "b", "a"):
         sync.ready(shared if name != "c" else small, name=name)
     sync.wait()
@@ -302,19 +371,33 @@ def test_with_a_timeout_a_rank_late_after_the_ranks_agreed_changes_no_gradient()
     are then still reduced out of place, so a rank that stalls past it leaves every gradient as it was.
     (COMM_WORLD only: the communicator's kind changes nothing here, and each run waits a timeout.)"""
     import time
+
     comm = WORLD
     rank = comm.Get_rank()
-    grads = {"b": np.full(7, rank + 1.0), "a": exact_input("float64", (1 << 20) // 8 + 3, rank, "sum"),
-             "c": np.full(3, rank + 2.0)}
-    sync = mar.GradientSync(comm=comm, parameters={k: np.zeros_like(v) for k, v in grads.items()}, bucket_bytes=1000,
-                            overlap=False, timeout=0.5, prescale=2.0)
-    assert sync._agree_first and sync.buckets == [["c", "a"], ["b"]]  # ("b", with the digest, goes first)
+    grads = {
+        "b": np.full(7, rank + 1.0),
+        "a": exact_input("float64", (1 << 20) // 8 + 3, rank, "sum"),
+        "c": np.full(3, rank + 2.0),
+    }
+    sync = mar.GradientSync(
+        comm=comm,
+        parameters={k: np.zeros_like(v) for k, v in grads.items()},
+        bucket_bytes=1000,
+        overlap=False,
+        timeout=0.5,
+        prescale=2.0,
+    )
+    assert sync._agree_first and sync.buckets == [
+        ["c", "a"],
+        ["b"],
+    ]  # ("b", with the digest, goes first)
     reduce = sync._reduce
 
     def stall(buckets, since=0, **how):  # (rank 1, between the digest's bucket and the others)
         if since and rank == 1:
             time.sleep(1.5)
         return reduce(buckets, since, **how)
+
     sync._reduce = stall
     before = {name: g.copy() for name, g in grads.items()}
     if comm.Get_size() == 1:
@@ -328,7 +411,9 @@ def test_with_a_timeout_a_rank_late_after_the_ranks_agreed_changes_no_gradient()
 
 @pytest.mark.parametrize("op", ["sum", "mean"])
 @pytest.mark.parametrize("strided_first", [False, True])
-def test_a_strided_large_gradient_over_the_memory_of_another_is_reduced_once(comm, op, strided_first):
+def test_a_strided_large_gradient_over_the_memory_of_another_is_reduced_once(
+    comm, op, strided_first
+):
     """a (contiguous) and b (every other element of the same memory) are both large: neither is
     reduced where it lies, whichever comes first, and every element gets one sum (or mean)."""
     rank, n = comm.Get_rank(), 1 << 15
@@ -347,7 +432,9 @@ def test_a_strided_large_gradient_over_the_memory_of_another_is_reduced_once(com
     assert values_equal(big, want)
 
 
-def test_with_a_timeout_in_the_settings_large_gradients_are_not_reduced_where_they_lie(comm, monkeypatch):
+def test_with_a_timeout_in_the_settings_large_gradients_are_not_reduced_where_they_lie(
+    comm, monkeypatch
+):
     """MPIALLREDUCE_TIMEOUT times GradientSync's calls as timeout= does: so a gradient of 1 MiB or
     more (reduced on its own, DIRECT_MIN_BYTES) goes through a buffer of its own (a timed call may
     give up after the ranks agreed); without it, where it lies, once the ranks agreed. Smaller ones
@@ -355,6 +442,7 @@ def test_with_a_timeout_in_the_settings_large_gradients_are_not_reduced_where_th
     from mpiallreduce.core import settings as settings_module
     from mpiallreduce.training.overlap import untimed
     from mpiallreduce.training.reduction import BucketReducer
+
     rank, count = comm.Get_rank(), (1 << 20) // 8 + 3
     where_they_lie = []
     start = BucketReducer.start
@@ -362,14 +450,25 @@ def test_with_a_timeout_in_the_settings_large_gradients_are_not_reduced_where_th
     def spy(self, bucket, filled, copied, digest, xp, here=False, in_place=(), part="all"):
         where_they_lie.extend(filled[i] for i in in_place)
         return start(self, bucket, filled, copied, digest, xp, here, in_place, part)
+
     monkeypatch.setattr(BucketReducer, "start", spy)
     for timeout in (None, 30.0):
-        monkeypatch.setattr(settings_module, "settings", lambda current=settings_module.settings(): (
-            __import__("dataclasses").replace(current, timeout=timeout)))
+        monkeypatch.setattr(
+            settings_module,
+            "settings",
+            lambda current=settings_module.settings(): __import__("dataclasses").replace(
+                current, timeout=timeout
+            ),
+        )
         assert untimed(None) == (timeout is None)
-        sync = mar.GradientSync(comm=comm, overlap=False, parameters={"g": np.zeros(count), "s": np.zeros(20_000)})
+        sync = mar.GradientSync(
+            comm=comm, overlap=False, parameters={"g": np.zeros(count), "s": np.zeros(20_000)}
+        )
         assert [len(b.direct) for b in sync._buckets] == [1]  # (g on its own, s fused)
-        grads = {"g": exact_input("float64", count, rank, "sum"), "s": exact_input("float64", 20_000, rank + 3, "sum")}
+        grads = {
+            "g": exact_input("float64", count, rank, "sum"),
+            "s": exact_input("float64", 20_000, rank + 3, "sum"),
+        }
         want = expected_means(comm, grads)
         where_they_lie.clear()
         for name, g in grads.items():

@@ -1,5 +1,6 @@
 """The call path: collective order, calls that differ between ranks, settings, failures inside a call,
 prepared calls (issue: the call path rebuilt). Every expected value comes from numpy on gathered inputs."""
+
 import threading
 import time
 import warnings
@@ -7,12 +8,18 @@ import warnings
 import numpy as np
 import pytest
 from mpi4py import MPI
+from reference import (
+    exact_input,
+    gather_inputs,
+    numpy_reference,
+    timing_test_at_three_ranks,
+    values_equal,
+)
 
 import mpiallreduce as mar
-from mpiallreduce.core import state as state_module
 from mpiallreduce.algorithms import HOST_ALGORITHMS, REGISTRY
 from mpiallreduce.algorithms.base import CallTags
-from reference import exact_input, gather_inputs, numpy_reference, values_equal, timing_test_at_three_ranks
+from mpiallreduce.core import state as state_module
 
 pytestmark = pytest.mark.mpi
 
@@ -64,15 +71,20 @@ def test_calls_that_differ_raise_on_every_rank_without_check(algorithm, nbytes):
         pytest.skip("one rank cannot disagree with itself")
     count = nbytes // 4
     last = rank == size - 1
-    with pytest.raises(ValueError, match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
-                       % (count, count + 1, size - 1)):
+    with pytest.raises(
+        ValueError,
+        match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
+        % (count, count + 1, size - 1),
+    ):
         mar.allreduce(np.ones(count + (1 if last else 0), np.float32), algorithm=algorithm)
     with pytest.raises(ValueError, match="dtype differs: 'float32' on"):
         mar.allreduce(np.ones(count, np.int32 if last else np.float32), algorithm=algorithm)
     with pytest.raises(ValueError, match="op differs"):
         mar.allreduce(np.ones(count, np.float32), op="max" if last else "sum", algorithm=algorithm)
     x = exact_input("float32", count, rank, "sum")
-    assert values_equal(mar.allreduce(x, algorithm=algorithm), numpy_reference("sum", gather_inputs(comm, x)))
+    assert values_equal(
+        mar.allreduce(x, algorithm=algorithm), numpy_reference("sum", gather_inputs(comm, x))
+    )
 
 
 def test_shared_memory_compares_sizes_below_the_signature_threshold_too():
@@ -85,12 +97,19 @@ def test_shared_memory_compares_sizes_below_the_signature_threshold_too():
     x = exact_input("float32", 1000, rank, "sum")
     want = numpy_reference("sum", gather_inputs(WORLD, x))
     for _ in range(2):  # the second time on the short path
-        with pytest.raises(ValueError, match=r"shape differs: \(1000,\) on ranks? [\d, ]+; \(1001,\) on rank %d"
-                           % (size - 1)):
+        with pytest.raises(
+            ValueError,
+            match=r"shape differs: \(1000,\) on ranks? [\d, ]+; \(1001,\) on rank %d" % (size - 1),
+        ):
             mar.allreduce(np.ones(1000 + (rank == size - 1), np.float32), algorithm="shared_memory")
         assert values_equal(mar.allreduce(x, algorithm="shared_memory"), want)
-        assert values_equal(mar.allreduce(np.ones(1000 + (rank == size - 1), np.float32)[:1000] * 0 + x,
-                                          algorithm="shared_memory"), want)
+        assert values_equal(
+            mar.allreduce(
+                np.ones(1000 + (rank == size - 1), np.float32)[:1000] * 0 + x,
+                algorithm="shared_memory",
+            ),
+            want,
+        )
 
 
 def test_shared_memory_refuses_a_rank_that_runs_another_algorithm_or_straddles_the_threshold():
@@ -104,11 +123,18 @@ def test_shared_memory_refuses_a_rank_that_runs_another_algorithm_or_straddles_t
     count = 1 << 14  # 64 KiB of float32: checked
     with pytest.raises(ValueError, match="algorithm differs"):
         mar.allreduce(np.ones(count, np.float32), algorithm="ring" if last else "shared_memory")
-    with pytest.raises(ValueError, match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
-                       % (count, count - 100, size - 1)):
-        mar.allreduce(np.ones(count - 100 if last else count, np.float32), algorithm="shared_memory")
+    with pytest.raises(
+        ValueError,
+        match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
+        % (count, count - 100, size - 1),
+    ):
+        mar.allreduce(
+            np.ones(count - 100 if last else count, np.float32), algorithm="shared_memory"
+        )
     x = exact_input("float32", count, rank, "sum")
-    assert values_equal(mar.allreduce(x, algorithm="shared_memory"), numpy_reference("sum", gather_inputs(WORLD, x)))
+    assert values_equal(
+        mar.allreduce(x, algorithm="shared_memory"), numpy_reference("sum", gather_inputs(WORLD, x))
+    )
 
 
 @pytest.mark.parametrize("nbytes", [4000, 1 << 18])
@@ -144,12 +170,19 @@ def test_a_segment_size_that_differs_between_ranks_is_refused_on_every_rank(use_
     try:
         use_settings(ring_segment_bytes=(1 << 20) + (1 << 10) * comm.Get_rank())
         if comm.Get_size() > 1:
-            with pytest.raises(ValueError, match=r"ring_segment_bytes differs: 1048576 on rank 0; 1049600 on rank 1"):
+            with pytest.raises(
+                ValueError,
+                match=r"ring_segment_bytes differs: 1048576 on rank 0; 1049600 on rank 1",
+            ):
                 mar.allreduce(np.ones(10), algorithm="ring_pipelined", comm=comm)
-            with pytest.raises(ValueError, match="ring_segment_bytes differs"):  # and again: not a hang
+            with pytest.raises(
+                ValueError, match="ring_segment_bytes differs"
+            ):  # and again: not a hang
                 mar.allreduce(np.ones(10), comm=comm)
         use_settings(ring_segment_bytes=1 << 20)
-        assert mar.allreduce(np.ones(10), algorithm="ring_pipelined", comm=comm)[0] == comm.Get_size()
+        assert (
+            mar.allreduce(np.ones(10), algorithm="ring_pipelined", comm=comm)[0] == comm.Get_size()
+        )
     finally:
         comm.Free()
 
@@ -182,7 +215,9 @@ def test_an_exception_in_round_1_of_the_rendezvous_ends_the_call_on_every_rank()
         comm.Free()
 
 
-def test_a_failure_midway_through_an_algorithm_leaves_no_message_for_the_next_call(monkeypatch, use_settings):
+def test_a_failure_midway_through_an_algorithm_leaves_no_message_for_the_next_call(
+    monkeypatch, use_settings
+):
     """The ranks of a pipelined ring fail at different reductions (rank 0 at its first, the others
     at their second, unless told of rank 0's failure first), with segments posted ahead: messages
     are left unreceived and receives left posted. The next calls use other tags, so neither can
@@ -206,16 +241,21 @@ def test_a_failure_midway_through_an_algorithm_leaves_no_message_for_the_next_ca
                 monkeypatch.setattr(op_type, "reduce_local", original)
                 raise RuntimeError("injected failure in the middle of the algorithm")
             return original(self, a, b, out)
+
         monkeypatch.setattr(op_type, "reduce_local", fail_midway)
         # its own failure, or told of another rank's before it reached its own (faults.watch)
-        with pytest.raises((RuntimeError, mar.AllreduceAborted), match="injected failure|failed in the middle"):
+        with pytest.raises(
+            (RuntimeError, mar.AllreduceAborted), match="injected failure|failed in the middle"
+        ):
             mar.allreduce(x, algorithm="ring_pipelined", comm=comm)
         monkeypatch.setattr(op_type, "reduce_local", original)
         time.sleep(0.2)  # the messages of the failed call arrive
         for step in range(3):
             y = exact_input("float64", 40_000, rank + 5 + step, "sum")
-            assert values_equal(mar.allreduce(y, algorithm="ring_pipelined", comm=comm),
-                                numpy_reference("sum", gather_inputs(comm, y))), step
+            assert values_equal(
+                mar.allreduce(y, algorithm="ring_pipelined", comm=comm),
+                numpy_reference("sum", gather_inputs(comm, y)),
+            ), step
         assert values_equal(mar.allreduce(x, algorithm="ring_pipelined", comm=comm), want)
     finally:
         comm.Barrier()
@@ -227,7 +267,9 @@ MESSAGES_ONLY = [name for name in HOST_ALGORITHMS if REGISTRY[name].messages_onl
 
 @pytest.mark.parametrize("timeout", [None, 30.0], ids=["untimed", "timed"])
 @pytest.mark.parametrize("algorithm", MESSAGES_ONLY)
-def test_one_rank_failing_midway_ends_the_call_on_every_rank_at_once(monkeypatch, use_settings, algorithm, timeout):
+def test_one_rank_failing_midway_ends_the_call_on_every_rank_at_once(
+    monkeypatch, use_settings, algorithm, timeout
+):
     """Only the last rank fails, at its first reduction. The others are told (not left blocked in a
     receive): each raises AllreduceAborted naming it, or had already finished with the right values
     when its part needed nothing more from that rank; at once, not after the timeout. The next calls
@@ -244,14 +286,19 @@ def test_one_rank_failing_midway_ends_the_call_on_every_rank_at_once(monkeypatch
             return
         # (the op's reduction; dissemination reduces a sum by MPI_Reduce_local, in reduce_in_order)
         from mpiallreduce.algorithms import dissemination
-        owner, name = (dissemination, "reduce_in_order") if algorithm == "dissemination" else (
-            type(mar.OPS["sum"]), "reduce_local")
+
+        owner, name = (
+            (dissemination, "reduce_in_order")
+            if algorithm == "dissemination"
+            else (type(mar.OPS["sum"]), "reduce_local")
+        )
         if rank == failing:
             original = getattr(owner, name)
 
             def fail_once(*args, **kwargs):
                 monkeypatch.setattr(owner, name, original)
                 raise MemoryError("injected failure in the middle of the algorithm")
+
             monkeypatch.setattr(owner, name, fail_once)
         started = time.monotonic()
         outcome = None
@@ -260,19 +307,27 @@ def test_one_rank_failing_midway_ends_the_call_on_every_rank_at_once(monkeypatch
         except MemoryError:
             outcome = "raised its own"
         except mar.AllreduceAborted as aborted:
-            assert aborted.failed_rank == failing and f"rank {failing} failed in the middle" in str(aborted)
+            assert aborted.failed_rank == failing and f"rank {failing} failed in the middle" in str(
+                aborted
+            )
             outcome = "aborted"
         took = time.monotonic() - started
-        outcomes = comm.allgather(outcome if isinstance(outcome, str) else bool(values_equal(outcome, want)))
+        outcomes = comm.allgather(
+            outcome if isinstance(outcome, str) else bool(values_equal(outcome, want))
+        )
         assert outcomes[failing] == "raised its own", outcomes
         assert all(o in ("aborted", True) for o in outcomes[:failing]), outcomes
-        if algorithm.startswith("ring"):  # every rank needs the failing rank's chunk in the allgather
+        if algorithm.startswith(
+            "ring"
+        ):  # every rank needs the failing rank's chunk in the allgather
             assert outcomes[:failing] == ["aborted"] * failing, outcomes
         assert took < 10, f"rank {rank} took {took:.1f} s to learn of the failure"
         for step in range(3):
             y = exact_input("float64", 40_000, rank + 5 + step, "sum")
-            assert values_equal(mar.allreduce(y, algorithm=algorithm, comm=comm, timeout=timeout),
-                                numpy_reference("sum", gather_inputs(comm, y))), step
+            assert values_equal(
+                mar.allreduce(y, algorithm=algorithm, comm=comm, timeout=timeout),
+                numpy_reference("sum", gather_inputs(comm, y)),
+            ), step
     finally:
         comm.Barrier()
         comm.Free()
@@ -296,7 +351,9 @@ def test_a_call_timed_on_one_rank_only_ends_with_an_error_on_every_rank(algorith
             with pytest.raises(mar.AllreduceTimeout):
                 mar.allreduce(x, algorithm=algorithm, comm=comm, timeout=2.0)
         else:
-            with pytest.raises(mar.AllreduceAborted, match="rank 0 gave it up .its timeout ran out"):
+            with pytest.raises(
+                mar.AllreduceAborted, match="rank 0 gave it up .its timeout ran out"
+            ):
                 mar.allreduce(x, algorithm=algorithm, comm=comm)
         for _ in range(2):
             assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm, timeout=30), want)
@@ -331,13 +388,20 @@ def test_call_numbers_far_apart_never_confuse_tags_or_control_messages():
             comm.Barrier()
         apart = CallTags(comm, 0).calls_apart
         highest_algorithm_tag = CallTags(comm, apart - 1).offset + CallTags.slot - 1
-        assert highest_algorithm_tag < comm.Get_attr(MPI.TAG_UB), "the control messages' tag is TAG_UB"
-        for jump in (10_000, (apart - 2) - (state.sequence + 10_000) % apart):  # then 2 calls before the wrap
+        assert highest_algorithm_tag < comm.Get_attr(MPI.TAG_UB), (
+            "the control messages' tag is TAG_UB"
+        )
+        for jump in (
+            10_000,
+            (apart - 2) - (state.sequence + 10_000) % apart,
+        ):  # then 2 calls before the wrap
             state.sequence += jump
             for _ in range(4):
                 x = exact_input("float64", 5000, rank, "sum")
-                assert values_equal(mar.allreduce(x, algorithm="ring", comm=comm, timeout=30),
-                                    numpy_reference("sum", gather_inputs(comm, x)))
+                assert values_equal(
+                    mar.allreduce(x, algorithm="ring", comm=comm, timeout=30),
+                    numpy_reference("sum", gather_inputs(comm, x)),
+                )
     finally:
         comm.Free()
 
@@ -381,6 +445,7 @@ def test_concurrent_first_use_from_two_threads_makes_one_state():
         def first_use():
             barrier.wait()
             found.append(state_module.state_of(comm))
+
         threads = [threading.Thread(target=first_use) for _ in range(2)]
         for t in threads:
             t.start()
@@ -426,7 +491,9 @@ def test_no_check_and_no_timeout_add_no_collective_and_no_message():
         counting = state.library = _CountingComm(state.library)
         for _ in range(10):
             assert mar.allreduce(x, comm=comm, algorithm="mpi")[0] == comm.Get_size()
-        assert counting.calls == (["Allreduce"] * 10 if comm.Get_size() > 1 else [])  # one rank: a local copy
+        assert counting.calls == (
+            ["Allreduce"] * 10 if comm.Get_size() > 1 else []
+        )  # one rank: a local copy
         assert state.channel is None or not state.channel.sends, "no control message was sent"
         state.library = counting.comm
     finally:
@@ -474,7 +541,9 @@ def test_a_timed_prepared_call_run_on_some_ranks_only_raises_on_every_rank(other
     x = np.arange(6, dtype=np.float64) + rank
     prepared, another = mar.prepare(x, timeout=30), mar.prepare(np.ones(7), timeout=30)
     started = time.monotonic()
-    with pytest.raises(ValueError, match=r"is not the same call on every rank: a prepared call on rank 0, "):
+    with pytest.raises(
+        ValueError, match=r"is not the same call on every rank: a prepared call on rank 0, "
+    ):
         if rank == 0:
             prepared()
         elif other == "prepared elsewhere":
@@ -492,11 +561,14 @@ def test_a_timed_gather_of_the_librarys_against_a_plain_call_raises_on_every_ran
     """Review finding: the library's own timed gather (GradientSync's agreement) brought the plain
     call's kind to the rendezvous; against a timed plain call both then waited for ever."""
     from mpiallreduce.core.gather import gather_from_ranks
+
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     if size == 1:
         pytest.skip("one rank cannot disagree with itself")
     started = time.monotonic()
-    with pytest.raises(ValueError, match=r"a gather of the library's own .* on rank 0, a plain allreduce on rank"):
+    with pytest.raises(
+        ValueError, match=r"a gather of the library's own .* on rank 0, a plain allreduce on rank"
+    ):
         if rank == 0:
             gather_from_ranks(WORLD, rank, timeout=30)
         else:
@@ -511,6 +583,7 @@ def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, 
     like x (``_run_on``, ``_start_on``); x keeps what it held; an array unlike x, or a call not
     prepared so, is refused before anything moves (on every rank alike here)."""
     from mpiallreduce.api import prepare_at
+
     rank = comm.Get_rank()
     x = exact_input("float32", 20_000, rank, "sum")
     kept = x.copy()
@@ -520,7 +593,11 @@ def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, 
         want = numpy_reference("sum", gather_inputs(comm, y))
         assert run(y) is y and values_equal(y, want), step
     assert np.array_equal(x, kept)
-    for wrong in (np.zeros(20_001, np.float32), np.zeros(20_000), np.zeros(40_000, np.float32)[::2]):
+    for wrong in (
+        np.zeros(20_001, np.float32),
+        np.zeros(20_000),
+        np.zeros(40_000, np.float32)[::2],
+    ):
         with pytest.raises(ValueError, match="writeable C-contiguous numpy array of x's shape"):
             prepared._run_on(wrong)
     with pytest.raises(ValueError, match="prepared in place, not persistent and not single_copy"):
@@ -530,7 +607,9 @@ def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, 
         persistent = mar.prepare(small, algorithm="mpi", comm=comm, out=small)
         assert persistent.persistent and "persistent (MPI_Allreduce_init)" in repr(persistent)
         assert "persistent" not in repr(prepared)  # (run on other memory: never)
-        with pytest.raises(ValueError, match="prepared in place, not persistent and not single_copy"):
+        with pytest.raises(
+            ValueError, match="prepared in place, not persistent and not single_copy"
+        ):
             persistent._run_on(np.zeros_like(small))
     want = numpy_reference("sum", gather_inputs(comm, x))
     assert values_equal(prepared(), want)  # (the ranks still in step)
@@ -541,6 +620,7 @@ def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm
     of MPI's allreduce binds MPI_Allreduce_init once and starts it each run (in place or not, in the background too); collected, its request is freed."""
     import gc
     import weakref
+
     rank = comm.Get_rank()
     for in_place in (False, True):
         x = exact_input("float64", 300, rank, "sum")
@@ -549,13 +629,20 @@ def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm
         for step in range(3):
             x[...] = exact_input("float64", 300, rank + step, "sum")
             want = numpy_reference("sum", gather_inputs(comm, x))
-            assert values_equal(prepared() if step != 1 else prepared.start().wait(), want), (in_place, step)
-    prepared = mar.prepare(x, algorithm="mpi", comm=comm)  # (not started in the background: the worker
+            assert values_equal(prepared() if step != 1 else prepared.start().wait(), want), (
+                in_place,
+                step,
+            )
+    prepared = mar.prepare(
+        x, algorithm="mpi", comm=comm
+    )  # (not started in the background: the worker
     prepared()  # may hold its last job a while)
     alive = weakref.ref(prepared.execute)
     del prepared
     gc.collect()
-    assert alive() is None  # (and with it, its request: weakref.finalize in mpiallreduce.core.persistent)
+    assert (
+        alive() is None
+    )  # (and with it, its request: weakref.finalize in mpiallreduce.core.persistent)
 
 
 def test_a_rank_given_other_persistent_rules_after_start_up_is_refused_on_every_rank(comm):
@@ -565,13 +652,16 @@ def test_a_rank_given_other_persistent_rules_after_start_up_is_refused_on_every_
     communicator with the same table again, calls run."""
     from mpiallreduce.core import tuning
     from mpiallreduce.core.state import SettingsMismatch
+
     if comm.Get_size() == 1:
         return
     shipped, dup, x = tuning.tuning_table(), comm.Dup(), np.ones(8, np.float32)
     try:
         try:
             if comm.Get_rank() == 1:
-                tuning.set_tuning_table(dict(shipped, persistent_by_ranks={}, persistent_by_ranks_in_place={}))
+                tuning.set_tuning_table(
+                    dict(shipped, persistent_by_ranks={}, persistent_by_ranks_in_place={})
+                )
             with pytest.raises(SettingsMismatch, match="tuning_table differs"):
                 mar.prepare(x, algorithm="mpi", comm=dup)
         finally:
@@ -581,7 +671,9 @@ def test_a_rank_given_other_persistent_rules_after_start_up_is_refused_on_every_
     again = comm.Dup()
     try:
         prepared = mar.prepare(x, algorithm="mpi", comm=again)
-        assert prepared.persistent and values_equal(prepared(), numpy_reference("sum", gather_inputs(comm, x)))
+        assert prepared.persistent and values_equal(
+            prepared(), numpy_reference("sum", gather_inputs(comm, x))
+        )
         del prepared
     finally:
         again.Free()
@@ -592,12 +684,17 @@ def test_tunes_prepared_calls_are_persistent_always_or_never_as_asked_whatever_t
     MPI's own as a persistent request at any size, or never; right either way, in place or not; an
     algorithm that is not MPI's own is never one."""
     from mpiallreduce.api import prepare_at
+
     rank, many = comm.Get_rank(), comm.Get_size() > 1
     for count in (4, 100_000):  # (16 B, 400 KB: the table's blocking size)
         for in_place in (False, True):
             x = exact_input("float32", count, rank, "sum")
-            always = prepare_at("", x, algorithm="mpi", comm=comm, out=x if in_place else None, persistent="always")
-            never = prepare_at("", x, algorithm="mpi", comm=comm, out=x if in_place else None, persistent=False)
+            always = prepare_at(
+                "", x, algorithm="mpi", comm=comm, out=x if in_place else None, persistent="always"
+            )
+            never = prepare_at(
+                "", x, algorithm="mpi", comm=comm, out=x if in_place else None, persistent=False
+            )
             assert always.persistent == many and not never.persistent, (count, in_place)
             for step, prepared in enumerate((always, never, always)):
                 x[...] = exact_input("float32", count, rank + step, "sum")
@@ -606,8 +703,12 @@ def test_tunes_prepared_calls_are_persistent_always_or_never_as_asked_whatever_t
     assert not prepare_at("", x, algorithm="ring", comm=comm, persistent="always").persistent
 
 
-@pytest.mark.parametrize("compared, count", [(True, 20_000), (False, 4)], ids=["compared", "unchecked"])
-def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_settings, compared, count):
+@pytest.mark.parametrize(
+    "compared, count", [(True, 20_000), (False, 4)], ids=["compared", "unchecked"]
+)
+def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(
+    comm, use_settings, compared, count
+):
     """A mean of algorithm "mpi" runs MPI_Allreduce itself and divides after (Execution.direct): on
     the first call and on a repeat's short path (its signature compared, or not: the setting off),
     in place, into another array, timed, in the background, prepared (persistent or not) and run
@@ -615,27 +716,36 @@ def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_
     multiplication by 1/3), under seterr(all="raise") too (a subnormal mean underflows: masked, as
     everywhere)."""
     from mpiallreduce.api import prepare_at
+
     if not compared:  # (a communicator of its own: the setting is read when its state is made)
         use_settings(signature_min_bytes=-1)
         comm = comm.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
     for dtype in ("float64", "float32", "complex128"):
-        x = exact_input(dtype, count, rank, "mean") * (rank + 1)  # (exact sums, not all multiples of 3)
+        x = exact_input(dtype, count, rank, "mean") * (
+            rank + 1
+        )  # (exact sums, not all multiples of 3)
         kept = x.copy()
         want = numpy_reference("mean", gather_inputs(comm, x))
         y, z, other = x.copy(), x.copy(), np.empty_like(x)
         prepared_in_place = mar.prepare(y, op="mean", algorithm="mpi", comm=comm, out=y)
         on_other = prepare_at("", z, op="mean", algorithm="mpi", comm=comm, out=z, persistent=False)
-        assert prepared_in_place.execution.direct == (size > 1) and on_other.execution.divides == (size > 1)
-        runs = {"first": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
-                "repeat": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
-                "in place": lambda: mar.allreduce(y, op="mean", algorithm="mpi", comm=comm, out=y),
-                "into another array": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm, out=other),
-                "timed": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm, timeout=30),
-                "async": lambda: mar.allreduce_async(x, op="mean", algorithm="mpi", comm=comm).wait(),
-                "prepared": lambda: mar.prepare(x, op="mean", algorithm="mpi", comm=comm)(),
-                "prepared in place": prepared_in_place,
-                "on another array": lambda: on_other._run_on(y)}
+        assert prepared_in_place.execution.direct == (size > 1) and on_other.execution.divides == (
+            size > 1
+        )
+        runs = {
+            "first": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
+            "repeat": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
+            "in place": lambda: mar.allreduce(y, op="mean", algorithm="mpi", comm=comm, out=y),
+            "into another array": lambda: mar.allreduce(
+                x, op="mean", algorithm="mpi", comm=comm, out=other
+            ),
+            "timed": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm, timeout=30),
+            "async": lambda: mar.allreduce_async(x, op="mean", algorithm="mpi", comm=comm).wait(),
+            "prepared": lambda: mar.prepare(x, op="mean", algorithm="mpi", comm=comm)(),
+            "prepared in place": prepared_in_place,
+            "on another array": lambda: on_other._run_on(y),
+        }
         for name, run in runs.items():
             y[...] = x
             result = run()
@@ -646,15 +756,26 @@ def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_
         want = numpy_reference("mean", gather_inputs(comm, tiny))
     with np.errstate(all="raise"):
         assert values_equal(mar.allreduce(tiny, op="mean", algorithm="mpi", comm=comm), want)
-        assert values_equal(mar.allreduce(tiny, op="mean", algorithm="mpi", comm=comm), want)  # (short path)
+        assert values_equal(
+            mar.allreduce(tiny, op="mean", algorithm="mpi", comm=comm), want
+        )  # (short path)
     if size > 1:
-        execution = state_module.state_of(comm).fast_calls[((count,), np.dtype(np.float64), "mean", "mpi", False)]
+        execution = state_module.state_of(comm).fast_calls[
+            ((count,), np.dtype(np.float64), "mean", "mpi", False)
+        ]
         assert execution.direct and execution.raw_unchecked == (not compared)
-    if compared and size > 1:  # (a mean on rank 0 against sums: both MPI_SUM underneath, yet refused)
+    if (
+        compared and size > 1
+    ):  # (a mean on rank 0 against sums: both MPI_SUM underneath, yet refused)
         x = exact_input("float64", count, rank, "sum")
-        with pytest.raises(ValueError, match=r"op differs: 'mean' on rank 0; 'sum' on ranks? [\d, ]+"):
+        with pytest.raises(
+            ValueError, match=r"op differs: 'mean' on rank 0; 'sum' on ranks? [\d, ]+"
+        ):
             mar.allreduce(x, op="mean" if rank == 0 else "sum", algorithm="mpi", comm=comm)
-        assert values_equal(mar.allreduce(x, algorithm="mpi", comm=comm), numpy_reference("sum", gather_inputs(comm, x)))
+        assert values_equal(
+            mar.allreduce(x, algorithm="mpi", comm=comm),
+            numpy_reference("sum", gather_inputs(comm, x)),
+        )
     if not compared:
         comm.Free()
 
@@ -662,6 +783,7 @@ def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(comm, use_
 def test_past_256_kinds_of_calls_the_oldest_lose_their_short_path_not_the_newest(comm):
     """bench's sizes x algorithms x modes pass 256 kinds: the newest kinds keep a short path."""
     from mpiallreduce.core.state import state_of
+
     rank = comm.Get_rank()
     for count in range(1, 301):
         x = exact_input("float32", count, rank, "sum")
@@ -695,11 +817,20 @@ def test_describe_call_says_what_auto_then_runs(monkeypatch):
         assert "local copy" in text
         return
     named = text.split(" ")[0]
-    assert named in mar.ALGORITHMS and "auto: the tuning table" in text and ("signature: shared slots" in text or "signature: carried by shared_memory" in text)
+    assert (
+        named in mar.ALGORITHMS
+        and "auto: the tuning table" in text
+        and ("signature: shared slots" in text or "signature: carried by shared_memory" in text)
+    )
     ran = []
     for name, algorithm in REGISTRY.items():
-        monkeypatch.setattr(algorithm, "execute", (lambda original, n: lambda *a, **k: ran.append(n) or original(*a, **k))(
-            algorithm.execute, name))
+        monkeypatch.setattr(
+            algorithm,
+            "execute",
+            (lambda original, n: lambda *a, **k: ran.append(n) or original(*a, **k))(
+                algorithm.execute, name
+            ),
+        )
     assert mar.allreduce(x)[0] == size
     # (MPI's own allreduce is called by the executor itself, not through the mpi module's execute)
     assert ran == ([] if named == "mpi" else [named]), (text, ran)
@@ -714,8 +845,10 @@ def test_hierarchical_gets_its_leaders_plan_from_the_planner(use_settings):
         text = mar.describe_call(x, comm=comm, algorithm="hierarchical")
         if comm.Get_size() > 2:
             assert "hierarchical" in text and "node leaders run" in text, text
-        assert values_equal(mar.allreduce(x, comm=comm, algorithm="hierarchical"),
-                            numpy_reference("sum", gather_inputs(comm, x)))
+        assert values_equal(
+            mar.allreduce(x, comm=comm, algorithm="hierarchical"),
+            numpy_reference("sum", gather_inputs(comm, x)),
+        )
     finally:
         comm.Free()
 
@@ -725,7 +858,9 @@ def test_an_input_changed_before_the_reduction_ends_is_caught_with_check_on_ever
     writes into x while the call is queued (behind a gate on the worker); every rank's wait()
     raises, naming rank 0; unchecked, nothing is compared."""
     import threading
+
     from mpiallreduce.core.state import state_of
+
     rank = WORLD.Get_rank()
     x = exact_input("float64", 1000, rank, "sum")
     gate = threading.Event()
@@ -734,8 +869,11 @@ def test_an_input_changed_before_the_reduction_ends_is_caught_with_check_on_ever
     if rank == 0:
         x[7] += 1.0
     gate.set()
-    with pytest.raises(RuntimeError, match=r"on every rank\) failed on rank 0 of "
-                                           rf"{WORLD.Get_size()}:\n  rank 0: RuntimeError: x changed between"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"on every rank\) failed on rank 0 of "
+        rf"{WORLD.Get_size()}:\n  rank 0: RuntimeError: x changed between",
+    ):
         handle.wait(timeout=60)
     y = exact_input("float64", 1000, rank, "sum")
     handle = mar.allreduce_async(y)
@@ -743,5 +881,7 @@ def test_an_input_changed_before_the_reduction_ends_is_caught_with_check_on_ever
         y[7] += 1.0
     handle.wait(timeout=60)
     z = exact_input("float64", 1000, rank, "sum")
-    assert values_equal(mar.allreduce_async(z, check=True).wait(timeout=60),
-                        numpy_reference("sum", gather_inputs(WORLD, z)))
+    assert values_equal(
+        mar.allreduce_async(z, check=True).wait(timeout=60),
+        numpy_reference("sum", gather_inputs(WORLD, z)),
+    )

@@ -4,16 +4,28 @@ Expected values: numpy on every rank's inputs (reference.py), made here once per
 are functions of the rank and the index. Bitwise identity across ranks: the sha256 of every rank's
 result, compared once per test (BitsAcrossRanks).
 """
+
 import functools
 
 import numpy as np
 import pytest
+from conftest import communicator
 from mpi4py import MPI
+from reference import (
+    BitsAcrossRanks,
+    bits_equal,
+    digests_differ,
+    every_ranks,
+    exact_input,
+    exact_reference,
+    gather_inputs,
+    numpy_reference,
+    op_applies,
+    problems_with,
+    values_equal,
+)
 
 import mpiallreduce as mar
-from conftest import communicator
-from reference import (BitsAcrossRanks, bits_equal, digests_differ, every_ranks, exact_input, exact_reference,
-                       gather_inputs, numpy_reference, op_applies, problems_with, values_equal)
 
 pytestmark = pytest.mark.mpi
 
@@ -43,8 +55,12 @@ CORRECTNESS_KINDS = ["world"] + (["split"] if 1 < MPI.COMM_WORLD.Get_size() < 4 
 #: halves repeat smaller rank counts in another order, the sum and the mean (docs/performance.md,
 #: the suite's time).
 WORLD_OPS = OPS if MPI.COMM_WORLD.Get_size() <= 3 else ["sum", "max", "mean"]
-KINDS_AND_OPS = [(kind, op) for kind in CORRECTNESS_KINDS for op in OPS
-                 if op in (WORLD_OPS if kind == "world" else ["sum", "mean"])]
+KINDS_AND_OPS = [
+    (kind, op)
+    for kind in CORRECTNESS_KINDS
+    for op in OPS
+    if op in (WORLD_OPS if kind == "world" else ["sum", "mean"])
+]
 
 
 @pytest.fixture(params=CORRECTNESS_KINDS)
@@ -57,7 +73,17 @@ def sizes_for(p, dtype, large=True):
     The million elements are for the sums: how an algorithm cuts and moves a buffer (segments,
     pipelines, the staged path) does not depend on the op, which every op's 64 Ki + 3 elements
     exercise past the signature threshold; a million of every op was most of the suite's time."""
-    return sorted({0, 1, p - 1, p, p + 1, PRIME, LARGEST.get(dtype, JUST_OVER_64K) if large else JUST_OVER_64K})
+    return sorted(
+        {
+            0,
+            1,
+            p - 1,
+            p,
+            p + 1,
+            PRIME,
+            LARGEST.get(dtype, JUST_OVER_64K) if large else JUST_OVER_64K,
+        }
+    )
 
 
 def test_algorithms_registered():
@@ -95,7 +121,7 @@ def inexact_input(dtype, count, rank):
     return np.random.default_rng([rank, count]).uniform(0.5, 1.5, count).astype(dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inexact_reference(op, dtype, count, size):
     """numpy's ``op``, in float64, over every rank's inexact_input (made once per case)."""
     inputs = every_ranks(lambda rank: inexact_input(dtype, count, rank), size)
@@ -105,8 +131,11 @@ def inexact_reference(op, dtype, count, size):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("comm, op", [(kind, op) for kind, op in KINDS_AND_OPS if op in ("sum", "mean", "prod")],
-                         indirect=["comm"])
+@pytest.mark.parametrize(
+    "comm, op",
+    [(kind, op) for kind, op in KINDS_AND_OPS if op in ("sum", "mean", "prod")],
+    indirect=["comm"],
+)
 def test_inexact_floats_are_identical_on_every_rank(comm, algorithm, op):
     """Random floats (order of summation matters in the last bits): close to numpy, same bits everywhere."""
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -117,8 +146,10 @@ def test_inexact_floats_are_identical_on_every_rank(comm, algorithm, op):
             expected = inexact_reference(op, dtype, count, size)
             result = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm)
             if not np.allclose(result, expected, rtol=rtol, atol=0):
-                problems.append(f"{dtype} count={count}: max rel err "
-                                f"{np.max(np.abs(result / expected - 1)) if count else 0}")
+                problems.append(
+                    f"{dtype} count={count}: max rel err "
+                    f"{np.max(np.abs(result / expected - 1)) if count else 0}"
+                )
             bits.add(f"{dtype} count={count}", result)
     problems += bits.problems(comm)
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)
@@ -132,7 +163,9 @@ def test_a_mean_over_many_segments_divides_every_element_once(comm, algorithm, i
     once, bit for bit, on every rank."""
     x = exact_input("float32", ABOUT_A_MILLION, comm.Get_rank(), "mean")
     expected = exact_reference("mean", "float32", ABOUT_A_MILLION, comm.Get_size())
-    result = mar.allreduce(x, op="mean", algorithm=algorithm, comm=comm, out=x if in_place else None)
+    result = mar.allreduce(
+        x, op="mean", algorithm=algorithm, comm=comm, out=x if in_place else None
+    )
     problems = problems_with(comm, result, expected, f"float32 count={ABOUT_A_MILLION}")
     assert not problems, f"rank {comm.Get_rank()}:\n" + "\n".join(problems[:10])
 
@@ -165,7 +198,9 @@ def test_shapes_strides_and_out(comm, algorithm):
     strided_out = holder[:, ::3]
     result = check("into strided out", base, out=strided_out)
     assert result is strided_out
-    assert np.all(holder[:, 1::3] == 0) and np.all(holder[:, 2::3] == 0), "wrote outside the strided out"
+    assert np.all(holder[:, 1::3] == 0) and np.all(holder[:, 2::3] == 0), (
+        "wrote outside the strided out"
+    )
 
     x = np.asfortranarray(base)
     expected = numpy_reference("sum", gather_inputs(comm, np.array(x, order="C")))
@@ -187,6 +222,7 @@ def test_shapes_strides_and_out(comm, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_default_communicator_is_world(algorithm):
     from mpi4py import MPI
+
     world = MPI.COMM_WORLD
     x = exact_input("int64", 10, world.Get_rank(), "sum")
     expected = numpy_reference("sum", gather_inputs(world, x))
@@ -201,13 +237,17 @@ def test_many_calls_in_a_row_stay_in_step(comm):
     for _ in range(3):
         for algorithm in ALGORITHMS:
             for x, want in zip(inputs, expected):
-                assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want), (algorithm, x.size)
+                assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want), (
+                    algorithm,
+                    x.size,
+                )
 
 
 def test_auto_is_right_on_both_sides_of_every_switch_in_the_table(comm):
     """Sizes at which the tuning table hands over from one algorithm to the next."""
     from mpiallreduce.core.planner import choose_algorithm
     from mpiallreduce.core.tuning import _rules_for
+
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
         pytest.skip("one rank: auto is a local copy at every size, no switch applies")
@@ -219,10 +259,17 @@ def test_auto_is_right_on_both_sides_of_every_switch_in_the_table(comm):
             count = nbytes // 4
             chosen.add(choose_algorithm(count * 4, size).name)
             x = exact_input("float32", count, rank, "sum")
-            expected = numpy_reference("sum", gather_inputs(comm, x))  # (up to 32 MiB, once: not cached)
+            expected = numpy_reference(
+                "sum", gather_inputs(comm, x)
+            )  # (up to 32 MiB, once: not cached)
             result = mar.allreduce(x, comm=comm)
-            problems += problems_with(comm, result, expected, f"{nbytes} B ({choose_algorithm(count * 4, size).name})",
-                                      bits)
+            problems += problems_with(
+                comm,
+                result,
+                expected,
+                f"{nbytes} B ({choose_algorithm(count * 4, size).name})",
+                bits,
+            )
     problems += bits.problems(comm)
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)
     if size > 1 and _rules_for(size) and len(_rules_for(size)) > 1:
@@ -234,14 +281,28 @@ def test_every_other_numeric_dtype(comm, algorithm):
     """The dtypes outside the main matrix: other integer widths, long double, complex64/256."""
     rank, size = comm.Get_rank(), comm.Get_size()
     problems, bits = [], BitsAcrossRanks()
-    for dtype in ["int8", "int16", "uint16", "uint32", "uint64", "longdouble", "complex64", "clongdouble"]:
+    for dtype in [
+        "int8",
+        "int16",
+        "uint16",
+        "uint32",
+        "uint64",
+        "longdouble",
+        "complex64",
+        "clongdouble",
+    ]:
         for op in OPS:
             if not op_applies(op, dtype):
                 continue
             for count in (size + 1, PRIME):
                 x = exact_input(dtype, count, rank, op)
                 result = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm)
-                problems += problems_with(comm, result, exact_reference(op, dtype, count, size),
-                                          f"{dtype} {op} count={count}", bits)
+                problems += problems_with(
+                    comm,
+                    result,
+                    exact_reference(op, dtype, count, size),
+                    f"{dtype} {op} count={count}",
+                    bits,
+                )
     problems += bits.problems(comm)
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)

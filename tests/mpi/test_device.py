@@ -4,19 +4,29 @@
 ``__cuda_array_interface__``, kernels queued on streams until synchronized) on every run, and real
 CuPy where a GPU is present (benchmarks/gpu/device_check.sh runs those with ``-k cupy``).
 """
+
 import functools
 import time
 
 import numpy as np
 import pytest
 from mpi4py import MPI
+from reference import (
+    BitsAcrossRanks,
+    exact_input,
+    exact_reference,
+    gather_inputs,
+    no_gpu,
+    numpy_reference,
+    problems_with,
+)
 
 import mpiallreduce as mar
 import mpiallreduce.testing.fake_cupy as fake_cupy
-from mpiallreduce.device import arrays as device, transports
 from mpiallreduce.algorithms import REGISTRY, device_to_device
 from mpiallreduce.core.state import state_of
-from reference import BitsAcrossRanks, exact_input, exact_reference, gather_inputs, no_gpu, numpy_reference, problems_with
+from mpiallreduce.device import arrays as device
+from mpiallreduce.device import transports
 
 pytestmark = pytest.mark.mpi
 
@@ -26,6 +36,7 @@ def xp(request):
     if request.param == "stand_in":
         return fake_cupy
     from mpiallreduce.tools.gpu_info import usable_cupy
+
     cupy, why = usable_cupy()  # (this rank's GPU selected)
     if cupy is None:
         no_gpu(f"no usable GPU: {why}")
@@ -36,7 +47,9 @@ def xp(request):
 def aware(request, use_settings, xp):
     wanted = request.param == "cuda_aware"
     if wanted and xp is not fake_cupy and not device.cuda_aware()[0]:
-        pytest.skip("this MPI is not CUDA-aware: device pointers would crash it")  # the stand-in's are host memory
+        pytest.skip(
+            "this MPI is not CUDA-aware: device pointers would crash it"
+        )  # the stand-in's are host memory
     use_settings(cuda_aware=wanted)
     return wanted
 
@@ -52,9 +65,17 @@ def needs_cuda_ipc(xp, algorithm="device_to_device"):
         pytest.skip(f"CUDA IPC is refused here, so {algorithm} never runs: {verdict}")
 
 
-ALGORITHMS = [name for name in mar.ALGORITHMS if not REGISTRY[name].needs_symmetric] + ["auto"]  # (numpy only)
-CASES = [("sum", "float32"), ("sum", "int32"), ("max", "float64"), ("mean", "float32"), ("prod", "complex64"),
-         ("sum", "float16")]
+ALGORITHMS = [name for name in mar.ALGORITHMS if not REGISTRY[name].needs_symmetric] + [
+    "auto"
+]  # (numpy only)
+CASES = [
+    ("sum", "float32"),
+    ("sum", "int32"),
+    ("max", "float64"),
+    ("mean", "float32"),
+    ("prod", "complex64"),
+    ("sum", "float16"),
+]
 
 
 def sizes_for(p):
@@ -84,7 +105,9 @@ def test_device_arrays_match_numpy(xp, aware, algorithm, in_place):
     assert not problems, f"rank {comm.Get_rank()}:\n" + "\n".join(problems[:20])
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "staged_ring", "device_to_device", "mpi"])
+@pytest.mark.parametrize(
+    "algorithm", ["ring", "recursive_doubling", "staged_ring", "device_to_device", "mpi"]
+)
 def test_strided_device_arrays_and_out(xp, algorithm):
     needs_cuda_ipc(xp, algorithm)
     comm = MPI.COMM_WORLD
@@ -93,7 +116,9 @@ def test_strided_device_arrays_and_out(xp, algorithm):
     x = xp.asarray(host)
     strided = x[::2, 1:]
     result = mar.allreduce(strided, algorithm=algorithm)
-    problems = problems_with(comm, xp.asnumpy(result), np.ascontiguousarray(expected[::2, 1:]), "strided x")
+    problems = problems_with(
+        comm, xp.asnumpy(result), np.ascontiguousarray(expected[::2, 1:]), "strided x"
+    )
     out = xp.asarray(np.zeros((6, 5)))
     returned = mar.allreduce(x, algorithm=algorithm, out=out)
     problems += [] if returned is out else ["out not returned"]
@@ -101,8 +126,18 @@ def test_strided_device_arrays_and_out(xp, algorithm):
     assert not problems, problems
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "staged_ring",
-                                       "device_to_device", "shared_memory", "mpi"])
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        "ring",
+        "recursive_doubling",
+        "rabenseifner",
+        "staged_ring",
+        "device_to_device",
+        "shared_memory",
+        "mpi",
+    ],
+)
 def test_low_precision_accumulates_in_float32(xp, algorithm):
     """1024 + 1 + 1 + ... in float16 stays 1024 step by step (spacing 1 above 1024 is 1, above 2048
     is 2); summed in float32 and rounded once it is exact. Each algorithm must give the latter."""
@@ -126,7 +161,9 @@ def test_bfloat16_on_the_host(algorithm):
     expected = gather_inputs(comm, x).astype(np.float32).sum(axis=0).astype(ml_dtypes.bfloat16)
     result = mar.allreduce(x, algorithm=algorithm)
     assert result.dtype == x.dtype
-    if algorithm == "mpi":  # MPI's own order of bfloat16 additions (a user-defined op): close, not exact
+    if (
+        algorithm == "mpi"
+    ):  # MPI's own order of bfloat16 additions (a user-defined op): close, not exact
         assert np.allclose(result.astype(np.float32), expected.astype(np.float32), rtol=2e-2)
     else:
         assert np.array_equal(result.view(np.uint16), expected.view(np.uint16))
@@ -141,13 +178,16 @@ def test_bfloat16_words_on_the_device(xp, algorithm, op):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     needs_cuda_ipc(xp, algorithm)
     from mpiallreduce.core.ops import OPS, Bfloat16Bits
+
     comm = MPI.COMM_WORLD
     p, rank = comm.Get_size(), comm.Get_rank()
     index = np.arange(1001)
-    values = ((index % 7 - 3) * (1 + rank / 8) + index * 2.0 ** -9).astype(ml_dtypes.bfloat16)
+    values = ((index % 7 - 3) * (1 + rank / 8) + index * 2.0**-9).astype(ml_dtypes.bfloat16)
     values[:3] = [np.inf if rank == 0 else 1, -0.0, np.nan if rank == p - 1 else 2]
     wide = gather_inputs(comm, values).astype(np.float32)
-    ufunc = np.maximum if op == "max" else np.add  # (in rank order, IEEE's: -0.0 + -0.0 is -0.0, as in MPI)
+    ufunc = (
+        np.maximum if op == "max" else np.add
+    )  # (in rank order, IEEE's: -0.0 + -0.0 is -0.0, as in MPI)
     reduced = functools.reduce(ufunc, wide) / np.float32(p if op == "mean" else 1)
     expected = reduced.astype(ml_dtypes.bfloat16)
     words = xp.asarray(values.view(np.uint16))
@@ -156,7 +196,10 @@ def test_bfloat16_words_on_the_device(xp, algorithm, op):
     got = result.view(ml_dtypes.bfloat16).astype(np.float32)
     assert np.array_equal(np.isnan(got), np.isnan(expected.astype(np.float32)))
     finite = ~np.isnan(got)
-    assert np.array_equal(result[finite], expected.view(np.uint16)[finite]), (result[:8], expected[:8].view(np.uint16))
+    assert np.array_equal(result[finite], expected.view(np.uint16)[finite]), (
+        result[:8],
+        expected[:8].view(np.uint16),
+    )
 
 
 def _input_written_by_a_kernel(xp, count, rank):
@@ -198,6 +241,7 @@ def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch, use_
         def close_later(self):
             time.sleep(0.5)
             close(self)
+
         monkeypatch.setattr(device_to_device.PeerMappings, "close", close_later)
     wrong_without = run()
     fake_cupy.synchronize_all()
@@ -214,7 +258,9 @@ def test_pinned_buffers_are_reused_and_ipc_mappings_closed(xp, use_settings):
     mar.allreduce(x, algorithm="staged_ring", out=out)
     pinned_before = {key: id(entry[0]) for key, entry in transports._pinned_pool.buffers.items()}
     mar.allreduce(x, algorithm="staged_ring", out=out)
-    assert pinned_before == {key: id(entry[0]) for key, entry in transports._pinned_pool.buffers.items()}
+    assert pinned_before == {
+        key: id(entry[0]) for key, entry in transports._pinned_pool.buffers.items()
+    }
 
     if xp is not fake_cupy:
         return
@@ -226,14 +272,27 @@ def test_pinned_buffers_are_reused_and_ipc_mappings_closed(xp, use_settings):
         assert fake_cupy.open_ipc_mappings() == 0
     done = {key: fake_cupy.counts[key] - before[key] for key in before}
     peers = comm.Get_size() - 1
-    assert done == {"ipc_opened": 3 * 2 * peers, "ipc_closed": 3 * 2 * peers,  # x and out: 2 allocations
-                    "pointer_queries": 0,  # each mapping's device id came with its handle
-                    "elementwise_launches": 3}  # one p-input kernel per call
+    assert done == {
+        "ipc_opened": 3 * 2 * peers,
+        "ipc_closed": 3 * 2 * peers,  # x and out: 2 allocations
+        "pointer_queries": 0,  # each mapping's device id came with its handle
+        "elementwise_launches": 3,
+    }  # one p-input kernel per call
     assert np.array_equal(xp.asnumpy(out), np.full(5000, comm.Get_size(), np.float32))
 
 
-@pytest.mark.parametrize("op, dtype", [("max", "float32"), ("min", "float32"), ("sum", "float32"), ("prod", "float32"),
-                                       ("max", "float16"), ("min", "float16"), ("max", "float64")])
+@pytest.mark.parametrize(
+    "op, dtype",
+    [
+        ("max", "float32"),
+        ("min", "float32"),
+        ("sum", "float32"),
+        ("prod", "float32"),
+        ("max", "float16"),
+        ("min", "float16"),
+        ("max", "float64"),
+    ],
+)
 def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op, dtype):
     """The one p-input kernel: NaN wins min and max, -0.0 and 0.0 tie as numpy's maximum/minimum
     decide, sums and products in rank order, infinities; bit for bit numpy's ufunc applied left to
@@ -243,7 +302,9 @@ def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op, dtype):
     needs_cuda_ipc(xp)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    values = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0, 3.5, 1e30, -2.0], np.float32).astype(dtype)
+    values = np.array(
+        [np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, -1.0, 3.5, 1e30, -2.0], np.float32
+    ).astype(dtype)
     host = np.roll(values, rank)
     host[rank % 7] = -0.0 if rank % 2 else 0.0
     gathered = gather_inputs(comm, host)
@@ -254,12 +315,16 @@ def test_device_to_device_kernel_follows_numpy_in_rank_order(xp, op, dtype):
             ufunc(expected, row, out=expected)
     result = xp.asnumpy(mar.allreduce(xp.asarray(host), op=op, algorithm="device_to_device"))
     bits = np.dtype(f"uint{8 * expected.itemsize}")
-    made = np.isnan(expected) & ~np.isnan(np.asarray(gathered)).any(axis=0)  # (a NaN of the op's own)
+    made = np.isnan(expected) & ~np.isnan(np.asarray(gathered)).any(
+        axis=0
+    )  # (a NaN of the op's own)
     assert np.isnan(result[made]).all(), (result, expected)
     assert np.array_equal(result[~made].view(bits), expected[~made].view(bits)), (result, expected)
 
 
-def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(xp, use_settings, monkeypatch):
+def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(
+    xp, use_settings, monkeypatch
+):
     """The host round trip copies its result from a pinned buffer to the device asynchronously, on
     the caller's stream. A second call on another stream must not overwrite that buffer before the
     first copy has read it: with the event guard both results are right; without it (stand-in) the
@@ -269,7 +334,10 @@ def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(xp, 
     if p == 1:
         pytest.skip("one rank does not communicate")
     use_settings(cuda_aware=False)
-    first_stream, second_stream = xp.cuda.Stream(non_blocking=True), xp.cuda.Stream(non_blocking=True)
+    first_stream, second_stream = (
+        xp.cuda.Stream(non_blocking=True),
+        xp.cuda.Stream(non_blocking=True),
+    )
 
     def two_calls():  # (each input written on the stream that reads it: non-blocking streams do not
         with first_stream:  # wait for the legacy stream)
@@ -280,8 +348,9 @@ def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(xp, 
             second = mar.allreduce(second_input, algorithm="mpi")
         first_stream.synchronize()
         second_stream.synchronize()
-        right = (np.all(xp.asnumpy(first) == p * (p + 1) / 2)
-                 and np.all(xp.asnumpy(second) == 100.0 * p * (p + 1) / 2))
+        right = np.all(xp.asnumpy(first) == p * (p + 1) / 2) and np.all(
+            xp.asnumpy(second) == 100.0 * p * (p + 1) / 2
+        )
         return comm.allreduce(int(not right))
 
     assert two_calls() == 0
@@ -293,9 +362,11 @@ def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(xp, 
 def test_only_cupy_arrays_are_device_arrays():
     """A type from one of CuPy's modules that is not a cupy.ndarray (a cupyx.scipy.sparse matrix, say)
     is not taken for a device array: a TypeError names it, instead of CuPy calls failing on it later."""
+
     class SparseMatrix:
-        __cuda_array_interface__ = property(lambda self: {"shape": (4,), "typestr": "<f4", "data": (0, False),
-                                                          "version": 3})
+        __cuda_array_interface__ = property(
+            lambda self: {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+        )
         dtype = np.dtype(np.float32)
         shape = (4,)
 
@@ -313,7 +384,9 @@ def test_only_cupy_arrays_are_device_arrays():
 def test_select_gpu_by_node_local_rank(monkeypatch):
     comm = MPI.COMM_WORLD
     node_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # two visible devices, numbered 0 and 1 by CUDA
+    monkeypatch.setenv(
+        "CUDA_VISIBLE_DEVICES", "3,5"
+    )  # two visible devices, numbered 0 and 1 by CUDA
     assert mar.select_gpu(comm, xp=fake_cupy) == node_rank % 2
     assert fake_cupy.cuda.runtime.getDevice() == node_rank % 2
     assert device.gpu_for_local_rank(7, 4) == 3
@@ -322,10 +395,16 @@ def test_select_gpu_by_node_local_rank(monkeypatch):
         mar.select_gpu(comm, xp=fake_cupy)
 
     def no_driver():  # (what CuPy raises where it is installed and no driver is)
-        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
+        raise RuntimeError(
+            "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"
+        )
+
     monkeypatch.setattr(fake_cupy.cuda.runtime, "getDeviceCount", no_driver)
-    with pytest.raises(RuntimeError, match=r"is installed but no GPU is usable here: RuntimeError: "
-                                           r"cudaErrorInsufficientDriver.*`mpiallreduce info` says which"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"is installed but no GPU is usable here: RuntimeError: "
+        r"cudaErrorInsufficientDriver.*`mpiallreduce info` says which",
+    ):
         mar.select_gpu(comm, xp=fake_cupy)
 
 
@@ -360,8 +439,10 @@ def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
     rank = comm.Get_rank()
     shapes = [(3,), (1000,), (7, 9), (1,), (5000,), (2, 2)]
     dtypes = ["float32", "float32", "float64", "float32", "float32", "float16"]
-    hosts = [exact_input(dtype, int(np.prod(shape)), rank, "sum").reshape(shape)
-             for shape, dtype in zip(shapes, dtypes)]
+    hosts = [
+        exact_input(dtype, int(np.prod(shape)), rank, "sum").reshape(shape)
+        for shape, dtype in zip(shapes, dtypes)
+    ]
     grads = [xp.asarray(h) for h in hosts]
     mar.GradientSync(bucket_bytes=4096, op="sum").synchronize(grads)
     problems = []
@@ -371,16 +452,25 @@ def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
     mar.check_replicas(grads)
 
     handle = mar.allreduce_async(xp.asarray(hosts[1]), op="max")
-    problems += problems_with(comm, xp.asnumpy(handle.wait(timeout=60)),
-                              numpy_reference("max", gather_inputs(comm, hosts[1])), "allreduce_async")
+    problems += problems_with(
+        comm,
+        xp.asnumpy(handle.wait(timeout=60)),
+        numpy_reference("max", gather_inputs(comm, hosts[1])),
+        "allreduce_async",
+    )
 
-    params = {"w": xp.asarray(np.full((4, 3), rank, np.float32)), "b": xp.asarray(np.arange(5.0) + rank)}
+    params = {
+        "w": xp.asarray(np.full((4, 3), rank, np.float32)),
+        "b": xp.asarray(np.arange(5.0) + rank),
+    }
     if comm.Get_size() > 1:
         with pytest.raises(ValueError, match="replicas differ"):
             mar.check_replicas(params)
     mar.broadcast_parameters(params, root=comm.Get_size() - 1)
     mar.check_replicas(params)
-    problems += [] if np.all(xp.asnumpy(params["w"]) == comm.Get_size() - 1) else ["broadcast_parameters"]
+    problems += (
+        [] if np.all(xp.asnumpy(params["w"]) == comm.Get_size() - 1) else ["broadcast_parameters"]
+    )
     assert not problems, problems
 
 
@@ -395,8 +485,10 @@ def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeyp
     last = comm.Get_size() - 1
     x = fake_cupy.asarray(np.ones(5000, np.float32))
     if comm.Get_rank() == last:
+
         def refuse(*args):
             raise RuntimeError("cudaErrorMapBufferObjectFailed (injected)")
+
         if step == "export":
             monkeypatch.setattr(device_to_device, "allocation_range", refuse)
         elif step == "open":
@@ -404,12 +496,18 @@ def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeyp
         else:
             close = fake_cupy.cuda.runtime.ipcCloseMemHandle
 
-            def close_then_refuse(ptr):  # (the mapping goes, as on a driver that reports an error late)
+            def close_then_refuse(
+                ptr,
+            ):  # (the mapping goes, as on a driver that reports an error late)
                 close(ptr)
                 refuse()
+
             monkeypatch.setattr(fake_cupy.cuda.runtime, "ipcCloseMemHandle", close_then_refuse)
-    with pytest.raises(RuntimeError, match=rf"failed on rank {last} of {comm.Get_size()}:\n  rank {last}: "
-                                           r"RuntimeError: cudaErrorMapBufferObjectFailed \(injected\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"failed on rank {last} of {comm.Get_size()}:\n  rank {last}: "
+        r"RuntimeError: cudaErrorMapBufferObjectFailed \(injected\)",
+    ):
         mar.allreduce(x, algorithm="device_to_device")
     monkeypatch.undo()
     result = mar.allreduce(x, algorithm="device_to_device")
@@ -425,36 +523,61 @@ def test_refused_cuda_ipc_is_probed_once_and_never_planned_again():
     if world.Get_size() == 1:
         pytest.skip("one rank maps no peer's memory")
     comm = world.Dup()
-    host = exact_input("float32", 1 << 21, comm.Get_rank(), "sum")  # (8 MiB: where the shipped device table runs device_to_device)
+    host = exact_input(
+        "float32", 1 << 21, comm.Get_rank(), "sum"
+    )  # (8 MiB: where the shipped device table runs device_to_device)
     expected = numpy_reference("sum", gather_inputs(comm, host))
     x = fake_cupy.asarray(host)
     fake_cupy.refuse_ipc(True)
     try:
         before = mar.describe_call(x, comm=comm)
         assert before.startswith("device_to_device") and "CUDA IPC not yet probed" in before, before
-        problems = problems_with(comm, fake_cupy.asnumpy(mar.allreduce(x, comm=comm)), expected, "auto, probing")
+        problems = problems_with(
+            comm, fake_cupy.asnumpy(mar.allreduce(x, comm=comm)), expected, "auto, probing"
+        )
         after = mar.describe_call(x, comm=comm)
-        assert after.startswith("staged_ring") and "not device_to_device, which needs CUDA IPC, refused" in after, after
+        assert (
+            after.startswith("staged_ring")
+            and "not device_to_device, which needs CUDA IPC, refused" in after
+        ), after
         assert "cudaErrorMapBufferObjectFailed" in after, after
-        with pytest.raises(ValueError, match=r"the device_to_device algorithm maps the peers' device memory "
-                                             r"\(CUDA IPC\), which this machine refused"):
+        with pytest.raises(
+            ValueError,
+            match=r"the device_to_device algorithm maps the peers' device memory "
+            r"\(CUDA IPC\), which this machine refused",
+        ):
             mar.allreduce(x, comm=comm, algorithm="device_to_device")
-        problems += problems_with(comm, fake_cupy.asnumpy(mar.allreduce(x, comm=comm)), expected, "auto, after")
+        problems += problems_with(
+            comm, fake_cupy.asnumpy(mar.allreduce(x, comm=comm)), expected, "auto, after"
+        )
         fresh = comm.Dup()
-        prepared = mar.prepare(x, comm=fresh)  # (planned before the probe: it probes at its first run)
+        prepared = mar.prepare(
+            x, comm=fresh
+        )  # (planned before the probe: it probes at its first run)
         assert prepared.plan.ipc_probe is not None
         for _ in range(2):
             problems += problems_with(fresh, fake_cupy.asnumpy(prepared()), expected, "prepared")
         assert mar.describe_call(x, comm=fresh).startswith("staged_ring")
         fresh.Free()
-        mixed = comm.Dup()  # rank 0 by name, the others "auto": both plans say device_to_device until the probe
-        with pytest.raises(ValueError, match=r"allreduce arguments rejected on rank 0 of \d+:\n  rank 0: ValueError: "
-                                             r"the device_to_device algorithm maps the peers' device memory"):
-            mar.allreduce(x, comm=mixed, algorithm="device_to_device" if comm.Get_rank() == 0 else "auto")
-        problems += problems_with(mixed, fake_cupy.asnumpy(mar.allreduce(x, comm=mixed)), expected, "after a mismatch")
+        mixed = (
+            comm.Dup()
+        )  # rank 0 by name, the others "auto": both plans say device_to_device until the probe
+        with pytest.raises(
+            ValueError,
+            match=r"allreduce arguments rejected on rank 0 of \d+:\n  rank 0: ValueError: "
+            r"the device_to_device algorithm maps the peers' device memory",
+        ):
+            mar.allreduce(
+                x, comm=mixed, algorithm="device_to_device" if comm.Get_rank() == 0 else "auto"
+            )
+        problems += problems_with(
+            mixed, fake_cupy.asnumpy(mar.allreduce(x, comm=mixed)), expected, "after a mismatch"
+        )
         mixed.Free()
     finally:
         fake_cupy.refuse_ipc(False)
     assert not problems, problems
-    assert mar.describe_call(x, comm=world).startswith("device_to_device")  # (probed apart: it works there)
+    assert mar.describe_call(x, comm=world).startswith(
+        "device_to_device"
+    )  # (probed apart: it works there)
     comm.Free()

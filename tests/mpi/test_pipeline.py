@@ -1,17 +1,24 @@
 """One call pipeline (issue: one pipeline, layers in folders): regression tests of the defects found
 where calls left it, and a mismatch at every size an error on every rank. Expected values come from
 numpy on the gathered inputs (tests/mpi/reference.py)."""
+
 import dataclasses
 import time
 
 import numpy as np
 import pytest
 from mpi4py import MPI
+from reference import (
+    exact_input,
+    gather_inputs,
+    numpy_reference,
+    timing_test_at_three_ranks,
+    values_equal,
+)
 
 import mpiallreduce as mar
 from mpiallreduce.algorithms import HOST_ALGORITHMS, REGISTRY
 from mpiallreduce.algorithms.base import CallTags
-from reference import exact_input, gather_inputs, numpy_reference, values_equal, timing_test_at_three_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -79,15 +86,20 @@ def test_the_worker_never_makes_a_communicator_or_a_window():
         handle = mar.allreduce_async(small, comm=sub, timeout=60)
         if rank == late:
             handle.wait()
-        other = WORLD.Split(0, rank)  # the user's own, meanwhile; then its first use: the library's duplicate
+        other = WORLD.Split(
+            0, rank
+        )  # the user's own, meanwhile; then its first use: the library's duplicate
         assert values_equal(mar.allreduce(small, comm=other), want_small)
         assert values_equal(handle.wait(), want_small)
         other.Free()
         sub.Free()
     from mpiallreduce.core.state import state_of
+
     if state_of(WORLD).make_ready().spans_nodes:
         return  # (shared_memory runs on one node)
-    big = exact_input("float64", 1 << 16, rank, "sum")  # 512 KiB: the window made by the first call grows
+    big = exact_input(
+        "float64", 1 << 16, rank, "sum"
+    )  # 512 KiB: the window made by the first call grows
     want_big = numpy_reference("sum", gather_inputs(WORLD, big))
     for late in (0, size - 1):
         fresh = WORLD.Dup()
@@ -122,10 +134,14 @@ def test_a_timed_call_never_waits_for_ever_in_the_shared_slots(use_settings):
         mar.allreduce(np.ones(count), algorithm="ring", timeout=3)
     assert time.monotonic() - started < 3
     x = exact_input("float64", 7, rank, "sum")  # and the communicator goes on
-    assert values_equal(mar.allreduce(x, timeout=30), numpy_reference("sum", gather_inputs(WORLD, x)))
+    assert values_equal(
+        mar.allreduce(x, timeout=30), numpy_reference("sum", gather_inputs(WORLD, x))
+    )
 
 
-@pytest.mark.parametrize("algorithm", ["auto"] + [a for a in HOST_ALGORITHMS if not REGISTRY[a].takes_inner_plan])
+@pytest.mark.parametrize(
+    "algorithm", ["auto"] + [a for a in HOST_ALGORITHMS if not REGISTRY[a].takes_inner_plan]
+)
 def test_calls_that_differ_below_64_kib_are_an_error_on_every_rank(comm, algorithm):
     """Item 4: 100 against 101 elements (and 0 against 5) used to give wrong values on some ranks
     and MPI_ERR_TRUNCATE or MPI_ERR_IN_STATUS on others; now every rank raises the same ValueError,
@@ -138,8 +154,10 @@ def test_calls_that_differ_below_64_kib_are_an_error_on_every_rank(comm, algorit
         with pytest.raises(ValueError, match=r"differs between the .*\n  shape differs"):
             mar.allreduce(x, comm=comm, algorithm=algorithm)
     x = exact_input("int64", 100, rank, "sum")
-    assert values_equal(mar.allreduce(x, comm=comm, algorithm=algorithm),
-                        numpy_reference("sum", gather_inputs(comm, x)))
+    assert values_equal(
+        mar.allreduce(x, comm=comm, algorithm=algorithm),
+        numpy_reference("sum", gather_inputs(comm, x)),
+    )
 
 
 def test_an_op_or_dtype_that_differs_on_the_short_path_is_an_error_on_every_rank(comm):
@@ -155,7 +173,9 @@ def test_an_op_or_dtype_that_differs_on_the_short_path_is_an_error_on_every_rank
         mar.allreduce(x.astype(np.float32) if comm.Get_rank() == 0 else x, comm=comm)
 
 
-def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(use_settings, monkeypatch):
+def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(
+    use_settings, monkeypatch
+):
     """Also seen: across nodes, hierarchical and two_level ran their inner algorithm on the leaders'
     communicator directly, without the call's tag offset and peer watch. The plan now says so
     (inner_on_tags) and the executor wraps the leaders' communicator."""
@@ -163,6 +183,7 @@ def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(use
     from mpiallreduce.core.ops import get_op
     from mpiallreduce.core.planner import CallFacts, plan_call
     from mpiallreduce.core.state import state_of
+
     if WORLD.Get_size() < 3:
         pytest.skip("needs two emulated nodes of which one has two ranks")
     comm = WORLD.Dup()
@@ -174,14 +195,25 @@ def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(use
             if outer == "two_level" and not state.facts.equal_nodes:
                 continue
             plan = plan_call(state.facts, False, x.dtype, x.nbytes, "sum", outer)
-            leaders = CallFacts(size=state.node_count, spans_nodes=True, node_count=state.node_count,
-                                signature_min_bytes=-1)
-            plan = dataclasses.replace(plan, inner=plan_call(leaders, False, x.dtype, x.nbytes, "sum", "ring"))
-            assert plan.inner_on_tags and "on the call's tags, watching the peers" in plan.describe()
+            leaders = CallFacts(
+                size=state.node_count,
+                spans_nodes=True,
+                node_count=state.node_count,
+                signature_min_bytes=-1,
+            )
+            plan = dataclasses.replace(
+                plan, inner=plan_call(leaders, False, x.dtype, x.nbytes, "sum", "ring")
+            )
+            assert (
+                plan.inner_on_tags and "on the call's tags, watching the peers" in plan.describe()
+            )
             seen = []
             original = REGISTRY["ring"].execute
-            monkeypatch.setattr(REGISTRY["ring"], "execute", lambda p, c, *a, **k: seen.append(c) or original(
-                p, c, *a, **k))
+            monkeypatch.setattr(
+                REGISTRY["ring"],
+                "execute",
+                lambda p, c, *a, **k: seen.append(c) or original(p, c, *a, **k),
+            )
             execution = Execution(state, plan, get_op("sum"), x.shape, x.dtype, "host")
             result = x.copy()
             sequence = state.number()
@@ -195,15 +227,20 @@ def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(use
         comm.Free()
 
 
-def test_with_a_timeout_setting_every_repeated_call_meets_the_others_first(use_settings, monkeypatch):
+def test_with_a_timeout_setting_every_repeated_call_meets_the_others_first(
+    use_settings, monkeypatch
+):
     """MPIALLREDUCE_TIMEOUT times every call: a repeated call must not take the short path (which
     has no rendezvous) just because its own ``timeout`` argument is None."""
     from mpiallreduce.faults import rendezvous
+
     _skip_on_one_rank()
     use_settings(timeout=60.0)
     met = []
     original = rendezvous.Rendezvous.run
-    monkeypatch.setattr(rendezvous.Rendezvous, "run", lambda self: met.append(self.sequence) or original(self))
+    monkeypatch.setattr(
+        rendezvous.Rendezvous, "run", lambda self: met.append(self.sequence) or original(self)
+    )
     x = exact_input("float64", 10, WORLD.Get_rank(), "sum")
     want = numpy_reference("sum", gather_inputs(WORLD, x))
     for _ in range(3):
@@ -235,7 +272,9 @@ def test_timed_calls_under_skew_end_alike_on_every_rank_and_never_hang():
 
 
 @pytest.mark.parametrize("compared", [True, False])
-def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication(use_settings, compared):
+def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication(
+    use_settings, compared
+):
     """Review finding: the short path took a read-only ``out``, numbered the call and published its
     signature, then failed in MPI (BufferError) while the peers waited. Now every rank that is given
     one raises ValueError before any communication, and the next call is right: compared (the
@@ -253,7 +292,9 @@ def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication(
     assert values_equal(mar.allreduce(x, out=out), numpy_reference("sum", gather_inputs(WORLD, x)))
 
 
-@pytest.mark.parametrize("entry", ["sync", "async", "timed", "repeated", "bad timeout", "bad check", "checked"])
+@pytest.mark.parametrize(
+    "entry", ["sync", "async", "timed", "repeated", "bad timeout", "bad check", "checked"]
+)
 def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank_and_the_calls_stay_in_step(entry):
     """Review finding: a bad argument on one rank raised there alone, before any communication; the
     others' call then paired with that rank's next call, of the same shape: the values of two calls
@@ -272,10 +313,22 @@ def test_a_bad_argument_on_one_rank_is_an_error_on_every_rank_and_the_calls_stay
     if rank == 0 and entry not in ("bad timeout", "bad check"):
         out.flags.writeable = False
     timed = {"timeout": 60} if entry == "timed" else {}
-    if rank == 0 and entry in ("bad timeout", "bad check", "checked"):  # (also: check=True here only)
-        timed = {"bad timeout": {"timeout": -1}, "bad check": {"check": "yes"}, "checked": {"check": True}}[entry]
-    message = {"bad timeout": "timeout must be", "bad check": "check must be"}.get(entry, "read-only")
-    if entry == "checked":  # (rank 0's checked call compares a code of its own first: that mismatch is named)
+    if rank == 0 and entry in (
+        "bad timeout",
+        "bad check",
+        "checked",
+    ):  # (also: check=True here only)
+        timed = {
+            "bad timeout": {"timeout": -1},
+            "bad check": {"check": "yes"},
+            "checked": {"check": True},
+        }[entry]
+    message = {"bad timeout": "timeout must be", "bad check": "check must be"}.get(
+        entry, "read-only"
+    )
+    if (
+        entry == "checked"
+    ):  # (rank 0's checked call compares a code of its own first: that mismatch is named)
         message = others = "check=True on rank 0"
     else:
         others = "rejected on rank 0"
@@ -317,7 +370,9 @@ def test_freeing_a_communicator_waits_for_its_asynchronous_calls():
 
 
 @pytest.mark.parametrize("renewed", [False, True], ids=["ready", "settings-renewed"])
-def test_a_bad_timeout_on_one_rank_against_timed_calls_elsewhere_ends_on_every_rank(use_settings, renewed):
+def test_a_bad_timeout_on_one_rank_against_timed_calls_elsewhere_ends_on_every_rank(
+    use_settings, renewed
+):
     """The others' timed call meets first and gives up within its timeout; the rank given the bad
     timeout raises its own ValueError (not the others' giving up), and the next call is right.
     ``renewed``: the settings were replaced (every rank alike), so that rank's untimed call agrees
@@ -328,7 +383,11 @@ def test_a_bad_timeout_on_one_rank_against_timed_calls_elsewhere_ends_on_every_r
         use_settings()
     rank = WORLD.Get_rank()
     x = exact_input("float64", 100, rank, "sum")
-    with pytest.raises(ValueError, match="timeout must be") if rank == 0 else pytest.raises(mar.AllreduceTimeout):
+    with (
+        pytest.raises(ValueError, match="timeout must be")
+        if rank == 0
+        else pytest.raises(mar.AllreduceTimeout)
+    ):
         mar.allreduce(x, timeout=-1 if rank == 0 else 1)
     assert values_equal(mar.allreduce(x), numpy_reference("sum", gather_inputs(WORLD, x)))
 
@@ -344,7 +403,9 @@ def test_check_on_one_rank_only_is_an_error_on_every_rank():
     assert values_equal(mar.allreduce(x), numpy_reference("sum", gather_inputs(WORLD, x)))
 
 
-@pytest.mark.parametrize("op, name", [(MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"), (MPI.MAX, "max")])
+@pytest.mark.parametrize(
+    "op, name", [(MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"), (MPI.MAX, "max")]
+)
 def test_mpi4py_ops_are_taken_for_their_names(comm, op, name):
     """A new user's finding: ``op=MPI.SUM``, natural to an mpi4py user, gave "unhashable type:
     'mpi4py.MPI.Op'" from the short path's key. mpi4py's predefined ops are now their names' ops,
@@ -363,8 +424,9 @@ def test_a_compressed_bucket_is_scaled_once(comm):
     at write-back)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     grads = {"a": np.full(10, 1.0 + rank, np.float32), "c": np.full(3, 1.0 + rank, np.complex64)}
-    sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=16, compression="fp16", postscale=2.0,
-                            op="sum")
+    sync = mar.GradientSync(
+        comm=comm, parameters=grads, bucket_bytes=16, compression="fp16", postscale=2.0, op="sum"
+    )
     for name, g in grads.items():
         sync.ready(g, name=name)
     sync.wait()
@@ -379,15 +441,20 @@ def test_a_wait_ended_by_an_error_leaves_its_requests_behind_with_their_buffers(
     kept (state.left_behind), as when a peer gives the call up."""
     from mpiallreduce.core.state import state_of
     from mpiallreduce.faults import watch as watch_module
+
     state = state_of(WORLD).make_ready()
 
     def interrupted():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(watch_module, "yield_core", interrupted)  # (the first spin: before any look around)
-    watch = watch_module.PeerWatch(state, 10 ** 6)
-    tags = CallTags(state.library, 10 ** 6, watch, CallTags.SIGNATURE_BASE)
-    ahead = tags.Irecv(np.zeros(4), WORLD.Get_rank(), 8)  # posted for a later step (ring_pipelined's way)
+    monkeypatch.setattr(
+        watch_module, "yield_core", interrupted
+    )  # (the first spin: before any look around)
+    watch = watch_module.PeerWatch(state, 10**6)
+    tags = CallTags(state.library, 10**6, watch, CallTags.SIGNATURE_BASE)
+    ahead = tags.Irecv(
+        np.zeros(4), WORLD.Get_rank(), 8
+    )  # posted for a later step (ring_pipelined's way)
     receive = tags.Irecv(np.zeros(4), WORLD.Get_rank(), 7)  # (from itself, never sent)
     before = len(state.left_behind)
     with pytest.raises(KeyboardInterrupt):

@@ -1,5 +1,6 @@
 """reproducible=True on every rank: one set of bits whatever the algorithm, segment, bucket, rank
 order or zero ranks, within the stated bound of the exact sum."""
+
 import hashlib
 from fractions import Fraction
 
@@ -64,23 +65,36 @@ def test_on_symmetric_buffers_single_copy_gives_the_same_bits(comm, name):
     for op in ("sum", "mean"):
         digests = set()
         for algorithm in ("pairwise_exchange", "ring"):
-            digests.add(digest(mar.allreduce(x, op=op, algorithm=algorithm, comm=comm, reproducible=True)))
+            digests.add(
+                digest(mar.allreduce(x, op=op, algorithm=algorithm, comm=comm, reproducible=True))
+            )
         for algorithm in ("auto", "single_copy"):
             send[...] = x
             if comm.Get_size() > 1:
-                plan = mar.describe_call(send, op=op, algorithm=algorithm, comm=comm, out=out, reproducible=True)
+                plan = mar.describe_call(
+                    send, op=op, algorithm=algorithm, comm=comm, out=out, reproducible=True
+                )
                 assert "single_copy" in plan and "reproducible direct" in plan, plan
-            assert mar.allreduce(send, op=op, algorithm=algorithm, comm=comm, out=out, reproducible=True) is out
+            assert (
+                mar.allreduce(
+                    send, op=op, algorithm=algorithm, comm=comm, out=out, reproducible=True
+                )
+                is out
+            )
             assert np.array_equal(send.view(np.uint8), x.view(np.uint8))  # (the input untouched)
             digests.add(digest(out))
             out[...] = 0
-            prepared = mar.prepare(send, op=op, algorithm=algorithm, comm=comm, out=out, reproducible=True)
+            prepared = mar.prepare(
+                send, op=op, algorithm=algorithm, comm=comm, out=out, reproducible=True
+            )
             for _ in range(2):  # (a prepared call, run twice: the same bits)
                 assert prepared() is out
                 digests.add(digest(out))
             mar.allreduce(send, op=op, algorithm=algorithm, comm=comm, out=send, reproducible=True)
             digests.add(digest(send))
-        digests.add(digest(mar.prepare(x, op=op, comm=comm, reproducible=True)()))  # (numpy arrays: not single_copy)
+        digests.add(
+            digest(mar.prepare(x, op=op, comm=comm, reproducible=True)())
+        )  # (numpy arrays: not single_copy)
         assert len(digests) == 1, (op, digests)
         assert same_everywhere(comm, digests.pop())
 
@@ -90,19 +104,33 @@ def test_segment_sizes_do_not_change_the_bits(comm, use_settings):
     digests = set()
     for segment in (4096, 65536, 1 << 20):
         use_settings(ring_segment_bytes=segment)
-        for algorithm in ("ring_pipelined", "pairwise_exchange"):  # (the words route; the direct route)
+        for algorithm in (
+            "ring_pipelined",
+            "pairwise_exchange",
+        ):  # (the words route; the direct route)
             digests.add(digest(mar.allreduce(x, algorithm=algorithm, comm=comm, reproducible=True)))
     assert len(digests) == 1
 
 
 def test_bucket_sizes_and_fusion_do_not_change_the_bits(comm):
     rank = comm.Get_rank()
-    shapes = [(3000,), (7,), (40, 30), (1,), (140_000,), (5, 5)]  # one of them large enough to go in place
+    shapes = [
+        (3000,),
+        (7,),
+        (40, 30),
+        (1,),
+        (140_000,),
+        (5, 5),
+    ]  # one of them large enough to go in place
     digests = set()
     for bucket_bytes in (100, 4096, 1 << 20, 25 << 20):
-        grads = {f"g{i}": contribution(rank + 10 * i, "float32", int(np.prod(s))).reshape(s)
-                 for i, s in enumerate(shapes)}
-        sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=bucket_bytes, op="mean", reproducible=True)
+        grads = {
+            f"g{i}": contribution(rank + 10 * i, "float32", int(np.prod(s))).reshape(s)
+            for i, s in enumerate(shapes)
+        }
+        sync = mar.GradientSync(
+            comm=comm, parameters=grads, bucket_bytes=bucket_bytes, op="mean", reproducible=True
+        )
         for name in reversed(list(grads)):
             sync.ready(grads[name], name=name)
         sync.wait()
@@ -115,8 +143,10 @@ def test_a_permuted_communicator_gives_the_same_bits(comm):
     reversed_comm = comm.Split(0, key=-comm.Get_rank())
     try:
         x = contribution(comm.Get_rank(), "float32")
-        assert np.array_equal(mar.allreduce(x, comm=comm, reproducible=True).view(np.uint32),
-                              mar.allreduce(x, comm=reversed_comm, reproducible=True).view(np.uint32))
+        assert np.array_equal(
+            mar.allreduce(x, comm=comm, reproducible=True).view(np.uint32),
+            mar.allreduce(x, comm=reversed_comm, reproducible=True).view(np.uint32),
+        )
     finally:
         reversed_comm.Free()
 
@@ -147,20 +177,22 @@ def adversarial(rank, size, name):
     first = rank == 0
     last = rank == size - 1
     columns = [
-        1e30 if first else (-1e30 if last else 1.0),                  # huge cancellation
-        2.0 ** 30 if first else 2.0 ** -30,                            # values 2^60 apart
-        tiny * (rank + 1),                                             # subnormals
-        -tiny if first else tiny,                                      # subnormals cancelling
-        np.inf if first else 1.0,                                      # inf
-        np.inf if first else (-np.inf if last else 0.0),               # inf - inf = NaN (p > 1)
-        np.nan if last else 1.0,                                       # NaN
-        -0.0,                                                          # -0 everywhere: -0
-        0.0 if last else -0.0,                                         # one +0: +0
-        big,                                                           # overflows (p > 4... or not)
-        1.0 + 2.0 ** -23 * rank,                                       # ties in float32
+        1e30 if first else (-1e30 if last else 1.0),  # huge cancellation
+        2.0**30 if first else 2.0**-30,  # values 2^60 apart
+        tiny * (rank + 1),  # subnormals
+        -tiny if first else tiny,  # subnormals cancelling
+        np.inf if first else 1.0,  # inf
+        np.inf if first else (-np.inf if last else 0.0),  # inf - inf = NaN (p > 1)
+        np.nan if last else 1.0,  # NaN
+        -0.0,  # -0 everywhere: -0
+        0.0 if last else -0.0,  # one +0: +0
+        big,  # overflows (p > 4... or not)
+        1.0 + 2.0**-23 * rank,  # ties in float32
     ]
     rng = np.random.default_rng([rank, 99])
-    values = np.concatenate([np.array(columns), rng.standard_normal(200) * 10.0 ** rng.integers(-20, 20, 200)])
+    values = np.concatenate(
+        [np.array(columns), rng.standard_normal(200) * 10.0 ** rng.integers(-20, 20, 200)]
+    )
     with np.errstate(over="ignore"):
         return as_dtype(values, name)
 
@@ -182,10 +214,17 @@ def test_adversarial_inputs_are_within_two_ulps_of_the_exact_sum_per_element(com
     size = comm.Get_size()
     x = adversarial(comm.Get_rank(), size, name)
     with np.errstate(over="ignore", invalid="ignore"):
-        result = mar.allreduce(x, comm=comm, reproducible=True, algorithm=algorithm).astype(np.float64)
+        result = mar.allreduce(x, comm=comm, reproducible=True, algorithm=algorithm).astype(
+            np.float64
+        )
     gathered = np.array(comm.allgather(x.astype(np.float64)))
-    finfo = np.finfo(np.float16) if name == "float16" else np.finfo(np.float32) if name != "float64" else \
-        np.finfo(np.float64)
+    finfo = (
+        np.finfo(np.float16)
+        if name == "float16"
+        else np.finfo(np.float32)
+        if name != "float64"
+        else np.finfo(np.float64)
+    )
     bits = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}[name]
     for i in range(x.size):
         want = exact_sum(gathered[:, i])
@@ -218,15 +257,21 @@ def test_mean_is_the_reproducible_sum_divided_and_arguments_are_checked(comm):
 def test_with_check_a_call_refused_on_one_rank_is_refused_on_every_rank(comm):
     last = comm.Get_rank() == comm.Get_size() - 1
     x = np.ones(8, np.int32) if last else np.ones(8, np.float32)
-    with pytest.raises(TypeError, match=rf"(?s)rejected on rank {comm.Get_size() - 1} .*float16, bfloat16, float32"):
+    with pytest.raises(
+        TypeError, match=rf"(?s)rejected on rank {comm.Get_size() - 1} .*float16, bfloat16, float32"
+    ):
         mar.allreduce(x, comm=comm, reproducible=True, check=True)
-    assert np.all(mar.allreduce(np.ones(8, np.float32), comm=comm, reproducible=True, check=True) == comm.Get_size())
+    assert np.all(
+        mar.allreduce(np.ones(8, np.float32), comm=comm, reproducible=True, check=True)
+        == comm.Get_size()
+    )
 
 
 def test_a_repeated_reproducible_call_takes_the_short_path_with_the_same_bits(comm):
     """The second call of the same shape and dtype runs the short path of the direct route (no
     checks, no plan made again): the bits of the first call, and of the words route."""
     from mpiallreduce.core.state import state_of
+
     x = contribution(comm.Get_rank(), "float32", 70_000)
     first = digest(mar.allreduce(x, comm=comm, reproducible=True))
     again = [digest(mar.allreduce(x, comm=comm, reproducible=True)) for _ in range(2)]
@@ -236,8 +281,14 @@ def test_a_repeated_reproducible_call_takes_the_short_path_with_the_same_bits(co
     assert {first, words, digest(in_place)} | set(again) == {first}
     if comm.Get_size() > 1:
         kept = state_of(comm).fast_calls
-        assert kept[(x.shape, x.dtype, "sum", "auto", False, True, np.ndarray)].plan.route == "reproducible direct"
-        assert kept[(x.shape, x.dtype, "sum", "ring", False, True, np.ndarray)].plan.route == "reproducible words"
+        assert (
+            kept[(x.shape, x.dtype, "sum", "auto", False, True, np.ndarray)].plan.route
+            == "reproducible direct"
+        )
+        assert (
+            kept[(x.shape, x.dtype, "sum", "ring", False, True, np.ndarray)].plan.route
+            == "reproducible words"
+        )
 
 
 def test_a_reproducible_sum_on_some_ranks_only_is_an_error_on_every_rank(comm):
@@ -250,4 +301,5 @@ def test_a_reproducible_sum_on_some_ranks_only_is_an_error_on_every_rank(comm):
         with pytest.raises(ValueError, match="reproducible_sum"):
             mar.allreduce(x, comm=comm, reproducible=comm.Get_rank() == 0)
     assert digest(mar.allreduce(x, comm=comm, reproducible=True)) == digest(
-        mar.allreduce(x, comm=comm, reproducible=True, algorithm="ring"))
+        mar.allreduce(x, comm=comm, reproducible=True, algorithm="ring")
+    )

@@ -1,31 +1,42 @@
 """Symmetric buffers (mpiallreduce.empty/zeros) and the single_copy algorithm that reads and writes
 the peers' twins of them (issue #28, item 2). Every expected value comes from numpy on inputs
 gathered with mpi4py's own allgather."""
+
 import numpy as np
 import pytest
 from mpi4py import MPI
+from reference import exact_input, gather_inputs, numpy_reference, problems_with
 
 import mpiallreduce as mar
-from reference import exact_input, gather_inputs, numpy_reference, problems_with
 
 pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
-CASES = [("sum", "float32"), ("sum", "int64"), ("max", "float64"), ("mean", "float64"), ("prod", "complex128"),
-         ("sum", "float16")]
+CASES = [
+    ("sum", "float32"),
+    ("sum", "int64"),
+    ("max", "float64"),
+    ("mean", "float64"),
+    ("prod", "complex128"),
+    ("sum", "float16"),
+]
 
 
 def _twins(count, dtype, apart=8):
     """Input and output views of one symmetric allocation, at the same offsets on every rank."""
     buffer = mar.empty(2 * count + apart, dtype)
-    return buffer[:count], buffer[count + apart:2 * count + apart]
+    return buffer[:count], buffer[count + apart : 2 * count + apart]
 
 
 def _runs_single_copy(x, out, op):
     """Whether the planner must give this call single_copy (independently of the code under test:
     the rule as docs/algorithms.md states it)."""
-    return (WORLD.Get_size() > 1 and x.nbytes >= 64 << 10 and x.dtype.name != "float16"
-            and op in ("sum", "max", "mean", "prod"))
+    return (
+        WORLD.Get_size() > 1
+        and x.nbytes >= 64 << 10
+        and x.dtype.name != "float16"
+        and op in ("sum", "max", "mean", "prod")
+    )
 
 
 @pytest.mark.parametrize("mode", ["out_of_place", "in_place", "prepared", "async"])
@@ -75,7 +86,9 @@ def test_describe_call_and_repeated_calls_on_symmetric_arrays():
         assert (mar.allreduce(x, out=out) == size * (size - 1) // 2 + size * i).all()
     shorter, short_out = x[:100], out[:100]
     assert (mar.allreduce(shorter, out=short_out) == size * (size - 1) // 2 + size * 2).all()
-    assert "single_copy" not in mar.describe_call(shorter, out=short_out)  # (below 64 KiB: the table's)
+    assert "single_copy" not in mar.describe_call(
+        shorter, out=short_out
+    )  # (below 64 KiB: the table's)
 
 
 def test_shapes_and_zeros():
@@ -96,7 +109,7 @@ def test_a_placement_that_differs_raises_everywhere_and_writes_nothing():
     count = 1 << 15
     buffer = mar.empty(2 * count + 16, np.float32)
     shift = 4 if rank == size - 1 else 0
-    x, out = buffer[shift:shift + count], buffer[count + 8:2 * count + 8]
+    x, out = buffer[shift : shift + count], buffer[count + 8 : 2 * count + 8]
     x[...], out[...] = rank + 1, -1
     with pytest.raises(ValueError, match="not the same call on every rank|differ"):
         mar.allreduce(x, out=out)
@@ -118,13 +131,18 @@ def test_prepared_single_copies_on_different_arrays_raise_everywhere_and_write_n
         pytest.skip("one rank cannot disagree with itself")
     count = 1 << 16
     a, b = mar.zeros(count, np.float32), mar.zeros(count, np.float32)
-    a_in, b_in = exact_input("float32", count, rank, "sum"), exact_input("float32", count, rank, "sum") + 100
+    a_in, b_in = (
+        exact_input("float32", count, rank, "sum"),
+        exact_input("float32", count, rank, "sum") + 100,
+    )
     a[...], b[...] = a_in, b_in
     pa, pb = mar.prepare(a, out=a, timeout=timeout), mar.prepare(b, out=b, timeout=timeout)
     assert "single_copy" in repr(pa), repr(pa)
     with pytest.raises(mar.SignatureMismatch, match="symmetric"):  # (timed: at the rendezvous)
         (pa if rank == 0 else pb)()
-    assert np.array_equal(a, a_in) and np.array_equal(b, b_in), f"rank {rank}: a peer wrote into A or B"
+    assert np.array_equal(a, a_in) and np.array_equal(b, b_in), (
+        f"rank {rank}: a peer wrote into A or B"
+    )
     want_a, want_b = (numpy_reference("sum", gather_inputs(WORLD, v)) for v in (a_in, b_in))
     assert np.array_equal(pa(), want_a) and np.array_equal(pb(), want_b)
 
@@ -142,7 +160,9 @@ def test_unchecked_single_copies_on_different_arrays_raise_everywhere(use_settin
     a[...], b[...] = rank + 1, rank + 100
     with pytest.raises(mar.SignatureMismatch, match="symmetric"):
         mar.allreduce(a if rank == 0 else b, out=a if rank == 0 else b, algorithm="single_copy")
-    assert (a == rank + 1).all() and (b == rank + 100).all(), f"rank {rank}: a peer wrote into A or B"
+    assert (a == rank + 1).all() and (b == rank + 100).all(), (
+        f"rank {rank}: a peer wrote into A or B"
+    )
 
 
 def test_symmetric_on_some_ranks_only_raises_everywhere_and_writes_nothing():
@@ -207,19 +227,26 @@ def test_gradient_sync_buckets_are_symmetric_and_a_replan_frees_them():
     """On one node GradientSync's fused buffers are symmetric; each replan (here: the gradients
     change every other step) frees the old ones on every rank, so they do not pile up."""
     from mpiallreduce.core.state import state_of
+
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
+
     def live_allocations():
         return sum(a.window is not None for a in state_of(WORLD).symmetric)
+
     before = live_allocations()  # (the other tests' arrays)
     sync = mar.GradientSync(bucket_bytes=1 << 16)
     live = []
     for step in range(6):
         names = [f"g{i}" for i in range(5 if step % 2 else 4)]
-        grads = {n: np.full(5000 + i, rank + 10 * i + step, np.float32) for i, n in enumerate(names)}
+        grads = {
+            n: np.full(5000 + i, rank + 10 * i + step, np.float32) for i, n in enumerate(names)
+        }
         for n in reversed(names):
             sync.ready(grads[n], name=n)
         sync.wait()
         for i, n in enumerate(names):  # the mean of rank + 10 i + step over the ranks
             assert (grads[n] == (size - 1) / 2 + 10 * i + step).all(), (step, n)
         live.append(live_allocations() - before)
-    assert min(live) >= 1 and max(live) <= len(sync.buckets) + 1, live  # (a plan's buckets, not every plan's)
+    assert min(live) >= 1 and max(live) <= len(sync.buckets) + 1, (
+        live
+    )  # (a plan's buckets, not every plan's)

@@ -44,7 +44,9 @@ def _mix(comm, thread, steps, one_node, failures):
     rank = comm.Get_rank()
     try:
         first = dict(timeout=60) if thread % 2 else {}
-        assert values_equal(mar.allreduce(_input(rank, thread, 0), comm=comm, **first), _want(thread, 0))
+        assert values_equal(
+            mar.allreduce(_input(rank, thread, 0), comm=comm, **first), _want(thread, 0)
+        )
         prepared_input = _input(rank, thread, 0)
         prepared = mar.prepare(prepared_input, comm=comm)
         for step in range(1, steps + 1):
@@ -60,13 +62,17 @@ def _mix(comm, thread, steps, one_node, failures):
             if one_node:  # a shared window that grows each step, made on this thread
                 count = 1000 * (1 << step)
                 big = _input(rank, thread, step, count)
-                assert values_equal(mar.allreduce(big, comm=comm, algorithm="shared_memory"),
-                                    _want(thread, step, count))
+                assert values_equal(
+                    mar.allreduce(big, comm=comm, algorithm="shared_memory"),
+                    _want(thread, step, count),
+                )
         if one_node:  # a symmetric array and its single copy, set up on this thread
             symmetric = mar.zeros(4096, np.float64, comm=comm)
             symmetric[...] = _input(rank, thread, 7, 4096)
-            assert values_equal(mar.allreduce(symmetric, out=symmetric, comm=comm, algorithm="single_copy"),
-                                _want(thread, 7, 4096))
+            assert values_equal(
+                mar.allreduce(symmetric, out=symmetric, comm=comm, algorithm="single_copy"),
+                _want(thread, 7, 4096),
+            )
     except BaseException as error:  # (reported by the main thread, on every rank)
         failures.append(f"thread {thread}: {type(error).__name__}: {error}")
 
@@ -76,11 +82,16 @@ def test_threads_on_their_own_communicators_never_wait_on_each_other(threads):
     if WORLD.Get_size() == 1:
         pytest.skip("one rank: no peer to wait on")
     from mpiallreduce.core.state import state_of
+
     one_node = not state_of(WORLD).make_ready().spans_nodes
-    comms = [WORLD.Dup() for _ in range(threads)]  # (made here: the threads must not Dup WORLD at once)
+    comms = [
+        WORLD.Dup() for _ in range(threads)
+    ]  # (made here: the threads must not Dup WORLD at once)
     failures = []
-    workers = [threading.Thread(target=_mix, args=(comm, k, 3, one_node, failures), daemon=True)
-               for k, comm in enumerate(comms)]
+    workers = [
+        threading.Thread(target=_mix, args=(comm, k, 3, one_node, failures), daemon=True)
+        for k, comm in enumerate(comms)
+    ]
     order = workers if WORLD.Get_rank() % 2 == 0 else workers[::-1]
     for worker in order:
         worker.start()
@@ -118,14 +129,19 @@ def test_a_blocked_call_on_one_communicator_does_not_hold_up_another():
     def on_b():
         try:
             for step in range(5):
-                assert values_equal(mar.allreduce_async(_input(rank, 1, step), comm=b).wait(), _want(1, step))
+                assert values_equal(
+                    mar.allreduce_async(_input(rank, 1, step), comm=b).wait(), _want(1, step)
+                )
                 assert values_equal(mar.allreduce(_input(rank, 1, step), comm=b), _want(1, step))
         except BaseException as error:
             failures.append(f"B: {type(error).__name__}: {error}")
         finally:
             b_done.set()
 
-    threads = [threading.Thread(target=on_a, daemon=True), threading.Thread(target=on_b, daemon=True)]
+    threads = [
+        threading.Thread(target=on_a, daemon=True),
+        threading.Thread(target=on_b, daemon=True),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -1,4 +1,5 @@
 """Fails on purpose: an assertion fails on the last rank only; the next test must still run."""
+
 import pytest
 from mpi4py import MPI
 
@@ -8,7 +9,9 @@ pytestmark = pytest.mark.mpi
 def test_assertion_fails_on_last_rank():
     comm = MPI.COMM_WORLD
     total = comm.allreduce(comm.Get_rank())
-    assert comm.Get_rank() != comm.Get_size() - 1, f"injected assertion on the last rank (total {total})"
+    assert comm.Get_rank() != comm.Get_size() - 1, (
+        f"injected assertion on the last rank (total {total})"
+    )
 
 
 def test_the_next_test_still_runs():

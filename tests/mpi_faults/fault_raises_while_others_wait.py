@@ -1,4 +1,5 @@
 """Fails on purpose: rank 1 raises while the other ranks wait for it in a collective."""
+
 import pytest
 from mpi4py import MPI
 

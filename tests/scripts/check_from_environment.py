@@ -1,4 +1,5 @@
 """Run under mpiexec with MPIALLREDUCE_CHECK=1: mismatched shapes must raise ValueError on every rank."""
+
 import numpy as np
 from mpi4py import MPI
 
@@ -9,7 +10,9 @@ x = np.ones(4 + (comm.Get_rank() == comm.Get_size() - 1), dtype=np.float64)
 try:
     mar.allreduce(x, algorithm="ring")
 except ValueError as exc:
-    print(f"rank {comm.Get_rank()} raised ValueError: {str(exc).splitlines()[-1].strip()}", flush=True)
+    print(
+        f"rank {comm.Get_rank()} raised ValueError: {str(exc).splitlines()[-1].strip()}", flush=True
+    )
 else:
     print(f"rank {comm.Get_rank()} raised nothing", flush=True)
 total = mar.allreduce(np.ones(3), algorithm="ring")

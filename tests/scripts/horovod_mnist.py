@@ -7,6 +7,7 @@ At the end it checks what Horovod promises: every rank holds the same parameters
 averaged by hvd.allreduce are the mean of every rank's (from allgather_object). It prints
 "horovod-style mnist: ok" and the final test loss.
 """
+
 import argparse
 
 import torch
@@ -31,7 +32,7 @@ parser.add_argument("--samples", type=int, default=512)
 
 class Net(nn.Module):
     def __init__(self):
-        super(Net, self).__init__()
+        super().__init__()
         self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
         self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
         self.conv2_drop = nn.Dropout2d()
@@ -64,17 +65,25 @@ def metric_average(val, name):
 def main():
     args = parser.parse_args()
     hvd.init()
-    torch.manual_seed(args.seed + hvd.rank())  # different on each rank: broadcast_parameters fixes it
+    torch.manual_seed(
+        args.seed + hvd.rank()
+    )  # different on each rank: broadcast_parameters fixes it
     torch.set_num_threads(1)
 
     train_dataset = synthetic_mnist(args.samples, args.seed)
-    train_sampler = torch.utils.data.distributed.DistributedSampler(train_dataset, num_replicas=hvd.size(),
-                                                                    rank=hvd.rank())
-    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, sampler=train_sampler)
+    train_sampler = torch.utils.data.distributed.DistributedSampler(
+        train_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
+    train_loader = torch.utils.data.DataLoader(
+        train_dataset, batch_size=args.batch_size, sampler=train_sampler
+    )
     test_dataset = synthetic_mnist(args.samples // 4, args.seed + 1)
-    test_sampler = torch.utils.data.distributed.DistributedSampler(test_dataset, num_replicas=hvd.size(),
-                                                                   rank=hvd.rank())
-    test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=args.test_batch_size, sampler=test_sampler)
+    test_sampler = torch.utils.data.distributed.DistributedSampler(
+        test_dataset, num_replicas=hvd.size(), rank=hvd.rank()
+    )
+    test_loader = torch.utils.data.DataLoader(
+        test_dataset, batch_size=args.test_batch_size, sampler=test_sampler
+    )
 
     model = Net()
     lr_scaler = args.batches_per_allreduce * hvd.size()
@@ -82,8 +91,13 @@ def main():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
-                                         op=hvd.Average, backward_passes_per_step=args.batches_per_allreduce)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Average,
+        backward_passes_per_step=args.batches_per_allreduce,
+    )
     scheduler = optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
 
     for epoch in range(1, args.epochs + 1):
@@ -105,7 +119,12 @@ def main():
         for data, target in test_loader:
             output = model(data)
             test_loss += F.nll_loss(output, target, reduction="sum").item()
-            test_accuracy += output.max(1, keepdim=True)[1].eq(target.view_as(output.max(1, keepdim=True)[1])).sum().item()
+            test_accuracy += (
+                output.max(1, keepdim=True)[1]
+                .eq(target.view_as(output.max(1, keepdim=True)[1]))
+                .sum()
+                .item()
+            )
     test_loss /= len(test_sampler)
     test_accuracy /= len(test_sampler)
     every_rank = hvd.allgather_object(test_loss)
@@ -113,12 +132,21 @@ def main():
     test_accuracy = metric_average(test_accuracy, "avg_accuracy")
 
     # what Horovod promises: identical replicas, and metrics that are the ranks' mean
-    states = hvd.allgather_object({name: p.detach().clone() for name, p in model.state_dict().items()})
+    states = hvd.allgather_object(
+        {name: p.detach().clone() for name, p in model.state_dict().items()}
+    )
     for name, tensor in states[0].items():
-        assert all(torch.equal(tensor, state[name]) for state in states), f"{name} differs between the ranks"
-    assert abs(test_loss - sum(every_rank) / hvd.size()) < 1e-6 * max(1.0, abs(test_loss)), (test_loss, every_rank)
+        assert all(torch.equal(tensor, state[name]) for state in states), (
+            f"{name} differs between the ranks"
+        )
+    assert abs(test_loss - sum(every_rank) / hvd.size()) < 1e-6 * max(1.0, abs(test_loss)), (
+        test_loss,
+        every_rank,
+    )
     if hvd.rank() == 0:
-        print(f"horovod-style mnist: ok, {hvd.size()} ranks, test loss {test_loss:.4f}, accuracy {100 * test_accuracy:.1f}%")
+        print(
+            f"horovod-style mnist: ok, {hvd.size()} ranks, test loss {test_loss:.4f}, accuracy {100 * test_accuracy:.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ a collective between two GradientSync.ready() calls made in a different order on
 is inside mpi4py's comm.allreduce of a Python int, which holds the GIL (op_user puts a Barrier
 before it).
 """
+
 import argparse
 import collections
 import contextlib
@@ -66,9 +67,28 @@ from mpi4py import MPI
 import mpiallreduce as mar
 from mpiallreduce.algorithms import REGISTRY
 
-KINDS = ("sync", "repeat", "async", "reproducible", "prepared", "gradsync", "user", "groups", "newcomm")
-WEIGHTS = {"sync": 20, "repeat": 10, "async": 15, "reproducible": 10, "prepared": 10, "gradsync": 10, "user": 10,
-           "groups": 7, "newcomm": 3}
+KINDS = (
+    "sync",
+    "repeat",
+    "async",
+    "reproducible",
+    "prepared",
+    "gradsync",
+    "user",
+    "groups",
+    "newcomm",
+)
+WEIGHTS = {
+    "sync": 20,
+    "repeat": 10,
+    "async": 15,
+    "reproducible": 10,
+    "prepared": 10,
+    "gradsync": 10,
+    "user": 10,
+    "groups": 7,
+    "newcomm": 3,
+}
 FLAGS = ("check", "timeout", "sub")
 TIMEOUT = 30  # seconds, for the timed calls
 MAX_IN_FLIGHT = 4  # async handles (and prepared starts) a rank keeps before it waits for some
@@ -78,16 +98,31 @@ MAX_BYTES = 1 << 20
 
 
 def parse():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=None, help="default: from the clock (rank 0's)")
     parser.add_argument("--ops", type=int, default=300, help="operations (default 300)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
-    parser.add_argument("--flags", default=",".join(FLAGS), help=f"comma-separated, of {', '.join(FLAGS)}; or none")
-    parser.add_argument("--skew-ms", type=float, default=5.0, help="each rank sleeps 0..this before each step")
-    parser.add_argument("--stall", type=float, default=60.0, help="seconds without progress that count as a hang")
-    parser.add_argument("--trace", action="store_true", help="every rank prints every operation as it starts")
-    parser.add_argument("--only", default=None,
-                        help="run only these operations (e.g. 0-5,9), the others skipped (to narrow a failure down)")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}"
+    )
+    parser.add_argument(
+        "--flags", default=",".join(FLAGS), help=f"comma-separated, of {', '.join(FLAGS)}; or none"
+    )
+    parser.add_argument(
+        "--skew-ms", type=float, default=5.0, help="each rank sleeps 0..this before each step"
+    )
+    parser.add_argument(
+        "--stall", type=float, default=60.0, help="seconds without progress that count as a hang"
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="every rank prints every operation as it starts"
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="run only these operations (e.g. 0-5,9), the others skipped (to narrow a failure down)",
+    )
     args = parser.parse_args()
     args.kinds = [k for k in args.kinds.split(",") if k]
     args.flags = [] if args.flags in ("", "none") else args.flags.split(",")
@@ -121,9 +156,12 @@ class Comm:
         nodes = collections.Counter(node_of[r] for r in self.order)
         spans, equal = len(nodes) > 1, len(set(nodes.values())) == 1
         #: the algorithms this communicator can run (the same on every rank of it)
-        self.algorithms = [n for n in mar.HOST_ALGORITHMS
-                           if not (spans and REGISTRY[n].needs_one_node)
-                           and not (spans and not equal and REGISTRY[n].needs_equal_nodes)]
+        self.algorithms = [
+            n
+            for n in mar.HOST_ALGORITHMS
+            if not (spans and REGISTRY[n].needs_one_node)
+            and not (spans and not equal and REGISTRY[n].needs_equal_nodes)
+        ]
 
 
 class Pending:
@@ -149,20 +187,38 @@ class GradSync:
         self.grads = [self.draw_gradient(rng, j) for j in range(int(rng.integers(1, 7)))]
         self.steps = 0
         self.planned = []  # (undeclared: the gradients the buckets were last planned from)
-        params = {name: np.zeros(shape, dtype) for name, shape, dtype in self.grads} if self.declared else None
-        self.what = (f"GradientSync(comm={c.name}, bucket_bytes={self.bucket_bytes}, op={self.op}, "
-                     f"algorithm={self.algorithm}, timeout={self.timeout}, declared={self.declared}, "
-                     f"find_unused={self.find_unused}, reproducible={self.reproducible})")
-        self.sync = mar.GradientSync(comm=c.comm, bucket_bytes=self.bucket_bytes, op=self.op,
-                                     algorithm=self.algorithm, timeout=self.timeout, parameters=params,
-                                     find_unused=self.find_unused, reproducible=self.reproducible)
+        params = (
+            {name: np.zeros(shape, dtype) for name, shape, dtype in self.grads}
+            if self.declared
+            else None
+        )
+        self.what = (
+            f"GradientSync(comm={c.name}, bucket_bytes={self.bucket_bytes}, op={self.op}, "
+            f"algorithm={self.algorithm}, timeout={self.timeout}, declared={self.declared}, "
+            f"find_unused={self.find_unused}, reproducible={self.reproducible})"
+        )
+        self.sync = mar.GradientSync(
+            comm=c.comm,
+            bucket_bytes=self.bucket_bytes,
+            op=self.op,
+            algorithm=self.algorithm,
+            timeout=self.timeout,
+            parameters=params,
+            find_unused=self.find_unused,
+            reproducible=self.reproducible,
+        )
 
     def needs_name(self, j):
         """Undeclared, gradient j has a twin (its shape and dtype), or the j-th gradient of the plan
         had one (self.planned: the gradients of the last step that planned; its twin may be gone):
         only a name tells them apart (GradientSync refuses unnamed twins); the others go by position."""
+
         def has_twin(grads, k):
-            return k < len(grads) and sum((shape, dtype) == grads[k][1:] for _, shape, dtype in grads) > 1
+            return (
+                k < len(grads)
+                and sum((shape, dtype) == grads[k][1:] for _, shape, dtype in grads) > 1
+            )
+
         return has_twin(self.grads, j) or has_twin(self.planned, j)
 
     @staticmethod
@@ -211,14 +267,20 @@ class Stress:
             rev = self.world.Split(0, P - 1 - r)
             self.comms.append(Comm("reversed", rev, rev.allgather(r), self.node_of))
         h = (P + 1) // 2
-        self.partitions = [[list(range(h)), list(range(h, P))], [[q] for q in range(P)], [list(range(P))],
-                           [[q for q in range(P) if q % 2 == 0], [q for q in range(P) if q % 2 == 1]]]
+        self.partitions = [
+            [list(range(h)), list(range(h, P))],
+            [[q] for q in range(P)],
+            [list(range(P))],
+            [[q for q in range(P) if q % 2 == 0], [q for q in range(P) if q % 2 == 1]],
+        ]
         self.partitions = [[g for g in p if g] for p in self.partitions]
         cols = P // 2 if P % 2 == 0 and P >= 4 else 1
         rows = P // cols
         self.mesh = mar.Mesh((rows, cols), ("data", "model"))
-        self.mesh_groups = {"data": [[i * cols + m for i in range(rows)] for m in range(cols)],
-                            "model": [[d * cols + j for j in range(cols)] for d in range(rows)]}
+        self.mesh_groups = {
+            "data": [[i * cols + m for i in range(rows)] for m in range(cols)],
+            "model": [[d * cols + j for j in range(cols)] for d in range(rows)],
+        }
 
     # --- draws --------------------------------------------------------------------------------
 
@@ -233,7 +295,9 @@ class Stress:
         return self.comms[1 + k % (len(self.comms) - 1)]
 
     def pick_algorithm(self, c_or_algorithms, auto=0.4):
-        algorithms = c_or_algorithms.algorithms if isinstance(c_or_algorithms, Comm) else c_or_algorithms
+        algorithms = (
+            c_or_algorithms.algorithms if isinstance(c_or_algorithms, Comm) else c_or_algorithms
+        )
         k = int(self.rng.integers(1 << 30))
         if self.rng.random() < auto:
             return "auto"
@@ -277,7 +341,12 @@ class Stress:
 
     def expected(self, key, members, shape, dtype, op, reproducible=False, skipped=()):
         count = int(np.prod(shape))
-        stack = np.stack([np.zeros(count, np.int64) if r in skipped else self.values(key, r, count) for r in members])
+        stack = np.stack(
+            [
+                np.zeros(count, np.int64) if r in skipped else self.values(key, r, count)
+                for r in members
+            ]
+        )
         if op in ("sum", "mean"):
             exact = stack.sum(axis=0)
         elif op == "max":
@@ -297,8 +366,10 @@ class Stress:
     def report(self, text):
         self.reports += 1
         if self.reports <= 20:
-            print(f"stress: seed {self.seed}: WRONG on rank {self.rank}, op #{self.op_index} ({self.current}): {text}",
-                  flush=True)
+            print(
+                f"stress: seed {self.seed}: WRONG on rank {self.rank}, op #{self.op_index} ({self.current}): {text}",
+                flush=True,
+            )
 
     def verify(self, got, want, what, out=None):
         self.checked += 1
@@ -307,16 +378,20 @@ class Stress:
             self.report(f"{what}: returned another array than out")
         if not isinstance(got, np.ndarray) or got.shape != want.shape or got.dtype != want.dtype:
             self.wrong += want.size
-            self.report(f"{what}: got {type(got).__name__} {getattr(got, 'shape', '')} {getattr(got, 'dtype', '')}, "
-                        f"want {want.shape} {want.dtype}")
+            self.report(
+                f"{what}: got {type(got).__name__} {getattr(got, 'shape', '')} {getattr(got, 'dtype', '')}, "
+                f"want {want.shape} {want.dtype}"
+            )
             return
         bad = got != want
         n = int(np.count_nonzero(bad))
         if n:
             self.wrong += n
             first = int(np.flatnonzero(bad.reshape(-1))[0])
-            self.report(f"{what}: {n} of {want.size} elements wrong, first at flat index {first}: "
-                        f"got {got.reshape(-1)[first]!r}, want {want.reshape(-1)[first]!r}")
+            self.report(
+                f"{what}: {n} of {want.size} elements wrong, first at flat index {first}: "
+                f"got {got.reshape(-1)[first]!r}, want {want.reshape(-1)[first]!r}"
+            )
 
     # --- pacing, async handles ----------------------------------------------------------------
 
@@ -360,7 +435,15 @@ class Stress:
         dtype, op = self.pick_dtype_op()
         shape = self.pick_shape(dtype)
         algorithm = self.pick_algorithm(c)
-        return c, dtype, op, shape, algorithm, int(self.rng.integers(3)), bool(self.rng.random() < 0.1)
+        return (
+            c,
+            dtype,
+            op,
+            shape,
+            algorithm,
+            int(self.rng.integers(3)),
+            bool(self.rng.random() < 0.1),
+        )
 
     def op_sync(self, key, asynchronous=False):
         c, dtype, op, shape, algorithm, out_mode, strided = self.pick_call()
@@ -370,20 +453,25 @@ class Stress:
         describe = bool(self.rng.random() < 0.05)
         x = self.make_x(key, shape, dtype, strided)
         out = self.out_for(x, out_mode)
-        what = (f"allreduce{'_async' if asynchronous else ''}({shape} {dtype}, op={op}, algorithm={algorithm}, "
-                f"comm={c.name if comm is not None else None}, out={('None', 'x', 'other')[out_mode]}"
-                f"{', strided' if strided else ''}{', check=True' if check else ''}"
-                f"{f', timeout={timeout}' if timeout else ''})")
+        what = (
+            f"allreduce{'_async' if asynchronous else ''}({shape} {dtype}, op={op}, algorithm={algorithm}, "
+            f"comm={c.name if comm is not None else None}, out={('None', 'x', 'other')[out_mode]}"
+            f"{', strided' if strided else ''}{', check=True' if check else ''}"
+            f"{f', timeout={timeout}' if timeout else ''})"
+        )
         self.current = what
         want = self.expected(key, c.order, shape, dtype, op)
         if describe:
             mar.describe_call(x, op=op, algorithm=algorithm, comm=comm)
         if asynchronous:
-            handle = mar.allreduce_async(x, op=op, algorithm=algorithm, comm=comm, out=out, check=check,
-                                         timeout=timeout)
+            handle = mar.allreduce_async(
+                x, op=op, algorithm=algorithm, comm=comm, out=out, check=check, timeout=timeout
+            )
             self.keep(Pending(handle, want, what, out, (x,)))
         else:
-            got = mar.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out, check=check, timeout=timeout)
+            got = mar.allreduce(
+                x, op=op, algorithm=algorithm, comm=comm, out=out, check=check, timeout=timeout
+            )
             self.verify(got, want, what, out)
 
     def op_async(self, key):
@@ -391,7 +479,9 @@ class Stress:
 
     def op_repeat(self, key):
         if self.repeats and self.rng.random() < 0.5:
-            c, dtype, op, shape, algorithm, use_none = self.repeats[int(self.rng.integers(len(self.repeats)))]
+            c, dtype, op, shape, algorithm, use_none = self.repeats[
+                int(self.rng.integers(len(self.repeats)))
+            ]
         else:
             c = self.pick_comm()
             dtype, op = self.pick_dtype_op()
@@ -406,8 +496,10 @@ class Stress:
             out_mode = int(self.rng.integers(3))
             fresh = x is None or out_mode == 1 or bool(self.rng.random() < 0.3)
             sub = (key, k)
-            what = (f"repeat {k + 1}/{times}: allreduce({shape} {dtype}, op={op}, algorithm={algorithm}, "
-                    f"comm={'None' if use_none else c.name}, out={('None', 'x', 'other')[out_mode]})")
+            what = (
+                f"repeat {k + 1}/{times}: allreduce({shape} {dtype}, op={op}, algorithm={algorithm}, "
+                f"comm={'None' if use_none else c.name}, out={('None', 'x', 'other')[out_mode]})"
+            )
             self.current = what
             if fresh:
                 x = self.make_x(sub, shape, dtype)
@@ -432,18 +524,36 @@ class Stress:
         asynchronous = bool(self.rng.random() < 0.5)
         x = self.make_x(key, shape, dtype)
         out = self.out_for(x, out_mode)
-        what = (f"{'allreduce_async' if asynchronous else 'allreduce'}({shape} {dtype}, op={op}, "
-                f"algorithm={algorithm}, comm={c.name}, out={('None', 'x', 'other')[out_mode]}, reproducible=True"
-                f"{', check=True' if check else ''}{f', timeout={timeout}' if timeout else ''})")
+        what = (
+            f"{'allreduce_async' if asynchronous else 'allreduce'}({shape} {dtype}, op={op}, "
+            f"algorithm={algorithm}, comm={c.name}, out={('None', 'x', 'other')[out_mode]}, reproducible=True"
+            f"{', check=True' if check else ''}{f', timeout={timeout}' if timeout else ''})"
+        )
         self.current = what
         want = self.expected(key, c.order, shape, dtype, op, reproducible=True)
         if asynchronous:
-            handle = mar.allreduce_async(x, op=op, algorithm=algorithm, comm=c.comm, out=out, check=check,
-                                         timeout=timeout, reproducible=True)
+            handle = mar.allreduce_async(
+                x,
+                op=op,
+                algorithm=algorithm,
+                comm=c.comm,
+                out=out,
+                check=check,
+                timeout=timeout,
+                reproducible=True,
+            )
             self.keep(Pending(handle, want, what, out, (x,)))
         else:
-            got = mar.allreduce(x, op=op, algorithm=algorithm, comm=c.comm, out=out, check=check, timeout=timeout,
-                                reproducible=True)
+            got = mar.allreduce(
+                x,
+                op=op,
+                algorithm=algorithm,
+                comm=c.comm,
+                out=out,
+                check=check,
+                timeout=timeout,
+                reproducible=True,
+            )
             self.verify(got, want, what, out)
 
     def op_prepared(self, key):
@@ -452,13 +562,17 @@ class Stress:
         runs = int(self.rng.integers(1, 5))
         x = self.make_x((key, 0), shape, dtype, strided)
         out = self.out_for(x, out_mode)
-        what = (f"prepare({shape} {dtype}, op={op}, algorithm={algorithm}, comm={c.name}, "
-                f"out={('None', 'x', 'other')[out_mode]}{', strided' if strided else ''}"
-                f"{f', timeout={timeout}' if timeout else ''})")
+        what = (
+            f"prepare({shape} {dtype}, op={op}, algorithm={algorithm}, comm={c.name}, "
+            f"out={('None', 'x', 'other')[out_mode]}{', strided' if strided else ''}"
+            f"{f', timeout={timeout}' if timeout else ''})"
+        )
         self.current = what
         prepared = mar.prepare(x, op=op, algorithm=algorithm, comm=c.comm, out=out, timeout=timeout)
         for k in range(runs):
-            how = int(self.rng.integers(4))  # call, .run(), .start() waited at once, .start() kept (the last run)
+            how = int(
+                self.rng.integers(4)
+            )  # call, .run(), .start() waited at once, .start() kept (the last run)
             if how == 3 and k < runs - 1:
                 how = 2
             sub = (key, k + 1)
@@ -487,27 +601,39 @@ class Stress:
         rng = self.rng
         c = gs.c
         changed = ""
-        if not gs.declared and gs.steps > 0 and rng.random() < 0.2:  # every rank changes its gradients alike
+        if (
+            not gs.declared and gs.steps > 0 and rng.random() < 0.2
+        ):  # every rank changes its gradients alike
             j = int(rng.integers(len(gs.grads)))
             if rng.random() < 0.5 or len(gs.grads) == 1:
-                gs.grads = gs.grads[:j] + [GradSync.draw_gradient(rng, 10 + gs.steps)] + gs.grads[j:]
+                gs.grads = (
+                    gs.grads[:j] + [GradSync.draw_gradient(rng, 10 + gs.steps)] + gs.grads[j:]
+                )
                 changed = ", a gradient added"
             else:
-                gs.grads = gs.grads[:j] + gs.grads[j + 1:]
+                gs.grads = gs.grads[:j] + gs.grads[j + 1 :]
                 changed = ", a gradient dropped"
         no_sync = bool(rng.random() < 0.1)
         shared_order = not gs.declared or bool(rng.random() < 0.5)
         order = list(rng.permutation(len(gs.grads))) if gs.declared else list(range(len(gs.grads)))
         if not shared_order:
-            order = list(self.mine.permutation(len(gs.grads)))  # this rank's own order (the buckets are fixed)
+            order = list(
+                self.mine.permutation(len(gs.grads))
+            )  # this rank's own order (the buckets are fixed)
         gs.steps += 1
-        what = (f"{gs.what} step {gs.steps}{changed}{', no_sync' if no_sync else ''}, "
-                f"{'shared' if shared_order else 'per-rank'} order of {len(gs.grads)} gradients")
+        what = (
+            f"{gs.what} step {gs.steps}{changed}{', no_sync' if no_sync else ''}, "
+            f"{'shared' if shared_order else 'per-rank'} order of {len(gs.grads)} gradients"
+        )
         self.current = what
         # (find_unused: a gradient a rank leaves out, decided from (seed, op, gradient, rank): known to all)
-        left_out = {j: {r for r in c.order if gs.find_unused and mix(self.seed, key, j, r) % 4 == 0}
-                    for j in range(len(gs.grads))}
-        arrays = [self.make_x((key, j), shape, dtype) for j, (_, shape, dtype) in enumerate(gs.grads)]
+        left_out = {
+            j: {r for r in c.order if gs.find_unused and mix(self.seed, key, j, r) % 4 == 0}
+            for j in range(len(gs.grads))
+        }
+        arrays = [
+            self.make_x((key, j), shape, dtype) for j, (_, shape, dtype) in enumerate(gs.grads)
+        ]
         fillers = [float(rng.random()) for _ in order]
         with gs.sync.no_sync() if no_sync else contextlib.nullcontext():
             for t, j in enumerate(order):
@@ -525,7 +651,9 @@ class Stress:
                     self.current = what
             self.current = f"{what}: wait()"
             unused = gs.sync.wait()
-        if not no_sync:  # (a step that wait()s planned, or matched the plan: either way the plan is these now)
+        if (
+            not no_sync
+        ):  # (a step that wait()s planned, or matched the plan: either way the plan is these now)
             gs.planned = list(gs.grads)
         for j, (name, shape, dtype) in enumerate(gs.grads):
             if no_sync:
@@ -557,8 +685,10 @@ class Stress:
         c = self.pick_comm()
         how = int(self.rng.integers(5))
         comm = c.comm
-        self.current = f"user's {('allreduce(int)', 'Barrier()', 'bcast', 'Allreduce(numpy)', 'allgather')[how]} " \
-                       f"on {c.name} with {len(self.pending)} handles in flight here"
+        self.current = (
+            f"user's {('allreduce(int)', 'Barrier()', 'bcast', 'Allreduce(numpy)', 'allgather')[how]} "
+            f"on {c.name} with {len(self.pending)} handles in flight here"
+        )
         if how == 0:
             comm.Barrier()
             got = comm.allreduce(mix(self.seed, key, self.rank) % 1000)
@@ -582,7 +712,9 @@ class Stress:
             self.report(f"{self.current}: wrong result")
 
     def op_groups(self, key):
-        how = int(self.rng.integers(4))  # groups=, psum & co with axis_index_groups, a mesh axis, psum & co alone
+        how = int(
+            self.rng.integers(4)
+        )  # groups=, psum & co with axis_index_groups, a mesh axis, psum & co alone
         partition = self.partitions[int(self.rng.integers(len(self.partitions)))]
         axis = ("data", "model")[int(self.rng.integers(2))]
         dtype, op = self.pick_dtype_op()
@@ -625,7 +757,10 @@ class Stress:
             comm, order, name = self.world.Dup(), list(range(P)), "a Dup of world"
         else:
             comm = self.world.Split(r % 2, P - r)
-            order, name = sorted((q for q in range(P) if q % 2 == r % 2), reverse=True), f"a Split ({r % 2}, reversed)"
+            order, name = (
+                sorted((q for q in range(P) if q % 2 == r % 2), reverse=True),
+                f"a Split ({r % 2}, reversed)",
+            )
         c = Comm(name, comm, order, self.node_of)
         handles = []
         for i, (asynchronous, timed) in enumerate(calls):
@@ -635,14 +770,27 @@ class Stress:
             timeout = TIMEOUT if timed else None
             x = self.make_x((key, i), shape, dtype)
             want = self.expected((key, i), order, shape, dtype, op)
-            what = (f"on {name}: allreduce{'_async' if asynchronous else ''}({shape} {dtype}, op={op}, "
-                    f"algorithm={algorithm}{f', timeout={timeout}' if timed else ''})")
+            what = (
+                f"on {name}: allreduce{'_async' if asynchronous else ''}({shape} {dtype}, op={op}, "
+                f"algorithm={algorithm}{f', timeout={timeout}' if timed else ''})"
+            )
             self.current = what
             if asynchronous:
-                handles.append((mar.allreduce_async(x, op=op, algorithm=algorithm, comm=comm, timeout=timeout), want,
-                                what))
+                handles.append(
+                    (
+                        mar.allreduce_async(
+                            x, op=op, algorithm=algorithm, comm=comm, timeout=timeout
+                        ),
+                        want,
+                        what,
+                    )
+                )
             else:
-                self.verify(mar.allreduce(x, op=op, algorithm=algorithm, comm=comm, timeout=timeout), want, what)
+                self.verify(
+                    mar.allreduce(x, op=op, algorithm=algorithm, comm=comm, timeout=timeout),
+                    want,
+                    what,
+                )
             self.skew()
         for handle, want, what in handles:
             self.current = what + ".wait()"
@@ -657,10 +805,12 @@ class Stress:
             time.sleep(1)
             idle = time.monotonic() - self.progress
             if idle > self.args.stall:
-                print(f"stress: seed {self.seed}: HANG? rank {self.rank} of {self.size} has made no progress for "
-                      f"{idle:.0f} s in op #{self.op_index}: {self.current}; its last operations: "
-                      f"{list(self.recent)}; {len(self.pending)} handles in flight; every thread's stack:",
-                      flush=True)
+                print(
+                    f"stress: seed {self.seed}: HANG? rank {self.rank} of {self.size} has made no progress for "
+                    f"{idle:.0f} s in op #{self.op_index}: {self.current}; its last operations: "
+                    f"{list(self.recent)}; {len(self.pending)} handles in flight; every thread's stack:",
+                    flush=True,
+                )
                 faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
                 sys.stdout.flush()
                 time.sleep(min(10.0, max(3.0, self.args.stall)))  # (the other ranks' reports)
@@ -668,14 +818,19 @@ class Stress:
 
     def run(self):
         args = self.args
-        print(f"stress: seed {self.seed}, rank {self.rank} of {self.size} on {self.node_of[self.rank]} "
-              f"({self.nodes} node(s)), {args.ops} operations, kinds {','.join(self.kinds)}, "
-              f"flags {','.join(sorted(self.flags)) or 'none'}, skew 0..{args.skew_ms} ms", flush=True)
+        print(
+            f"stress: seed {self.seed}, rank {self.rank} of {self.size} on {self.node_of[self.rank]} "
+            f"({self.nodes} node(s)), {args.ops} operations, kinds {','.join(self.kinds)}, "
+            f"flags {','.join(sorted(self.flags)) or 'none'}, skew 0..{args.skew_ms} ms",
+            flush=True,
+        )
         threading.Thread(target=self.watchdog, name="stress-watchdog", daemon=True).start()
         started = time.monotonic()
         for i in range(args.ops):
             self.op_index = i
-            self.rng = np.random.default_rng([self.seed, i])  # (each operation's own draws: --only keeps them)
+            self.rng = np.random.default_rng(
+                [self.seed, i]
+            )  # (each operation's own draws: --only keeps them)
             kind = self.kinds[int(self.rng.choice(len(self.kinds), p=self.weights))]
             if self.only is not None and i not in self.only:
                 continue
@@ -694,10 +849,15 @@ class Stress:
         while self.pending:
             self.wait_one(0)
         self.current = "the final count"
-        wrong = sum(self.world.allgather(self.wrong))  # (allgather: it lets the GIL go while it waits)
-        print(f"stress: seed {self.seed}, ranks {self.size}, {args.ops} operations, {wrong} wrong "
-              f"(rank {self.rank}: {self.checked} results checked, {self.wrong} wrong, "
-              f"{time.monotonic() - started:.1f} s)", flush=True)
+        wrong = sum(
+            self.world.allgather(self.wrong)
+        )  # (allgather: it lets the GIL go while it waits)
+        print(
+            f"stress: seed {self.seed}, ranks {self.size}, {args.ops} operations, {wrong} wrong "
+            f"(rank {self.rank}: {self.checked} results checked, {self.wrong} wrong, "
+            f"{time.monotonic() - started:.1f} s)",
+            flush=True,
+        )
         return wrong
 
     def finalize(self):
@@ -716,13 +876,19 @@ def main():
     try:
         wrong = stress.run()
     except BaseException:  # noqa: BLE001 - the others would wait for this rank for ever: end the job
-        print(f"stress: seed {stress.seed}: rank {stress.rank} of {stress.size} RAISED in op #{stress.op_index} "
-              f"({stress.current}); its last operations: {list(stress.recent)}\n{traceback.format_exc()}", flush=True)
+        print(
+            f"stress: seed {stress.seed}: rank {stress.rank} of {stress.size} RAISED in op #{stress.op_index} "
+            f"({stress.current}); its last operations: {list(stress.recent)}\n{traceback.format_exc()}",
+            flush=True,
+        )
         sys.stdout.flush()
         time.sleep(1)
         MPI.COMM_WORLD.Abort(3)
-    print(f"stress: seed {stress.seed}: rank {stress.rank}: MPI_Finalize (stuck {args.stall:.0f} s there: its "
-          "stacks, exit 1)", flush=True)
+    print(
+        f"stress: seed {stress.seed}: rank {stress.rank}: MPI_Finalize (stuck {args.stall:.0f} s there: its "
+        "stacks, exit 1)",
+        flush=True,
+    )
     stress.finalize()
     sys.exit(1 if wrong else 0)
 

@@ -25,13 +25,44 @@ limits.py (the copy and link bandwidths measured in the run), contenders.py (the
 algorithms/mpi.py and mpiallreduce.transports, as ours), report.py (tables and files),
 metadata.py (what a result needs to be read later).
 """
-from .contenders import BASELINE, DEVICE_ALGORITHMS, FORCED_PREFIX, DeviceMemory, HostMemory, device_memory
-from .driver import (DEFAULT_SIZES, Measurement, compare, count_wrong, device_copy_bandwidth, main,
-                     memory_copy_bandwidth)
+
+from .contenders import (
+    BASELINE,
+    DEVICE_ALGORITHMS,
+    FORCED_PREFIX,
+    DeviceMemory,
+    HostMemory,
+    device_memory,
+)
+from .driver import (
+    DEFAULT_SIZES,
+    Measurement,
+    compare,
+    count_wrong,
+    device_copy_bandwidth,
+    main,
+    memory_copy_bandwidth,
+)
 from .metadata import run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
 
-__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "HostMemory", "DeviceMemory", "device_memory",
-           "DEFAULT_SIZES", "Measurement", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
-           "main", "run_metadata", "format_field_table", "format_gain_table", "gain_rows",
-           "write_results"]
+__all__ = [
+    "BASELINE",
+    "FORCED_PREFIX",
+    "DEVICE_ALGORITHMS",
+    "HostMemory",
+    "DeviceMemory",
+    "device_memory",
+    "DEFAULT_SIZES",
+    "Measurement",
+    "compare",
+    "count_wrong",
+    "memory_copy_bandwidth",
+    "device_copy_bandwidth",
+    "main",
+    "run_metadata",
+    "format_field_table",
+    "format_gain_table",
+    "gain_rows",
+    "write_results",
+]

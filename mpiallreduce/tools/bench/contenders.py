@@ -1,5 +1,6 @@
 """The contenders: small adapters that each perform one allreduce of ``send`` into ``out``, and
 where the buffers live (host or device memory)."""
+
 from mpi4py import MPI
 
 from ...algorithms import REGISTRY
@@ -10,11 +11,30 @@ from ...core.state import state_of
 from ...core.tuning import PERSISTENT as OURS_PERSISTENT
 from ...device.arrays import cuda_aware, select_gpu, synchronize
 from ...device.transports import device_path, run_on_device
-from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, forced_allreduce_communicator, han_off_communicator
+from ..openmpi_tuned import (
+    TUNED_ALLREDUCE_ALGORITHMS,
+    forced_allreduce_communicator,
+    han_off_communicator,
+)
 
-__all__ = ["BASELINE", "FORCED_PREFIX", "DEVICE_ALGORITHMS", "REPRODUCIBLE", "REPRODUCIBLE_SYMMETRIC", "PLAIN", "AUTO_PLAIN", "PERSISTENT", "OURS_PERSISTENT",
-           "OURS_BLOCKING", "HostMemory",
-           "DeviceMemory", "device_memory", "contenders", "Prepared", "OnSymmetricBuffers"]
+__all__ = [
+    "BASELINE",
+    "FORCED_PREFIX",
+    "DEVICE_ALGORITHMS",
+    "REPRODUCIBLE",
+    "REPRODUCIBLE_SYMMETRIC",
+    "PLAIN",
+    "AUTO_PLAIN",
+    "PERSISTENT",
+    "OURS_PERSISTENT",
+    "OURS_BLOCKING",
+    "HostMemory",
+    "DeviceMemory",
+    "device_memory",
+    "contenders",
+    "Prepared",
+    "OnSymmetricBuffers",
+]
 
 BASELINE = "openmpi"
 FORCED_PREFIX = "openmpi:"
@@ -79,8 +99,10 @@ def device_memory(kind):
         return HostMemory()
     if kind == "fake-gpu":
         from ...testing import fake_cupy
+
         return DeviceMemory(fake_cupy)
     import cupy
+
     select_gpu(xp=cupy)
     return DeviceMemory(cupy)
 
@@ -92,7 +114,9 @@ def _mpi_allreduce(op, comm_to_use=None):
 
     def call(send, out, comm):
         c = comm_to_use or comm
-        MPI_ALLREDUCE.run(c, None if send is out else send, out, reduce_op, mpi_datatype(send.dtype))
+        MPI_ALLREDUCE.run(
+            c, None if send is out else send, out, reduce_op, mpi_datatype(send.dtype)
+        )
         reduce_op.finish(out, c.Get_size())
 
     return call
@@ -105,7 +129,16 @@ def _mpi_allreduce_of_device_memory(op, xp):
     reduce_op = get_op(op)
 
     def call(send, out, comm):
-        run_on_device(device_path(MPI_ALLREDUCE, cuda_aware()[0]), MPI_ALLREDUCE, comm, None if send is out else send, out, reduce_op, mpi_datatype(send.dtype), xp)
+        run_on_device(
+            device_path(MPI_ALLREDUCE, cuda_aware()[0]),
+            MPI_ALLREDUCE,
+            comm,
+            None if send is out else send,
+            out,
+            reduce_op,
+            mpi_datatype(send.dtype),
+            xp,
+        )
         reduce_op.finish(out, comm.Get_size())
 
     return call
@@ -137,14 +170,18 @@ def _persistent(op):
     reduce_op = get_op(op)
 
     def make(send, out, comm):
-        request = comm.Allreduce_init(MPI.IN_PLACE if send is out else send, out, reduce_op.mpi_op(out.dtype))
+        request = comm.Allreduce_init(
+            MPI.IN_PLACE if send is out else send, out, reduce_op.mpi_op(out.dtype)
+        )
 
         def run():
             request.Start()
             request.Wait()
             reduce_op.finish(out, comm.Get_size())
+
         run.request = request
         return run
+
     return Prepared(make)
 
 
@@ -164,13 +201,25 @@ def _ours(algorithm, op, memory):
     plain = algorithm.endswith(PLAIN)
     if algorithm in (OURS_PERSISTENT, OURS_BLOCKING):
         persistent = "always" if algorithm == OURS_PERSISTENT else False
-        return Prepared(lambda send, out, comm: prepare_at("", send, op=op, algorithm="mpi", comm=comm, out=out,
-                                                           persistent=persistent).run)
-    name = "auto" if exact else algorithm[:-len(PLAIN)] if plain else algorithm
-    if plain or isinstance(memory, DeviceMemory):  # (plain calls: device arrays run no prepared call)
-        return lambda send, out, comm: allreduce(send, op=op, algorithm=name, comm=comm, out=out, reproducible=exact)
-    return Prepared(lambda send, out, comm: prepare(send, op=op, algorithm=name, comm=comm, out=out,
-                                                    reproducible=exact).run)
+        return Prepared(
+            lambda send, out, comm: (
+                prepare_at(
+                    "", send, op=op, algorithm="mpi", comm=comm, out=out, persistent=persistent
+                ).run
+            )
+        )
+    name = "auto" if exact else algorithm[: -len(PLAIN)] if plain else algorithm
+    if plain or isinstance(
+        memory, DeviceMemory
+    ):  # (plain calls: device arrays run no prepared call)
+        return lambda send, out, comm: allreduce(
+            send, op=op, algorithm=name, comm=comm, out=out, reproducible=exact
+        )
+    return Prepared(
+        lambda send, out, comm: (
+            prepare(send, op=op, algorithm=name, comm=comm, out=out, reproducible=exact).run
+        )
+    )
 
 
 class OnSymmetricBuffers:
@@ -180,19 +229,32 @@ class OnSymmetricBuffers:
     timing loop the (send, out) to run it on."""
 
     def __init__(self, algorithm, op, largest, reproducible=False):
-        self.algorithm, self.op, self.largest, self.reproducible = algorithm, op, largest, reproducible
+        self.algorithm, self.op, self.largest, self.reproducible = (
+            algorithm,
+            op,
+            largest,
+            reproducible,
+        )
         self.memory, self.key, self.prepared = None, None, None
 
     def buffers(self, count, dtype, in_place, comm):
         nbytes = count * dtype.itemsize
         if self.memory is None:  # (collective: the first size's warm-up, on every rank)
-            self.memory = tuple(empty(max(self.largest, nbytes), "uint8", comm=comm) for _ in range(2))
+            self.memory = tuple(
+                empty(max(self.largest, nbytes), "uint8", comm=comm) for _ in range(2)
+            )
         out = self.memory[0][:nbytes].view(dtype)
         send = out if in_place else self.memory[1][:nbytes].view(dtype)
         if self.key != (count, dtype.str, in_place):  # (collective, in the same turn on every rank)
             self.key = (count, dtype.str, in_place)
-            self.prepared = prepare(send, op=self.op, algorithm=self.algorithm, comm=comm, out=out,
-                                    reproducible=self.reproducible)
+            self.prepared = prepare(
+                send,
+                op=self.op,
+                algorithm=self.algorithm,
+                comm=comm,
+                out=out,
+                reproducible=self.reproducible,
+            )
         return send, out
 
     def __call__(self, send, out, comm):
@@ -201,11 +263,13 @@ class OnSymmetricBuffers:
 
 def _planted_wrong(call):
     """For tests of the checker: the contender's result with one element changed on rank 0."""
+
     def wrong(send, out, comm):
         call(send, out, comm)
         if comm.Get_rank() == 0 and out.size:
             first = out[:1]
             array_module(out).add(first, 1, out=first)  # (numpy, CuPy or the stand-in alike)
+
     wrong.buffers = getattr(call, "buffers", None)
     return wrong
 
@@ -219,7 +283,9 @@ def contenders(comm, names, op, forced, plant_wrong=None, memory=None, largest=0
     else:
         found = {BASELINE: _mpi_allreduce(op)}
     made = []
-    if forced and state_of(comm).make_ready().spans_nodes:  # Open MPI's default there is coll/han: also time it without
+    if (
+        forced and state_of(comm).make_ready().spans_nodes
+    ):  # Open MPI's default there is coll/han: also time it without
         han_off = han_off_communicator(comm)
         if han_off is not None:
             made.append(han_off)
@@ -228,7 +294,9 @@ def contenders(comm, names, op, forced, plant_wrong=None, memory=None, largest=0
         forced_comm = forced_allreduce_communicator(comm, number)
         if forced_comm is not None:
             made.append(forced_comm)
-            found[FORCED_PREFIX + TUNED_ALLREDUCE_ALGORITHMS[number]] = _mpi_allreduce(op, forced_comm)
+            found[FORCED_PREFIX + TUNED_ALLREDUCE_ALGORITHMS[number]] = _mpi_allreduce(
+                op, forced_comm
+            )
     if forced and hasattr(comm, "Allreduce_init"):  # (host memory: device runs force nothing)
         found[PERSISTENT] = _persistent(op)
         made.append(found[PERSISTENT])
@@ -237,11 +305,11 @@ def contenders(comm, names, op, forced, plant_wrong=None, memory=None, largest=0
         if name == REPRODUCIBLE_SYMMETRIC:
             found[name] = OnSymmetricBuffers("auto", op, largest, reproducible=True)
         else:
-            found[name] = OnSymmetricBuffers(name, op, largest) if symmetric else _ours(name, op, memory)
+            found[name] = (
+                OnSymmetricBuffers(name, op, largest) if symmetric else _ours(name, op, memory)
+            )
         if isinstance(found[name], Prepared):
             made.append(found[name])
     if plant_wrong:
         found[plant_wrong] = _planted_wrong(found[plant_wrong])
     return found, made
-
-

@@ -1,5 +1,6 @@
 """The command: its arguments checked, the algorithms that can run here, the run (timing.py, against
 the limits of limits.py) and its header, tables and files."""
+
 import argparse
 import os
 
@@ -9,12 +10,19 @@ from mpi4py import MPI
 from ... import __version__
 from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
 from ...algorithms import REGISTRY, SYMMETRIC_ALGORITHMS
-from ..arguments import ArgumentParser, size_list, unknown
-from ...device.arrays import cuda_aware
-from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
 from ...core.ops import OPS, get_op
 from ...core.state import state_of
-from .contenders import AUTO_PLAIN, DEVICE_ALGORITHMS, REPRODUCIBLE, REPRODUCIBLE_SYMMETRIC, device_memory
+from ...device.arrays import cuda_aware
+from ..arguments import ArgumentParser, size_list, unknown
+from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS, default_allreduce_component
+from .contenders import (
+    AUTO_PLAIN,
+    DEVICE_ALGORITHMS,
+    REPRODUCIBLE,
+    REPRODUCIBLE_SYMMETRIC,
+    device_memory,
+)
+
 # the timing loop and the reference bandwidths: their names stay importable from here
 from .limits import MEMCPY_BYTES, device_copy_bandwidth, link_bandwidth, memory_copy_bandwidth  # noqa: F401
 from .metadata import run_metadata
@@ -22,8 +30,15 @@ from .report import format_field_table, format_gain_table, gain_rows, write_resu
 from .reproducible_table import format_reproducible_table, reproducible_rows
 from .timing import Measurement, compare, count_wrong  # noqa: F401
 
-__all__ = ["Measurement", "compare", "count_wrong", "memory_copy_bandwidth", "device_copy_bandwidth",
-           "main", "DEFAULT_SIZES"]
+__all__ = [
+    "Measurement",
+    "compare",
+    "count_wrong",
+    "memory_copy_bandwidth",
+    "device_copy_bandwidth",
+    "main",
+    "DEFAULT_SIZES",
+]
 
 DEFAULT_SIZES = tuple(1 << k for k in range(2, 29))  # 4 B .. 256 MiB, powers of two
 
@@ -39,8 +54,10 @@ def runnable_here(comm, names):
     for name in names:
         algorithm = REGISTRY.get(name)
         if algorithm is not None and algorithm.needs_one_node:
-            skipped.append(f"{name} (needs every rank on one node; {where}: use "
-                           f"{algorithm.across_nodes or 'hierarchical'})")
+            skipped.append(
+                f"{name} (needs every rank on one node; {where}: use "
+                f"{algorithm.across_nodes or 'hierarchical'})"
+            )
         elif algorithm is not None and algorithm.needs_equal_nodes and not state.equal_nodes:
             skipped.append(f"{name} (needs the same rank count on every node; {where}, unequal)")
         else:
@@ -63,14 +80,21 @@ def _checked_arguments(parser, args):
         parser.error(f"--op {args.op} --dtype {args.dtype}: {error}")
     for size in args.sizes:
         if size == 0 or size % dtype.itemsize:
-            parser.error(f"--sizes: {size} bytes is not a positive whole number of {dtype} elements "
-                         f"({dtype.itemsize} bytes each)")
-    known = (list(ALGORITHMS) + list(SYMMETRIC_ALGORITHMS) + ["auto", AUTO_PLAIN] if args.device == "cpu"
-             else list(DEVICE_ALGORITHMS))
+            parser.error(
+                f"--sizes: {size} bytes is not a positive whole number of {dtype} elements "
+                f"({dtype.itemsize} bytes each)"
+            )
+    known = (
+        list(ALGORITHMS) + list(SYMMETRIC_ALGORITHMS) + ["auto", AUTO_PLAIN]
+        if args.device == "cpu"
+        else list(DEVICE_ALGORITHMS)
+    )
     if args.algorithms is None:
         algorithms = list(known)  # (the reproducible sum only when asked for)
     else:
-        known += [REPRODUCIBLE] + ([REPRODUCIBLE_SYMMETRIC] if args.device == "cpu" else [])  # (symmetric: host memory)
+        known += [REPRODUCIBLE] + (
+            [REPRODUCIBLE_SYMMETRIC] if args.device == "cpu" else []
+        )  # (symmetric: host memory)
         algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         for name in algorithms:
             if name not in known:
@@ -81,9 +105,13 @@ def _checked_arguments(parser, args):
         forced = tuple(TUNED_ALLREDUCE_ALGORITHMS) if args.openmpi_forced == "all" else ()
     else:
         numbers = [n.strip() for n in args.openmpi_forced.split(",") if n.strip()]
-        if not numbers or not all(n.isdigit() and int(n) in TUNED_ALLREDUCE_ALGORITHMS for n in numbers):
-            parser.error(f"--openmpi-forced {args.openmpi_forced!r}: give 'all', 'none' or numbers from "
-                         + ", ".join(f"{k} ({v})" for k, v in TUNED_ALLREDUCE_ALGORITHMS.items()))
+        if not numbers or not all(
+            n.isdigit() and int(n) in TUNED_ALLREDUCE_ALGORITHMS for n in numbers
+        ):
+            parser.error(
+                f"--openmpi-forced {args.openmpi_forced!r}: give 'all', 'none' or numbers from "
+                + ", ".join(f"{k} ({v})" for k, v in TUNED_ALLREDUCE_ALGORITHMS.items())
+            )
         forced = tuple(int(n) for n in numbers)
     return args.sizes, algorithms, forced
 
@@ -91,38 +119,72 @@ def _checked_arguments(parser, args):
 def print_progress(measurements):
     """One line per size and mode: each contender's time and wrong elements (rank 0)."""
     first = measurements[0]
-    times = ", ".join(f"{m.algorithm} {m.time_us:.1f} us" + (f" ({m.wrong} wrong)" if m.wrong else "")
-                      for m in measurements)
-    print(f"# measured {first.nbytes} B {'in place' if first.in_place else 'out of place'}: {times}", flush=True)
+    times = ", ".join(
+        f"{m.algorithm} {m.time_us:.1f} us" + (f" ({m.wrong} wrong)" if m.wrong else "")
+        for m in measurements
+    )
+    print(
+        f"# measured {first.nbytes} B {'in place' if first.in_place else 'out of place'}: {times}",
+        flush=True,
+    )
 
 
 def main(argv=None):
-    parser = ArgumentParser(prog="mpiallreduce bench", description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run")
-    parser.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES),
-                        help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB")
-    parser.add_argument("--algorithms",
-                        help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, {AUTO_PLAIN} "
-                             f"(a plain call; the others are prepared), {REPRODUCIBLE} and {REPRODUCIBLE_SYMMETRIC} "
-                             f"(reproducible sums on numpy arrays, on symmetric buffers; Open MPI's "
-                             f"default always runs); default: all of them but those two, or with --device gpu "
-                             f"{','.join(DEVICE_ALGORITHMS)}")
-    parser.add_argument("--device", choices=["cpu", "gpu", "fake-gpu"], default="cpu",
-                        help="where the buffers live: numpy (cpu) or CuPy arrays on each rank's GPU")
+    parser = ArgumentParser(
+        prog="mpiallreduce bench",
+        description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=size_list,
+        default=list(DEFAULT_SIZES),
+        help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB",
+    )
+    parser.add_argument(
+        "--algorithms",
+        help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, {AUTO_PLAIN} "
+        f"(a plain call; the others are prepared), {REPRODUCIBLE} and {REPRODUCIBLE_SYMMETRIC} "
+        f"(reproducible sums on numpy arrays, on symmetric buffers; Open MPI's "
+        f"default always runs); default: all of them but those two, or with --device gpu "
+        f"{','.join(DEVICE_ALGORITHMS)}",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "gpu", "fake-gpu"],
+        default="cpu",
+        help="where the buffers live: numpy (cpu) or CuPy arrays on each rank's GPU",
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--op", default="sum")
-    parser.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions; the median is reported")
+    parser.add_argument(
+        "--repetitions", type=int, default=5, help="interleaved repetitions; the median is reported"
+    )
     parser.add_argument("--mode", choices=["both", "out-of-place", "in-place"], default="both")
-    parser.add_argument("--openmpi-forced", default="all",
-                        help="Open MPI tuned algorithms to force in turn: 'all', 'none' or numbers like 2,4,6")
+    parser.add_argument(
+        "--openmpi-forced",
+        default="all",
+        help="Open MPI tuned algorithms to force in turn: 'all', 'none' or numbers like 2,4,6",
+    )
     parser.add_argument("--output", metavar="DIR", help="write bench.csv and bench.json there")
-    parser.add_argument("--wide", action="store_true",
-                        help="tables with every column (busbw as a share of memcpy, both busbw), over 120 characters")
-    parser.add_argument("--progress", action="store_true",
-                        help="print each size's times as soon as they are measured (the tables come at the end)")
-    parser.add_argument("--summary", action="store_true",
-                        help="print the Deep Speech 2 tables only: the row per size, mode and contender (about a "
-                             "thousand rows at the default sizes) goes to OUTPUT/table.txt instead (make bench)")
-    parser.add_argument("--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS)  # tests of #wrong
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="tables with every column (busbw as a share of memcpy, both busbw), over 120 characters",
+    )
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="print each size's times as soon as they are measured (the tables come at the end)",
+    )
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="print the Deep Speech 2 tables only: the row per size, mode and contender (about a "
+        "thousand rows at the default sizes) goes to OUTPUT/table.txt instead (make bench)",
+    )
+    parser.add_argument(
+        "--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS
+    )  # tests of #wrong
     args = parser.parse_args(argv)
     sizes, algorithms, forced = _checked_arguments(parser, args)
     comm = MPI.COMM_WORLD
@@ -134,8 +196,10 @@ def main(argv=None):
         limit = f"one core copies memory at {{:.2f}} GB/s (np.copyto, {MEMCPY_BYTES >> 20} MiB, rank 0 alone)"
     else:
         memcpy_gbs = device_copy_bandwidth(comm, memory, max(MEMCPY_BYTES, max(sizes)))
-        limit = ("the GPU copies device memory at {:.2f} GB/s (device to device, "
-                 f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)")
+        limit = (
+            "the GPU copies device memory at {:.2f} GB/s (device to device, "
+            f"{max(MEMCPY_BYTES, max(sizes)) >> 20} MiB, rank 0 alone)"
+        )
     link = link_bandwidth(comm)  # across nodes: the link's own speed, in the same run
     failed, measured = [], []
 
@@ -143,38 +207,72 @@ def main(argv=None):
         measured.extend(measurements)
         if args.progress and comm.Get_rank() == 0:
             print_progress(measurements)
+
     try:
-        results = compare(comm, sizes, algorithms, args.dtype, args.op, args.repetitions, modes, forced,
-                          args.plant_wrong, memory, progress=progress, failed=failed)
-    except Exception as error:  # (after the warm-up, or Open MPI's own default): what was measured is kept
+        results = compare(
+            comm,
+            sizes,
+            algorithms,
+            args.dtype,
+            args.op,
+            args.repetitions,
+            modes,
+            forced,
+            args.plant_wrong,
+            memory,
+            progress=progress,
+            failed=failed,
+        )
+    except (
+        Exception
+    ) as error:  # (after the warm-up, or Open MPI's own default): what was measured is kept
         if args.output and comm.Get_rank() == 0:
-            write_results(args.output, measured, {"error": f"{type(error).__name__}: {error}", "partial": True},
-                          memcpy_gbs, failed)
+            write_results(
+                args.output,
+                measured,
+                {"error": f"{type(error).__name__}: {error}", "partial": True},
+                memcpy_gbs,
+                failed,
+            )
         raise
     metadata = run_metadata(comm, vars(args))
     metadata["device"] = args.device
     metadata["skipped"] = skipped
-    metadata["openmpi_default"] = default_allreduce_component(comm, state_of(comm).make_ready().spans_nodes)
+    metadata["openmpi_default"] = default_allreduce_component(
+        comm, state_of(comm).make_ready().spans_nodes
+    )
     if link is not None:
         metadata["link_between_nodes_gbs"] = link[0]
     if args.device != "cpu":
         metadata["cuda_aware"] = cuda_aware()[0]
     if comm.Get_rank() == 0:
-        print(f"# mpiallreduce bench: {comm.Get_size()} ranks on {', '.join(metadata['hosts'])}, "
-              f"{metadata['mpi_library']}")
+        print(
+            f"# mpiallreduce bench: {comm.Get_size()} ranks on {', '.join(metadata['hosts'])}, "
+            f"{metadata['mpi_library']}"
+        )
         print(f"# mpiallreduce {__version__} ({metadata['git_commit']}), {metadata['date_utc']}")
-        print(f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
-              f"slowest rank's time per call")
+        print(
+            f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
+            f"slowest rank's time per call"
+        )
         print("# reference (not a limit: cached sizes beat it): " + limit.format(memcpy_gbs))
         if link is not None:
-            print(f"# link between nodes: {link[0]:.3f} GB/s each way (MPI_Sendrecv of {MEMCPY_BYTES >> 20} MiB, "
-                  f"ranks 0 and {link[1]}, median of 5)")
+            print(
+                f"# link between nodes: {link[0]:.3f} GB/s each way (MPI_Sendrecv of {MEMCPY_BYTES >> 20} MiB, "
+                f"ranks 0 and {link[1]}, median of 5)"
+            )
         for line in skipped:
             print(f"# skipped: {line}")
         if metadata["openmpi_default"]:
-            print(f"# Open MPI's default allreduce here: coll/{metadata['openmpi_default']} (by the components' "
-                  "priorities" + ("; openmpi:han_off is that default with han switched off)"
-                                  if metadata["openmpi_default"] == "han" else ")"))
+            print(
+                f"# Open MPI's default allreduce here: coll/{metadata['openmpi_default']} (by the components' "
+                "priorities"
+                + (
+                    "; openmpi:han_off is that default with han switched off)"
+                    if metadata["openmpi_default"] == "han"
+                    else ")"
+                )
+            )
         if args.device != "cpu":
             print(f"# device buffers; MPI CUDA-aware: {metadata['cuda_aware']} ({cuda_aware()[1]})")
         table = format_field_table(results, memcpy_gbs, args.wide, failed)
@@ -182,22 +280,30 @@ def main(argv=None):
             os.makedirs(args.output, exist_ok=True)
             with open(os.path.join(args.output, "table.txt"), "w") as f:
                 f.write(table + "\n")
-            print(f"# every row (size, mode, contender; #wrong): {os.path.join(args.output, 'table.txt')}")
+            print(
+                f"# every row (size, mode, contender; #wrong): {os.path.join(args.output, 'table.txt')}"
+            )
         else:
             print(table)
         for mode in modes:
             print()
-            print(f"# Deep Speech 2 table, {'in place' if mode else 'out of place'}: "
-                  "gain = Open MPI default time / our time (>1: ours is faster)")
+            print(
+                f"# Deep Speech 2 table, {'in place' if mode else 'out of place'}: "
+                "gain = Open MPI default time / our time (>1: ours is faster)"
+            )
             print(format_gain_table(gain_rows(results, mode), args.wide))
             exact_rows = reproducible_rows(results, mode)
             if exact_rows:
-                print(f"# reproducible sums, {'in place' if mode else 'out of place'}: time against our fastest "
-                      "ordinary sum on the same kind of buffers")
+                print(
+                    f"# reproducible sums, {'in place' if mode else 'out of place'}: time against our fastest "
+                    "ordinary sum on the same kind of buffers"
+                )
                 print(format_reproducible_table(exact_rows))
         if args.output:
             write_results(args.output, results, metadata, memcpy_gbs, failed)
-            print(f"# written: {os.path.join(args.output, 'bench.csv')}, {os.path.join(args.output, 'bench.json')}")
+            print(
+                f"# written: {os.path.join(args.output, 'bench.csv')}, {os.path.join(args.output, 'bench.json')}"
+            )
     wrong = sum(m.wrong for m in results)
     if wrong and comm.Get_rank() == 0:
         print(f"# {wrong} wrong elements in all: see the #wrong column")

@@ -14,6 +14,7 @@ time any allreduce of n bytes can take here; docs/benchmarks.md, "The bound"):
 
 One core's memcpy is a reference, not a limit: below a few MiB the data sits in caches, which go
 faster; the bound is measured at each size, with the caches as the contenders find them."""
+
 import statistics
 import time
 
@@ -22,8 +23,15 @@ import numpy as np
 from ...core.buffers import aligned_empty
 from ...core.topology import node_communicator
 
-__all__ = ["MEMCPY_BYTES", "memory_copy_bandwidth", "link_bandwidth", "device_copy_bandwidth", "bound_pass",
-           "link_pass", "link_peer"]
+__all__ = [
+    "MEMCPY_BYTES",
+    "memory_copy_bandwidth",
+    "link_bandwidth",
+    "device_copy_bandwidth",
+    "bound_pass",
+    "link_pass",
+    "link_peer",
+]
 
 MEMCPY_BYTES = 64 << 20
 
@@ -88,7 +96,6 @@ def device_copy_bandwidth(comm, memory, nbytes=MEMCPY_BYTES, repetitions=5):
     return comm.bcast(result, root=0)
 
 
-
 def bound_pass(count, dtype, in_place):
     """A callable that makes, on this rank, the least memory traffic an allreduce of ``count``
     elements must make on each rank of one node (see the module's docstring): timed with every rank
@@ -118,11 +125,16 @@ def link_pass(comm, peer, nodes, nbytes):
     segments (a pipelined algorithm beat the single message). Returns the list of callables."""
     volume = max(1, -(-nbytes * 2 * (nodes - 1) // nodes))
     segment = SMALL_SEGMENT_BYTES if volume <= LARGE_SEGMENT_BYTES else LARGE_SEGMENT_BYTES
-    ways = [[(0, volume)]] + ([[(a, min(a + segment, volume)) for a in range(0, volume, segment)]]
-                             if volume > segment else [])
+    ways = [[(0, volume)]] + (
+        [[(a, min(a + segment, volume)) for a in range(0, volume, segment)]]
+        if volume > segment
+        else []
+    )
     rank = comm.Get_rank()
     if rank not in (0, peer):
-        return [lambda: None for _ in ways]  # (as many as the others: each is timed between barriers)
+        return [
+            lambda: None for _ in ways
+        ]  # (as many as the others: each is timed between barriers)
     other = peer if rank == 0 else 0
     send, receive = aligned_empty(volume, np.uint8), aligned_empty(volume, np.uint8)
     send[:] = 1
@@ -130,6 +142,7 @@ def link_pass(comm, peer, nodes, nbytes):
     def sendrecv(pieces):
         for a, b in pieces:
             comm.Sendrecv(send[a:b], other, 0, receive[a:b], other, 0)
+
     return [lambda pieces=pieces: sendrecv(pieces) for pieces in ways]
 
 

@@ -1,4 +1,5 @@
 """What a result file needs to be read later: library, ranks, hosts, date, versions, commit."""
+
 import datetime
 import os
 import socket
@@ -18,9 +19,15 @@ __all__ = ["run_metadata"]
 def _git_commit():
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if out.returncode != 0:
@@ -47,9 +54,12 @@ def oversubscribed(machines):
 def run_metadata(comm, args=None):
     """What a result file needs to be read later: library, ranks, host, date, versions, commit."""
     import mpi4py
+
     hosts = sorted(set(comm.allgather(socket.gethostname())))
     slurm_nodes = sorted({n for n in comm.allgather(os.environ.get("SLURMD_NODENAME")) if n})
-    nodes = state_of(comm).make_ready().node_count  # (as the library groups the ranks: mpiallreduce.topology)
+    nodes = (
+        state_of(comm).make_ready().node_count
+    )  # (as the library groups the ranks: mpiallreduce.topology)
     crowded = oversubscribed(comm.allgather(_machine()))
     return {
         "mpi_library": library_version(),
@@ -67,5 +77,3 @@ def run_metadata(comm, args=None):
         "numpy": np.__version__,
         "arguments": args,
     }
-
-

@@ -1,4 +1,5 @@
 """The tables: nccl-tests' columns, Deep Speech 2's gains, and the CSV and JSON files."""
+
 import csv
 import json
 import os
@@ -6,7 +7,14 @@ from dataclasses import asdict, fields
 
 from .contenders import AUTO_PLAIN, BASELINE, FORCED_PREFIX, REPRODUCIBLE, REPRODUCIBLE_SYMMETRIC
 
-__all__ = ["format_field_table", "gain_rows", "format_gain_table", "write_results", "within_noise", "of_bound"]
+__all__ = [
+    "format_field_table",
+    "gain_rows",
+    "format_gain_table",
+    "write_results",
+    "within_noise",
+    "of_bound",
+]
 
 
 def format_field_table(results, memcpy_gbs=None, wide=False, failed=()):
@@ -14,16 +22,23 @@ def format_field_table(results, memcpy_gbs=None, wide=False, failed=()):
     busbw as a share of the one-core memory copy bandwidth ``memcpy_gbs``; each of ``failed`` (a
     contender that raised at a size: mpiallreduce.tools.bench.timing.compare) a FAILED row."""
     share = wide and memcpy_gbs is not None
-    lines = [f"{'size(B)':>10} {'count':>10} {'type':>8} {'op':>5} {'place':>6} {'algorithm':>26} "
-             f"{'time(us)':>11} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7} {'bound':>5}"
-             + (f" {'busbw/memcpy':>12}" if share else "")]
+    lines = [
+        f"{'size(B)':>10} {'count':>10} {'type':>8} {'op':>5} {'place':>6} {'algorithm':>26} "
+        f"{'time(us)':>11} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7} {'bound':>5}"
+        + (f" {'busbw/memcpy':>12}" if share else "")
+    ]
     for m in results:
-        lines.append(f"{m.nbytes:>10} {m.count:>10} {m.dtype:>8} {m.op:>5} {'in' if m.in_place else 'out':>6} "
-                     f"{m.algorithm:>26} {m.time_us:>11.1f} {m.algbw_gbs:>11.3f} {m.busbw_gbs:>11.3f} {m.wrong:>7} "
-                     f"{of_bound(m.bound_us, m.time_us)}" + (f" {m.busbw_gbs / memcpy_gbs:>11.0%}" if share else ""))
+        lines.append(
+            f"{m.nbytes:>10} {m.count:>10} {m.dtype:>8} {m.op:>5} {'in' if m.in_place else 'out':>6} "
+            f"{m.algorithm:>26} {m.time_us:>11.1f} {m.algbw_gbs:>11.3f} {m.busbw_gbs:>11.3f} {m.wrong:>7} "
+            f"{of_bound(m.bound_us, m.time_us)}"
+            + (f" {m.busbw_gbs / memcpy_gbs:>11.0%}" if share else "")
+        )
     for f in failed:
-        lines.append(f"{f['nbytes']:>10} {'':>10} {'':>8} {'':>5} {'in' if f['in_place'] else 'out':>6} "
-                     f"{f['algorithm']:>26} FAILED: {f['error'][:200]}")
+        lines.append(
+            f"{f['nbytes']:>10} {'':>10} {'':>8} {'':>5} {'in' if f['in_place'] else 'out':>6} "
+            f"{f['algorithm']:>26} FAILED: {f['error'][:200]}"
+        )
     return "\n".join(lines)
 
 
@@ -53,29 +68,45 @@ def gain_rows(results, in_place=False):
         here = [m for m in here_mode if (m.ranks, m.nbytes) == (ranks, nbytes)]
         baseline = next(m for m in here if m.algorithm == BASELINE)
         forced = [m for m in here if m.algorithm.startswith(FORCED_PREFIX)]
-        ours = [m for m in here if m.algorithm != BASELINE and not m.algorithm.startswith(FORCED_PREFIX)]
+        ours = [
+            m for m in here if m.algorithm != BASELINE and not m.algorithm.startswith(FORCED_PREFIX)
+        ]
         # "mpi" is Open MPI's allreduce behind our wrapper and "auto" picks one of the others:
         # shown, but not counted as "ours" for the best; nor are reproducible sums (their own table)
-        hand_written = [m for m in ours if m.algorithm not in ("mpi", "auto", AUTO_PLAIN, REPRODUCIBLE,
-                                                                REPRODUCIBLE_SYMMETRIC)] or ours
+        hand_written = [
+            m
+            for m in ours
+            if m.algorithm not in ("mpi", "auto", AUTO_PLAIN, REPRODUCIBLE, REPRODUCIBLE_SYMMETRIC)
+        ] or ours
         best = min(hand_written, key=lambda m: m.time_us)
         best_forced = min(forced, key=lambda m: m.time_us) if forced else None
         auto = next((m for m in ours if m.algorithm == "auto"), None)
-        rows.append({
-            "ranks": ranks, "nbytes": nbytes, "in_place": in_place,
-            "openmpi_us": baseline.time_us, "ours_us": best.time_us, "ours_algorithm": best.algorithm,
-            "gain": baseline.time_us / best.time_us,
-            "auto_gain": baseline.time_us / auto.time_us if auto else None,
-            "openmpi_best_forced_us": best_forced.time_us if best_forced else None,
-            "openmpi_best_forced": best_forced.algorithm[len(FORCED_PREFIX):] if best_forced else None,
-            "gain_over_best_forced": best_forced.time_us / best.time_us if best_forced else None,
-            "openmpi_busbw_gbs": baseline.busbw_gbs, "ours_busbw_gbs": best.busbw_gbs,
-            "bound_us": getattr(baseline, "bound_us", None),
-            "gain_by_algorithm": {m.algorithm: baseline.time_us / m.time_us for m in ours},
-            # (gains within the repetitions' spread: noise, marked "?" in the tables, hollow in the plots)
-            "noise_by_algorithm": {m.algorithm: within_noise(baseline, m) for m in ours},
-            "forced_noise": within_noise(best_forced, best) if best_forced else None,
-        })
+        rows.append(
+            {
+                "ranks": ranks,
+                "nbytes": nbytes,
+                "in_place": in_place,
+                "openmpi_us": baseline.time_us,
+                "ours_us": best.time_us,
+                "ours_algorithm": best.algorithm,
+                "gain": baseline.time_us / best.time_us,
+                "auto_gain": baseline.time_us / auto.time_us if auto else None,
+                "openmpi_best_forced_us": best_forced.time_us if best_forced else None,
+                "openmpi_best_forced": best_forced.algorithm[len(FORCED_PREFIX) :]
+                if best_forced
+                else None,
+                "gain_over_best_forced": best_forced.time_us / best.time_us
+                if best_forced
+                else None,
+                "openmpi_busbw_gbs": baseline.busbw_gbs,
+                "ours_busbw_gbs": best.busbw_gbs,
+                "bound_us": getattr(baseline, "bound_us", None),
+                "gain_by_algorithm": {m.algorithm: baseline.time_us / m.time_us for m in ours},
+                # (gains within the repetitions' spread: noise, marked "?" in the tables, hollow in the plots)
+                "noise_by_algorithm": {m.algorithm: within_noise(baseline, m) for m in ours},
+                "forced_noise": within_noise(best_forced, best) if best_forced else None,
+            }
+        )
     return rows
 
 
@@ -93,23 +124,36 @@ def format_gain_table(rows, wide=False):
     report). Each algorithm's gain is in the JSON and the gain figure. A gain marked "?" is within
     the noise: the repetitions of the two overlap (within_noise)."""
     nodes = any("nodes" in r for r in rows)
-    lines = [(f"{'nodes':>5} {'ranks':>5} {'coll':>5} " if nodes else f"{'ranks':>5} ")
-             + f"{'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>9} {'best of ours':>17} {'gain':>6}  "
-             f"{'auto':>6}   {'OMPI best forced':>18} {'(us)':>8} {'gain':>6} {'bound':>5}"
-             + (f" | {'busbw ours/OMPI (GB/s)':>22}" if wide else "")]
+    lines = [
+        (f"{'nodes':>5} {'ranks':>5} {'coll':>5} " if nodes else f"{'ranks':>5} ")
+        + f"{'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>9} {'best of ours':>17} {'gain':>6}  "
+        f"{'auto':>6}   {'OMPI best forced':>18} {'(us)':>8} {'gain':>6} {'bound':>5}"
+        + (f" | {'busbw ours/OMPI (GB/s)':>22}" if wide else "")
+    ]
     for r in rows:
-        forced = (f"{r['openmpi_best_forced']:>18} {r['openmpi_best_forced_us']:>8.1f} "
-                  f"{_gain(r['gain_over_best_forced'], r.get('forced_noise'))}"
-                  if r["openmpi_best_forced"] else f"{'-':>18} {'-':>8} {'-':>6} ")
-        layout = (f"{r['nodes']:>5} {r['ranks']:>5} {r.get('openmpi_default') or '?':>5} " if nodes
-                  else f"{r['ranks']:>5} ")
-        lines.append(layout + f"{r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>9.1f} "
-                     f"{r['ours_algorithm']:>17} {_gain(r['gain'], _noise(r, r['ours_algorithm']))} "
-                     f"{_gain(r.get('auto_gain'), _noise(r, 'auto'))}  {forced}{of_bound(r.get('bound_us'), r['ours_us'])}"
-                     + (f" | {r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}" if wide else ""))
-    if any(r.get("noise_by_algorithm", {}).get(a) for r in rows for a in (r["ours_algorithm"], "auto")) or any(
-            r.get("forced_noise") for r in rows):
-        lines.append("?: within the noise (the repetitions of the two overlap); rerun on a quieter machine")
+        forced = (
+            f"{r['openmpi_best_forced']:>18} {r['openmpi_best_forced_us']:>8.1f} "
+            f"{_gain(r['gain_over_best_forced'], r.get('forced_noise'))}"
+            if r["openmpi_best_forced"]
+            else f"{'-':>18} {'-':>8} {'-':>6} "
+        )
+        layout = (
+            f"{r['nodes']:>5} {r['ranks']:>5} {r.get('openmpi_default') or '?':>5} "
+            if nodes
+            else f"{r['ranks']:>5} "
+        )
+        lines.append(
+            layout + f"{r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>9.1f} "
+            f"{r['ours_algorithm']:>17} {_gain(r['gain'], _noise(r, r['ours_algorithm']))} "
+            f"{_gain(r.get('auto_gain'), _noise(r, 'auto'))}  {forced}{of_bound(r.get('bound_us'), r['ours_us'])}"
+            + (f" | {r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}" if wide else "")
+        )
+    if any(
+        r.get("noise_by_algorithm", {}).get(a) for r in rows for a in (r["ours_algorithm"], "auto")
+    ) or any(r.get("forced_noise") for r in rows):
+        lines.append(
+            "?: within the noise (the repetitions of the two overlap); rerun on a quieter machine"
+        )
     return "\n".join(lines)
 
 
@@ -126,9 +170,17 @@ def write_results(directory, results, metadata, memcpy_gbs, failed=()):
             writer.writerow([getattr(m, c) for c in columns[:-1]] + [m.busbw_gbs / memcpy_gbs])
     modes = sorted({m.in_place for m in results})
     with open(os.path.join(directory, "bench.json"), "w") as f:
-        json.dump({"metadata": metadata, "memcpy_gbs": memcpy_gbs,
-                   "measurements": [asdict(m) for m in results], "failed": list(failed),
-                   "gains": {("in_place" if mode else "out_of_place"): gain_rows(results, mode) for mode in modes}},
-                  f, indent=1)
-
-
+        json.dump(
+            {
+                "metadata": metadata,
+                "memcpy_gbs": memcpy_gbs,
+                "measurements": [asdict(m) for m in results],
+                "failed": list(failed),
+                "gains": {
+                    ("in_place" if mode else "out_of_place"): gain_rows(results, mode)
+                    for mode in modes
+                },
+            },
+            f,
+            indent=1,
+        )

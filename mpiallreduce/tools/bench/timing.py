@@ -1,5 +1,6 @@
 """The timing loop: buffers, warm-up, interleaved repetitions of every contender at every size and
 mode, the slowest rank's time per call, and the wrong-element count against MPI_Allreduce's result."""
+
 import statistics
 import sys
 import time
@@ -11,7 +12,8 @@ from mpi4py import MPI
 from ...algorithms import HOST_ALGORITHMS as ALGORITHMS
 from ...core.state import state_of
 from ..openmpi_tuned import TUNED_ALLREDUCE_ALGORITHMS
-from .contenders import BASELINE, HostMemory, contenders as make_contenders
+from .contenders import BASELINE, HostMemory
+from .contenders import contenders as make_contenders
 from .limits import bound_pass, link_pass, link_peer
 
 __all__ = ["Measurement", "compare", "count_wrong"]
@@ -35,9 +37,13 @@ class Measurement:
     algbw_gbs: float  # bytes / time
     busbw_gbs: float  # algbw * 2(p-1)/p
     wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
-    time_us_low: float = None  # the fastest and slowest repetition (each the slowest rank's): the spread
+    time_us_low: float = (
+        None  # the fastest and slowest repetition (each the slowest rank's): the spread
+    )
     time_us_high: float = None  # that tells a gain from noise (report.within_noise)
-    bound_us: float = None  # the least time any allreduce of this size can take here (limits.py), same run
+    bound_us: float = (
+        None  # the least time any allreduce of this size can take here (limits.py), same run
+    )
 
 
 def _input(count, dtype, rank):
@@ -49,7 +55,9 @@ def _input(count, dtype, rank):
 def count_wrong(result, expected):
     """How many elements of ``result`` are not bitwise equal to ``expected``'s."""
     itemsize = result.dtype.itemsize
-    differing_bytes = result.view(np.uint8).reshape(-1, itemsize) != expected.view(np.uint8).reshape(-1, itemsize)
+    differing_bytes = result.view(np.uint8).reshape(-1, itemsize) != expected.view(
+        np.uint8
+    ).reshape(-1, itemsize)
     return int(np.count_nonzero(differing_bytes.any(axis=1)))
 
 
@@ -92,25 +100,43 @@ def _warm_up(comm, contender, send, out, reset, expected, memory):
         mine[1] = time.perf_counter() - start
         mine[2] = count_wrong(memory.to_host(out), expected)
     except Exception as failure:  # noqa: BLE001 - recorded with its rank, on every rank
-        error, mine[0] = " ".join(f"{type(failure).__name__}: {failure}".split()), 1  # (one line: a table cell)
+        error, mine[0] = (
+            " ".join(f"{type(failure).__name__}: {failure}".split()),
+            1,
+        )  # (one line: a table cell)
     everyone = np.empty((comm.Get_size(), 3))
     request = comm.Iallgather(mine, everyone)
     deadline = time.monotonic() + AGREE_SECONDS
     while not request.Test():
         if time.monotonic() > deadline:
-            print(f"mpiallreduce bench: rank {comm.Get_rank()}: {error}; the other ranks did not come to agree on "
-                  f"it within {AGREE_SECONDS} s (raised here alone, inside a collective?): aborting the job",
-                  file=sys.stderr, flush=True)
+            print(
+                f"mpiallreduce bench: rank {comm.Get_rank()}: {error}; the other ranks did not come to agree on "
+                f"it within {AGREE_SECONDS} s (raised here alone, inside a collective?): aborting the job",
+                file=sys.stderr,
+                flush=True,
+            )
             comm.Abort(1)
         time.sleep(0.001)
     if everyone[:, 0].any():
-        errors = [(rank, text) for rank, text in enumerate(comm.allgather(error)) if text is not None]
+        errors = [
+            (rank, text) for rank, text in enumerate(comm.allgather(error)) if text is not None
+        ]
         return None, None, "; ".join(f"rank {rank}: {text}" for rank, text in errors[:2])
     return float(everyone[:, 1].max()), int(everyone[:, 2].sum()), None
 
 
-def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory=HostMemory(), failed=None,
-                  link=None):
+def _measure_size(
+    comm,
+    contenders,
+    nbytes,
+    dtype,
+    op,
+    repetitions,
+    in_place,
+    memory=HostMemory(),
+    failed=None,
+    link=None,
+):
     """Every contender at one size and mode (see ``compare``); ``link``: across nodes, (the peer of
     rank 0 on another node, the node count): the bound there is a message over the link."""
     size = comm.Get_size()
@@ -140,26 +166,48 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     wrong, probe = {}, {}
     for name, contender in list(contenders.items()):
         buffers[name] = buffers_of(contender)
-        probe[name], wrong[name], error = _warm_up(comm, contender, *buffers[name], lambda n=name: reset(n),
-                                                   expected, memory)
+        probe[name], wrong[name], error = _warm_up(
+            comm, contender, *buffers[name], lambda n=name: reset(n), expected, memory
+        )
         if error is not None:
             if failed is None or name == BASELINE:
-                raise RuntimeError(f"{name} failed at {nbytes} bytes ({'in' if in_place else 'out of'} place): {error}")
-            failed.append({"ranks": size, "nbytes": count * dtype.itemsize, "in_place": in_place, "algorithm": name,
-                           "error": error})
+                raise RuntimeError(
+                    f"{name} failed at {nbytes} bytes ({'in' if in_place else 'out of'} place): {error}"
+                )
+            failed.append(
+                {
+                    "ranks": size,
+                    "nbytes": count * dtype.itemsize,
+                    "in_place": in_place,
+                    "algorithm": name,
+                    "error": error,
+                }
+            )
     contenders = {name: c for name, c in contenders.items() if probe[name] is not None}
     iterations = _iterations(probe[BASELINE])
     times = {name: [] for name in contenders}
     # the bound (limits.py): on one node, a pass of the least traffic, timed among the contenders
     on_host = type(memory) is HostMemory  # (no bound for device memory yet)
-    bounds = ([] if not on_host else [bound_pass(count, dtype, in_place)] if link is None
-              else link_pass(comm, *link, count * dtype.itemsize))
+    bounds = (
+        []
+        if not on_host
+        else [bound_pass(count, dtype, in_place)]
+        if link is None
+        else link_pass(comm, *link, count * dtype.itemsize)
+    )
     bound_times = []
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
         for _ in range(repetitions):
             for name, contender in contenders.items():
-                times[name].append(_time_calls(lambda c=contender, b=buffers[name]: c(*b, comm), iterations, comm,
-                                               lambda n=name: reset(n), memory))
+                times[name].append(
+                    _time_calls(
+                        lambda c=contender, b=buffers[name]: c(*b, comm),
+                        iterations,
+                        comm,
+                        lambda n=name: reset(n),
+                        memory,
+                    )
+                )
             for bound in bounds:  # (as many on every rank)
                 bound_times.append(_time_calls(bound, iterations, comm))
     bound_us = min(bound_times) * 1e6 if bound_times else None
@@ -167,18 +215,43 @@ def _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, me
     for name in contenders:
         seconds = statistics.median(times[name])
         algbw = count * dtype.itemsize / seconds / 1e9
-        results.append(Measurement(
-            ranks=size, nbytes=count * dtype.itemsize, count=count, dtype=str(dtype), op=op,
-            algorithm=name, in_place=in_place, iterations=iterations, repetitions=repetitions,
-            time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * 2 * (size - 1) / size,
-            wrong=wrong[name], time_us_low=min(times[name]) * 1e6, time_us_high=max(times[name]) * 1e6,
-            bound_us=bound_us))
+        results.append(
+            Measurement(
+                ranks=size,
+                nbytes=count * dtype.itemsize,
+                count=count,
+                dtype=str(dtype),
+                op=op,
+                algorithm=name,
+                in_place=in_place,
+                iterations=iterations,
+                repetitions=repetitions,
+                time_us=seconds * 1e6,
+                algbw_gbs=algbw,
+                busbw_gbs=algbw * 2 * (size - 1) / size,
+                wrong=wrong[name],
+                time_us_low=min(times[name]) * 1e6,
+                time_us_high=max(times[name]) * 1e6,
+                bound_us=bound_us,
+            )
+        )
     return results
 
 
-def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repetitions=5,
-            modes=(False, True), forced=tuple(TUNED_ALLREDUCE_ALGORITHMS), plant_wrong=None, memory=HostMemory(),
-            progress=None, failed=None):
+def compare(
+    comm,
+    sizes,
+    algorithms=ALGORITHMS,
+    dtype="float32",
+    op="sum",
+    repetitions=5,
+    modes=(False, True),
+    forced=tuple(TUNED_ALLREDUCE_ALGORITHMS),
+    plant_wrong=None,
+    memory=HostMemory(),
+    progress=None,
+    failed=None,
+):
     """Measure every contender at every size and mode (in_place False/True); collective.
 
     Returns a list of Measurements (complete on every rank). ``progress(measurements)``, if given,
@@ -189,16 +262,18 @@ def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repet
     limits.link_pass across nodes).
     """
     dtype = np.dtype(dtype)
-    contenders, made = make_contenders(comm, algorithms, op, forced, plant_wrong, memory,
-                                       largest=max(sizes, default=0))
+    contenders, made = make_contenders(
+        comm, algorithms, op, forced, plant_wrong, memory, largest=max(sizes, default=0)
+    )
     peer = link_peer(comm)
     link = None if peer is None else (peer, state_of(comm).make_ready().node_count)
     try:
         results = []
         for nbytes in sizes:
             for in_place in modes:
-                measured = _measure_size(comm, contenders, nbytes, dtype, op, repetitions, in_place, memory, failed,
-                                         link)
+                measured = _measure_size(
+                    comm, contenders, nbytes, dtype, op, repetitions, in_place, memory, failed, link
+                )
                 if progress is not None:
                     progress(measured)
                 results.extend(measured)
@@ -206,4 +281,3 @@ def compare(comm, sizes, algorithms=ALGORITHMS, dtype="float32", op="sum", repet
     finally:
         for c in made:
             c.Free()
-
