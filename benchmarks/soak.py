@@ -9,6 +9,8 @@ sends the launcher SIGTERM near the end (the ranks dump their recorders and end)
 Every rank draws the same seeded schedule; each episode is one of
 
     sync, async, prepared, bucketed   ordinary calls (timed: TIMEOUT), results against numpy's sum
+    threads    ordinary calls from THREADS threads at once, each on a duplicate of its own (a timed
+               call, then an asynchronous one), started in another order on odd ranks
     delay      one rank sleeps past the timeout: the others' AllreduceTimeout names it
     mismatch   one rank's call has another length: SignatureMismatch on every rank names it
     raise      one rank fails inside the ring (MemoryError): the others' AllreduceAborted names it
@@ -34,12 +36,14 @@ import traceback
 import numpy as np
 
 TIMEOUT = 2.0
-ORDINARY = ("sync", "async", "prepared", "bucketed")
+ORDINARY = ("sync", "async", "prepared", "bucketed", "threads")
+THREADS = 2  # threads of a "threads" episode, each on a communicator of its own
 KINDS = (
     ["sync"] * 6
     + ["async"] * 3
     + ["prepared"] * 3
     + ["bucketed"] * 3
+    + ["threads"] * 3
     + ["delay", "mismatch", "raise", "raise"]
 )
 COUNT = 20_011  # elements of an ordinary call (160 KiB of float64)
@@ -68,6 +72,10 @@ class Ranks:
         self.rng, self.seconds = random.Random(args.seed), args.minutes * 60
         self.log = open(os.path.join(args.output, f"events-rank{self.world}.jsonl"), "w")
         self.killed = False
+        self.thread_comms = (
+            None,
+            [],
+        )  # (the communicator they were duplicated from, the duplicates)
         import warnings
 
         warnings.simplefilter(
@@ -196,6 +204,34 @@ class Ranks:
         sync.wait()
         size = len(self.members)
         return bool(np.array_equal(a, want / size) and np.array_equal(b, want[:1000] / size))
+
+    def do_threads(self, x, want, episode, culprit):
+        if (
+            self.thread_comms[0] is not self.comm
+        ):  # (made here, in program order: after a kill, anew)
+            self.thread_comms = (self.comm, [self.comm.Dup() for _ in range(THREADS)])
+        comms, right, errors = self.thread_comms[1], [False] * THREADS, []
+
+        def work(k):
+            try:
+                timed = self.mar.allreduce(x * (k + 1), comm=comms[k], timeout=TIMEOUT)
+                untimed = self.mar.allreduce_async(x * (k + 2), comm=comms[k]).wait()
+                right[k] = np.array_equal(timed, want * (k + 1)) and np.array_equal(
+                    untimed, want * (k + 2)
+                )
+            except Exception as error:  # noqa: BLE001 - raised below, on the episode's thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(THREADS)]
+        for thread in threads if self.world % 2 == 0 else threads[::-1]:
+            thread.start()
+        for thread in threads:
+            thread.join(
+                TIMEOUT + 30
+            )  # (a thread still running: the episode's seconds count a hang)
+        if errors:
+            raise errors[0]
+        return all(right)
 
     def do_delay(self, x, want, episode, culprit):
         if self.world == culprit:

@@ -724,13 +724,18 @@ def _uses_of(names_by_module):
                         bound_modules[alias.asname] = canonical(alias.name)
         for node in ast.walk(tree(module)):
             if (
-                isinstance(node, ast.Name)
-                and node.id in bound_names
-                and isinstance(node.ctx, ast.Load)
-            ) or isinstance(node, ast.Attribute) and node.attr in names_by_module.get(
-                bound_modules.get(getattr(node.value, "id", None))
-                or canonical(ast.unparse(node.value)),
-                (),
+                (
+                    isinstance(node, ast.Name)
+                    and node.id in bound_names
+                    and isinstance(node.ctx, ast.Load)
+                )
+                or isinstance(node, ast.Attribute)
+                and node.attr
+                in names_by_module.get(
+                    bound_modules.get(getattr(node.value, "id", None))
+                    or canonical(ast.unparse(node.value)),
+                    (),
+                )
             ):
                 found.append((module, node.lineno))
     return found

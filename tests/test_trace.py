@@ -184,15 +184,12 @@ def test_a_rank_killed_under_ulfm_is_named_by_the_survivors_dumps(tmp_path, node
     assert {finding.call} == failed_calls or finding.call in failed_calls, text
 
 
-@pytest.mark.parametrize("nodes", LAYOUTS)
-def test_a_job_stopped_by_sigterm_leaves_every_ranks_dump_and_names_the_rank_that_hung(
-    tmp_path, nodes
-):
+def stopped_by_sigterm(tmp_path, scenario, nodes, env=()):
+    """Run ``scenario`` until every rank has said ``waiting=True``, then send the launcher SIGTERM
+    (each rank dumps its recorder); (the analysis, its text with the run's output)."""
     folder = tmp_path / "trace"
-    # (on one node the calls are not compared: MPI_Allreduce on the short path, recorded before it runs)
-    unchecked = {} if nodes else {"MPIALLREDUCE_SIGNATURE_MIN_BYTES": "16M"}
     env = launch_environment(
-        {**os.environ, **ON, **unchecked, "MPIALLREDUCE_TRACE_DIR": str(folder)}
+        {**os.environ, **ON, **dict(env), "MPIALLREDUCE_TRACE_DIR": str(folder)}
     )
     argv = [
         sys.executable,
@@ -207,7 +204,7 @@ def test_a_job_stopped_by_sigterm_leaves_every_ranks_dump_and_names_the_rank_tha
         "--",
         sys.executable,
         str(INJECT),
-        "hang_until_stopped",
+        scenario,
         "mpi",
     ]
     process = subprocess.Popen(
@@ -227,17 +224,42 @@ def test_a_job_stopped_by_sigterm_leaves_every_ranks_dump_and_names_the_rank_tha
             line = process.stdout.readline()
             lines.append(line)
             waiting += "waiting=True" in line
-        time.sleep(1.0)  # (the others are in their third call now)
+        time.sleep(1.0)  # (the others are in their next call now)
         process.send_signal(signal.SIGTERM)
         output = "".join(lines) + process.communicate(timeout=LAUNCH_TIMEOUT)[0]
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     analysis = analyze(load_dumps(folder))
-    text = "\n".join(analysis.lines) + "\n--- the run:\n" + output[-6000:]
+    return analysis, "\n".join(analysis.lines) + "\n--- the run:\n" + output[-6000:]
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS)
+def test_a_job_stopped_by_sigterm_leaves_every_ranks_dump_and_names_the_rank_that_hung(
+    tmp_path, nodes
+):
+    # (on one node the calls are not compared: MPI_Allreduce on the short path, recorded before it runs)
+    unchecked = {} if nodes else {"MPIALLREDUCE_SIGNATURE_MIN_BYTES": "16M"}
+    analysis, text = stopped_by_sigterm(tmp_path, "hang_until_stopped", nodes, unchecked)
     assert sorted(d["rank"] for d in analysis.dumps) == list(range(RANKS)), text
     assert {d["reason"] for d in analysis.dumps} == {"SIGTERM"}, text
     assert analysis.finding is not None and (analysis.finding.call, analysis.finding.ranks) == (
         3,
         [LATE],
     ), text
+
+
+def test_untimed_prepared_calls_that_differ_hang_and_the_recorder_names_them(tmp_path):
+    """Issue 54, item 5: two untimed persistent prepared calls (4 and 8 float64s), one run by the
+    misbehaving rank where the others run the other. Untimed, prepared calls compare nothing, so
+    (as docs/call.md says) the ranks wait for ever in MPI, as with MPI's persistent collectives;
+    what tells is the flight recorder: the dumps at SIGTERM name that rank, both shapes and the
+    call. (With a timeout the rendezvous raises SignatureMismatch: tests/mpi/test_errors.py.)"""
+    analysis, text = stopped_by_sigterm(tmp_path, "prepared_apart_until_stopped", None)
+    assert "persistent=2" in text and "right=True" in text, text  # (both persistent, both right)
+    assert "outcome=" not in text, text  # (no rank returned from, or raised in, the apart call)
+    assert sorted(d["rank"] for d in analysis.dumps) == list(range(RANKS)), text
+    finding = analysis.finding
+    assert finding is not None and finding.what == "different signatures", text
+    assert (finding.call, finding.ranks) == (5, [LATE]), text
+    assert "(4,)" in finding.detail and "(8,)" in finding.detail, text

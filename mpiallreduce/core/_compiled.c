@@ -168,21 +168,51 @@ static void divide(const Division *d, void *values, Py_ssize_t count)
 
 /* ---- PreparedBase -------------------------------------------------------------------------- */
 
+/* The head of a numpy array (numpy's public PyArrayObject_fields, the same layout in numpy 1 and 2):
+ * what a prepared run reads to see that x still lies where its request was bound */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+} NdarrayHead;
+
 typedef struct {
     PyObject_HEAD
     MPI_Request request;
     int bound;
-    PyObject *state, *worker, *result, *then, *failed, *keep, *library, *divided;
+    PyObject *state, *worker, *result, *then, *failed, *keep, *library, *divided, *arrays;
     Division division;
     void *values;               /* the divided array's memory (``divided`` holds it) */
     Py_ssize_t count;
+    /* where the user's arrays (x, and out if another) lay, and their shapes, when the request was bound */
+    int watched;
+    char *data[2];
+    int nd[2];
+    Py_ssize_t dims[2][MAX_DIMENSIONS];
 } PreparedBase;
+
+/* 1 where one of the user's arrays no longer lies where the request was bound, or has another shape
+ * (resized in place with refcheck=False, its shape set): the Python path raises, before MPI touches
+ * that memory */
+static int moved(PreparedBase *self)
+{
+    for (int k = 0; k < self->watched; k++) {
+        NdarrayHead *a = (NdarrayHead *)PyTuple_GET_ITEM(self->arrays, k);
+        if (a->data != self->data[k] || a->nd != self->nd[k])
+            return 1;
+        for (int i = 0; i < a->nd; i++)
+            if (a->dimensions[i] != self->dims[k][i])
+                return 1;
+    }
+    return 0;
+}
 
 static int prepared_traverse(PreparedBase *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->state); Py_VISIT(self->worker); Py_VISIT(self->result);
     Py_VISIT(self->then); Py_VISIT(self->failed); Py_VISIT(self->keep); Py_VISIT(self->library);
-    Py_VISIT(self->divided);
+    Py_VISIT(self->divided); Py_VISIT(self->arrays);
     return 0;
 }
 
@@ -191,7 +221,7 @@ static int prepared_clear(PreparedBase *self)
     self->bound = 0;
     Py_CLEAR(self->state); Py_CLEAR(self->worker); Py_CLEAR(self->result);
     Py_CLEAR(self->then); Py_CLEAR(self->failed); Py_CLEAR(self->keep); Py_CLEAR(self->library);
-    Py_CLEAR(self->divided);
+    Py_CLEAR(self->divided); Py_CLEAR(self->arrays);
     return 0;
 }
 
@@ -203,20 +233,33 @@ static void prepared_dealloc(PreparedBase *self)
 }
 
 /* _bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library,
- *                (kind, multiply, factor), divided):
+ *                (kind, multiply, factor), divided, arrays):
  * runs go through C (``keep``: what owns the request, held while bound; ``library``: the state's
  * communicator, which a run checks is still there: freed, the Python path raises); a mean's
  * division of the array ``divided`` in C where kind is 4 or 8, else by then() */
 static PyObject *prepared_bind(PreparedBase *self, PyObject *args)
 {
     unsigned long long handle;
-    PyObject *state, *worker, *result, *then, *failed, *keep, *library, *divided;
+    PyObject *state, *worker, *result, *then, *failed, *keep, *library, *divided, *arrays;
     Division division;
-    if (!PyArg_ParseTuple(args, "KO!O!OOOOO(iid)O", &handle, &PyDict_Type, &state, &PyDict_Type, &worker, &result,
-                          &then, &failed, &keep, &library, &division.kind, &division.multiply, &division.factor,
-                          &divided))
+    if (!PyArg_ParseTuple(args, "KO!O!OOOOO(iid)OO!", &handle, &PyDict_Type, &state, &PyDict_Type, &worker,
+                          &result, &then, &failed, &keep, &library, &division.kind, &division.multiply,
+                          &division.factor, &divided, &PyTuple_Type, &arrays))
         return NULL;
     prepared_clear(self);
+    if (PyTuple_GET_SIZE(arrays) > 2)
+        Py_RETURN_NONE;  /* (not bound: the Python path checks them) */
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(arrays); k++) {
+        NdarrayHead *a = (NdarrayHead *)PyTuple_GET_ITEM(arrays, k);  /* (numpy.ndarray itself: the caller checks) */
+        if (a->nd > MAX_DIMENSIONS)
+            Py_RETURN_NONE;
+        self->data[k] = a->data;
+        self->nd[k] = a->nd;
+        for (int i = 0; i < a->nd; i++)
+            self->dims[k][i] = a->dimensions[i];
+    }
+    self->watched = (int)PyTuple_GET_SIZE(arrays);
+    Py_INCREF(arrays); self->arrays = arrays;
     self->division = division;
     if (division.kind) {  /* (its memory, for good: the prepared call holds the array) */
         Py_buffer view;
@@ -251,7 +294,8 @@ static PyObject *prepared_call(PreparedBase *self, PyObject *args, PyObject *kwa
     int other = unusual(self->worker, self->state);
     if (other < 0)
         return NULL;
-    if (other || PyDict_GetItemWithError(self->state, s_library) != self->library)  /* (freed: Python raises) */
+    if (other || PyDict_GetItemWithError(self->state, s_library) != self->library  /* (freed: Python raises) */
+        || moved(self))
         goto python;
     long long number = next_number(self->state);
     if (number < 0)
@@ -288,7 +332,7 @@ python:;
 static PyMethodDef prepared_methods[] = {
     {"_bind_compiled", (PyCFunction)prepared_bind, METH_VARARGS,
      "_bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library, "
-     "(kind, multiply, factor), divided): runs go through C"},
+     "(kind, multiply, factor), divided, arrays): runs go through C"},
     {"_compiled_bound", (PyCFunction)prepared_is_bound, METH_NOARGS, "whether runs go through C"},
     {NULL}
 };

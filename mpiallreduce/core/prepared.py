@@ -26,7 +26,7 @@ from ..faults.recorder import (
 from . import buffers
 from .compiled import PreparedBase, division_of
 from .compiled import used as compiled_used
-from .consistency import digest, meet
+from .consistency import SignatureMismatch, digest, meet
 from .failures import translated
 from .worker import run_in_order
 
@@ -74,6 +74,11 @@ class Prepared(PreparedBase):
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
         # (the Execution's code names the symmetric arrays' place: two prepared single copies differ)
         self.code = digest(("prepared", self.execution.code, self.plan.describe())) | 1
+        #: the user's numpy arrays whose memory the bound buffers are views of, and their shapes then
+        self.watched = tuple(
+            a for a in {id(a): a for a in (call.x, call.out)}.values() if type(a) is np.ndarray
+        )
+        self.shapes = tuple(a.shape for a in self.watched)
         if self.fast and self.persistent and compiled_used():
             request, then, failed = self.execute.compiled
             self._bind_compiled(
@@ -87,7 +92,23 @@ class Prepared(PreparedBase):
                 self.state.library,
                 division_of(self.execution, self.flat.recv),
                 self.flat.recv,
+                self.watched,
             )
+
+    def _moved(self):
+        """The ValueError to raise where one of the user's arrays changed shape since prepare
+        (numpy's ``resize(refcheck=False)`` moves its memory; a shape set in place): the bound
+        request or views point at the memory it had then. None where none did."""
+        for name, a, shape in zip(("x", "out"), self.watched, self.shapes, strict=False):
+            if a.shape != shape:
+                return ValueError(
+                    f"rank {self.state.rank}: this prepared call's {name} changed shape since it "
+                    f"was prepared ({shape} -> {a.shape}: resized in place, or its shape set); its "
+                    "buffers still point at the memory it had, so nothing ran on this rank; prepare "
+                    "the call again (untimed, the other ranks are not told: they wait in this call, "
+                    "which the flight recorder names; with a timeout they raise SignatureMismatch)"
+                )
+        return None
 
     def _call(self, *, _elsewhere=None):
         """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
@@ -100,7 +121,7 @@ class Prepared(PreparedBase):
             if state.recorder is None
             else state.recorder.record(state, sequence, self.described)
         )
-        if self.fast and not state.worker.pending:
+        if self.fast and not state.worker.pending and (not self.watched or self._moved() is None):
             try:
                 self.execute(sequence) if elsewhere is None else elsewhere[0](sequence)
             except BaseException as error:
@@ -139,10 +160,18 @@ class Prepared(PreparedBase):
         )
 
     def run_numbered(self, sequence, elsewhere=None):
-        if (
-            self.timeout is not None
-        ):  # (its code: a plain call, or another prepared one, elsewhere raises)
-            meet(self.state, sequence, self.timeout, self.site, self.code)
+        moved = None if elsewhere is not None else self._moved()
+        if self.timeout is not None:  # (its code: a plain call, or another prepared one, raises)
+            try:  # (a moved array: a code no call has, so the peers raise too)
+                meet(
+                    self.state, sequence, self.timeout, self.site, self.code if moved is None else 2
+                )
+            except SignatureMismatch as mismatch:
+                if moved is not None:
+                    raise moved from mismatch
+                raise
+        if moved is not None:
+            raise moved
         if elsewhere is not None:  # (bound run, array): on other memory
             elsewhere[0](sequence)
             return elsewhere[1]

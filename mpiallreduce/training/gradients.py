@@ -133,6 +133,8 @@ class GradientSync:
                 "GradientSync: compressed buckets cannot be timed yet (timeout=None with compression)"
             )
         self.declared = parameters is not None
+        #: declared as a dict: named by its keys (synchronize then finds each by identity)
+        self._declared_by_name = isinstance(parameters, dict)
         self.overlap, self._asked_overlap = None, overlap  # (decided at the first plan: collective)
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
         self._slots = self._reducer = None
@@ -171,6 +173,8 @@ class GradientSync:
                 self.comm, slots, "GradientSync(parameters=...)", self._options, problems, timeout
             )
             self._by_identity = {id(array): i for i, (_, array) in enumerate(named)}
+            # (held: an id is unique only while its object lives; freed, another array could take it)
+            self._declared_arrays = [array for _, array in named]
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
 
@@ -437,12 +441,15 @@ class GradientSync:
             self.ready(grad, name)
 
     def synchronize(self, gradients):
-        """``ready`` every gradient in order (named by position), then ``wait``; returns the gradients."""
+        """``ready`` every gradient in order, then ``wait``; returns the gradients. Named by position
+        (the parameters declared in a list, or none declared); declared in a dict, each gradient
+        must be the declared array itself."""
         if not self.write_back:
             raise ValueError(
                 "GradientSync(write_back=False) hands results over: use ready() and wait()"
             )
+        by_position = not self.declared or not self._declared_by_name
         for i, grad in enumerate(gradients):
-            self.ready(grad, name=None if self.declared else i)
+            self.ready(grad, name=i if by_position else None)
         self.wait()
         return gradients

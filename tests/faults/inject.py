@@ -173,6 +173,32 @@ def hang_until_stopped(algorithm):
     report(outcome="not stopped")
 
 
+def prepared_apart_until_stopped(algorithm):
+    """Every rank prepares two untimed calls, of 4 and of 8 float64s, and runs each once; then the
+    misbehaving rank runs the second where the others run the first, until the launcher is sent
+    SIGTERM (untimed prepared calls compare nothing: docs/call.md says what happens)."""
+    small, large = data(RANK)[:4].copy(), data(RANK)[:8].copy()
+    first = mar.prepare(small, out=small)
+    second = mar.prepare(large, out=large)
+    report(persistent=f"{first!r} {second!r}".count("persistent"))
+    small[...], large[...] = data(RANK)[:4], data(RANK)[:8]
+    first()
+    second()
+    report(
+        right=bool(np.array_equal(small, expected()[:4]) and np.array_equal(large, expected()[:8]))
+    )
+    report(waiting=True)
+    try:
+        (second if RANK == LATE else first)()
+        report(outcome="returned", small=small.tolist(), large=large.tolist())
+    except (
+        Exception
+    ) as error:  # (what Open MPI, or the library, raised: said, then the job goes on)
+        report(outcome=type(error).__name__)
+        print(f"rank {RANK} message: {error}", flush=True)
+    time.sleep(600)  # (until the launcher's SIGTERM: every rank's dump)
+
+
 def killed(algorithm):
     """SIGKILL of one rank in the middle of a stream of large allreduces (no ULFM: the job ends)."""
     mar.allreduce(data(RANK), algorithm=algorithm)

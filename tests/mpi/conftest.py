@@ -6,6 +6,43 @@ from mpi4py import MPI
 _communicators = {}
 
 
+def _spans_nodes():
+    """Whether COMM_WORLD's ranks are on several nodes (emulated ones too), from MPI itself."""
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() != MPI.COMM_WORLD.Get_size()
+    finally:
+        node.Free()
+
+
+#: made once, collectively, as every rank imports this file
+SPANS_NODES = _spans_nodes()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "one_node(reason): a test of what runs on one node only (shared memory, single copy, device "
+        "to device, symmetric arrays, the shared slots); skipped, saying why, across nodes",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Across nodes: skip what the one_node marker names, and every case of a one-node algorithm
+    (a test's ``algorithm`` parameter: the planner refuses it there, as test_emulated_nodes tests)."""
+    if not SPANS_NODES:
+        return
+    marker = item.get_closest_marker("one_node")
+    if marker is not None:
+        pytest.skip(f"one node only: {marker.args[0] if marker.args else 'it runs on one node'}")
+    from mpiallreduce.algorithms import REGISTRY
+
+    algorithm = getattr(item, "callspec", None) and item.callspec.params.get("algorithm")
+    if isinstance(algorithm, str) and algorithm in REGISTRY and REGISTRY[algorithm].needs_one_node:
+        pytest.skip(f"one node only: {algorithm} needs every rank on one node")
+
+
 def _make(kind):
     world = MPI.COMM_WORLD
     if kind == "world":

@@ -40,6 +40,21 @@ def exact_input(dtype, count, rank, op):
     return values.astype(dtype)
 
 
+def runs_here(algorithm, comm=MPI.COMM_WORLD):
+    """Whether ``algorithm`` (a name, or "auto") can run on ``comm``: an algorithm that needs every
+    rank on one node (the registry's ``needs_one_node``) cannot across nodes, where the planner
+    refuses it on every rank (tests/test_emulated_nodes.py tests that refusal)."""
+    from mpiallreduce.algorithms import REGISTRY
+
+    if algorithm not in REGISTRY or not REGISTRY[algorithm].needs_one_node:
+        return True
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()
+
+
 def op_applies(op, dtype):
     dtype = np.dtype(dtype)
     if op == "mean" and dtype.kind in "iu":

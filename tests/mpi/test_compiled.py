@@ -230,6 +230,56 @@ def test_a_prepared_call_run_after_its_communicator_was_freed_raises_on_every_ra
 
 
 @BOTH
+@pytest.mark.parametrize("out", ["in_place", "another_out"])
+def test_a_prepared_call_whose_array_was_resized_raises_and_touches_nothing(
+    use_settings, use_compiled, out
+):
+    """Issue 54, item 5: numpy's ``resize(refcheck=False)`` moves x's (or out's) memory while the
+    prepared call's request points at the old: each run would write into freed memory. Every rank
+    resizes here (untimed, nothing is compared: a rank alone would leave its peers waiting, as
+    test_trace.py shows); each raises a ValueError naming its array, nothing is written, and the
+    next call pairs up on every rank."""
+    use_settings(compiled=use_compiled)
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    x = exact_input("float64", 4, rank, "sum")
+    target = x if out == "in_place" else np.zeros(4)
+    want = numpy_reference("sum", gather_inputs(WORLD, x))
+    prepared = mar.prepare(x, out=target, algorithm="mpi")
+    assert values_equal(prepared(), want)
+    assert prepared._compiled_bound() == (use_compiled and "persistent" in repr(prepared))
+    target.resize(1 << 16, refcheck=False)  # (a new block: the old is freed, or reused)
+    before = target.copy()
+    name = "x" if out == "in_place" else "out"
+    with pytest.raises(
+        ValueError, match=rf"rank {rank}: this prepared call's {name} changed shape"
+    ):
+        prepared()
+    assert np.array_equal(target, before), f"rank {rank}: written after the resize"
+    assert mar.allreduce(np.array([rank + 1.0]))[0] == size * (size + 1) / 2
+
+
+def test_a_timed_prepared_call_resized_on_one_rank_raises_on_every_rank(use_settings):
+    """The same on the last rank only, with a timeout: the rendezvous carries a code that no call
+    has, so every other rank raises SignatureMismatch, that rank its ValueError; nothing written."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size == 1:
+        pytest.skip("one rank: no peer to tell")
+    x = exact_input("float64", 4, rank, "sum")
+    prepared = mar.prepare(x, out=x, timeout=60)
+    if rank == size - 1:
+        x.resize(1 << 16, refcheck=False)
+    before = x.copy()
+    with pytest.raises(ValueError) as raised:
+        prepared()
+    if rank == size - 1:
+        assert "this prepared call's x changed shape" in str(raised.value)
+    else:
+        assert isinstance(raised.value, mar.SignatureMismatch), raised.value
+    assert np.array_equal(x, before), f"rank {rank}: written"
+    assert mar.allreduce(np.array([rank + 1.0]))[0] == size * (size + 1) / 2
+
+
+@BOTH
 def test_a_symmetric_input_is_handed_back_and_an_ordinary_view_is_not(
     comm, use_settings, use_compiled
 ):

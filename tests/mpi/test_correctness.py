@@ -22,6 +22,7 @@ from reference import (
     numpy_reference,
     op_applies,
     problems_with,
+    runs_here,
     values_equal,
 )
 
@@ -235,7 +236,7 @@ def test_many_calls_in_a_row_stay_in_step(comm):
     inputs = [exact_input("float32", n, rank, "sum") for n in (3, 1000, 17, 0, 4096)]
     expected = [numpy_reference("sum", gather_inputs(comm, x)) for x in inputs]
     for _ in range(3):
-        for algorithm in ALGORITHMS:
+        for algorithm in [a for a in ALGORITHMS if runs_here(a, comm)]:
             for x, want in zip(inputs, expected):
                 assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want), (
                     algorithm,

@@ -248,6 +248,7 @@ def test_a_missing_stream_synchronization_is_caught(algorithm, monkeypatch, use_
     assert wrong_without > 0, "skipping the stream synchronization went unnoticed"
 
 
+@pytest.mark.one_node("device to device maps the peers' device memory on one node")
 def test_pinned_buffers_are_reused_and_ipc_mappings_closed(xp, use_settings):
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
@@ -281,6 +282,7 @@ def test_pinned_buffers_are_reused_and_ipc_mappings_closed(xp, use_settings):
     assert np.array_equal(xp.asnumpy(out), np.full(5000, comm.Get_size(), np.float32))
 
 
+@pytest.mark.one_node("device to device maps the peers' device memory on one node")
 @pytest.mark.parametrize(
     "op, dtype",
     [
@@ -474,6 +476,7 @@ def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
     assert not problems, problems
 
 
+@pytest.mark.one_node("device to device maps the peers' device memory on one node")
 @pytest.mark.parametrize("step", ["export", "open", "close"])
 def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeypatch):
     """Exporting, mapping or unmapping device memory that fails on the last rank only: every rank
@@ -514,6 +517,7 @@ def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeyp
     assert np.array_equal(fake_cupy.asnumpy(result), np.full(5000, comm.Get_size(), np.float32))
 
 
+@pytest.mark.one_node("device to device maps the peers' device memory on one node")
 def test_refused_cuda_ipc_is_probed_once_and_never_planned_again():
     """A machine that refuses CUDA IPC (the stand-in refuses on request): the first call that would
     run device_to_device probes it (every rank, after the signature check), then runs the device

@@ -4,7 +4,14 @@ import re
 
 import numpy as np
 import pytest
-from reference import bits_equal, exact_input, gather_inputs, numpy_reference, values_equal
+from reference import (
+    bits_equal,
+    exact_input,
+    gather_inputs,
+    numpy_reference,
+    runs_here,
+    values_equal,
+)
 
 import mpiallreduce as mar
 
@@ -147,7 +154,7 @@ def test_mismatched_calls_raise_on_every_rank_when_checked(comm, field):
 
 
 def test_matching_checked_calls_succeed(comm):
-    for algorithm in list(mar.HOST_ALGORITHMS) + ["auto"]:
+    for algorithm in [a for a in list(mar.HOST_ALGORITHMS) + ["auto"] if runs_here(a, comm)]:
         x = exact_input("float32", 100, comm.Get_rank(), "sum")
         expected = numpy_reference("mean", gather_inputs(comm, x))
         assert values_equal(

@@ -139,6 +139,7 @@ def test_a_timed_call_never_waits_for_ever_in_the_shared_slots(use_settings):
     )
 
 
+@pytest.mark.one_node("shared_memory needs one node")
 @pytest.mark.parametrize(
     "algorithm", ["auto"] + [a for a in HOST_ALGORITHMS if not REGISTRY[a].takes_inner_plan]
 )

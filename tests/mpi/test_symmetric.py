@@ -9,7 +9,7 @@ from reference import exact_input, gather_inputs, numpy_reference, problems_with
 
 import mpiallreduce as mar
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.one_node("symmetric arrays share memory on one node")]
 
 WORLD = MPI.COMM_WORLD
 CASES = [

@@ -40,6 +40,7 @@ def test_pretend_nodes_split_as_asked(pretend_nodes):
     assert (leaders != MPI.COMM_NULL) == (comm.Get_rank() % per_node == 0)
 
 
+@pytest.mark.one_node("pretend nodes (ranks_per_node) share one real node's memory")
 def test_hierarchical_over_pretend_nodes(pretend_nodes):
     comm, _ = pretend_nodes
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -62,6 +63,7 @@ def test_hierarchical_over_pretend_nodes(pretend_nodes):
     assert not problems, f"rank {rank}:\n" + "\n".join(problems)
 
 
+@pytest.mark.one_node("pretend nodes (ranks_per_node) share one real node's memory")
 def test_shared_memory_refuses_a_communicator_over_several_nodes_on_every_rank(pretend_nodes):
     comm, per_node = pretend_nodes
     x = np.ones(10)
@@ -73,6 +75,7 @@ def test_shared_memory_refuses_a_communicator_over_several_nodes_on_every_rank(p
     assert mar.allreduce(x, algorithm="ring", comm=comm)[0] == comm.Get_size()
 
 
+@pytest.mark.one_node("pretend nodes (ranks_per_node) share one real node's memory")
 def test_auto_runs_hierarchical_across_nodes_where_the_table_has_nothing_measured_across_nodes(
     pretend_nodes, monkeypatch
 ):
@@ -100,6 +103,7 @@ def test_auto_runs_hierarchical_across_nodes_where_the_table_has_nothing_measure
     )
 
 
+@pytest.mark.one_node("pretend nodes (ranks_per_node) share one real node's memory")
 def test_auto_never_hands_a_multi_node_communicator_to_shared_memory(pretend_nodes):
     from mpiallreduce.core import tuning
 

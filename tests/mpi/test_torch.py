@@ -458,6 +458,35 @@ def test_ddp_with_our_hook_trains_as_ddp_over_gloo(gloo, hook, rtol):
     mar.check_replicas([p.detach().numpy() for p in ours.parameters()])
 
 
+def test_ddp_with_our_hook_and_a_model_that_differs_on_one_rank_raises_everywhere(gloo):
+    """Issue 54, item 5: the last rank's model holds float64 parameters where the others' hold
+    float32 (DDP compares the parameters' shapes when it is made, not their dtypes): our hook's
+    allreduce compares its bucket, so every rank's backward raises, naming the dtype and that rank,
+    and no parameter changes; the next call pairs up on every rank."""
+    size, rank = WORLD.Get_size(), WORLD.Get_rank()
+    if size == 1:
+        pytest.skip("one rank cannot differ from itself")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    if rank == size - 1:
+        model = model.double()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, init_sync=False)
+    ddp.register_comm_hook(mt.HookState(), mt.allreduce_hook)
+    before = [_on_host(p) for p in model.parameters()]
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(rank)).to(model.weight.dtype)
+    with pytest.raises(Exception, match=rf"dtype differs: .*on rank {size - 1}") as raised:
+        ddp(x).pow(2).mean().backward()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer.step()
+    assert "SignatureMismatch" in repr(raised.value) or isinstance(
+        raised.value, mar.SignatureMismatch
+    )
+    for p, b in zip(model.parameters(), before, strict=True):
+        np.testing.assert_array_equal(_on_host(p), b)
+    total = mar.allreduce(np.array([rank + 1.0]))
+    assert total[0] == size * (size + 1) / 2
+
+
 def test_the_optimizer_is_a_torch_optimizer_to_lr_schedulers_and_skip_synchronize_waits_once():
     model = model_on_this_rank()
     optimizer = mt.DistributedOptimizer(
