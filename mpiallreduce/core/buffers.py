@@ -26,6 +26,7 @@ __all__ = [
     "views",
     "is_low_precision",
     "copy_into",
+    "empty_like",
     "mpi_datatype",
     "aligned_empty",
     "scratch",
@@ -59,6 +60,11 @@ def _dtype_name(dtype):
 def is_low_precision(dtype):
     dtype = np.dtype(dtype)
     return dtype.itemsize == 2 and dtype.kind in "fV" and _dtype_name(dtype) in LOW_PRECISION
+
+
+def empty_like(array):
+    """A new array of ``array``'s shape and dtype, in the same memory (host, or its device)."""
+    return array_module(array).empty_like(array)
 
 
 def copy_into(destination, source):

@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms.base import CallTags
+from ..faults.outcome import end_alike
 from ..faults.recorder import DONE, ENDED, RUNNING, STATE, WITHDRAWN, clock, run_traced
 from ..faults.watch import PeerWatch
 from . import buffers
@@ -173,21 +174,23 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
-        watch = (
-            PeerWatch(state, sequence, timeout if self.plan.timed_inside else None, self.plan.name)
-            if self.watched
-            else None
-        )
-        probed = None
+        # A timed call whose plan talks in messages ends alike on every rank (faults.outcome):
+        # every wait bounded by the timeout, the result kept from the user's array until every
+        # rank's part is done. Elsewhere the comparison after the rendezvous waits without one.
+        alike = timeout is not None and self.watched and state.size > 1
+        watch = PeerWatch(state, sequence, timeout, self.plan.name) if self.watched else None
+        probed, final = None, None
+        if alike:  # (the user's array gets the result once agreed: no stale tail on failure)
+            final, recv = recv, buffers.empty_like(recv)
+            if send is None:
+                buffers.copy_into(recv, final)
         try:
-            if (
-                self.compares_first and not compared
-            ):  # (no deadline: a timed call's ranks all committed
+            if self.compares_first and not compared:
                 compare(
                     state,
                     self.code,
-                    self.describe,  # at its rendezvous)
-                    lambda: PeerWatch(state, sequence, None, "signature"),
+                    self.describe,
+                    lambda: PeerWatch(state, sequence, timeout if alike else None, "signature"),
                     sequence,
                 )
             if self.plan.ipc_probe is not None:
@@ -212,6 +215,10 @@ class Execution:
                     self._reduce(send, recv, sequence, timeout, xp, watch)
                 finally:
                     restore_float_errors(ignoring)
+                if alike:
+                    end_alike(state, sequence, timeout, self.plan.name)
+                    buffers.copy_into(final, recv)
+                    recv = final
         except BaseException as error:
             raise_failed(error, state, sequence, watch)
         if probed is not None:

@@ -154,12 +154,6 @@ class CallPlan:
         return self.signature.startswith("carried")
 
     @property
-    def timed_inside(
-        self,
-    ):  # (a timed call's waits in the algorithm keep its deadline; dissemination's not: faults.md)
-        return not (self.carried and self.algorithm.carries_signature == "messages")
-
-    @property
     def inner_on_tags(self):
         """Whether the inner plan talks through CallTags and the call's PeerWatch (its messages
         offset by the call's number, its waits bounded and watching the peers)."""

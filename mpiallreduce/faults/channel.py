@@ -14,14 +14,20 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["ARRIVED", "GO", "GAVE_UP", "FAILED", "CONTROL_TAG", "announce_given_up", "free_channel"]
+__all__ = [
+    "ARRIVED",
+    "GO",
+    "GAVE_UP",
+    "FAILED",
+    "DONE",
+    "CONTROL_TAG",
+    "announce_given_up",
+    "free_channel",
+]
 
-ARRIVED, GO, GAVE_UP, FAILED = (
-    0,
-    1,
-    2,
-    3,
-)  # (FAILED: a rank left a call midway, mpiallreduce.faults.watch)
+# FAILED: a rank left a call midway (mpiallreduce.faults.watch); DONE: a rank's part of a timed call
+# succeeded (mpiallreduce.faults.outcome)
+ARRIVED, GO, GAVE_UP, FAILED, DONE = 0, 1, 2, 3, 4
 #: the control messages' tag: the highest there is (CallTags keeps every algorithm's tag below it)
 CONTROL_TAG = None
 
@@ -50,6 +56,8 @@ class _Channel:
         #: the highest call number seen from each peer
         self.latest = {r: 0 for r in self.peers}
         self.sends = deque()  # (request, buffer): completed and dropped as we go
+        #: the peers whose DONE of call n has come, by n (whoever read it: a wait, or the agreement)
+        self.done = {}
 
     def send(self, kind, number, ranks=None, code=0):
         while self.sends and self.sends[0][0].Test():
@@ -65,6 +73,7 @@ class _Channel:
             while early and early[0][1] <= number:
                 kind, n, code = early.popleft()
                 if n == number:
+                    self._note(r, kind, n)
                     yield r, kind, code
             request = self.receives[r]
             while not early:  # a peer's later messages wait behind its early ones
@@ -76,10 +85,21 @@ class _Channel:
                 )
                 self.latest[r] = max(self.latest[r], n)
                 if n == number:
+                    self._note(r, kind, n)
                     yield r, kind, code
                 elif n > number:
                     early.append((kind, n, code))
                 # n < number: a message of a call given up on; dropped
+
+    def _note(self, peer, kind, number):
+        if kind == DONE:
+            self.done.setdefault(number, set()).add(peer)
+
+    def done_from(self, number):
+        """The peers whose DONE of call ``number`` has come (forgetting earlier calls' record)."""
+        for old in [n for n in self.done if n < number]:
+            del self.done[old]
+        return self.done.get(number, set())
 
     def free(self):
         for request in self.receives.values():

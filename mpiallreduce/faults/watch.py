@@ -13,7 +13,7 @@ call's PeerWatch instead of blocking in MPI:
            FAILED(#n) so that the others learn it too, raise AllreduceTimeout
 
 So every rank raises at once when the failure is local (and within the timeout when a rank hangs
-instead, but in a plan whose comparison rides in its messages: CallPlan.timed_inside). The
+instead); a timed call's ranks then agree on how it ends (mpiallreduce.faults.outcome). The
 requests left behind use the failed call's tags (CallTags): no later call can match them; receives
 are cancelled and every request is kept with its buffer until it completes.
 """
