@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: test check bench bench-nodes bench-train bench-trace horovod clean slurm-packages
+.PHONY: test check format bench bench-nodes bench-train bench-trace horovod clean slurm-packages
 
 # What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
 # Open MPI first: its mpicc compiles the package's hot paths (mpiallreduce/core/compiled.py).
@@ -42,6 +42,12 @@ check: $(STAMP)
 		tests/test_reproducible_paths.py -q --color=no
 	$(BIN)/mpiallreduce launch -n 2 --timeout 300 -- \
 		$(BIN)/python tests/mpi_pytest.py tests/mpi -q --color=no --timeout=120
+
+# ruff's format (pyproject.toml: 100-character lines) on the whole tree, and its safe fixes;
+# tests/test_layers.py checks that the tree stays formatted.
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix --unfixable F401 --exit-zero --quiet .
 
 # Debian's Slurm for the tests of jobs/ (they start a Slurm of two nodes on this machine themselves). Only as root
 # and only if missing; without it those tests are skipped and say why.

@@ -800,3 +800,19 @@ def test_the_only_digests_are_core_consistency_and_the_tools():
 if __name__ == "__main__":
     os.chdir(ROOT)
     print(report())
+
+
+# --- the format every module keeps (issue 59: ruff format, 100-character lines, pyproject.toml) ---
+
+
+def test_the_tree_is_formatted_by_ruff():
+    """``ruff format --check`` on the whole tree: new code follows the one format (make format)."""
+    ruff = shutil.which("ruff", path=os.path.dirname(sys.executable)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[test]' brings it)")
+    done = subprocess.run(
+        [ruff, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (
+        "not formatted (run `make format`):\n" + done.stdout[-4000:] + done.stderr[-2000:]
+    )

@@ -184,6 +184,16 @@ class CommState:
             + "\n  ".join(describe_differences(everyone))
         )
 
+    def _agree_on_trace_id(self):
+        """The flight recorder's name of this communicator, the same on every rank: its lowest
+        world rank's (which names each communicator of these members once, in the order it made
+        them). Each rank's own follows the order in which it made its communicators, which
+        differs between ranks where threads make them (two duplicates of COMM_WORLD, one a
+        thread): their calls were then compared with the other one's."""
+        number = np.array([int(self.trace_id.rsplit("#", 1)[1])], dtype=np.int64)
+        self.library.Bcast([number, MPI.INT64_T], root=self.members.index(min(self.members)))
+        self.trace_id = f"{self.trace_id.rsplit('#', 1)[0]}#{int(number[0])}"
+
     def _learn_topology(self):
         from .topology import leader_communicator, node_communicator, node_sizes, rail_communicator
 
@@ -191,6 +201,8 @@ class CommState:
         leaders = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int64)
         self.library.Allreduce(MPI.IN_PLACE, [leaders, MPI.INT64_T], op=MPI.SUM)
         self.node_count = int(leaders[0])
+        if self.size > 1:
+            self._agree_on_trace_id()
         self.spans_nodes, self.equal_nodes = self.node_count > 1, True
         if self.spans_nodes:
             self.equal_nodes = bool(codes_agree(self.library, node.Get_size()))
