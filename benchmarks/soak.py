@@ -82,6 +82,14 @@ class Ranks:
             "ignore", mar.AllreduceStallWarning
         )  # (each delay's: expected, and many)
 
+    def comm_id(self):
+        """The flight recorder's name of the episodes' communicator (threads make others of the
+        same ranks: the analyzer's findings are told apart by it)."""
+        from mpiallreduce.core.state import known_state
+
+        state = known_state(self.comm)
+        return "" if state is None else state.trace_id
+
     def note(self, **fields):
         self.log.write(json.dumps(fields) + "\n")
         self.log.flush()
@@ -134,6 +142,7 @@ class Ranks:
                 "episode": episode,
                 "kind": kind,
                 "comm": self.members,
+                "comm_id": self.comm_id(),
                 "culprit": None if kind in ORDINARY else culprit,
             },
         )

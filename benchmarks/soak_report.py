@@ -78,12 +78,15 @@ def count(events, timeout):
 def check_analyzer(events, trace):
     """Each fault whose call is in the dumps: the analyzer's finding there names its culprit."""
     analysis = analyze(load_dumps(trace))
-    findings = {(tuple(f.comm[0]), f.call): f for f in analysis.findings}
+    # (by communicator: its ranks and the recorder's name of it, one of several of those ranks)
+    findings = {(tuple(f.comm[0]), f.comm[1], f.call): f for f in analysis.findings}
     spans = {}  # communicator -> [(its first, its last call in one rank's dump)]
     for dump in analysis.dumps:
         calls = {}
         for entry in dump["entries"]:
-            calls.setdefault(tuple(entry["comm"]), []).append(entry["call"])
+            calls.setdefault((tuple(entry["comm"]), entry.get("comm_id", "")), []).append(
+                entry["call"]
+            )
         for comm, numbers in calls.items():
             spans.setdefault(comm, []).append((min(numbers), max(numbers)))
     # (the analyzer compares a call where every dump that has the communicator still holds it)
@@ -95,8 +98,9 @@ def check_analyzer(events, trace):
     for e in events:
         if e["kind"] not in FAULTS or e.get("sequence") is None or e["rank"] == e.get("culprit"):
             continue
-        key = (tuple(e["comm"]), e["sequence"])
-        low, high = windows.get(key[0], (0, -1))
+        comm = (tuple(e["comm"]), e.get("comm_id", ""))
+        key = (*comm, e["sequence"])
+        low, high = windows.get(comm, (0, -1))
         if key in seen or not low <= e["sequence"] <= high:
             continue
         seen.add(key)
