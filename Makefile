@@ -25,8 +25,9 @@ $(BENCH_STAMP): setup.py mpiallreduce/core/_compiled.c
 # triton and about 15 nvidia-* packages, several GB) unless pip is pointed at PyTorch's CPU index
 # (https://download.pytorch.org/whl/cpu) or the CPU build is in $(VENV) already (README.md says how).
 $(STAMP): $(BENCH_STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,jax]'
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
+	$(BIN)/python -m mpiallreduce.jax.handler  # (mpiallreduce.jax's XLA handler, built once)
 	touch $(STAMP)
 
 # Every test: single-process ones, and the MPI suite under mpiexec with 1..5 ranks (each launch

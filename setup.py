@@ -87,7 +87,7 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mpiallreduce", "mpiallreduce.*"]),
-    package_data={"mpiallreduce": ["data/*.json"]},
+    package_data={"mpiallreduce": ["data/*.json"], "mpiallreduce.jax": ["_ffi.cc"]},
     ext_modules=COMPILED,
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.10",
@@ -111,6 +111,8 @@ setup(
         ],
         # the reproducible sum's float32 conversions compiled (mpiallreduce/reproducible_kernels.py)
         "fast": ["numba>=0.60"],
+        # mpiallreduce.jax: JAX's collectives over MPI processes, inside jit (docs/jax.md)
+        "jax": ["jax[cpu]>=0.10"],
         "cuda12": ["cupy-cuda12x>=13"],
         "cuda13": ["cupy-cuda13x>=14"],
     },

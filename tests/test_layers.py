@@ -30,7 +30,7 @@ SUBPROCESS_TIMEOUT = 120
 
 #: the layers that make up the library proper: none of them may import a tool or the training layer
 LIBRARY_LAYERS = ("core", "algorithms", "device", "reproducible", "faults")
-FORBIDDEN_TO_LIBRARY = ("tools", "training")
+FORBIDDEN_TO_LIBRARY = ("tools", "training", "jax")
 #: for the report of upward imports, the layers of docs/architecture.md, bottom up: core's base modules; the
 #: algorithms, device, reproducible, faults (and testing); core's pipeline modules; the entries (api.py, the
 #: package's __init__); training; the tools and the ``python -m`` shims
@@ -54,6 +54,7 @@ LAYER_RANK = {
     "api": 3,
     "": 3,
     "training": 4,
+    "jax": 4,  # (mpiallreduce.jax: JAX's entries, beside training's, on the core)
     "tools": 5,
     "train": 5,
     "__main__": 5,

@@ -1,0 +1,129 @@
+"""The entries of ``mpiallreduce.jax``: JAX's names and argument order, over MPI processes.
+
+    psum(x, axis_name, *, axis_index_groups=None)      x: a pytree of arrays
+      axis_name: a process mesh axis ("data"), a JAX mapped axis (a vmap or pmap axis_name), or a
+      tuple mixing both; None: every rank of COMM_WORLD
+        ├─ JAX's own axes:  jax.lax.psum over them (inside vmap/pmap/shard_map)
+        └─ process axes:    one MPI allreduce per leaf over that axis's ranks of the current
+                            mpiallreduce.Mesh (``with mesh:``), within axis_index_groups
+                            (mpiallreduce.jax.primitive: an XLA FFI call, ordered, in place)
+    pmean, pmax, pmin   the same, mean / max / min
+    allreduce(x, op="sum", comm=None)   over ``comm``'s ranks (COMM_WORLD if None)
+
+Every check that can fail is made while tracing, on every rank alike (the same program traces the
+same calls): an unknown axis, groups that do not partition the axis, an integer mean.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from mpi4py import MPI
+
+from ..core.mesh import check_groups, current_mesh, group_communicator
+from .primitive import allreduce_leaf
+
+__all__ = ["allreduce", "psum", "pmean", "pmax", "pmin"]
+
+_OPS = ("sum", "mean", "max", "min")
+
+
+def allreduce(x, op="sum", comm=None):
+    """Reduce every leaf of the pytree ``x`` elementwise over ``comm``'s ranks (COMM_WORLD if None):
+    "sum", "mean", "max" or "min"; eagerly or traced (jit, vmap, grad)."""
+    if op not in _OPS:
+        raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    return jax.tree_util.tree_map(lambda leaf: _reduce(leaf, op, comm), x)
+
+
+def psum(x, axis_name=None, *, axis_index_groups=None):
+    """Sum over ``axis_name`` (see the module's docstring), as ``jax.lax.psum``."""
+    return _named(x, "sum", axis_name, axis_index_groups)
+
+
+def pmean(x, axis_name=None, *, axis_index_groups=None):
+    """Mean over ``axis_name``; with groups, each rank divides by its own group's size."""
+    return _named(x, "mean", axis_name, axis_index_groups)
+
+
+def pmax(x, axis_name=None, *, axis_index_groups=None):
+    """Maximum over ``axis_name`` (no derivative, as ``jax.lax.pmax``)."""
+    return _named(x, "max", axis_name, axis_index_groups)
+
+
+def pmin(x, axis_name=None, *, axis_index_groups=None):
+    """Minimum over ``axis_name`` (no derivative, as ``jax.lax.pmin``)."""
+    return _named(x, "min", axis_name, axis_index_groups)
+
+
+def _named(x, op, axis_name, groups):
+    process_axes, jax_axes = _split_axes(axis_name)
+    if jax_axes:  # (JAX's own mapped axes first: a local reduction, then the processes')
+        if groups is not None:
+            raise ValueError(
+                "axis_index_groups applies to the processes' axes only; got it with JAX's own "
+                f"mapped axes {jax_axes}"
+            )
+        local = {
+            "sum": jax.lax.psum,
+            "mean": jax.lax.pmean,
+            "max": jax.lax.pmax,
+            "min": jax.lax.pmin,
+        }
+        x = local[op](x, jax_axes if len(jax_axes) > 1 else jax_axes[0])
+        if process_axes is None:
+            return x
+    comm = _communicator(process_axes, groups)
+    return jax.tree_util.tree_map(lambda leaf: _reduce(leaf, op, comm), x)
+
+
+def _split_axes(axis_name):
+    """(the process mesh's axes, or None for every rank of COMM_WORLD when none is named at all;
+    JAX's own mapped axes): a name is the process mesh's where the current mesh has it."""
+    if axis_name is None:
+        return None, ()
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    mesh = current_mesh()
+    ours = tuple(n for n in names if mesh is not None and n in mesh.axis_names)
+    theirs = tuple(n for n in names if n not in ours)
+    for name in theirs:  # (an unknown name: JAX's own error where it is no mapped axis either)
+        try:
+            jax.lax.axis_size(name)
+        except (NameError, ValueError) as error:
+            known = mesh.axis_names if mesh is not None else "none (no `with mpiallreduce.Mesh`)"
+            raise NameError(
+                f"unknown axis name {name!r}: neither the process mesh's (its axes: {known}) nor "
+                "one of JAX's mapped axes here"
+            ) from error
+    return (ours if ours else (None if not theirs else ())), theirs
+
+
+def _communicator(process_axes, groups):
+    """The communicator of ``process_axes`` (the current mesh's; () or None: COMM_WORLD), within
+    ``groups`` (checked: they partition its ranks); made collectively on first use, at trace."""
+    comm = current_mesh().comm(process_axes) if process_axes else MPI.COMM_WORLD
+    if groups is not None:
+        comm = group_communicator(comm, check_groups(groups, comm.Get_size()))
+    return comm
+
+
+def _reduce(leaf, op, comm):
+    leaf = jnp.asarray(leaf)
+    if op == "mean" and not jnp.issubdtype(leaf.dtype, jnp.inexact):
+        raise TypeError(
+            f"pmean of {leaf.dtype} values: a mean is taken of floating or complex arrays only "
+            "(psum them, then divide as you mean to round)"
+        )
+    if jnp.issubdtype(leaf.dtype, jnp.complexfloating) and op in ("max", "min"):
+        raise TypeError(f"p{op} of complex values: they have no order")
+    size = comm.Get_size()
+    if size == 1:
+        return leaf
+    wide = leaf.dtype in (jnp.float16, jnp.bfloat16)  # (summed in float32, rounded once)
+    value = leaf.astype(jnp.float32) if wide else leaf
+    result = allreduce_leaf(value, "max" if op == "max" else "min" if op == "min" else "sum", comm)
+    if op == "mean":
+        result = result / np.asarray(size, dtype=result.dtype)
+    return result.astype(leaf.dtype) if wide else result

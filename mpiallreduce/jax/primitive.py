@@ -1,0 +1,154 @@
+"""One JAX primitive, ``mpiallreduce_allreduce``: an allreduce of one array over MPI processes.
+
+    allreduce_leaf(x, op, comm)
+      bind ──> abstract eval: x's shape and dtype, and an ordered effect (MpiEffect)
+      lowering (CPU): a custom call of the XLA FFI handler (handler.py, _ffi.cc) taking x and
+                      the effect's token, giving the result (aliased to x: in place where XLA
+                      can) and the next token; so XLA keeps every rank's calls in program order,
+                      never merges, drops or hoists one, and runs it when its result is unused
+      eagerly: the same, compiled for the one call (jax's apply_primitive)
+      vmap:   the whole batch in one call (an allreduce is elementwise)
+      jvp:    sum: the tangent reduced the same way; max, min: JAX's own error, as for lax.pmax
+      transpose: sum's is a sum over the processes (as jax.lax.psum's)
+
+Each call carries its signature (a digest of shape, dtype, op and communicator) and a line that
+says it; the handler compares the digests across the ranks first and, where they differ, raises
+on every rank naming each rank's call (settings: MPIALLREDUCE_SIGNATURE_MIN_BYTES, as for every
+call). Calls run on a duplicate of the user's communicator kept for JAX alone.
+"""
+
+from functools import partial
+
+import numpy as np
+from jax._src import dispatch, effects
+from jax._src.interpreters import mlir
+from jax._src.lib.mlir.dialects import hlo
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
+
+from ..core.comms import cached
+from ..core.consistency import digest
+from ..core.settings import settings
+from ..faults.recorder import world_ranks
+from .handler import TARGET, register
+
+__all__ = ["allreduce_leaf", "allreduce_p", "OPS"]
+
+#: the ops the handler takes, by its number for them (_ffi.cc: OpOf)
+OPS = {"sum": 0, "max": 1, "min": 2}
+
+
+class MpiEffect(effects.Effect):
+    """Every call's effect: ordered (a token threads them), allowed in control flow, custom
+    derivatives and remat."""
+
+    __str__ = lambda _: "mpiallreduce"  # noqa: E731
+
+
+EFFECT = MpiEffect()
+for _kind in (
+    effects.lowerable_effects,
+    effects.ordered_effects,
+    effects.control_flow_allowed_effects,
+    effects.custom_derivatives_allowed_effects,
+    effects.remat_allowed_effects,
+):
+    _kind.add_type(MpiEffect)
+
+
+class Communicator:
+    """The call's communicator as a primitive parameter: hashable, compared by handle."""
+
+    __slots__ = ("comm", "handle", "size", "name")
+
+    def __init__(self, comm):
+        self.comm, self.handle, self.size = comm, comm.handle, comm.Get_size()
+        self.name = ",".join(map(str, world_ranks(comm)))
+
+    def __hash__(self):
+        return self.handle  # (an int: its own hash)
+
+    def __eq__(self, other):
+        return isinstance(other, Communicator) and other.handle == self.handle
+
+    def __repr__(self):
+        return f"ranks {self.name}"
+
+
+allreduce_p = Primitive("mpiallreduce_allreduce")
+allreduce_p.def_impl(partial(dispatch.apply_primitive, allreduce_p))
+
+
+def _abstract(x, *, op, comm):
+    return x.update(weak_type=False), {EFFECT}
+
+
+allreduce_p.def_effectful_abstract_eval(_abstract)
+
+
+def allreduce_leaf(x, op, comm):
+    """``x`` reduced by ``op`` ("sum", "max", "min") over ``comm``'s ranks (made ready on first
+    use: collective, at trace time, on every rank alike)."""
+    register()
+    for_jax = cached(comm, ("jax",), comm.Dup)  # (the library's and the user's calls never cross)
+    return allreduce_p.bind(x, op=op, comm=Communicator(for_jax))
+
+
+def _lowering(ctx, x, *, op, comm):
+    (aval,) = ctx.avals_in
+    token = ctx.tokens_in.get(EFFECT)
+    nbytes = int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
+    described = f"{op} of {tuple(aval.shape)} {aval.dtype} over {comm}"
+    layout = tuple(range(len(aval.shape) - 1, -1, -1))
+    call = mlir.custom_call(
+        TARGET,
+        result_types=[mlir.aval_to_ir_type(ctx.module_context, aval), hlo.TokenType.get()],
+        operands=[x, token],
+        backend_config={
+            "comm": mlir.ir_attribute(np.int64(comm.handle)),
+            "op": mlir.ir_attribute(np.int64(OPS[op])),
+            "code": mlir.ir_attribute(np.int64(digest(("jax", described)))),
+            "compare": mlir.ir_attribute(bool(0 <= settings().signature_min_bytes <= nbytes)),
+            "describe": mlir.ir_attribute(described),
+        },
+        has_side_effect=True,
+        api_version=4,
+        operand_layouts=[layout, ()],
+        result_layouts=[layout, ()],
+        operand_output_aliases={0: 0},
+    )
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({EFFECT: call.results[1]})))
+    return [call.results[0]]
+
+
+mlir.register_lowering(allreduce_p, _lowering, platform="cpu")
+
+
+def _batched(args, dims, *, op, comm):
+    (x,), (dim,) = args, dims
+    return allreduce_p.bind(x, op=op, comm=comm), dim  # (elementwise: the batch rides along)
+
+
+batching.primitive_batchers[allreduce_p] = _batched
+
+
+def _jvp(primals, tangents, *, op, comm):
+    if op != "sum":  # (JAX's own collectives have none for pmax, pmin: neither has this one)
+        raise NotImplementedError(
+            f"Differentiation rule for '{allreduce_p.name}' (op={op}) not implemented"
+        )
+    (x,), (t,) = primals, tangents
+    value = allreduce_p.bind(x, op=op, comm=comm)
+    if type(t) is ad.Zero:
+        return value, t
+    return value, allreduce_p.bind(t, op=op, comm=comm)
+
+
+def _transpose(cotangent, x, *, op, comm):
+    if type(cotangent) is ad.Zero:
+        return [cotangent]
+    return [allreduce_p.bind(cotangent, op=op, comm=comm)]  # (a sum's transpose: a sum)
+
+
+ad.primitive_jvps[allreduce_p] = _jvp
+ad.primitive_transposes[allreduce_p] = _transpose
