@@ -817,3 +817,25 @@ def test_the_tree_is_formatted_by_ruff():
     assert done.returncode == 0, (
         "not formatted (run `make format`):\n" + done.stdout[-4000:] + done.stderr[-2000:]
     )
+
+
+def test_without_jax_the_package_imports_and_mpiallreduce_jax_says_what_to_install():
+    """Issue 55: JAX is an extra; without it ``import mpiallreduce`` is unchanged, and
+    ``import mpiallreduce.jax`` says in one line how to install it (jax blocked here)."""
+    script = (
+        "import sys; sys.modules['jax'] = None\n"
+        "import mpiallreduce\n"
+        "try:\n"
+        "    import mpiallreduce.jax\n"
+        "except ImportError as error:\n"
+        "    print('said:', error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "said: mpiallreduce.jax needs JAX: pip install 'mpiallreduce[jax]'" in done.stdout

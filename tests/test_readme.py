@@ -126,12 +126,13 @@ CHAINS, PROBLEMS = python_chains()
 
 
 def needs(text):
-    """The optional modules a program needs: 'cupy', 'torch'."""
+    """The optional modules a program needs: 'cupy', 'torch', 'jax'."""
     return [
         module
         for module, pattern in (
             ("cupy", r"^\s*(import|from) cupy\b"),
             ("torch", r"^\s*(import|from) (torch|mpiallreduce\.torch)\b"),
+            ("jax", r"^\s*(import|from) (jax|mpiallreduce\.jax)\b"),
         )
         if re.search(pattern, text, re.M)
     ]
@@ -154,11 +155,11 @@ def missing(modules):
     for module in modules:
         if module == "cupy" and no_gpu():
             return no_gpu()
-        if module == "torch":
+        if module in ("torch", "jax"):
             try:
-                import torch  # noqa: F401
+                __import__(module)
             except Exception as error:
-                return f"torch does not import: {type(error).__name__}: {error}"
+                return f"{module} does not import: {type(error).__name__}: {error}"
     return None
 
 

@@ -49,7 +49,8 @@ RANK_DEPENDENT = [
     "test_reproducible.py",
     "test_errors.py",
     "test_pipeline.py",
-    "test_threads.py",  # (and the gradient swap, at 2, 3 and 4 ranks)
+    "test_threads.py",
+    "test_jax.py",  # (and the gradient swap, at 2, 3 and 4 ranks)
     "test_buckets.py::test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape"
     "_are_refused",
 ]

@@ -177,7 +177,8 @@ class Execution:
         # A timed call whose plan talks in messages ends alike on every rank (faults.outcome):
         # every wait bounded by the timeout, the result kept from the user's array until every
         # rank's part is done. Elsewhere the comparison after the rendezvous waits without one.
-        alike = timeout is not None and self.watched and state.size > 1
+        # (hierarchical's and two_level's node steps are MPI's own collectives: outside, faults.md)
+        alike = timeout is not None and self.plan.algorithm.messages_only and state.size > 1
         watch = PeerWatch(state, sequence, timeout, self.plan.name) if self.watched else None
         probed, final = None, None
         if alike:  # (the user's array gets the result once agreed: no stale tail on failure)

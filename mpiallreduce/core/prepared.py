@@ -79,6 +79,7 @@ class Prepared(PreparedBase):
             a for a in {id(a): a for a in (call.x, call.out)}.values() if type(a) is np.ndarray
         )
         self.shapes = tuple(a.shape for a in self.watched)
+        self.addresses = tuple(a.ctypes.data for a in self.watched)
         if self.fast and self.persistent and compiled_used():
             request, then, failed = self.execute.compiled
             self._bind_compiled(
@@ -99,11 +100,15 @@ class Prepared(PreparedBase):
         """The ValueError to raise where one of the user's arrays changed shape since prepare
         (numpy's ``resize(refcheck=False)`` moves its memory; a shape set in place): the bound
         request or views point at the memory it had then. None where none did."""
-        for name, a, shape in zip(("x", "out"), self.watched, self.shapes, strict=False):
-            if a.shape != shape:
+        for name, a, shape, address in zip(
+            ("x", "out"), self.watched, self.shapes, self.addresses, strict=False
+        ):
+            if (
+                a.shape != shape or a.ctypes.data != address
+            ):  # (resized and back: moved all the same)
                 return ValueError(
-                    f"rank {self.state.rank}: this prepared call's {name} changed shape since it "
-                    f"was prepared ({shape} -> {a.shape}: resized in place, or its shape set); its "
+                    f"rank {self.state.rank}: this prepared call's {name} changed since it was "
+                    f"prepared ({shape} -> {a.shape}, resized in place, or its shape set); its "
                     "buffers still point at the memory it had, so nothing ran on this rank; prepare "
                     "the call again (untimed, the other ranks are not told: they wait in this call, "
                     "which the flight recorder names; with a timeout they raise SignatureMismatch)"

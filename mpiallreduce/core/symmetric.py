@@ -22,6 +22,7 @@ memory.
 
 import bisect
 import operator
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -44,6 +45,7 @@ _INFO = None
 #: this rank's live symmetric allocations (on every communicator), sorted by their start address,
 #: and those addresses: what ``touches`` bisects
 _MADE, _STARTS = [], []
+_MADE_LOCK = threading.Lock()
 
 
 def touches(a):
@@ -96,9 +98,10 @@ class Allocation:
         except MPI.Exception:  # (a revoked communicator after a rank died: MPI_Finalize takes it)
             pass
         self.window = None
-        if self in _MADE:
-            del _STARTS[_MADE.index(self)]
-            _MADE.remove(self)
+        with _MADE_LOCK:  # (communicators made by several threads are freed side by side at exit)
+            if self in _MADE:
+                del _STARTS[_MADE.index(self)]
+                _MADE.remove(self)
 
 
 def checked(shape, dtype):
@@ -125,9 +128,10 @@ def allocate(state, shape, dtype, zero):
     node = node_communicator(state.library)
     allocation = Allocation(node, nbytes, len(state.symmetric))
     state.symmetric.append(allocation)
-    at = bisect.bisect_right(_STARTS, allocation.start)
-    _STARTS.insert(at, allocation.start)
-    _MADE.insert(at, allocation)
+    with _MADE_LOCK:
+        at = bisect.bisect_right(_STARTS, allocation.start)
+        _STARTS.insert(at, allocation.start)
+        _MADE.insert(at, allocation)
     state.on_free.append(allocation.free)
     array = allocation.mine.view(dtype).reshape(shape)
     if zero:

@@ -144,7 +144,8 @@ class Worker:
         self.lock = threading.Lock()
         self.thread = None
         self.exclusive = threading.RLock()
-        _workers.add(self)
+        with _workers_lock:
+            _workers.add(self)
 
     def submit(self, function):
         future = Future()
@@ -209,6 +210,12 @@ class Worker:
 
 #: every communicator's worker that is alive (asynchronous_calls_pending, the wait at exit)
 _workers = weakref.WeakSet()
+_workers_lock = threading.Lock()
+
+
+def _every_worker():
+    with _workers_lock:  # (another thread may make one meanwhile: a set changed in iteration)
+        return list(_workers)
 
 
 def check_thread_level():
@@ -222,7 +229,7 @@ def check_thread_level():
 def asynchronous_calls_pending():
     """Whether calls started by allreduce_async are still queued or running on any communicator
     (seen from another thread than their worker)."""
-    return any(worker.busy() for worker in list(_workers))
+    return any(worker.busy() for worker in _every_worker())
 
 
 def run_in_order(state, function):
@@ -256,7 +263,7 @@ def pending_calls_finished(when, workers=None):
     are freed, at ``when``; False, said on stderr, if they have not ended within FREE_WAIT_SECONDS
     (or twice the timeout setting)."""
     workers = [
-        worker for worker in (list(_workers) if workers is None else workers) if worker.busy()
+        worker for worker in (_every_worker() if workers is None else workers) if worker.busy()
     ]
     if not workers:
         return True

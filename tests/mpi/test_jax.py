@@ -1,0 +1,216 @@
+"""mpiallreduce.jax on every rank, each result against JAX itself: one process running JAX's own
+pmap over as many host devices as there are ranks (jax_num_cpu_devices), fed every rank's input
+(made here from the rank alone). Eagerly and inside jit, scan, cond, vmap and grad; the examples
+of docs/jax.md (normalization, groups, nested axes, a sharded dot product, a data-parallel loop);
+and the errors every rank must see alike."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+jax = pytest.importorskip("jax")
+WORLD = MPI.COMM_WORLD
+SIZE, RANK = WORLD.Get_size(), WORLD.Get_rank()
+jax.config.update("jax_num_cpu_devices", SIZE)  # (before JAX's backend starts: the reference's)
+
+import jax.numpy as jnp  # noqa: E402
+
+import mpiallreduce as mar  # noqa: E402
+import mpiallreduce.jax as mj  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+def inputs(make):
+    """(this rank's input, every rank's stacked): ``make(rank)`` depends on the rank and index."""
+    return make(RANK), jax.tree_util.tree_map(
+        lambda *leaves: jnp.stack(leaves), *[make(r) for r in range(SIZE)]
+    )
+
+
+def ours_and_pmap(ours, theirs, make):
+    """Our function on this rank's input, and JAX's pmap of ``theirs`` (axis "i") on every rank's,
+    this rank's row."""
+    mine, every = inputs(make)
+    reference = jax.pmap(theirs, axis_name="i", devices=jax.devices()[:SIZE])(every)
+    return ours(mine), jax.tree_util.tree_map(lambda r: r[RANK], reference)
+
+
+def data(rank, n=7, dtype=jnp.float32):
+    return ((jnp.arange(n) * 7 + rank * 13) % 11 - 5).astype(dtype)
+
+
+@pytest.mark.parametrize("name", ["psum", "pmean", "pmax", "pmin"])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bfloat16"])
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_each_reduction_matches_jax_pmap(name, dtype, jitted):
+    if name == "pmean" and dtype == "int32":
+        pytest.skip("an integer mean: an error (test_bad_input_is_an_error_on_every_rank)")
+    ours = getattr(mj, name)
+    f = jax.jit(lambda v: ours(v)) if jitted else ours
+    got, want = ours_and_pmap(
+        f, lambda v: getattr(jax.lax, name)(v, "i"), lambda r: data(r, dtype=jnp.dtype(dtype))
+    )
+    assert got.dtype == want.dtype and np.array_equal(np.asarray(got), np.asarray(want)), (
+        got,
+        want,
+    )
+
+
+def test_a_pytree_reduces_leaf_by_leaf():
+    tree = lambda r: {"w": data(r), "b": (data(r, 3) * 2, data(r, 2, jnp.int32))}  # noqa: E731
+    got, want = ours_and_pmap(mj.psum, lambda t: jax.lax.psum(t, "i"), tree)
+    assert jax.tree_util.tree_all(
+        jax.tree_util.tree_map(lambda a, b: np.array_equal(a, b), got, want)
+    )
+
+
+def test_inside_scan_fori_loop_cond_and_vmap():
+    def ours(v):
+        v = jax.lax.scan(lambda c, _: (mj.pmean(c) + 1.0, None), v, None, length=3)[0]
+        v = jax.lax.fori_loop(0, 2, lambda _, c: mj.psum(c) / SIZE, v)
+        v = jax.lax.cond(v[0] > -100, mj.psum, lambda c: c, v)
+        return jax.vmap(mj.pmax)(jnp.stack([v, -v]))
+
+    def theirs(v):
+        v = jax.lax.scan(lambda c, _: (jax.lax.pmean(c, "i") + 1.0, None), v, None, length=3)[0]
+        v = jax.lax.fori_loop(0, 2, lambda _, c: jax.lax.psum(c, "i") / SIZE, v)
+        v = jax.lax.cond(v[0] > -100, lambda c: jax.lax.psum(c, "i"), lambda c: c, v)
+        return jax.vmap(lambda c: jax.lax.pmax(c, "i"))(jnp.stack([v, -v]))
+
+    got, want = ours_and_pmap(jax.jit(ours), theirs, data)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_grad_and_jvp_follow_jax_rules_and_pmax_has_none():
+    loss = lambda psum: lambda v: jnp.sum(jnp.sin(psum(v)) * v)  # noqa: E731
+    got, want = ours_and_pmap(
+        jax.jit(jax.grad(loss(mj.psum))),
+        jax.grad(loss(lambda v: jax.lax.psum(v, "i"))),
+        data,
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    tangent = jnp.ones(7)
+    got, want = ours_and_pmap(
+        lambda v: jax.jvp(mj.psum, (v,), (tangent,))[1],
+        lambda v: jax.jvp(lambda u: jax.lax.psum(u, "i"), (v,), (tangent,))[1],
+        data,
+    )
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(NotImplementedError, match="Differentiation rule"):
+        jax.grad(lambda v: jnp.sum(mj.pmax(v)))(data(RANK))
+
+
+def test_normalization_by_pmean():
+    """docs/jax.md: an array normalized by the mean and variance over every rank's elements."""
+
+    def normalize(pmean):
+        def f(v):
+            mean = pmean(jnp.mean(v))
+            return (v - mean) / jnp.sqrt(pmean(jnp.mean((v - mean) ** 2)))
+
+        return f
+
+    got, want = ours_and_pmap(
+        jax.jit(normalize(mj.pmean)), normalize(lambda v: jax.lax.pmean(v, "i")), data
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_grouped_reductions_on_a_mesh_axis():
+    """axis_index_groups as in JAX: the even ranks and the odd ones each reduce among themselves
+    (groups of one size, as JAX's pmap takes them); groups of unequal sizes (JAX's pmean divides
+    by one size for all) against numpy: each rank divides by its own group's size."""
+    pairs = [list(range(0, SIZE, 2)), list(range(1, SIZE, 2))]
+    groups = pairs if SIZE % 2 == 0 else [list(range(SIZE))]
+    with mar.Mesh((SIZE,), ("data",)):
+        got, want = ours_and_pmap(
+            jax.jit(lambda v: mj.pmean(v, "data", axis_index_groups=groups)),
+            lambda v: jax.lax.pmean(v, "i", axis_index_groups=groups),
+            data,
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        if SIZE > 2 and SIZE % 2:
+            mine = pairs[RANK % 2]
+            got = jax.jit(lambda v: mj.pmean(v, "data", axis_index_groups=pairs))(data(RANK))
+            want = np.mean([np.asarray(data(r)) for r in mine], axis=0)
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_nested_axes_mix_a_vmap_axis_with_the_process_axis():
+    """mj.psum(x, ("batch", "data")): the vmap axis by lax.psum, the ranks by MPI, one result."""
+    rows = lambda r: jnp.stack([data(r), data(r) * 3 + 1])  # noqa: E731
+    with mar.Mesh((SIZE,), ("data",)):
+        got, want = ours_and_pmap(
+            jax.jit(jax.vmap(lambda v: mj.psum(v, ("batch", "data")), axis_name="batch")),
+            jax.vmap(lambda v: jax.lax.psum(v, ("batch", "i")), axis_name="batch"),
+            rows,
+        )
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_sharded_dot_product_sums_its_partial_results():
+    a = lambda r: jnp.arange(6.0) + 6 * r  # noqa: E731 (each rank: its shard of a and of b)
+    b = lambda r: jnp.cos(jnp.arange(6.0) + 6 * r)  # noqa: E731
+    ours = jax.jit(lambda r: mj.psum(jnp.dot(a(r), b(r))))(RANK)
+    whole = jnp.dot(
+        jnp.concatenate([a(r) for r in range(SIZE)]),
+        b_all := jnp.concatenate([b(r) for r in range(SIZE)]),
+    )
+    assert b_all.shape == (6 * SIZE,)
+    np.testing.assert_allclose(ours, whole, rtol=1e-5)
+
+
+def test_a_data_parallel_training_loop_equals_one_process_on_the_whole_batch():
+    """Linear regression, 5 steps of SGD: each rank its shard of the batch, the gradients' mean by
+    mj.pmean; the parameters equal one process's on the whole batch (within float32 rounding)."""
+    key = jax.random.PRNGKey(0)
+    xs = jax.random.normal(key, (SIZE * 8, 3))
+    ys = xs @ jnp.array([1.5, -2.0, 0.5]) + 0.25
+
+    def loss(params, x, y):
+        return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+    @jax.jit
+    def step(params, x, y):
+        grads = mj.pmean(jax.grad(loss)(params, x, y))
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+    ours = whole = {"w": jnp.zeros(3), "b": jnp.zeros(())}
+    shard = slice(RANK * 8, RANK * 8 + 8)
+    for _ in range(5):
+        ours = step(ours, xs[shard], ys[shard])
+        whole = jax.tree_util.tree_map(
+            lambda p, g: p - 0.1 * g, whole, jax.grad(loss)(whole, xs, ys)
+        )
+    for name in ("w", "b"):
+        np.testing.assert_allclose(ours[name], whole[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_call_whose_result_is_unused_still_runs_in_program_order():
+    """The ordered effect: XLA keeps both calls (the first's result unused), in program order."""
+    f = jax.jit(lambda v: (mj.psum(v * 2), mj.psum(v))[1])
+    text = f.lower(data(RANK)).compile().as_text()
+    assert text.count('custom_call_target="mpiallreduce_allreduce"') == 2, text
+    np.testing.assert_array_equal(f(data(RANK)), sum(data(r) for r in range(SIZE)))
+
+
+def test_calls_that_differ_raise_on_every_rank_and_the_next_pairs_up():
+    if SIZE == 1:
+        pytest.skip("one rank cannot differ from itself")
+    x = data(RANK, 7 if RANK else 8)
+    with pytest.raises(
+        Exception, match=r"SignatureMismatch: rank \d+: .*\n  rank 0: sum of \(8,\)"
+    ):
+        np.asarray(jax.jit(mj.psum)(x))
+    np.testing.assert_array_equal(mj.psum(data(RANK)), sum(data(r) for r in range(SIZE)))
+
+
+def test_bad_input_is_an_error_on_every_rank():
+    with pytest.raises(TypeError, match="integer|floating"):
+        jax.jit(mj.pmean)(data(RANK, dtype=jnp.int32))
+    with mar.Mesh((SIZE,), ("data",)):
+        with pytest.raises(NameError, match="unknown axis name 'model'"):
+            jax.jit(lambda v: mj.psum(v, "model"))(data(RANK))
+        with pytest.raises(ValueError, match="group"):
+            mj.psum(data(RANK), "data", axis_index_groups=[[0], [0]])
