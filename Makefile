@@ -27,7 +27,7 @@ $(BENCH_STAMP): setup.py mpiallreduce/core/_compiled.c
 $(STAMP): $(BENCH_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,jax]'
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
-	$(BIN)/python -m mpiallreduce.jax.handler  # (mpiallreduce.jax's XLA handler, built once)
+	$(BIN)/python -m mpiallreduce.jax.build  # (mpiallreduce.jax's XLA handler, built once)
 	touch $(STAMP)
 
 # Every test: single-process ones, and the MPI suite under mpiexec with 1..5 ranks (each launch

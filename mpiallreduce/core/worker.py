@@ -1,6 +1,6 @@
-"""Allreduces that run while the caller goes on: one background thread per communicator, in call order.
+"""Allreduces that run while the caller goes on: a background thread per communicator, in order.
 
-    caller thread:   allreduce_async(a) -> h1   allreduce_async(b) -> h2   ...   h2.wait()  h1.wait()
+    caller thread:   allreduce_async(a) -> h1   allreduce_async(b) -> h2  ...  h2.wait()  h1.wait()
     comm's worker:                   [ allreduce(a) ][ allreduce(b) ] ...
 
 Every rank submits its calls on a communicator in the same order and that communicator's worker

@@ -54,11 +54,12 @@ def end_alike(state, sequence, timeout, name):
             if now >= deadline:
                 watch.fail()
                 silent = sorted(waiting)
+                whose = "its" if len(silent) == 1 else "their"
                 raise AllreduceTimeout(
-                    f"rank {state.rank}: allreduce call #{sequence} ({name}) on {state.size} ranks: "
-                    f"{ranks_phrase(silent)} did not finish {'its' if len(silent) == 1 else 'their'} "
-                    f"part within {timeout:g} s + {GRACE_SECONDS:g} s; every rank raises, and no "
-                    "result was written",
+                    f"rank {state.rank}: allreduce call #{sequence} ({name}) on {state.size} "
+                    f"ranks: {ranks_phrase(silent)} did not finish {whose} part within "
+                    f"{timeout:g} s + {GRACE_SECONDS:g} s; every rank raises, and no result was "
+                    "written",
                     sequence=sequence,
                     waited=timeout + GRACE_SECONDS,
                     missing_ranks=silent,

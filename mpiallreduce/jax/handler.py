@@ -6,7 +6,7 @@
                     own file and renames it in place, so ranks building at once do not collide
     registered      jax.ffi.register_ffi_target("mpiallreduce_allreduce", ..., platform="cpu")
 
-``python -m mpiallreduce.jax.handler`` builds it ahead (make test does, once per environment).
+``python -m mpiallreduce.jax.build`` builds it ahead (make test does, once per environment).
 """
 
 import ctypes
@@ -44,7 +44,8 @@ def _mpicxx():
 def built_library():
     """The path of the compiled handler, built now if this source, JAX and MPI have none yet."""
     compiler = _mpicxx()
-    key = f"{digest((SOURCE.read_bytes(), jax.__version__, MPI.Get_library_version(), compiler)):016x}"
+    made_by = (SOURCE.read_bytes(), jax.__version__, MPI.Get_library_version(), compiler)
+    key = f"{digest(made_by):016x}"
     folder = Path(
         os.environ.get("MPIALLREDUCE_CACHE", Path.home() / ".cache" / "mpiallreduce")
     ).expanduser()
@@ -84,7 +85,3 @@ def register():
         )
         _registered.append(library)
     return TARGET
-
-
-if __name__ == "__main__":
-    print(built_library())

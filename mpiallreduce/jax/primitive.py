@@ -124,6 +124,19 @@ def _lowering(ctx, x, *, op, comm):
 mlir.register_lowering(allreduce_p, _lowering, platform="cpu")
 
 
+def _on_a_gpu(ctx, x, *, op, comm):
+    raise NotImplementedError(
+        "mpiallreduce.jax reduces host (CPU) arrays inside jit; this call was lowered for a GPU, "
+        "which it has no handler for yet (docs/jax.md, 'Not yet'): place the arrays on the CPU "
+        "(jax.device_put(x, jax.devices('cpu')[0])), or reduce device arrays with "
+        "mpiallreduce.allreduce on CuPy arrays (DLPack)"
+    )
+
+
+for _platform in ("cuda", "rocm"):
+    mlir.register_lowering(allreduce_p, _on_a_gpu, platform=_platform)
+
+
 def _batched(args, dims, *, op, comm):
     (x,), (dim,) = args, dims
     return allreduce_p.bind(x, op=op, comm=comm), dim  # (elementwise: the batch rides along)

@@ -249,6 +249,7 @@ def test_with_a_timeout_setting_every_repeated_call_meets_the_others_first(
     assert len(met) == 3 and len(set(met)) == 3, met
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the stall warnings of every skewed call)
 @pytest.mark.parametrize(
     "algorithm, compared",
     [("auto", True), ("ring", True), ("dissemination", False), ("recursive_doubling", False)],
@@ -569,10 +570,10 @@ def test_a_wait_ended_by_an_error_leaves_its_requests_behind_with_their_buffers(
         np.zeros(4), WORLD.Get_rank(), 8
     )  # posted for a later step (ring_pipelined's way)
     receive = tags.Irecv(np.zeros(4), WORLD.Get_rank(), 7)  # (from itself, never sent)
-    before = len(state.left_behind)
+    before = list(state.left_behind)  # (earlier calls' may complete, and go, meanwhile)
     with pytest.raises(KeyboardInterrupt):
         watch.wait([receive])
-    kept = state.left_behind[before:]
+    kept = [r for r in state.left_behind if not any(r is b for b in before)]
     assert [r is receive for r in kept] == [True, False] and kept[1] is ahead, kept
     for request in (receive, ahead):
         status = MPI.Status()
