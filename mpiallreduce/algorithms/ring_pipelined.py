@@ -57,17 +57,17 @@ class PipelinedRingAllreduce(RingAllreduce):
 
             def post(k):
                 requests = []
-                if k < len(recv_segments):
-                    c, d = recv_segments[k]
+                if k < len(recv_segments):  # noqa: B023 (called in this iteration only)
+                    c, d = recv_segments[k]  # noqa: B023 (called in this iteration only)
                     requests.append(
                         comm.Irecv(
                             [buffers[k % 2][: d - c], datatype], plan.left, REDUCE_SCATTER_TAG
                         )
                     )
-                if k < len(send_segments):
-                    a, b = send_segments[k]
+                if k < len(send_segments):  # noqa: B023 (called in this iteration only)
+                    a, b = send_segments[k]  # noqa: B023 (called in this iteration only)
                     requests.append(
-                        comm.Isend([outgoing[a:b], datatype], plan.right, REDUCE_SCATTER_TAG)
+                        comm.Isend([outgoing[a:b], datatype], plan.right, REDUCE_SCATTER_TAG)  # noqa: B023 (called in this iteration only)
                     )
                 return requests
 

@@ -96,7 +96,7 @@ class SignatureSlots:
         at, count = 2 * (number & 1), number
         for slot in self.others:
             if slot[at + 1] != count:
-                wait_until(lambda: slot[at + 1] == count, self._progress, watch)
+                wait_until(lambda: slot[at + 1] == count, self._progress, watch)  # noqa: B023 (called in this iteration only)
         self.window.Sync()  # (the counts before the codes, and before what the ranks stored earlier)
         for slot in self.others:
             if slot[at] != code:

@@ -298,7 +298,7 @@ def preamble_functions(preamble):
         python = {"||": " | ", "&&": " & "}[joiner].join(f"({part})" for part in parts)
         code = compile(f"where({python}, {chosen}, {other})", name, "eval")
         functions[name] = (
-            lambda code, a, b: lambda x, y: eval(code, {"where": np.where}, {a: x, b: y})
+            lambda code, a, b: lambda x, y: eval(code, {"where": np.where}, {a: x, b: y})  # noqa: B023 (bound by the outer lambda)
         )(code, a, b)
     leftover = _DEVICE_FUNCTION.sub("", preamble).strip()
     if leftover:

@@ -121,7 +121,7 @@ def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):
     for number, ((device, dtype), members) in enumerate(opened):
         dtype = np.dtype(dtype)
 
-        def in_place(i):
+        def in_place(i, dtype=dtype):  # (the bucket's dtype, bound: called in this iteration)
             return (
                 direct_min_bytes is not None
                 and slots[i].dtype == dtype.name
