@@ -89,16 +89,16 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
                      ffi::Result<ffi::Token>, int64_t comm_handle, int64_t op, int64_t code,
                      bool compare, std::string_view describe) {
   MPI_Comm comm = reinterpret_cast<MPI_Comm>(static_cast<intptr_t>(comm_handle));
-  MPI_Datatype datatype = DatatypeOf(x.element_type());
-  if (datatype == MPI_DATATYPE_NULL || OpOf(op) == MPI_OP_NULL) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "mpiallreduce.jax: a dtype or op the handler does not take");
-  }
-  if (compare) {
+  if (compare) {  // (first: a call refused below is refused on every rank, after the comparison)
     ffi::Error compared = CompareCodes(comm, code, describe);
     if (compared.failure()) {
       return compared;
     }
+  }
+  MPI_Datatype datatype = DatatypeOf(x.element_type());
+  if (datatype == MPI_DATATYPE_NULL || OpOf(op) == MPI_OP_NULL) {  // (collectives.py refuses these)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "mpiallreduce.jax: a dtype or op the handler does not take");
   }
   size_t count = x.element_count();
   if (count > static_cast<size_t>(INT32_MAX)) {

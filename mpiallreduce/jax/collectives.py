@@ -59,6 +59,8 @@ def pmin(x, axis_name=None, *, axis_index_groups=None):
 
 
 def _named(x, op, axis_name, groups):
+    if isinstance(axis_name, tuple) and not axis_name:
+        return x  # (no axis: nothing to reduce over, as jax.lax.psum(x, ()))
     process_axes, jax_axes = _split_axes(axis_name)
     if jax_axes:  # (JAX's own mapped axes first: a local reduction, then the processes')
         if groups is not None:
@@ -109,8 +111,26 @@ def _communicator(process_axes, groups):
     return comm
 
 
+#: what the handler reduces as it is (_ffi.cc: DatatypeOf); bool and 16-bit floats are converted
+_TAKEN = {
+    np.dtype(t)
+    for t in (
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float32", "float64", "complex64", "complex128",
+    )
+}  # fmt: skip
+
+
 def _reduce(leaf, op, comm):
     leaf = jnp.asarray(leaf)
+    if leaf.dtype == jnp.bool_ and op != "mean":  # (as jax.lax: a sum counts, max/min stay bool)
+        counted = _reduce(leaf.astype(jnp.int32 if op == "sum" else jnp.uint8), op, comm)
+        return counted if op == "sum" else counted.astype(jnp.bool_)
+    wide = leaf.dtype in (jnp.float16, jnp.bfloat16)  # (summed in float32, rounded once)
+    if not wide and np.dtype(leaf.dtype) not in _TAKEN:  # (raised while tracing: every rank alike)
+        raise TypeError(
+            f"mpiallreduce.jax reduces bool, integer, float and complex arrays; got {leaf.dtype}"
+        )
     if op == "mean" and not jnp.issubdtype(leaf.dtype, jnp.inexact):
         raise TypeError(
             f"pmean of {leaf.dtype} values: a mean is taken of floating or complex arrays only "
@@ -119,9 +139,14 @@ def _reduce(leaf, op, comm):
     if jnp.issubdtype(leaf.dtype, jnp.complexfloating) and op in ("max", "min"):
         raise TypeError(f"p{op} of complex values: they have no order")
     size = comm.Get_size()  # (one rank too: the same call, its rules and its errors)
-    wide = leaf.dtype in (jnp.float16, jnp.bfloat16)  # (summed in float32, rounded once)
     value = leaf.astype(jnp.float32) if wide else leaf
-    result = allreduce_leaf(value, "max" if op == "max" else "min" if op == "min" else "sum", comm)
+    if leaf.size > 2**31 - 1:  # (one MPI count: a C int)
+        raise ValueError(
+            f"mpiallreduce.jax reduces at most 2^31 - 1 elements a call; got {leaf.size}"
+        )
+    result = allreduce_leaf(
+        value, "max" if op == "max" else "min" if op == "min" else "sum", comm, str(leaf.dtype)
+    )
     if op == "mean":
         result = result / np.asarray(size, dtype=result.dtype)
     return result.astype(leaf.dtype) if wide else result

@@ -79,26 +79,39 @@ allreduce_p = Primitive("mpiallreduce_allreduce")
 allreduce_p.def_impl(partial(dispatch.apply_primitive, allreduce_p))
 
 
-def _abstract(x, *, op, comm):
-    return x.update(weak_type=False), {EFFECT}
+def _abstract(x, *, op, comm, given):
+    return x, {EFFECT}  # (its weak type kept, as jax.lax.psum's)
 
 
 allreduce_p.def_effectful_abstract_eval(_abstract)
 
 
-def allreduce_leaf(x, op, comm):
+def allreduce_leaf(x, op, comm, given=None):
     """``x`` reduced by ``op`` ("sum", "max", "min") over ``comm``'s ranks (made ready on first
     use: collective, at trace time, on every rank alike)."""
     register()
-    for_jax = cached(comm, ("jax",), comm.Dup)  # (the library's and the user's calls never cross)
-    return allreduce_p.bind(x, op=op, comm=Communicator(for_jax))
+    # (the library's and the user's calls never cross; kept for the process's life, not freed
+    # with ``comm``: a compiled program holds its handle, which MPI would give a later one)
+    kept = cached(comm, ("jax",), lambda: _Kept(comm.Dup()))
+    given = str(x.dtype) if given is None else given  # (the user's dtype, where widened)
+    return allreduce_p.bind(x, op=op, comm=Communicator(kept.comm), given=given)
 
 
-def _lowering(ctx, x, *, op, comm):
+class _Kept:
+    """A communicator held for good (not a communicator to core.comms.cached, which frees those
+    with the one they were made for); every one made, listed, so none is collected either."""
+
+    made = []
+
+    def __init__(self, comm):
+        self.comm = comm
+        _Kept.made.append(comm)
+
+
+def _lowering(ctx, x, *, op, comm, given):
     (aval,) = ctx.avals_in
     token = ctx.tokens_in.get(EFFECT)
-    nbytes = int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
-    described = f"{op} of {tuple(aval.shape)} {aval.dtype} over {comm}"
+    described = f"{op} of {tuple(aval.shape)} {given} over {comm}"
     layout = tuple(range(len(aval.shape) - 1, -1, -1))
     call = mlir.custom_call(
         TARGET,
@@ -108,7 +121,8 @@ def _lowering(ctx, x, *, op, comm):
             "comm": mlir.ir_attribute(np.int64(comm.handle)),
             "op": mlir.ir_attribute(np.int64(OPS[op])),
             "code": mlir.ir_attribute(np.int64(digest(("jax", described)))),
-            "compare": mlir.ir_attribute(bool(0 <= settings().signature_min_bytes <= nbytes)),
+            # (by the setting alone, not the size: ranks whose sizes differ must all compare)
+            "compare": mlir.ir_attribute(bool(settings().signature_min_bytes >= 0)),
             "describe": mlir.ir_attribute(described),
         },
         has_side_effect=True,
@@ -124,7 +138,7 @@ def _lowering(ctx, x, *, op, comm):
 mlir.register_lowering(allreduce_p, _lowering, platform="cpu")
 
 
-def _on_a_gpu(ctx, x, *, op, comm):
+def _on_a_gpu(ctx, x, **params):
     raise NotImplementedError(
         "mpiallreduce.jax reduces host (CPU) arrays inside jit; this call was lowered for a GPU, "
         "which it has no handler for yet (docs/jax.md, 'Not yet'): place the arrays on the CPU "
@@ -137,30 +151,31 @@ for _platform in ("cuda", "rocm"):
     mlir.register_lowering(allreduce_p, _on_a_gpu, platform=_platform)
 
 
-def _batched(args, dims, *, op, comm):
+def _batched(args, dims, **params):
     (x,), (dim,) = args, dims
-    return allreduce_p.bind(x, op=op, comm=comm), dim  # (elementwise: the batch rides along)
+    return allreduce_p.bind(x, **params), dim  # (elementwise: the batch rides along)
 
 
 batching.primitive_batchers[allreduce_p] = _batched
 
 
-def _jvp(primals, tangents, *, op, comm):
+def _jvp(primals, tangents, **params):
+    op = params["op"]
     if op != "sum":  # (JAX's own collectives have none for pmax, pmin: neither has this one)
         raise NotImplementedError(
             f"Differentiation rule for '{allreduce_p.name}' (op={op}) not implemented"
         )
     (x,), (t,) = primals, tangents
-    value = allreduce_p.bind(x, op=op, comm=comm)
+    value = allreduce_p.bind(x, **params)
     if type(t) is ad.Zero:
         return value, t
-    return value, allreduce_p.bind(t, op=op, comm=comm)
+    return value, allreduce_p.bind(t, **params)
 
 
-def _transpose(cotangent, x, *, op, comm):
+def _transpose(cotangent, x, **params):
     if type(cotangent) is ad.Zero:
         return [cotangent]
-    return [allreduce_p.bind(cotangent, op=op, comm=comm)]  # (a sum's transpose: a sum)
+    return [allreduce_p.bind(cotangent, **params)]  # (a sum's transpose: a sum)
 
 
 ad.primitive_jvps[allreduce_p] = _jvp

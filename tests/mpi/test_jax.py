@@ -214,3 +214,54 @@ def test_bad_input_is_an_error_on_every_rank():
             jax.jit(lambda v: mj.psum(v, "model"))(data(RANK))
         with pytest.raises(ValueError, match="group"):
             mj.psum(data(RANK), "data", axis_index_groups=[[0], [0]])
+
+
+def test_bool_and_16_bit_and_unusual_dtypes_as_jax_has_them():
+    """bool: a psum counts (int32), pmax/pmin stay bool; float16 and float32 calls on different
+    ranks differ (the 16-bit one is widened, but compared as itself); a dtype the handler does not
+    take (float8) is refused while tracing, on every rank alike."""
+    flags = lambda r: (jnp.arange(5) + r) % 3 == 0  # noqa: E731
+    for name in ("psum", "pmax", "pmin"):
+        got, want = ours_and_pmap(
+            jax.jit(getattr(mj, name)), lambda v, n=name: getattr(jax.lax, n)(v, "i"), flags
+        )
+        assert got.dtype == want.dtype and np.array_equal(got, want), (name, got, want)
+    with pytest.raises(TypeError, match="float8"):
+        mj.psum(jnp.ones(3, jnp.float8_e4m3fn))
+    if SIZE > 1:
+        x = jnp.ones(3, jnp.float16 if RANK == 0 else jnp.float32)
+        with pytest.raises(Exception, match=r"rank 0: sum of \(3,\) float16"):
+            np.asarray(jax.jit(mj.psum)(x))
+
+
+def test_no_axis_reduces_nothing_and_weak_types_stay_weak():
+    np.testing.assert_array_equal(mj.psum(data(RANK), ()), data(RANK))
+    weak = jax.jit(mj.psum)(2.0)  # (a Python float: weakly typed, as lax.psum keeps it)
+    assert weak.weak_type and (weak + jnp.ones(2, jnp.float16)).dtype == jnp.float16
+
+
+def test_the_signature_is_compared_whatever_the_size_threshold(use_settings):
+    """With MPIALLREDUCE_SIGNATURE_MIN_BYTES above one rank's size and below another's, every rank
+    still compares (a rank that did not would run its data against the others' comparison)."""
+    if SIZE == 1:
+        pytest.skip("one rank cannot differ from itself")
+    use_settings(signature_min_bytes=64)
+    x = data(RANK, 4 if RANK == 0 else 40)
+    with pytest.raises(Exception, match="SignatureMismatch"):
+        np.asarray(jax.jit(mj.psum)(x))
+    use_settings(signature_min_bytes=0)
+    np.testing.assert_array_equal(mj.psum(data(RANK)), sum(data(r) for r in range(SIZE)))
+
+
+def test_a_compiled_call_keeps_its_ranks_after_their_communicator_is_freed():
+    """The program holds its communicator's handle: a duplicate freed with the user's
+    communicator would hand that handle to the next one made (the ranks alone, here)."""
+    comm = WORLD.Dup()
+    f = jax.jit(lambda v: mj.allreduce(v, comm=comm))
+    want = sum(data(r) for r in range(SIZE))
+    np.testing.assert_array_equal(f(data(RANK)), want)
+    comm.Free()
+    alone = [WORLD.Split(RANK, 0).Dup() for _ in range(3)]  # (new communicators, one rank each)
+    np.testing.assert_array_equal(f(data(RANK)), want)
+    for c in alone:
+        c.Free()
