@@ -96,9 +96,13 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
     }
   }
   MPI_Datatype datatype = DatatypeOf(x.element_type());
-  if (datatype == MPI_DATATYPE_NULL || OpOf(op) == MPI_OP_NULL) {  // (collectives.py refuses these)
+  if (OpOf(op) == MPI_OP_NULL) {  // (a call refused on every rank alike: its reason, compared)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "mpiallreduce.jax: a dtype or op the handler does not take");
+                      "mpiallreduce.jax: " + std::string(describe));
+  }
+  if (datatype == MPI_DATATYPE_NULL) {  // (collectives.py refuses these first)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "mpiallreduce.jax: a dtype the handler does not take");
   }
   size_t count = x.element_count();
   if (count > static_cast<size_t>(INT32_MAX)) {

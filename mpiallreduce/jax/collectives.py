@@ -10,8 +10,9 @@
     pmean, pmax, pmin   the same, mean / max / min
     allreduce(x, op="sum", comm=None)   over ``comm``'s ranks (COMM_WORLD if None)
 
-Every check that can fail is made while tracing, on every rank alike (the same program traces the
-same calls): an unknown axis, groups that do not partition the axis, an integer mean.
+An unknown axis and groups that do not partition the axis raise while tracing (the mesh is the
+same on every rank). A call one rank cannot make (an integer mean, a dtype the handler does not
+take) is handed to the handler as refused: compared like any call, raised on every rank.
 """
 
 import jax
@@ -121,29 +122,38 @@ _TAKEN = {
 }  # fmt: skip
 
 
+def _refused(leaf, op, wide):
+    """Why this rank cannot make this call, or None. Not raised here: a rank alone would leave
+    its peers waiting in the call's comparison; the handler compares this text as the call's
+    signature and raises it on every rank (or SignatureMismatch, where the others' calls differ)."""
+    if not wide and np.dtype(leaf.dtype) not in _TAKEN:
+        return (
+            "refused: mpiallreduce.jax reduces bool, integer, float and complex arrays; "
+            f"got {leaf.dtype}"
+        )
+    if op == "mean" and not jnp.issubdtype(leaf.dtype, jnp.inexact):
+        return (
+            f"refused: pmean of {leaf.dtype} values: a mean is taken of floating or complex "
+            "arrays only (psum them, then divide as you mean to round)"
+        )
+    if jnp.issubdtype(leaf.dtype, jnp.complexfloating) and op in ("max", "min"):
+        return f"refused: p{op} of complex values: they have no order"
+    if leaf.size > 2**31 - 1:  # (one MPI count: a C int)
+        return f"refused: at most 2^31 - 1 elements a call; got {leaf.size}"
+    return None
+
+
 def _reduce(leaf, op, comm):
     leaf = jnp.asarray(leaf)
     if leaf.dtype == jnp.bool_ and op != "mean":  # (as jax.lax: a sum counts, max/min stay bool)
         counted = _reduce(leaf.astype(jnp.int32 if op == "sum" else jnp.uint8), op, comm)
         return counted if op == "sum" else counted.astype(jnp.bool_)
     wide = leaf.dtype in (jnp.float16, jnp.bfloat16)  # (summed in float32, rounded once)
-    if not wide and np.dtype(leaf.dtype) not in _TAKEN:  # (raised while tracing: every rank alike)
-        raise TypeError(
-            f"mpiallreduce.jax reduces bool, integer, float and complex arrays; got {leaf.dtype}"
-        )
-    if op == "mean" and not jnp.issubdtype(leaf.dtype, jnp.inexact):
-        raise TypeError(
-            f"pmean of {leaf.dtype} values: a mean is taken of floating or complex arrays only "
-            "(psum them, then divide as you mean to round)"
-        )
-    if jnp.issubdtype(leaf.dtype, jnp.complexfloating) and op in ("max", "min"):
-        raise TypeError(f"p{op} of complex values: they have no order")
+    refused = _refused(leaf, op, wide)
+    if refused is not None:  # (told to the peers by the handler's comparison: every rank raises)
+        return allreduce_leaf(leaf, "refused", comm, refused)
     size = comm.Get_size()  # (one rank too: the same call, its rules and its errors)
     value = leaf.astype(jnp.float32) if wide else leaf
-    if leaf.size > 2**31 - 1:  # (one MPI count: a C int)
-        raise ValueError(
-            f"mpiallreduce.jax reduces at most 2^31 - 1 elements a call; got {leaf.size}"
-        )
     result = allreduce_leaf(
         value, "max" if op == "max" else "min" if op == "min" else "sum", comm, str(leaf.dtype)
     )

@@ -34,8 +34,9 @@ from .handler import TARGET, register
 
 __all__ = ["allreduce_leaf", "allreduce_p", "OPS"]
 
-#: the ops the handler takes, by its number for them (_ffi.cc: OpOf)
-OPS = {"sum": 0, "max": 1, "min": 2}
+#: the ops the handler takes, by its number for them (_ffi.cc: OpOf); "refused": a call this rank
+#: cannot make, compared like any other, then raised on every rank with its reason (``given``)
+OPS = {"sum": 0, "max": 1, "min": 2, "refused": -1}
 
 
 class MpiEffect(effects.Effect):
@@ -111,7 +112,7 @@ class _Kept:
 def _lowering(ctx, x, *, op, comm, given):
     (aval,) = ctx.avals_in
     token = ctx.tokens_in.get(EFFECT)
-    described = f"{op} of {tuple(aval.shape)} {given} over {comm}"
+    described = given if op == "refused" else f"{op} of {tuple(aval.shape)} {given} over {comm}"
     layout = tuple(range(len(aval.shape) - 1, -1, -1))
     call = mlir.custom_call(
         TARGET,
@@ -121,8 +122,11 @@ def _lowering(ctx, x, *, op, comm, given):
             "comm": mlir.ir_attribute(np.int64(comm.handle)),
             "op": mlir.ir_attribute(np.int64(OPS[op])),
             "code": mlir.ir_attribute(np.int64(digest(("jax", described)))),
-            # (by the setting alone, not the size: ranks whose sizes differ must all compare)
-            "compare": mlir.ir_attribute(bool(settings().signature_min_bytes >= 0)),
+            # (by the setting alone, not the size: ranks whose sizes differ must all compare; a
+            # refused call always, so that its peers learn of it)
+            "compare": mlir.ir_attribute(
+                bool(op == "refused" or settings().signature_min_bytes >= 0)
+            ),
             "describe": mlir.ir_attribute(described),
         },
         has_side_effect=True,
