@@ -102,7 +102,7 @@ setup(
         "torch": ["torch>=2.1", "ml_dtypes>=0.3"],
         "test": [
             "pytest>=7",
-            "ruff>=0.6",
+            "ruff>=0.17,<0.18",  # (its format, checked by tests/test_layers.py: one style)
             "pytest-mpi>=0.6",
             "pytest-timeout>=2.1",
             "matplotlib>=3.5",
