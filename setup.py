@@ -87,7 +87,10 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mpiallreduce", "mpiallreduce.*"]),
-    package_data={"mpiallreduce": ["data/*.json"], "mpiallreduce.jax": ["_ffi.cc"]},
+    package_data={
+        "mpiallreduce": ["data/*.json"],
+        "mpiallreduce.jax": ["_ffi.cc", "_ffi_waits.h", "_ffi_algorithms.h"],
+    },
     ext_modules=COMPILED,
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.10",

@@ -45,6 +45,7 @@ __all__ = [
     "DONE",
     "FAILED",
     "ABANDONED",
+    "add_source",
 ]
 
 QUEUED, RUNNING, DONE, FAILED, ABANDONED = "queued", "running", "done", "failed", "abandoned"
@@ -88,6 +89,16 @@ class Described(dict):
 
 _recorder = None
 _dumping = threading.Lock()
+#: more entries for a dump, kept outside the ring buffer (mpiallreduce.jax: its handler's record
+#: of the calls compiled programs made); each a function giving entry fields as _entry_fields does
+_sources = []
+
+
+def add_source(entries):
+    """Add ``entries()`` (a list of dicts of entry fields, times as wall-clock seconds) to every
+    dump of this process (once per function)."""
+    if entries not in _sources:
+        _sources.append(entries)
 
 
 def recorder():
@@ -219,6 +230,16 @@ def _entry_fields(entry, offset):
     return fields
 
 
+def _entries_from_sources():
+    entries = []
+    for source in _sources:
+        try:
+            entries.extend(source())
+        except Exception as error:  # noqa: BLE001 - a dump must not fail on one source
+            print(f"mpiallreduce: a flight recorder source failed: {error}", file=sys.stderr)
+    return entries
+
+
 def trace_dir():
     return settings().trace_dir or os.path.join(os.getcwd(), "mpiallreduce-trace")
 
@@ -246,9 +267,11 @@ def dump(reason="on demand", directory=None):
                 "job": os.environ.get("SLURM_JOB_ID") or os.environ.get("PMIX_NAMESPACE") or "",
                 "reason": reason,
                 "dumped": time.time(),
-                "entries": [
-                    _entry_fields(e, offset) for e in current.last() if e[STATE] != WITHDRAWN
-                ],
+                "entries": sorted(
+                    [_entry_fields(e, offset) for e in current.last() if e[STATE] != WITHDRAWN]
+                    + _entries_from_sources(),
+                    key=lambda fields: fields["queued"],
+                ),
             }
             path = os.path.join(directory, f"rank{rank}.json")
             partial = f"{path}.{os.getpid()}.partial"

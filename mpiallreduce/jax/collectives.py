@@ -28,15 +28,18 @@ __all__ = ["allreduce", "psum", "pmean", "pmax", "pmin"]
 _OPS = ("sum", "mean", "max", "min")
 
 
-def allreduce(x, op="sum", comm=None):
+def allreduce(x, op="sum", comm=None, *, algorithm="auto", timeout=None):
     """Reduce every leaf of the pytree ``x`` elementwise over ``comm``'s ranks (COMM_WORLD if None):
-    "sum", "mean", "max" or "min"; eagerly or traced (jit, vmap, grad)."""
+    "sum", "mean", "max" or "min"; eagerly or traced (jit, vmap, grad). ``algorithm``: "auto" (the
+    planner's choice: mpiallreduce.jax.choice) or one the handler has; ``timeout``: seconds (None:
+    the MPIALLREDUCE_TIMEOUT setting), after which the call raises on every rank naming the late
+    one."""
     if op not in _OPS:
         raise ValueError(f"op must be one of {_OPS}, got {op!r}")
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
-    return jax.tree_util.tree_map(lambda leaf: _reduce(leaf, op, comm), x)
+    return jax.tree_util.tree_map(lambda leaf: _reduce(leaf, op, comm, algorithm, timeout), x)
 
 
 def psum(x, axis_name=None, *, axis_index_groups=None):
@@ -143,19 +146,25 @@ def _refused(leaf, op, wide):
     return None
 
 
-def _reduce(leaf, op, comm):
+def _reduce(leaf, op, comm, algorithm="auto", timeout=None):
     leaf = jnp.asarray(leaf)
     if leaf.dtype == jnp.bool_ and op != "mean":  # (as jax.lax: a sum counts, max/min stay bool)
-        counted = _reduce(leaf.astype(jnp.int32 if op == "sum" else jnp.uint8), op, comm)
+        wider = leaf.astype(jnp.int32 if op == "sum" else jnp.uint8)
+        counted = _reduce(wider, op, comm, algorithm, timeout)
         return counted if op == "sum" else counted.astype(jnp.bool_)
     wide = leaf.dtype in (jnp.float16, jnp.bfloat16)  # (summed in float32, rounded once)
     refused = _refused(leaf, op, wide)
     if refused is not None:  # (told to the peers by the handler's comparison: every rank raises)
-        return allreduce_leaf(leaf, "refused", comm, refused)
+        return allreduce_leaf(leaf, "refused", comm, refused, timeout=timeout)
     size = comm.Get_size()  # (one rank too: the same call, its rules and its errors)
     value = leaf.astype(jnp.float32) if wide else leaf
     result = allreduce_leaf(
-        value, "max" if op == "max" else "min" if op == "min" else "sum", comm, str(leaf.dtype)
+        value,
+        "max" if op == "max" else "min" if op == "min" else "sum",
+        comm,
+        str(leaf.dtype),
+        algorithm,
+        timeout,
     )
     if op == "mean":
         result = result / np.asarray(size, dtype=result.dtype)

@@ -29,8 +29,10 @@ from jax.interpreters import ad, batching
 from ..core.comms import cached
 from ..core.consistency import digest
 from ..core.settings import settings
-from ..faults.recorder import world_ranks
+from ..faults.recorder import named_members
+from .choice import HANDLER_ALGORITHMS, choose
 from .handler import TARGET, register
+from .records import name_communicator, site
 
 __all__ = ["allreduce_leaf", "allreduce_p", "OPS"]
 
@@ -60,11 +62,11 @@ for _kind in (
 class Communicator:
     """The call's communicator as a primitive parameter: hashable, compared by handle."""
 
-    __slots__ = ("comm", "handle", "size", "name")
+    __slots__ = ("comm", "handle", "size", "name", "trace_id")
 
-    def __init__(self, comm):
-        self.comm, self.handle, self.size = comm, comm.handle, comm.Get_size()
-        self.name = ",".join(map(str, world_ranks(comm)))
+    def __init__(self, kept):
+        self.comm, self.handle, self.size = kept.comm, kept.comm.handle, kept.comm.Get_size()
+        self.name, self.trace_id = ",".join(map(str, kept.members)), kept.trace_id
 
     def __hash__(self):
         return self.handle  # (an int: its own hash)
@@ -80,22 +82,36 @@ allreduce_p = Primitive("mpiallreduce_allreduce")
 allreduce_p.def_impl(partial(dispatch.apply_primitive, allreduce_p))
 
 
-def _abstract(x, *, op, comm, given):
+def _abstract(x, *, op, comm, given, algorithm, timeout):
     return x, {EFFECT}  # (its weak type kept, as jax.lax.psum's)
 
 
 allreduce_p.def_effectful_abstract_eval(_abstract)
 
 
-def allreduce_leaf(x, op, comm, given=None):
+def allreduce_leaf(x, op, comm, given=None, algorithm="auto", timeout=None):
     """``x`` reduced by ``op`` ("sum", "max", "min") over ``comm``'s ranks (made ready on first
-    use: collective, at trace time, on every rank alike)."""
+    use: collective, at trace time, on every rank alike), by the handler's algorithm for it
+    (mpiallreduce.jax.choice), within ``timeout`` seconds (None: the MPIALLREDUCE_TIMEOUT
+    setting; 0 or None there: no deadline)."""
     register()
     # (the library's and the user's calls never cross; kept for the process's life, not freed
     # with ``comm``: a compiled program holds its handle, which MPI would give a later one)
     kept = cached(comm, ("jax",), lambda: _Kept(comm.Dup()))
     given = str(x.dtype) if given is None else given  # (the user's dtype, where widened)
-    return allreduce_p.bind(x, op=op, comm=Communicator(kept.comm), given=given)
+    if op == "refused":  # (compared, then raised: no data moves)
+        choice = "mpi"
+    else:
+        choice = choose(kept.comm, x.dtype, x.size * x.dtype.itemsize, op, algorithm).name
+    timeout = settings().timeout if timeout is None else timeout
+    return allreduce_p.bind(
+        x,
+        op=op,
+        comm=Communicator(kept),
+        given=given,
+        algorithm=choice,
+        timeout=float(timeout or 0.0),
+    )
 
 
 class _Kept:
@@ -106,13 +122,29 @@ class _Kept:
 
     def __init__(self, comm):
         self.comm = comm
+        self.members, self.trace_id = named_members(comm)  # (the recorder's names)
+        self.trace_id = f"jax {self.trace_id}"
+        name_communicator(self.trace_id, self.members, comm.Get_rank())
         _Kept.made.append(comm)
 
 
-def _lowering(ctx, x, *, op, comm, given):
+def _lowering(ctx, x, *, op, comm, given, algorithm, timeout):
     (aval,) = ctx.avals_in
     token = ctx.tokens_in.get(EFFECT)
-    described = given if op == "refused" else f"{op} of {tuple(aval.shape)} {given} over {comm}"
+    described = (
+        given
+        if op == "refused"
+        else f"{op} of {tuple(aval.shape)} {given} over {comm} by {algorithm}"
+        + (" timed" if timeout > 0 else "")
+    )
+    code = digest(("jax", described))
+    site(
+        code,
+        shape=list(aval.shape),
+        dtype=given if op != "refused" else str(aval.dtype),
+        op=op,
+        in_place=True,
+    )
     layout = tuple(range(len(aval.shape) - 1, -1, -1))
     call = mlir.custom_call(
         TARGET,
@@ -121,13 +153,16 @@ def _lowering(ctx, x, *, op, comm, given):
         backend_config={
             "comm": mlir.ir_attribute(np.int64(comm.handle)),
             "op": mlir.ir_attribute(np.int64(OPS[op])),
-            "code": mlir.ir_attribute(np.int64(digest(("jax", described)))),
+            "code": mlir.ir_attribute(np.int64(code)),
             # (by the setting alone, not the size: ranks whose sizes differ must all compare; a
             # refused call always, so that its peers learn of it)
             "compare": mlir.ir_attribute(
                 bool(op == "refused" or settings().signature_min_bytes >= 0)
             ),
             "describe": mlir.ir_attribute(described),
+            "algorithm": mlir.ir_attribute(np.int64(HANDLER_ALGORITHMS[algorithm])),
+            "timeout": mlir.ir_attribute(np.float64(timeout)),
+            "comm_name": mlir.ir_attribute(comm.trace_id),
         },
         has_side_effect=True,
         api_version=4,

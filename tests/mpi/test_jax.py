@@ -278,3 +278,119 @@ def test_a_compiled_call_keeps_its_ranks_after_their_communicator_is_freed():
     np.testing.assert_array_equal(f(data(RANK)), want)
     for c in alone:
         c.Free()
+
+
+HANDLER = ("mpi", "exchange", "ring", "recursive_doubling", "reduce_bcast")
+#: docs/jax.md's table: what the handler runs for the planner's choice (the rest: mpi)
+RUNS = {
+    "dissemination": "exchange",
+    "ring_pipelined": "ring",
+    "rabenseifner": "ring",
+    "pairwise_exchange": "ring",
+    **{name: name for name in HANDLER},
+}
+
+
+def same_bits_everywhere(result):
+    """Every rank's result, gathered: the same bytes on every rank."""
+    mine = np.asarray(result).tobytes()
+    return all(theirs == mine for theirs in WORLD.allgather(mine))
+
+
+@pytest.mark.parametrize("algorithm", HANDLER)
+def test_each_handler_algorithm_matches_numpy_at_every_size(algorithm):
+    """Each algorithm of the handler, named, at sizes that split unevenly over the ranks (and
+    none), for each op and kind of dtype: numpy's reduction of every rank's input, the same bits
+    on every rank."""
+    cases = [("sum", jnp.float32), ("max", jnp.int64), ("min", jnp.float64), ("sum", jnp.complex64)]
+    for n in (0, 1, 5, 1001, 40000):
+        for op, dtype in cases:
+            make = lambda r, n=n, dtype=dtype: data(r, n, dtype)  # noqa: E731
+            f = jax.jit(lambda v, op=op: mj.allreduce(v, op=op, algorithm=algorithm))
+            got = f(make(RANK))
+            every = np.stack([np.asarray(make(r)) for r in range(SIZE)])
+            want = {"sum": every.sum(0), "max": every.max(0), "min": every.min(0)}[op]
+            np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{op} {dtype} n={n}")
+            assert same_bits_everywhere(got), (algorithm, op, dtype, n)
+
+
+def test_auto_runs_the_planners_choice_mapped_onto_the_handlers(use_settings):
+    """A small compared call carries its signature (exchange); one not compared runs MPI's own;
+    a large one runs what the planner picks for an in-place numpy call of its size (describe_call),
+    mapped as docs/jax.md's table says."""
+    if SIZE == 1:
+        pytest.skip("one rank runs no algorithm")
+    from mpiallreduce.jax.handler import trace_records
+
+    def ran(x):
+        before = trace_records()[-1]["call"] if trace_records() else None
+        np.asarray(jax.jit(mj.psum)(x))
+        last = trace_records()[-1]
+        assert last["call"] != before or before is None
+        return last["algorithm"]
+
+    assert ran(jnp.ones(1)) == "exchange"
+    use_settings(signature_min_bytes=-1)
+    assert ran(jnp.ones(2)) == "mpi"
+    use_settings(signature_min_bytes=0)
+    for n in (1 << 20, 1 << 22):
+        x = np.zeros(n, np.float32)
+        planned = mar.describe_call(x, out=x).split()[0]
+        assert ran(jnp.ones(n)) == RUNS.get(planned, "mpi"), (n, planned)
+
+
+def test_a_late_rank_is_named_and_every_rank_raises_then_the_communicator_stays_broken():
+    """Timed calls end alike: the ranks that came wait the timeout and name the late rank
+    (AllreduceTimeout); the late rank learns that they gave up (AllreduceAborted naming them);
+    no rank returns a result; later calls on that communicator raise at once everywhere."""
+    if SIZE == 1:
+        pytest.skip("one rank cannot be late for itself")
+    import time
+
+    comm = WORLD.Dup()
+    f = jax.jit(lambda v: mj.allreduce(v, comm=comm, timeout=1.0))
+    np.testing.assert_array_equal(f(data(RANK)), sum(data(r) for r in range(SIZE)))
+    late = SIZE - 1
+    if late == RANK:
+        time.sleep(2.5)
+    with pytest.raises(Exception) as raised:
+        np.asarray(f(data(RANK)))
+    if late == RANK:
+        assert "AllreduceAborted" in str(raised.value), raised.value
+        assert f"rank(s) {', '.join(map(str, range(SIZE - 1)))} gave the call up" in str(
+            raised.value
+        )
+    else:
+        assert f"AllreduceTimeout: rank {RANK}: rank(s) {late} did not arrive" in str(raised.value)
+    WORLD.Barrier()
+    with pytest.raises(Exception, match="an earlier mpiallreduce.jax call on this communicator"):
+        np.asarray(f(data(RANK)))
+    np.testing.assert_array_equal(mj.psum(data(RANK)), sum(data(r) for r in range(SIZE)))
+
+
+def test_the_flight_recorder_dumps_the_compiled_calls(use_settings, tmp_path_factory):
+    """The handler's records reach the recorder's dump: each compiled call with its shape, dtype,
+    op, algorithm and state, and a mismatch as a failed call that ``mpiallreduce trace`` names."""
+    use_settings(trace_entries=64)
+    folder = WORLD.bcast(str(tmp_path_factory.mktemp("jax-trace")) if RANK == 0 else None)
+    np.asarray(jax.jit(mj.pmax)(data(RANK, 9)))
+    if SIZE > 1:
+        with pytest.raises(Exception, match="SignatureMismatch"):
+            np.asarray(jax.jit(mj.psum)(data(RANK, 5 if RANK == 0 else 6)))
+    import json
+
+    path = mar.dump_trace(directory=folder)
+    with open(path) as dumped:
+        entries = [e for e in json.load(dumped)["entries"] if e["comm_id"].startswith("jax ")]
+    maxed = [e for e in entries if e.get("op") == "max" and e["shape"] == [9]]
+    assert maxed and maxed[-1]["state"] == "done" and maxed[-1]["dtype"] == "float32"
+    assert maxed[-1]["algorithm"] in HANDLER and maxed[-1]["comm"] == list(range(SIZE))
+    if SIZE > 1:
+        failed = entries[-1]
+        assert failed["state"] == "failed" and failed["error"]["type"] == "SignatureMismatch"
+        WORLD.Barrier()
+        if RANK == 0:
+            from mpiallreduce.tools.trace import analyze, load_dumps
+
+            report = "\n".join(analyze(load_dumps(folder)).lines)
+            assert "different signatures" in report, report

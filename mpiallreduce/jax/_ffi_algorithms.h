@@ -1,0 +1,290 @@
+// The algorithms the XLA FFI handler (_ffi.cc) runs, one per section, each on a Job: the call's
+// buffer ``out`` (holding this rank's input at the start, the result at the end), its
+// communicator, its tags and its deadline. Which one runs is the project's choice, made in Python
+// when the call is traced (mpiallreduce/jax/primitive.py: the planner's ``auto``, mapped onto
+// these). Every wait has the deadline; where it passes, the Outcome names the peer waited on.
+// Each result is the same bits on every rank (each element reduced once, or in rank order).
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "_ffi_waits.h"
+
+namespace mpiallreduce_jax {
+
+struct Job {
+  MPI_Comm comm;
+  int rank, size, tag;
+  ffi::DataType type;
+  MPI_Datatype datatype;
+  int64_t op;
+  size_t count, width;  // elements, bytes each
+  char *out;
+  double deadline;
+};
+
+struct Outcome {
+  Waited how = Waited::kDone;
+  int error = MPI_SUCCESS;
+  int late = -1;  // the peer waited on when the deadline passed (-1: MPI's collective, unknown)
+};
+
+// A given-up call's requests: cancelled, then waited for a second (a cancelled request completes);
+// any still pending (a message already matched, a send under way) freed, and true returned: the
+// caller keeps its buffers alive for good (Graveyard), since MPI may yet write them.
+inline bool Leave(int count, MPI_Request *requests) {
+  bool any = false;
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] != MPI_REQUEST_NULL) {
+      MPI_Cancel(&requests[i]);
+      any = true;
+    }
+  }
+  if (!any) return false;
+  int error = MPI_SUCCESS;
+  if (Wait(count, requests, Now() + 1.0, &error) == Waited::kDone) return false;
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests[i]);
+  }
+  return true;
+}
+
+// Buffers that MPI may still write (Leave returned true): never freed.
+inline void Graveyard(std::vector<char> &&buffer) {
+  static std::vector<std::vector<char>> *kept = new std::vector<std::vector<char>>();
+  kept->push_back(std::move(buffer));
+}
+
+// One exchange with peers ``to`` (send) and ``from`` (receive), waited for.
+inline Outcome Exchange(const Job &job, const void *send, size_t send_count, int to, void *receive,
+                        size_t receive_count, int from) {
+  Outcome outcome;
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  outcome.error = receive ? MPI_Irecv(receive, static_cast<int>(receive_count), job.datatype,
+                                      from, job.tag, job.comm, &requests[0])
+                          : MPI_SUCCESS;
+  if (outcome.error == MPI_SUCCESS && send) {
+    outcome.error = MPI_Isend(send, static_cast<int>(send_count), job.datatype, to, job.tag,
+                              job.comm, &requests[1]);
+  }
+  if (outcome.error == MPI_SUCCESS) {
+    outcome.how = Wait(2, requests, job.deadline, &outcome.error);
+  } else {
+    outcome.how = Waited::kError;
+  }
+  if (outcome.how != Waited::kDone) {
+    outcome.late = receive ? from : to;
+    Leave(2, requests);  // (the buffers: the job's and its algorithm's, kept by RunRing & co.)
+  }
+  return outcome;
+}
+
+// ---- mpi: MPI's own allreduce, in place ------------------------------------------------------
+//     every rank --MPI_Allreduce(IN_PLACE)--> every rank    (untimed: the blocking call itself;
+//                                                            timed: MPI_Iallreduce, waited for)
+inline Outcome RunMpi(const Job &job) {
+  Outcome outcome;
+  MPI_Op op = job.op == kSum ? MPI_SUM : job.op == kMax ? MPI_MAX : MPI_MIN;
+  if (job.deadline == kNever) {
+    outcome.error = MPI_Allreduce(MPI_IN_PLACE, job.out, static_cast<int>(job.count),
+                                  job.datatype, op, job.comm);
+    outcome.how = outcome.error == MPI_SUCCESS ? Waited::kDone : Waited::kError;
+    return outcome;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  outcome.error = MPI_Iallreduce(MPI_IN_PLACE, job.out, static_cast<int>(job.count), job.datatype,
+                                 op, job.comm, &request);
+  outcome.how = outcome.error == MPI_SUCCESS ? Wait(1, &request, job.deadline, &outcome.error)
+                                             : Waited::kError;
+  return outcome;  // (a late collective's request is left: MPI cannot cancel one)
+}
+
+// ---- reduce_bcast: a reduce to rank 0, then its broadcast -------------------------------------
+//     step 1:  every rank --MPI_Reduce--> rank 0
+//     step 2:  rank 0 --MPI_Bcast--> every rank
+inline Outcome RunReduceBcast(const Job &job) {
+  Outcome outcome;
+  MPI_Op op = job.op == kSum ? MPI_SUM : job.op == kMax ? MPI_MAX : MPI_MIN;
+  MPI_Request request = MPI_REQUEST_NULL;
+  int count = static_cast<int>(job.count);
+  outcome.error = MPI_Ireduce(job.rank == 0 ? MPI_IN_PLACE : job.out, job.out, count,
+                              job.datatype, op, 0, job.comm, &request);
+  if (outcome.error == MPI_SUCCESS) {
+    outcome.how = Wait(1, &request, job.deadline, &outcome.error);
+  }
+  if (outcome.error == MPI_SUCCESS && outcome.how == Waited::kDone) {
+    outcome.error = MPI_Ibcast(job.out, count, job.datatype, 0, job.comm, &request);
+    if (outcome.error == MPI_SUCCESS) {
+      outcome.how = Wait(1, &request, job.deadline, &outcome.error);
+    }
+  }
+  if (outcome.error != MPI_SUCCESS) {
+    outcome.how = Waited::kError;
+  }
+  return outcome;
+}
+
+// ---- ring: a reduce-scatter, then an allgather, around the ring ---------------------------------
+//     segments 0..p-1 of the buffer; rank r sends to r+1 and receives from r-1, p-1 steps each:
+//     reduce-scatter, step s:  send segment r-s, receive r-s-1 and reduce it into its own
+//                              (after p-1 steps, rank r holds segment r+1 reduced by all)
+//     allgather, step s:       send segment r+1-s, receive segment r-s into place
+inline Outcome RunRing(const Job &job) {
+  const int p = job.size, r = job.rank, left = (r - 1 + p) % p, right = (r + 1) % p;
+  const size_t base = job.count / p, extra = job.count % p;
+  auto start = [&](int i) { return i * base + std::min<size_t>(i, extra); };
+  auto length = [&](int i) { return base + (static_cast<size_t>(i) < extra ? 1 : 0); };
+  std::vector<char> incoming((base + 1) * job.width);
+  for (int s = 0; s < p - 1; ++s) {
+    int sent = ((r - s) % p + p) % p, received = ((r - s - 1) % p + p) % p;
+    Outcome outcome = Exchange(job, job.out + start(sent) * job.width, length(sent), right,
+                               incoming.data(), length(received), left);
+    if (outcome.how != Waited::kDone) {
+      Graveyard(std::move(incoming));  // (a receive MPI may yet complete: kept)
+      return outcome;
+    }
+    Combine(job.type, job.op, job.out + start(received) * job.width, incoming.data(),
+            length(received));
+  }
+  for (int s = 0; s < p - 1; ++s) {
+    int sent = ((r + 1 - s) % p + p) % p, received = ((r - s) % p + p) % p;
+    Outcome outcome = Exchange(job, job.out + start(sent) * job.width, length(sent), right,
+                               job.out + start(received) * job.width, length(received), left);
+    if (outcome.how != Waited::kDone) {
+      return outcome;
+    }
+  }
+  return Outcome{};
+}
+
+// ---- recursive_doubling: whole buffers exchanged with partners 1, 2, 4, ... apart ---------------
+//     p not a power of two (p = 2^k + m): ranks 0..2m-1 pair up first, the even one's buffer
+//     going to the odd one, which goes on as one of the 2^k; at the end the odd one sends the
+//     result back. Round j: rank (renumbered) n exchanges with n xor 2^j and reduces (each pair
+//     computes a op b, the same bits on both sides).
+inline Outcome RunRecursiveDoubling(const Job &job) {
+  const int p = job.size, r = job.rank;
+  int pof2 = 1;
+  while (pof2 * 2 <= p) pof2 *= 2;
+  const int rem = p - pof2;
+  std::vector<char> incoming(job.count * job.width);
+  int renumbered;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      Outcome outcome = Exchange(job, job.out, job.count, r + 1, nullptr, 0, -1);
+      if (outcome.how != Waited::kDone) {
+        return outcome;
+      }
+      renumbered = -1;
+    } else {
+      Outcome outcome = Exchange(job, nullptr, 0, -1, incoming.data(), job.count, r - 1);
+      if (outcome.how != Waited::kDone) {
+        Graveyard(std::move(incoming));
+        return outcome;
+      }
+      Combine(job.type, job.op, job.out, incoming.data(), job.count);
+      renumbered = r / 2;
+    }
+  } else {
+    renumbered = r - rem;
+  }
+  if (renumbered >= 0) {
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      int other = renumbered ^ mask, peer = other < rem ? other * 2 + 1 : other + rem;
+      Outcome outcome =
+          Exchange(job, job.out, job.count, peer, incoming.data(), job.count, peer);
+      if (outcome.how != Waited::kDone) {
+        Graveyard(std::move(incoming));
+        return outcome;
+      }
+      Combine(job.type, job.op, job.out, incoming.data(), job.count);
+    }
+  }
+  if (r < 2 * rem) {
+    return r % 2 ? Exchange(job, job.out, job.count, r - 1, nullptr, 0, -1)
+                 : Exchange(job, nullptr, 0, -1, job.out, job.count, r + 1);
+  }
+  return Outcome{};
+}
+
+// ---- the arrival, and exchange: every rank's message to every peer, probed --------------------
+//     rank r --[code | input]--> every peer q, and from every peer: p - 1 messages each way, one
+//     round. Every call starts so: ``exchange`` carries the input (small calls: the reduction is
+//     then local), the other algorithms the code alone. A message is probed before it is
+//     received, so a peer whose call has another size or algorithm is a mismatch of codes, never
+//     a truncation or a hang; a peer missing at the deadline is named (``late``).
+//     exchange's reduction: every rank reduces the p inputs in rank order, the same bits everywhere.
+struct Arrived {
+  int error = MPI_SUCCESS;
+  std::vector<int> late;
+  std::vector<std::vector<char>> from;  // each rank's message (this rank's own included)
+};
+
+inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *message,
+                      size_t bytes, double deadline) {
+  Arrived arrived;
+  arrived.from.resize(size);
+  arrived.from[rank].assign(message, message + bytes);
+  std::vector<MPI_Request> sends(size, MPI_REQUEST_NULL), receives(size, MPI_REQUEST_NULL);
+  std::vector<char> probed(size, 0), received(size, 0);
+  received[rank] = 1;
+  int &error = arrived.error;
+  for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
+    if (q != rank) {
+      error = MPI_Isend(message, static_cast<int>(bytes), MPI_BYTE, q, tag, comm, &sends[q]);
+    }
+  }
+  int pending = size - 1;
+  for (int tests = 0; error == MPI_SUCCESS && pending > 0; ++tests) {
+    for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
+      if (received[q]) continue;
+      if (!probed[q]) {
+        int found = 0, length = 0;
+        MPI_Message matched;
+        MPI_Status status;
+        error = MPI_Improbe(q, tag, comm, &found, &matched, &status);
+        if (error != MPI_SUCCESS || !found) continue;
+        MPI_Get_count(&status, MPI_BYTE, &length);
+        arrived.from[q].resize(length);
+        error = MPI_Imrecv(arrived.from[q].data(), length, MPI_BYTE, &matched, &receives[q]);
+        probed[q] = 1;
+      }
+      int done = 0;
+      if (error == MPI_SUCCESS) error = MPI_Test(&receives[q], &done, MPI_STATUS_IGNORE);
+      if (done) {
+        received[q] = 1;
+        --pending;
+      }
+    }
+    if (pending > 0 && deadline != kNever && Now() > deadline) {
+      for (int q = 0; q < size; ++q) {
+        if (!received[q]) arrived.late.push_back(q);
+      }
+      break;
+    }
+    if (tests > 64) sched_yield();
+  }
+  if (error == MPI_SUCCESS && arrived.late.empty()) {
+    Wait(size, sends.data(), deadline, &error);  // (received everywhere: done, or soon)
+  }
+  bool left = Leave(size, sends.data());
+  if (Leave(size, receives.data()) || left) {
+    for (auto &buffer : arrived.from) Graveyard(std::move(buffer));  // (moved: the same memory)
+  }
+  return arrived;
+}
+
+// exchange's result: ``out`` = the inputs (after each message's ``header`` bytes) in rank order
+inline void ReduceInRankOrder(const Job &job, const Arrived &arrived, size_t header) {
+  const size_t block = job.count * job.width;
+  std::memcpy(job.out, arrived.from[0].data() + header, block);
+  for (int q = 1; q < job.size; ++q) {
+    Combine(job.type, job.op, job.out, arrived.from[q].data() + header, job.count);
+  }
+}
+
+}  // namespace mpiallreduce_jax
