@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: test check format bench bench-nodes bench-train bench-trace horovod clean slurm-packages
+.PHONY: test check format bench bench-nodes bench-train bench-trace bench-jax horovod mpi4jax clean slurm-packages
 
 # What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
 # Open MPI first: its mpicc compiles the package's hot paths (mpiallreduce/core/compiled.py).
@@ -122,6 +122,18 @@ bench-trace: $(STAMP)
 # make bench-train from then on (benchmarks/horovod/build.sh: C++17, cmake; 3 minutes on 2 cores).
 horovod: $(STAMP)
 	PYTHON=$(BIN)/python benchmarks/horovod/build.sh
+
+# Allreduce inside jax.jit, 2 ranks (benchmarks/jax_bench.py): mpiallreduce.jax against mpi4jax (once
+# make mpi4jax has installed it), jax.pure_callback around mpi4py, and JAX's own gloo collectives;
+# ratios side by side in one run, in results/bench-jax/ (jax.json, table.md). About a minute.
+bench-jax: $(STAMP)
+	$(BIN)/mpiallreduce launch -n 2 --timeout 900 -- $(BIN)/python benchmarks/jax_bench.py \
+		--output results/bench-jax $(BENCH_ARGS)
+
+# Opt-in: mpi4jax 0.9.1 built into the venv from its sdist, CPU only (benchmarks/mpi4jax/build.sh:
+# CUDA detection off; cython, nanobind; 20 s on 2 cores), a contender of make bench-jax from then on.
+mpi4jax: $(STAMP)
+	PYTHON=$(BIN)/python benchmarks/mpi4jax/build.sh
 
 clean:
 	rm -rf $(VENV) results *.egg-info

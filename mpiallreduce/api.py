@@ -71,6 +71,8 @@ def allreduce(
             dtype (float16 and bfloat16 included: the hand-written algorithms sum those in float32
             and round once). A CuPy array's result is a CuPy array on the same device, ordered on
             CuPy's current stream; see mpiallreduce.transports for how device memory travels.
+            A jax array (eagerly or inside ``jax.jit``) is handed to ``mpiallreduce.jax.allreduce``
+            (docs/jax.md), its result a new jax array.
         op: "sum", "prod", "min", "max" or "mean" (sum, then divided by the number of ranks;
             floating and complex dtypes only).
         algorithm: "auto" or one of ``mpiallreduce.ALGORITHMS``.
@@ -133,10 +135,41 @@ def allreduce(
             result = execution.short(x, out)
             if result is not None:
                 return result
+    if _is_jax(x):
+        return _through_jax(x, op, algorithm, comm, out, axis, mesh, groups, timeout, reproducible)
     call = Call.start(
         x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, reproducible=reproducible
     )
     return call.in_turn()  # (after the pending asynchronous calls, if there are any)
+
+
+def _is_jax(x):
+    return type(x).__module__.split(".")[0] in ("jax", "jaxlib")
+
+
+def _through_jax(x, op, algorithm, comm, out, axis, mesh, groups, timeout, reproducible):
+    """A jax array (or a tracer, inside jax.jit): mpiallreduce.jax.allreduce, the same call
+    compiled (a new jax array: they are immutable). What it does not take is said here."""
+    refused = [
+        name
+        for name, given in (
+            ("out", out),
+            ("axis", axis),
+            ("mesh", mesh),
+            ("groups", groups),
+            ("reproducible", reproducible or None),
+        )
+        if given is not None
+    ]
+    if refused:
+        raise TypeError(
+            f"x is a jax array: mpiallreduce.allreduce passes it to mpiallreduce.jax.allreduce, "
+            f"which takes no {', '.join(refused)} (jax arrays are immutable; for axes, use "
+            "mpiallreduce.jax.psum(x, axis_name) under `with mpiallreduce.Mesh(...)`)"
+        )
+    from . import jax as mj
+
+    return mj.allreduce(x, op=op, comm=comm, algorithm=algorithm, timeout=timeout)
 
 
 def _fast_calls(comm):

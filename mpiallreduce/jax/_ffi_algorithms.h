@@ -16,6 +16,18 @@
 
 namespace mpiallreduce_jax {
 
+// What a communicator's calls reuse, call after call (grown, never shrunk: no allocation, no
+// page touched for the first time, once the sizes settle); calls on one communicator are ordered.
+struct Scratch {
+  std::vector<char> incoming, message;
+  std::vector<std::vector<char>> from;
+};
+
+inline char *Room(std::vector<char> &buffer, size_t bytes) {
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
 struct Job {
   MPI_Comm comm;
   int rank, size, tag;
@@ -25,6 +37,7 @@ struct Job {
   size_t count, width;  // elements, bytes each
   char *out;
   double deadline;
+  Scratch *scratch;
 };
 
 struct Outcome {
@@ -138,7 +151,8 @@ inline Outcome RunRing(const Job &job) {
   const size_t base = job.count / p, extra = job.count % p;
   auto start = [&](int i) { return i * base + std::min<size_t>(i, extra); };
   auto length = [&](int i) { return base + (static_cast<size_t>(i) < extra ? 1 : 0); };
-  std::vector<char> incoming((base + 1) * job.width);
+  std::vector<char> &incoming = job.scratch->incoming;
+  Room(incoming, (base + 1) * job.width);
   for (int s = 0; s < p - 1; ++s) {
     int sent = ((r - s) % p + p) % p, received = ((r - s - 1) % p + p) % p;
     Outcome outcome = Exchange(job, job.out + start(sent) * job.width, length(sent), right,
@@ -171,7 +185,8 @@ inline Outcome RunRecursiveDoubling(const Job &job) {
   int pof2 = 1;
   while (pof2 * 2 <= p) pof2 *= 2;
   const int rem = p - pof2;
-  std::vector<char> incoming(job.count * job.width);
+  std::vector<char> &incoming = job.scratch->incoming;
+  Room(incoming, job.count * job.width);
   int renumbered;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
@@ -211,80 +226,104 @@ inline Outcome RunRecursiveDoubling(const Job &job) {
   return Outcome{};
 }
 
-// ---- the arrival, and exchange: every rank's message to every peer, probed --------------------
+// ---- the arrival, and exchange: every rank's message to every peer --------------------------
 //     rank r --[code | input]--> every peer q, and from every peer: p - 1 messages each way, one
 //     round. Every call starts so: ``exchange`` carries the input (small calls: the reduction is
-//     then local), the other algorithms the code alone. A message is probed before it is
-//     received, so a peer whose call has another size or algorithm is a mismatch of codes, never
-//     a truncation or a hang; a peer missing at the deadline is named (``late``).
+//     then local), the other algorithms the code alone. Each receive is posted for this rank's
+//     own length: a peer whose call has another size or algorithm sends a shorter message (its
+//     length tells) or a longer one (truncated: MPI_ERR_TRUNCATE), a mismatch either way, never
+//     a hang; a peer missing at the deadline is named (``late``).
 //     exchange's reduction: every rank reduces the p inputs in rank order, the same bits everywhere.
 struct Arrived {
   int error = MPI_SUCCESS;
   std::vector<int> late;
-  std::vector<std::vector<char>> from;  // each rank's message (this rank's own included)
 };
 
+// ``from[q]``: peer q's message, its length what came (one more where it was longer); this
+// rank's own is not copied there.
 inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *message,
-                      size_t bytes, double deadline) {
+                      size_t bytes, double deadline, std::vector<std::vector<char>> &from) {
   Arrived arrived;
-  arrived.from.resize(size);
-  arrived.from[rank].assign(message, message + bytes);
-  std::vector<MPI_Request> sends(size, MPI_REQUEST_NULL), receives(size, MPI_REQUEST_NULL);
-  std::vector<char> probed(size, 0), received(size, 0);
-  received[rank] = 1;
+  if (from.size() != static_cast<size_t>(size)) from.resize(size);
+  for (int q = 0; q < size; ++q) {
+    if (q != rank) from[q].resize(bytes);
+  }
+  MPI_Request sends_here[8], receives_here[8];  // (no allocation up to 8 ranks)
+  std::vector<MPI_Request> sends_more, receives_more;
+  MPI_Request *sends = sends_here, *receives = receives_here;
+  if (size > 8) {
+    sends_more.resize(size), receives_more.resize(size);
+    sends = sends_more.data(), receives = receives_more.data();
+  }
+  std::fill(sends, sends + size, MPI_REQUEST_NULL);
+  std::fill(receives, receives + size, MPI_REQUEST_NULL);
   int &error = arrived.error;
   for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
-    if (q != rank) {
+    if (q == rank) continue;
+    error = MPI_Irecv(from[q].data(), static_cast<int>(bytes), MPI_BYTE, q, tag, comm,
+                      &receives[q]);
+    if (error == MPI_SUCCESS) {
       error = MPI_Isend(message, static_cast<int>(bytes), MPI_BYTE, q, tag, comm, &sends[q]);
     }
   }
   int pending = size - 1;
   for (int tests = 0; error == MPI_SUCCESS && pending > 0; ++tests) {
     for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
-      if (received[q]) continue;
-      if (!probed[q]) {
-        int found = 0, length = 0;
-        MPI_Message matched;
-        MPI_Status status;
-        error = MPI_Improbe(q, tag, comm, &found, &matched, &status);
-        if (error != MPI_SUCCESS || !found) continue;
+      if (receives[q] == MPI_REQUEST_NULL) continue;  // (this rank, or done)
+      int done = 0, length = 0, kind = MPI_SUCCESS;
+      MPI_Status status;
+      int tested = MPI_Test(&receives[q], &done, &status);
+      if (tested != MPI_SUCCESS) MPI_Error_class(tested, &kind);
+      if (kind == MPI_ERR_TRUNCATE) {  // (a longer message: its call differs; consumed whole)
+        from[q].push_back('\0');
+        receives[q] = MPI_REQUEST_NULL;
+        done = 1;
+      } else if (tested != MPI_SUCCESS) {
+        error = tested;
+        break;
+      } else if (done) {
         MPI_Get_count(&status, MPI_BYTE, &length);
-        arrived.from[q].resize(length);
-        error = MPI_Imrecv(arrived.from[q].data(), length, MPI_BYTE, &matched, &receives[q]);
-        probed[q] = 1;
+        from[q].resize(length);
       }
-      int done = 0;
-      if (error == MPI_SUCCESS) error = MPI_Test(&receives[q], &done, MPI_STATUS_IGNORE);
-      if (done) {
-        received[q] = 1;
-        --pending;
-      }
+      if (done) --pending;
     }
     if (pending > 0 && deadline != kNever && Now() > deadline) {
       for (int q = 0; q < size; ++q) {
-        if (!received[q]) arrived.late.push_back(q);
+        if (receives[q] != MPI_REQUEST_NULL) arrived.late.push_back(q);
       }
       break;
     }
     if (tests > 64) sched_yield();
   }
   if (error == MPI_SUCCESS && arrived.late.empty()) {
-    Wait(size, sends.data(), deadline, &error);  // (received everywhere: done, or soon)
+    Wait(size, sends, deadline, &error);  // (received everywhere: done, or soon)
   }
-  bool left = Leave(size, sends.data());
-  if (Leave(size, receives.data()) || left) {
-    for (auto &buffer : arrived.from) Graveyard(std::move(buffer));  // (moved: the same memory)
+  bool left = Leave(size, sends);
+  if (Leave(size, receives) || left) {
+    for (auto &buffer : from) Graveyard(std::move(buffer));  // (moved: the same memory)
   }
   return arrived;
 }
 
-// exchange's result: ``out`` = the inputs (after each message's ``header`` bytes) in rank order
-inline void ReduceInRankOrder(const Job &job, const Arrived &arrived, size_t header) {
+// exchange's result: ``out`` = the inputs in rank order (this rank's ``own``, the peers' after
+// their messages' ``header`` bytes); ``out`` may be ``own`` (in place) on rank 0, or anywhere
+// on 2 ranks (a op b is b op a, bit for bit)
+inline void ReduceInRankOrder(const Job &job, const std::vector<std::vector<char>> &from,
+                              const char *own, size_t header) {
   const size_t block = job.count * job.width;
-  std::memcpy(job.out, arrived.from[0].data() + header, block);
-  for (int q = 1; q < job.size; ++q) {
-    Combine(job.type, job.op, job.out, arrived.from[q].data() + header, job.count);
+  auto input = [&](int q) { return q == job.rank ? own : from[q].data() + header; };
+  if (job.size == 2) {
+    if (job.out != own) std::memcpy(job.out, own, block);
+    Combine(job.type, job.op, job.out, input(1 - job.rank), job.count);
+    return;
   }
+  char *acc = job.out;
+  if (own == job.out && job.rank != 0) {  // (the output holds this rank's input: reduce aside)
+    acc = Room(job.scratch->incoming, block);
+  }
+  std::memcpy(acc, input(0), block);
+  for (int q = 1; q < job.size; ++q) Combine(job.type, job.op, acc, input(q), job.count);
+  if (acc != job.out) std::memcpy(job.out, acc, block);
 }
 
 }  // namespace mpiallreduce_jax

@@ -73,13 +73,14 @@ void CombineAs(int64_t op, void *acc_bytes, const void *in_bytes, size_t n) {
     case kMax:
       if constexpr (!std::is_same_v<T, std::complex<float>> &&
                     !std::is_same_v<T, std::complex<double>>) {
-        for (size_t i = 0; i < n; ++i) acc[i] = in[i] > acc[i] ? in[i] : acc[i];
+        // (a NaN wins from either side, as XLA's max: the same bits whichever rank reduces)
+        for (size_t i = 0; i < n; ++i) acc[i] = in[i] > acc[i] || in[i] != in[i] ? in[i] : acc[i];
       }
       return;
     case kMin:
       if constexpr (!std::is_same_v<T, std::complex<float>> &&
                     !std::is_same_v<T, std::complex<double>>) {
-        for (size_t i = 0; i < n; ++i) acc[i] = in[i] < acc[i] ? in[i] : acc[i];
+        for (size_t i = 0; i < n; ++i) acc[i] = in[i] < acc[i] || in[i] != in[i] ? in[i] : acc[i];
       }
       return;
   }

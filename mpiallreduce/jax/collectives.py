@@ -146,7 +146,30 @@ def _refused(leaf, op, wide):
     return None
 
 
+def _on_a_device(leaf):
+    """Whether ``leaf`` is a concrete jax array on a GPU (eager: a tracer is not concrete)."""
+    if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, jax.Array):
+        return False
+    return any(device.platform in ("gpu", "cuda", "rocm") for device in leaf.devices())
+
+
+def _reduce_on_device(leaf, op, comm, timeout):
+    """An eager GPU array: seen by CuPy through DLPack (no copy), reduced by the device layer
+    (mpiallreduce's call on a CuPy array: CUDA-aware MPI, staging or device-to-device, as
+    docs/gpu.md says), its result seen by JAX the same way. Not run on a GPU here."""
+    import cupy
+
+    from ..core.call import Call
+
+    result = Call.start(
+        cupy.from_dlpack(leaf), op, "auto", comm, None, False, None, None, None, timeout
+    ).in_turn()
+    return jax.dlpack.from_dlpack(result)
+
+
 def _reduce(leaf, op, comm, algorithm="auto", timeout=None):
+    if _on_a_device(leaf):
+        return _reduce_on_device(leaf, op, comm, timeout)
     leaf = jnp.asarray(leaf)
     if leaf.dtype == jnp.bool_ and op != "mean":  # (as jax.lax: a sum counts, max/min stay bool)
         wider = leaf.astype(jnp.int32 if op == "sum" else jnp.uint8)

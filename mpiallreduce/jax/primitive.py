@@ -144,6 +144,7 @@ def _lowering(ctx, x, *, op, comm, given, algorithm, timeout):
         dtype=given if op != "refused" else str(aval.dtype),
         op=op,
         in_place=True,
+        what=described,
     )
     layout = tuple(range(len(aval.shape) - 1, -1, -1))
     call = mlir.custom_call(
@@ -181,8 +182,8 @@ def _on_a_gpu(ctx, x, **params):
     raise NotImplementedError(
         "mpiallreduce.jax reduces host (CPU) arrays inside jit; this call was lowered for a GPU, "
         "which it has no handler for yet (docs/jax.md, 'Not yet'): place the arrays on the CPU "
-        "(jax.device_put(x, jax.devices('cpu')[0])), or reduce device arrays with "
-        "mpiallreduce.allreduce on CuPy arrays (DLPack)"
+        "(jax.device_put(x, jax.devices('cpu')[0])), or call mpiallreduce.jax eagerly (outside "
+        "jit) on device arrays: they go to CuPy through DLPack"
     )
 
 

@@ -2,8 +2,8 @@
 buffer of its last 256 calls (_ffi.cc: Record; no Python runs per call), read when a dump is
 written (mpiallreduce.faults.recorder.add_source) and turned into the recorder's entries.
 
-    traced      site(code, fields): what a call site is (shape, dtype, op, algorithm), by the code
-                its lowering gives the handler
+    traced      site(code, fields): what a call site is (shape, dtype, op, its description), by
+                the code its lowering gives the handler (the handler records the code alone)
     dumped      entries(): each handler record as an entry, its comm named as the recorder names
                 communicators (members, and a trace id the same on every rank)
 """
@@ -42,7 +42,6 @@ def entries():
             "api": "mpiallreduce.jax (compiled)",
             **_sites.get(record["code"], {}),
             "algorithm": record["algorithm"],
-            "what": record["what"],
             "queued": record["started"],
             "started": record["started"],
             "ended": record["ended"],

@@ -93,10 +93,25 @@ def _text_files(folder, pattern):
     )
 
 
+#: make bench-jax's table (benchmarks/jax_bench.py writes it from its jax.json)
+_JAX_TABLE = "table.md"
+
+
+def _jax_tables(folder):
+    return sorted(
+        os.path.join(root, _JAX_TABLE)
+        for root, _dirs, files in os.walk(folder)
+        if "jax.json" in files and _JAX_TABLE in files
+    )
+
+
 def holds_text_results(folder):
-    """Whether ``folder`` holds text results only (train_bench's train.txt, plain calls, prices), no bench run."""
-    texts = _training_runs(folder) or any(
-        _text_files(folder, pattern) for pattern in (_PLAIN, _PRICES)
+    """Whether ``folder`` holds text results only (train_bench's train.txt, plain calls, prices,
+    bench-jax's table), no bench run."""
+    texts = (
+        _training_runs(folder)
+        or _jax_tables(folder)
+        or any(_text_files(folder, pattern) for pattern in (_PLAIN, _PRICES))
     )
     return bool(texts) and not any("bench.json" in files for _root, _dirs, files in os.walk(folder))
 
@@ -232,6 +247,19 @@ def markdown_page(runs, command, folders=()):
                 "```text",
                 text,
                 "```",
+                "",
+            ]
+        for table in _jax_tables(folder):
+            with open(table) as f:
+                text = f.read().rstrip("\n")
+            lines += [
+                f"## {table}",
+                "",
+                "Allreduce inside `jax.jit` (`make bench-jax`: `benchmarks/jax_bench.py`, its "
+                "docstring says what each contender runs; jax.md); the table as the script wrote it "
+                "from the jax.json beside it.",
+                "",
+                text,
                 "",
             ]
         model = os.path.join(folder, "model.txt")
