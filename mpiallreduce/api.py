@@ -135,7 +135,7 @@ def allreduce(
             result = execution.short(x, out)
             if result is not None:
                 return result
-    if _is_jax(x):
+    if _is_jax(x):  # (``check``: a jax call's signature is always compared)
         return _through_jax(x, op, algorithm, comm, out, axis, mesh, groups, timeout, reproducible)
     call = Call.start(
         x, op, algorithm, comm, out, check, axis, mesh, groups, timeout, reproducible=reproducible
@@ -169,6 +169,13 @@ def _through_jax(x, op, algorithm, comm, out, axis, mesh, groups, timeout, repro
         )
     from . import jax as mj
 
+    if isinstance(op, MPI.Op):  # (MPI's names for them: mpi4py's ops are not hashable)
+        op = next((n for o, n in ((MPI.SUM, "sum"), (MPI.MAX, "max"), (MPI.MIN, "min")) if op == o),
+                  op)  # fmt: skip
+    if op not in ("sum", "mean", "max", "min"):
+        raise ValueError(
+            f"x is a jax array: mpiallreduce.jax reduces by sum, mean, max or min, got {op!r}"
+        )
     return mj.allreduce(x, op=op, comm=comm, algorithm=algorithm, timeout=timeout)
 
 

@@ -178,6 +178,7 @@ ffi::Error Mismatch(const Call &call, std::string_view describe) {
                            kDescribed, call.deadline == kNever ? kNever : call.deadline + kGraceSeconds,
                            from);
   from[call.rank] = mine;
+  if (arrived.left) Graveyard(std::move(mine));  // (its sends may yet read it)
   const std::vector<int> &late = arrived.late;
   std::string message = "SignatureMismatch: " + Prefix(call) +
                         "an mpiallreduce.jax call differs between the " +
@@ -235,6 +236,14 @@ std::string Verdicts(const Call &call, int64_t verdict) {
   return "";
 }
 
+std::vector<int> Peers(const Call &call) {
+  std::vector<int> peers;
+  for (int q = 0; q < call.size; ++q) {
+    if (q != call.rank) peers.push_back(q);
+  }
+  return peers;
+}
+
 // Where this rank waited in vain: the peers among ``waited_on`` that told it they gave the call up
 // (their FAILED verdict, waiting on its tag); "" where none did.
 std::string GaveUp(const Call &call, const std::vector<int> &waited_on) {
@@ -282,6 +291,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
   call.tag = static_cast<int>(number % kCallsApart) * kTagsPerCall;
   auto failed = [&](ffi::ErrorCode kind, const std::string &message, bool breaks) {
     End(slot, number, kFailed, message);
+    if (breaks && call.deadline != kNever) Graveyard(std::move(scratch.timed));  // (MPI may write)
     if (breaks) {
       std::lock_guard<std::mutex> hold(kept_lock);
       kept->broken = "AllreduceAborted: " + Prefix(call) + "an earlier mpiallreduce.jax call on " +
@@ -292,7 +302,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
   };
   auto timed_out = [&](int late, const char *where) {
     if (call.deadline != kNever) Verdicts(call, kVerdictFailed);
-    std::string aborted = GaveUp(call, {late});
+    std::string aborted = GaveUp(call, Peers(call));
     if (!aborted.empty()) return failed(ffi::ErrorCode::kAborted, aborted, true);
     std::string who = late >= 0 ? "rank " + std::to_string(late) : "a rank of the communicator";
     return failed(ffi::ErrorCode::kDeadlineExceeded,
@@ -304,9 +314,13 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
   MPI_Datatype datatype = DatatypeOf(x.element_type());
   size_t count = x.element_count();
   char *out = static_cast<char *>(y->untyped_data());
+  const size_t width = datatype == MPI_DATATYPE_NULL ? 0 : ffi::ByteWidth(x.element_type());
+  // (a timed call reduces in a buffer of the handler's own, copied into XLA's once the ranks
+  // agree it succeeded: one given up may leave MPI requests on it, which XLA's could not outlive)
+  const bool timed = call.deadline != kNever && call.size > 1;
+  char *work = timed ? Room(scratch.timed, count * width) : out;
   Job job{comm, call.rank, call.size, call.tag + kData, x.element_type(), datatype, op, count,
-          datatype == MPI_DATATYPE_NULL ? 0 : ffi::ByteWidth(x.element_type()), out, call.deadline,
-          &scratch};
+          width, work, call.deadline, &scratch};
   bool reduced = false;
   const bool exchange = algorithm == kExchange && op >= 0 && datatype != MPI_DATATYPE_NULL;
   if ((exchange || compare || call.deadline != kNever) && call.size > 1) {
@@ -322,7 +336,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
     }
     if (!arrived.late.empty()) {
       if (call.deadline != kNever) Verdicts(call, kVerdictFailed);
-      std::string aborted = GaveUp(call, arrived.late);
+      std::string aborted = GaveUp(call, arrived.late);  // (those it waited for)
       if (!aborted.empty()) return failed(ffi::ErrorCode::kAborted, aborted, true);
       return failed(ffi::ErrorCode::kDeadlineExceeded,
                     "AllreduceTimeout: " + Prefix(call) + "rank(s) " + Ranks(arrived.late) +
@@ -339,7 +353,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
     }
     if (!agree) {
       ffi::Error mismatch = Mismatch(call, describe);
-      End(slot, number, kFailed, "SignatureMismatch");
+      End(slot, number, kFailed, mismatch.message());
       return mismatch;
     }
     if (exchange) {
@@ -364,7 +378,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
                       "mpiallreduce.jax: more than 2^31 - 1 elements in one call");
   }
   if (!reduced && call.size > 1) {
-    if (out != x.untyped_data()) std::memcpy(out, x.untyped_data(), count * job.width);
+    if (work != x.untyped_data()) std::memcpy(work, x.untyped_data(), count * width);
     Outcome outcome = algorithm == kRing                ? RunRing(job)
                       : algorithm == kRecursiveDoubling ? RunRecursiveDoubling(job)
                       : algorithm == kReduceBcast       ? RunReduceBcast(job)
@@ -380,13 +394,14 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
   } else if (call.size == 1 && out != x.untyped_data()) {
     std::memcpy(out, x.untyped_data(), count * job.width);
   }
-  if (call.deadline != kNever && call.size > 1) {
+  if (timed) {
     std::string verdict = Verdicts(call, kVerdictDone);
     if (!verdict.empty()) {
       return failed(verdict.rfind("AllreduceTimeout", 0) == 0 ? ffi::ErrorCode::kDeadlineExceeded
                                                              : ffi::ErrorCode::kAborted,
                     verdict, true);
     }
+    std::memcpy(out, work, count * width);
   }
   End(slot, number, kDone);
   return ffi::Error::Success();

@@ -19,7 +19,7 @@ namespace mpiallreduce_jax {
 // What a communicator's calls reuse, call after call (grown, never shrunk: no allocation, no
 // page touched for the first time, once the sizes settle); calls on one communicator are ordered.
 struct Scratch {
-  std::vector<char> incoming, message;
+  std::vector<char> incoming, message, timed;
   std::vector<std::vector<char>> from;
 };
 
@@ -178,8 +178,8 @@ inline Outcome RunRing(const Job &job) {
 // ---- recursive_doubling: whole buffers exchanged with partners 1, 2, 4, ... apart ---------------
 //     p not a power of two (p = 2^k + m): ranks 0..2m-1 pair up first, the even one's buffer
 //     going to the odd one, which goes on as one of the 2^k; at the end the odd one sends the
-//     result back. Round j: rank (renumbered) n exchanges with n xor 2^j and reduces (each pair
-//     computes a op b, the same bits on both sides).
+//     result back. Round j: rank (renumbered) n exchanges with n xor 2^j and reduces, the lower
+//     rank's operand first on both sides: the same bits on both (a NaN's payload, a zero's sign).
 inline Outcome RunRecursiveDoubling(const Job &job) {
   const int p = job.size, r = job.rank;
   int pof2 = 1;
@@ -201,7 +201,7 @@ inline Outcome RunRecursiveDoubling(const Job &job) {
         Graveyard(std::move(incoming));
         return outcome;
       }
-      Combine(job.type, job.op, job.out, incoming.data(), job.count);
+      Combine(job.type, job.op, job.out, incoming.data(), job.count, kTheirsFirst);
       renumbered = r / 2;
     }
   } else {
@@ -216,7 +216,8 @@ inline Outcome RunRecursiveDoubling(const Job &job) {
         Graveyard(std::move(incoming));
         return outcome;
       }
-      Combine(job.type, job.op, job.out, incoming.data(), job.count);
+      Combine(job.type, job.op, job.out, incoming.data(), job.count,
+              peer < r ? kTheirsFirst : kMineFirst);
     }
   }
   if (r < 2 * rem) {
@@ -229,14 +230,15 @@ inline Outcome RunRecursiveDoubling(const Job &job) {
 // ---- the arrival, and exchange: every rank's message to every peer --------------------------
 //     rank r --[code | input]--> every peer q, and from every peer: p - 1 messages each way, one
 //     round. Every call starts so: ``exchange`` carries the input (small calls: the reduction is
-//     then local), the other algorithms the code alone. Each receive is posted for this rank's
-//     own length: a peer whose call has another size or algorithm sends a shorter message (its
-//     length tells) or a longer one (truncated: MPI_ERR_TRUNCATE), a mismatch either way, never
-//     a hang; a peer missing at the deadline is named (``late``).
+//     then local), the other algorithms the code alone. Each message is probed before it is
+//     received, into a buffer of its own length: a peer whose call has another size or
+//     algorithm is a mismatch, never a hang nor a truncation (Open MPI writes a longer message
+//     past a shorter receive's end); a peer missing at the deadline is named (``late``).
 //     exchange's reduction: every rank reduces the p inputs in rank order, the same bits everywhere.
 struct Arrived {
   int error = MPI_SUCCESS;
   std::vector<int> late;
+  bool left = false;  // requests left with MPI: the caller keeps its message alive (Graveyard)
 };
 
 // ``from[q]``: peer q's message, its length what came (one more where it was longer); this
@@ -245,9 +247,6 @@ inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *me
                       size_t bytes, double deadline, std::vector<std::vector<char>> &from) {
   Arrived arrived;
   if (from.size() != static_cast<size_t>(size)) from.resize(size);
-  for (int q = 0; q < size; ++q) {
-    if (q != rank) from[q].resize(bytes);
-  }
   MPI_Request sends_here[8], receives_here[8];  // (no allocation up to 8 ranks)
   std::vector<MPI_Request> sends_more, receives_more;
   MPI_Request *sends = sends_here, *receives = receives_here;
@@ -257,39 +256,46 @@ inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *me
   }
   std::fill(sends, sends + size, MPI_REQUEST_NULL);
   std::fill(receives, receives + size, MPI_REQUEST_NULL);
+  uint64_t probed = 0, received = uint64_t{1} << std::min(rank, 63);  // (bits, up to 64 ranks)
+  std::vector<char> probed_more(size > 64 ? size : 0), received_more(size > 64 ? size : 0);
+  auto flag = [&](uint64_t &bits, std::vector<char> &more, int q) -> bool {
+    return size > 64 ? more[q] != 0 : ((bits >> q) & 1) != 0;
+  };
+  auto set = [&](uint64_t &bits, std::vector<char> &more, int q) {
+    if (size > 64) more[q] = 1; else bits |= uint64_t{1} << q;
+  };
+  if (size > 64) received_more[rank] = 1;
   int &error = arrived.error;
   for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
-    if (q == rank) continue;
-    error = MPI_Irecv(from[q].data(), static_cast<int>(bytes), MPI_BYTE, q, tag, comm,
-                      &receives[q]);
-    if (error == MPI_SUCCESS) {
+    if (q != rank) {
       error = MPI_Isend(message, static_cast<int>(bytes), MPI_BYTE, q, tag, comm, &sends[q]);
     }
   }
   int pending = size - 1;
   for (int tests = 0; error == MPI_SUCCESS && pending > 0; ++tests) {
     for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
-      if (receives[q] == MPI_REQUEST_NULL) continue;  // (this rank, or done)
-      int done = 0, length = 0, kind = MPI_SUCCESS;
-      MPI_Status status;
-      int tested = MPI_Test(&receives[q], &done, &status);
-      if (tested != MPI_SUCCESS) MPI_Error_class(tested, &kind);
-      if (kind == MPI_ERR_TRUNCATE) {  // (a longer message: its call differs; consumed whole)
-        from[q].push_back('\0');
-        receives[q] = MPI_REQUEST_NULL;
-        done = 1;
-      } else if (tested != MPI_SUCCESS) {
-        error = tested;
-        break;
-      } else if (done) {
+      if (flag(received, received_more, q)) continue;
+      if (!flag(probed, probed_more, q)) {  // (probed first: received whole, whatever its length)
+        int found = 0, length = 0;
+        MPI_Message matched;
+        MPI_Status status;
+        error = MPI_Improbe(q, tag, comm, &found, &matched, &status);
+        if (error != MPI_SUCCESS || !found) continue;
         MPI_Get_count(&status, MPI_BYTE, &length);
         from[q].resize(length);
+        error = MPI_Imrecv(from[q].data(), length, MPI_BYTE, &matched, &receives[q]);
+        set(probed, probed_more, q);
       }
-      if (done) --pending;
+      int done = 0;
+      if (error == MPI_SUCCESS) error = MPI_Test(&receives[q], &done, MPI_STATUS_IGNORE);
+      if (done) {
+        set(received, received_more, q);
+        --pending;
+      }
     }
     if (pending > 0 && deadline != kNever && Now() > deadline) {
       for (int q = 0; q < size; ++q) {
-        if (receives[q] != MPI_REQUEST_NULL) arrived.late.push_back(q);
+        if (!flag(received, received_more, q)) arrived.late.push_back(q);
       }
       break;
     }
@@ -298,30 +304,31 @@ inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *me
   if (error == MPI_SUCCESS && arrived.late.empty()) {
     Wait(size, sends, deadline, &error);  // (received everywhere: done, or soon)
   }
-  bool left = Leave(size, sends);
-  if (Leave(size, receives) || left) {
+  arrived.left = Leave(size, sends);
+  if (Leave(size, receives) || arrived.left) {
+    arrived.left = true;
     for (auto &buffer : from) Graveyard(std::move(buffer));  // (moved: the same memory)
   }
   return arrived;
 }
 
 // exchange's result: ``out`` = the inputs in rank order (this rank's ``own``, the peers' after
-// their messages' ``header`` bytes); ``out`` may be ``own`` (in place) on rank 0, or anywhere
-// on 2 ranks (a op b is b op a, bit for bit)
+// their messages' ``header`` bytes); ``out`` may be ``own`` (in place)
 inline void ReduceInRankOrder(const Job &job, const std::vector<std::vector<char>> &from,
                               const char *own, size_t header) {
   const size_t block = job.count * job.width;
   auto input = [&](int q) { return q == job.rank ? own : from[q].data() + header; };
-  if (job.size == 2) {
+  if (job.size == 2) {  // (rank 0's operand first on both: the same bits)
     if (job.out != own) std::memcpy(job.out, own, block);
-    Combine(job.type, job.op, job.out, input(1 - job.rank), job.count);
+    Combine(job.type, job.op, job.out, input(1 - job.rank), job.count,
+            job.rank == 0 ? kMineFirst : kTheirsFirst);
     return;
   }
   char *acc = job.out;
   if (own == job.out && job.rank != 0) {  // (the output holds this rank's input: reduce aside)
     acc = Room(job.scratch->incoming, block);
   }
-  std::memcpy(acc, input(0), block);
+  if (acc != input(0)) std::memcpy(acc, input(0), block);
   for (int q = 1; q < job.size; ++q) Combine(job.type, job.op, acc, input(q), job.count);
   if (acc != job.out) std::memcpy(job.out, acc, block);
 }

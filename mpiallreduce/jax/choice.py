@@ -31,7 +31,7 @@ from ..core.planner import plan_call
 from ..core.settings import settings
 from ..core.state import state_of
 
-__all__ = ["HANDLER_ALGORITHMS", "Choice", "choose"]
+__all__ = ["HANDLER_ALGORITHMS", "EXCHANGE_MOST_BYTES", "Choice", "choose"]
 
 #: the handler's algorithms by its number for them (_ffi.cc: Algorithm)
 HANDLER_ALGORITHMS = {
@@ -41,6 +41,8 @@ HANDLER_ALGORITHMS = {
     "recursive_doubling": 3,
     "reduce_bcast": 4,
 }
+#: exchange's message (8 bytes of signature, then the call's) is one MPI count of bytes
+EXCHANGE_MOST_BYTES = 2**31 - 1 - 8
 _NEAREST = {
     "dissemination": "exchange",
     "ring_pipelined": "ring",
@@ -65,6 +67,11 @@ def choose(comm, dtype, nbytes, op, algorithm="auto"):
                 f"algorithm must be 'auto' or one of {sorted(HANDLER_ALGORITHMS)} inside "
                 f"mpiallreduce.jax, got {algorithm!r}"
             )
+        if algorithm == "exchange" and nbytes > EXCHANGE_MOST_BYTES:
+            raise ValueError(
+                f"algorithm 'exchange' sends a call's bytes in one message: at most "
+                f"{EXCHANGE_MOST_BYTES}, got {nbytes}"
+            )
         return Choice(algorithm, algorithm, "named by the caller")
     facts = dataclasses.replace(
         state_of(comm).make_ready().facts,
@@ -75,4 +82,6 @@ def choose(comm, dtype, nbytes, op, algorithm="auto"):
     plan = plan_call(facts, False, np.dtype(dtype), max(int(nbytes), 1), op, "auto", in_place=True)
     planned = plan.algorithm.name
     name = planned if planned in HANDLER_ALGORITHMS else _NEAREST.get(planned, "mpi")
+    if name == "exchange" and nbytes > EXCHANGE_MOST_BYTES:
+        name = "mpi"
     return Choice(name, planned, plan.reason)

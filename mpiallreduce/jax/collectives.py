@@ -39,6 +39,8 @@ def allreduce(x, op="sum", comm=None, *, algorithm="auto", timeout=None):
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
     return jax.tree_util.tree_map(lambda leaf: _reduce(leaf, op, comm, algorithm, timeout), x)
 
 

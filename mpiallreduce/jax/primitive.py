@@ -29,6 +29,7 @@ from jax.interpreters import ad, batching
 from ..core.comms import cached
 from ..core.consistency import digest
 from ..core.settings import settings
+from ..core.state import state_of
 from ..faults.recorder import named_members
 from .choice import HANDLER_ALGORITHMS, choose
 from .handler import TARGET, register
@@ -99,6 +100,9 @@ def allreduce_leaf(x, op, comm, given=None, algorithm="auto", timeout=None):
     # with ``comm``: a compiled program holds its handle, which MPI would give a later one)
     kept = cached(comm, ("jax",), lambda: _Kept(comm.Dup()))
     given = str(x.dtype) if given is None else given  # (the user's dtype, where widened)
+    # (every call, refused or named, makes its communicator's state ready here at its first
+    # trace: a collective every rank's first call on it joins, whatever it asks for)
+    state_of(kept.comm).make_ready()
     if op == "refused":  # (compared, then raised: no data moves)
         choice = "mpi"
     else:

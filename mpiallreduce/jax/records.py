@@ -8,6 +8,7 @@ written (mpiallreduce.faults.recorder.add_source) and turned into the recorder's
                 communicators (members, and a trace id the same on every rank)
 """
 
+from ..core.settings import settings
 from ..faults.recorder import add_source
 from .handler import trace_records
 
@@ -30,7 +31,8 @@ def name_communicator(trace_id, members, rank):
 def entries():
     """The handler's records as the recorder's entries (oldest first)."""
     made = []
-    for record in trace_records():
+    kept = settings().trace_entries
+    for record in trace_records()[-kept:] if kept else []:
         members, rank = _communicators.get(record["comm"], ((), None))
         fields = {
             "comm": list(members),

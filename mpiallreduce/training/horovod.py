@@ -9,17 +9,47 @@ changed, ``import mpiallreduce.torch as hvd``.
     loss.backward(); optimizer.step()
     mean = hvd.allreduce(torch.tensor(val))            # Horovod averages by default: op=hvd.Average
     handle = hvd.allreduce_async(t, op=hvd.Sum); total = hvd.synchronize(handle)
+    rows = hvd.allgather(t); out, splits = hvd.alltoall(t, splits); part = hvd.reducescatter(t)
+    hvd.barrier(); last = hvd.join()                   # uneven data: joined ranks give zeros
 
-Where it differs from Horovod: fp16 and bf16 are summed in float32 and rounded once (Horovod sums
-fp16 in fp16); ``name=`` is accepted and not needed (calls are matched by their order on each
-rank, and their signatures compared); there are no process sets other than ``init(comm)``'s ranks
-(COMM_WORLD by default), no Adasum, no tensor allgather or alltoall (docs/training.md).
+The tensor collectives (allreduce, broadcast, allgather, alltoall, reducescatter, their async and
+grouped forms, barrier, join) are negotiated ops run in order in the background
+(mpiallreduce.training.horovod_engine; their data moves: horovod_collectives): ranks whose calls
+differ raise HorovodMismatchError (a RuntimeError, as Horovod's, and this project's
+SignatureMismatch) on every rank, and the next call pairs up. Where it differs from Horovod
+(docs/training.md): calls match by their order on each rank, not by name; fp16 and bf16 are
+summed in float32 and rounded once; no Adasum.
 """
 
 import torch
 from mpi4py import MPI
 
 from ..core.gather import gather_from_ranks
+from .horovod_collectives import (
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather_op,
+    allreduce_op,
+    alltoall_op,
+    barrier_op,
+    broadcast_op,
+    join_op,
+    reducescatter_op,
+    run,
+    start,
+)
+from .horovod_engine import HorovodInternalError, HorovodMismatchError
+from .horovod_process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from .horovod_sync_batch_norm import SyncBatchNorm
+from .horovod_timeline import start_timeline, stop_timeline
 from .torch_optimizer import (
     Compression,
     DistributedOptimizer,
@@ -27,14 +57,10 @@ from .torch_optimizer import (
     broadcast_parameters,
 )
 from .torch_tensors import (
-    _as_array,
-    _as_tensor,
-    _op_for,
     default_comm,
     local_rank,
     local_size,
     rank,
-    reduce_tensor,
     set_default_comm,
     size,
 )
@@ -50,43 +76,74 @@ __all__ = [
     "Product",
     "Adasum",
     "Compression",
+    "HorovodInternalError",
+    "HorovodMismatchError",
     "allreduce",
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "sparse_allreduce_async",
     "synchronize",
     "poll",
     "broadcast",
     "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
     "broadcast_object",
+    "allgather",
+    "allgather_async",
+    "grouped_allgather",
     "allgather_object",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+    "grouped_reducescatter",
+    "barrier",
+    "join",
     "broadcast_parameters",
     "broadcast_optimizer_state",
     "DistributedOptimizer",
+    "SyncBatchNorm",
+    "ProcessSet",
+    "global_process_set",
+    "add_process_set",
+    "remove_process_set",
+    "start_timeline",
+    "stop_timeline",
     "rank",
     "size",
     "local_rank",
     "local_size",
+    "cross_rank",
+    "cross_size",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",
     "gloo_built",
+    "gloo_enabled",
     "nccl_built",
+    "ccl_built",
     "cuda_built",
 ]
 
-#: Horovod's ops, as this package names them
-Average, Sum, Min, Max, Product = "mean", "sum", "min", "max", "prod"
 Adasum = "adasum"
 
 
-def init(comm=None):
+def init(comm=None, process_sets=None):
     """Start (MPI is already up once mpi4py is imported). ``comm``: an mpi4py communicator whose
     ranks every call of mpiallreduce.torch then uses by default, ``rank()`` and ``size()``
-    included (Horovod takes one too, or a list of world ranks; collective over COMM_WORLD then)."""
+    included (Horovod takes one too, or a list of world ranks; collective over COMM_WORLD then).
+    ``process_sets``: ProcessSets to add now (collective, as add_process_set)."""
     if isinstance(comm, (list, tuple)):
         comm = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(list(comm)))
     set_default_comm(comm)
+    for process_set in process_sets or ():
+        add_process_set(process_set)
 
 
 def shutdown():
@@ -137,54 +194,38 @@ def _op(average, op):
     return op
 
 
-def _options(name, process_set, kwargs):
-    if process_set is not None:
-        raise NotImplementedError(
-            "process sets are not implemented by mpiallreduce: init(comm) picks the ranks"
-        )
-    kwargs.setdefault("comm", default_comm())
-    return kwargs
+def _comm(process_set):
+    """The communicator of ``process_set`` (None: the facade's default); this rank must be in it."""
+    if process_set is None or process_set is global_process_set:
+        return default_comm()
+    return process_set.communicator()
 
 
+def _kwargs_left(kwargs):
+    if kwargs:
+        raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+
+
+# ---- allreduce ---------------------------------------------------------------------------------
 class _Allreduce(torch.autograd.Function):
     """allreduce as autograd sees it (Horovod's): the gradient is the same reduction of the
     gradients that reach the result."""
 
     @staticmethod
-    def forward(ctx, tensor, op, kwargs):
-        ctx.op, ctx.kwargs = op, kwargs
-        return reduce_tensor(tensor.detach(), op, False, **kwargs)
+    def forward(ctx, tensor, op, prescale, postscale, comm):
+        ctx.options = (op, prescale, postscale, comm)
+        return run(allreduce_op(tensor, op, prescale, postscale), comm=comm)
 
     @staticmethod
     def backward(ctx, grad):
-        return reduce_tensor(grad.contiguous(), ctx.op, False, **ctx.kwargs), None, None
+        op, prescale, postscale, comm = ctx.options
+        return run(allreduce_op(grad, op, prescale, postscale), comm=comm), None, None, None, None
 
 
-def _reduce(tensor, average, op, compression, prescale_factor, postscale_factor, in_place, kwargs):
-    """The reduction behind allreduce and allreduce_: scale, (compress,) reduce, scale back; out of
-    place on a tensor that requires grad (a sum or a mean), differentiable."""
-    op = _op(average, op)
+def _compressed(tensor, compression):
     codec = getattr(compression, "name", compression)
-    if not in_place and op in (Average, Sum) and tensor.requires_grad and torch.is_grad_enabled():
-        work = tensor * prescale_factor if prescale_factor != 1.0 else tensor
-        if codec is not None and work.is_floating_point() and work.element_size() > 2:
-            work = work.to(torch.float16 if codec == "fp16" else torch.bfloat16)
-        result = _Allreduce.apply(work, op, kwargs)
-        return (result * postscale_factor if postscale_factor != 1.0 else result).to(tensor.dtype)
-    work, copied = tensor.detach(), False
-    if prescale_factor != 1.0:
-        work, copied = work * prescale_factor, True
-    if codec is not None and work.is_floating_point() and work.element_size() > 2:
-        work, copied = work.to(torch.float16 if codec == "fp16" else torch.bfloat16), True
-    # (allreduce: out of place, as the autograd branch above: ranks that differ in requires_grad
-    # make one plan; allreduce_: in place, on the scaled or compressed copy if there is one)
-    result = reduce_tensor(work, op, in_place=in_place, **kwargs)
-    if postscale_factor != 1.0:
-        result = result * postscale_factor
-    if not in_place:
-        return result if result.dtype == tensor.dtype else result.to(tensor.dtype)
-    if copied or postscale_factor != 1.0:
-        tensor.detach().copy_(result)
+    if codec is not None and tensor.is_floating_point() and tensor.element_size() > 2:
+        return tensor.to(torch.float16 if codec == "fp16" else torch.bfloat16)
     return tensor
 
 
@@ -197,120 +238,392 @@ def allreduce(
     prescale_factor=1.0,
     postscale_factor=1.0,
     process_set=None,
-    **kwargs,
 ):
     """A new tensor: ``tensor`` reduced over the ranks, averaged unless ``op`` says otherwise
-    (Horovod's default; torch.distributed's is a sum: ``op=hvd.Sum``). Keywords of
-    ``mpiallreduce.allreduce`` (algorithm, timeout, reproducible...) pass through."""
-    return _reduce(
-        tensor,
-        average,
-        op,
-        compression,
-        prescale_factor,
-        postscale_factor,
-        False,
-        _options(name, process_set, kwargs),
-    )
+    (Horovod's default; torch.distributed's is a sum: ``op=hvd.Sum``); differentiable."""
+    op, comm = _op(average, op), _comm(process_set)
+    work = _compressed(tensor, compression)
+    if work.requires_grad and torch.is_grad_enabled():
+        result = _Allreduce.apply(work, op, prescale_factor, postscale_factor, comm)
+    else:
+        result = run(allreduce_op(work, op, prescale_factor, postscale_factor), name, comm)
+    return result.to(tensor.dtype)
 
 
 def allreduce_(
-    tensor,
-    average=None,
-    name=None,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
     process_set=None,
-    **kwargs,
-):
+):  # fmt: skip
     """``tensor`` reduced over the ranks in place; returns it."""
-    return _reduce(
-        tensor,
-        average,
-        op,
-        None,
-        prescale_factor,
-        postscale_factor,
-        True,
-        _options(name, process_set, kwargs),
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     )
 
 
 class _Handle:
-    """What allreduce_async returns: ``synchronize(handle)`` waits and gives the tensor."""
+    """What the async calls return: ``synchronize(handle)`` waits and gives the result (written
+    into ``into`` for the in-place forms)."""
 
-    def __init__(self, pending, tensor, in_place):
-        self.pending, self.tensor, self.in_place = pending, tensor, in_place
+    def __init__(self, pending, into=None, finish=None):
+        self.pending, self.into, self.finish = pending, into, finish
 
     def wait(self):
         result = self.pending.wait()
-        if self.tensor.device.type == "cuda":
-            import cupy
-
-            cupy.cuda.get_current_stream().synchronize()
-        return self.tensor if self.in_place else _as_tensor(result, self.tensor)
-
-
-def _reduce_async(tensor, average, op, in_place, name, process_set, kwargs):
-    from ..api import allreduce_async as start
-
-    kwargs = _options(name, process_set, kwargs)
-    array = _as_array(tensor)
-    return _Handle(
-        start(
-            array,
-            op=_op_for(tensor, _op(average, op), kwargs),
-            out=array if in_place else None,
-            **kwargs,
-        ),
-        tensor,
-        in_place,
-    )
+        if self.finish is not None:
+            result = self.finish(result)
+        if self.into is not None:
+            with torch.no_grad():
+                for target, value in zip(*_as_lists(self.into, result), strict=True):
+                    target.copy_(value)
+            return self.into
+        return result
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, process_set=None, **kwargs):
+def _as_lists(into, result):
+    return (into, result) if isinstance(into, list) else ([into], [result])
+
+
+def allreduce_async(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
     """Start reducing ``tensor`` in the background; ``synchronize(handle)`` returns a new tensor.
     ``tensor`` must not change until then."""
-    return _reduce_async(tensor, average, op, False, name, process_set, kwargs)
+    op = _op(average, op)
+    pending = start(allreduce_op(tensor, op, prescale_factor, postscale_factor), name,
+                    _comm(process_set))  # fmt: skip
+    return _Handle(pending, finish=lambda result: result.to(tensor.dtype))
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, process_set=None, **kwargs):
+def allreduce_async_(
+    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+    process_set=None,
+):  # fmt: skip
     """As allreduce_async, in place: ``synchronize(handle)`` returns ``tensor``, reduced."""
-    return _reduce_async(tensor, average, op, True, name, process_set, kwargs)
+    op = _op(average, op)
+    pending = start(allreduce_op(tensor, op, prescale_factor, postscale_factor), name,
+                    _comm(process_set))  # fmt: skip
+    return _Handle(pending, into=tensor)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):  # fmt: skip
+    """Each of ``tensors`` reduced (new tensors), as allreduce's, in one group."""
+    return [
+        allreduce(
+            t,
+            average,
+            None if name is None else f"{name}.{i}",
+            compression,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )  # fmt: skip
+        for i, t in enumerate(tensors)
+    ]
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None):  # fmt: skip
+    handles = [
+        allreduce_async(
+            t,
+            average,
+            None if name is None else f"{name}.{i}",
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )  # fmt: skip
+        for i, t in enumerate(tensors)
+    ]
+    return _Group(handles)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None):  # fmt: skip
+    handles = [
+        allreduce_async_(
+            t,
+            average,
+            None if name is None else f"{name}.{i}",
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )  # fmt: skip
+        for i, t in enumerate(tensors)
+    ]
+    return _Group(handles)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=None):  # fmt: skip
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))  # fmt: skip
+
+
+class _Group:
+    """Handles of a grouped call: ``synchronize`` gives every result, in order."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def wait(self):
+        return [handle.wait() for handle in self.handles]
+
+    @property
+    def pending(self):
+        return self
 
 
 def synchronize(handle):
-    """Wait for an allreduce_async; its tensor."""
+    """Wait for an async call; its result."""
     return handle.wait()
 
 
 def poll(handle):
-    """Whether an allreduce_async has finished (``synchronize`` then does not wait)."""
+    """Whether an async call has finished (``synchronize`` then does not wait)."""
+    if isinstance(handle, _Group):
+        return all(h.pending.done() for h in handle.handles)
     return handle.pending.done()
+
+
+# ---- broadcast ---------------------------------------------------------------------------------
+class _Broadcast(torch.autograd.Function):
+    """broadcast as autograd sees it (Horovod's): the mean of the gradients, at the root only."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, comm):
+        ctx.root, ctx.comm = root_rank, comm
+        return run(broadcast_op(tensor, root_rank, comm.Get_size()), comm=comm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        mean = run(allreduce_op(grad, Average), comm=ctx.comm)
+        if ctx.comm.Get_rank() != ctx.root:
+            mean = mean * 0
+        return mean, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """A new tensor holding rank ``root_rank``'s ``tensor``; differentiable."""
+    comm = _comm(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Broadcast.apply(tensor, root_rank, comm)
+    return run(broadcast_op(tensor, root_rank, comm.Get_size()), name, comm)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    comm = _comm(process_set)
+    return _Handle(start(broadcast_op(tensor, root_rank, comm.Get_size()), name, comm))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    comm = _comm(process_set)
+    return _Handle(start(broadcast_op(tensor, root_rank, comm.Get_size()), name, comm), tensor)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """Rank ``root_rank``'s ``tensor`` into every rank's, in place; returns it."""
-    _options(name, process_set, {})
-    broadcast_parameters([tensor], root_rank=root_rank)
-    return tensor
-
-
-def broadcast(tensor, root_rank, name=None, process_set=None):
-    """A new tensor holding rank ``root_rank``'s ``tensor``."""
-    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Rank ``root_rank``'s picklable ``obj``, on every rank (numbered and run as the library's own
     collectives are: core.gather)."""
-    _options(name, process_set, {})
-    comm = default_comm()
+    comm = _comm(process_set)
     return gather_from_ranks(comm, obj if comm.Get_rank() == root_rank else None)[root_rank]
 
 
 def allgather_object(obj, name=None, process_set=None):
     """Every rank's picklable ``obj``, in rank order, on every rank."""
-    _options(name, process_set, {})
-    return gather_from_ranks(default_comm(), obj)
+    return gather_from_ranks(_comm(process_set), obj)
+
+
+# ---- allgather, alltoall, reducescatter ---------------------------------------------------------
+class _Allgather(torch.autograd.Function):
+    """allgather as autograd sees it (Horovod's): the mean of the gradients, this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, comm):
+        ctx.comm, ctx.rows = comm, tensor.shape[0]
+        result = run(allgather_op(tensor), comm=comm)
+        ctx.first = sum(allgather_object(ctx.rows, process_set=_Wrapped(comm))[: comm.Get_rank()])
+        return result
+
+    @staticmethod
+    def backward(ctx, grad):
+        mean = run(allreduce_op(grad.contiguous(), Average), comm=ctx.comm)
+        return mean[ctx.first : ctx.first + ctx.rows], None
+
+
+class _Wrapped:
+    """A communicator where a process set is taken (the autograd functions' own calls)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def communicator(self):
+        return self.comm
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Every rank's ``tensor`` concatenated along the first dimension (each rank's may differ in
+    it); differentiable."""
+    comm = _comm(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Allgather.apply(tensor, comm)
+    return run(allgather_op(tensor), name, comm)
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    return _Handle(start(allgather_op(tensor), name, _comm(process_set)))
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    return [allgather(t, None if name is None else f"{name}.{i}", process_set)
+            for i, t in enumerate(tensors)]  # fmt: skip
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, comm):
+        ctx.comm = comm
+        result, received = run(alltoall_op(tensor, splits, comm.Get_size()), comm=comm)
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return result, received
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        back, _ = run(alltoall_op(grad.contiguous(), ctx.received, ctx.comm.Get_size()),
+                      comm=ctx.comm)  # fmt: skip
+        return back, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Rows of ``tensor`` to each rank by ``splits`` (int32, one count a rank; None: equal parts):
+    (the rows received, in rank order, and the splits received); without ``splits``, the rows
+    alone. Differentiable."""
+    comm = _comm(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        result, received = _Alltoall.apply(tensor, splits, comm)
+    else:
+        result, received = run(alltoall_op(tensor, splits, comm.Get_size()), name, comm)
+    return result if splits is None else (result, received)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    comm = _comm(process_set)
+    return _Handle(start(alltoall_op(tensor, splits, comm.Get_size()), name, comm),
+                   finish=lambda result: result[0] if splits is None else result)  # fmt: skip
+
+
+class _Reducescatter(torch.autograd.Function):
+    """reducescatter as autograd sees it (Horovod's): every rank's gradient rows gathered, then
+    reduced as the forward was (a sum: times the ranks; a mean: as they are)."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, prescale, postscale, comm):
+        ctx.op, ctx.comm = op, comm
+        return run(reducescatter_op(tensor, op, prescale, postscale), comm=comm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gathered = run(allgather_op(grad.contiguous()), comm=ctx.comm)
+        return run(allreduce_op(gathered, ctx.op), comm=ctx.comm), None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  prescale_factor=1.0, postscale_factor=1.0, process_set=None):  # fmt: skip
+    """``tensor`` reduced over the ranks (Average by default), each rank given its rows of the
+    result (the first ``shape[0] % size`` ranks one more); differentiable."""
+    comm = _comm(process_set)
+    work = _compressed(tensor, compression)
+    if work.requires_grad and torch.is_grad_enabled():
+        result = _Reducescatter.apply(work, op, prescale_factor, postscale_factor, comm)
+    else:
+        result = run(reducescatter_op(work, op, prescale_factor, postscale_factor), name, comm)
+    return result.to(tensor.dtype)
+
+
+def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=None):  # fmt: skip
+    return _Handle(start(reducescatter_op(tensor, op, prescale_factor, postscale_factor), name,
+                         _comm(process_set)))  # fmt: skip
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          prescale_factor=1.0, postscale_factor=1.0, process_set=None):  # fmt: skip
+    return [reducescatter(t, None if name is None else f"{name}.{i}", compression, op,
+                          prescale_factor, postscale_factor, process_set)
+            for i, t in enumerate(tensors)]  # fmt: skip
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
+    """A sparse tensor reduced over the ranks (Horovod's way: every rank's indices and values
+    gathered, then summed where they coincide); ``synchronize`` gives a sparse tensor."""
+    tensor = tensor.coalesce()
+    comm = _comm(process_set)
+    indices = start(allgather_op(tensor.indices().t().contiguous()), None, comm)
+    values = start(allgather_op(tensor.values().contiguous()), None, comm)
+
+    def finish(gathered_values):
+        gathered = torch.sparse_coo_tensor(
+            indices.wait().t(), gathered_values, tensor.shape
+        ).coalesce()
+        return gathered / comm.Get_size() if op == Average else gathered
+
+    return _Handle(values, finish=finish)
+
+
+# ---- barrier, join -----------------------------------------------------------------------------
+def barrier(process_set=None):
+    """Wait until every rank is here (after its earlier async calls were negotiated)."""
+    run(barrier_op(), comm=_comm(process_set))
+
+
+def join(device=-1, process_set=None):
+    """This rank has no more data: until every rank has joined, it takes part in the others'
+    allreduces with zeros (any other collective raises there). Returns the rank that joined last,
+    the same on every rank. ``device``: Horovod's, unused (CPU tensors)."""
+    return run(join_op(), comm=_comm(process_set))
+
+
+# ---- what Horovod tells of itself --------------------------------------------------------------
+def cross_rank():
+    """This rank's node's number (among the nodes; Horovod's cross_rank)."""
+    return _nodes()[0]
+
+
+def cross_size():
+    """The number of nodes (Horovod's cross_size)."""
+    return _nodes()[1]
+
+
+_node_facts = []
+
+
+def _nodes():
+    if not _node_facts:
+        comm = default_comm()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        leaders = comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED, key=comm.Get_rank())
+        number = leaders.Get_rank() if leaders != MPI.COMM_NULL else -1
+        number = node.bcast(number, root=0)
+        count = comm.allreduce(1 if node.Get_rank() == 0 else 0)
+        for made in (node, leaders):
+            if made != MPI.COMM_NULL:
+                made.Free()
+        _node_facts[:] = [number, count]
+    return tuple(_node_facts)
+
+
+def gloo_enabled():
+    return False
+
+
+def ccl_built():
+    return False
