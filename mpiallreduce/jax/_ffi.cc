@@ -175,8 +175,8 @@ ffi::Error Mismatch(const Call &call, std::string_view describe) {
   std::memcpy(mine.data(), describe.data(), std::min<size_t>(describe.size(), kDescribed - 1));
   std::vector<std::vector<char>> from;
   Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kDescription, mine.data(),
-                           kDescribed, call.deadline == kNever ? kNever : call.deadline + kGraceSeconds,
-                           from);
+                           kDescribed, nullptr, 0, kNoTail,
+                           call.deadline == kNever ? kNever : call.deadline + kGraceSeconds, from);
   from[call.rank] = mine;
   if (arrived.left) Graveyard(std::move(mine));  // (its sends may yet read it)
   const std::vector<int> &late = arrived.late;
@@ -211,8 +211,8 @@ std::string Verdicts(const Call &call, int64_t verdict) {
   static const int64_t kDone = kVerdictDone;  // (static: a send left behind may read it)
   std::vector<std::vector<char>> from;
   Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kVerdict,
-                           reinterpret_cast<const char *>(&kDone), sizeof kDone,
-                           call.deadline + kGraceSeconds, from);
+                           reinterpret_cast<const char *>(&kDone), sizeof kDone, nullptr, 0,
+                           kNoTail, call.deadline + kGraceSeconds, from);
   if (arrived.error != MPI_SUCCESS) return "AllreduceAborted: " + Prefix(call) + MpiError(arrived.error);
   const std::vector<int> &late = arrived.late;
   std::vector<int> failed;
@@ -324,12 +324,22 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
   bool reduced = false;
   const bool exchange = algorithm == kExchange && op >= 0 && datatype != MPI_DATATYPE_NULL;
   if ((exchange || compare || call.deadline != kNever) && call.size > 1) {
-    const size_t block = exchange ? count * job.width : 0, length = sizeof code + block;
+    // (the header: the code, the tail's length, exchange's input where it fits; else a tail)
+    const size_t block = exchange ? count * width : 0;
+    const bool inline_input = block + 16 <= kHeaderMost;
+    const int64_t tail_bytes = inline_input ? 0 : static_cast<int64_t>(block);
+    const size_t length = 16 + (inline_input ? block : 0);
     char *message = Room(scratch.message, length);
-    std::memcpy(message, &code, sizeof code);
-    if (block) std::memcpy(message + sizeof code, x.untyped_data(), block);
+    std::memcpy(message, &code, 8);
+    std::memcpy(message + 8, &tail_bytes, 8);
+    if (inline_input && block) std::memcpy(message + 16, x.untyped_data(), block);
+    const char *tail = static_cast<const char *>(x.untyped_data());
+    if (tail_bytes && timed) {  // (sent from the handler's buffer: a send left may yet read it)
+      std::memcpy(work, tail, block);
+      tail = work;
+    }
     Arrived arrived = Arrive(comm, call.rank, call.size, call.tag + kArrival, message, length,
-                             call.deadline, scratch.from);
+                             tail, tail_bytes, 8, call.deadline, scratch.from, &scratch.tails);
     if (arrived.error != MPI_SUCCESS) {
       return failed(ffi::ErrorCode::kInternal,
                     "mpiallreduce.jax: " + Prefix(call) + MpiError(arrived.error), true);
@@ -344,12 +354,14 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
                         std::to_string(number) + " on ranks " + std::string(comm_name) + ")",
                     true);
     }
-    bool agree = true;  // (every rank's message: its code, and exchange's input, this size)
+    bool agree = true;  // (every rank's header: its code, this length, this tail)
     for (int q = 0; q < call.size && agree; ++q) {
-      int64_t theirs = code;
-      agree = q == call.rank || scratch.from[q].size() == length;
-      if (agree && q != call.rank) std::memcpy(&theirs, scratch.from[q].data(), sizeof theirs);
-      agree = agree && theirs == code;
+      if (q == call.rank) continue;
+      int64_t theirs = 0, their_tail = -1;
+      agree = scratch.from[q].size() == length;
+      if (agree) std::memcpy(&theirs, scratch.from[q].data(), 8);
+      if (agree) std::memcpy(&their_tail, scratch.from[q].data() + 8, 8);
+      agree = agree && theirs == code && their_tail == tail_bytes;
     }
     if (!agree) {
       ffi::Error mismatch = Mismatch(call, describe);
@@ -357,8 +369,11 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
       return mismatch;
     }
     if (exchange) {
-      ReduceInRankOrder(job, scratch.from, static_cast<const char *>(x.untyped_data()),
-                        sizeof code);
+      const char *own = tail_bytes && timed ? work : static_cast<const char *>(x.untyped_data());
+      ReduceInRankOrder(job, [&](int q) -> const char * {
+        if (q == call.rank) return own;
+        return inline_input ? scratch.from[q].data() + 16 : scratch.tails[q].data();
+      });
       reduced = true;
     }
   }

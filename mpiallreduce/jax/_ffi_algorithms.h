@@ -20,7 +20,7 @@ namespace mpiallreduce_jax {
 // page touched for the first time, once the sizes settle); calls on one communicator are ordered.
 struct Scratch {
   std::vector<char> incoming, message, timed;
-  std::vector<std::vector<char>> from;
+  std::vector<std::vector<char>> from, tails;
 };
 
 inline char *Room(std::vector<char> &buffer, size_t bytes) {
@@ -228,96 +228,118 @@ inline Outcome RunRecursiveDoubling(const Job &job) {
 }
 
 // ---- the arrival, and exchange: every rank's message to every peer --------------------------
-//     rank r --[code | input]--> every peer q, and from every peer: p - 1 messages each way, one
-//     round. Every call starts so: ``exchange`` carries the input (small calls: the reduction is
-//     then local), the other algorithms the code alone. Each message is probed before it is
-//     received, into a buffer of its own length: a peer whose call has another size or
-//     algorithm is a mismatch, never a hang nor a truncation (Open MPI writes a longer message
-//     past a shorter receive's end); a peer missing at the deadline is named (``late``).
+//     rank r --[header: code, tail length, small input]--> every peer q   (tag)
+//            --[tail: a larger input, if any]----------------> every peer q   (tag + 1)
+//     one round, p - 1 messages each way (two where there is a tail). Every call starts so:
+//     ``exchange`` carries its input (the reduction is then local), the other algorithms their
+//     code alone. No receive is ever shorter than what comes (Open MPI writes a longer message
+//     past a shorter receive's end): every header is at most kHeaderMost bytes, each received
+//     into that much, posted ahead; a tail is received once its header has said its length.
+//     So a peer whose call has another size or algorithm is a mismatch, never a hang; a peer
+//     missing at the deadline is named (``late``).
 //     exchange's reduction: every rank reduces the p inputs in rank order, the same bits everywhere.
+constexpr size_t kHeaderMost = 4096;
+constexpr size_t kNoTail = static_cast<size_t>(-1);
+
 struct Arrived {
   int error = MPI_SUCCESS;
   std::vector<int> late;
   bool left = false;  // requests left with MPI: the caller keeps its message alive (Graveyard)
 };
 
-// ``from[q]``: peer q's message, its length what came (one more where it was longer); this
-// rank's own is not copied there.
-inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *message,
-                      size_t bytes, double deadline, std::vector<std::vector<char>> &from) {
+// ``from[q]``: peer q's header (its length what came), ``tails[q]`` its tail; this rank's own
+// are not copied there. ``header`` at most kHeaderMost bytes; ``tail_length_at``: where in a
+// header the (int64) length of its tail is, kNoTail where messages have none.
+inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *header,
+                      size_t header_bytes, const char *tail, size_t tail_bytes,
+                      size_t tail_length_at, double deadline,
+                      std::vector<std::vector<char>> &from,
+                      std::vector<std::vector<char>> *tails = nullptr) {
   Arrived arrived;
   if (from.size() != static_cast<size_t>(size)) from.resize(size);
-  MPI_Request sends_here[8], receives_here[8];  // (no allocation up to 8 ranks)
+  if (tails && tails->size() != static_cast<size_t>(size)) tails->resize(size);
+  const int slots = 2 * size;  // (requests: q's header at q, q's tail at size + q)
+  MPI_Request sends_here[16], receives_here[16];  // (no allocation up to 8 ranks)
   std::vector<MPI_Request> sends_more, receives_more;
   MPI_Request *sends = sends_here, *receives = receives_here;
   if (size > 8) {
-    sends_more.resize(size), receives_more.resize(size);
+    sends_more.resize(slots), receives_more.resize(slots);
     sends = sends_more.data(), receives = receives_more.data();
   }
-  std::fill(sends, sends + size, MPI_REQUEST_NULL);
-  std::fill(receives, receives + size, MPI_REQUEST_NULL);
-  uint64_t probed = 0, received = uint64_t{1} << std::min(rank, 63);  // (bits, up to 64 ranks)
-  std::vector<char> probed_more(size > 64 ? size : 0), received_more(size > 64 ? size : 0);
-  auto flag = [&](uint64_t &bits, std::vector<char> &more, int q) -> bool {
-    return size > 64 ? more[q] != 0 : ((bits >> q) & 1) != 0;
-  };
-  auto set = [&](uint64_t &bits, std::vector<char> &more, int q) {
-    if (size > 64) more[q] = 1; else bits |= uint64_t{1} << q;
-  };
-  if (size > 64) received_more[rank] = 1;
-  int &error = arrived.error;
+  std::fill(sends, sends + slots, MPI_REQUEST_NULL);
+  std::fill(receives, receives + slots, MPI_REQUEST_NULL);
+  char waiting_here[8];  // (by peer: 1, its header is awaited; 2, its tail; 0, neither)
+  std::vector<char> waiting_more(size > 8 ? size : 0);
+  char *waiting = size > 8 ? waiting_more.data() : waiting_here;
+  std::fill(waiting, waiting + size, 0);
+  int &error = arrived.error, pending = 0;
   for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
-    if (q != rank) {
-      error = MPI_Isend(message, static_cast<int>(bytes), MPI_BYTE, q, tag, comm, &sends[q]);
+    if (q == rank) continue;
+    if (from[q].size() < kHeaderMost) from[q].resize(kHeaderMost);
+    error = MPI_Irecv(from[q].data(), static_cast<int>(kHeaderMost), MPI_BYTE, q, tag, comm,
+                      &receives[q]);
+    waiting[q] = 1, ++pending;
+    if (error == MPI_SUCCESS) {
+      error = MPI_Isend(header, static_cast<int>(header_bytes), MPI_BYTE, q, tag, comm, &sends[q]);
+    }
+    if (error == MPI_SUCCESS && tail_bytes) {
+      error = MPI_Isend(tail, static_cast<int>(tail_bytes), MPI_BYTE, q, tag + 1, comm,
+                        &sends[size + q]);
     }
   }
-  int pending = size - 1;
   for (int tests = 0; error == MPI_SUCCESS && pending > 0; ++tests) {
     for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
-      if (flag(received, received_more, q)) continue;
-      if (!flag(probed, probed_more, q)) {  // (probed first: received whole, whatever its length)
-        int found = 0, length = 0;
-        MPI_Message matched;
-        MPI_Status status;
-        error = MPI_Improbe(q, tag, comm, &found, &matched, &status);
-        if (error != MPI_SUCCESS || !found) continue;
+      if (!waiting[q]) continue;
+      int done = 0;
+      MPI_Status status;
+      error = MPI_Test(&receives[waiting[q] == 1 ? q : size + q], &done, &status);
+      if (error != MPI_SUCCESS || !done) continue;
+      int64_t theirs = 0;
+      if (waiting[q] == 1) {  // (its header: its length, and the length of a tail to come)
+        int length = 0;
         MPI_Get_count(&status, MPI_BYTE, &length);
         from[q].resize(length);
-        error = MPI_Imrecv(from[q].data(), length, MPI_BYTE, &matched, &receives[q]);
-        set(probed, probed_more, q);
+        if (tail_length_at != kNoTail && static_cast<size_t>(length) >= tail_length_at + 8) {
+          std::memcpy(&theirs, from[q].data() + tail_length_at, 8);
+        }
       }
-      int done = 0;
-      if (error == MPI_SUCCESS) error = MPI_Test(&receives[q], &done, MPI_STATUS_IGNORE);
-      if (done) {
-        set(received, received_more, q);
-        --pending;
+      if (theirs > 0 && tails && theirs < (int64_t{1} << 31)) {
+        (*tails)[q].resize(theirs);
+        error = MPI_Irecv((*tails)[q].data(), static_cast<int>(theirs), MPI_BYTE, q, tag + 1,
+                          comm, &receives[size + q]);
+        waiting[q] = 2;
+      } else {
+        waiting[q] = 0, --pending;
       }
     }
     if (pending > 0 && deadline != kNever && Now() > deadline) {
       for (int q = 0; q < size; ++q) {
-        if (!flag(received, received_more, q)) arrived.late.push_back(q);
+        if (waiting[q]) arrived.late.push_back(q);
       }
       break;
     }
     if (tests > 64) sched_yield();
   }
   if (error == MPI_SUCCESS && arrived.late.empty()) {
-    Wait(size, sends, deadline, &error);  // (received everywhere: done, or soon)
+    Wait(slots, sends, deadline, &error);  // (received everywhere: done, or soon)
   }
-  arrived.left = Leave(size, sends);
-  if (Leave(size, receives) || arrived.left) {
+  arrived.left = Leave(slots, sends);
+  if (Leave(slots, receives) || arrived.left) {
     arrived.left = true;
     for (auto &buffer : from) Graveyard(std::move(buffer));  // (moved: the same memory)
+    if (tails) {
+      for (auto &buffer : *tails) Graveyard(std::move(buffer));
+    }
   }
   return arrived;
 }
 
-// exchange's result: ``out`` = the inputs in rank order (this rank's ``own``, the peers' after
-// their messages' ``header`` bytes); ``out`` may be ``own`` (in place)
-inline void ReduceInRankOrder(const Job &job, const std::vector<std::vector<char>> &from,
-                              const char *own, size_t header) {
+// exchange's result: ``out`` = the inputs in rank order (``input(q)``: rank q's; this rank's
+// may be ``out`` itself, in place)
+template <typename Input>
+inline void ReduceInRankOrder(const Job &job, Input input) {
   const size_t block = job.count * job.width;
-  auto input = [&](int q) { return q == job.rank ? own : from[q].data() + header; };
+  const char *own = input(job.rank);
   if (job.size == 2) {  // (rank 0's operand first on both: the same bits)
     if (job.out != own) std::memcpy(job.out, own, block);
     Combine(job.type, job.op, job.out, input(1 - job.rank), job.count,

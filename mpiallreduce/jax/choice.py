@@ -7,7 +7,8 @@ the facts are agreed and the call is compared).
     dissemination        exchange              small calls whose signature rides in the messages:
                                                every rank's input to every peer, one round, each
                                                reducing in rank order (dissemination's result,
-                                               its rounds flattened into one)
+                                               its rounds flattened into one), up to
+                                               EXCHANGE_INLINE_BYTES; past it, mpi
     recursive_doubling   recursive_doubling
     ring                 ring
     ring_pipelined       ring                  the ring's kin: a reduce-scatter, then an
@@ -31,7 +32,13 @@ from ..core.planner import plan_call
 from ..core.settings import settings
 from ..core.state import state_of
 
-__all__ = ["HANDLER_ALGORITHMS", "EXCHANGE_MOST_BYTES", "Choice", "choose"]
+__all__ = [
+    "HANDLER_ALGORITHMS",
+    "EXCHANGE_MOST_BYTES",
+    "EXCHANGE_INLINE_BYTES",
+    "Choice",
+    "choose",
+]
 
 #: the handler's algorithms by its number for them (_ffi.cc: Algorithm)
 HANDLER_ALGORITHMS = {
@@ -43,6 +50,10 @@ HANDLER_ALGORITHMS = {
 }
 #: exchange's message (8 bytes of signature, then the call's) is one MPI count of bytes
 EXCHANGE_MOST_BYTES = 2**31 - 1 - 8
+#: the input exchange carries in the arrival's header (_ffi_algorithms.h: kHeaderMost less its
+#: 16 bytes of code and tail length); a larger one goes as a second message, received once the
+#: header has said its length: a round trip more, so auto runs MPI's own past this size
+EXCHANGE_INLINE_BYTES = 4096 - 16
 _NEAREST = {
     "dissemination": "exchange",
     "ring_pipelined": "ring",
@@ -82,6 +93,6 @@ def choose(comm, dtype, nbytes, op, algorithm="auto"):
     plan = plan_call(facts, False, np.dtype(dtype), max(int(nbytes), 1), op, "auto", in_place=True)
     planned = plan.algorithm.name
     name = planned if planned in HANDLER_ALGORITHMS else _NEAREST.get(planned, "mpi")
-    if name == "exchange" and nbytes > EXCHANGE_MOST_BYTES:
-        name = "mpi"
+    if name == "exchange" and nbytes > EXCHANGE_INLINE_BYTES:
+        name = "mpi"  # (its input rides in the arrival's header up to here; past it, MPI's own)
     return Choice(name, planned, plan.reason)
