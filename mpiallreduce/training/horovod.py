@@ -1,10 +1,10 @@
-"""Horovod's PyTorch API over mpiallreduce: a script written for ``horovod.torch`` runs with one line
-changed, ``import mpiallreduce.torch as hvd``.
+"""Horovod's PyTorch API over mpiallreduce: a script written for ``horovod.torch`` runs with
+one line changed, ``import mpiallreduce.torch as hvd``.
 
     hvd.init()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+    optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters(),
                                          compression=hvd.Compression.fp16, backward_passes_per_step=1)
     loss.backward(); optimizer.step()
     mean = hvd.allreduce(torch.tensor(val))            # Horovod averages by default: op=hvd.Average
@@ -13,12 +13,11 @@ changed, ``import mpiallreduce.torch as hvd``.
     hvd.barrier(); last = hvd.join()                   # uneven data: joined ranks give zeros
 
 The tensor collectives (allreduce, broadcast, allgather, alltoall, reducescatter, their async and
-grouped forms, barrier, join) are negotiated ops run in order in the background
-(mpiallreduce.training.horovod_engine; their data moves: horovod_collectives): ranks whose calls
-differ raise HorovodMismatchError (a RuntimeError, as Horovod's, and this project's
-SignatureMismatch) on every rank, and the next call pairs up. Where it differs from Horovod
-(docs/training.md): calls match by their order on each rank, not by name; fp16 and bf16 are
-summed in float32 and rounded once; no Adasum.
+grouped forms, barrier, join) are negotiated ops, matched by name (unnamed ones by their order on
+each rank) and run in the background (mpiallreduce.training.horovod_engine; their data moves:
+horovod_collectives): ranks whose calls of one name differ raise HorovodMismatchError (a
+RuntimeError, as Horovod's, and this project's SignatureMismatch) on every rank, and the next call
+pairs up. Where it differs from Horovod: docs/training.md.
 """
 
 import torch
@@ -50,12 +49,8 @@ from .horovod_process_sets import (
 )
 from .horovod_sync_batch_norm import SyncBatchNorm
 from .horovod_timeline import start_timeline, stop_timeline
-from .torch_optimizer import (
-    Compression,
-    DistributedOptimizer,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
+from .torch_optimizer import Compression, broadcast_optimizer_state, broadcast_parameters
+from .torch_optimizer import DistributedOptimizer as _DistributedOptimizer
 from .torch_tensors import (
     default_comm,
     local_rank,
@@ -182,16 +177,34 @@ def cuda_built():
         return False
 
 
+def DistributedOptimizer(
+    optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+    op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
+    process_set=None, **options,
+):  # fmt: skip
+    """Horovod's ``hvd.DistributedOptimizer``: mpiallreduce.torch's, with Horovod's defaults: a
+    parameter that got no gradient on a rank counts as zeros there (Horovod reduces zeros for
+    it), and ``op`` Average. ``num_groups``, ``groups`` and ``sparse_as_dense`` are taken and not
+    needed (buckets are planned by size)."""
+    options.setdefault("find_unused", True)
+    if process_set is not None and process_set is not global_process_set:
+        options.setdefault("comm", process_set.communicator())
+    return _DistributedOptimizer(
+        optimizer,
+        named_parameters=named_parameters,
+        compression=compression,
+        backward_passes_per_step=backward_passes_per_step,
+        op="mean" if op in (None, Average) else op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        **options,
+    )
+
+
 def _op(average, op):
     """Horovod's rule: ``average`` (deprecated) or ``op``, not both; neither: Average."""
     if average is not None and op is not None:
         raise ValueError("give op= or average=, not both (Horovod's rule)")
-    op = (Average if average in (None, True) else Sum) if op is None else op
-    if op == Adasum:
-        raise NotImplementedError(
-            "hvd.Adasum is not implemented by mpiallreduce: use hvd.Average or hvd.Sum"
-        )
-    return op
+    return (Average if average in (None, True) else Sum) if op is None else op
 
 
 def _comm(process_set):
@@ -277,6 +290,8 @@ class _Handle:
                     target.copy_(value)
             return self.into
         return result
+
+    __call__ = wait  # (sparse_allreduce_async's handle is called, in Horovod)
 
 
 def _as_lists(into, result):

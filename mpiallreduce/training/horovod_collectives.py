@@ -65,12 +65,16 @@ def _dtype_name(tensor):
 def _bytes(tensor):
     """A contiguous CPU copy's bytes (numpy uint8), and the copy."""
     copy = tensor.detach().contiguous().cpu().clone()
-    return copy.view(torch.uint8).reshape(-1).numpy(), copy
+    return copy.reshape(-1).view(torch.uint8).numpy(), copy
 
 
 def _from_bytes(array, dtype, shape, like):
     tensor = torch.from_numpy(array).view(dtype).reshape(shape)
     return tensor.to(like.device) if like.device.type != "cpu" else tensor
+
+
+def _refused(kind, reason):
+    return Descriptor(REFUSED, (kind, reason))
 
 
 def start(op, name=None, comm=None):
@@ -103,9 +107,19 @@ def _base(op):
     return Sum if op == Average else op
 
 
+def _op_refused(kind, op):
+    """The refusal of an op this package does not reduce by (hvd.Adasum), or None."""
+    if op in (Average, Sum, Min, Max, Product):
+        return None
+    what = "hvd.Adasum is" if op == "adasum" else f"the op {op!r} is"
+    return _refused(kind, f"{what} not implemented by mpiallreduce: use hvd.Average or hvd.Sum")
+
+
 def allreduce_op(tensor, op, prescale_factor=1.0, postscale_factor=1.0):
     """The op reducing ``tensor`` (detached) by ``op`` (a new tensor)."""
-    descriptor = Descriptor("allreduce", (_dtype_name(tensor), tuple(tensor.shape), op))
+    descriptor = _op_refused("allreduce", op) or Descriptor(
+        "allreduce", (_dtype_name(tensor), tuple(tensor.shape), op)
+    )
 
     def move(descriptors, engine):
         work = _scaled(tensor.detach(), prescale_factor)
@@ -114,7 +128,7 @@ def allreduce_op(tensor, op, prescale_factor=1.0, postscale_factor=1.0):
             result = _averaged(result, engine.size)
         return _scaled(result, postscale_factor)
 
-    return Op(descriptor, move, joined_may_take_part=True)
+    return Op(descriptor, move)
 
 
 @joined_runner("allreduce")
@@ -125,10 +139,6 @@ def _zeros_to_an_allreduce(descriptors, engine):
 
 
 # ---- broadcast ---------------------------------------------------------------------------------
-def _refused(kind, reason):
-    return Descriptor(REFUSED, (kind, reason))
-
-
 def broadcast_op(tensor, root_rank, size):
     """The op giving rank ``root_rank``'s ``tensor`` to every rank (a new tensor)."""
     if not isinstance(root_rank, int) or not 0 <= root_rank < size:
@@ -241,7 +251,9 @@ def reducescatter_op(tensor, op, prescale_factor=1.0, postscale_factor=1.0):
         descriptor = _refused("reducescatter", "a 0-dimensional tensor has no rows to scatter")
     else:
         reduce = allreduce_op(tensor, op, prescale_factor, postscale_factor)
-        descriptor = Descriptor("reducescatter", reduce.descriptor.matched)
+        descriptor = _op_refused("reducescatter", op) or Descriptor(
+            "reducescatter", reduce.descriptor.matched
+        )
 
     def move(descriptors, engine):
         whole = reduce.run(descriptors, engine)

@@ -1,33 +1,41 @@
-"""How the Horovod facade runs its collectives: negotiated, in order, in the background.
+"""How the Horovod facade runs its collectives: matched by name, negotiated in rounds, run in the
+background, as Horovod's own background thread does.
 
-    hvd.allreduce_async(t, name=...)      (and every other collective of mpiallreduce.torch)
-      submit ──> a queue ──> one thread per communicator (an Engine), in submission order:
-        negotiate   every rank's Descriptor (kind, dtype, shape, root, op...), gathered, bounded
-                    by the timeout (core.gather.gather_from_ranks on the engine's own duplicate)
-          agree     ──> the op moves its data (the library's allreduce, or MPI's allgatherv,
-                        bcast, alltoallv, reduce_scatter on a second duplicate, waited for with
-                        the deadline)
-          differ    ──> the same HorovodMismatchError on every rank, naming each rank's call;
-                        no data moves, and the next op pairs up on every rank
-          joined    ──> ranks that called join() answer every negotiation as joined: an
-                        allreduce counts them as zeros, any other collective is an error
-      handle.wait() (hvd.synchronize): the op's result, or its error
+    hvd.allreduce_async(t, name=...)          (every collective of mpiallreduce.torch)
+      submit (the caller's thread): the op's key, (kind, name), or ("noname", n) for the n-th
+      unnamed op of this rank; a key still in flight here is a ValueError, at once
+        └─> the engine's thread (one per communicator) rings every peer's doorbell
 
-So an async op never blocks its caller (Horovod's semantics: a rank may submit, then wait in a
-barrier its peers reach before they submit theirs), and ops match by their order on each rank (not
-by name, as in Horovod: docs/training.md). ``name=`` is checked at submission: a name still in
-flight on this rank is a ValueError there, as in Horovod.
+    a round (every rank's engine thread, when any rank rang for it; idle otherwise):
+        rank 0: [allreduce.grad_a, noname.7]  ┐
+        rank 1: [noname.7]                    ├─ gathered by every rank (bounded by the timeout)
+        rank 2: [noname.7, allreduce.grad_a]  ┘
+      ready: the keys every rank that has not joined holds (noname.7), in the order of the
+      lowest such rank's list; for each, from every rank's descriptor, the same decision on every
+      rank:
+        refused (a rank could not make it)  ──> HorovodArgumentError on every rank holding it
+        differ (kind, dtype, shape, root)   ──> HorovodMismatchError on every rank holding it
+        joined ranks, not an allreduce      ──> HorovodInternalError
+        agree                               ──> the op moves its data (horovod_collectives; a
+                                                joined rank gives an allreduce zeros)
+      expired: a key some rank has held longer than the timeout setting fails there, naming the
+      ranks that never submitted it; those fail it when they do, so the ranks stay in step
+      every rank joined ──> join() returns the rank that joined last, on every rank
+      (a joined rank counts the unnamed ops it took part in as its own: the numbers stay alike)
+
+So an async op never blocks its caller, and a rank may submit an op, wait in a barrier its peers
+reach first, and have its op met after it (Horovod's semantics; its test_torch.py relies on them).
 """
 
-import itertools
-import queue
+import pickle
 import threading
+import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from mpi4py import MPI
 
 from ..core.consistency import SignatureMismatch
-from ..core.gather import gather_from_ranks
 from ..core.settings import settings
 
 __all__ = [
@@ -53,8 +61,8 @@ class HorovodInternalError(RuntimeError):
 
 
 class HorovodMismatchError(HorovodInternalError, SignatureMismatch):
-    """The ranks' collectives differ: a RuntimeError, as Horovod raises, and this project's
-    SignatureMismatch (a ValueError); raised on every rank, before any data moved."""
+    """The ranks' collectives of one name differ: a RuntimeError, as Horovod raises, and this
+    project's SignatureMismatch (a ValueError); raised on every rank, before any data moved."""
 
 
 class HorovodArgumentError(HorovodInternalError, ValueError):
@@ -62,10 +70,13 @@ class HorovodArgumentError(HorovodInternalError, ValueError):
     rank, naming it (Horovod raises ValueError or RuntimeError for these)."""
 
 
-#: a rank that has called join(): what its descriptor says in every negotiation
+#: a rank that has joined and does not hold the op: its place among the descriptors
 JOINED = "joined"
 #: a rank that cannot make its call: its descriptor's kind, its matched (the call, the reason)
 REFUSED = "refused"
+#: how often an idle engine looks for a peer's doorbell (seconds), by how long it has been idle:
+#: (idle up to, poll every); the last, beyond. A rank's own submission wakes it at once.
+POLLS = ((0.01, 0.0002), (1.0, 0.001), (None, 0.01))
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,9 @@ class Descriptor:
 
     def describe(self):
         return self.kind if not self.matched else f"{self.kind} {' '.join(map(str, self.matched))}"
+
+
+_JOINED = Descriptor(JOINED)
 
 
 class Handle:
@@ -104,126 +118,276 @@ class Handle:
 
 @dataclass
 class Op:
-    """A collective: its descriptor, ``run(descriptors, engine)`` (every rank's descriptor, in rank
-    order: the data's move; joined ranks' are JOINED), and whether joined ranks may take part."""
+    """A collective: its descriptor and ``run(descriptors, engine)`` (every rank's descriptor, in
+    rank order, JOINED for a joined rank: the data's move)."""
 
     descriptor: Descriptor
     run: object
-    joined_may_take_part: bool = False
     handle: Handle = field(default_factory=Handle)
+    key: tuple = ()
+    submitted: float = 0.0
 
 
-def _mismatch(descriptors, rank):
-    """The error of differing descriptors (None where they agree), the same text on every rank."""
+def _key_text(key):
+    return ".".join(map(str, key))
+
+
+def decide(key, descriptors, rank):
+    """The error of op ``key`` from every rank's descriptor (None: it runs): the same on every
+    rank, before any data moves."""
+    refused = [(r, d.matched) for r, d in enumerate(descriptors) if d.kind == REFUSED]
+    if refused:
+        return HorovodArgumentError(
+            f"rank {rank}: "
+            + "; ".join(f"rank {r} cannot make its {kind}: {why}" for r, (kind, why) in refused)
+        )
     present = [d for d in descriptors if d.kind != JOINED]
-    if len({(d.kind, d.matched) for d in present}) <= 1:
-        return None
-    lines = "\n".join(f"  rank {r}: {d.describe()}" for r, d in enumerate(descriptors))
-    return HorovodMismatchError(
-        f"rank {rank}: the ranks' collectives differ (mpiallreduce.torch matches them by their "
-        f"order on each rank); nothing was moved:\n{lines}"
-    )
+    if len({(d.kind, d.matched) for d in present}) > 1:
+        lines = "\n".join(f"  rank {r}: {d.describe()}" for r, d in enumerate(descriptors))
+        return HorovodMismatchError(
+            f"rank {rank}: the ranks' collectives named {_key_text(key)} differ; nothing was "
+            f"moved:\n{lines}"
+        )
+    joined = [r for r, d in enumerate(descriptors) if d.kind == JOINED]
+    if joined and present[0].kind not in _joined_runners:
+        return HorovodInternalError(
+            f"rank {rank}: a {present[0].kind} while rank(s) {joined} have joined: only "
+            "allreduce takes part in join (Horovod's rule)"
+        )
+    return None
 
 
 class Engine:
-    """One communicator's ops, in order, on one background thread."""
+    """One communicator's ops, negotiated in rounds and run on one background thread."""
 
     def __init__(self, comm):
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         # (made here, in program order on every rank: the facade's first call, or init)
-        self.negotiation, self.data = comm.Dup(), comm.Dup()
-        self._queue = queue.Queue()
-        self._names = {}  # name -> Handle in flight
+        self.doorbells, self.negotiation, self.data = comm.Dup(), comm.Dup(), comm.Dup()
         self._lock = threading.Lock()
+        self._news = threading.Event()
+        self._submitted = []  # ops not yet in a round
+        self._pending = {}  # key -> Op, in a round, not yet run
+        self._unnamed = 0  # the next unnamed op's number
+        self._failed = {}  # key -> the error of a key that expired before this rank held it
+        self._join = None  # (join's Handle, the round this rank joined in)
+        self._round = 0
+        self._broken = None
+        self._stopping = False
+        self._rung = []
+        self._bell = np.zeros(1, dtype=np.int64)
+        self._bell_request = self.doorbells.Irecv([self._bell, MPI.INT64_T], MPI.ANY_SOURCE)
         self._thread = threading.Thread(target=self._serve, name="mpiallreduce.torch", daemon=True)
         self._thread.start()
 
+    # ---- the caller's side ----
     def submit(self, op, name=None):
-        """Queue ``op``; its Handle. A ``name`` still in flight here: ValueError, at once."""
-        if name is not None:
-            key = (op.descriptor.kind, name)
-            with self._lock:
-                earlier = self._names.get(key)
-                if earlier is not None and not earlier.done():
+        """Queue ``op``; its Handle. A ``name`` of this kind still in flight here: ValueError."""
+        with self._lock:
+            if op.descriptor.kind == "join":
+                op.key = ("join",)
+            elif name is None:
+                op.key, self._unnamed = ("noname", self._unnamed), self._unnamed + 1
+            else:
+                op.key = (op.descriptor.kind, str(name))
+                if self._holds(op.key):
                     raise ValueError(
                         f"rank {self.rank}: a {op.descriptor.kind} named {name!r} is still in "
                         "flight on this rank (Horovod's rule: one at a time per name)"
                     )
-                self._names[key] = op.handle
-        op.handle.name = name
-        self._queue.put(op)
+            op.handle.name, op.submitted = name, time.monotonic()
+            if self._broken is not None:
+                op.handle.finish(error=self._broken)
+                return op.handle
+            self._submitted.append(op)
+        self._news.set()
         return op.handle
 
-    def negotiate(self, descriptor):
-        """Every rank's descriptor, in rank order (bounded by the timeout setting)."""
-        return gather_from_ranks(self.negotiation, descriptor, timeout=settings().timeout)
+    def _holds(self, key):
+        return key in self._pending or any(op.key == key for op in self._submitted)
+
+    # ---- the engine's thread ----
+    def stop(self):
+        """Stop the thread once it is idle (its communicator is going: remove_process_set); ops
+        in flight then fail."""
+        self._stopping = True
+        self._news.set()
 
     def _serve(self):
         while True:
-            op = self._queue.get()
             try:
-                op.handle.finish(result=self._run(op))
-            except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+                self._await_round()
+                self._run_round()
+            except _Stopped:
+                self._bell_request.Cancel()
+                self._break(HorovodInternalError(f"rank {self.rank}: its process set was removed"))
+                return
+            except BaseException as error:  # noqa: BLE001 - every op in flight is told
+                self._break(error)
+                return
+
+    def _break(self, error):
+        if not isinstance(error, HorovodInternalError):
+            wrapped = HorovodInternalError(
+                f"rank {self.rank}: the facade's engine stopped: {error}"
+            )
+            wrapped.__cause__ = error
+            error = wrapped
+        with self._lock:
+            self._broken = error
+            ops = [*self._pending.values(), *self._submitted]
+            self._pending.clear()
+            self._submitted.clear()
+            join, self._join = self._join, None
+        for op in ops:
+            op.handle.finish(error=error)
+        if join is not None:
+            join[0].finish(error=error)
+
+    def _expiring(self):
+        """The time (monotonic) at which this rank's oldest op expires, or None."""
+        timeout = settings().timeout
+        if timeout is None or not self._pending:
+            return None
+        return min(op.submitted for op in self._pending.values()) + timeout
+
+    def _await_round(self):
+        """Return when this rank takes part in the next round: at once where it has news (then it
+        rings every peer), else when a peer rings for this round (or this rank's oldest op
+        expires: news)."""
+        idle_since = time.monotonic()
+        while True:
+            expiring = self._expiring()
+            if self._submitted or (expiring is not None and time.monotonic() >= expiring):
+                self._ring()
+                return
+            while self._bell_request.Test():
+                rung_for = int(self._bell[0])
+                self._bell_request = self.doorbells.Irecv([self._bell, MPI.INT64_T], MPI.ANY_SOURCE)
+                if rung_for >= self._round:
+                    return
+            if self._stopping:
+                raise _Stopped
+            idle = time.monotonic() - idle_since
+            self._news.wait(next(poll for upto, poll in POLLS if upto is None or idle < upto))
+            self._news.clear()
+
+    def _ring(self):
+        # (each bell's buffer kept with its send until the send completes)
+        self._rung = [(request, bell) for request, bell in self._rung if not request.Test()]
+        bell = np.array([self._round], dtype=np.int64)
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._rung.append((self.doorbells.Isend([bell, MPI.INT64_T], peer), bell))
+
+    def _gather(self, value):
+        """Every rank's ``value`` (pickled), in rank order, bounded by the timeout setting."""
+        if self.size == 1:
+            return [value]
+        data = np.frombuffer(pickle.dumps(value), dtype=np.uint8)
+        sizes = np.zeros(self.size, dtype=np.int64)
+        mine = np.array([data.size], dtype=np.int64)
+        wait_for(self.negotiation.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T]),
+                 "negotiation", self.rank, "a peer did not come to it")  # fmt: skip
+        displacements = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        received = np.empty(int(sizes.sum()), dtype=np.uint8)
+        request = self.negotiation.Iallgatherv(
+            [data, MPI.BYTE], [received, sizes.tolist(), displacements.tolist(), MPI.BYTE]
+        )
+        wait_for(request, "negotiation", self.rank, "a peer did not come to it")
+        return [
+            pickle.loads(received[start : start + size].tobytes())
+            for start, size in zip(displacements.tolist(), sizes.tolist(), strict=True)
+        ]
+
+    def _run_round(self):
+        with self._lock:
+            taken, self._submitted = self._submitted, []
+        for op in taken:
+            if op.key == ("join",):
+                self._join = (op.handle, self._round)
+            elif op.key in self._failed:
+                op.handle.finish(error=self._failed.pop(op.key))
+            else:
+                self._pending[op.key] = op
+        timeout = settings().timeout
+        now = time.monotonic()
+        mine = {
+            "ops": [(key, op.descriptor) for key, op in self._pending.items()],
+            "expired": [
+                key
+                for key, op in self._pending.items()
+                if timeout is not None and now - op.submitted >= timeout
+            ],  # fmt: skip
+            "joined": None if self._join is None else self._join[1],
+        }
+        for op in taken:
+            if op.key in self._pending:
+                _tell(f"NEGOTIATE_{op.descriptor.kind.upper()}", op, "B")
+        for op in self._pending.values():
+            _tell("CYCLE_START", op, "i")
+        everyone = self._gather(mine)
+        self._round += 1
+        self._settle(everyone, timeout)
+
+    def _settle(self, everyone, timeout):
+        """What the round decided, the same on every rank: the ready ops run, expired ones fail,
+        a join every rank made returns."""
+        held = [dict(contribution["ops"]) for contribution in everyone]
+        joined = [
+            r for r, contribution in enumerate(everyone) if contribution["joined"] is not None
+        ]
+        active = [r for r in range(self.size) if r not in joined]
+        if not active:
+            last = max(joined, key=lambda r: (everyone[r]["joined"], r))
+            handle, self._join = self._join[0], None
+            handle.finish(result=last)
+            return
+        ready = [
+            key for key, _ in everyone[active[0]]["ops"] if all(key in held[r] for r in active)
+        ]
+        for key in ready:
+            descriptors = [held[r].get(key, _JOINED) for r in range(self.size)]
+            self._run_ready(key, descriptors)
+        expired = {key for contribution in everyone for key in contribution["expired"]}
+        for key in sorted(expired - set(ready), key=_key_text):
+            holding = [r for r in range(self.size) if key in held[r]]
+            missing = [r for r in range(self.size) if key not in held[r]]
+            error = HorovodInternalError(
+                f"rank {self.rank}: the collective {_key_text(key)} waited {timeout} s: rank(s) "
+                f"{holding} submitted it, rank(s) {missing} did not (it fails on every rank that "
+                "submits it, so the ranks stay in step)"
+            )
+            op = self._pending.pop(key, None)
+            if op is not None:
                 op.handle.finish(error=error)
+            else:
+                self._failed[key] = error
 
-    def _run(self, op):
-        if op.descriptor.kind == "join":
-            return self._join()
-        kind, label = op.descriptor.kind, f"{op.descriptor.kind}.{op.handle.name or 'noname'}"
-        observed = list(_observers)
-        for observer in observed:
-            observer("CYCLE_START", label, "i")
-            observer(f"NEGOTIATE_{kind.upper()}", label, "B")
-        try:
-            descriptors = self.negotiate(op.descriptor)
-        finally:
-            for observer in observed:
-                observer(f"NEGOTIATE_{kind.upper()}", label, "E")
-        for observer in observed:
-            observer(kind.upper(), label, "B")
-        try:
-            return self._moved(op, descriptors)
-        finally:
-            for observer in observed:
-                observer(kind.upper(), label, "E")
-
-    def _moved(self, op, descriptors):
-        refused = [(r, d.matched) for r, d in enumerate(descriptors) if d.kind == REFUSED]
-        if refused:
-            raise HorovodArgumentError(
-                f"rank {self.rank}: "
-                + "; ".join(f"rank {r} cannot make its {kind}: {why}" for r, (kind, why) in refused)
-            )
-        error = _mismatch(descriptors, self.rank)
+    def _run_ready(self, key, descriptors):
+        op = self._pending.pop(key, None)
+        error = decide(key, descriptors, self.rank)
+        if op is None:  # this rank has joined: zeros to an allreduce
+            if key[0] == "noname":  # (it took part: its unnamed ops stay numbered as the others')
+                with self._lock:
+                    self._unnamed = max(self._unnamed, key[1] + 1)
+            if error is None:
+                kind = next(d.kind for d in descriptors if d.kind != JOINED)
+                _joined_runners[kind](descriptors, self)
+            return
+        kind = op.descriptor.kind.upper()
+        _tell(f"NEGOTIATE_{kind}", op, "E")
         if error is not None:
-            raise error
-        if any(d.kind == JOINED for d in descriptors) and not op.joined_may_take_part:
-            joined = [r for r, d in enumerate(descriptors) if d.kind == JOINED]
-            raise HorovodInternalError(
-                f"rank {self.rank}: a {op.descriptor.kind} while rank(s) {joined} have joined: "
-                "only allreduce takes part in join (Horovod's rule)"
-            )
-        return op.run(descriptors, self)
-
-    def _join(self):
-        """Answer every negotiation as joined (zeros to the allreduces of the others) until every
-        rank has joined; the rank that joined last (the same on every rank)."""
-        for round_number in itertools.count():
-            descriptors = self.negotiate(Descriptor(JOINED, (), (round_number,)))
-            present = [(r, d) for r, d in enumerate(descriptors) if d.kind != JOINED]
-            if any(d.kind == REFUSED for _, d in present):
-                continue
-            if not present:
-                # (each joined rank's own: the round it joined in; the last to join is the
-                # highest round, the highest rank among equals)
-                return max(range(self.size), key=lambda r: (-descriptors[r].own[0], r))
-            error = _mismatch(descriptors, self.rank)
-            if error is not None:  # (the others' ops differ: they raise it; this rank goes on)
-                continue
-            runner = _joined_runners.get(present[0][1].kind)
-            if runner is not None:
-                runner(descriptors, self)
+            op.handle.finish(error=error)
+            return
+        _tell(kind, op, "B")
+        try:
+            op.handle.finish(result=op.run(descriptors, self))
+        except Exception as failure:  # noqa: BLE001 - handed to the waiting thread
+            op.handle.finish(error=failure)
+        finally:
+            _tell(kind, op, "E")
 
 
 #: what a joined rank does in another rank's collective, by kind (allreduce: zeros)
@@ -231,6 +395,13 @@ _joined_runners = {}
 #: functions told of each op's phases (the timeline: horovod_timeline): (event, op label, "B"
 #: for its beginning, "E" for its end, "i" for an instant)
 _observers = []
+
+
+def _tell(event, op, phase):
+    if _observers:
+        label = f"{op.descriptor.kind}.{op.handle.name or 'noname'}"
+        for observer in list(_observers):
+            observer(event, label, phase)
 
 
 def observe(observer):
@@ -254,10 +425,17 @@ _engines = {}
 _engines_lock = threading.Lock()
 
 
+class _Stopped(Exception):
+    """An engine told to stop (Engine.stop)."""
+
+
 def forget_engine(comm):
-    """Drop ``comm``'s Engine (its communicator is being freed: a later one may get its handle)."""
+    """Stop and drop ``comm``'s Engine (its communicator is being freed: a later one may get its
+    handle)."""
     with _engines_lock:
-        _engines.pop(comm.handle, None)
+        engine = _engines.pop(comm.handle, None)
+    if engine is not None:
+        engine.stop()
 
 
 def engine_for(comm):
@@ -269,23 +447,16 @@ def engine_for(comm):
         return engine
 
 
-def wait_for(request, what, rank):
-    """Wait for an MPI ``request`` of the data's move, at most the timeout setting."""
+def wait_for(request, what, rank, why="a peer stopped in it"):
+    """Wait for an MPI ``request``, at most the timeout setting."""
     timeout = settings().timeout
     if timeout is None:
         request.Wait()
         return
-    import time
-
     deadline = time.monotonic() + timeout
     while not request.Test():
         if time.monotonic() > deadline:
             raise HorovodInternalError(
-                f"rank {rank}: the {what} did not finish within {timeout} s after every rank "
-                "agreed on it (a peer stopped in it)"
+                f"rank {rank}: the {what} did not finish within {timeout} s ({why})"
             )
         time.sleep(0.0002)
-
-
-def world():
-    return MPI.COMM_WORLD

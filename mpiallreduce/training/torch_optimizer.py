@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from ..core.gather import gather_from_ranks
 from .gradients import GradientSpec, GradientSync
 from .gradients import broadcast_parameters as _broadcast_arrays
 from .torch_tensors import _as_array, _as_tensor, _numpy_dtype, default_comm
@@ -32,8 +33,23 @@ __all__ = [
 
 
 class _Codec:
+    """A Compression member: its name (what GradientSync takes), and Horovod's ``compress`` and
+    ``decompress`` of a tensor (floating point to 16 bits and back; others as they are)."""
+
+    _dtypes = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
     def __init__(self, name):
         self.name = name
+
+    def compress(self, tensor):
+        """(the tensor in 16 bits, the context ``decompress`` takes: its own dtype)."""
+        narrow = self._dtypes[self.name]
+        if narrow is None or not tensor.dtype.is_floating_point:
+            return tensor, tensor.dtype
+        return tensor.to(narrow), tensor.dtype
+
+    def decompress(self, tensor, context):
+        return tensor if tensor.dtype == context else tensor.to(context)
 
     def __repr__(self):
         return f"Compression.{self.name or 'none'}"
@@ -101,13 +117,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         gradient_as_bucket_view=True,
     ):
         self.optimizer = optimizer
+        comm = default_comm() if comm is None else comm
         if named_parameters is None:
             named_parameters = [
                 (f"param.{i}.{j}", p)
                 for i, group in enumerate(optimizer.param_groups)
                 for j, p in enumerate(group["params"])
             ]
+        named_parameters = list(named_parameters)
+        _agree_on_names(comm, _naming_problem(optimizer, named_parameters), timeout)
         self.named_parameters = [(name, p) for name, p in named_parameters if p.requires_grad]
+        #: Horovod's: parameter -> its name
+        self._parameter_names = {p: name for name, p in self.named_parameters}
+        self._sparse = {}  # name -> (parameter, its sparse gradient made dense), this step
         if int(backward_passes_per_step) < 1:
             raise ValueError(
                 f"backward_passes_per_step must be 1 or more, got {backward_passes_per_step}"
@@ -132,7 +154,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
         self._tensors = {}  # name -> ((a result handed over, its tensor), ...): the last two
         self._hooks = []
-        self.rebind(default_comm() if comm is None else comm)
+        self.rebind(comm)
 
     def rebind(self, comm):
         """Synchronize over ``comm`` from now on (a survivors' communicator after a rank failure;
@@ -167,6 +189,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _hand_over(self, name, parameter):
         grad = parameter.grad
+        if grad.is_sparse:  # (reduced dense, given back sparse at step(): docs/training.md)
+            grad = grad.to_dense()
+            self._sparse[name] = (parameter, grad)
         if grad.dtype == torch.bfloat16:
             grad = grad.float()  # (on torch's stream; rounded back once at step())
             self._widened[name] = (parameter, grad)
@@ -192,7 +217,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if grad is None:
                     continue
                 if (
-                    not grad.is_cuda and grad.dtype != bfloat16 and not grad.requires_grad
+                    not grad.is_cuda
+                    and grad.dtype != bfloat16
+                    and not grad.requires_grad
+                    and not grad.is_sparse
                 ):  # (numpy sees it as it is)
                     ready(grad.numpy(), name=name)
                 else:
@@ -201,6 +229,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.sync.wait()
         )  # (those not written into the gradients: handed over, or unused here)
         widened, self._widened = self._widened, {}
+        sparse, self._sparse = self._sparse, {}
+        if sparse:
+            results = self._take_sparse(sparse, dict(results or {}))
         if any(p.is_cuda for p in self.parameters):
             import cupy
 
@@ -208,6 +239,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if widened or results:
             self._take_results(widened, results)
         self._synchronized = True
+
+    def _take_sparse(self, sparse, results):
+        """Each sparse gradient given its reduced values, as a sparse tensor (Horovod's
+        ``zero_().add_()``: a sparse tensor takes no ``set_``); the other results."""
+        with torch.no_grad():
+            for name, (parameter, dense) in sparse.items():
+                result = results.pop(name, None)
+                reduced = dense if result is None else _as_tensor(result, dense).to(dense.dtype)
+                parameter.grad.zero_().add_(reduced.to_sparse())
+        return results
 
     def _take_results(self, widened, results):
         """Point each gradient at its result (a view of a bucket's buffer, or a parameter unused here:
@@ -264,18 +305,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._skip = self._synchronized = False
 
     def step(self, closure=None):
-        if (
-            self._synchronized
-            and not self._hooks
-            and self._grad_versions() != self._synchronized_grads
-        ):
-            self._synchronized = False  # (a backward since synchronize(), with no hook to say so)
-        if self._synchronized and not self._skip:  # (Horovod warns too, and does not reduce again)
+        if self._synchronized and not self._skip:  # (Horovod's warning, in its words)
             warnings.warn(
-                "optimizer.step() after optimizer.synchronize() without optimizer.skip_synchronize(): "
-                "the gradients were reduced already and are not reduced again",
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(): the gradients are reduced again only where they changed "
+                "since (a backward, a clipping); use the context to step on them as they are",
                 stacklevel=2,
             )
+            if not self._hooks and self._grad_versions() != self._synchronized_grads:
+                self._synchronize()
         elif not self._skip:
             self._synchronize()
         self._synchronized = False
@@ -308,6 +346,41 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({self.optimizer!r})"
 
 
+def _naming_problem(optimizer, named_parameters):
+    """What is wrong with ``named_parameters`` (Horovod's checks), or None."""
+    if any(not (isinstance(item, tuple) and len(item) == 2) for item in named_parameters):
+        return (
+            "named_parameters should be a sequence of (name, parameter) tuples, as "
+            "model.named_parameters() gives"
+        )
+    names = [name for name, _ in named_parameters]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        return f"the names in named_parameters must be unique; repeated: {', '.join(duplicates)}"
+    named = {id(p) for _, p in named_parameters}
+    unnamed = [
+        tuple(p.shape) for group in optimizer.param_groups for p in group["params"]
+        if id(p) not in named
+    ]  # fmt: skip
+    if unnamed:
+        return (
+            f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are "
+            f"not in it (shapes {unnamed[:4]})"
+        )
+    return None
+
+
+def _agree_on_names(comm, problem, timeout):
+    """Raise on every rank where ``problem`` is not None on some rank (before the ranks plan)."""
+    everyone = gather_from_ranks(comm, problem, timeout)
+    wrong = [(rank, reason) for rank, reason in enumerate(everyone) if reason is not None]
+    if wrong:
+        raise ValueError(
+            f"rank {comm.Get_rank()}: DistributedOptimizer: "
+            + "; ".join(f"rank {rank}: {reason}" for rank, reason in wrong)
+        )
+
+
 def broadcast_parameters(state_dict, root=None, comm=None, root_rank=0):
     """Copy rank ``root``'s tensors (a ``state_dict()``, ``named_parameters()``, or a list of
     tensors) into every rank's, in place. ``root_rank``: Horovod's name for ``root``."""
@@ -328,10 +401,18 @@ def broadcast_parameters(state_dict, root=None, comm=None, root_rank=0):
 
 def broadcast_optimizer_state(optimizer, root=None, comm=None, root_rank=0):
     """Give every rank rank ``root``'s optimizer state (moments, step counts, hyper-parameters);
-    ``root_rank``: Horovod's name for ``root``."""
+    ``root_rank``: Horovod's name for ``root``. An optimizer with no state yet first takes a step
+    on zero gradients (given to the parameters that have none), as Horovod's does, so that there
+    is a state to send."""
     root = root_rank if root is None else root
     comm = default_comm() if comm is None else comm
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    if not inner.state:  # (Horovod's: a step on zero gradients makes the state there is to send)
+        for group in inner.param_groups:
+            for parameter in group["params"]:
+                if parameter.requires_grad and parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+        inner.step()
     state = comm.bcast(inner.state_dict() if comm.Get_rank() == root else None, root=root)
     if comm.Get_rank() != root:
         inner.load_state_dict(state)

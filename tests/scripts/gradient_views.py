@@ -195,6 +195,7 @@ def torch_views(overlap):
         named_parameters=model.named_parameters(),
         comm=comm,
         overlap=overlap,
+        find_unused=False,  # (strict: Horovod's default, True, counts a missing one as zeros)
     )
 
     def backward(step, only_last=False):
