@@ -5,7 +5,7 @@ one line changed, ``import mpiallreduce.torch as hvd``.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, model.named_parameters(),
-                                         compression=hvd.Compression.fp16, backward_passes_per_step=1)
+                                         compression=hvd.Compression.fp16)
     loss.backward(); optimizer.step()
     mean = hvd.allreduce(torch.tensor(val))            # Horovod averages by default: op=hvd.Average
     handle = hvd.allreduce_async(t, op=hvd.Sum); total = hvd.synchronize(handle)
@@ -40,7 +40,12 @@ from .horovod_collectives import (
     run,
     start,
 )
-from .horovod_engine import HorovodInternalError, HorovodMismatchError
+from .horovod_engine import (
+    HorovodInternalError,
+    HorovodMismatchError,
+    engine_for,
+    forget_engines,
+)
 from .horovod_process_sets import (
     ProcessSet,
     add_process_set,
@@ -137,11 +142,14 @@ def init(comm=None, process_sets=None):
     if isinstance(comm, (list, tuple)):
         comm = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(list(comm)))
     set_default_comm(comm)
+    engine_for(default_comm())  # (made here, collectively: an async call never waits for it)
     for process_set in process_sets or ():
         add_process_set(process_set)
 
 
 def shutdown():
+    """Stop: the facade's engines go (a later init makes new ones: after a stall too)."""
+    forget_engines()
     set_default_comm(None)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "JOINED",
     "engine_for",
     "forget_engine",
+    "forget_engines",
     "observe",
     "forget",
     "wait_for",
@@ -128,6 +129,11 @@ class Op:
     submitted: float = 0.0
 
 
+def intended_kind(descriptor):
+    """The collective a descriptor is of (a refused one's too: its key must meet the others')."""
+    return descriptor.matched[0] if descriptor.kind == REFUSED else descriptor.kind
+
+
 def _key_text(key):
     return ".".join(map(str, key))
 
@@ -171,7 +177,7 @@ class Engine:
         self._pending = {}  # key -> Op, in a round, not yet run
         self._unnamed = 0  # the next unnamed op's number
         self._failed = {}  # key -> the error of a key that expired before this rank held it
-        self._join = None  # (join's Handle, the round this rank joined in)
+        self._join = None  # (join's Handle, the round this rank joined in, when it was called)
         self._round = 0
         self._broken = None
         self._stopping = False
@@ -190,11 +196,12 @@ class Engine:
             elif name is None:
                 op.key, self._unnamed = ("noname", self._unnamed), self._unnamed + 1
             else:
-                op.key = (op.descriptor.kind, str(name))
+                kind = intended_kind(op.descriptor)
+                op.key = (kind, str(name))
                 if self._holds(op.key):
                     raise ValueError(
-                        f"rank {self.rank}: a {op.descriptor.kind} named {name!r} is still in "
-                        "flight on this rank (Horovod's rule: one at a time per name)"
+                        f"rank {self.rank}: a {kind} named {name!r} is still in flight on this "
+                        "rank (Horovod's rule: one at a time per name)"
                     )
             op.handle.name, op.submitted = name, time.monotonic()
             if self._broken is not None:
@@ -248,9 +255,12 @@ class Engine:
     def _expiring(self):
         """The time (monotonic) at which this rank's oldest op expires, or None."""
         timeout = settings().timeout
-        if timeout is None or not self._pending:
+        since = [op.submitted for op in self._pending.values()]
+        if self._join is not None:
+            since.append(self._join[2])
+        if timeout is None or not since:
             return None
-        return min(op.submitted for op in self._pending.values()) + timeout
+        return min(since) + timeout
 
     def _await_round(self):
         """Return when this rank takes part in the next round: at once where it has news (then it
@@ -302,24 +312,32 @@ class Engine:
         ]
 
     def _run_round(self):
-        with self._lock:
+        failed = []
+        with self._lock:  # (submit's check of a name in flight sees every op: here or there)
             taken, self._submitted = self._submitted, []
-        for op in taken:
-            if op.key == ("join",):
-                self._join = (op.handle, self._round)
-            elif op.key in self._failed:
-                op.handle.finish(error=self._failed.pop(op.key))
-            else:
-                self._pending[op.key] = op
+            for op in taken:
+                if op.key == ("join",):
+                    if ("join",) in self._failed:
+                        failed.append((op, self._failed.pop(("join",))))
+                    else:
+                        self._join = (op.handle, self._round, op.submitted)
+                elif op.key in self._failed:
+                    failed.append((op, self._failed.pop(op.key)))
+                else:
+                    self._pending[op.key] = op
+        for op, error in failed:
+            op.handle.finish(error=error)
         timeout = settings().timeout
         now = time.monotonic()
+        late = timeout is not None and self._join is not None and now - self._join[2] >= timeout
         mine = {
             "ops": [(key, op.descriptor) for key, op in self._pending.items()],
             "expired": [
                 key
                 for key, op in self._pending.items()
                 if timeout is not None and now - op.submitted >= timeout
-            ],  # fmt: skip
+            ]
+            + ([("join",)] if late else []),
             "joined": None if self._join is None else self._join[1],
         }
         for op in taken:
@@ -339,31 +357,55 @@ class Engine:
             r for r, contribution in enumerate(everyone) if contribution["joined"] is not None
         ]
         active = [r for r in range(self.size) if r not in joined]
+        # ready: what every rank that has not joined holds (every rank joined: all that is held,
+        # ops submitted before a join first), in the order of the lowest such rank's list
+        listing = [key for r in (active or range(self.size)) for key, _ in everyone[r]["ops"]]
+        ready = [
+            key
+            for key in dict.fromkeys(listing)
+            if all(key in held[r] for r in active)
+        ]  # fmt: skip
+        for key in ready:
+            descriptors = [held[r].get(key, _JOINED) for r in range(self.size)]
+            self._run_ready(key, descriptors)
         if not active:
             last = max(joined, key=lambda r: (everyone[r]["joined"], r))
             handle, self._join = self._join[0], None
             handle.finish(result=last)
             return
-        ready = [
-            key for key, _ in everyone[active[0]]["ops"] if all(key in held[r] for r in active)
-        ]
-        for key in ready:
-            descriptors = [held[r].get(key, _JOINED) for r in range(self.size)]
-            self._run_ready(key, descriptors)
         expired = {key for contribution in everyone for key in contribution["expired"]}
-        for key in sorted(expired - set(ready), key=_key_text):
-            holding = [r for r in range(self.size) if key in held[r]]
-            missing = [r for r in range(self.size) if key not in held[r]]
+        for key in sorted(expired - set(ready), key=lambda key: (key == ("join",), _key_text(key))):
+            if key == ("join",):
+                holding, missing = joined, active
+            else:
+                holding = [r for r in range(self.size) if key in held[r]]
+                missing = [r for r in range(self.size) if key not in held[r]]
             error = HorovodInternalError(
-                f"rank {self.rank}: the collective {_key_text(key)} waited {timeout} s: rank(s) "
-                f"{holding} submitted it, rank(s) {missing} did not (it fails on every rank that "
-                "submits it, so the ranks stay in step)"
+                f"rank {self.rank}: the {_key_text(key)} waited {timeout} s: rank(s) {holding} "
+                f"submitted it, rank(s) {missing} did not (it fails on every rank that submits "
+                "it, so the ranks stay in step)"
             )
-            op = self._pending.pop(key, None)
-            if op is not None:
-                op.handle.finish(error=error)
+            self._expire(key, error, self.rank in joined)
+
+    def _expire(self, key, error, joined):
+        """Fail ``key`` here: the op or join this rank holds, else at its submission, unless
+        this rank had joined in the round (it took part: an unnamed key counts as its own)."""
+        if key == ("join",):
+            if self._join is not None:
+                handle, self._join = self._join[0], None
+                handle.finish(error=error)
             else:
                 self._failed[key] = error
+            return
+        op = self._pending.pop(key, None)
+        if op is not None:
+            op.handle.finish(error=error)
+        elif joined:
+            if key[0] == "noname":
+                with self._lock:
+                    self._unnamed = max(self._unnamed, key[1] + 1)
+        else:
+            self._failed[key] = error
 
     def _run_ready(self, key, descriptors):
         op = self._pending.pop(key, None)
@@ -435,6 +477,15 @@ def forget_engine(comm):
     with _engines_lock:
         engine = _engines.pop(comm.handle, None)
     if engine is not None:
+        engine.stop()
+
+
+def forget_engines():
+    """Stop and drop every Engine (hvd.shutdown: a later init starts afresh, after a stall too)."""
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
         engine.stop()
 
 

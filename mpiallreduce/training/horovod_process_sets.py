@@ -15,7 +15,7 @@ import itertools
 
 from mpi4py import MPI
 
-from .horovod_engine import forget_engine
+from .horovod_engine import engine_for, forget_engine
 from .torch_tensors import default_comm
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
@@ -78,6 +78,8 @@ def add_process_set(process_set):
     finally:
         group.Free()
     process_set.process_set_id = next(_ids)
+    if process_set._comm != MPI.COMM_NULL:  # (its engine made here, with its members, collectively)
+        engine_for(process_set._comm)
     return process_set
 
 

@@ -408,11 +408,18 @@ def broadcast_optimizer_state(optimizer, root=None, comm=None, root_rank=0):
     comm = default_comm() if comm is None else comm
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     if not inner.state:  # (Horovod's: a step on zero gradients makes the state there is to send)
-        for group in inner.param_groups:
-            for parameter in group["params"]:
-                if parameter.requires_grad and parameter.grad is None:
-                    parameter.grad = torch.zeros_like(parameter)
+        kept = [
+            (parameter, parameter.grad)
+            for group in inner.param_groups
+            for parameter in group["params"]
+            if parameter.requires_grad
+        ]
+        for parameter, _ in kept:  # (every gradient zero: leftover ones would move the weights)
+            parameter.grad = torch.zeros_like(parameter)
         inner.step()
+        for parameter, grad in kept:  # (those that had none keep the zeros, as Horovod's)
+            if grad is not None:
+                parameter.grad = grad
     state = comm.bcast(inner.state_dict() if comm.Get_rank() == root else None, root=root)
     if comm.Get_rank() != root:
         inner.load_state_dict(state)

@@ -371,3 +371,38 @@ def test_horovod_flags_compression_and_the_nodes():
     assert hvd.cross_size() == len(leaders)
     assert hvd.cross_rank() == leaders.index(node_leader)
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
+
+
+def test_an_op_submitted_just_before_join_runs_with_the_joined_ranks_zeros():
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    mine = torch.arange(4, dtype=torch.float64) + rank
+    if rank == 0:  # the op and the join reach one round together
+        handle = hvd.allreduce_async(mine, op=hvd.Sum, name="before join")
+        last = hvd.join()
+        assert hvd.poll(handle)
+        np.testing.assert_array_equal(hvd.synchronize(handle).numpy(), np.arange(4.0))
+    else:
+        last = hvd.join()
+    assert WORLD.allgather(last) == [last] * size
+    _pairs_up_after()
+
+
+def test_a_named_op_refused_on_one_rank_raises_on_every_rank_at_once():
+    _several_ranks()
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    rows = torch.arange(2.0 * size).reshape(size, 2)
+    bad = [1] * size if rank != size - 1 else [size + 1] * size
+    with pytest.raises(RuntimeError, match=f"rank {size - 1} cannot make its alltoall"):
+        hvd.alltoall(rows, splits=bad, name="splits")
+    received, _ = hvd.alltoall(rows, splits=[1] * size, name="splits")  # the name pairs up again
+    np.testing.assert_array_equal(received.numpy()[:, 0], [2.0 * rank] * size)
+
+
+def test_broadcast_optimizer_state_leaves_the_weights_where_gradients_were_left_over():
+    rank = WORLD.Get_rank()
+    weight = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    weight.grad = torch.full((3,), 1.0 if rank % 2 else -1.0, dtype=torch.float64)
+    optimizer = torch.optim.Adam([weight], lr=0.1)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    np.testing.assert_array_equal(weight.detach().numpy(), np.ones(3))  # a zero step: no move
+    assert weight.grad[0].item() == (1.0 if rank % 2 else -1.0)  # the leftover kept
