@@ -196,6 +196,8 @@ def DistributedOptimizer(
     needed (buckets are planned by size)."""
     options.setdefault("find_unused", True)
     if process_set is not None and process_set is not global_process_set:
+        if not process_set.included():
+            return _OutsideTheSet(optimizer)
         options.setdefault("comm", process_set.communicator())
     return _DistributedOptimizer(
         optimizer,
@@ -206,6 +208,20 @@ def DistributedOptimizer(
         gradient_predivide_factor=gradient_predivide_factor,
         **options,
     )
+
+
+class _OutsideTheSet(_DistributedOptimizer):
+    """Horovod's DistributedOptimizer on a rank outside its process set: the wrapped optimizer,
+    stepping on this rank's own gradients (``synchronize`` has nothing to do)."""
+
+    def __init__(self, optimizer):  # (no GradientSync: nothing here is reduced)
+        self.optimizer, self._skip, self._synchronized, self._hooks = optimizer, False, False, []
+
+    def synchronize(self):
+        pass
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
 
 
 def _op(average, op):

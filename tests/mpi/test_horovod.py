@@ -406,3 +406,21 @@ def test_broadcast_optimizer_state_leaves_the_weights_where_gradients_were_left_
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     np.testing.assert_array_equal(weight.detach().numpy(), np.ones(3))  # a zero step: no move
     assert weight.grad[0].item() == (1.0 if rank % 2 else -1.0)  # the leftover kept
+
+
+def test_a_rank_outside_the_optimizers_process_set_steps_on_its_own_gradients():
+    _several_ranks()
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    first = hvd.add_process_set([0])  # only rank 0: it too has nothing to average with
+    try:
+        weight = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD([weight], lr=1.0), named_parameters=[("w", weight)], process_set=first
+        )
+        assert isinstance(optimizer, torch.optim.Optimizer)
+        (weight * (rank + 1.0)).sum().backward()
+        optimizer.step()
+        np.testing.assert_array_equal(weight.detach().numpy(), [-(rank + 1.0)] * 2)
+    finally:
+        hvd.remove_process_set(first)
+    assert size > 1
