@@ -27,6 +27,7 @@ So an async op never blocks its caller, and a rank may submit an op, wait in a b
 reach first, and have its op met after it (Horovod's semantics; its test_torch.py relies on them).
 """
 
+import atexit
 import pickle
 import threading
 import time
@@ -228,6 +229,7 @@ class Engine:
                 self._run_round()
             except _Stopped:
                 self._bell_request.Cancel()
+                self._bell_request.Wait()
                 self._break(HorovodInternalError(f"rank {self.rank}: its process set was removed"))
                 return
             except BaseException as error:  # noqa: BLE001 - every op in flight is told
@@ -487,6 +489,20 @@ def forget_engines():
         _engines.clear()
     for engine in engines:
         engine.stop()
+
+
+@atexit.register
+def _stop_at_exit():
+    """Stop the engines' threads before the interpreter ends (and before MPI_Finalize, which
+    mpi4py registered earlier): a daemon thread still in Python as the interpreter finalizes is
+    ended inside torch's C++ (a tensor's deleter taking the GIL), and the process aborts."""
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        engine.stop()
+    for engine in engines:
+        engine._thread.join(timeout=2.0)
 
 
 def engine_for(comm):
