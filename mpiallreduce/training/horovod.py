@@ -20,6 +20,8 @@ RuntimeError, as Horovod's, and this project's SignatureMismatch) on every rank,
 pairs up. Where it differs from Horovod: docs/training.md.
 """
 
+import contextlib
+
 import torch
 from mpi4py import MPI
 
@@ -44,11 +46,13 @@ from .horovod_engine import (
     HorovodInternalError,
     HorovodMismatchError,
     engine_for,
+    forget_engine,
     forget_engines,
 )
 from .horovod_process_sets import (
     ProcessSet,
     add_process_set,
+    forget_process_sets,
     global_process_set,
     remove_process_set,
 )
@@ -141,8 +145,13 @@ def init(comm=None, process_sets=None):
     ``process_sets``: ProcessSets to add now (collective, as add_process_set)."""
     if isinstance(comm, (list, tuple)):
         comm = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(list(comm)))
+    before = default_comm()
     set_default_comm(comm)
-    engine_for(default_comm())  # (made here, collectively: an async call never waits for it)
+    after = default_comm()
+    if before != after and before != MPI.COMM_WORLD and before != MPI.COMM_NULL:
+        forget_engine(before)  # (the communicator an earlier init gave)
+    if after != MPI.COMM_NULL:  # (made here, collectively: an async call never waits for it)
+        engine_for(after)
     for process_set in process_sets or ():
         add_process_set(process_set)
 
@@ -150,6 +159,7 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Stop: the facade's engines go (a later init makes new ones: after a stall too)."""
     forget_engines()
+    forget_process_sets()
     set_default_comm(None)
 
 
@@ -197,7 +207,9 @@ def DistributedOptimizer(
     options.setdefault("find_unused", True)
     if process_set is not None and process_set is not global_process_set:
         if not process_set.included():
-            return _OutsideTheSet(optimizer)
+            if process_set.process_set_id is None:
+                process_set.communicator()  # (raises: the set was not added)
+            return _OutsideTheSet(optimizer, named_parameters)
         options.setdefault("comm", process_set.communicator())
     return _DistributedOptimizer(
         optimizer,
@@ -214,11 +226,20 @@ class _OutsideTheSet(_DistributedOptimizer):
     """Horovod's DistributedOptimizer on a rank outside its process set: the wrapped optimizer,
     stepping on this rank's own gradients (``synchronize`` has nothing to do)."""
 
-    def __init__(self, optimizer):  # (no GradientSync: nothing here is reduced)
+    def __init__(self, optimizer, named_parameters=None):  # (no GradientSync: nothing reduced)
         self.optimizer, self._skip, self._synchronized, self._hooks = optimizer, False, False, []
+        named = list(named_parameters or [])
+        self._parameter_names = {p: name for name, p in named} or {
+            p: f"param.{i}.{j}"
+            for i, group in enumerate(optimizer.param_groups)
+            for j, p in enumerate(group["params"])
+        }
 
     def synchronize(self):
         pass
+
+    def no_sync(self):
+        return contextlib.nullcontext()
 
     def step(self, closure=None):
         return self.optimizer.step(closure)

@@ -108,6 +108,8 @@ class Handle:
         return self._done.is_set()
 
     def finish(self, result=None, error=None):
+        if self._done.is_set():  # (the first word stands: a stop() may fail an op in its move)
+            return
         self._result, self._error = result, error
         self._done.set()
 
@@ -217,9 +219,11 @@ class Engine:
 
     # ---- the engine's thread ----
     def stop(self):
-        """Stop the thread once it is idle (its communicator is going: remove_process_set); ops
-        in flight then fail."""
+        """Stop: every op submitted and not finished fails now, and the thread ends at its next
+        step (a round it waits in is given up): its communicator is going (shutdown,
+        remove_process_set, the interpreter's exit)."""
         self._stopping = True
+        self._break(HorovodInternalError(f"rank {self.rank}: the facade was shut down"))
         self._news.set()
 
     def _serve(self):
@@ -230,7 +234,7 @@ class Engine:
             except _Stopped:
                 self._bell_request.Cancel()
                 self._bell_request.Wait()
-                self._break(HorovodInternalError(f"rank {self.rank}: its process set was removed"))
+                self._break(HorovodInternalError(f"rank {self.rank}: the facade was shut down"))
                 return
             except BaseException as error:  # noqa: BLE001 - every op in flight is told
                 self._break(error)
@@ -270,6 +274,8 @@ class Engine:
         expires: news)."""
         idle_since = time.monotonic()
         while True:
+            if self._stopping:
+                raise _Stopped
             expiring = self._expiring()
             if self._submitted or (expiring is not None and time.monotonic() >= expiring):
                 self._ring()
@@ -279,8 +285,6 @@ class Engine:
                 self._bell_request = self.doorbells.Irecv([self._bell, MPI.INT64_T], MPI.ANY_SOURCE)
                 if rung_for >= self._round:
                     return
-            if self._stopping:
-                raise _Stopped
             idle = time.monotonic() - idle_since
             self._news.wait(next(poll for upto, poll in POLLS if upto is None or idle < upto))
             self._news.clear()
@@ -300,18 +304,31 @@ class Engine:
         data = np.frombuffer(pickle.dumps(value), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
         mine = np.array([data.size], dtype=np.int64)
-        wait_for(self.negotiation.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T]),
-                 "negotiation", self.rank, "a peer did not come to it")  # fmt: skip
+        self._wait(self.negotiation.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T]))
         displacements = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         received = np.empty(int(sizes.sum()), dtype=np.uint8)
         request = self.negotiation.Iallgatherv(
             [data, MPI.BYTE], [received, sizes.tolist(), displacements.tolist(), MPI.BYTE]
         )
-        wait_for(request, "negotiation", self.rank, "a peer did not come to it")
+        self._wait(request)
         return [
             pickle.loads(received[start : start + size].tobytes())
             for start, size in zip(displacements.tolist(), sizes.tolist(), strict=True)
         ]
+
+    def _wait(self, request):
+        """Wait for a round's ``request``: at most the timeout setting; given up on stop()."""
+        timeout = settings().timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not request.Test():
+            if self._stopping:
+                raise _Stopped
+            if deadline is not None and time.monotonic() > deadline:
+                raise HorovodInternalError(
+                    f"rank {self.rank}: the negotiation did not finish within {timeout} s (a peer "
+                    "did not come to it)"
+                )
+            time.sleep(0.0002)
 
     def _run_round(self):
         failed = []
@@ -370,6 +387,8 @@ class Engine:
         for key in ready:
             descriptors = [held[r].get(key, _JOINED) for r in range(self.size)]
             self._run_ready(key, descriptors)
+        if ready and self._join is not None:  # (a join waits out the timeout without progress)
+            self._join = (*self._join[:2], time.monotonic())
         if not active:
             last = max(joined, key=lambda r: (everyone[r]["joined"], r))
             handle, self._join = self._join[0], None
@@ -483,19 +502,8 @@ def forget_engine(comm):
 
 
 def forget_engines():
-    """Stop and drop every Engine (hvd.shutdown: a later init starts afresh, after a stall too)."""
-    with _engines_lock:
-        engines = list(_engines.values())
-        _engines.clear()
-    for engine in engines:
-        engine.stop()
-
-
-@atexit.register
-def _stop_at_exit():
-    """Stop the engines' threads before the interpreter ends (and before MPI_Finalize, which
-    mpi4py registered earlier): a daemon thread still in Python as the interpreter finalizes is
-    ended inside torch's C++ (a tensor's deleter taking the GIL), and the process aborts."""
+    """Stop and drop every Engine, and wait (bounded) for their threads to end (hvd.shutdown: a
+    later init starts afresh, after a stall too)."""
     with _engines_lock:
         engines = list(_engines.values())
         _engines.clear()
@@ -503,6 +511,12 @@ def _stop_at_exit():
         engine.stop()
     for engine in engines:
         engine._thread.join(timeout=2.0)
+
+
+#: at the interpreter's exit, before MPI_Finalize (which mpi4py registered earlier): a daemon
+#: thread still in Python as the interpreter finalizes is ended inside torch's C++ (a tensor's
+#: deleter taking the GIL), and the process aborts
+atexit.register(forget_engines)
 
 
 def engine_for(comm):

@@ -18,9 +18,16 @@ from mpi4py import MPI
 from .horovod_engine import engine_for, forget_engine
 from .torch_tensors import default_comm
 
-__all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
+__all__ = [
+    "ProcessSet",
+    "global_process_set",
+    "add_process_set",
+    "remove_process_set",
+    "forget_process_sets",
+]
 
 _ids = itertools.count(1)
+_added = []  # the ProcessSets added and not removed (forgotten at hvd.shutdown)
 
 
 class ProcessSet:
@@ -78,6 +85,7 @@ def add_process_set(process_set):
     finally:
         group.Free()
     process_set.process_set_id = next(_ids)
+    _added.append(process_set)
     if process_set._comm != MPI.COMM_NULL:  # (its engine made here, with its members, collectively)
         engine_for(process_set._comm)
     return process_set
@@ -94,4 +102,14 @@ def remove_process_set(process_set):
         forget_engine(process_set._comm)
         process_set._comm.Free()
     process_set._comm, process_set.process_set_id = None, None
+    if process_set in _added:
+        _added.remove(process_set)
     return True
+
+
+def forget_process_sets():
+    """hvd.shutdown: every added set is forgotten (its engine went with the others); add it again
+    after init."""
+    for process_set in _added:
+        process_set._comm, process_set.process_set_id = None, None
+    _added.clear()
