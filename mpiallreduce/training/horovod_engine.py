@@ -79,6 +79,8 @@ REFUSED = "refused"
 #: how often an idle engine looks for a peer's doorbell (seconds), by how long it has been idle:
 #: (idle up to, poll every); the last, beyond. A rank's own submission wakes it at once.
 POLLS = ((0.01, 0.0002), (1.0, 0.001), (None, 0.01))
+#: how long a wait for a request only yields between its tests (seconds), before it sleeps
+SPIN = 0.001
 
 
 @dataclass(frozen=True)
@@ -319,16 +321,18 @@ class Engine:
     def _wait(self, request):
         """Wait for a round's ``request``: at most the timeout setting; given up on stop()."""
         timeout = settings().timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not request.Test():
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        while not request.Test():  # (MPI moves a nonblocking collective on only inside Test)
             if self._stopping:
                 raise _Stopped
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 raise HorovodInternalError(
                     f"rank {self.rank}: the negotiation did not finish within {timeout} s (a peer "
                     "did not come to it)"
                 )
-            time.sleep(0.0002)
+            time.sleep(0 if now - started < SPIN else 0.0002)
 
     def _run_round(self):
         failed = []
@@ -534,10 +538,11 @@ def wait_for(request, what, rank, why="a peer stopped in it"):
     if timeout is None:
         request.Wait()
         return
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     while not request.Test():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > started + timeout:
             raise HorovodInternalError(
                 f"rank {rank}: the {what} did not finish within {timeout} s ({why})"
             )
-        time.sleep(0.0002)
+        time.sleep(0 if now - started < SPIN else 0.0002)
