@@ -31,7 +31,6 @@ from .horovod_engine import (
     Op,
     engine_for,
     joined_runner,
-    wait_for,
 )
 from .torch_tensors import default_comm, reduce_tensor
 
@@ -151,7 +150,7 @@ def broadcast_op(tensor, root_rank, size):
     def move(descriptors, engine):
         data, copy = _bytes(tensor)
         request = engine.data.Ibcast([data, MPI.BYTE], root=root_rank)
-        wait_for(request, "broadcast", engine.rank)
+        engine.wait(request, "broadcast", "a peer stopped in it")
         return copy.to(tensor.device) if tensor.device.type != "cpu" else copy
 
     return Op(descriptor, move)
@@ -180,7 +179,7 @@ def allgather_op(tensor):
         request = engine.data.Iallgatherv(
             [data, MPI.BYTE], [received, counts, displacements, MPI.BYTE]
         )
-        wait_for(request, "allgather", engine.rank)
+        engine.wait(request, "allgather", "a peer stopped in it")
         return _from_bytes(received, tensor.dtype, (sum(rows), *tensor.shape[1:]), tensor)
 
     return Op(descriptor, move)
@@ -227,7 +226,7 @@ def alltoall_op(tensor, splits, size):
             [data, send_counts, np.cumsum([0, *send_counts[:-1]]).tolist(), MPI.BYTE],
             [received, receive_counts, np.cumsum([0, *receive_counts[:-1]]).tolist(), MPI.BYTE],
         )
-        wait_for(request, "alltoall", engine.rank)
+        engine.wait(request, "alltoall", "a peer stopped in it")
         shape = (sum(received_splits), *tensor.shape[1:])
         return (
             _from_bytes(received, tensor.dtype, shape, tensor),

@@ -54,7 +54,6 @@ __all__ = [
     "forget_engines",
     "observe",
     "forget",
-    "wait_for",
 ]
 
 
@@ -306,31 +305,31 @@ class Engine:
         data = np.frombuffer(pickle.dumps(value), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
         mine = np.array([data.size], dtype=np.int64)
-        self._wait(self.negotiation.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T]))
+        self.wait(self.negotiation.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T]))
         displacements = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         received = np.empty(int(sizes.sum()), dtype=np.uint8)
         request = self.negotiation.Iallgatherv(
             [data, MPI.BYTE], [received, sizes.tolist(), displacements.tolist(), MPI.BYTE]
         )
-        self._wait(request)
+        self.wait(request)
         return [
             pickle.loads(received[start : start + size].tobytes())
             for start, size in zip(displacements.tolist(), sizes.tolist(), strict=True)
         ]
 
-    def _wait(self, request):
-        """Wait for a round's ``request``: at most the timeout setting; given up on stop()."""
+    def wait(self, request, what="negotiation", why="a peer did not come to it"):
+        """Wait for an MPI ``request`` of this engine's (a round's, or an op's data move): at most
+        the timeout setting; given up on stop(). Polled, as MPI moves a nonblocking collective on
+        only inside Test: yielding at first, then sleeping between tests."""
         timeout = settings().timeout
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        while not request.Test():  # (MPI moves a nonblocking collective on only inside Test)
+        while not request.Test():
             if self._stopping:
                 raise _Stopped
             now = time.monotonic()
-            if deadline is not None and now > deadline:
+            if timeout is not None and now > started + timeout:
                 raise HorovodInternalError(
-                    f"rank {self.rank}: the negotiation did not finish within {timeout} s (a peer "
-                    "did not come to it)"
+                    f"rank {self.rank}: the {what} did not finish within {timeout} s ({why})"
                 )
             time.sleep(0 if now - started < SPIN else 0.0002)
 
@@ -530,19 +529,3 @@ def engine_for(comm):
         if engine is None:
             engine = _engines[comm.handle] = Engine(comm)
         return engine
-
-
-def wait_for(request, what, rank, why="a peer stopped in it"):
-    """Wait for an MPI ``request``, at most the timeout setting."""
-    timeout = settings().timeout
-    if timeout is None:
-        request.Wait()
-        return
-    started = time.monotonic()
-    while not request.Test():
-        now = time.monotonic()
-        if now > started + timeout:
-            raise HorovodInternalError(
-                f"rank {rank}: the {what} did not finish within {timeout} s ({why})"
-            )
-        time.sleep(0 if now - started < SPIN else 0.0002)

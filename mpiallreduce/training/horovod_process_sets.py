@@ -15,6 +15,8 @@ import itertools
 
 from mpi4py import MPI
 
+from ..core.gather import gather_from_ranks
+from ..core.settings import settings
 from .horovod_engine import engine_for, forget_engine
 from .torch_tensors import default_comm
 
@@ -96,8 +98,8 @@ def remove_process_set(process_set):
     there."""
     if process_set is global_process_set or process_set.process_set_id is None:
         return False
-    comm = default_comm()
-    comm.Barrier()
+    # (every rank meets first, bounded by the timeout setting: the library's own collective)
+    gather_from_ranks(default_comm(), None, timeout=settings().timeout, site="remove_process_set")
     if process_set._comm is not None and process_set._comm != MPI.COMM_NULL:
         forget_engine(process_set._comm)
         process_set._comm.Free()
