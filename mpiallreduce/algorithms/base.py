@@ -20,6 +20,7 @@ __all__ = [
     "split_evenly",
     "reduce_in_rank_order_into",
     "wait_all",
+    "within",
 ]
 
 
@@ -73,6 +74,12 @@ class Algorithm:
     #: True when it runs only on symmetric buffers (mpiallreduce.core.symmetric): ``execute`` takes
     #: ``peers=``, the call's Placement, and the planner picks it only where the arrays are symmetric
     needs_symmetric = False
+    #: True when its MPI calls are MPI's own collectives (on the call's communicator, or on the node,
+    #: leaders' or rails' communicators of it, found through ``within``): a timed call then runs
+    #: them on a communicator of its own, each wait bounded (mpiallreduce.faults.bounded)
+    bounded_collectives = False
+    #: True when ``execute`` takes ``sequence=``, the call's number (the same on every rank)
+    takes_call_number = False
 
     def bind_runs(self, execution):
         """``run(send, recv, sequence, watch)``: the repeated untimed runs of Execution ``execution``
@@ -146,7 +153,10 @@ class CallTags:
     #: above every algorithm's tags (all below 512)
     SIGNATURE_BASE = 512
 
-    def __init__(self, comm, sequence, watch=None, base=0):
+    def __init__(self, comm, sequence, watch=None, base=0, collectives=None):
+        """``collectives``: where MPI's collectives of the call go (a timed call's communicator of
+        its own, mpiallreduce.faults.bounded), each waited for through ``watch``; None: ``comm``'s
+        own, blocking, as without CallTags."""
         if CallTags.calls_apart is None:
             from mpi4py import MPI
 
@@ -156,6 +166,49 @@ class CallTags:
         self.comm = comm
         self.offset = (sequence % CallTags.calls_apart) * self.slot + base
         self.watch = watch
+        self.collectives = collectives
+
+    def within(self, derive):
+        """``derive(c)`` (the node's, the leaders' or a rail's communicator of ``c``) of the call's
+        collectives' communicator, talked on as this one is: its collectives bounded too."""
+        if self.collectives is None:
+            return derive(self.comm)
+        from mpi4py import MPI
+
+        sub = derive(self.collectives)
+        if sub == MPI.COMM_NULL:
+            return sub
+        derived = CallTags.__new__(
+            CallTags
+        )  # (the same tags and watch; not copy.copy: __getattr__)
+        derived.__dict__.update(vars(self), comm=sub, collectives=sub)
+        return derived
+
+    # MPI's collectives, with ``collectives``: their nonblocking forms, waited for through the watch
+    def Allreduce(self, *args, **kwargs):
+        self._collective("Allreduce", args, kwargs)
+
+    def Reduce(self, *args, **kwargs):
+        self._collective("Reduce", args, kwargs)
+
+    def Bcast(self, *args, **kwargs):
+        self._collective("Bcast", args, kwargs)
+
+    def Reduce_scatter(self, *args, **kwargs):
+        self._collective("Reduce_scatter", args, kwargs)
+
+    def Allgatherv(self, *args, **kwargs):
+        self._collective("Allgatherv", args, kwargs)
+
+    def Barrier(self):
+        self._collective("Barrier", (), {})
+
+    def _collective(self, name, args, kwargs):
+        comm = self.comm if self.collectives is None else self.collectives
+        if self.collectives is None or self.watch is None:
+            getattr(comm, name)(*args, **kwargs)
+        else:
+            self.watch.wait([getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kwargs)])
 
     def Send(self, buf, dest, tag=0):
         if self.watch is None:
@@ -197,6 +250,12 @@ class CallTags:
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
+
+
+def within(comm, derive):
+    """``derive(comm)``: the node's, the leaders' or a rail's communicator of the call's; of a
+    timed call's collectives' communicator where it has one (CallTags.within), bounded alike."""
+    return comm.within(derive) if isinstance(comm, CallTags) else derive(comm)
 
 
 def wait_all(comm, requests):

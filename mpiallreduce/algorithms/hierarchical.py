@@ -9,13 +9,15 @@
 Only one rank per node touches the network, with the whole buffer once: what a multi-node job
 wants when links between nodes are the bottleneck. The leaders' algorithm gives them the same
 bits; the broadcast copies them: every rank ends with the same bits. Nodes come from
-``Split_type(COMM_TYPE_SHARED)`` (or MPIALLREDUCE_RANKS_PER_NODE, see topology.py).
+``Split_type(COMM_TYPE_SHARED)`` (or MPIALLREDUCE_RANKS_PER_NODE, see topology.py). In a timed call,
+steps 1 and 3 are ``MPI_Ireduce`` and ``MPI_Ibcast`` on the node communicator of the timed calls'
+own communicator, each waited for at most the timeout (``within``, mpiallreduce.faults.bounded).
 """
 
 from mpi4py import MPI
 
 from ..core.topology import leader_communicator, node_communicator
-from .base import Algorithm
+from .base import Algorithm, CallTags, within
 
 LEADER = 0
 
@@ -25,6 +27,7 @@ class HierarchicalAllreduce(Algorithm):
     memory = "host"
     #: the planner hands it the plan for its node leaders
     takes_inner_plan = True
+    bounded_collectives = True
 
     def plan(self, size, rank, count):
         return None
@@ -33,8 +36,8 @@ class HierarchicalAllreduce(Algorithm):
         """``inner``: the leaders' CallPlan (mpiallreduce.core.planner); without one (a single node)
         the leaders are one rank and step 2 is empty. ``wrap(comm)``: the leaders' communicator as
         the inner algorithm talks on it (the executor's: the call's tags and peer watch)."""
-        node = node_communicator(comm)
-        leaders = leader_communicator(comm)
+        node = within(comm, node_communicator)
+        leaders = within(comm, leader_communicator)
         mpi_op = op.mpi_op(recv.dtype)
 
         # Step 1: reduce within the node
@@ -56,9 +59,9 @@ class HierarchicalAllreduce(Algorithm):
                 )
             # The leaders' communicator is the library's own (split from its duplicate): messages
             # cannot meet the user's.
-            inner.algorithm.run(
-                leaders if wrap is None else wrap(leaders), None, recv, op, datatype
-            )
+            if wrap is not None and not isinstance(leaders, CallTags):
+                leaders = wrap(leaders)  # (a timed call's leaders talk on its tags already)
+            inner.algorithm.run(leaders, None, recv, op, datatype)
 
         # Step 3: share within the node
         node.Bcast([recv, datatype], root=LEADER)

@@ -17,6 +17,7 @@ ROOT = 0
 class ReduceBcastAllreduce(Algorithm):
     name = "reduce_bcast"
     uses_point_to_point = False
+    bounded_collectives = True
 
     def plan(self, size, rank, count):
         return None

@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.comms import cached, replace_cached
-from .base import OneNodeSlicedAlgorithm, reduce_in_rank_order_into
+from .base import CallTags, OneNodeSlicedAlgorithm, reduce_in_rank_order_into
 
 MIN_WINDOW_BYTES = 1 << 16
 
@@ -40,10 +40,14 @@ class SharedWindow:
         self.window.Lock_all(MPI.MODE_NOCHECK)
         self.calls = 0
 
-    def halves(self, nbytes, dtype):
-        """This call's half of every rank's segment, as arrays of ``dtype``."""
-        start = (self.calls % 2) * self.half_bytes
-        self.calls += 1
+    def halves(self, nbytes, dtype, sequence=None):
+        """Call #``sequence``'s half of every rank's segment, as arrays of ``dtype``: by the call's
+        number, the same on every rank whatever calls some rank left before taking a half (a count
+        of its own, outside the executor's calls)."""
+        if sequence is None:
+            sequence = self.calls
+            self.calls += 1
+        start = (sequence % 2) * self.half_bytes
         return [s[start : start + nbytes].view(dtype) for s in self.segments]
 
     def fence(self, comm):
@@ -59,6 +63,8 @@ class SharedWindow:
 
 def shared_window(comm, nbytes):
     """A SharedWindow over ``comm`` with halves of at least ``nbytes`` (collective when it grows)."""
+    if isinstance(comm, CallTags):  # (a timed call's: the window is its communicator's)
+        comm = comm.comm
     current = cached(comm, "shared_window", lambda: None)
     if current is None or current.half_bytes < nbytes:
         half = max(MIN_WINDOW_BYTES, 1 << max(0, nbytes - 1).bit_length())
@@ -71,6 +77,10 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     finishes_slices = True
     memory = "host"
     across_nodes = "hierarchical"
+    #: its barriers (a timed call's: bounded, faults.bounded)
+    bounded_collectives = True
+    #: the call's number picks the half of the window (every rank alike)
+    takes_call_number = True
 
     #: the ranks' signature codes, published in shared memory, can be waited for in place of the
     #: first barrier (the planner says when: one node, the call compared)
@@ -85,15 +95,18 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
     def set_up(self, comm, nbytes):
         shared_window(comm, nbytes)
 
-    def execute(self, plan, comm, send, recv, op, datatype, signature=None, finish=None):
+    def execute(
+        self, plan, comm, send, recv, op, datatype, signature=None, finish=None, sequence=None
+    ):
         """``signature``: the call's signature comparison when the plan says this algorithm carries
-        it (mpiallreduce.core.executor: published with the input, compared in place of the barrier)."""
+        it (mpiallreduce.core.executor: published with the input, compared in place of the barrier).
+        ``sequence``: the call's number, which picks the half of the window it writes."""
         window = cached(comm, "shared_window", lambda: None)
         if signature is not None and (window is None or window.half_bytes < recv.nbytes):
             signature.agree()  # making or growing the window is collective: compare first
             signature = None
         window = shared_window(comm, recv.nbytes)
-        segments = window.halves(recv.nbytes, recv.dtype)
+        segments = window.halves(recv.nbytes, recv.dtype, sequence)
         rank = comm.Get_rank()
 
         # Step 1: publish this rank's input (and its signature code, which then stands for the barrier)
@@ -106,9 +119,8 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
             try:
                 signature.compare()
             except ValueError:
-                window.calls -= (
-                    1  # this call did not happen: the halves stay in step with the others'
-                )
+                if sequence is None:  # this call did not happen: the count stays in step
+                    window.calls -= 1
                 raise
             window.window.Sync()
 

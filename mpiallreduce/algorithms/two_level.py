@@ -17,13 +17,15 @@ k ranks instead of one leader, so every rank's link and core works (NCCL's and H
 Open MPI's coll/han does the same). Every shard is reduced over the nodes by one rail whose
 algorithm gives its ranks the same bits, then copied within each node: every rank ends with the
 same bits. Needs the same rank count on every node (otherwise every rank raises ValueError and
-names the nodes' sizes: use ``hierarchical``).
+names the nodes' sizes: use ``hierarchical``). In a timed call, steps 1 and 3 are the nonblocking
+forms on the node communicator of the timed calls' own communicator, each waited for at most the
+timeout (``within``, mpiallreduce.faults.bounded).
 """
 
 from mpi4py import MPI
 
 from ..core.topology import node_communicator, node_sizes, rail_communicator
-from .base import Algorithm, split_evenly
+from .base import Algorithm, CallTags, split_evenly, within
 
 
 class TwoLevelAllreduce(Algorithm):
@@ -33,6 +35,7 @@ class TwoLevelAllreduce(Algorithm):
     takes_inner_plan = True
     #: every node must have the same rank count
     needs_equal_nodes = True
+    bounded_collectives = True
 
     def plan(self, size, rank, count):
         return None
@@ -47,8 +50,8 @@ class TwoLevelAllreduce(Algorithm):
                 f"the two_level algorithm needs the same number of ranks on every node; these "
                 f"{len(sizes)} nodes have {', '.join(map(str, sizes))} (use algorithm='hierarchical')"
             )
-        node = node_communicator(comm)
-        rail = rail_communicator(comm)
+        node = within(comm, node_communicator)
+        rail = within(comm, rail_communicator)
         k, local = node.Get_size(), node.Get_rank()
         offsets, counts = split_evenly(recv.size, k)
         a, b = offsets[local], offsets[local] + counts[local]
@@ -68,7 +71,9 @@ class TwoLevelAllreduce(Algorithm):
                 raise ValueError(
                     "two_level: the rails need a plan of their own (mpiallreduce.planner)"
                 )
-            inner.algorithm.run(rail if wrap is None else wrap(rail), None, shard, op, datatype)
+            if wrap is not None and not isinstance(rail, CallTags):
+                rail = wrap(rail)  # (a timed call's rail talks on its tags already)
+            inner.algorithm.run(rail, None, shard, op, datatype)
 
         # Step 3: allgather the shards within the node
         if k > 1:

@@ -21,12 +21,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ..device.arrays import namespace
+from ..faults.bounded import make_timed_communicator
 from ..faults.errors import AllreduceAborted, call_site
 from ..faults.recorder import array_fields, record_call, run_traced
 from ..faults.watch import PeerWatch, set_up_or_rank_failure
 from . import buffers
 from .consistency import agree_on_call, compare, digest, meet
-from .executor import Execution
+from .executor import Execution, timed_call_raised
 from .failures import translated
 from .kinds import execution_for, plan_for
 from .ops import get_op, name_of
@@ -188,6 +189,8 @@ class Call:
         if not met:
             self._meet()
         state, sequence, text = self.state, self.sequence, f"{type(error).__name__}: {error}"
+        if self.timeout is not None:  # (raised after the rendezvous, as the peers' call)
+            timed_call_raised(state)
         try:
             compare(
                 state,
@@ -207,8 +210,8 @@ class Call:
         call (a timed one is made ready when it runs, after its rendezvous) or a shared window that
         must grow. Such a call never runs on the worker (mpiallreduce.core.worker)."""
         state = self.state
-        if not state.ready:
-            return True
+        if not state.ready or (self.timeout is not None and state.timed_collectives is None):
+            return True  # (the timed calls' communicator too: faults.bounded)
         try:
             execution = execution_for(
                 state,
@@ -249,6 +252,8 @@ class Call:
                 else self.meeting(state, self.sequence, self.site),
             )
         state.make_ready(self.sequence)
+        if self.timeout is not None:  # (every timed call, whatever its plan: faults.bounded)
+            make_timed_communicator(state, self.sequence, self.timeout)
 
     def signature(self):
         """What must be equal on every rank, for ``check`` (everything, call number and site too)."""
@@ -339,6 +344,15 @@ class Call:
 
     def _run(self):
         self._meet()
+        if self.timeout is None:
+            return self._run_met()
+        try:
+            return self._run_met()
+        except BaseException:
+            timed_call_raised(self.state)  # (after its rendezvous: on every rank)
+            raise
+
+    def _run_met(self):
         state, x = self.state, self.x
         if self.check:
             execution = self.agreed_execution()

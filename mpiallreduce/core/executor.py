@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms.base import CallTags
+from ..faults.bounded import retire_timed_communicator, timed_communicator
 from ..faults.outcome import end_alike
 from ..faults.recorder import DONE, ENDED, RUNNING, STATE, WITHDRAWN, clock, run_traced
 from ..faults.watch import PeerWatch
@@ -34,7 +35,7 @@ from .ops import OPS, ignore_float_errors, restore_float_errors
 from .persistent import bind_persistent
 from .symmetric import touches
 
-__all__ = ["Execution"]
+__all__ = ["Execution", "timed_call_raised"]
 
 
 class Execution:
@@ -63,6 +64,7 @@ class Execution:
         "short",
         "after_probe",
         "runs",
+        "bounds_collectives",
     )
 
     def __init__(self, state, plan, op, shape, dtype, kind, placement=None):
@@ -114,6 +116,15 @@ class Execution:
         self.raw_unchecked = self.raw and self.direct and not self.compares_first
         self.strides = np.empty(self.shape, self.dtype).strides if kind == "host" else None
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
+        #: a timed call on host arrays runs MPI's collectives of this plan on the timed calls' own
+        #: communicator, each wait bounded (faults.bounded): mpi, reduce_bcast, shared_memory, and
+        #: hierarchical's and two_level's steps within a node
+        self.bounds_collectives = (
+            plan.algorithm.bounded_collectives
+            and kind == "host"
+            and not plan.local_only
+            and not plan.route.startswith("compressed")
+        )
         self.options = (
             {"peers": placement}
             if plan.algorithm.needs_symmetric
@@ -174,12 +185,16 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
-        # A timed call whose plan talks in messages ends alike on every rank (faults.outcome):
-        # every wait bounded by the timeout, the result kept from the user's array until every
-        # rank's part is done. Elsewhere the comparison after the rendezvous waits without one.
-        # (hierarchical's and two_level's node steps are MPI's own collectives: outside, faults.md)
-        alike = timeout is not None and self.plan.algorithm.messages_only and state.size > 1
-        watch = PeerWatch(state, sequence, timeout, self.plan.name) if self.watched else None
+        # A timed call whose plan talks in messages, or runs MPI's collectives on host arrays
+        # (faults.bounded), ends alike on every rank (faults.outcome): every wait bounded by the
+        # timeout, the result kept from the user's array until every rank's part is done.
+        # Elsewhere (single_copy, device paths) the comparison after the rendezvous waits without one.
+        timed = timeout is not None and state.size > 1
+        bounded = timed and self.bounds_collectives and xp is None
+        alike = timed and (self.plan.algorithm.messages_only or bounded)
+        watch = (
+            PeerWatch(state, sequence, timeout, self.plan.name) if self.watched or bounded else None
+        )
         probed, final = None, None
         if alike:  # (the user's array gets the result once agreed: no stale tail on failure)
             final, recv = recv, buffers.empty_like(recv)
@@ -196,7 +211,7 @@ class Execution:
                 )
             if self.plan.ipc_probe is not None:
                 probed = self._probed(xp)
-            elif self.direct:
+            elif self.direct and not bounded:
                 if self.raw:
                     state.library.Allreduce(
                         MPI.IN_PLACE if send is None else send, recv, self.mpi_op
@@ -213,7 +228,7 @@ class Execution:
             else:
                 ignoring = ignore_float_errors()
                 try:
-                    self._reduce(send, recv, sequence, timeout, xp, watch)
+                    self._reduce(send, recv, sequence, timeout, xp, watch, bounded)
                 finally:
                     restore_float_errors(ignoring)
                 if alike:
@@ -226,7 +241,7 @@ class Execution:
             return probed.run(send, recv, sequence, timeout, xp, compared=True)
         return recv
 
-    def _reduce(self, send, recv, sequence, timeout, xp, watch):
+    def _reduce(self, send, recv, sequence, timeout, xp, watch, bounded=False):
         plan, op, size = self.plan, self.op, self.state.size
         if plan.local_only:
             if send is not None:
@@ -239,6 +254,8 @@ class Execution:
             self.runs(send, recv, sequence, watch)
             return op.finish(recv, size)
         options = self.options
+        if plan.algorithm.takes_call_number:
+            options = dict(options, sequence=sequence)
         if plan.inner_on_tags:
             options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))
         if (
@@ -247,11 +264,13 @@ class Execution:
             options = dict(
                 options, signature=CarriedSignature(self, sequence)
             )  # compared, agreed once or not)
-        comm = (
-            CallTags(self.state.library, sequence, watch)
-            if plan.algorithm.messages_only
-            else self.state.library
-        )
+        if bounded:  # (MPI's collectives on the timed calls' communicator, bounded)
+            collectives = timed_communicator(self.state, sequence, timeout)
+            comm = CallTags(self.state.library, sequence, watch, collectives=collectives)
+        elif plan.algorithm.messages_only:
+            comm = CallTags(self.state.library, sequence, watch)
+        else:
+            comm = self.state.library
         if (
             xp is not None and plan.device_path == "host round trip"
         ):  # the whole call on pinned host memory
@@ -514,3 +533,10 @@ class Execution:
             return result
 
         return short
+
+
+def timed_call_raised(state):
+    """A timed call raised after its rendezvous, on this rank and so on every rank (a timed call
+    ends alike: faults.outcome; a bad argument or a mismatch raises everywhere): the timed calls'
+    communicator is retired (faults.bounded)."""
+    retire_timed_communicator(state)

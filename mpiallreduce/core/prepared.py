@@ -11,6 +11,7 @@ on the caller's thread, then executed (``prepare``, GradientSync's buckets).
 import numpy as np
 
 from ..device.arrays import namespace
+from ..faults.bounded import make_timed_communicator
 from ..faults.recorder import (
     DONE,
     ENDED,
@@ -27,6 +28,7 @@ from . import buffers
 from .compiled import PreparedBase, division_of
 from .compiled import used as compiled_used
 from .consistency import SignatureMismatch, digest, meet
+from .executor import timed_call_raised
 from .failures import translated
 from .worker import run_in_order
 
@@ -175,6 +177,15 @@ class Prepared(PreparedBase):
                 if moved is not None:
                     raise moved from mismatch
                 raise
+            try:
+                make_timed_communicator(self.state, sequence, self.timeout)  # (faults.bounded)
+                return self._run_met(sequence, elsewhere, moved)
+            except BaseException:
+                timed_call_raised(self.state)  # (after its rendezvous: on every rank)
+                raise
+        return self._run_met(sequence, elsewhere, moved)
+
+    def _run_met(self, sequence, elsewhere, moved):
         if moved is not None:
             raise moved
         if elsewhere is not None:  # (bound run, array): on other memory

@@ -84,6 +84,10 @@ class CommState:
         self.broken = None  # an exception every later call re-raises (the ranks' settings differ)
         self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
         self.left_behind = []  # requests of calls given up midway, kept with their buffers (faults.watch)
+        #: timed calls' MPI collectives run on a duplicate of their own (faults.bounded), retired
+        #: (kept, never freed) after a timed call that raised
+        self.timed_collectives, self.retired_communicators = None, []
+        self.timed_making = None  # (its duplicate, request) while being made
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
         self.signature_slots = (
@@ -264,9 +268,10 @@ class CommState:
                 self.broken = None
 
     def library_communicators(self):
-        return (
-            () if self.library is None or self._library_request is not None else (self.library,)
-        )  # (a dup made)
+        if self.library is None or self._library_request is not None:
+            return ()  # (no dup made yet)
+        timed = self.timed_collectives
+        return (self.library,) if timed is None else (self.library, timed)
 
     def free(self):
         if self.library is None:  # (freed already: at exit, then by the communicator's own free)
@@ -291,7 +296,7 @@ class CommState:
                     comm.Free()
                 except MPI.Exception:  # revoked after a rank died (ULFM)
                     pass
-        self.library = self.control = None
+        self.library = self.control = self.timed_collectives = None
 
 
 def _forget(comm, keyval, state):

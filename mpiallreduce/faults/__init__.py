@@ -4,6 +4,8 @@
 - rendezvous.py  timeouts: the ranks meet before a timed call moves data
 - channel.py     the control messages (kind, call number, code) of rendezvous and watch
 - watch.py       a rank that fails in the middle of an algorithm ends the call on every rank
+- outcome.py     a timed call ends alike on every rank: all return, or all raise
+- bounded.py     a timed call's MPI collectives: on a communicator of their own, each wait bounded
 - ulfm.py        lost ranks under ULFM: RankFailure, survivors(), exit_after_rank_failures()
 
 Names are loaded on first use, as in the package: importing ``mpiallreduce`` imports

@@ -305,15 +305,44 @@ def _inject_on(rank, algorithm, monkeypatch, what):
         monkeypatch.setattr(owner, name, once)
 
 
+MPI_COLLECTIVES = ["mpi", "reduce_bcast", "hierarchical", "two_level", "shared_memory"]
+
+
+def _inject_before_the_data_moves(rank, algorithm, monkeypatch, what):
+    """On ``rank``, ``what()`` runs once the call's signature was compared, before its first
+    collective (the executor's _reduce: the peers are in theirs by then)."""
+    from mpiallreduce.core.executor import Execution
+
+    if WORLD.Get_rank() == rank:
+        original = Execution._reduce
+
+        def once(self, *args, **kwargs):
+            monkeypatch.setattr(Execution, "_reduce", original)
+            what()
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Execution, "_reduce", once)
+
+
+def _pairs_up_after(algorithm, x):
+    """The next calls, timed and untimed, are right on every rank (the collectives left behind
+    by the call given up stay on the retired communicator)."""
+    want = numpy_reference("sum", gather_inputs(WORLD, x))
+    assert values_equal(mar.allreduce(x, algorithm=algorithm, timeout=30), want)
+    assert values_equal(mar.allreduce(x, algorithm=algorithm), want)
+    assert values_equal(mar.allreduce(x, algorithm=algorithm, timeout=30), want)
+
+
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
-@pytest.mark.parametrize("algorithm", MESSAGES_ONLY)
+@pytest.mark.parametrize("algorithm", [*MESSAGES_ONLY, *MPI_COLLECTIVES])
 def test_a_rank_interrupted_in_a_timed_call_makes_every_peer_raise(
     monkeypatch, use_settings, algorithm, in_place
 ):
     """Issue 54, item 3: the last rank leaves a timed call by KeyboardInterrupt at its first
-    reduction. Every peer raises AllreduceAborted naming it, those whose part was done too (before,
-    they returned the sum: dissemination on 2 ranks), and no rank's array is written; the next
-    call pairs up."""
+    reduction where the plan talks in messages, after the comparison where it runs MPI's
+    collectives. Every peer raises AllreduceAborted naming it, those whose part was done too
+    (before, they returned the sum: dissemination on 2 ranks; or waited inside MPI_Allreduce, or
+    the node's MPI_Reduce, for ever), and no rank's array is written; the next calls pair up."""
     _skip_on_one_rank()
     use_settings(compiled=False)  # (the Python rounds, where the interrupt is injected)
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
@@ -325,7 +354,8 @@ def test_a_rank_interrupted_in_a_timed_call_makes_every_peer_raise(
     def interrupt():
         raise KeyboardInterrupt
 
-    _inject_on(size - 1, algorithm, monkeypatch, interrupt)
+    inject = _inject_on if algorithm in MESSAGES_ONLY else _inject_before_the_data_moves
+    inject(size - 1, algorithm, monkeypatch, interrupt)
     try:
         mar.allreduce(x, algorithm=algorithm, out=out, timeout=30)
         outcome = "returned"
@@ -337,22 +367,21 @@ def test_a_rank_interrupted_in_a_timed_call_makes_every_peer_raise(
     assert everyone == [f"aborted by {size - 1}"] * (size - 1) + ["interrupted"], everyone
     assert np.array_equal(out, before), f"rank {rank}: written by a call that raised"
     time.sleep(0.2)  # (the left call's messages arrive)
-    y = exact_input("float64", 5000, rank + 1, "sum")
-    assert values_equal(
-        mar.allreduce(y, algorithm=algorithm, timeout=30),
-        numpy_reference("sum", gather_inputs(WORLD, y)),
-    )
+    _pairs_up_after(algorithm, exact_input("float64", 5000, rank + 1, "sum"))
 
 
-@pytest.mark.parametrize("algorithm", MESSAGES_ONLY)
+@pytest.mark.parametrize("algorithm", [*MESSAGES_ONLY, "mpi", "hierarchical", "two_level"])
 def test_a_peer_stalled_in_a_timed_call_is_bounded_and_every_rank_raises(
     monkeypatch, use_settings, algorithm
 ):
-    """Issue 54, item 3: the last rank stalls (alive, not dead) at its first reduction for longer
-    than the timeout and its grace. Every wait is bounded: each rank raises within timeout + grace
-    (and the stalled one once it wakes), none returns, no array is written. Before, dissemination's
-    waits after the rendezvous had no deadline (a stalled peer was unbounded there), or a peer
-    whose part was done returned the sum. At 3 ranks on one node, and at 2 across nodes."""
+    """Issue 54, item 3: the last rank stalls (alive, not dead) for longer than the timeout and its
+    grace: at its first reduction where the plan talks in messages, after the comparison where it
+    runs MPI's collectives (mpi, and hierarchical's and two_level's steps within a node). Every
+    wait is bounded: each rank raises within timeout + grace (and the stalled one once it wakes),
+    none returns, no array is written, and the next calls pair up. Before, dissemination's waits
+    after the rendezvous had no deadline, a peer whose part was done returned the sum, and the
+    others waited inside MPI_Allreduce (or the node's MPI_Reduce) until the stalled rank came. At
+    3 ranks on one node, and at 2 across nodes."""
     from conftest import SPANS_NODES
 
     from mpiallreduce.faults.outcome import GRACE_SECONDS
@@ -365,7 +394,8 @@ def test_a_peer_stalled_in_a_timed_call_is_bounded_and_every_rank_raises(
     x = exact_input("float64", 5000, rank, "sum")
     out = np.full_like(x, -7.0)
     mar.allreduce(x, algorithm=algorithm, timeout=30)  # (first use: the control channel)
-    _inject_on(size - 1, algorithm, monkeypatch, lambda: time.sleep(stall))
+    inject = _inject_on if algorithm in MESSAGES_ONLY else _inject_before_the_data_moves
+    inject(size - 1, algorithm, monkeypatch, lambda: time.sleep(stall))
     started = time.monotonic()
     try:
         mar.allreduce(x, algorithm=algorithm, out=out, timeout=timeout)
@@ -379,10 +409,7 @@ def test_a_peer_stalled_in_a_timed_call_is_bounded_and_every_rank_raises(
     assert all(t < bound for _, t in everyone[:-1]), everyone
     assert (out == -7.0).all(), f"rank {rank}: written by a call that raised"
     time.sleep(0.2)
-    assert values_equal(
-        mar.allreduce(x, algorithm=algorithm, timeout=30),
-        numpy_reference("sum", gather_inputs(WORLD, x)),
-    )
+    _pairs_up_after(algorithm, x)
 
 
 @pytest.mark.parametrize("compared", [True, False])
