@@ -208,7 +208,9 @@ class CallTags:
         if self.collectives is None or self.watch is None:
             getattr(comm, name)(*args, **kwargs)
         else:
-            self.watch.wait([getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kwargs)])
+            self.watch.wait_collective(
+                getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kwargs)
+            )
 
     def Send(self, buf, dest, tag=0):
         if self.watch is None:

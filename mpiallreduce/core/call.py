@@ -21,7 +21,6 @@ import numpy as np
 from mpi4py import MPI
 
 from ..device.arrays import namespace
-from ..faults.bounded import make_timed_communicator
 from ..faults.errors import AllreduceAborted, call_site
 from ..faults.recorder import array_fields, record_call, run_traced
 from ..faults.watch import PeerWatch, set_up_or_rank_failure
@@ -91,6 +90,7 @@ class Call:
         "reproducible",
         "entry",
         "execution",
+        "rejected",
     )
 
     @classmethod
@@ -111,6 +111,7 @@ class Call:
     ):
         """Resolve the communicator, make its state and number the call: on the caller's thread."""
         call, rejected = cls(), None
+        call.rejected, call.execution = False, None
         if not isinstance(check, bool):
             rejected, check = (
                 TypeError(f"check must be True or False, got {type(check).__name__} {check!r}"),
@@ -189,8 +190,7 @@ class Call:
         if not met:
             self._meet()
         state, sequence, text = self.state, self.sequence, f"{type(error).__name__}: {error}"
-        if self.timeout is not None:  # (raised after the rendezvous, as the peers' call)
-            timed_call_raised(state)
+        self.rejected = True  # (its peers raise SignatureMismatch: no communicator is retired)
         try:
             compare(
                 state,
@@ -252,8 +252,6 @@ class Call:
                 else self.meeting(state, self.sequence, self.site),
             )
         state.make_ready(self.sequence)
-        if self.timeout is not None:  # (every timed call, whatever its plan: faults.bounded)
-            make_timed_communicator(state, self.sequence, self.timeout)
 
     def signature(self):
         """What must be equal on every rank, for ``check`` (everything, call number and site too)."""
@@ -343,14 +341,36 @@ class Call:
         return run_traced(self.entry, self._run)
 
     def _run(self):
-        self._meet()
         if self.timeout is None:
+            self._meet()
             return self._run_met()
         try:
+            self._meet()
             return self._run_met()
-        except BaseException:
-            timed_call_raised(self.state)  # (after its rendezvous: on every rank)
+        except BaseException as error:  # (faults.bounded: where every rank retires it)
+            timed_call_raised(self.state, self.sequence, error, self._bounds_collectives())
             raise
+
+    def _bounds_collectives(self):
+        """Whether this call's plan ran MPI's collectives on the timed calls' communicator."""
+        if self.rejected or type(self.x) is not np.ndarray:
+            return False
+        execution = self.execution
+        if execution is None:
+            try:
+                execution = execution_for(
+                    self.state,
+                    self.x,
+                    self.op,
+                    _op_of(self.op, self.reproducible),
+                    self.algorithm,
+                    self.reproducible,
+                    False,
+                    self.out is self.x,
+                )
+            except Exception:  # (refused on this rank: its peers' calls differ from it)
+                return False
+        return execution.bounds_collectives
 
     def _run_met(self):
         state, x = self.state, self.x

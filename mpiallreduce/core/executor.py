@@ -29,7 +29,7 @@ from ..faults.recorder import DONE, ENDED, RUNNING, STATE, WITHDRAWN, clock, run
 from ..faults.watch import PeerWatch
 from . import buffers
 from .compiled import short_path
-from .consistency import CarriedSignature, agree_on_call, compare, digest
+from .consistency import CarriedSignature, SignatureMismatch, agree_on_call, compare, digest
 from .failures import raise_failed
 from .ops import OPS, ignore_float_errors, restore_float_errors
 from .persistent import bind_persistent
@@ -535,8 +535,15 @@ class Execution:
         return short
 
 
-def timed_call_raised(state):
-    """A timed call raised after its rendezvous, on this rank and so on every rank (a timed call
-    ends alike: faults.outcome; a bad argument or a mismatch raises everywhere): the timed calls'
-    communicator is retired (faults.bounded)."""
-    retire_timed_communicator(state)
+def timed_call_raised(state, sequence, error, bounded):
+    """Timed call #``sequence`` raised ``error`` on this rank: retire the timed calls' communicator
+    (faults.bounded) where its rendezvous committed (every rank's call then raises alike:
+    faults.outcome) and its plan ran MPI's collectives there (``bounded``: the same plan on every
+    rank, once compared), unless ``error`` says that the ranks' calls differ (a mismatch, or a bad
+    argument on one rank: the comparison comes first, so no rank posted anything there)."""
+    if (
+        bounded
+        and getattr(state, "committed_call", None) == sequence
+        and not isinstance(error, SignatureMismatch)
+    ):
+        retire_timed_communicator(state)

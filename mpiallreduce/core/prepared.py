@@ -11,7 +11,6 @@ on the caller's thread, then executed (``prepare``, GradientSync's buckets).
 import numpy as np
 
 from ..device.arrays import namespace
-from ..faults.bounded import make_timed_communicator
 from ..faults.recorder import (
     DONE,
     ENDED,
@@ -169,19 +168,25 @@ class Prepared(PreparedBase):
     def run_numbered(self, sequence, elsewhere=None):
         moved = None if elsewhere is not None else self._moved()
         if self.timeout is not None:  # (its code: a plain call, or another prepared one, raises)
-            try:  # (a moved array: a code no call has, so the peers raise too)
-                meet(
-                    self.state, sequence, self.timeout, self.site, self.code if moved is None else 2
-                )
-            except SignatureMismatch as mismatch:
-                if moved is not None:
-                    raise moved from mismatch
-                raise
+            differ = False  # (the ranks' calls differ: no rank posted anything on T)
             try:
-                make_timed_communicator(self.state, sequence, self.timeout)  # (faults.bounded)
+                try:  # (a moved array: a code no call has, so the peers raise too)
+                    meet(
+                        self.state,
+                        sequence,
+                        self.timeout,
+                        self.site,
+                        self.code if moved is None else 2,
+                    )
+                except SignatureMismatch as mismatch:
+                    differ = True
+                    if moved is not None:
+                        raise moved from mismatch
+                    raise
                 return self._run_met(sequence, elsewhere, moved)
-            except BaseException:
-                timed_call_raised(self.state)  # (after its rendezvous: on every rank)
+            except BaseException as error:  # (faults.bounded: where every rank retires it)
+                bounded = not differ and self.xp is None and self.execution.bounds_collectives
+                timed_call_raised(self.state, sequence, error, bounded)
                 raise
         return self._run_met(sequence, elsewhere, moved)
 

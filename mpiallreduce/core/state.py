@@ -88,6 +88,9 @@ class CommState:
         #: (kept, never freed) after a timed call that raised
         self.timed_collectives, self.retired_communicators = None, []
         self.timed_making = None  # (its duplicate, request) while being made
+        self.committed_call = (
+            None  # the last timed call whose rendezvous committed (faults.bounded)
+        )
         #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
         self.signature_slots = (
@@ -162,6 +165,9 @@ class CommState:
                 )
                 self._learn_topology()
                 self.ready = True
+                from ..faults.bounded import make_timed_communicator
+
+                make_timed_communicator(self, sequence, None)  # (set up: every rank, here)
             except SettingsMismatch as error:
                 self.broken, self.ready = error, True
             except AllreduceAborted as given_up:  # (the set-up not done: the next one does it)

@@ -6,44 +6,69 @@ their nonblocking forms and waits for them through the call's PeerWatch (CallTag
 peer that stalls inside one, alive, is bounded by the timeout as a message is. The call then ends
 alike on every rank (mpiallreduce.faults.outcome):
 
-    call #n, timed, rendezvous passed
-        no timed communicator yet  -> every rank: MPI_Comm_idup(library) -> T, waited for at most
-                                      the timeout (each timed call that finds none, right after
-                                      its rendezvous, whatever its plan: the same on every rank)
-    the data's steps               -> Iallreduce / Ireduce / Ibcast / Ibarrier ... on T (or on
-                                      T's node, leaders' or rails' communicators), waited for
-                                      through the PeerWatch: a peer's FAILED, or the deadline
-    the end                        -> all return or all raise (faults.outcome)
-    it raised                      -> T is retired on every rank (every rank raised)
+    the communicator's set-up       -> every rank: MPI_Comm_idup(library) -> T, waited for
+    call #n, timed, rendezvous      -> committed (every rank sent GO); where T was retired, make
+                                       another now, at most the timeout (every rank, this point)
+    the data's steps                -> Iallreduce / Ireduce / Ibcast / Ibarrier ... on T (or on
+                                       T's node, leaders' or rails' communicators), waited for
+                                       through the PeerWatch: a peer's FAILED, or the deadline
+    the end                         -> all return or all raise (faults.outcome)
+    it raised, committed, plan on T -> T is retired on every rank (core.executor.timed_call_raised)
 
 A collective cannot be cancelled. One that a rank posted and a peer never did (the peer gave up
 before it got there) would pair with the next collective on its communicator, another call's:
 that is why these collectives run on T, the library's for timed calls only, and why T is retired
-after any timed call that raised, never freed (MPI may still complete what is posted on it). The
-next timed call makes another; untimed calls never use T. docs/faults.md says what is left.
+after a timed call that raised, never freed (MPI may still complete what is posted on it); a
+collective's request left behind is never cancelled (erroneous in MPI). The next timed call makes
+another; untimed calls never use T. docs/faults.md says what is left.
 """
 
+import math
 import time
 
+from .errors import AllreduceTimeout
 from .watch import PeerWatch, yield_core
 
-__all__ = ["make_timed_communicator", "timed_communicator", "retire_timed_communicator"]
+__all__ = [
+    "made_at_commit",
+    "make_timed_communicator",
+    "timed_communicator",
+    "retire_timed_communicator",
+]
+
+
+def made_at_commit(state, sequence, timeout):
+    """Timed call #``sequence``'s rendezvous is committed on this rank (every rank sent GO, so
+    every rank commits, whether its round 2 ends in every GO or in a peer's FAILED): where there is
+    no T, make it now, before anything else of the call, at this same point of the library's
+    collectives on every rank (waited for to its end: Open MPI's making of another communicator
+    from the library's, the set-up's, must not overlap it). A communicator not set up yet makes it
+    at the end of its set-up instead, where a set-up left by a call given up is put right first."""
+    state.committed_call = sequence
+    if state.ready:  # (else the set-up makes it, once done: CommState.make_ready)
+        make_timed_communicator(state, sequence, timeout)
 
 
 def make_timed_communicator(state, sequence, timeout):
-    """Right after timed call #``sequence``'s rendezvous (every rank is in that call): make T
-    where there is none, waiting for it at most ``timeout`` seconds. A duplicate given up on stays
-    posted and is the next timed call's (a collective cannot be cancelled): a rank that made one
-    more than its peers (they had not retired theirs) meets them again once they have."""
+    """T made where there is none, waited for at most ``timeout`` seconds. The wait heeds no
+    peer's FAILED: every rank posted its part at the commit, so the duplicate completes. One given
+    up at the deadline (a peer stalled) stays posted: the next timed call's."""
     if state.timed_collectives is not None or state.size == 1:
         return
     if state.timed_making is None:
         state.timed_making = state.library.Idup()
     comm, request = state.timed_making
-    watch = PeerWatch(state, sequence, timeout, "making the timed calls' communicator")
-    watch.start_waiting(time.monotonic())
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     while not request.Test():
-        watch.look_around([], time.monotonic())  # (a peer's FAILED, the deadline: raise)
+        if time.monotonic() >= deadline:
+            PeerWatch(state, sequence, timeout, "").fail()  # (tell the peers: they raise too)
+            raise AllreduceTimeout(
+                f"rank {state.rank}: allreduce call #{sequence} on {state.size} ranks: the "
+                f"communicator of timed calls' MPI collectives was not made within {timeout:g} s "
+                "(a rank is late); every rank raises",
+                sequence=sequence,
+                waited=timeout,
+            )
         yield_core()
     state.timed_making, state.timed_collectives = None, comm
 

@@ -39,6 +39,7 @@ from collections import deque
 
 from mpi4py import MPI
 
+from .bounded import made_at_commit
 from .channel import ARRIVED, FAILED, GAVE_UP, GO, _channel, announce_given_up
 from .errors import AllreduceAborted, AllreduceStallWarning, AllreduceTimeout, ranks_phrase
 from .ulfm import failure_of
@@ -137,8 +138,12 @@ class Rendezvous:
                     if kind == GO:
                         waiting.discard(peer)
                     elif kind == FAILED:  # it saw every GO, started the algorithm and failed in it
+                        made_at_commit(
+                            state, number, self.timeout
+                        )  # (committed: every rank sent GO)
                         raise AllreduceAborted.by(state, number, peer)
                 if not waiting:
+                    made_at_commit(state, number, self.timeout)  # (committed, faults.bounded)
                     return
         except MPI.Exception as error:  # a dead peer (ULFM): RankFailure on every survivor
             failure = failure_of(

@@ -77,7 +77,16 @@ def _revoked(comm):
 class PeerWatch:
     """One call's waits: complete the requests, or learn that a peer gave up, or time out."""
 
-    __slots__ = ("state", "sequence", "deadline", "timeout", "failed", "name", "posted")
+    __slots__ = (
+        "state",
+        "sequence",
+        "deadline",
+        "timeout",
+        "failed",
+        "name",
+        "posted",
+        "collectives",
+    )
 
     def __init__(self, state, sequence, timeout=None, name=""):
         self.state = state
@@ -87,6 +96,7 @@ class PeerWatch:
         self.failed = False
         self.name = name
         self.posted = []  # the call's requests posted through CallTags (left behind with a wait's own)
+        self.collectives = set()  # ids of nonblocking collectives' requests: never cancelled
 
     def wait(self, requests):
         """Wait for every request in the list, watching the peers. Like MPI's own blocking wait it
@@ -113,6 +123,11 @@ class PeerWatch:
         except BaseException:
             self._leave_behind(requests)
             raise
+
+    def wait_collective(self, request):
+        """``wait([request])`` for a nonblocking collective's request: left behind, never cancelled."""
+        self.collectives.add(id(request))
+        self.wait([request])
 
     def start_waiting(self, now):
         """A wait begins: the timeout bounds each wait, not the whole algorithm (a long call that
@@ -168,10 +183,11 @@ class PeerWatch:
                 request
             ):  # (kept already: look_around raised)
                 continue
-            try:
-                request.Cancel()  # (receives; Open MPI does not cancel sends)
-            except MPI.Exception:
-                pass
+            if id(request) not in self.collectives:  # (MPI_Cancel of a collective is erroneous)
+                try:
+                    request.Cancel()  # (receives; Open MPI does not cancel sends)
+                except MPI.Exception:
+                    pass
             kept.append(request)  # (the request holds its buffer)
 
 
