@@ -212,9 +212,16 @@ class Call:
         state = self.state
         if not state.ready or (self.timeout is not None and state.timed_collectives is None):
             return True  # (the timed calls' communicator too: faults.bounded)
+        execution = self._planned()
+        # (None: an argument that check=True validates on every rank: raised when it runs)
+        return execution is None or execution.needs_set_up()
+
+    def _planned(self):
+        """This call's Execution as planned now, not kept (the worker may change the facts), or None
+        where this rank refuses it."""
         try:
-            execution = execution_for(
-                state,
+            return execution_for(
+                self.state,
                 self.x,
                 self.op,
                 _op_of(self.op, self.reproducible),
@@ -222,12 +229,9 @@ class Call:
                 self.reproducible,
                 False,
                 self.out is self.x,
-            )  # (not kept: the worker may change the facts)
-        except (
-            Exception
-        ):  # (an argument that check=True validates on every rank: raised when it runs)
-            return True
-        return execution.needs_set_up()
+            )
+        except Exception:
+            return None
 
     def in_turn(self):
         """Run this call in program order (see the module's docstring); its result."""
@@ -355,22 +359,8 @@ class Call:
         """Whether this call's plan ran MPI's collectives on the timed calls' communicator."""
         if self.rejected or type(self.x) is not np.ndarray:
             return False
-        execution = self.execution
-        if execution is None:
-            try:
-                execution = execution_for(
-                    self.state,
-                    self.x,
-                    self.op,
-                    _op_of(self.op, self.reproducible),
-                    self.algorithm,
-                    self.reproducible,
-                    False,
-                    self.out is self.x,
-                )
-            except Exception:  # (refused on this rank: its peers' calls differ from it)
-                return False
-        return execution.bounds_collectives
+        execution = self.execution or self._planned()  # (None: refused here, the peers differ)
+        return execution is not None and execution.bounds_collectives
 
     def _run_met(self):
         state, x = self.state, self.x
