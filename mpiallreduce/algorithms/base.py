@@ -208,9 +208,8 @@ class CallTags:
         if self.collectives is None or self.watch is None:
             getattr(comm, name)(*args, **kwargs)
         else:
-            self.watch.wait_collective(
-                getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kwargs)
-            )
+            start = getattr(comm, "I" + name[0].lower() + name[1:])
+            self.watch.wait_collective(start(*args, **kwargs), (args, kwargs))
 
     def Send(self, buf, dest, tag=0):
         if self.watch is None:

@@ -352,12 +352,13 @@ class Call:
             self._meet()
             return self._run_met()
         except BaseException as error:  # (faults.bounded: where every rank retires it)
-            timed_call_raised(self.state, self.sequence, error, self._bounds_collectives())
+            bounded = self._bounds_collectives()
+            timed_call_raised(self.state, self.sequence, error, bounded, self.rejected)
             raise
 
     def _bounds_collectives(self):
         """Whether this call's plan ran MPI's collectives on the timed calls' communicator."""
-        if self.rejected or type(self.x) is not np.ndarray:
+        if type(self.x) is not np.ndarray:
             return False
         execution = self.execution or self._planned()  # (None: refused here, the peers differ)
         return execution is not None and execution.bounds_collectives

@@ -309,15 +309,16 @@ class CarriedSignature:
     (growing its window). In messages (dissemination, on the signature's tags): ``codes()`` sent
     first in every message, the maxima kept, then ``settle(high, negated)``."""
 
-    __slots__ = ("execution", "sequence")
+    __slots__ = ("execution", "sequence", "timeout")
 
-    def __init__(self, execution, sequence):
-        self.execution, self.sequence = execution, sequence
+    def __init__(self, execution, sequence, timeout=None):
+        """``timeout``: a timed call's, where its waits are bounded (faults.bounded)."""
+        self.execution, self.sequence, self.timeout = execution, sequence, timeout
 
     def _watch(self):
         from ..faults.watch import PeerWatch
 
-        return PeerWatch(self.execution.state, self.sequence, None, "signature")
+        return PeerWatch(self.execution.state, self.sequence, self.timeout, "signature")
 
     def shared(self):
         return self.execution.state.signature_slots is not None

@@ -261,9 +261,8 @@ class Execution:
         if (
             self.carried or plan.algorithm.needs_symmetric
         ):  # (single_copy's arrival: the placement always
-            options = dict(
-                options, signature=CarriedSignature(self, sequence)
-            )  # compared, agreed once or not)
+            carried = CarriedSignature(self, sequence, timeout if bounded else None)
+            options = dict(options, signature=carried)  # compared, agreed once or not)
         if bounded:  # (MPI's collectives on the timed calls' communicator, bounded)
             collectives = timed_communicator(self.state, sequence, timeout)
             comm = CallTags(self.state.library, sequence, watch, collectives=collectives)
@@ -535,15 +534,18 @@ class Execution:
         return short
 
 
-def timed_call_raised(state, sequence, error, bounded):
+def timed_call_raised(state, sequence, error, bounded, differ=False):
     """Timed call #``sequence`` raised ``error`` on this rank: retire the timed calls' communicator
-    (faults.bounded) where its rendezvous committed (every rank's call then raises alike:
-    faults.outcome) and its plan ran MPI's collectives there (``bounded``: the same plan on every
-    rank, once compared), unless ``error`` says that the ranks' calls differ (a mismatch, or a bad
-    argument on one rank: the comparison comes first, so no rank posted anything there)."""
+    (faults.bounded) where every rank's call raised alike and something of the call may be left on
+    it: its rendezvous committed (every rank's call then raises alike: faults.outcome), and its
+    plan ran MPI's collectives there (``bounded``: the same plan on every rank, once compared) or
+    the call made it (a peer may have given that up). Not where the ranks' calls differ (a
+    mismatch, or a bad argument on one rank, ``differ``): the comparison comes first, so no rank
+    posted anything there, and the rank whose call differs may not know the plan."""
     if (
-        bounded
-        and getattr(state, "committed_call", None) == sequence
+        getattr(state, "committed_call", None) == sequence
+        and not differ
         and not isinstance(error, SignatureMismatch)
+        and (bounded or state.timed_made_in == sequence)
     ):
         retire_timed_communicator(state)

@@ -185,8 +185,8 @@ class Prepared(PreparedBase):
                     raise
                 return self._run_met(sequence, elsewhere, moved)
             except BaseException as error:  # (faults.bounded: where every rank retires it)
-                bounded = not differ and self.xp is None and self.execution.bounds_collectives
-                timed_call_raised(self.state, sequence, error, bounded)
+                bounded = self.xp is None and self.execution.bounds_collectives
+                timed_call_raised(self.state, sequence, error, bounded, differ)
                 raise
         return self._run_met(sequence, elsewhere, moved)
 

@@ -84,10 +84,11 @@ class CommState:
         self.broken = None  # an exception every later call re-raises (the ranks' settings differ)
         self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
         self.left_behind = []  # requests of calls given up midway, kept with their buffers (faults.watch)
+        self.held_buffers = []  # (request, buffers) of collectives left behind (faults.watch)
         #: timed calls' MPI collectives run on a duplicate of their own (faults.bounded), retired
         #: (kept, never freed) after a timed call that raised
         self.timed_collectives, self.retired_communicators = None, []
-        self.timed_making = None  # (its duplicate, request) while being made
+        self.timed_made_in = None  # the number of the call that made it (faults.bounded)
         self.committed_call = (
             None  # the last timed call whose rendezvous committed (faults.bounded)
         )

@@ -62,3 +62,16 @@ def node_sizes(comm):
         return tuple(size for _, size in sorted(f for f in comm.allgather(mine) if f is not None))
 
     return cached(comm, ("node_sizes", settings().ranks_per_node), make)
+
+
+def node_level_communicators(comm):
+    """[(key, communicator)]: what ``node_communicator``, ``leader_communicator`` and
+    ``rail_communicator`` give for ``comm`` (collective where one is missing), under the keys they
+    are cached by: another communicator of the same ranks can be given duplicates of them
+    (``comms.replace_cached``) in place of splitting itself (mpiallreduce.faults.bounded)."""
+    pretend = settings().ranks_per_node
+    return [
+        (("node", pretend), node_communicator(comm)),
+        (("leaders", pretend), leader_communicator(comm)),
+        (("rail", pretend), rail_communicator(comm)),
+    ]

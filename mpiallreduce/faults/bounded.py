@@ -6,14 +6,16 @@ their nonblocking forms and waits for them through the call's PeerWatch (CallTag
 peer that stalls inside one, alive, is bounded by the timeout as a message is. The call then ends
 alike on every rank (mpiallreduce.faults.outcome):
 
-    the communicator's set-up       -> every rank: MPI_Comm_idup(library) -> T, waited for
+    the communicator's set-up       -> every rank: MPI_Comm_idup(library) -> T (and of the
+                                       library's node, leaders' and rails' communicators: T's)
     call #n, timed, rendezvous      -> committed (every rank sent GO); where T was retired, make
                                        another now, at most the timeout (every rank, this point)
     the data's steps                -> Iallreduce / Ireduce / Ibcast / Ibarrier ... on T (or on
                                        T's node, leaders' or rails' communicators), waited for
                                        through the PeerWatch: a peer's FAILED, or the deadline
     the end                         -> all return or all raise (faults.outcome)
-    it raised, committed, plan on T -> T is retired on every rank (core.executor.timed_call_raised)
+    it raised, committed, plan on T -> T is retired on every rank (core.executor.timed_call_raised;
+    (or T made in it), no mismatch     the buffers of a collective left behind kept with it)
 
 A collective cannot be cancelled. One that a rank posted and a peer never did (the peer gave up
 before it got there) would pair with the next collective on its communicator, another call's:
@@ -50,17 +52,29 @@ def made_at_commit(state, sequence, timeout):
 
 
 def make_timed_communicator(state, sequence, timeout):
-    """T made where there is none, waited for at most ``timeout`` seconds. The wait heeds no
-    peer's FAILED: every rank posted its part at the commit, so the duplicate completes. One given
-    up at the deadline (a peer stalled) stays posted: the next timed call's."""
+    """T made where there is none, with the node's, leaders' and rails' communicators that
+    hierarchical and two_level derive from it: nonblocking duplicates of the library's (a split
+    of T in a call would block, and a peer that left the call never joins it), all posted first,
+    then waited for at most ``timeout`` seconds. The wait heeds no peer's FAILED: every rank
+    posted its part at the same point, so the duplicates complete. At the deadline (a peer
+    stalled) they are given up for good, as a call given up is, and this rank raises: the late
+    peer posts its part once it wakes, gets T, raises in the call, and retires it
+    (core.executor.timed_call_raised: T made in the call)."""
     if state.timed_collectives is not None or state.size == 1:
         return
-    if state.timed_making is None:
-        state.timed_making = state.library.Idup()
-    comm, request = state.timed_making
+    from mpi4py import MPI
+
+    from ..core.comms import replace_cached
+    from ..core.topology import node_level_communicators
+
+    parts = [(None, state.library), *node_level_communicators(state.library)]
+    made = [(key, *c.Idup()) if c != MPI.COMM_NULL else (key, c, None) for key, c in parts]
+    requests = [request for _, _, request in made if request is not None]
     deadline = time.monotonic() + (math.inf if timeout is None else timeout)
-    while not request.Test():
+    while not MPI.Request.Testall(requests):
         if time.monotonic() >= deadline:
+            state.retired_communicators.extend(c for _, c, _ in made)
+            state.left_behind.extend(requests)  # (never freed while MPI may complete them)
             PeerWatch(state, sequence, timeout, "").fail()  # (tell the peers: they raise too)
             raise AllreduceTimeout(
                 f"rank {state.rank}: allreduce call #{sequence} on {state.size} ranks: the "
@@ -70,7 +84,10 @@ def make_timed_communicator(state, sequence, timeout):
                 waited=timeout,
             )
         yield_core()
-    state.timed_making, state.timed_collectives = None, comm
+    timed = made[0][1]
+    for key, comm, _ in made[1:]:
+        replace_cached(timed, key, comm)
+    state.timed_collectives, state.timed_made_in = timed, sequence
 
 
 def timed_communicator(state, sequence, timeout):

@@ -96,7 +96,9 @@ class PeerWatch:
         self.failed = False
         self.name = name
         self.posted = []  # the call's requests posted through CallTags (left behind with a wait's own)
-        self.collectives = set()  # ids of nonblocking collectives' requests: never cancelled
+        #: nonblocking collectives' requests (by id): their buffers, kept with them when left
+        #: behind (mpi4py's request holds no reference to them); never cancelled
+        self.collectives = {}
 
     def wait(self, requests):
         """Wait for every request in the list, watching the peers. Like MPI's own blocking wait it
@@ -124,9 +126,11 @@ class PeerWatch:
             self._leave_behind(requests)
             raise
 
-    def wait_collective(self, request):
-        """``wait([request])`` for a nonblocking collective's request: left behind, never cancelled."""
-        self.collectives.add(id(request))
+    def wait_collective(self, request, buffers):
+        """``wait([request])`` for a nonblocking collective's request, whose ``buffers`` (its
+        arguments) MPI may write into until it completes: left behind, they are kept with it (the
+        call's own result buffer, say, which Python would free); it is never cancelled."""
+        self.collectives[id(request)] = buffers
         self.wait([request])
 
     def start_waiting(self, now):
@@ -174,16 +178,19 @@ class PeerWatch:
             _channel(self.state).send(FAILED, self.sequence)
 
     def _leave_behind(self, requests):
-        kept = self.state.left_behind
+        kept, held = self.state.left_behind, self.state.held_buffers
         kept[:] = [
             r for r in kept if not request_done(r)
         ]  # (earlier calls' requests that have completed)
+        held[:] = [(r, b) for r, b in held if any(r is k for k in kept)]
         for request in {id(r): r for r in [*requests, *self.posted]}.values():  # (each once)
             if any(request is r for r in kept) or request_done(
                 request
             ):  # (kept already: look_around raised)
                 continue
-            if id(request) not in self.collectives:  # (MPI_Cancel of a collective is erroneous)
+            if id(request) in self.collectives:  # (MPI_Cancel of a collective is erroneous)
+                held.append((request, self.collectives[id(request)]))
+            else:
                 try:
                     request.Cancel()  # (receives; Open MPI does not cancel sends)
                 except MPI.Exception:
