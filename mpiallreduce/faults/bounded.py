@@ -6,10 +6,11 @@ their nonblocking forms and waits for them through the call's PeerWatch (CallTag
 peer that stalls inside one, alive, is bounded by the timeout as a message is. The call then ends
 alike on every rank (mpiallreduce.faults.outcome):
 
-    the communicator's set-up       -> every rank: MPI_Comm_idup(library) -> T (and of the
+    a timed call's set-up           -> every rank: MPI_Comm_idup(library) -> T (and of the
                                        library's node, leaders' and rails' communicators: T's)
-    call #n, timed, rendezvous      -> committed (every rank sent GO); where T was retired, make
-                                       another now, at most the timeout (every rank, this point)
+    call #n, timed, rendezvous      -> committed (every rank sent GO); where there is no T (the
+                                       set-up was untimed, or T was retired), make it now, at most
+                                       the timeout (every rank, this point)
     the data's steps                -> Iallreduce / Ireduce / Ibcast / Ibarrier ... on T (or on
                                        T's node, leaders' or rails' communicators), waited for
                                        through the PeerWatch: a peer's FAILED, or the deadline
@@ -45,7 +46,8 @@ def made_at_commit(state, sequence, timeout):
     no T, make it now, before anything else of the call, at this same point of the library's
     collectives on every rank (waited for to its end: Open MPI's making of another communicator
     from the library's, the set-up's, must not overlap it). A communicator not set up yet makes it
-    at the end of its set-up instead, where a set-up left by a call given up is put right first."""
+    at the end of its set-up instead (a timed call's), where a set-up left by a call given up is
+    put right first. Communicators no timed call uses never make it."""
     state.committed_call = sequence
     if state.ready:  # (else the set-up makes it, once done: CommState.make_ready)
         make_timed_communicator(state, sequence, timeout)
