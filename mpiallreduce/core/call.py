@@ -255,7 +255,7 @@ class Call:
                 if self.meeting is None
                 else self.meeting(state, self.sequence, self.site),
             )
-        state.make_ready(self.sequence, timed=self.timeout is not None)
+        state.make_ready(self.sequence, timed=self.timeout)
 
     def signature(self):
         """What must be equal on every rank, for ``check`` (everything, call number and site too)."""

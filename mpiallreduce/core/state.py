@@ -137,7 +137,7 @@ class CommState:
             self._library_request = None
         return self._library_request is None
 
-    def make_ready(self, sequence=None, timed=False):
+    def make_ready(self, sequence=None, timed=None):
         """Collective over the ranks (every one is in this call): complete the duplicate, agree on the
         settings, learn the topology. Raises on every rank if the settings differ; AllreduceAborted
         where a peer gave up call #``sequence``, the one set up here (consistency.set_up_codes_agree).
@@ -166,10 +166,10 @@ class CommState:
                 )
                 self._learn_topology()
                 self.ready = True
-                if timed:  # (a timed call's set-up, every rank here: faults.bounded)
-                    from ..faults.bounded import make_timed_communicator
+                if timed is not None:  # (a timed call's set-up, every rank here: faults.bounded;
+                    from ..faults.bounded import make_timed_communicator  # its timeout bounds it)
 
-                    make_timed_communicator(self, sequence, None)
+                    make_timed_communicator(self, sequence, timed)
             except SettingsMismatch as error:
                 self.broken, self.ready = error, True
             except AllreduceAborted as given_up:  # (the set-up not done: the next one does it)
