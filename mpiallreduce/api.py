@@ -366,9 +366,13 @@ def zeros(shape, dtype=np.float64, comm=None):
     return symmetric_array(comm, shape, dtype, zero=True)
 
 
-def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False, out=None):
-    """What ``allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out)`` would run, and why: the
-    whole plan (algorithm, route, device path, accumulation, inner plan, signature), in a line.
+def describe_call(
+    x, op="sum", algorithm="auto", comm=None, reproducible=False, out=None, timeout=None
+):
+    """What ``allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out, timeout=timeout)`` would
+    run, and why: the whole plan (algorithm, route, device path, accumulation, inner plan,
+    signature), in a line. A timed call (``timeout``, or MPIALLREDUCE_TIMEOUT) never runs
+    single_copy or device_to_device: the plan says what it runs instead.
 
     Collective the first time a communicator is used (its state is made), then local.
     """
@@ -380,7 +384,13 @@ def describe_call(x, op="sum", algorithm="auto", comm=None, reproducible=False, 
     from .core.symmetric import placement_of_call
 
     return plan_for(
-        state, x, _op_of(op, reproducible), algorithm, out is x, placement_of_call(state, x, out)
+        state,
+        x,
+        _op_of(op, reproducible),
+        algorithm,
+        out is x,
+        placement_of_call(state, x, out),
+        timed=(settings().timeout if timeout is None else timeout) is not None,
     ).describe()
 
 

@@ -80,6 +80,10 @@ class Algorithm:
     bounded_collectives = False
     #: True when ``execute`` takes ``sequence=``, the call's number (the same on every rank)
     takes_call_number = False
+    #: True when a timed call cannot run it: it touches the peers' memory (writes their outputs,
+    #: maps their buffers) before the ranks agree on how the call ends, which a rank that gave up
+    #: would see after it raised; the planner runs another instead (planner.timed_instead)
+    unbounded_when_timed = False
 
     def bind_runs(self, execution):
         """``run(send, recv, sequence, watch)``: the repeated untimed runs of Execution ``execution``

@@ -86,6 +86,8 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
     across_nodes = "staged_ring"
     #: it maps the peers' memory: the planner uses it only where probe_cuda_ipc found that works
     needs_cuda_ipc = True
+    #: it maps the peers' memory: a timed call runs the table's choice across nodes instead
+    unbounded_when_timed = True
 
     def execute(self, plan, comm, send, recv, op, datatype):
         xp = namespace(recv)

@@ -42,6 +42,8 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
     uses_point_to_point = False
     #: it runs on symmetric buffers only: the planner gives it their placement (``peers=``)
     needs_symmetric = True
+    #: it writes into the peers' outputs: a timed call runs shared_memory instead
+    unbounded_when_timed = True
     #: the signature codes in the shared slots stand for its arrival barrier (as shared_memory's)
     carries_signature = "shared slots"
     #: each slice is reduced from every rank's input at once (a reproducible sum's direct route)

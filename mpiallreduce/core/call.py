@@ -229,6 +229,8 @@ class Call:
                 self.reproducible,
                 False,
                 self.out is self.x,
+                placement_of_call(self.state, self.x, self.out),
+                timed=self.timeout is not None,
             )
         except Exception:
             return None
@@ -301,7 +303,14 @@ class Call:
             validate(self.x, self.op, self.algorithm, self.out, self.reproducible, state.size)
             reduce_op = _op_of(self.op, self.reproducible)
             return reduce_op, plan_for(
-                state, self.x, reduce_op, self.algorithm, self.out is self.x, placement, once=True
+                state,
+                self.x,
+                reduce_op,
+                self.algorithm,
+                self.out is self.x,
+                placement,
+                once=True,
+                timed=self.timeout is not None,
             )
 
         reduce_op, plan = translated(
@@ -313,7 +322,7 @@ class Call:
                 self.signature(),
                 resolve=lambda p: {
                     "runs": p[1].describe(),
-                    "symmetric at": p[1].algorithm.needs_symmetric and placement.signature(),
+                    "symmetric at": placement is not None and placement.signature(),
                 },
             ),
         )
@@ -358,8 +367,6 @@ class Call:
 
     def _bounds_collectives(self):
         """Whether this call's plan ran MPI's collectives on the timed calls' communicator."""
-        if type(self.x) is not np.ndarray:
-            return False
         execution = self.execution or self._planned()  # (None: refused here, the peers differ)
         return execution is not None and execution.bounds_collectives
 
@@ -379,6 +386,7 @@ class Call:
                     keep=self.timeout is None,
                     in_place=self.out is x,
                     placement=placement_of_call(state, x, self.out),
+                    timed=self.timeout is not None,
                 )
             except (
                 TypeError,

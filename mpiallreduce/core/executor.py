@@ -86,7 +86,8 @@ class Execution:
             "route": plan.route,
             "in place (out=x)": plan.in_place,
         }
-        if plan.algorithm.needs_symmetric:  # (the twins must lie at the same place on every rank)
+        if placement is not None:  # (symmetric twins lie at the same place on every rank: a
+            # timed call's shared_memory in place of single_copy, planner.timed_instead, too)
             signature["symmetric (allocation, input, output)"] = placement.signature()
         #: the call's signature code: what every rank's must equal (the planner's name for what runs
         #: is in it, so ranks whose plans differ never run different algorithms together)
@@ -116,12 +117,12 @@ class Execution:
         self.raw_unchecked = self.raw and self.direct and not self.compares_first
         self.strides = np.empty(self.shape, self.dtype).strides if kind == "host" else None
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
-        #: a timed call on host arrays runs MPI's collectives of this plan on the timed calls' own
-        #: communicator, each wait bounded (faults.bounded): mpi, reduce_bcast, shared_memory, and
-        #: hierarchical's and two_level's steps within a node
+        #: a timed call runs MPI's collectives of this plan on the timed calls' own communicator,
+        #: each wait bounded (faults.bounded): mpi, reduce_bcast, shared_memory, and hierarchical's
+        #: and two_level's steps within a node; on device arrays too, through a CUDA-aware MPI
+        #: (device buffers) or a round trip through host memory
         self.bounds_collectives = (
             plan.algorithm.bounded_collectives
-            and kind == "host"
             and not plan.local_only
             and not plan.route.startswith("compressed")
         )
@@ -185,12 +186,12 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
-        # A timed call whose plan talks in messages, or runs MPI's collectives on host arrays
-        # (faults.bounded), ends alike on every rank (faults.outcome): every wait bounded by the
-        # timeout, the result kept from the user's array until every rank's part is done.
-        # Elsewhere (single_copy, device paths) the comparison after the rendezvous waits without one.
+        # A timed call whose plan talks in messages, or runs MPI's collectives (faults.bounded),
+        # ends alike on every rank (faults.outcome): every wait bounded by the timeout, the result
+        # kept from the user's array until every rank's part is done. A timed call runs no other
+        # (single_copy, device_to_device: planner.timed_instead).
         timed = timeout is not None and state.size > 1
-        bounded = timed and self.bounds_collectives and xp is None
+        bounded = timed and self.bounds_collectives
         alike = timed and (self.plan.algorithm.messages_only or bounded)
         watch = (
             PeerWatch(state, sequence, timeout, self.plan.name) if self.watched or bounded else None
@@ -275,6 +276,12 @@ class Execution:
         ):  # the whole call on pinned host memory
             from ..device.transports import pinned, pinned_in_use
 
+            if bounded:  # (a collective given up may write into it later: host memory of its own)
+                host = np.empty(recv.size, recv.dtype)
+                xp.asnumpy(recv if send is None else send, out=host)
+                self._route(comm, None, host, None, options)
+                recv.set(host)  # (from pageable memory: read before set returns)
+                return
             host = pinned(xp, "round_trip", recv.size, recv.dtype)
             xp.asnumpy(
                 recv if send is None else send, out=host

@@ -44,6 +44,11 @@ Rules, in order:
   a prepared call is compared once, when made (``signature="agreed once"``);
 - a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
   node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.
+- a timed call (``timeout``) runs only what a timeout bounds and an agreement on its end can take
+  back (mpiallreduce.faults.outcome): never ``single_copy`` (``shared_memory`` instead) nor
+  ``device_to_device`` (the table's choice across nodes instead), by name or by ``auto``
+  (``timed_instead``); MPI's own collectives on device arrays go through host memory, not a
+  CUDA-aware MPI (they are posted in nonblocking forms: mpiallreduce.faults.bounded).
 
 A plan is a pure function of its inputs and of CallFacts, which hold only what every rank of the
 communicator agreed on (mpiallreduce.core.state.CommState.make_ready: node layout, CUDA-awareness,
@@ -71,6 +76,7 @@ __all__ = [
     "CallPlan",
     "plan_call",
     "choose_algorithm",
+    "timed_instead",
     "check_algorithm_name",
     "NOT_ACROSS_NODES",
 ]
@@ -184,12 +190,22 @@ class CallPlan:
 
 @functools.lru_cache(maxsize=4096)
 def plan_call(
-    facts, on_device, dtype, nbytes, op_name, algorithm, in_place=False, symmetric=False, once=False
+    facts,
+    on_device,
+    dtype,
+    nbytes,
+    op_name,
+    algorithm,
+    in_place=False,
+    symmetric=False,
+    once=False,
+    timed=False,
 ):
     """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name,
     ``in_place``: ``out=x`` (the tuning table has rules of its own for it), ``symmetric``: the
     call's arrays are symmetric buffers of one allocation (mpiallreduce.core.symmetric.placement_of),
-    ``once``: compared once, when made (a prepared call, ``check=True``), not in each run.
+    ``once``: compared once, when made (a prepared call, ``check=True``), not in each run,
+    ``timed``: the call has a timeout (it runs no algorithm a timeout cannot bound: timed_instead).
 
     Raises ValueError (the same on every rank, since the facts are) for an algorithm that cannot run
     on this communicator.
@@ -201,7 +217,7 @@ def plan_call(
     ):  # reproducible sums of device arrays run on the host (a round trip)
         if algorithm != "auto" and REGISTRY[algorithm].memory == "device":
             algorithm = "auto"
-        plan = plan_call(facts, False, dtype, nbytes, op_name, algorithm, in_place)
+        plan = plan_call(facts, False, dtype, nbytes, op_name, algorithm, in_place, timed=timed)
         return replace(plan, device_path="host round trip")
     check_algorithm_name(algorithm, on_device)
     auto = algorithm == "auto"
@@ -341,6 +357,8 @@ def plan_call(
                 reason + "; a mean: the out-of-place rule's, which divides slices as it reduces",
             )
         chosen = REGISTRY[name]
+    if timed and chosen.unbounded_when_timed:
+        chosen, reason = timed_instead(chosen, facts, nbytes, reason)
     if (
         compared
         and not once
@@ -382,6 +400,11 @@ def plan_call(
         from ..device.transports import device_path
 
         path = device_path(chosen, facts.cuda_aware)
+        if timed and path == "cuda-aware" and chosen.bounded_collectives:
+            # (a timed call posts MPI's collectives in their nonblocking forms, faults.bounded,
+            # which Open MPI does not take on device buffers: a round trip through host memory)
+            path = "host round trip"
+            reason += "; timed: MPI's nonblocking collectives on host memory (a round trip)"
     route = "plain"
     if reproducible:
         route = "reproducible direct" if chosen.sees_every_contribution else "reproducible words"
@@ -443,6 +466,24 @@ def plan_call(
         in_place,
         persistent,
     )
+
+
+def timed_instead(chosen, facts, nbytes, reason):
+    """(algorithm, reason) a timed call runs in place of ``chosen``, one whose end no timeout can
+    bound and no agreement can take back (``Algorithm.unbounded_when_timed``): single_copy writes
+    straight into every peer's array, so a peer that gave up would find its array written after
+    it raised; device_to_device maps the peers' memory, which a peer that gave up may free. A
+    timed call keeps its result from the user's array until every rank's part is done
+    (mpiallreduce.faults.outcome), so it runs ``shared_memory`` on symmetric arrays (the same bits:
+    each slice reduced in rank order) and, on device arrays, the table's choice across nodes
+    (messages through the call's watch)."""
+    if chosen.memory == "host":
+        name = "shared_memory"
+        why = "single_copy writes into the peers' arrays before the ranks agree on the call's end"
+    else:
+        name, _ = choose_on_device(nbytes, True, facts.cuda_aware, REGISTRY)
+        why = f"{chosen.name} maps the peers' memory, which a rank that gave up may free"
+    return REGISTRY[name], f"{reason}; timed: {name} instead, since {why}"
 
 
 def choose_algorithm(nbytes, size):

@@ -185,7 +185,7 @@ class Prepared(PreparedBase):
                     raise
                 return self._run_met(sequence, elsewhere, moved)
             except BaseException as error:  # (faults.bounded: where every rank retires it)
-                bounded = self.xp is None and self.execution.bounds_collectives
+                bounded = self.execution.bounds_collectives
                 timed_call_raised(self.state, sequence, error, bounded, differ)
                 raise
         return self._run_met(sequence, elsewhere, moved)

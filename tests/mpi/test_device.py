@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import stalls
 from mpi4py import MPI
 from reference import (
     BitsAcrossRanks,
@@ -585,3 +586,48 @@ def test_refused_cuda_ipc_is_probed_once_and_never_planned_again():
         "device_to_device"
     )  # (probed apart: it works there)
     comm.Free()
+
+
+@pytest.mark.parametrize(
+    "algorithm, aware",
+    [("mpi", True), ("mpi", False), ("device_to_device", False)],
+    ids=["mpi-cuda_aware", "mpi-not_cuda_aware", "device_to_device"],
+)
+def test_a_timed_call_on_device_arrays_is_bounded_when_a_peer_stalls(
+    xp, algorithm, aware, monkeypatch, use_settings
+):
+    """Issue 54, item 3, on device arrays: a timed call runs nothing a timeout cannot bound. Not
+    device_to_device (it maps the peers' memory, which a rank that gave up may free: the table's
+    choice across nodes instead), and MPI's own collectives in their nonblocking forms through
+    host memory, never a CUDA-aware MPI's (Open MPI takes no device buffers in nonblocking
+    collectives). The last rank stalls past the timeout and its grace before the data moves:
+    every rank raises within timeout + grace, the device output is not written, and the next
+    calls, timed and untimed, are right. Before, the others waited in MPI_Allreduce (or the
+    mappings' agreement) until the stalled rank came, then returned the sum."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size != 3:
+        pytest.skip("a timing test (sleeps on purpose): at 3 ranks")
+    if aware and xp is not fake_cupy and not device.cuda_aware()[0]:
+        pytest.skip("this MPI is not CUDA-aware: device pointers would crash it")
+    needs_cuda_ipc(xp, algorithm)  # (the untimed calls after it)
+    use_settings(cuda_aware=aware)
+    host = exact_input("float32", 5000, rank, "sum")
+    x, out = xp.asarray(host), xp.asarray(np.full(5000, -7.0, np.float32))
+    timed = mar.describe_call(x, algorithm=algorithm, timeout=0.5)
+    if algorithm == "mpi":
+        assert timed.startswith("mpi") and "host round trip" in timed, timed
+    else:
+        assert timed.startswith("staged_ring") and "timed: staged_ring instead" in timed, timed
+    mar.allreduce(np.ones(4), timeout=30)  # (first use: the control channel)
+    stalls.shorten_the_grace(monkeypatch)
+    stalls.before_the_data_moves(monkeypatch, size - 1, stalls.stall)
+    stalls.ended_alike_within_the_bound(
+        lambda: mar.allreduce(x, out=out, algorithm=algorithm, timeout=stalls.TIMEOUT)
+    )
+    assert (xp.asnumpy(out) == -7.0).all(), f"rank {rank}: written by a call that raised"
+    time.sleep(0.2)
+    want = numpy_reference("sum", gather_inputs(comm, host))
+    for timed_out in (30, None, 30):
+        result = mar.allreduce(x, algorithm=algorithm, timeout=timed_out)
+        assert not problems_with(comm, xp.asnumpy(result), want, f"timeout={timed_out}")

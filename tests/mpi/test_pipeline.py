@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+import stalls
 from mpi4py import MPI
 from reference import (
     exact_input,
@@ -308,20 +309,13 @@ def _inject_on(rank, algorithm, monkeypatch, what):
 MPI_COLLECTIVES = ["mpi", "reduce_bcast", "hierarchical", "two_level", "shared_memory"]
 
 
-def _inject_before_the_data_moves(rank, algorithm, monkeypatch, what):
-    """On ``rank``, ``what()`` runs once the call's signature was compared, before its first
-    collective (the executor's _reduce: the peers are in theirs by then)."""
-    from mpiallreduce.core.executor import Execution
-
-    if WORLD.Get_rank() == rank:
-        original = Execution._reduce
-
-        def once(self, *args, **kwargs):
-            monkeypatch.setattr(Execution, "_reduce", original)
-            what()
-            return original(self, *args, **kwargs)
-
-        monkeypatch.setattr(Execution, "_reduce", once)
+def _inject(rank, algorithm, monkeypatch, what):
+    """``what()`` on ``rank``: at the first reduction where the plan talks in messages, once the
+    signature was compared (before the first collective) where it runs MPI's collectives."""
+    if algorithm in MESSAGES_ONLY:
+        _inject_on(rank, algorithm, monkeypatch, what)
+    else:
+        stalls.before_the_data_moves(monkeypatch, rank, what)
 
 
 def _pairs_up_after(algorithm, x):
@@ -354,9 +348,8 @@ def test_a_rank_interrupted_in_a_timed_call_makes_every_peer_raise(
     def interrupt():
         raise KeyboardInterrupt
 
-    inject = _inject_on if algorithm in MESSAGES_ONLY else _inject_before_the_data_moves
     for _ in range(2):  # (the second on the communicator the first retired: a review)
-        inject(size - 1, algorithm, monkeypatch, interrupt)
+        _inject(size - 1, algorithm, monkeypatch, interrupt)
         try:
             mar.allreduce(x, algorithm=algorithm, out=out, timeout=30)
             outcome = "returned"
@@ -388,29 +381,18 @@ def test_a_peer_stalled_in_a_timed_call_is_bounded_and_every_rank_raises(
     3 ranks on one node, and at 2 across nodes."""
     from conftest import SPANS_NODES
 
-    from mpiallreduce.faults.outcome import GRACE_SECONDS
-
     if not (WORLD.Get_size() == 3 or (SPANS_NODES and WORLD.Get_size() == 2)):
         pytest.skip("a timing test (sleeps on purpose): at 3 ranks, and at 2 across nodes")
     use_settings(compiled=False)
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
-    timeout, stall = 0.5, 0.5 + GRACE_SECONDS + 1.5
     x = exact_input("float64", 5000, rank, "sum")
     out = np.full_like(x, -7.0)
     mar.allreduce(x, algorithm=algorithm, timeout=30)  # (first use: the control channel)
-    inject = _inject_on if algorithm in MESSAGES_ONLY else _inject_before_the_data_moves
-    inject(size - 1, algorithm, monkeypatch, lambda: time.sleep(stall))
-    started = time.monotonic()
-    try:
-        mar.allreduce(x, algorithm=algorithm, out=out, timeout=timeout)
-        outcome = "returned"
-    except (mar.AllreduceTimeout, mar.AllreduceAborted) as error:
-        outcome = type(error).__name__
-    took = time.monotonic() - started
-    everyone = WORLD.allgather((outcome, took))
-    assert all(o != "returned" for o, _ in everyone), everyone
-    bound = timeout + GRACE_SECONDS + 1.0  # (1 s for the machine's own delays)
-    assert all(t < bound for _, t in everyone[:-1]), everyone
+    stalls.shorten_the_grace(monkeypatch)
+    _inject(size - 1, algorithm, monkeypatch, stalls.stall)
+    stalls.ended_alike_within_the_bound(
+        lambda: mar.allreduce(x, algorithm=algorithm, out=out, timeout=stalls.TIMEOUT)
+    )
     assert (out == -7.0).all(), f"rank {rank}: written by a call that raised"
     time.sleep(0.2)
     _pairs_up_after(algorithm, x)

@@ -2,8 +2,11 @@
 the peers' twins of them (issue #28, item 2). Every expected value comes from numpy on inputs
 gathered with mpi4py's own allgather."""
 
+import time
+
 import numpy as np
 import pytest
+import stalls
 from mpi4py import MPI
 from reference import exact_input, gather_inputs, numpy_reference, problems_with
 
@@ -137,7 +140,8 @@ def test_prepared_single_copies_on_different_arrays_raise_everywhere_and_write_n
     )
     a[...], b[...] = a_in, b_in
     pa, pb = mar.prepare(a, out=a, timeout=timeout), mar.prepare(b, out=b, timeout=timeout)
-    assert "single_copy" in repr(pa), repr(pa)
+    # (timed: shared_memory in place of single_copy, still comparing where the arrays lie)
+    assert ("single_copy" if timeout is None else "timed: shared_memory") in repr(pa), repr(pa)
     with pytest.raises(mar.SignatureMismatch, match="symmetric"):  # (timed: at the rendezvous)
         (pa if rank == 0 else pb)()
     assert np.array_equal(a, a_in) and np.array_equal(b, b_in), (
@@ -145,6 +149,42 @@ def test_prepared_single_copies_on_different_arrays_raise_everywhere_and_write_n
     )
     want_a, want_b = (numpy_reference("sum", gather_inputs(WORLD, v)) for v in (a_in, b_in))
     assert np.array_equal(pa(), want_a) and np.array_equal(pb(), want_b)
+
+
+def test_a_timed_call_on_symmetric_arrays_never_writes_a_peers_array_when_a_peer_stalls(
+    monkeypatch,
+):
+    """Issue 54, item 3: single copy writes straight into every peer's array, and its last barrier
+    waited without a deadline; a timed call cannot take such writes back. So a timed call on
+    symmetric arrays runs shared_memory (planner.timed_instead), auto and by name, and says so.
+    The last rank stalls past the timeout and its grace, before the data moves: every rank raises
+    within timeout + grace, no rank's output is written (its own or a peer's, the stalled one's
+    once it woke too), and the next calls, timed and untimed, are right. Before, every rank
+    waited in the single copy's arrival for the stalled rank, then returned the sum."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    if size != 3:
+        pytest.skip("a timing test (sleeps on purpose): at 3 ranks")
+    count = 1 << 15  # (256 KiB of float64: auto's single copy, untimed)
+    x, out = _twins(count, np.float64)
+    x[...] = exact_input("float64", count, rank, "sum")
+    out[...] = -7.0
+    for algorithm in ("auto", "single_copy"):
+        untimed = mar.describe_call(x, out=out, algorithm=algorithm)
+        timed = mar.describe_call(x, out=out, algorithm=algorithm, timeout=0.5)
+        assert untimed.startswith("single_copy"), untimed
+        assert timed.startswith("shared_memory") and "timed: shared_memory instead" in timed, timed
+    mar.allreduce(np.ones(4), timeout=30)  # (first use: the control channel)
+    stalls.shorten_the_grace(monkeypatch)
+    stalls.before_the_data_moves(monkeypatch, size - 1, stalls.stall)
+    stalls.ended_alike_within_the_bound(lambda: mar.allreduce(x, out=out, timeout=stalls.TIMEOUT))
+    WORLD.Barrier()  # (the stalled rank woke and raised: nothing of it may come later)
+    time.sleep(0.2)
+    assert (out == -7.0).all(), f"rank {rank}: its output written by a call that raised"
+    want = numpy_reference("sum", gather_inputs(WORLD, x))
+    for timed_out in (30, None, 30):
+        out[...] = -7.0
+        result = mar.allreduce(x, out=out, timeout=timed_out)
+        assert np.array_equal(result, want), f"rank {rank}: timeout={timed_out}"
 
 
 def test_unchecked_single_copies_on_different_arrays_raise_everywhere(use_settings):
