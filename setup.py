@@ -1,5 +1,6 @@
 """mpiallreduce: allreduce for numpy (and later CuPy) arrays over MPI."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -48,7 +49,8 @@ class OptionalBuildExt(build_ext):
         wrapper = mpicc()
         if wrapper is None:
             print(
-                "mpiallreduce: no Open MPI mpicc found; the compiled paths are not built, the Python paths will run",
+                "mpiallreduce: no Open MPI mpicc found; the compiled paths are not built, the "
+                "Python paths will run (and mpiallreduce.jax builds its handler at first use)",
                 file=sys.stderr,
             )
             return
@@ -58,6 +60,8 @@ class OptionalBuildExt(build_ext):
         super().run()
 
     def build_extension(self, ext):
+        if ext.name == JAX_HANDLER.name:
+            return build_jax_handler(self.get_ext_fullpath(ext.name))
         try:
             super().build_extension(ext)
         except (
@@ -70,6 +74,32 @@ class OptionalBuildExt(build_ext):
             raise
 
 
+def build_jax_handler(output):
+    """mpiallreduce.jax's XLA handler, with Open MPI's mpicxx, where JAX is importable here (the
+    build environment: make installs JAX first, then this package without build isolation);
+    elsewhere it is built at first use (mpiallreduce/jax/build.py, the recipe of both)."""
+    try:
+        import jax
+    except ImportError:
+        print(
+            "mpiallreduce: JAX is not in the build environment: mpiallreduce.jax builds its XLA "
+            "handler at first use",
+            file=sys.stderr,
+        )
+        return
+    spec = importlib.util.spec_from_file_location(
+        "mpiallreduce_jax_build", HERE / "mpiallreduce" / "jax" / "build.py"
+    )
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    compiler = recipe.mpicxx(sys.prefix)
+    if compiler is None:
+        print("mpiallreduce: no mpicxx: mpiallreduce.jax builds its handler at first use")
+        return
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    recipe.install_build(compiler, jax.ffi.include_dir(), jax.__version__, output)
+
+
 # the hot paths of repeated calls, compiled where Open MPI's mpicc is found (mpiallreduce/core/compiled.py)
 COMPILED = [
     Extension(
@@ -79,6 +109,8 @@ COMPILED = [
         optional=True,
     )
 ]
+# mpiallreduce.jax's XLA handler (a library XLA calls, not a Python module): build_jax_handler
+JAX_HANDLER = Extension("mpiallreduce.jax._ffi", ["mpiallreduce/jax/_ffi.cc"], optional=True)
 
 setup(
     name="mpiallreduce",
@@ -91,7 +123,7 @@ setup(
         "mpiallreduce": ["data/*.json"],
         "mpiallreduce.jax": ["_ffi.cc", "_ffi_waits.h", "_ffi_algorithms.h"],
     },
-    ext_modules=COMPILED,
+    ext_modules=[*COMPILED, JAX_HANDLER],
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.10",
     install_requires=[

@@ -37,6 +37,14 @@
 namespace ffi = xla::ffi;
 using namespace mpiallreduce_jax;
 
+// What this build was made from (mpiallreduce/jax/build.py: a digest of the sources, JAX's version
+// and the MPI), found in the library's bytes before it is loaded: an install's build is taken only
+// where it matches.
+#ifdef MPIALLREDUCE_MADE_BY
+extern "C" __attribute__((used, visibility("default"))) const char mpiallreduce_made_by[] =
+    "mpiallreduce-made-by:" MPIALLREDUCE_MADE_BY ";";
+#endif
+
 namespace {
 
 // The algorithms by the number primitive.py gives them (HANDLER_ALGORITHMS)

