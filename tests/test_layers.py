@@ -791,7 +791,12 @@ def test_the_only_digests_are_core_consistency_and_the_tools():
         )
 
     found = occurrences(digests)
-    bad = outside(found, ["mpiallreduce/core/consistency.py", "mpiallreduce/tools/"])
+    # (mpiallreduce/jax/build.py: the handler's build recipe, which setup.py loads alone, without
+    # the package, in a build environment that may lack numpy and mpi4py)
+    bad = outside(
+        found,
+        ["mpiallreduce/core/consistency.py", "mpiallreduce/tools/", "mpiallreduce/jax/build.py"],
+    )
     assert not bad, (
         "a digest (hashlib, zlib, binascii, hash()...) outside mpiallreduce/core/consistency.py "
         f"and mpiallreduce/tools/ (use consistency.digest/content_digest): {bad}"

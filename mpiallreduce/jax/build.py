@@ -12,7 +12,7 @@ at first use.
                               once per source, JAX and MPI
 
 setup.py loads this file by itself (no package import: the build environment may lack numpy and
-mpi4py), so it imports nothing but the standard library. ``python -m mpiallreduce.jax.build``
+mpi4py), so it imports nothing but the standard library. ``python -m mpiallreduce.jax``
 prints the handler's path, building it where there is none.
 """
 
@@ -106,9 +106,3 @@ def is_made_by(library, jax_version, family):
 def installed(jax_version, family):
     """The install's build where it was made from this source for this JAX and MPI; else None."""
     return next((lib for lib in INSTALLED if is_made_by(lib, jax_version, family)), None)
-
-
-if __name__ == "__main__":
-    from .handler import built_library
-
-    print(built_library())

