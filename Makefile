@@ -37,7 +37,7 @@ $(STAMP): $(BENCH_STAMP)
 test: $(STAMP) slurm-packages
 	$(BIN)/python -m pytest tests -q -ra --color=no
 
-# The inner loop, under 3 minutes on 2 cores: the fast single-process tests (layers, plans,
+# The inner loop, about a minute on 2 cores (at most 3): the fast single-process tests (layers, plans,
 # buckets, reproducible paths), then the MPI suite (tests/mpi) on 2 ranks only. make test runs
 # everything.
 check: $(STAMP)

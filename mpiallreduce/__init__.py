@@ -130,6 +130,16 @@ sys.meta_path.insert(0, _MovedModules())
 __all__ = list(_EXPORTS) + ["__version__"]
 
 
+#: the package's own plumbing, not for users (dir() leaves them out)
+_PLUMBING = {"lazy_exports", "MOVED", "abort_on_exception_from_environment"}
+
+
+def _public(package, name, value):
+    if name.startswith("_") and name != "__version__" or name in _PLUMBING:
+        return False
+    return not isinstance(value, type(sys)) or value.__name__.startswith(package + ".")
+
+
 def lazy_exports(package, exports):
     """A module ``__getattr__`` for ``package`` that imports each name of ``exports`` (name -> the
     module it lives in, relative to ``package``) at its first use, and keeps it."""
@@ -141,8 +151,9 @@ def lazy_exports(package, exports):
         setattr(sys.modules[package], name, value)
         return value
 
-    def __dir__():
-        return sorted(set(vars(sys.modules[package])) | set(exports))
+    def __dir__():  # (what a user reaches: no helper, nor a module it imported for itself)
+        module = sys.modules[package]
+        return sorted(set(exports) | {n for n, v in vars(module).items() if _public(package, n, v)})
 
     return __getattr__, __dir__
 

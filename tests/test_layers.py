@@ -480,6 +480,12 @@ def test_api_and_the_lazy_exports_resolve():
     assert set(mpiallreduce._EXPORTS) <= set(dir(mpiallreduce))
     with pytest.raises(AttributeError):
         mpiallreduce.no_such_name
+    # (issue 58: the errors the docs name are there; the package's own imports and helpers are not)
+    for error in ("SignatureMismatch", "AllreduceTimeout", "AllreduceAborted", "RankFailure"):
+        assert issubclass(getattr(mpiallreduce, error), Exception), error
+    listed = set(dir(mpiallreduce))
+    assert not listed & {"sys", "importlib", "lazy_exports", "MOVED"}, sorted(listed)
+    assert "__version__" in listed and "faults" in listed  # (a subpackage, once imported)
 
 
 def test_importing_the_package_its_faults_or_the_launcher_does_not_start_mpi():

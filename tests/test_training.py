@@ -379,3 +379,15 @@ def test_a_script_written_for_horovod_runs_with_one_line_changed():
     )
     assert result.returncode == 0, result.output[-5000:]
     assert "horovod-style mnist: ok, 2 ranks" in result.output, result.output[-5000:]
+
+
+def test_resume_without_a_checkpoint_is_a_usage_error():
+    """Issue 58: ``--resume`` without ``--checkpoint`` started over without a word."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mpiallreduce.tools.train", "--resume", "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--resume needs --checkpoint" in done.stderr, done.stderr

@@ -248,6 +248,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.device == "cuda" and args.framework != "torch":
         parser.error("--device cuda needs --framework torch")
+    if args.resume and not args.checkpoint:  # (it would start over without saying so)
+        parser.error("--resume needs --checkpoint FILE, the file to resume from")
     if not args.no_abort_on_exception:
         mar.abort_on_exception()  # one rank's exception ends the job with its traceback, not a hang
     comm = MPI.COMM_WORLD
