@@ -474,3 +474,35 @@ def test_the_abort_banner_reaches_the_processs_stderr_when_sys_stderr_is_a_buffe
         capfd.readouterr().err
         == "[rank 3] mpiallreduce: uncaught ValueError on rank 3\n[rank 3] Traceback\n"
     )
+
+
+def test_more_ranks_than_cores_are_said_once():
+    """Issue 58: ``launch -n 8`` on 2 cores ran silently. One line says so; as many ranks as cores
+    say nothing."""
+    import subprocess
+
+    cores = len(os.sched_getaffinity(0))
+    launcher = os.path.join(os.path.dirname(sys.executable), "mpiallreduce")
+    said = {}
+    for nranks in (cores, cores + 1):
+        done = subprocess.run(
+            [
+                launcher,
+                "launch",
+                "-n",
+                str(nranks),
+                "--timeout",
+                "60",
+                "--",
+                sys.executable,
+                "-c",
+                "",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=launch.launch_environment(),
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        said[nranks] = done.stderr.count("oversubscribed")
+    assert said == {cores: 0, cores + 1: 1}, said

@@ -127,6 +127,13 @@ def _launch(argv):
     # mpiexec: stay its parent, so that TERM, INT and HUP reach the ranks as SIGTERM, with --grace
     # seconds to checkpoint (mpiallreduce.tools.ranks), and the ranks' exit status is the launcher's
     nranks = args.ranks if args.ranks is not None else int(argv[argv.index("-n") + 1])
+    cores = len(os.sched_getaffinity(0))
+    if nranks > cores:  # (issue 58: it ran silently; the ranks then take turns on the cores)
+        print(
+            f"mpiallreduce launch: {nranks} ranks on {cores} cores: they take turns on them "
+            "(oversubscribed), so timings measure the scheduler more than the ranks",
+            file=sys.stderr,
+        )
     result = run(
         nranks,
         command,
