@@ -506,3 +506,23 @@ def test_more_ranks_than_cores_are_said_once():
         assert done.returncode == 0, done.stdout + done.stderr
         said[nranks] = done.stderr.count("oversubscribed")
     assert said == {cores: 0, cores + 1: 1}, said
+
+
+def test_a_usage_error_under_launch_is_one_line_once():
+    """Issue 58: ``launch -n 2 -- mpiallreduce bench --algorithms rign`` printed the usage block,
+    a notice per rank that it ends the job, Open MPI's abort notices, and a NUL byte (PRRTE ends
+    its notices with one). Now: the error in one line, once, status 2, nothing else."""
+    import subprocess
+
+    launcher = os.path.join(os.path.dirname(sys.executable), "mpiallreduce")
+    done = subprocess.run(
+        [launcher, "launch", "-n", "2", "--timeout", "60", "--"]
+        + [launcher, "bench", "--algorithms", "rign"],
+        capture_output=True,
+        timeout=90,
+        env=launch.launch_environment(),
+    )
+    assert done.returncode == 2, done
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and "error: --algorithms: unknown algorithm 'rign'" in lines[0], lines
+    assert b"\0" not in done.stderr and not done.stdout, done

@@ -47,6 +47,7 @@ EXIT_GRACE_SECONDS = 3
 
 _python_exit = sys.exit
 _exit_status = None  # the status of the nonzero sys.exit() that ended the program (_Leaving)
+_quiet = None  # (exit_alike: every rank leaves alike, "said" where this one printed why)
 
 
 def world_rank_and_size():
@@ -136,6 +137,16 @@ def _exit(status=None):
         raise
 
 
+def exit_alike(status, said):
+    """``sys.exit(status)`` where every rank leaves alike at this point (a usage error: each parsed
+    the same arguments), so saying that this rank ends the job would only repeat the reason once
+    per rank. The rank that ``said`` why (it printed the error) ends the job at once; the others
+    wait the grace first, so that their abort does not cut that line off."""
+    global _quiet
+    _quiet = "said" if said else "silent"
+    sys.exit(status)
+
+
 def exit_status():
     """The status of the nonzero ``sys.exit`` that is ending this rank's program (with
     abort_on_exception), else None: the job is about to be aborted, nothing collective may start."""
@@ -151,15 +162,17 @@ def _abort_after_exit():
     world = sys.modules["mpi4py.MPI"].COMM_WORLD
     if world.Get_size() == 1:  # no other rank to wait for this one: MPI_Finalize returns
         return
-    _say(
-        rank,
-        f"mpiallreduce: rank {rank} exits with status {_exit_status}; aborting the MPI job with it "
-        f"in {EXIT_GRACE_SECONDS} s",
-    )
+    if not _quiet:
+        _say(
+            rank,
+            f"mpiallreduce: rank {rank} exits with status {_exit_status}; aborting the MPI job "
+            f"with it in {EXIT_GRACE_SECONDS} s",
+        )
     from .recorder import dump
 
     dump(f"sys.exit({_exit_status})")
-    time.sleep(EXIT_GRACE_SECONDS)
+    if _quiet != "said":  # (exit_alike: the rank that said why ends it at once)
+        time.sleep(EXIT_GRACE_SECONDS)
     world.Abort(_exit_status)
 
 

@@ -28,13 +28,16 @@ def launch_rank():
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser whose errors rank 0 alone prints (every rank exits 2)."""
+    """argparse's parser whose errors are one line, which rank 0 alone prints (every rank exits 2,
+    alike: no rank's notice that it ends the job)."""
 
     def error(self, message):
-        if launch_rank() == 0:
-            self.print_usage(sys.stderr)
-            print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        says = launch_rank() == 0
+        if says:
+            print(f"{self.prog}: error: {message} (--help: usage)", file=sys.stderr, flush=True)
+        from ..faults.aborting import exit_alike
+
+        exit_alike(2, said=says)
 
 
 def parse_size(text):

@@ -12,7 +12,8 @@ What is left out, and only that:
   R ... calling abort" or "exited with non-zero status" (process R), once rank R has said why the
   job ends (``[rank R] mpiallreduce: ... aborting the MPI job``: its traceback, or its
   ``sys.exit(n)``; see mpiallreduce.faults.aborting); a notice that names no rank, once any rank
-  has. Otherwise they stay: then they are the only explanation. The rank's line and Open MPI's
+  has, and every such notice once a rank printed a usage error of the package's commands (every
+  rank leaves for it alike). Otherwise they stay: then they are the only explanation. The rank's line and Open MPI's
   notice reach mpiexec by different routes (the rank's stderr, and the notice through PRRTE), in
   either order: such a notice is held until its rank says why (then dropped), for HOLD_SECONDS at
   most, or until the output ends (then it goes out).
@@ -40,6 +41,11 @@ HARMLESS_LINES = (
 )
 #: what rank R prints before it aborts the job (faults/aborting.py): the job's end is explained
 RANKS_SAID_WHY = re.compile(r"mpiallreduce: .*?\brank (\d+)\b.*aborting the MPI job")
+#: said_why's entry for a line that explains every rank's notice
+EVERY_RANK = -1
+#: a usage error of the package's commands (tools/arguments.py): every rank leaves for it alike,
+#: so it explains every rank's notice
+USAGE_ERROR = re.compile(r"^mpiallreduce[\w -]*: error: ")
 #: the notices about a job's end that a rank's line explains: (a phrase that marks one, the
 #: pattern of the rank it names: its rank in MPI_COMM_WORLD)
 EXPLAINED_NOTICES = (
@@ -70,10 +76,7 @@ class NoticeFilter:
         if self.show_all:
             return [line]
         text = line.rstrip("\r\n")
-        said = RANKS_SAID_WHY.search(text)
-        if said:
-            self.said_why.add(int(said.group(1)))
-            self.held = [notice for notice in self.held if not self._explained(notice[1])]
+        self.heard(text)
         if self.block is not None:
             self.block.append(line)
             if text == RULE:
@@ -87,6 +90,14 @@ class NoticeFilter:
         if any(pattern.match(text) for pattern in HARMLESS_LINES):
             return []
         return [line]
+
+    def heard(self, text):
+        """Note a line (or the start of one, written out before its end) that may say why the job
+        ends: the notices it explains are then dropped."""
+        said = RANKS_SAID_WHY.search(text)
+        if said or USAGE_ERROR.match(text):
+            self.said_why.add(int(said.group(1)) if said else EVERY_RANK)
+            self.held = [notice for notice in self.held if not self._explained(notice[1])]
 
     def _close(self):
         block, self.block = self.block, None
@@ -102,6 +113,8 @@ class NoticeFilter:
 
     def _explained(self, rank):
         """Whether a notice naming ``rank`` (None: no rank) is explained by a rank's line."""
+        if EVERY_RANK in self.said_why:
+            return True
         return rank in self.said_why if rank is not None else bool(self.said_why)
 
     def due(self, now=None):
@@ -170,6 +183,7 @@ def pump(source, destination, notices=None, on_broken=None):
                 if not select.select([fd], [], [], quiet)[
                     0
                 ]:  # (quiet: not a notice in the writing)
+                    notices.heard(pending.decode("utf-8", "surrogateescape"))
                     write(notices.due() + notices.flush(end=False) + [pending])
                     pending, midline = b"", midline or bool(pending)
                     continue
@@ -179,13 +193,15 @@ def pump(source, destination, notices=None, on_broken=None):
             if notices is None:
                 write([chunk])
                 continue
-            *lines, pending = (pending + chunk).split(b"\n")
+            # (PRRTE ends a notice with its C string's NUL, which then heads the next line: not text)
+            *lines, pending = (line.lstrip(b"\0") for line in (pending + chunk).split(b"\n"))
             out = notices.due()
             for line in lines:
                 line += b"\n"
                 out += [line] if midline else notices.feed(line.decode("utf-8", "surrogateescape"))
                 midline = False
             if pending and notices.block is None and not pending.startswith((b"-", b"[")):
+                notices.heard(pending.decode("utf-8", "surrogateescape"))
                 out.append(pending)
                 pending, midline = b"", True
             write(out)
