@@ -820,3 +820,39 @@ def test_a_program_that_leaves_windows_on_its_communicators_ends(how):
     assert sorted(re.findall(r"^rank (\d) done$", result.output, re.M)) == ["0", "1", "2"], explain(
         result
     )
+
+
+AFTER_FINALIZE = """
+import numpy as np
+from mpi4py import MPI
+import mpiallreduce as mar
+x = np.ones(3)
+assert (mar.allreduce(x) == MPI.COMM_WORLD.size).all()
+MPI.Finalize()
+try:
+    mar.allreduce(x)
+except RuntimeError as error:
+    print("said:", error)
+"""
+BEFORE_INIT = """
+import mpi4py
+mpi4py.rc.initialize = False
+import numpy as np
+import mpiallreduce as mar
+try:
+    mar.allreduce(np.ones(3))
+except RuntimeError as error:
+    print("said:", error)
+"""
+
+
+@pytest.mark.parametrize(
+    "program, said",
+    [(AFTER_FINALIZE, "MPI was finalized"), (BEFORE_INIT, "MPI is not initialized")],
+    ids=["after-finalize", "before-init"],
+)
+def test_a_call_after_mpi_finalize_or_before_mpi_init_is_one_clear_error(program, said):
+    """Issue 58: Open MPI aborted such a program (exit 14) with its own words only."""
+    result = run(2, [sys.executable, "-c", program], timeout=SHORT_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 0, explain(result)
+    assert result.output.count(f"said: mpiallreduce: {said}") == 2, explain(result)

@@ -333,6 +333,15 @@ def state_of(comm, blocking=True):
 
 def _make_state(comm, blocking):
     global _keyval
+    if MPI.Is_finalized() or not MPI.Is_initialized():  # (Open MPI would abort: exit 14)
+        raise RuntimeError(
+            "mpiallreduce: MPI "
+            + (
+                "was finalized (MPI.Finalize() ran): no collective can run after it"
+                if MPI.Is_finalized()
+                else "is not initialized (mpi4py.rc.initialize = False): call MPI.Init() first"
+            )
+        )
     with _lock:
         state = _states.get(comm.handle)
         if state is not None:
