@@ -526,3 +526,35 @@ def test_a_usage_error_under_launch_is_one_line_once():
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1 and "error: --algorithms: unknown algorithm 'rign'" in lines[0], lines
     assert b"\0" not in done.stderr and not done.stdout, done
+
+
+def test_the_commands_help_has_examples_and_no_markup_nor_the_tests_stand_in():
+    """Issue 58: --help showed rST double backticks, the tests' fake-gpu, "..." for launch's
+    command, no examples, options without help; a mistyped option got no "did you mean"."""
+    import subprocess
+
+    launcher = os.path.join(os.path.dirname(sys.executable), "mpiallreduce")
+    for command in ("info", "bench", "launch", "plot", "tune", "report", "model", "trace"):
+        shown = subprocess.run(
+            [launcher, command, "--help"], capture_output=True, text=True, timeout=60
+        ).stdout
+        assert "examples:\n  " in shown and "``" not in shown and "fake-gpu" not in shown, (
+            command,
+            shown,
+        )
+    bench = subprocess.run(
+        [launcher, "bench", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    for option in ("--dtype DTYPE", "--op OP", "--mode {"):
+        assert option in bench and bench.split(option, 1)[1].split("\n")[0].strip(), option
+    launch_help = subprocess.run(
+        [launcher, "launch", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "-- command [args ...]" in launch_help.split("\n\n")[0], launch_help
+    mistyped = subprocess.run(
+        [launcher, "launch", "--timout", "3", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "--timout: did you mean --timeout?" in mistyped.stderr, mistyped.stderr

@@ -1,7 +1,7 @@
 """Command-line arguments of the ``mpiallreduce`` commands.
 
 Every rank of a launch parses the same argv, so a mistake is the same mistake everywhere: rank 0
-says it once, in one line after the usage, and every rank exits with status 2 without
+says it once, in one line, and every rank exits with status 2 without
 communicating (no traceback per rank, no collective that a rank might not reach). Values are
 checked before anything runs: a size that is not a size, an algorithm that does not exist, an op
 the dtype cannot take.
@@ -28,16 +28,48 @@ def launch_rank():
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser whose errors are one line, which rank 0 alone prints (every rank exits 2,
-    alike: no rank's notice that it ends the job)."""
+    """argparse's parser for the package's commands: errors in one line, which rank 0 alone prints
+    (every rank exits 2, alike: no rank's notice that it ends the job), with a "did you mean" for
+    a mistyped option; ``examples`` (command lines) after the options in ``--help``; no rST
+    backticks in what ``--help`` shows."""
+
+    def __init__(self, *args, examples=(), **kwargs):
+        if examples:
+            kwargs["epilog"] = "examples:\n" + "\n".join(f"  {line}" for line in examples)
+            kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        if kwargs.get("description"):
+            kwargs["description"] = kwargs["description"].replace("``", "")
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        if isinstance(kwargs.get("help"), str):
+            kwargs["help"] = kwargs["help"].replace("``", "")
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message):
         says = launch_rank() == 0
         if says:
-            print(f"{self.prog}: error: {message} (--help: usage)", file=sys.stderr, flush=True)
+            print(
+                f"{self.prog}: error: {self._with_guess(message)} (--help: usage)",
+                file=sys.stderr,
+                flush=True,
+            )
         from ..faults.aborting import exit_alike
 
         exit_alike(2, said=says)
+
+    def _with_guess(self, message):
+        """``message`` with "did you mean" for an unrecognized option close to a known one."""
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return message
+        known = [o for action in self._actions for o in action.option_strings]
+        guesses = []
+        for word in message[len(prefix) :].split():
+            close = difflib.get_close_matches(word.split("=")[0], known, n=1)
+            if word.startswith("-") and close:
+                guesses.append(f"{word}: did you mean {close[0]}?")
+        return message + ("; " + "; ".join(guesses) if guesses else "")
 
 
 def parse_size(text):

@@ -27,10 +27,16 @@ commands:
 
 
 def _info(argv):
-    parser = ArgumentParser(prog="mpiallreduce info")
+    parser = ArgumentParser(
+        prog="mpiallreduce info",
+        description="the MPI library and its version, the ranks and their nodes, how they were "
+        "launched, CUDA-awareness and the GPUs: run it under the launcher to see every rank",
+        examples=("mpiallreduce info", "mpiallreduce launch -n 2 -- mpiallreduce info"),
+    )
     parser.add_argument(
         "--device",
         choices=["gpu", "fake-gpu"],
+        metavar="{gpu}",  # (fake-gpu: the tests' stand-in, not for users)
         default="gpu",
         help="the GPU part: real CuPy (default), or the stand-in (tests, the device check's dry run)",
     )
@@ -54,8 +60,15 @@ def _bench(argv):
 def _launch(argv):
     parser = ArgumentParser(
         prog="mpiallreduce launch",
+        usage="mpiallreduce launch [-h] [-n RANKS] [--timeout SECONDS] [--grace SECONDS] "
+        "[--fault-tolerant] [--nodes N] [--mpi-notices] -- command [args ...]",
         description="Start a command on N ranks: srun --mpi=pmix inside a Slurm allocation, else mpiexec "
         "with this machine's flags (MPIALLREDUCE_LAUNCHER=srun|mpiexec to choose).",
+        examples=(
+            "mpiallreduce launch -n 2 -- python first.py",
+            "mpiallreduce launch -n 4 --nodes 2 --timeout 600 -- python train.py",
+            "mpiallreduce launch -n 3 --fault-tolerant -- python -m mpiallreduce.train",
+        ),
     )
     parser.add_argument(
         "-n",
@@ -98,7 +111,7 @@ def _launch(argv):
         help="show every notice of Open MPI's, also the abort notices that follow a rank's own "
         "explanation (an uncaught exception, sys.exit(n)) and the setpgid warnings of --nodes",
     )
-    parser.add_argument("command", nargs="...")
+    parser.add_argument("command", nargs="...", metavar="-- command", help="what each rank runs")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

@@ -50,7 +50,11 @@ __all__ = ["CONSTANTS", "MODELLED", "cost_terms", "fit", "project", "main"]
 def main(argv=None):
     from .results import ResultsError, find_runs
 
-    parser = ArgumentParser(prog="mpiallreduce model", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(
+        prog="mpiallreduce model",
+        description=__doc__.split("\n")[0],
+        examples=("mpiallreduce model results/bench-2ranks results/nodes/2nodes-2ranks",),
+    )
     parser.add_argument(
         "results",
         nargs="+",

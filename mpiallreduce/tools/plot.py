@@ -190,7 +190,11 @@ def _finish(plt, fig, ax, ylabel, title, path, columns):
 
 
 def main(argv=None):
-    parser = ArgumentParser(prog="mpiallreduce plot", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(
+        prog="mpiallreduce plot",
+        description=__doc__.split("\n")[0],
+        examples=("mpiallreduce plot results/bench-2ranks",),
+    )
     parser.add_argument(
         "results",
         help="a results folder written by `mpiallreduce bench --output` (or its bench.json)",

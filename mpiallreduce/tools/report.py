@@ -173,7 +173,11 @@ def _write_csv(rows, path):
 
 
 def main(argv=None):
-    parser = ArgumentParser(prog="mpiallreduce report", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(
+        prog="mpiallreduce report",
+        description=__doc__.split("\n")[0],
+        examples=("mpiallreduce report results/nodes results/bench-2ranks --output results/nodes",),
+    )
     parser.add_argument(
         "results",
         nargs="+",

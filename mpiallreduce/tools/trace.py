@@ -298,6 +298,7 @@ def main(argv):
     parser = ArgumentParser(
         prog="mpiallreduce trace",
         description="merge the flight recorder's dumps (one per rank) and say where the ranks parted",
+        examples=("mpiallreduce trace mpiallreduce-trace",),
     )
     parser.add_argument(
         "directory",

@@ -168,7 +168,11 @@ def main(argv=None):
     from .persistent_rules import persistent_rules
     from .plain_price import plain_call_prices_us
 
-    parser = ArgumentParser(prog="mpiallreduce tune", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(
+        prog="mpiallreduce tune",
+        description=__doc__.split("\n")[0],
+        examples=("mpiallreduce launch -n 2 -- mpiallreduce tune",),
+    )
     parser.add_argument(
         "--sizes",
         type=size_list,

@@ -133,6 +133,11 @@ def main(argv=None):
     parser = ArgumentParser(
         prog="mpiallreduce bench",
         description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run",
+        examples=(
+            "mpiallreduce launch -n 2 -- mpiallreduce bench --summary --output results/mine",
+            "mpiallreduce launch -n 2 -- mpiallreduce bench --sizes 4,64K,16M --algorithms auto,ring",
+            "mpiallreduce launch -n 2 -- mpiallreduce bench --device gpu --sizes 1M,64M",
+        ),
     )
     parser.add_argument(
         "--sizes",
@@ -151,15 +156,25 @@ def main(argv=None):
     parser.add_argument(
         "--device",
         choices=["cpu", "gpu", "fake-gpu"],
+        metavar="{cpu,gpu}",  # (fake-gpu: the tests' stand-in, not for users)
         default="cpu",
         help="where the buffers live: numpy (cpu) or CuPy arrays on each rank's GPU",
     )
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--op", default="sum")
+    parser.add_argument(
+        "--dtype", default="float32", help="the arrays' numpy dtype (default float32)"
+    )
+    parser.add_argument(
+        "--op", default="sum", help="the reduction: sum, mean, max, min or prod (default sum)"
+    )
     parser.add_argument(
         "--repetitions", type=int, default=5, help="interleaved repetitions; the median is reported"
     )
-    parser.add_argument("--mode", choices=["both", "out-of-place", "in-place"], default="both")
+    parser.add_argument(
+        "--mode",
+        choices=["both", "out-of-place", "in-place"],
+        default="both",
+        help="out-of-place (a result array of its own), in-place (out=x), or both (default)",
+    )
     parser.add_argument(
         "--openmpi-forced",
         default="all",
