@@ -118,6 +118,15 @@ def _noise(row, algorithm):
     return row.get("noise_by_algorithm", {}).get(algorithm)
 
 
+#: the table's first line: what each column holds (issue 58: "best of ours" left out auto and mpi
+#: without saying so)
+COLUMNS_SAID = (
+    "gain: Open MPI's default time / the column's. best of ours: the fastest hand-written\n"
+    "algorithm (not auto, not mpi). auto: auto's gain. OMPI best forced: Open MPI's fastest\n"
+    "algorithm forced, and ours against it. bound: the memory bound's time / ours."
+)
+
+
 def format_gain_table(rows, wide=False):
     """One line per (ranks, bytes), at most 120 characters; ``wide``: and both busbw. With the nodes
     and Open MPI's default component ("coll": tuned, han) when the rows carry them (mpiallreduce
@@ -125,6 +134,7 @@ def format_gain_table(rows, wide=False):
     the noise: the repetitions of the two overlap (within_noise)."""
     nodes = any("nodes" in r for r in rows)
     lines = [
+        COLUMNS_SAID,
         (f"{'nodes':>5} {'ranks':>5} {'coll':>5} " if nodes else f"{'ranks':>5} ")
         + f"{'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>9} {'best of ours':>17} {'gain':>6}  "
         f"{'auto':>6}   {'OMPI best forced':>18} {'(us)':>8} {'gain':>6} {'bound':>5}"
