@@ -367,6 +367,11 @@ def test_bench_writes_csv_and_json_with_metadata(bench_run):
     )
     for key in ("hosts", "date_utc", "mpiallreduce", "git_commit", "mpi4py", "numpy"):
         assert meta[key], key
+    # (issue 58: the load and the cores, said at the start and kept)
+    assert len(meta["load_at_start"]) == 3 and meta["cores"] >= 1, meta
+    assert re.search(
+        r"^# load [\d.]+ [\d.]+ [\d.]+ \(1, 5, 15 minutes\) on \d+ cores$", result.output, re.M
+    )
     assert data["memcpy_gbs"] > 0
     assert set(data["gains"]) == {"out_of_place", "in_place"}
     with open(output / "bench.csv", newline="") as f:

@@ -25,7 +25,7 @@ from .contenders import (
 
 # the timing loop and the reference bandwidths: their names stay importable from here
 from .limits import MEMCPY_BYTES, device_copy_bandwidth, link_bandwidth, memory_copy_bandwidth  # noqa: F401
-from .metadata import run_metadata
+from .metadata import machine_load, run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
 from .reproducible_table import format_reproducible_table, reproducible_rows
 from .timing import Measurement, compare, count_wrong  # noqa: F401
@@ -206,6 +206,9 @@ def main(argv=None):
     algorithms, skipped = runnable_here(comm, algorithms)
     memory = device_memory(args.device)
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
+    load, load_lines = machine_load(comm)  # (said at the start: issue 58)
+    if comm.Get_rank() == 0:
+        print("\n".join(load_lines), flush=True)
     if args.device == "cpu":
         memcpy_gbs = memory_copy_bandwidth(comm)
         limit = f"one core copies memory at {{:.2f}} GB/s (np.copyto, {MEMCPY_BYTES >> 20} MiB, rank 0 alone)"
@@ -251,6 +254,7 @@ def main(argv=None):
             )
         raise
     metadata = run_metadata(comm, vars(args))
+    metadata.update(load)
     metadata["device"] = args.device
     metadata["skipped"] = skipped
     metadata["openmpi_default"] = default_allreduce_component(

@@ -13,7 +13,7 @@ from ...core.machine import cpu_set, machine_id
 from ...core.mpilib import library_version
 from ...core.state import state_of
 
-__all__ = ["run_metadata"]
+__all__ = ["machine_load", "run_metadata"]
 
 
 def _git_commit():
@@ -49,6 +49,39 @@ def oversubscribed(machines):
         if ranks > cores:
             return ranks, cores
     return None
+
+
+#: a 1-minute load average above this share of the cores makes the figures noise (issue 58: a run
+#: at load 5 to 8 on 2 cores read a scheduler stall as a 170x gain)
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def machine_load(comm):
+    """What bench says at its start (rank 0 prints it): the load averages and cores of the
+    machines, whether the ranks outnumber the cores, and a warning line for each that makes the
+    figures noise. Collective. ({"load_at_start", "cores", "oversubscribed"}, [lines])."""
+    machines = comm.allgather(_machine())
+    load, cores = list(os.getloadavg()), max(c for _, c in machines)
+    crowded = oversubscribed(machines)
+    said = {
+        "load_at_start": load,
+        "cores": cores,
+        "oversubscribed": list(crowded) if crowded else None,
+    }
+    lines = [
+        f"# load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1, 5, 15 minutes) on {cores} cores"
+    ]
+    if load[0] > BUSY_LOAD_PER_CORE * cores:
+        lines.append(
+            f"# warning: the machine is busy (load {load[0]:.1f} on {cores} cores): the times "
+            "measure the other work too; rerun when it is quiet"
+        )
+    if crowded:
+        lines.append(
+            f"# warning: {crowded[0]} ranks on {crowded[1]} cores take turns on them: the times "
+            "measure the scheduler more than the algorithms"
+        )
+    return said, lines
 
 
 def run_metadata(comm, args=None):

@@ -138,7 +138,7 @@ def format_gain_table(rows, wide=False):
         (f"{'nodes':>5} {'ranks':>5} {'coll':>5} " if nodes else f"{'ranks':>5} ")
         + f"{'bytes':>10} {'Open MPI(us)':>12} {'ours(us)':>9} {'best of ours':>17} {'gain':>6}  "
         f"{'auto':>6}   {'OMPI best forced':>18} {'(us)':>8} {'gain':>6} {'bound':>5}"
-        + (f" | {'busbw ours/OMPI (GB/s)':>22}" if wide else "")
+        + (f" | {'busbw ours/OMPI (GB/s)':>22}" if wide else ""),
     ]
     for r in rows:
         forced = (
