@@ -65,10 +65,18 @@ class Execution:
         "after_probe",
         "runs",
         "bounds_collectives",
+        "placement",
+        "compares_placement",
+        "kind",
+        "after_set_up",
     )
 
-    def __init__(self, state, plan, op, shape, dtype, kind, placement=None):
-        """``kind``: "host"/"device" (the arrays' memory); ``op`` a ReduceOp; ``placement``: single_copy's."""
+    def __init__(
+        self, state, plan, op, shape, dtype, kind, placement=None, compares_placement=None
+    ):
+        """``kind``: "host"/"device" (the arrays' memory); ``op`` a ReduceOp; ``placement``: the
+        symmetric arrays' (single_copy's); ``compares_placement``: the signature names it (default:
+        where single_copy runs, or a timed call's plan in its place)."""
         self.state, self.plan, self.op, self.shape, self.dtype = (
             state,
             plan,
@@ -86,8 +94,10 @@ class Execution:
             "route": plan.route,
             "in place (out=x)": plan.in_place,
         }
-        if placement is not None:  # (symmetric twins lie at the same place on every rank: a
-            # timed call's shared_memory in place of single_copy, planner.timed_instead, too)
+        if compares_placement is None:  # (the twins must lie at the same place on every rank)
+            compares_placement = plan.algorithm.needs_symmetric or plan.instead_of == "single_copy"
+        self.placement, self.compares_placement = placement, compares_placement
+        if placement is not None and compares_placement:
             signature["symmetric (allocation, input, output)"] = placement.signature()
         #: the call's signature code: what every rank's must equal (the planner's name for what runs
         #: is in it, so ranks whose plans differ never run different algorithms together)
@@ -140,6 +150,7 @@ class Execution:
             (short_path(self) or self._short_path()) if kind == "host" else None
         )  # (compiled where it can)
         self.after_probe = None
+        self.kind, self.after_set_up = kind, None
 
     def trace_fields(self):  # (what the flight recorder's dump says of a call that ran this)
         return {
@@ -152,6 +163,31 @@ class Execution:
             "bytes": int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
             "in_place": self.plan.in_place,
         }
+
+    def _without_set_up(self):
+        """The Execution of planner.without_set_up's plan for this one (made once)."""
+        if self.after_set_up is None:
+            from .planner import without_set_up
+
+            plan = without_set_up(
+                self.plan,
+                self.state.facts,
+                self.kind == "device",
+                self.dtype,
+                int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
+                self.op.name,
+            )
+            self.after_set_up = Execution(
+                self.state,
+                plan,
+                self.op,
+                self.shape,
+                self.dtype,
+                self.kind,
+                self.placement,
+                self.compares_placement,
+            )
+        return self.after_set_up
 
     def _probed(self, xp):
         """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator, in this
@@ -186,6 +222,9 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
+        if timeout is not None and self.bounds_collectives and self.needs_set_up():
+            # (a window to grow inside the call, which no timeout bounds: planner.without_set_up)
+            return self._without_set_up().run(send, recv, sequence, timeout, xp, compared)
         # A timed call whose plan talks in messages, or runs MPI's collectives (faults.bounded),
         # ends alike on every rank (faults.outcome): every wait bounded by the timeout, the result
         # kept from the user's array until every rank's part is done. A timed call runs no other
@@ -280,7 +319,7 @@ class Execution:
                 host = np.empty(recv.size, recv.dtype)
                 xp.asnumpy(recv if send is None else send, out=host)
                 self._route(comm, None, host, None, options)
-                recv.set(host)  # (from pageable memory: read before set returns)
+                recv.set(host, stream=xp.cuda.get_current_stream())  # (pageable: read at once)
                 return
             host = pinned(xp, "round_trip", recv.size, recv.dtype)
             xp.asnumpy(

@@ -77,6 +77,7 @@ __all__ = [
     "plan_call",
     "choose_algorithm",
     "timed_instead",
+    "without_set_up",
     "check_algorithm_name",
     "NOT_ACROSS_NODES",
 ]
@@ -145,6 +146,9 @@ class CallPlan:
     #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request (the table's
     #: persistent rules: tuning.choose_persistent); False, the blocking call each run; None: it cannot be one
     persistent: bool | None = None
+    #: what a timed call's plan runs in place of (planner.timed_instead), None where nothing was
+    #: replaced: in place of single_copy, the call still compares where its symmetric arrays lie
+    instead_of: str | None = None
 
     @property
     def name(self):
@@ -357,7 +361,9 @@ def plan_call(
                 reason + "; a mean: the out-of-place rule's, which divides slices as it reduces",
             )
         chosen = REGISTRY[name]
+    instead_of = None
     if timed and chosen.unbounded_when_timed:
+        instead_of = chosen.name
         chosen, reason = timed_instead(chosen, facts, nbytes, reason)
     if (
         compared
@@ -465,6 +471,7 @@ def plan_call(
         probe,
         in_place,
         persistent,
+        instead_of,
     )
 
 
@@ -484,6 +491,30 @@ def timed_instead(chosen, facts, nbytes, reason):
         name, _ = choose_on_device(nbytes, True, facts.cuda_aware, REGISTRY)
         why = f"{chosen.name} maps the peers' memory, which a rank that gave up may free"
     return REGISTRY[name], f"{reason}; timed: {name} instead, since {why}"
+
+
+#: what a timed call runs where its plan would first grow a shared window (without_set_up)
+WITHOUT_SET_UP = "ring"
+
+
+def without_set_up(plan, facts, on_device, dtype, nbytes, op_name):
+    """The plan a timed call runs where ``plan`` would first make something collective inside the
+    call (shared_memory's window, grown to the call's size): MPI has no nonblocking form of
+    MPI_Win_allocate_shared, so a peer that gave up would leave this rank in it for ever, and no
+    timeout could bound it. The ring instead, its messages through the call's watch; the ranks
+    decide alike (a window grows on every rank of its communicator at once). An untimed call of
+    that size, or a prepared one, grows the window; timed calls then run the plan as planned."""
+    ring = plan_call(
+        facts, on_device, dtype, nbytes, op_name, WITHOUT_SET_UP, plan.in_place, timed=True
+    )
+    if plan.signature == "agreed once":  # (compared already, with check=True: not again)
+        ring = ring.agreed_once()
+    return replace(
+        ring,
+        reason=f"{plan.reason}; timed, and {plan.name} would first grow its shared window, which "
+        f"no timeout bounds: {WITHOUT_SET_UP} instead",
+        instead_of=plan.instead_of,
+    )
 
 
 def choose_algorithm(nbytes, size):

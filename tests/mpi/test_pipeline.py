@@ -387,7 +387,7 @@ def test_a_peer_stalled_in_a_timed_call_is_bounded_and_every_rank_raises(
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     x = exact_input("float64", 5000, rank, "sum")
     out = np.full_like(x, -7.0)
-    mar.allreduce(x, algorithm=algorithm, timeout=30)  # (first use: the control channel)
+    mar.allreduce(x, algorithm=algorithm)  # (first use: the channel; shared_memory's window grown)
     stalls.shorten_the_grace(monkeypatch)
     _inject(size - 1, algorithm, monkeypatch, stalls.stall)
     stalls.ended_alike_within_the_bound(
@@ -396,6 +396,44 @@ def test_a_peer_stalled_in_a_timed_call_is_bounded_and_every_rank_raises(
     assert (out == -7.0).all(), f"rank {rank}: written by a call that raised"
     time.sleep(0.2)
     _pairs_up_after(algorithm, x)
+
+
+def test_a_timed_call_that_would_grow_a_shared_window_is_bounded_when_a_peer_stalls(monkeypatch):
+    """A review finding: shared_memory grows its window inside the call (MPI_Win_allocate_shared,
+    which has no nonblocking form); in a timed call a peer that stalled past the timeout then
+    walked into it alone, after the others had raised, and waited there for ever. A timed call
+    whose window would have to grow runs the ring instead (planner.without_set_up), so every rank
+    raises within timeout + grace; an untimed call grows the window, and timed calls then run
+    shared_memory itself. At 3 ranks (one node), on a communicator of its own (no window yet)."""
+    if WORLD.Get_size() != 3:
+        pytest.skip("a timing test (sleeps on purpose): at 3 ranks")
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    comm = WORLD.Dup()
+    try:
+        x = exact_input("float64", 20000, rank, "sum")
+        want = numpy_reference("sum", gather_inputs(WORLD, x))
+        assert values_equal(
+            mar.allreduce(np.ones(2), comm=comm, timeout=30), np.full(2, float(size))
+        )
+        out = np.full_like(x, -7.0)
+        stalls.shorten_the_grace(monkeypatch)
+        stalls.before_the_data_moves(monkeypatch, size - 1, stalls.stall)
+        stalls.ended_alike_within_the_bound(
+            lambda: mar.allreduce(
+                x, out=out, comm=comm, algorithm="shared_memory", timeout=stalls.TIMEOUT
+            )
+        )
+        assert (out == -7.0).all(), f"rank {rank}: written by a call that raised"
+        time.sleep(0.2)
+        checked = mar.allreduce(x, comm=comm, algorithm="shared_memory", check=True, timeout=30)
+        assert values_equal(
+            checked, want
+        )  # (compared once, with check=True: not again in the ring)
+        for timeout in (30, None, 30):  # (the untimed call grows the window)
+            result = mar.allreduce(x, comm=comm, algorithm="shared_memory", timeout=timeout)
+            assert values_equal(result, want), timeout
+    finally:
+        comm.Free()
 
 
 def test_a_peer_stalled_as_its_call_makes_the_timed_communicator_leaves_no_call_after_it_apart(
