@@ -24,10 +24,11 @@ $(BENCH_STAMP): setup.py mpiallreduce/core/_compiled.c
 # torch==$(TORCH_VERSION). On plain PyPI that pin resolves to the CUDA build for Linux x86-64 (torch,
 # triton and about 15 nvidia-* packages, several GB) unless pip is pointed at PyTorch's CPU index
 # (https://download.pytorch.org/whl/cpu) or the CPU build is in $(VENV) already (README.md says how).
-# JAX goes in first and the package again without build isolation, so that its install builds
-# mpiallreduce.jax's XLA handler too (setup.py, with the headers of the JAX it runs with).
+# JAX goes in first (and a setuptools that builds wheels itself), then the package again without
+# build isolation, so that its install builds mpiallreduce.jax's XLA handler too (setup.py, with
+# the headers of the JAX it runs with).
 $(STAMP): $(BENCH_STAMP)
-	$(BIN)/python -m pip install --quiet 'jax[cpu]>=0.10' 'setuptools>=64'
+	$(BIN)/python -m pip install --quiet 'jax[cpu]>=0.10' 'setuptools>=70.1'
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e '.[test,bench,jax]'
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
 	touch $(STAMP)
