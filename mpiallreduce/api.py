@@ -17,7 +17,7 @@ holds one, with its buffers bound.
 import numpy as np
 from mpi4py import MPI
 
-from .core.call import WORLD, Call, check_comm, plan_for, validate
+from .core.call import WORLD, Call, check_comm, validate
 from .core.gather import symmetric_array
 from .core.prepared import Prepared
 from .core.settings import settings
@@ -381,17 +381,24 @@ def describe_call(
     state.make_ready()
     validate(x, op, algorithm, out, reproducible, state.size)
     from .core.call import _op_of
+    from .core.kinds import execution_for
     from .core.symmetric import placement_of_call
 
-    return plan_for(
+    timeout = settings().timeout if timeout is None else timeout
+    placement = placement_of_call(state, x, out)
+    execution = execution_for(
         state,
         x,
+        op,
         _op_of(op, reproducible),
         algorithm,
+        reproducible,
+        False,
         out is x,
-        placement_of_call(state, x, out),
-        timed=(settings().timeout if timeout is None else timeout) is not None,
-    ).describe()
+        placement,
+        timed=timeout is not None,
+    )
+    return execution.as_run(timeout).plan.describe()  # (a window's growth: the ring instead)
 
 
 # JAX's names and argument order (jax.lax.psum(x, axis_name, *, axis_index_groups=None)).

@@ -395,6 +395,7 @@ class Call:
                 if _compared(state):
                     self._agree_on_rejection(error, met=True)
                 raise
+        execution = execution.as_run(self.timeout)  # (what runs: the recorder names it)
         flat, self.execution = buffers.flat_buffers(x, self.out), execution
         xp = None if type(x) is np.ndarray else namespace(x)
         execution.run(flat.send, flat.recv, self.sequence, self.timeout, xp)

@@ -164,6 +164,13 @@ class Execution:
             "in_place": self.plan.in_place,
         }
 
+    def as_run(self, timeout):
+        """What a call with ``timeout`` runs: this Execution, or, where a timed call would first
+        grow a shared window (which no timeout bounds), planner.without_set_up's plan's."""
+        if timeout is not None and self.bounds_collectives and self.needs_set_up():
+            return self._without_set_up()
+        return self
+
     def _without_set_up(self):
         """The Execution of planner.without_set_up's plan for this one (made once)."""
         if self.after_set_up is None:
@@ -222,9 +229,9 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
-        if timeout is not None and self.bounds_collectives and self.needs_set_up():
-            # (a window to grow inside the call, which no timeout bounds: planner.without_set_up)
-            return self._without_set_up().run(send, recv, sequence, timeout, xp, compared)
+        runs = self.as_run(timeout)
+        if runs is not self:  # (a window to grow inside the call: planner.without_set_up)
+            return runs.run(send, recv, sequence, timeout, xp, compared)
         # A timed call whose plan talks in messages, or runs MPI's collectives (faults.bounded),
         # ends alike on every rank (faults.outcome): every wait bounded by the timeout, the result
         # kept from the user's array until every rank's part is done. A timed call runs no other

@@ -416,6 +416,8 @@ def test_a_timed_call_that_would_grow_a_shared_window_is_bounded_when_a_peer_sta
             mar.allreduce(np.ones(2), comm=comm, timeout=30), np.full(2, float(size))
         )
         out = np.full_like(x, -7.0)
+        said = mar.describe_call(x, comm=comm, algorithm="shared_memory", timeout=30)
+        assert said.startswith("ring") and "no timeout bounds: ring instead" in said, said
         stalls.shorten_the_grace(monkeypatch)
         stalls.before_the_data_moves(monkeypatch, size - 1, stalls.stall)
         stalls.ended_alike_within_the_bound(
@@ -432,6 +434,8 @@ def test_a_timed_call_that_would_grow_a_shared_window_is_bounded_when_a_peer_sta
         for timeout in (30, None, 30):  # (the untimed call grows the window)
             result = mar.allreduce(x, comm=comm, algorithm="shared_memory", timeout=timeout)
             assert values_equal(result, want), timeout
+        said = mar.describe_call(x, comm=comm, algorithm="shared_memory", timeout=30)
+        assert said.startswith("shared_memory"), said  # (the window grown: itself, timed too)
     finally:
         comm.Free()
 
