@@ -229,9 +229,10 @@ class Execution:
         as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
         was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
-        runs = self.as_run(timeout)
-        if runs is not self:  # (a window to grow inside the call: planner.without_set_up)
-            return runs.run(send, recv, sequence, timeout, xp, compared)
+        if timeout is not None:  # (untimed calls skip the method call: the hot path)
+            runs = self.as_run(timeout)
+            if runs is not self:  # (a window to grow inside the call: planner.without_set_up)
+                return runs.run(send, recv, sequence, timeout, xp, compared)
         # A timed call whose plan talks in messages, or runs MPI's collectives (faults.bounded),
         # ends alike on every rank (faults.outcome): every wait bounded by the timeout, the result
         # kept from the user's array until every rank's part is done. A timed call runs no other
