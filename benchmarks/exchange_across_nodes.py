@@ -1,8 +1,8 @@
 """Where a 2-rank exchange across nodes spends its time: MPI's own allreduce against the same
 exchange built up layer by layer, up to the library's prepared and plain recursive doubling.
 
-    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/exchange_across_nodes.py [--sizes 128K,512K,1M]
-        [--rounds 11] [--forced] [--output FILE]
+    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/exchange_across_nodes.py
+        [--sizes 128K,512K,1M] [--rounds 11] [--forced] [--output FILE]
 
 On 2 ranks, recursive doubling is one exchange: each rank sends its whole input to the other and
 adds what comes, the lower rank's first (the same bits on both). The contenders, interleaved in one
@@ -10,9 +10,9 @@ launch, ``--rounds`` times per size, each a batch of calls on the same float32 b
 
     MPI_Allreduce    comm.Allreduce(x, out): Open MPI's default (coll/han across nodes)
     sendrecv         comm.Sendrecv of x into a buffer, then np.add into out (blocking)
-    halves           the ring's 2-rank exchange, bare: comm.Sendrecv of the half the peer sums, np.add
-                     of this rank's half, comm.Sendrecv of the summed halves (blocking; n/2 each way
-                     twice and an addition of n/2, against n and n)
+    halves           the ring's 2-rank exchange, bare: comm.Sendrecv of the half the peer sums,
+                     np.add of this rank's half, comm.Sendrecv of the summed halves (blocking; n/2
+                     each way twice and an addition of n/2, against n and n)
     polled           the same as Irecv + Isend, MPI_Testall polled with sched_yield between tests
                      (how the library waits: mpiallreduce.faults.watch.PeerWatch.wait)
     call tags        the same through the library's CallTags and PeerWatch on its duplicate
@@ -21,7 +21,8 @@ launch, ``--rounds`` times per size, each a batch of calls on the same float32 b
                      compared first, in 32-byte messages
     auto             mar.allreduce(x, out=out)
     prepared auto    mar.prepare(x, out=out).run()
-    openmpi:NAME     with --forced: MPI_Allreduce with Open MPI's tuned algorithm NAME forced (han off)
+    openmpi:NAME     with --forced: MPI_Allreduce with Open MPI's tuned algorithm NAME forced
+                     (han off)
 
 With --forced, a last summary line per size says whether issue #28's 1.2x of Open MPI's strongest
 (the fastest of MPI_Allreduce and the forced ones) is within reach of the bare exchanges, with no
@@ -36,6 +37,7 @@ the layers' own time: the executor, the algorithm's execute less the exchange an
 import collections
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -100,7 +102,8 @@ def exchanges(x, out, incoming):
 
 
 def forced_contenders(x, out):
-    """With --forced: {"openmpi:NAME": MPI_Allreduce with Open MPI's tuned algorithm NAME forced}."""
+    """With --forced: {"openmpi:NAME": MPI_Allreduce with Open MPI's tuned algorithm NAME
+    forced}."""
     from mpiallreduce.tools.openmpi_tuned import (
         TUNED_ALLREDUCE_ALGORITHMS,
         forced_allreduce_communicator,
@@ -126,8 +129,10 @@ def within_reach(nbytes, medians):
         (m, name) for name, m in medians.items() if name in ("prepared rd", "auto", "prepared auto")
     )
     return (
-        f"{nbytes:>8} B  strongest {strongest[1]} {strongest[0]:.1f}; 1.2x of it: {strongest[0] / 1.2:.1f}; "
-        f"bare {bare[1]} {bare[0]:.1f} ({strongest[0] / bare[0]:.2f}x); ours {ours[1]} {ours[0]:.1f} "
+        f"{nbytes:>8} B  strongest {strongest[1]} {strongest[0]:.1f}; "
+        f"1.2x of it: {strongest[0] / 1.2:.1f}; "
+        f"bare {bare[1]} {bare[0]:.1f} ({strongest[0] / bare[0]:.2f}x); "
+        f"ours {ours[1]} {ours[0]:.1f} "
         f"({strongest[0] / ours[0]:.2f}x)"
     )
 
@@ -153,7 +158,7 @@ def layers(prepared, calls):
 
         return run
 
-    for (owner, name), function in zip(patched, originals):
+    for (owner, name), function in zip(patched, originals, strict=True):
         setattr(owner, name, timed(function, name))
     try:
         COMM.Barrier()
@@ -162,7 +167,7 @@ def layers(prepared, calls):
             prepared.run()
         whole = time.perf_counter() - start
     finally:
-        for (owner, name), function in zip(patched, originals):
+        for (owner, name), function in zip(patched, originals, strict=True):
             setattr(owner, name, function)
     us = {key: value / calls * 1e6 for key, value in spent.items()}
     return {
@@ -183,7 +188,7 @@ def main():
         raise SystemExit("run it on 2 ranks (launch -n 2 --nodes 2)")
     lines = [
         f"# a 2-rank exchange across nodes: {time.strftime('%Y-%m-%d %H:%M')}, load "
-        f"{' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
+        f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}, us per call, slowest rank, "
         f"{args.rounds} interleaved rounds; ratio: MPI_Allreduce's time over the contender's"
     ]
     summary, breakdown, reach = [], [], []
@@ -192,11 +197,13 @@ def main():
         out, incoming = np.empty_like(x), np.empty_like(x)
         prepared = mar.prepare(x, out=out, algorithm="recursive_doubling")
         contenders = {
-            "MPI_Allreduce": lambda: COMM.Allreduce(x, out),
+            "MPI_Allreduce": lambda x=x, out=out: COMM.Allreduce(x, out),
             **exchanges(x, out, incoming),
             "prepared rd": prepared.run,
-            "plain rd": lambda: mar.allreduce(x, out=out, algorithm="recursive_doubling"),
-            "auto": lambda: mar.allreduce(x, out=out),
+            "plain rd": lambda x=x, out=out: mar.allreduce(
+                x, out=out, algorithm="recursive_doubling"
+            ),
+            "auto": lambda x=x, out=out: mar.allreduce(x, out=out),
             "prepared auto": mar.prepare(x, out=out).run,
             **(forced_contenders(x, out) if args.forced else {}),
         }

@@ -1,6 +1,7 @@
 """What "a failed step changes no gradient" costs GradientSync, side by side in one run.
 
-    mpiallreduce launch -n 2 -- python benchmarks/failed_step_price.py [--mib 16] [--small 20] [--timeout S]
+    mpiallreduce launch -n 2 -- python benchmarks/failed_step_price.py [--mib 16] [--small 20]
+        [--timeout S]
 
 One step of --small small gradients (10,000 float32 each) and one large gradient of --mib MiB, the
 median over 9 interleaved repetitions of the slowest rank's time (after a warm-up step each):
@@ -46,13 +47,13 @@ def main():
     names = [f"s{i}" for i in range(args.small)] + ["large"]
     grads = small + [large]
     sync = mar.GradientSync(
-        parameters=dict(zip(names, grads)), bucket_bytes=25 << 20, timeout=args.timeout
+        parameters=dict(zip(names, grads, strict=True)), bucket_bytes=25 << 20, timeout=args.timeout
     )
     fused = np.empty(sum(g.size for g in small), np.float32)
     prepared = mar.prepare(fused, op="mean", out=fused)
 
     def gradsync():
-        for name, grad in zip(reversed(names), reversed(grads)):
+        for name, grad in zip(reversed(names), reversed(grads), strict=True):
             sync.ready(grad, name=name)
         sync.wait()
 
@@ -80,12 +81,14 @@ def main():
     if rank == 0:
         median = print_medians(
             f"# {COMM.Get_size()} ranks, {args.small} x 10,000 float32 + {args.mib:g} MiB float32, "
-            f"timeout {args.timeout}; median of {REPETITIONS} interleaved repetitions, slowest rank, ms",
+            f"timeout {args.timeout}; median of {REPETITIONS} interleaved repetitions, "
+            "slowest rank, ms",
             times,
         )
         print(
             f"gradsync / in place: {median['gradsync'] / median['in place']:.2f}x "
-            f"({median['gradsync'] - median['in place']:+.3f} ms; the copy alone {median['copy alone']:.3f} ms)"
+            f"({median['gradsync'] - median['in place']:+.3f} ms; "
+            f"the copy alone {median['copy alone']:.3f} ms)"
         )
 
 

@@ -2,21 +2,22 @@
 against the check and then the tuning table's choice (what ``auto`` ran before dissemination carried
 the check on 2 ranks past 16 KiB), the check and then MPI's own, and raw ``comm.Allreduce``:
 
-    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/plain_across_nodes.py [--sizes 4,64K,1M] [--rounds 15]
-        [--in-place] [--output FILE]
+    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/plain_across_nodes.py
+        [--sizes 4,64K,1M] [--rounds 15] [--in-place] [--output FILE]
 
-Interleaved in one launch, ``--rounds`` times per size: a batch of plain calls of each contender on the
-same float32 buffers (``mar.allreduce(x, out=out)``, ``mar.allreduce(x, out=out, algorithm=...)``),
-then raw ``comm.Allreduce``; with ``--in-place`` each contender on a buffer of its own, ``out=x``
-and ``MPI_IN_PLACE``. Each figure: the mean time per call over a batch, the slowest rank's,
-in microseconds; then per size the medians over the rounds and ``auto`` against raw (raw's time over
-auto's: 1.0 is as fast as MPI's own call, which compares nothing).
+Interleaved in one launch, ``--rounds`` times per size: a batch of plain calls of each contender on
+the same float32 buffers (``mar.allreduce(x, out=out)``, ``mar.allreduce(x, out=out,
+algorithm=...)``), then raw ``comm.Allreduce``; with ``--in-place`` each contender on a buffer of
+its own, ``out=x`` and ``MPI_IN_PLACE``. Each figure: the mean time per call over a batch, the
+slowest rank's, in microseconds; then per size the medians over the rounds and ``auto`` against raw
+(raw's time over auto's: 1.0 is as fast as MPI's own call, which compares nothing).
 """
 
 import argparse
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -78,7 +79,8 @@ def interleaved(contenders, calls, rounds, nbytes, lines):
 
 
 def plain(x, out, algorithm, in_place):
-    """A plain call of ``algorithm`` on ``x`` into ``out``; in place on a copy of ``x`` of its own."""
+    """A plain call of ``algorithm`` on ``x`` into ``out``; in place on a copy of ``x`` of its
+    own."""
     if in_place:
         y = x.copy()
         return lambda: mar.allreduce(y, out=y, algorithm=algorithm)
@@ -88,9 +90,11 @@ def plain(x, out, algorithm, in_place):
 def main():
     args = arguments(__doc__.splitlines()[0], in_place=True)
     lines = [
-        f"# plain calls{', in place' if args.in_place else ''}, the signature in messages: {COMM.Get_size()} ranks, "
+        f"# plain calls{', in place' if args.in_place else ''}, the signature in messages: "
+        f"{COMM.Get_size()} ranks, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, "
-        f"load {' '.join(open('/proc/loadavg').read().split()[:3])}, us per call, slowest rank, "
+        f"load {' '.join(Path('/proc/loadavg').read_text().split()[:3])}, "
+        "us per call, slowest rank, "
         f"{args.rounds} interleaved rounds"
     ]
     summary = []
@@ -110,9 +114,10 @@ def main():
         if table != "mpi":
             contenders["check + mpi"] = plain(x, out, "mpi", args.in_place)
         contenders["MPI_Allreduce"] = (
-            (lambda y=x.copy(): COMM.Allreduce(MPI.IN_PLACE, y))
+            # (y: a copy of this size's x, made once, here, for the in-place calls)
+            (lambda y=x.copy(): COMM.Allreduce(MPI.IN_PLACE, y))  # noqa: B008
             if args.in_place
-            else (lambda: COMM.Allreduce(x, out))
+            else (lambda x=x, out=out: COMM.Allreduce(x, out))
         )
         calls = max(20, min(1000, int(4e7 / max(nbytes, 40000))))
         for call in contenders.values():
@@ -122,7 +127,8 @@ def main():
         summary.append(
             f"{x.nbytes:>8} B  medians: "
             + "  ".join(f"{name} {m:.1f}" for name, m in medians.items())
-            + f"  |  auto against MPI_Allreduce {medians['MPI_Allreduce'] / medians[f'auto ({auto})']:.2f}x"
+            + "  |  auto against MPI_Allreduce "
+            f"{medians['MPI_Allreduce'] / medians[f'auto ({auto})']:.2f}x"
         )
     write_lines(lines + ["# medians over the rounds"] + summary, args.output)
 

@@ -1,7 +1,8 @@
 """Where the time of a reproducible sum goes, against the ordinary sum, side by side in one run.
 
     mpiallreduce launch -n 2 -- python benchmarks/reproducible_cost.py [--mib 64]
-    mpiallreduce launch -n 2 -- python benchmarks/reproducible_cost.py --direct-sizes 4K,64K,1M,4M,16M
+    mpiallreduce launch -n 2 -- python benchmarks/reproducible_cost.py
+        --direct-sizes 4K,64K,1M,4M,16M
 
 For a float32 sum of --mib MiB (default 64), each a median over 5 interleaved repetitions of the
 slowest rank's time:
@@ -124,14 +125,19 @@ def compare_direct_route(sizes):
         for _ in range(101 if nbytes <= 1 << 20 else 15):
             for name in names:
                 times[name].append(
-                    timed(lambda: mar.allreduce(x, out=out, algorithm=name, reproducible=True))
+                    timed(
+                        lambda x=x, out=out, name=name: mar.allreduce(
+                            x, out=out, algorithm=name, reproducible=True
+                        )
+                    )
                 )
         if COMM.Get_rank() == 0:
             medians = {name: statistics.median(seconds) * 1e3 for name, seconds in times.items()}
             print(
                 f"{nbytes:>10} B  "
                 + "  ".join(f"{name} {ms:8.3f} ms" for name, ms in medians.items())
-                + f"  shared_memory / pairwise_exchange {medians['shared_memory'] / medians['pairwise_exchange']:.2f}"
+                + "  shared_memory / pairwise_exchange "
+                f"{medians['shared_memory'] / medians['pairwise_exchange']:.2f}"
             )
 
 

@@ -109,11 +109,11 @@ def main(argv=None):
         f", {args.nodes} emulated nodes" if args.nodes else ", one node"
     )
     what = (
-        f"mpiallreduce bench {args.bench}: each contender's time over Open MPI's default's ('raw'), so "
-        "below 1 is a gain"
+        f"mpiallreduce bench {args.bench}: each contender's time over Open MPI's default's "
+        "('raw'), so below 1 is a gain"
         if args.bench is not None
-        else "median over launches of each launch's median us per call, and of its ratio to raw MPI_Allreduce "
-        "in the same launch"
+        else "median over launches of each launch's median us per call, and of its ratio to raw "
+        "MPI_Allreduce in the same launch"
     )
     print(f"# {where}; {args.rounds} interleaved launches per configuration; {what}")
     for size in micros[first][0]:
@@ -126,7 +126,8 @@ def main(argv=None):
                 c: statistics.median(r[size][c] for r in ratios[name]) for c in contenders
             }
             cells = [
-                f"{statistics.median(m[size][c] for m in micros[name]):8.2f} ({medians[name][c]:.2f}x)"
+                f"{statistics.median(m[size][c] for m in micros[name]):8.2f} "
+                f"({medians[name][c]:.2f}x)"
                 for c in contenders
             ]
             print("  " + name.ljust(14) + "".join(cell.rjust(22) for cell in cells))

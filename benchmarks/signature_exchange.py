@@ -3,8 +3,8 @@ with today's exchange and the two before it, side by side:
 
     mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/signature_exchange.py [--output FILE]
 
-- today's: dissemination in bare Isend/Irecv pairs, its codes (and the call's number) packed with struct
-  (mpiallreduce.core.consistency, since the evening of 2026-12-03);
+- today's: dissemination in bare Isend/Irecv pairs, its codes (and the call's number) packed with
+  struct (mpiallreduce.core.consistency, since the evening of 2026-12-03);
 - "numpy": the same rounds with numpy arrays for the codes (2026-12-03, until that evening);
 - "recursive doubling": the recursive_doubling algorithm run on the call's tags (before 2026-12-03).
 
@@ -81,7 +81,8 @@ def main():
     args = parser.parse_args()
     today = consistency._codes_agree_by_messages
     lines = [
-        f"# signature exchange in messages: {COMM.Get_size()} ranks, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"# signature exchange in messages: {COMM.Get_size()} ranks, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, "
         f"us per call, slowest rank, {ROUNDS} interleaved rounds of {CALLS} calls"
     ]
     for nbytes in (4, 8 * 1024, 64 * 1024):
@@ -100,19 +101,23 @@ def main():
             row = []
             for exchange in (today, numpy_dissemination, recursive_doubling):
                 consistency._codes_agree_by_messages = exchange
-                row.append(per_call(lambda: mar.allreduce(x, out=out, algorithm="mpi")))
+                row.append(
+                    per_call(lambda x=x, out=out: mar.allreduce(x, out=out, algorithm="mpi"))
+                )
             consistency._codes_agree_by_messages = today
             rows.append(
                 (
                     *row,
-                    per_call(lambda: mar.allreduce(x, out=out)),
-                    per_call(lambda: COMM.Allreduce(x, out)),
+                    per_call(lambda x=x, out=out: mar.allreduce(x, out=out)),
+                    per_call(lambda x=x, out=out: COMM.Allreduce(x, out)),
                 )
             )
         for now, numpy_rounds, doubling, plain, raw in rows:
             lines.append(
-                f"{nbytes:>6} B  check, then MPI's own: today's exchange {now:7.1f}  numpy {numpy_rounds:7.1f}  "
-                f"recursive doubling {doubling:7.1f}  |  auto ({auto}) {plain:7.1f}  |  MPI_Allreduce {raw:7.1f}"
+                f"{nbytes:>6} B  check, then MPI's own: today's exchange {now:7.1f}  "
+                f"numpy {numpy_rounds:7.1f}  "
+                f"recursive doubling {doubling:7.1f}  |  auto ({auto}) {plain:7.1f}  "
+                f"|  MPI_Allreduce {raw:7.1f}"
             )
     x = np.arange(16384, dtype=np.float32) + COMM.Get_rank()
     out, incoming, peer = (
@@ -125,7 +130,8 @@ def main():
         sendrecv = per_call(lambda: COMM.Sendrecv(x, peer, 7, incoming, source, 7), CALLS // 4)
         allreduce = per_call(lambda: COMM.Allreduce(x, out), CALLS // 4)
         lines.append(
-            f" 65536 B  one Sendrecv of the buffer {sendrecv:7.1f}  Open MPI's MPI_Allreduce {allreduce:7.1f}"
+            f" 65536 B  one Sendrecv of the buffer {sendrecv:7.1f}  "
+            f"Open MPI's MPI_Allreduce {allreduce:7.1f}"
         )
     write_lines(lines, args.output)
 

@@ -19,7 +19,7 @@ Every rank draws the same seeded schedule; each episode is one of
 
 A rank's clock decides nothing: rank 0's elapsed time rides in the first call of each episode.
 Targets (issue #29): 0 wrong values, 0 calls past TIMEOUT + 5 s, every error naming its cause.
-"""
+"""  # noqa: E501 (the first line is --help's description: main() reads it, so it stays one line)
 
 import argparse
 import glob
@@ -58,7 +58,8 @@ def reference(members, episode, count=COUNT):
 
 
 class Ranks:
-    """The rank side: the episodes, and one line of JSON per episode in OUTPUT/events-rank<R>.jsonl."""
+    """The rank side: the episodes, and one line of JSON per episode in
+    OUTPUT/events-rank<R>.jsonl."""
 
     def __init__(self, args):
         from mpi4py import MPI
@@ -70,7 +71,8 @@ class Ranks:
         self.comm = MPI.COMM_WORLD.Dup()
         self.members = list(range(MPI.COMM_WORLD.Get_size()))
         self.rng, self.seconds = random.Random(args.seed), args.minutes * 60
-        self.log = open(os.path.join(args.output, f"events-rank{self.world}.jsonl"), "w")
+        # (open for the rank's whole soak, one line per episode)
+        self.log = open(os.path.join(args.output, f"events-rank{self.world}.jsonl"), "w")  # noqa: SIM115
         self.killed = False
         self.thread_comms = (
             None,
@@ -95,8 +97,8 @@ class Ranks:
         self.log.flush()
 
     def clock(self, episode, started):
-        """(rank 0's elapsed seconds, whether the rest of the call was right, what a wrong one gave and
-        should have): an ordinary timed call."""
+        """(rank 0's elapsed seconds, whether the rest of the call was right, what a wrong one gave
+        and should have): an ordinary timed call."""
         x = data(self.world, episode, 8)
         x[0] = time.monotonic() - started if self.comm.Get_rank() == 0 else 0.0
         result = self.mar.allreduce(x, comm=self.comm, timeout=TIMEOUT)
@@ -194,7 +196,9 @@ class Ranks:
 
     def do_async(self, x, want, episode, culprit):
         handles = [self.mar.allreduce_async(x * k, comm=self.comm) for k in (1, 2, 3)]
-        return all(np.array_equal(h.wait(), want * k) for h, k in zip(handles, (1, 2, 3)))
+        return all(
+            np.array_equal(h.wait(), want * k) for h, k in zip(handles, (1, 2, 3), strict=True)
+        )
 
     def do_prepared(self, x, want, episode, culprit):
         buffer = x.copy()

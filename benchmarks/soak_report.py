@@ -1,6 +1,6 @@
-"""What a chaos soak (benchmarks/soak.py) did, from its ranks' event logs and their flight recorders'
-dumps: calls, errors, recoveries, wrong values, hangs, errors that did not name their cause, and
-whether ``mpiallreduce trace``'s analyzer names each injected fault's rank at its call.
+"""What a chaos soak (benchmarks/soak.py) did, from its ranks' event logs and their flight
+recorders' dumps: calls, errors, recoveries, wrong values, hangs, errors that did not name their
+cause, and whether ``mpiallreduce trace``'s analyzer names each injected fault's rank at its call.
 
     python benchmarks/soak_report.py results/soak        (soak.py runs it at its end)
 """
@@ -66,7 +66,7 @@ def count(events, timeout):
             else:
                 totals["unexpected errors"] += 1
     for mine in by_rank.values():  # a fault, then the next ordinary call right: a recovery
-        for before, after in zip(mine, mine[1:]):
+        for before, after in zip(mine, mine[1:], strict=False):
             totals["recoveries"] += (
                 before["kind"] in FAULTS
                 and after["kind"] in ORDINARY
@@ -135,7 +135,8 @@ def report(output, trace, timeout, returncode=None):
         :2
     ]:  # (where an unexpected error came from)
         print(
-            f"\nunexpected, rank {e['rank']}, episode {e['episode']} ({e['kind']} on {e['comm']}):\n{e['traceback']}"
+            f"\nunexpected, rank {e['rank']}, episode {e['episode']} "
+            f"({e['kind']} on {e['comm']}):\n{e['traceback']}"
         )
     print("\nmpiallreduce trace " + trace + ":\n" + "\n".join(analysis.lines[:12]), flush=True)
     met = (
@@ -146,7 +147,8 @@ def report(output, trace, timeout, returncode=None):
         and not checked["missed by the analyzer"]
     )
     print(
-        f"\ntargets (0 wrong, 0 hangs, every error naming its cause, the analyzer naming every fault): "
+        "\ntargets (0 wrong, 0 hangs, every error naming its cause, the analyzer naming every "
+        "fault): "
         f"{'met' if met else 'NOT met'}",
         flush=True,
     )

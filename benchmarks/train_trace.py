@@ -2,11 +2,14 @@
 the optimizer, on the same model and batches, interleaved step by step.
 
     make bench-trace      (both models on 2 ranks, into results/train/trace-<model>-2ranks.txt)
-    mpiallreduce launch -n 2 -- python benchmarks/train_trace.py --model transformer --output trace.txt
+    mpiallreduce launch -n 2 -- python benchmarks/train_trace.py --model transformer
+        --output trace.txt
 
-    contender         forward  backward  sync  optimizer  step   (ms, median over the steps, slowest rank)
+    contender         forward  backward  sync  optimizer  step   (ms, median over the steps,
+                                                                  slowest rank)
     none                ...
-    mpiallreduce        ...    (backward: with its hooks, where it overlaps; sync: optimizer.synchronize())
+    mpiallreduce        ...    (backward: with its hooks, where it overlaps; sync:
+                                optimizer.synchronize())
     mpi4py              ...    (sync: one MPI_Allreduce per gradient, in place, then the division)
 
 "backward" of a DDP contender holds its reductions (they run in DDP's hooks); the difference to
@@ -124,10 +127,13 @@ def main(argv=None):
             for traced in group:
                 traced.step(args, index)
         for traced in group:
-            rows[traced.name] = [statistics.median(phase) * 1e3 for phase in zip(*traced.times[2:])]
+            rows[traced.name] = [
+                statistics.median(phase) * 1e3 for phase in zip(*traced.times[2:], strict=True)
+            ]
     if comm.Get_rank() == 0:
         header = (
-            f"where a step's time goes: {args.model}, {comm.Get_size()} ranks, {torch.get_num_threads()} torch "
+            f"where a step's time goes: {args.model}, {comm.Get_size()} ranks, "
+            f"{torch.get_num_threads()} torch "
             f"thread(s) a rank, median of {args.steps} interleaved steps, the slowest rank's; ms"
         )
         lines = [header, f"{'contender':<22}" + "".join(f"{p:>10}" for p in PHASES)]

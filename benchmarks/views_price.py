@@ -1,7 +1,9 @@
 """What handing a bucket's results over as views saves a training step, side by side in one run.
 
-    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/views_price.py [--model transformer] [--steps 40]
-    mpiallreduce launch -n 2 -- python benchmarks/views_price.py      (one node: symmetric buffers, single_copy)
+    mpiallreduce launch -n 2 --nodes 2 -- python benchmarks/views_price.py [--model transformer]
+        [--steps 40]
+    mpiallreduce launch -n 2 -- python benchmarks/views_price.py      (one node: symmetric buffers,
+                                                                       single_copy)
 
 The same model (train_bench's), batches and optimizer three times over, one step of each in turn,
 synchronize() timed from a barrier after backward (the slowest rank's time, median over --steps):
@@ -75,7 +77,9 @@ def main():
     }
     first = params["copied back"]
     diff = max(
-        float(np.max(np.abs(a - b))) for other in params.values() for a, b in zip(first, other)
+        float(np.max(np.abs(a - b)))
+        for other in params.values()
+        for a, b in zip(first, other, strict=True)
     )
     if rank == 0:
         ms = print_medians(

@@ -1,4 +1,5 @@
-"""mpiallreduce: allreduce for numpy arrays over MPI, MPI_Allreduce and hand-written algorithms side by side.
+"""mpiallreduce: allreduce for numpy arrays over MPI, MPI_Allreduce and hand-written algorithms side
+by side.
 
     import mpiallreduce as mar
     total = mar.allreduce(x)                       # sum over all ranks of COMM_WORLD
@@ -105,7 +106,8 @@ class _Alias(importlib.abc.Loader):
         """``python -m`` with an old path: code that runs the moved module as ``__main__`` under its
         own name (its relative imports resolve in its own package)."""
         return compile(
-            f"import runpy\nrunpy.run_module({self.target!r}, run_name='__main__', alter_sys=True)\n",
+            f"import runpy\nrunpy.run_module({self.target!r}, run_name='__main__', "
+            "alter_sys=True)\n",
             f"<{name}: {self.target}>",
             "exec",
         )

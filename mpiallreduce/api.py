@@ -5,9 +5,11 @@ Every entry goes through the same pipeline (docs/architecture.md):
     entry (here)        a Call: arguments checked, communicator resolved, state made, the call
                         numbered, on the caller's thread, in program order (mpiallreduce.core.call)
     plan                mpiallreduce.core.planner: what runs and how (algorithm, route, device path,
-                        signature, inner plan), the same on every rank, decided once per kind of call
-    executor            mpiallreduce.core.executor: the signature compared (mpiallreduce.core.consistency),
-                        the plan run, MPI errors translated, float errors masked
+                        signature, inner plan), the same on every rank, decided once per kind of
+                        call
+    executor            mpiallreduce.core.executor: the signature compared
+                        (mpiallreduce.core.consistency), the plan run, MPI errors translated, float
+                        errors masked
 
 A call that repeats one already made (same communicator, dtype, shape, op, algorithm, no check,
 no timeout, contiguous numpy arrays) finds its Execution again (the short path); a prepared call
@@ -44,7 +46,8 @@ __all__ = [
 
 check_world_matches_slurm()  # the silent-singleton trap, before anything is reduced
 
-#: environment variable that turns ``check`` on for every call (read once: mpiallreduce.core.settings)
+#: environment variable that turns ``check`` on for every call (read once:
+#: mpiallreduce.core.settings)
 CHECK_ENV = "MPIALLREDUCE_CHECK"
 _COMMUNICATOR_TYPES = (MPI.Intracomm, MPI.Cartcomm, MPI.Graphcomm, MPI.Distgraphcomm)
 _NO_CALLS = {}
@@ -107,7 +110,8 @@ def allreduce(
             compare the call first; with MPIALLREDUCE_SIGNATURE_MIN_BYTES set above 0, only on the
             rank given them, unless ``check``); ValueError on every rank when the ranks' calls
             differ, or their settings do (mpiallreduce.core.settings).
-        AllreduceTimeout: not every rank reached this call within ``timeout``, on every rank that did.
+        AllreduceTimeout: not every rank reached this call within ``timeout``, on every rank that
+            did.
         RankFailure: a rank died during the call (under ULFM), on every survivor.
     """
     if (
@@ -281,11 +285,11 @@ def prepare_at(
     persistent=True,
     reproducible=False,
 ):
-    """``prepare`` with the call site to compare given (the library's own prepared calls, GradientSync's
-    buckets, give "": they are compared by what they reduce, not by where the user's code was);
-    ``persistent=False``: never a persistent request (a call also run on other memory); ``"always"``:
-    one wherever MPI's own persistent allreduce can run, whatever the table says (what ``tune``
-    measures against the blocking call: mpiallreduce.tools.persistent_rules)."""
+    """``prepare`` with the call site to compare given (the library's own prepared calls,
+    GradientSync's buckets, give "": they are compared by what they reduce, not by where the user's
+    code was); ``persistent=False``: never a persistent request (a call also run on other memory);
+    ``"always"``: one wherever MPI's own persistent allreduce can run, whatever the table says (what
+    ``tune`` measures against the blocking call: mpiallreduce.tools.persistent_rules)."""
     call = Call.start(
         x, op, algorithm, comm, out, True, axis, mesh, groups, timeout, site, reproducible
     )
@@ -297,7 +301,8 @@ def prepare_at(
 
 class PreparedAllreduce(Prepared):
     """An allreduce agreed on and planned once (see ``prepare``): call it (or ``.run()``) for the
-    result, the same array every run; ``.start()`` runs it in the background (an AllreduceHandle)."""
+    result, the same array every run; ``.start()`` runs it in the background (an
+    AllreduceHandle)."""
 
     def __init__(self, call, persistent=True):
         super().__init__(call, persistent)
@@ -305,7 +310,8 @@ class PreparedAllreduce(Prepared):
 
     def start(self, here=False):
         """Run in the background (allreduce_async's worker); an AllreduceHandle. ``here``: run it
-        now, on this thread (after the pending asynchronous calls), the handle holding its outcome."""
+        now, on this thread (after the pending asynchronous calls), the handle holding its
+        outcome."""
         return super().start(lambda run: submit_prepared(self, run, here))
 
     # GradientSync's (mpiallreduce.training.reduction): the call as agreed, run in place on another
@@ -336,14 +342,15 @@ class PreparedAllreduce(Prepared):
         ):
             raise ValueError(
                 f"a prepared call runs on a writeable C-contiguous numpy array of x's shape and "
-                f"dtype, prepared in place, not persistent and not single_copy; got {getattr(on, 'shape', '?')} "
-                f"{getattr(on, 'dtype', type(on).__name__)}"
+                "dtype, prepared in place, not persistent and not single_copy; got "
+                f"{getattr(on, 'shape', '?')} {getattr(on, 'dtype', type(on).__name__)}"
             )
         return self.execution.bound(None, on.reshape(-1), self.timeout, self.xp), on
 
     def __repr__(self):
         return (
-            f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: {self.plan.describe()}"
+            f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: "
+            f"{self.plan.describe()}"
             + ("; persistent (MPI_Allreduce_init)" if self.persistent else "")
             + ">"
         )

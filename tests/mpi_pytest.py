@@ -1,4 +1,5 @@
-"""Entry point that every rank runs under mpiexec: ``mpiexec -n N python tests/mpi_pytest.py [pytest args]``.
+"""Entry point that every rank runs under mpiexec:
+``mpiexec -n N python tests/mpi_pytest.py [pytest args]``.
 
 MPI starts before pytest. Only rank 0 prints pytest's report; the other ranks' failures reach it
 through the verdict agreement in ``mpi_verdicts.py`` (and their stderr still shows).
@@ -15,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if __name__ == "__main__":
     sys.path.insert(0, HERE)  # so that -p mpi_verdicts finds the plugin
     if MPI.COMM_WORLD.Get_rank() != 0:
-        sys.stdout = open(os.devnull, "w")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stdout for the rest of the run)
     args = [
         "--with-mpi",
         "-p",

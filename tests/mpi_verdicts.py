@@ -79,7 +79,8 @@ def _format(failure):
 
 
 def _agree_on_failures(item, rank, text):
-    """Ranks on which this test failed, agreed by all ranks; abort the job if they do not all arrive."""
+    """Ranks on which this test failed, agreed by all ranks; abort the job if they do not all
+    arrive."""
     flags = np.zeros(_verdict_comm.Get_size(), dtype=np.int32)
     flags[rank] = 0 if text is None else 1
     request = _verdict_comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
@@ -91,9 +92,10 @@ def _agree_on_failures(item, rank, text):
             capture = item.config.pluginmanager.getplugin("capturemanager")
             with capture.global_and_fixture_disabled():  # to the real stderr, past pytest's capture
                 sys.stderr.write(
-                    f"\n[rank {rank}] {item.nodeid} {outcome} on this rank, but not every rank finished it "
-                    f"within {AGREE_SECONDS:g} s (stuck in a collective this rank left?); aborting the job.\n"
-                    + (f"[rank {rank}] traceback:\n{text}" if text else "")
+                    f"\n[rank {rank}] {item.nodeid} {outcome} on this rank, "
+                    "but not every rank finished it "
+                    f"within {AGREE_SECONDS:g} s (stuck in a collective this rank left?); "
+                    "aborting the job.\n" + (f"[rank {rank}] traceback:\n{text}" if text else "")
                 )
                 sys.stderr.flush()
             MPI.COMM_WORLD.Abort(1)

@@ -10,6 +10,7 @@ Debian's packages are installed by `make test` where it runs as root (see the Ma
 without them, the Slurm tests are skipped with the reason.
 """
 
+import contextlib
 import os
 import shutil
 import socket
@@ -63,7 +64,8 @@ def _free_port():
 
 
 class SlurmCluster:
-    """slurmctld + one slurmd per node (n1, n2...) on this host; ``env`` points Slurm's commands at it."""
+    """slurmctld + one slurmd per node (n1, n2...) on this host; ``env`` points Slurm's commands at
+    it."""
 
     def __init__(self, directory, cpus=8, nodes=2):
         self.dir = Path(directory)
@@ -116,7 +118,7 @@ class SlurmCluster:
             for node in self.nodes
         ]
         for name, argv in daemons:
-            log = open(self.dir / f"{name}.out", "w")
+            log = open(self.dir / f"{name}.out", "w")  # noqa: SIM115 (the daemon's output)
             self.daemons.append(
                 subprocess.Popen(
                     argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -196,10 +198,8 @@ class SlurmCluster:
     def stop(self):
         subprocess.run(["scancel", "--user", "root"], env=self.env, capture_output=True, timeout=30)
         for daemon in self.daemons:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(daemon.pid, 15)
-            except ProcessLookupError:
-                pass
         for daemon in self.daemons:
             try:
                 daemon.wait(20)

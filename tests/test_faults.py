@@ -24,7 +24,8 @@ LATE = RANKS - 2  # the misbehaving rank (inject.py's LATE)
 TIMEOUT = 1.5  # inject.py's allreduce timeout
 MARGIN = 1.5  # seconds allowed beyond a timeout, on a shared 2-core machine running 4 ranks
 LAUNCH_TIMEOUT = 90
-# (the id "mpi" would be taken by pytest-mpi for its marker, and the test skipped without --with-mpi)
+# (the id "mpi" would be taken by pytest-mpi for its marker, and the test skipped without
+# --with-mpi)
 ALGORITHMS = ["ring", "recursive_doubling", pytest.param("mpi", id="MPI_Allreduce")]
 # The slowest scenarios (they sleep or train on purpose) run for one hand-written algorithm and
 # MPI's, the two kinds of wait a fault can meet; the hand-written one alternates between them.
@@ -44,7 +45,8 @@ def inject(scenario, algorithm, extra_flags=()):
 
 def explain(result):
     return (
-        f"{' '.join(map(str, result.argv))}\nreturn code {result.returncode} after {result.seconds:.1f} s\n"
+        f"{' '.join(map(str, result.argv))}\n"
+        f"return code {result.returncode} after {result.seconds:.1f} s\n"
         f"{result.output[-12000:]}"
     )
 
@@ -110,7 +112,8 @@ def test_a_straggler_within_the_timeout_gives_the_right_answer_and_at_most_a_war
 
 @pytest.mark.parametrize("algorithm", RECURSIVE_DOUBLING_AND_MPI)
 def test_a_rank_that_skips_a_call_is_named(algorithm):
-    # In a loop (same line, same shapes) the calls pair up one off; the last call finds the rank missing.
+    # In a loop (same line, same shapes) the calls pair up one off; the last call finds the rank
+    # missing.
     result, rows = inject_and_succeed("skip_a_call", algorithm)
     last = by_rank(rows, call="2")
     waiting = {rank: row for rank, row in last.items() if rank != LATE}
@@ -128,7 +131,8 @@ def test_a_rank_that_skips_a_call_is_named(algorithm):
     assert (
         len(
             re.findall(
-                rf"call_site differs: 'inject.py:\d+' on ranks 0, 1, 3; 'inject.py:\d+' on rank {LATE}",
+                r"call_site differs: 'inject.py:\d+' on ranks 0, 1, 3; "
+                rf"'inject.py:\d+' on rank {LATE}",
                 result.output,
             )
         )
@@ -218,7 +222,7 @@ def assert_survivors_named_the_lost_rank_and_went_on(result):
         "killed_before_a_first_timed_call_under_ulfm",
     ],
 )
-def test_under_ulfm_a_rank_killed_before_a_call_or_its_set_up_is_a_rank_failure_not_a_bare_mpi_error(
+def test_under_ulfm_a_rank_killed_before_a_call_or_its_set_up_is_a_rank_failure_not_a_bare_mpi_error(  # noqa: E501
     scenario,
 ):
     """Timeouts and lost ranks compose: the rendezvous meets the dead rank and every survivor
@@ -270,7 +274,8 @@ def test_under_ulfm_training_goes_on_with_the_survivors_when_a_rank_is_killed(al
         "from mpi4py import MPI\n"
         "import mpiallreduce as mar\n"
         "from mpiallreduce.train import main\n"
-        f"if MPI.COMM_WORLD.Get_rank() == {LATE}:  # killed at its 5th step's wait, whatever the load\n"
+        f"if MPI.COMM_WORLD.Get_rank() == {LATE}:  "
+        "# killed at its 5th step's wait, whatever the load\n"
         "    wait, waits = mar.GradientSync.wait, []\n"
         "    def wait_then_die(self, *args, **kwargs):\n"
         "        waits.append(1)\n"

@@ -1,5 +1,6 @@
-"""README's "Installing without the Makefile": `pip install .` into a fresh virtual environment gives
-a working package (numpy, mpi4py and Open MPI from PyPI), the launcher and the extras it names."""
+"""README's "Installing without the Makefile": `pip install .` into a fresh virtual environment
+gives a working package (numpy, mpi4py and Open MPI from PyPI), the launcher and the extras it
+names."""
 
 import os
 import subprocess

@@ -74,8 +74,8 @@ def wait_until(condition, seconds):
 def test_a_signal_to_launch_with_timeout_reaches_the_ranks_and_leaves_no_orphan(tmp_path, signame):
     """`mpiallreduce launch --timeout` stays the parent of mpiexec: it passes USR1 and USR2 on (they
     reach the ranks' handlers: a checkpoint), and if it is killed outright, mpiexec gets its
-    parent-death signal. Either way no rank outlives it. (TERM, HUP and Ctrl-C: tests/test_training.py,
-    with the training program's checkpoint and exit 99.)"""
+    parent-death signal. Either way no rank outlives it. (TERM, HUP and Ctrl-C:
+    tests/test_training.py, with the training program's checkpoint and exit 99.)"""
     import signal
     import subprocess
 
@@ -126,9 +126,9 @@ def test_a_signal_to_launch_with_timeout_reaches_the_ranks_and_leaves_no_orphan(
 
 
 def test_sighup_to_the_launcher_takes_sigterms_way():
-    """tests/test_training.py sends SIGTERM, Ctrl-C and SIGUSR1 to a launched training job (the ranks
-    get SIGTERM, checkpoint, exit 99); SIGHUP (a closed terminal) reaches the same handler: the
-    grace starts, and a second signal ends it."""
+    """tests/test_training.py sends SIGTERM, Ctrl-C and SIGUSR1 to a launched training job (the
+    ranks get SIGTERM, checkpoint, exit 99); SIGHUP (a closed terminal) reaches the same handler:
+    the grace starts, and a second signal ends it."""
     import signal
     import subprocess
 
@@ -275,13 +275,15 @@ mar.allreduce(np.ones(4))
 
 
 def assert_no_abort_notice(output):
-    """The ranks said why the job ended: Open MPI's notices about it are left out (tools/notices.py)."""
+    """The ranks said why the job ended: Open MPI's notices about it are left out
+    (tools/notices.py)."""
     for phrase in ("MPI_ABORT was invoked", "prterun has exited due to", "-" * 74):
         assert phrase not in output, output
 
 
 def launch_exits(tmp_path, statuses):
-    """`mpiallreduce launch -n 2 --timeout 60` of RANK_THAT_EXITS: (its return code, seconds, output)."""
+    """`mpiallreduce launch -n 2 --timeout 60` of RANK_THAT_EXITS: (its return code, seconds,
+    output)."""
     import subprocess
 
     script = tmp_path / "exits.py"
@@ -310,8 +312,8 @@ def launch_exits(tmp_path, statuses):
 
 
 def test_under_launch_one_ranks_nonzero_exit_ends_the_job_with_its_status(tmp_path):
-    """Rank 1 leaves with sys.exit(3) while rank 0 waits for it in an allreduce: not a hang until the
-    timeout (rank 1 waiting in MPI_Finalize for rank 0) but the job's end, with status 3."""
+    """Rank 1 leaves with sys.exit(3) while rank 0 waits for it in an allreduce: not a hang until
+    the timeout (rank 1 waiting in MPI_Finalize for rank 0) but the job's end, with status 3."""
     returncode, seconds, output = launch_exits(tmp_path, "-,3")
     assert returncode == 3 and seconds < 20, (returncode, seconds, output)
     assert "[rank 1] mpiallreduce: rank 1 exits with status 3" in output, output
@@ -332,8 +334,14 @@ def test_under_launch_exits_that_end_every_rank_keep_their_status(tmp_path, stat
 
 
 RULE = "-" * 74
-ABORT_NOTICE = f"{RULE}\nMPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n  Errorcode: 99\n{RULE}\n"
-SETPGID = "[vm:21363] plm:ssh: Warning: setpgid(21366,21366) failed in parent with errno=Permission denied(13)\n"
+ABORT_NOTICE = (
+    f"{RULE}\nMPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\n  Errorcode: 99\n"
+    f"{RULE}\n"
+)
+SETPGID = (
+    "[vm:21363] plm:ssh: Warning: setpgid(21366,21366) failed in parent with "
+    "errno=Permission denied(13)\n"
+)
 OTHER_NOTICE = (
     f"{RULE}\nThere are not enough slots available in the system to satisfy the 9\n{RULE}\n"
 )
@@ -369,7 +377,8 @@ def test_notices_are_left_out_only_once_a_rank_said_why_and_others_stay():
 
 
 def test_the_output_pump_writes_partial_lines_at_once_and_filters_whole_ones():
-    """A prompt without its newline goes out before the rest of its line comes; whole lines are filtered."""
+    """A prompt without its newline goes out before the rest of its line comes; whole lines are
+    filtered."""
     import io
     import threading
 
@@ -434,7 +443,8 @@ def test_a_held_abort_notice_goes_out_after_hold_seconds_while_the_output_stays_
 
 
 def test_a_closed_reader_of_the_output_is_told_once_and_the_rest_is_read():
-    """`mpiallreduce launch ... | head -1`: the launcher passes SIGPIPE on (on_broken), keeps reading."""
+    """`mpiallreduce launch ... | head -1`: the launcher passes SIGPIPE on (on_broken), keeps
+    reading."""
     from mpiallreduce.tools.notices import pump
 
     read_end, write_end = os.pipe()

@@ -1,13 +1,15 @@
 """The layers of the package (docs/architecture.md, issue #24), checked on its source without MPI.
 
-1. no import cycles among the package's modules (module-level imports); the core never imports a tool;
+1. no import cycles among the package's modules (module-level imports); the core never imports a
+   tool;
 2. (retired: a count of lines per module, which modules met by packing lines; issue 59);
 3. the old flat import paths (mpiallreduce.MOVED) still work, as the same module objects, and so do
    the entry points;
 4. nothing outside the pipeline numbers a call, compares signatures, translates MPI errors or masks
    float errors (static checks, each naming the offending file:line).
 
-``python tests/test_layers.py`` prints the import graph's report (the lazy imports that go upward too).
+``python tests/test_layers.py`` prints the import graph's report (the lazy imports that go upward
+too).
 """
 
 import ast
@@ -31,9 +33,9 @@ SUBPROCESS_TIMEOUT = 120
 #: the layers that make up the library proper: none of them may import a tool or the training layer
 LIBRARY_LAYERS = ("core", "algorithms", "device", "reproducible", "faults")
 FORBIDDEN_TO_LIBRARY = ("tools", "training", "jax")
-#: for the report of upward imports, the layers of docs/architecture.md, bottom up: core's base modules; the
-#: algorithms, device, reproducible, faults (and testing); core's pipeline modules; the entries (api.py, the
-#: package's __init__); training; the tools and the ``python -m`` shims
+#: for the report of upward imports, the layers of docs/architecture.md, bottom up: core's base
+#: modules; the algorithms, device, reproducible, faults (and testing); core's pipeline modules; the
+#: entries (api.py, the package's __init__); training; the tools and the ``python -m`` shims
 CORE_PIPELINE = {
     "call",
     "prepared",
@@ -74,7 +76,7 @@ def layer_label(module):
     return layer(module) or NAME
 
 
-# --- the package's source --------------------------------------------------------------------------------------
+# --- the package's source -------------------------------------------------------------------------
 
 
 def module_name(path):
@@ -107,7 +109,8 @@ def is_package(module):
 
 
 def layer(module):
-    """'core', 'tools', ... ; 'api', 'train', '__main__' for the top-level modules; '' for the package."""
+    """'core', 'tools', ... ; 'api', 'train', '__main__' for the top-level modules; '' for the
+    package."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -117,7 +120,8 @@ def in_layers(module, layers):
 
 
 def _package_literal(name):
-    """A dict assigned at module level in mpiallreduce/__init__.py (MOVED, _EXPORTS), read without importing."""
+    """A dict assigned at module level in mpiallreduce/__init__.py (MOVED, _EXPORTS), read without
+    importing."""
     for node in tree(NAME).body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == name for t in node.targets
@@ -145,7 +149,7 @@ def export_module(name):
     return NAME + target if target.startswith(".") else target
 
 
-# --- imports ---------------------------------------------------------------------------------------------------
+# --- imports --------------------------------------------------------------------------------------
 
 
 class Import:
@@ -161,7 +165,8 @@ class Import:
 
 
 def _statements(node, lazy=False):
-    """(import statement, inside a function?) under ``node``; ``if TYPE_CHECKING:`` blocks are not run."""
+    """(import statement, inside a function?) under ``node``; ``if TYPE_CHECKING:`` blocks are not
+    run."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
             yield from (
@@ -186,7 +191,8 @@ def _from_base(module, node):
 
 
 def _targets(module, node):
-    """The package's modules an import statement loads (old paths resolved to the modules they alias)."""
+    """The package's modules an import statement loads (old paths resolved to the modules they
+    alias)."""
     files = sources()
     found = []
     if isinstance(node, ast.Import):
@@ -211,7 +217,8 @@ def _targets(module, node):
 
 
 def _dynamic_imports(module):
-    """A package that imports each of its modules through pkgutil at import time (the algorithms registry)."""
+    """A package that imports each of its modules through pkgutil at import time (the algorithms
+    registry)."""
     source = sources()[module].read_text()
     if (
         not is_package(module)
@@ -227,7 +234,8 @@ def _dynamic_imports(module):
 
 
 def _root_attribute_imports(module):
-    """``mar.GradientSync`` / ``mpiallreduce.gradients`` where ``mar`` is the package: the module it loads."""
+    """``mar.GradientSync`` / ``mpiallreduce.gradients`` where ``mar`` is the package: the module it
+    loads."""
     bound = set()
     for node, _ in _statements(tree(module)):
         if isinstance(node, ast.Import):
@@ -338,8 +346,8 @@ def reaches(graph, start, goal):
 
 
 def upward_imports():
-    """Imports that go up a layer (LAYER_RANK, docs/architecture.md), or, made in a function, would close a
-    cycle at module level (the reason most lazy imports exist). [(Import, why)]"""
+    """Imports that go up a layer (LAYER_RANK, docs/architecture.md), or, made in a function, would
+    close a cycle at module level (the reason most lazy imports exist). [(Import, why)]"""
     graph = module_level_graph()
     found = []
     for imp in imports():
@@ -355,7 +363,8 @@ def upward_imports():
 
 def report():
     lines = [
-        f"{len(sources())} modules, {sum(1 for i in imports() if not i.lazy)} module-level imports, "
+        f"{len(sources())} modules, "
+        f"{sum(1 for i in imports() if not i.lazy)} module-level imports, "
         f"{sum(1 for i in imports() if i.lazy)} in functions"
     ]
     cycle = find_cycle(module_level_graph())
@@ -376,7 +385,7 @@ def report():
     return "\n".join(lines)
 
 
-# --- 1. imports ------------------------------------------------------------------------------------------------
+# --- 1. imports -----------------------------------------------------------------------------------
 
 
 def test_the_import_graph_sees_the_package():
@@ -398,8 +407,9 @@ def test_no_import_cycle_between_modules_at_module_level():
 
 
 def test_report_of_imports_that_go_upward():
-    """Reported, not asserted (pytest -rP shows it, or python tests/test_layers.py): imports that go up a
-    layer of docs/architecture.md, and those in functions that would close a cycle at module level."""
+    """Reported, not asserted (pytest -rP shows it, or python tests/test_layers.py): imports that go
+    up a layer of docs/architecture.md, and those in functions that would close a cycle at module
+    level."""
     print(report())
 
 
@@ -415,9 +425,9 @@ def test_the_core_never_imports_a_tool_nor_the_training_layer():
     )
 
 
-# --- 2. size ---------------------------------------------------------------------------------------------------
+# --- 2. size --------------------------------------------------------------------------------------
 
-# --- 3. old paths and entry points -----------------------------------------------------------------------------
+# --- 3. old paths and entry points ----------------------------------------------------------------
 
 
 def test_moved_modules_are_the_same_objects_under_their_old_paths():
@@ -479,7 +489,7 @@ def test_api_and_the_lazy_exports_resolve():
         assert getattr(mpiallreduce, name) is getattr(module, name), name
     assert set(mpiallreduce._EXPORTS) <= set(dir(mpiallreduce))
     with pytest.raises(AttributeError):
-        mpiallreduce.no_such_name
+        _ = mpiallreduce.no_such_name
     # (issue 58: the errors the docs name are there; the package's own imports and helpers are not)
     for error in ("SignatureMismatch", "AllreduceTimeout", "AllreduceAborted", "RankFailure"):
         assert issubclass(getattr(mpiallreduce, error), Exception), error
@@ -492,9 +502,11 @@ def test_importing_the_package_its_faults_or_the_launcher_does_not_start_mpi():
     """Importing mpi4py.MPI is MPI_Init (a second and more where libfabric is probed): the launcher,
     which runs no MPI, must not pay it, nor a program that only imports the package."""
     code = (
-        "import sys, mpiallreduce, mpiallreduce.faults, mpiallreduce.faults.aborting, mpiallreduce.tools.cli\n"
+        "import sys, mpiallreduce, mpiallreduce.faults, mpiallreduce.faults.aborting, "
+        "mpiallreduce.tools.cli\n"
         "from mpiallreduce.faults import RankFailure, AllreduceTimeout\n"
-        "assert 'mpi4py.MPI' not in sys.modules, sorted(m for m in sys.modules if m.startswith('mpi'))\n"
+        "assert 'mpi4py.MPI' not in sys.modules, "
+        "sorted(m for m in sys.modules if m.startswith('mpi'))\n"
         "assert {'survivors', 'Rendezvous', 'RankFailure'} <= set(dir(mpiallreduce.faults))\n"
         "from mpiallreduce.faults import survivors\n"
         "assert 'mpi4py.MPI' in sys.modules\n"
@@ -522,7 +534,8 @@ def run_command(argv):
     )
     return (
         done,
-        f"{' '.join(map(str, argv))}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}",
+        f"{' '.join(map(str, argv))}: exit {done.returncode}\n{done.stdout[-3000:]}\n"
+        f"{done.stderr[-6000:]}",
     )
 
 
@@ -548,7 +561,8 @@ def test_the_mpiallreduce_command_helps():
     assert "mpiallreduce COMMAND" in done.stdout and "launch" in done.stdout, explanation
 
 
-# --- 4. only the pipeline numbers calls, compares signatures, translates MPI errors, masks float errors --------
+# --- 4. only the pipeline numbers calls, compares signatures, translates MPI errors, masks float
+# errors -------------------------------------------------------------------------------------------
 
 
 def _call_name(node):
@@ -560,7 +574,8 @@ def _call_name(node):
 
 
 def occurrences(predicate):
-    """[(module, line)] of the nodes of the package's source for which ``predicate(module, node)``."""
+    """[(module, line)] of the nodes of the package's source for which ``predicate(module,
+    node)``."""
     found = []
     for module in sources():
         for node in ast.walk(tree(module)):
@@ -581,7 +596,8 @@ def calls_of(name, attribute_only=False):
 
 
 def outside(found, allowed):
-    """The occurrences not in an allowed file or folder (paths relative to the repository, a folder ends in /)."""
+    """The occurrences not in an allowed file or folder (paths relative to the repository, a folder
+    ends in /)."""
 
     def ok(module):
         path = relative(module)
@@ -614,7 +630,8 @@ def test_only_the_state_increments_the_call_sequence():
     assert found, "no `.sequence += 1` at all: has CommState.number moved? (update this test)"
     bad = outside(found, ["mpiallreduce/core/state.py"])
     assert not bad, (
-        f"a call's sequence is advanced outside CommState.number (mpiallreduce/core/state.py): {bad}"
+        "a call's sequence is advanced outside CommState.number (mpiallreduce/core/state.py): "
+        f"{bad}"
     )
 
 
@@ -669,7 +686,8 @@ def test_only_the_call_and_the_executor_number_calls():
         ],
     )
     assert not bad, (
-        f"calls numbered (.number()) outside core/call.py, core/prepared.py, core/executor.py and core/gather.py: {bad}"
+        "calls numbered (.number()) outside core/call.py, core/prepared.py, core/executor.py and "
+        f"core/gather.py: {bad}"
     )
 
 
@@ -701,7 +719,8 @@ def test_only_the_executor_masks_float_errors():
         lambda m, n: isinstance(n, ast.FunctionDef) and n.name == "ignore_float_errors"
     )
     assert definitions and not outside(definitions, ["mpiallreduce/core/ops.py"]), (
-        f"ignore_float_errors is defined in {[f'{relative(m)}:{line}' for m, line in definitions]}, "
+        "ignore_float_errors is defined in "
+        f"{[f'{relative(m)}:{line}' for m, line in definitions]}, "
         "expected mpiallreduce/core/ops.py"
     )
     bad = outside(calls_of("ignore_float_errors"), ["mpiallreduce/core/executor.py"])
@@ -709,8 +728,8 @@ def test_only_the_executor_masks_float_errors():
 
 
 def _uses_of(names_by_module):
-    """Every use of the given names of the given modules: ``from m import name`` (and the name then used),
-    ``m.name``, ``import m as x; x.name``. names_by_module: {module: {names}}."""
+    """Every use of the given names of the given modules: ``from m import name`` (and the name then
+    used), ``m.name``, ``import m as x; x.name``. names_by_module: {module: {names}}."""
     found = []
     for module in sources():
         bound_names, bound_modules = set(), {}
@@ -755,7 +774,8 @@ def test_only_the_core_compares_signatures():
     assert found, "core.consistency's compare/codes_agree are used nowhere (update this test)"
     bad = outside(found, ["mpiallreduce/core/"])
     assert not bad, (
-        f"compare/codes_agree of mpiallreduce.core.consistency used outside mpiallreduce/core/: {bad}"
+        "compare/codes_agree of mpiallreduce.core.consistency used outside mpiallreduce/core/: "
+        f"{bad}"
     )
 
 

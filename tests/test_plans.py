@@ -1,5 +1,6 @@
 """Plans checked without MPI: a simulator plays every rank's plan and tracks which ranks' inputs
-each element holds. Every element must end up holding every rank's input exactly once, on every rank."""
+each element holds. Every element must end up holding every rank's input exactly once, on every
+rank."""
 
 from collections import Counter
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_ring_plan_reduces_every_element_once_everywhere(p):
                 assert received == sent[plans[r].left], (
                     "receives a chunk its left neighbour did not send"
                 )
-                for i, contribution in zip(chunk(plans[r], received), messages[r]):
+                for i, contribution in zip(chunk(plans[r], received), messages[r], strict=True):
                     buffers[r][i] += contribution
         for step in range(p - 1):
             sent = {r: plans[r].allgather_steps[step][0] for r in range(p)}
@@ -62,7 +63,7 @@ def test_ring_plan_reduces_every_element_once_everywhere(p):
             for r in range(p):
                 copied = plans[r].allgather_steps[step][1]
                 assert copied == sent[plans[r].left]
-                for i, value in zip(chunk(plans[r], copied), messages[r]):
+                for i, value in zip(chunk(plans[r], copied), messages[r], strict=True):
                     buffers[r][i] = value
         for r in range(p):
             assert all(element == full(p) for element in buffers[r]), (p, count, r)
@@ -190,7 +191,8 @@ def test_in_place_calls_follow_the_tables_in_place_rules_where_it_has_them():
 def test_a_large_mean_across_nodes_runs_one_that_divides_as_it_reduces_where_the_table_says_mpi():
     """The table is measured on sums; a mean by MPI's own takes a pass of its own to divide. From
     MEAN_ACROSS_NODES_FROM, where the table says an algorithm that does not divide slices as it
-    reduces, a mean across nodes runs MEAN_ACROSS_NODES (not float16: MPI's own keeps its arithmetic)."""
+    reduces, a mean across nodes runs MEAN_ACROSS_NODES (not float16: MPI's own keeps its
+    arithmetic)."""
     from mpiallreduce.core import tuning
     from mpiallreduce.core.overrides import MEAN_ACROSS_NODES, MEAN_ACROSS_NODES_FROM
     from mpiallreduce.core.planner import CallFacts, plan_call
@@ -245,7 +247,8 @@ def test_a_large_mean_across_nodes_runs_one_that_divides_as_it_reduces_where_the
 
 def test_the_table_digest_the_ranks_compare_tells_rules_in_one_section_from_the_same_in_another():
     """Ranks agree on the table by its digest: the same rules under another section (in place, or
-    persistent, rather than the algorithms' out-of-place ones) plan otherwise, so digest otherwise."""
+    persistent, rather than the algorithms' out-of-place ones) plan otherwise, so digest
+    otherwise."""
     from mpiallreduce.core import tuning
 
     rules = [{"up_to_bytes": None, "algorithm": "mpi"}]
@@ -277,7 +280,7 @@ def test_the_table_digest_the_ranks_compare_tells_rules_in_one_section_from_the_
         tuning.set_tuning_table(tuning.DEFAULT_TABLE)
 
 
-def test_a_prepared_call_of_mpi_is_persistent_at_4_bytes_with_the_shipped_table_and_never_where_it_cannot_be():
+def test_a_prepared_call_of_mpi_is_persistent_at_4_bytes_with_the_shipped_table_and_never_where_it_cannot_be():  # noqa: E501
     """The shipped table binds a persistent request for MPI's own at 4 B on one node (Open MPI's
     persistent allreduce there: 0.6x of its blocking one's time); never for another algorithm,
     device arrays, ULFM (persistent_collectives off), or another route (a reproducible sum)."""
@@ -300,7 +303,7 @@ def test_a_prepared_call_of_mpi_is_persistent_at_4_bytes_with_the_shipped_table_
     )
 
 
-def test_the_tables_persistent_rules_say_by_size_where_a_prepared_call_of_mpi_is_a_persistent_request():
+def test_the_tables_persistent_rules_say_by_size_where_a_prepared_call_of_mpi_is_a_persistent_request():  # noqa: E501
     """tune measures MPI's persistent allreduce against its blocking one per size and writes
     persistent_by_ranks (and _in_place; across nodes persistent_by_nodes) rules; the plan follows
     them (True/False), by rank count as the algorithm rules are read, in place by its own where it
@@ -650,7 +653,8 @@ def test_rules_from_measurements_prefers_mpi_when_close_and_merges():
         "up_to_bytes": 256,
         "algorithm": "mpi",
     }
-    # each algorithm its own price: where the fastest is priced out, a cheaper one that still gains wins
+    # each algorithm its own price: where the fastest is priced out, a cheaper one that still gains
+    # wins
     cheap = measured + [(1024, "rabenseifner", 7.0), (4096, "rabenseifner", 25.0)]
     assert rules_from_measurements(cheap, {"ring": 6.0, "rabenseifner": 1.0}) == [
         {"up_to_bytes": 256, "algorithm": "mpi"},
@@ -726,7 +730,8 @@ def test_cost_terms_send_across_nodes_only_what_crosses():
     assert list(cost_terms("recursive_doubling", 4, n, nodes=2)) == [1, n, 1, 2 * n, 2 * n]
     # the ring crosses once per node per step: 2(p-1) steps of n/p on the link
     assert list(cost_terms("ring", 4, n, nodes=2)[2:4]) == [6, 6 * n / 4]
-    # 2 ranks crossing at distance 2 with half the buffer each, in the reduce-scatter and the allgather
+    # 2 ranks crossing at distance 2 with half the buffer each, in the reduce-scatter and the
+    # allgather
     assert cost_terms("rabenseifner", 4, n, nodes=2)[3] == 2 * n
     # two_level: each node's 2 rails carry half the buffer each (Rabenseifner on 2 ranks: a quarter
     # each way), over the same link; reduce-scatter and allgather within the node move n/2 each
@@ -738,8 +743,8 @@ def test_cost_terms_send_across_nodes_only_what_crosses():
 
 
 def exchange(plans, core, buffers, steps_name, combine):
-    """Play one phase of pairwise steps (partner, elements sent, elements updated): each partner must
-    send exactly the elements this rank updates, which become combine(mine, theirs)."""
+    """Play one phase of pairwise steps (partner, elements sent, elements updated): each partner
+    must send exactly the elements this rank updates, which become combine(mine, theirs)."""
     for step in range(len(getattr(plans[core[0]], steps_name))):
         before = [list(map(Counter, b)) for b in buffers]
         for r in core:
@@ -761,7 +766,7 @@ def test_rabenseifner_plan_reduces_every_element_once_everywhere(p):
             target = plans[r].fold.fold_into
             if target is not None:
                 assert plans[target].fold.fold_from == r
-                buffers[target] = [a + b for a, b in zip(buffers[target], buffers[r])]
+                buffers[target] = [a + b for a, b in zip(buffers[target], buffers[r], strict=True)]
         core = [r for r in range(p) if plans[r].fold.fold_into is None]
         assert len({len(plans[r].reduce_scatter_steps) for r in core}) == 1
         exchange(plans, core, buffers, "reduce_scatter_steps", lambda mine, theirs: mine + theirs)
@@ -776,7 +781,8 @@ def test_rabenseifner_plan_reduces_every_element_once_everywhere(p):
 @pytest.mark.parametrize("p", RANK_COUNTS)
 def test_pairwise_exchange_plan_gives_every_rank_every_contribution_of_its_slice(p):
     """Step 1 sends slice q of every input to rank q (which then holds all p contributions of it);
-    step 3 sends every reduced slice to every other rank: each element ends reduced once, everywhere."""
+    step 3 sends every reduced slice to every other rank: each element ends reduced once,
+    everywhere."""
     for count in counts_for(p):
         plans = [REGISTRY["pairwise_exchange"].plan(p, r, count) for r in range(p)]
         assert all(plan.slices == plans[0].slices for plan in plans)
@@ -794,7 +800,8 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
     every contribution of an element on one rank: shared_memory on one node below 4 MiB,
     pairwise_exchange from there and across nodes, single_copy on symmetric buffers of one node from
     64 KiB; an algorithm asked for
-    runs as asked, and one that reduces pairwise is told to reduce words; never a wider accumulator."""
+    runs as asked, and one that reduces pairwise is told to reduce words; never a wider
+    accumulator."""
     import numpy as np
 
     from mpiallreduce.core.planner import CallFacts, plan_call
@@ -815,7 +822,8 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
     assert ring.name == "ring" and "fixed-point words" in ring.reason and ring.accumulate is None
     shared = plan_call(CallFacts(size=4), False, f32, 1 << 20, "reproducible_sum", "shared_memory")
     assert shared.name == "shared_memory" and "words" not in shared.reason
-    # symmetric buffers on one node: single_copy, which sums every slice from the p floats, from 64 KiB
+    # symmetric buffers on one node: single_copy, which sums every slice from the p floats, from 64
+    # KiB
     for dtype in (f32, f16):
         one_node = plan_call(
             CallFacts(size=4), False, dtype, 1 << 20, "reproducible_mean", "auto", symmetric=True
@@ -868,8 +876,8 @@ def test_device_to_device_runs_only_where_cuda_ipc_works():
         plan = plan_call(refused, True, f32, big, "sum", "auto")
         assert plan.name == fallback and plan.ipc_probe is None, plan.describe()
         assert (
-            "not device_to_device, which needs CUDA IPC, refused: rank 1: cudaErrorMapBufferObjectFailed"
-            in plan.reason
+            "not device_to_device, which needs CUDA IPC, refused: rank 1: "
+            "cudaErrorMapBufferObjectFailed" in plan.reason
         )
         with pytest.raises(
             ValueError,
@@ -950,7 +958,8 @@ def test_dissemination_plan_gives_every_rank_every_input_once_in_the_signature_c
 def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_messages():
     """It carries the comparison in its rounds: across nodes (or without shared slots), every rank
     compiled, an ordinary sum or mean, up to DISSEMINATION_UP_TO and where its messages fit (on 2
-    ranks up to DISSEMINATION_TWO_RANKS_UP_TO, whatever the table says); a prepared call (compared once) keeps the table's MPI_Allreduce."""
+    ranks up to DISSEMINATION_TWO_RANKS_UP_TO, whatever the table says); a prepared call (compared
+    once) keeps the table's MPI_Allreduce."""
     from mpiallreduce.core.overrides import (
         DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO,
         DISSEMINATION_TWO_RANKS_UP_TO,
@@ -974,7 +983,8 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     assert (
         plan_call(three, False, f32, DISSEMINATION_UP_TO + 4, "sum", "auto").name != "dissemination"
     )
-    # on 2 ranks one exchange of the whole buffer, with a tail past one head: whatever the table says, up to a size
+    # on 2 ranks one exchange of the whole buffer, with a tail past one head: whatever the table
+    # says, up to a size
     for nbytes in (DISSEMINATION_UP_TO + 4, 40000, 200000, DISSEMINATION_TWO_RANKS_UP_TO):
         assert (
             plan_call(nodes, False, f32, nbytes, "sum", "auto").signature
@@ -987,7 +997,8 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
         plan_call(nodes, False, f32, DISSEMINATION_TWO_RANKS_UP_TO + 4, "sum", "auto").name
         != "dissemination"
     )
-    # in place (rank 1 copies its result out, where MPI's own in place copies nothing) to a bound of its own
+    # in place (rank 1 copies its result out, where MPI's own in place copies nothing) to a bound of
+    # its own
     assert DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO < DISSEMINATION_TWO_RANKS_UP_TO
     for nbytes, carried in (
         (DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO, True),

@@ -3,7 +3,8 @@
 Python. The first line of every ```python block says how it runs, in one of two forms:
 
     # 2 ranks: mpiallreduce launch -n 2 -- python first.py     a complete program, named first.py
-    # 2 ranks, continues the block above                         the page's blocks before it, then this
+    # 2 ranks, continues the block above                         the page's blocks before it, then
+                                                                 this
 
 (a complete program that needs ULFM says `--fault-tolerant` before the `--`, and is launched so). A
 block in neither form fails test_every_python_block_says_how_it_runs, which names the page and the
@@ -16,15 +17,16 @@ GPU; one that imports torch (or mpiallreduce.torch) where torch does not import.
 Shell. Every ```sh block runs line by line in one folder, in order (so later lines read what earlier
 ones wrote). The folder holds every page's complete programs under the names their first lines
 give (`python first.py` runs README.md's first program). `bench` and `tune` are cut to two sizes
-(64 B, 4 KiB) and two repetitions (`tune` to one run), and `bench` to `auto` and `ring` where it names no algorithms
-and one of Open MPI's forced ones (tests/test_under_mpiexec.py runs every contender); `--device gpu` and programs that import cupy run only where a
-GPU is usable, `--nodes` (emulated nodes) only as root with unshare. Not run here:
-`make` (CI runs it), `pip` and making a venv (they would install), `pytest` (these are the tests),
-the GPU check's scripts (tests/test_device_check.py runs its dry run), and what needs a cluster
-(`srun`, `sbatch`, `module`, and `launch` without -n, which is for inside an allocation), and a
-program's own launch line, as its first line gives it (the Python test ran that program). Plain
-`mpiexec` runs as written, its extra ranks allowed onto a small machine by PRRTE's oversubscribe
-policy in the environment (a cluster node has the slots).
+(64 B, 4 KiB) and two repetitions (`tune` to one run), and `bench` to `auto` and `ring` where it
+names no algorithms and one of Open MPI's forced ones (tests/test_under_mpiexec.py runs every
+contender); `--device gpu` and programs that import cupy run only where a GPU is usable, `--nodes`
+(emulated nodes) only as root with unshare. Not run here: `make` (CI runs it), `pip` and making a
+venv (they would install), `pytest` (these are the tests), the GPU check's scripts
+(tests/test_device_check.py runs its dry run), and what needs a cluster (`srun`, `sbatch`, `module`,
+and `launch` without -n, which is for inside an allocation), and a program's own launch line, as its
+first line gives it (the Python test ran that program). Plain `mpiexec` runs as written, its extra
+ranks allowed onto a small machine by PRRTE's oversubscribe policy in the environment (a cluster
+node has the slots).
 """
 
 import os
@@ -54,7 +56,8 @@ FORMS = (
 
 
 def fenced_blocks(path, language, problems):
-    """[(line number of the block's first line, its text)] of every ```language block of ``path``."""
+    """[(line number of the block's first line, its text)] of every ```language block of
+    ``path``."""
     blocks, fence, lines = [], None, path.read_text().splitlines()
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
@@ -164,7 +167,8 @@ def missing(modules):
 
 
 def test_every_relative_link_in_the_pages_leads_to_a_file():
-    """A page's links to other pages and files ([text](path), anchors aside) resolve from its folder."""
+    """A page's links to other pages and files ([text](path), anchors aside) resolve from its
+    folder."""
     broken = [
         f"{page.relative_to(ROOT)}: {target}"
         for page in [*PAGES, *sorted((ROOT / "benchmarks").glob("*.md"))]
@@ -219,7 +223,8 @@ def shell_blocks():
 
 
 def cut_down(line):
-    """The command to run here (bench and tune made short), or None if it is not for this machine."""
+    """The command to run here (bench and tune made short), or None if it is not for this
+    machine."""
     if NOT_RUN_HERE.search(line) or re.search(r"mpiallreduce launch(?! -n )", line):
         return None
     if any(chain.first_block.splitlines()[0].split(": ", 1)[1] == line for chain in CHAINS):
@@ -282,8 +287,8 @@ def test_shell_example_runs_with_sizes_cut_down(lines, tmp_path):
 
 
 def test_the_results_page_is_what_its_command_writes(tmp_path):
-    """docs/results.md is generated, never pasted: its first lines name the command, and running that
-    command on the results folders in the repository now writes the same page."""
+    """docs/results.md is generated, never pasted: its first lines name the command, and running
+    that command on the results folders in the repository now writes the same page."""
     import subprocess
 
     page = (ROOT / "docs" / "results.md").read_text()
@@ -314,7 +319,7 @@ lines = [mar.describe_call(x), mar.describe_call(x, reproducible=True), mar.desc
          repr(mar.prepare(x))]
 if MPI.COMM_WORLD.Get_rank() == 0:
     print("\\n".join(lines))
-"""
+"""  # noqa: E501 (a program run as written: its text stays byte for byte)
 
 
 def test_what_auto_runs_in_the_architecture_pages_example_is_what_it_runs_now(tmp_path):

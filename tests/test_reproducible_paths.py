@@ -68,7 +68,7 @@ def test_a_zero_in_the_block_changes_the_path_not_the_bits():
     assert not reproducible._all_normal(largest, fmt)
     alone = [reproducible.to_words(row, largest[:-1], fmt) for row in rows]
     mixed = [reproducible.to_words(row, largest, fmt) for row in with_zero]
-    for a, m in zip(alone, mixed):
+    for a, m in zip(alone, mixed, strict=True):
         assert np.array_equal(a, m[:-1])
     summed_alone, summed_mixed = np.sum(alone, axis=0), np.sum(mixed, axis=0)
     assert np.array_equal(
@@ -104,7 +104,7 @@ def test_compiled_kernels_give_the_numpy_passes_bits(monkeypatch, divide_by):
     compiled = convert()
     monkeypatch.setattr(reproducible, "_compiled", lambda fmt: None)
     passes = convert()
-    for a, b in zip(compiled[0] + compiled[1], passes[0] + passes[1]):
+    for a, b in zip(compiled[0] + compiled[1], passes[0] + passes[1], strict=True):
         assert np.array_equal(a, b)
     assert np.array_equal(compiled[2].view(np.uint32), passes[2].view(np.uint32))
 
@@ -251,7 +251,8 @@ def test_the_one_pass_loop_leaves_inf_and_nan_whole_for_the_numpy_passes(ranks):
 @pytest.mark.parametrize("ranks", [2, 3, 4, 5])
 def test_a_read_only_contribution_among_writeable_ones_sums_the_same(ranks):
     """pairwise_exchange hands this rank's own input (read-only where the user's is) beside its
-    receive buffers: the compiled loops take the mix (numba indexes a tuple of one array type only)."""
+    receive buffers: the compiled loops take the mix (numba indexes a tuple of one array type
+    only)."""
     rows = contributions("float32", 3000, ranks, seed=30 + ranks)
     want = words_route(rows, 1, "float32").view(np.uint32)
     mixed = [row.copy() for row in rows]

@@ -35,9 +35,9 @@ def read(path):
 def test_info_job_sees_every_task_through_pmix_and_binds_one_gpu_per_node_local_rank(
     slurm, tmp_path
 ):
-    """Two tasks on one node, started by srun through PMIx: info sees both. With the GPUs Slurm leaves
-    visible (here: CUDA_VISIBLE_DEVICES as --gpus-per-node=2 would set it), each task of a node takes
-    the GPU of its node-local rank: rank i, visible GPU i."""
+    """Two tasks on one node, started by srun through PMIx: info sees both. With the GPUs Slurm
+    leaves visible (here: CUDA_VISIBLE_DEVICES as --gpus-per-node=2 would set it), each task of a
+    node takes the GPU of its node-local rank: rank i, visible GPU i."""
     job = slurm.submit(
         ["--nodes=1", "--ntasks=2", f"--chdir={tmp_path}", str(JOBS / "info.sbatch")],
         cwd=tmp_path,
@@ -179,7 +179,8 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
             "--nodes=2",
             "--ntasks=2",
             "--ntasks-per-node=1",
-            f"--export=ALL,TRAIN_ARGS=--steps {TRAIN_STEPS} --step-seconds 0.05,CHECKPOINT_EVERY=1000",
+            f"--export=ALL,TRAIN_ARGS=--steps {TRAIN_STEPS} "
+            "--step-seconds 0.05,CHECKPOINT_EVERY=1000",
             str(JOBS / "train.sbatch"),
         ],
         cwd=tmp_path,
@@ -195,8 +196,9 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
         time.sleep(0.5)
     # Slurm holds a requeued job back (BeginTime, about two minutes) while the old step winds down;
     # once the old ranks are gone, let it start now
-    # (and once their step daemons are gone: a step launched while the old one's slurmstepd wound down
-    # failed once, "StepId=N.0 aborted before step completely launched", in a clean-clone make test)
+    # (and once their step daemons are gone: a step launched while the old one's slurmstepd wound
+    # down failed once, "StepId=N.0 aborted before step completely launched", in a clean-clone make
+    # test)
     while (
         slurm.job_states(job).get(job, ("",))[0] != "PENDING"
         or processes_with(f"train-{job}.npz")
@@ -210,7 +212,7 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
     output = read(log)
     state, restarts, exit_code = states[job]
     assert state == "COMPLETED" and restarts == "1", (states, output)
-    assert re.search(r"^job %s restart 0 on n\[1-2\]$" % job, output, re.M), output
+    assert re.search(rf"^job {job} restart 0 on n\[1-2\]$", output, re.M), output
     assert "USR1: asking the ranks for a checkpoint" in output, output
     assert "requeueing job" in output and "restart 1" in output, output
     resumed = re.search(r"resumed from \S+ at step (\d+) \(SLURM_RESTART_COUNT=1\)", output)
@@ -250,7 +252,10 @@ def test_train_job_on_two_nodes_checkpoints_on_usr1_requeues_and_resumes(slurm, 
 
 
 def test_a_job_launched_the_wrong_way_fails_with_the_singleton_message(slurm, tmp_path):
-    script = f"srun --mpi=pmi2 -n 2 {sys.executable} -c 'import numpy, mpiallreduce as m; m.allreduce(numpy.ones(1))'"
+    script = (
+        f"srun --mpi=pmi2 -n 2 {sys.executable} "
+        "-c 'import numpy, mpiallreduce as m; m.allreduce(numpy.ones(1))'"
+    )
     job = slurm.submit(
         [
             f"--chdir={tmp_path}",

@@ -2,7 +2,8 @@
 delays past the timeout, mismatched calls, a rank raising inside the ring, a rank killed, and the
 launcher stopped by SIGTERM near the end. Its own count must meet the targets of issue #29: no
 wrong value, no call past its timeout + 5 s, every error naming the rank that caused it, and the
-analyzer (mpiallreduce trace) naming each injected fault's rank at its call in the recorders' dumps."""
+analyzer (mpiallreduce trace) naming each injected fault's rank at its call in the recorders'
+dumps."""
 
 import json
 import os
@@ -51,6 +52,7 @@ def test_a_short_soak_meets_the_targets(tmp_path):
         for e in map(json.loads, (output / "events-rank0.jsonl").read_text().splitlines())
     ), text
     assert summary["faults in the dumps"] >= 1 and summary["missed by the analyzer"] == 0, text
-    # the survivors' dumps on SIGTERM (the killed rank left none, or an older one); on a loaded machine
-    # one survivor was seen still in MPI_Comm_shrink at SIGTERM, its dump cut by the launcher's kill
+    # the survivors' dumps on SIGTERM (the killed rank left none, or an older one); on a loaded
+    # machine one survivor was seen still in MPI_Comm_shrink at SIGTERM, its dump cut by the
+    # launcher's kill
     assert sum("SIGTERM" in d for d in summary["dumps"]) >= 2, text

@@ -1,5 +1,6 @@
-"""Seeded stress test (issue #24, item 6): tests/scripts/stress.py, every kind of entry of the public API
-interleaved under random rank skew, on 3 ranks of one node and 2 emulated nodes of 2 ranks.
+"""Seeded stress test (issue #24, item 6): tests/scripts/stress.py, every kind of entry of the
+public API interleaved under random rank skew, on 3 ranks of one node and 2 emulated nodes of 2
+ranks.
 
 The seed is MPIALLREDUCE_STRESS_SEED, else drawn from the clock once per session; it is printed,
 and every failure message gives it with the command that replays the same operations (the
@@ -23,19 +24,22 @@ SCRIPT = TESTS / "scripts" / "stress.py"
 TIMEOUT = (
     240  # seconds per launch (a layout takes 5-40 s on 2 cores); a hang the script misses ends it
 )
-STALL = 45  # seconds without progress on a rank that the script itself reports as a hang, with its stacks
+# seconds without progress on a rank that the script itself reports as a hang, with its stacks
+STALL = 45
 SEED = int(os.environ.get("MPIALLREDUCE_STRESS_SEED") or time.time_ns() // 1000 % 1_000_000_000)
-#: operations per layout: across nodes each costs about 4 times as much (the suite's time: docs/performance.md)
+#: operations per layout: across nodes each costs about 4 times as much (the suite's time:
+#: docs/performance.md)
 OPS = {
     None: int(os.environ.get("MPIALLREDUCE_STRESS_OPS") or 300),
     2: int(os.environ.get("MPIALLREDUCE_STRESS_OPS") or 150),
 }
 EMULATED = os.geteuid() == 0 and shutil.which("unshare") is not None
 
-# (ranks, emulated nodes or None): ids as tests/test_emulated_nodes.py names layouts, nodes x ranks per node.
-# 3 ranks on one node (an odd count: every algorithm's folding, the shared window with a third rank)
-# and 2 nodes x 2 ranks (the paths between nodes); 2 and 4 ranks on one node add no entry or path
-# of their own, only time (the suite's: docs/performance.md); replay any layout with --seed S.
+# (ranks, emulated nodes or None): ids as tests/test_emulated_nodes.py names layouts, nodes x ranks
+# per node. 3 ranks on one node (an odd count: every algorithm's folding, the shared window with a
+# third rank) and 2 nodes x 2 ranks (the paths between nodes); 2 and 4 ranks on one node add no
+# entry or path of their own, only time (the suite's: docs/performance.md); replay any layout with
+# --seed S.
 LAYOUTS = [
     pytest.param(3, None, id="1x3"),
     pytest.param(
@@ -50,7 +54,8 @@ FINAL = re.compile(r"^stress: seed (\d+), ranks (\d+), (\d+) operations, (\d+) w
 
 def replay_command(nranks, nodes):
     return (
-        f"mpiallreduce launch -n {nranks}{f' --nodes {nodes}' if nodes else ''} --timeout {TIMEOUT} -- "
+        f"mpiallreduce launch -n {nranks}{f' --nodes {nodes}' if nodes else ''} "
+        f"--timeout {TIMEOUT} -- "
         f"python tests/scripts/stress.py --seed {SEED} --ops {OPS[nodes]}"
     )
 

@@ -27,7 +27,8 @@ ON = {"MPIALLREDUCE_TRACE_ENTRIES": "512"}  # (off by default: docs/faults.md sa
 
 
 def traced(tmp_path, scenario, nodes, algorithm="mpi", extra_flags=(), env=None):
-    """Run ``scenario`` with the dumps going to tmp_path/trace; (the run, the analysis, its text)."""
+    """Run ``scenario`` with the dumps going to tmp_path/trace; (the run, the analysis, its
+    text)."""
     folder = tmp_path / "trace"
     result = run(
         RANKS,
@@ -74,7 +75,8 @@ def test_nothing_is_dumped_without_a_fault_and_a_dump_on_demand_records_every_ca
         "import os, signal, time; assert not os.path.exists(os.environ['MPIALLREDUCE_TRACE_DIR'])\n"
         "child = os.fork()\n"  # (a worker stopped by its parent: it must not take the rank with it)
         "if child == 0: time.sleep(30); os._exit(0)\n"
-        "time.sleep(0.2); os.kill(child, signal.SIGTERM); assert os.waitpid(child, 0)[1] == signal.SIGTERM\n"
+        "time.sleep(0.2); os.kill(child, signal.SIGTERM); "
+        "assert os.waitpid(child, 0)[1] == signal.SIGTERM\n"
         "time.sleep(0.3)\n"
         "print('DUMPED', mar.dump_trace())\n"
     )
@@ -102,8 +104,8 @@ def test_nothing_is_dumped_without_a_fault_and_a_dump_on_demand_records_every_ca
 
 @pytest.mark.parametrize("nodes", LAYOUTS)
 def test_a_straggler_past_the_timeout_is_named_with_its_call(tmp_path, nodes):
-    """What tests/test_faults.py asks of a straggler (there for the ring, 4 ranks), for MPI_Allreduce,
-    then what the analyzer says of the dumps."""
+    """What tests/test_faults.py asks of a straggler (there for the ring, 4 ranks), for
+    MPI_Allreduce, then what the analyzer says of the dumps."""
     result, analysis, text = traced(tmp_path, "sleep_past_timeout", nodes)
     assert result.returncode == 0, text
     rows = [
@@ -238,7 +240,8 @@ def stopped_by_sigterm(tmp_path, scenario, nodes, env=()):
 def test_a_job_stopped_by_sigterm_leaves_every_ranks_dump_and_names_the_rank_that_hung(
     tmp_path, nodes
 ):
-    # (on one node the calls are not compared: MPI_Allreduce on the short path, recorded before it runs)
+    # (on one node the calls are not compared: MPI_Allreduce on the short path, recorded before it
+    # runs)
     unchecked = {} if nodes else {"MPIALLREDUCE_SIGNATURE_MIN_BYTES": "16M"}
     analysis, text = stopped_by_sigterm(tmp_path, "hang_until_stopped", nodes, unchecked)
     assert sorted(d["rank"] for d in analysis.dumps) == list(range(RANKS)), text

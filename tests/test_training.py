@@ -43,8 +43,8 @@ def assert_close(a, b, tolerance=TOLERANCE):
 
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 def test_p_ranks_with_batch_b_train_like_one_process_with_batch_pb(framework, tmp_path):
-    """numpy's program on 3 ranks, torch's on 2 (torch's import and first optimizer cost about 7 s of
-    CPU per process here), each against numpy's program in one process on the whole batch: the
+    """numpy's program on 3 ranks, torch's on 2 (torch's import and first optimizer cost about 7 s
+    of CPU per process here), each against numpy's program in one process on the whole batch: the
     ranks train as one process does, and the two frameworks' programs agree."""
     if framework == "torch":
         pytest.importorskip("torch")
@@ -233,7 +233,9 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
             statistics.median(
                 a - b
                 for a, b in zip(
-                    rows["horovod"]["rounds_step_s"], rows["none-horovod"]["rounds_step_s"]
+                    rows["horovod"]["rounds_step_s"],
+                    rows["none-horovod"]["rounds_step_s"],
+                    strict=True,
                 )
             ),
             0.0,
@@ -264,7 +266,8 @@ def test_the_end_to_end_benchmark_compares_every_contender_with_one_process(tmp_
 
 def test_a_medians_interval_is_the_order_statistics_tables_give():
     """The distribution-free 95% interval of a median: the k-th and (n+1-k)-th of n ordered values
-    (tables of the sign test: n=6: 1st and 6th, n=10: 2nd and 9th, n=25: 8th and 18th, n=50: 18th and 33rd)."""
+    (tables of the sign test: n=6: 1st and 6th, n=10: 2nd and 9th, n=25: 8th and 18th, n=50: 18th
+    and 33rd)."""
     from mpiallreduce.tools.train_table import median_interval
 
     for n, (first, last) in {6: (1, 6), 10: (2, 9), 25: (8, 18), 50: (18, 33)}.items():
@@ -280,7 +283,8 @@ def test_a_medians_interval_is_the_order_statistics_tables_give():
 
 def test_the_step_trace_splits_every_contenders_step_into_its_phases(tmp_path):
     """benchmarks/train_trace.py (make bench-trace), on a tiny transformer: a row per contender, the
-    forced overlap and at-wait variants included, each phase a time, and the phases within the step."""
+    forced overlap and at-wait variants included, each phase a time, and the phases within the
+    step."""
     pytest.importorskip("torch")
     out = tmp_path / "trace.txt"
     result = run(

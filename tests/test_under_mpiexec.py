@@ -1,4 +1,5 @@
-"""Everything that needs MPI, started from here under mpiexec with 1..5 ranks, each launch under a timeout."""
+"""Everything that needs MPI, started from here under mpiexec with 1..5 ranks, each launch under a
+timeout."""
 
 import json
 import os
@@ -35,7 +36,10 @@ def run_pytest(nranks, paths, timeout, extra_args=(), env=None, nodes=None):
 
 
 def explain(result):
-    return f"{' '.join(result.argv)}\nreturn code {result.returncode} after {result.seconds:.1f} s\n{result.output[-20000:]}"
+    return (
+        f"{' '.join(result.argv)}\nreturn code {result.returncode} after {result.seconds:.1f} s\n"
+        f"{result.output[-20000:]}"
+    )
 
 
 #: from 4 ranks on (oversubscribed on 2 cores) only what depends on the rank count beyond 1, 2 and 3
@@ -61,16 +65,17 @@ RANK_DEPENDENT = [
 AT_FIVE = ["test_correctness.py", "test_topology.py", "test_errors.py"]
 
 
-#: at 3 and 4 ranks, as at 6 (test_mesh_tests_on_six_ranks), every mesh axis through auto and the shared
-#: window only: the other algorithms along an axis run on a sub-communicator, as on the Split halves
-#: of test_correctness at 2 and 3 ranks and on the worlds of 2 and 3; at 2 ranks every algorithm goes
-#: through the mesh API (the suite's time: docs/performance.md)
+#: at 3 and 4 ranks, as at 6 (test_mesh_tests_on_six_ranks), every mesh axis through auto and the
+#: shared window only: the other algorithms along an axis run on a sub-communicator, as on the Split
+#: halves of test_correctness at 2 and 3 ranks and on the worlds of 2 and 3; at 2 ranks every
+#: algorithm goes through the mesh API (the suite's time: docs/performance.md)
 MESH_AXES_THROUGH_AUTO = ["-k", "not test_every_axis_of_every_mesh or auto or shared_memory"]
 
 
-#: what runs elsewhere at that rank count: the device stand-in's tests (tests/mpi/test_device.py) at 2
-#: ranks, a selection of them (mappings closed, kernels followed, round trips, strided arrays) in the
-#: GPU check's dry run at 2 and 3 ranks (tests/test_device_check.py); the whole file runs at 1 and 3
+#: what runs elsewhere at that rank count: the device stand-in's tests (tests/mpi/test_device.py) at
+#: 2 ranks, a selection of them (mappings closed, kernels followed, round trips, strided arrays) in
+#: the GPU check's dry run at 2 and 3 ranks (tests/test_device_check.py); the whole file runs at 1
+#: and 3
 ELSEWHERE = {2: ["test_device.py"]}
 
 
@@ -310,7 +315,8 @@ def bench_run(tmp_path_factory):
 def test_bench_prints_the_field_columns_for_every_contender_with_no_wrong_elements(bench_run):
     result, _ = bench_run
     assert result.returncode == 0, explain(result)
-    # (issue 58: the gain table says what each column holds, "best of ours" leaving out auto and mpi)
+    # (issue 58: the gain table says what each column holds, "best of ours" leaving out auto and
+    # mpi)
     assert "best of ours: the fastest hand-written\nalgorithm (not auto, not mpi)" in result.output
     rows = BENCH_ROW.findall(result.output)
     import mpiallreduce
@@ -427,10 +433,12 @@ def test_a_planted_wrong_result_is_counted_and_a_failing_contender_recorded(tmp_
         ("ring", "4096", "1"),
         ("ring", "65536", "1"),
     ], explain(result)
-    # (at the first size the probe's call plans again and agrees on it; at the next the planner refuses at once)
+    # (at the first size the probe's call plans again and agrees on it; at the next the planner
+    # refuses at once)
     failed = re.findall(
         r"^\s*(\d+)\s+out\s+device_to_device FAILED: rank 0: ValueError: (?:allreduce arguments "
-        r"rejected on ranks 0, 1 of 2: rank 0: ValueError: )?the device_to_device algorithm maps the "
+        r"rejected on ranks 0, 1 of 2: rank 0: ValueError: )?"
+        r"the device_to_device algorithm maps the "
         r"peers' device memory \(CUDA IPC\), which",
         result.output,
         re.M,
@@ -644,7 +652,7 @@ def test_tune_writes_the_table_auto_then_reads(tmp_path):
     assert result.returncode == 0, explain(result)
     from mpiallreduce.core.tuning import DEFAULT_TABLE
 
-    shipped, kept = json.loads(open(DEFAULT_TABLE).read()), json.loads(fresh.read_text())
+    shipped, kept = json.loads(Path(DEFAULT_TABLE).read_text()), json.loads(fresh.read_text())
     assert all(
         kept[key] == shipped[key] for key in ("by_ranks", "by_ranks_in_place", "by_nodes", "device")
     )
@@ -722,8 +730,8 @@ def test_a_singleton_inside_a_slurm_step_of_several_tasks_is_refused():
     )
     assert refused.returncode != 0
     assert (
-        "SingletonUnderSlurm: Slurm started 4 tasks in this step (task 3), but MPI sees a world of 1 rank"
-        in refused.stderr
+        "SingletonUnderSlurm: Slurm started 4 tasks in this step (task 3), "
+        "but MPI sees a world of 1 rank" in refused.stderr
     ), refused.stderr
     assert "srun --mpi=pmix" in refused.stderr
     allowed = subprocess.run(

@@ -52,7 +52,8 @@ SYMMETRIC_ALGORITHMS = tuple(
 
 
 def check_algorithm_name(algorithm, on_device):
-    """Raise TypeError/ValueError unless ``algorithm`` is "auto" or a known name that suits the memory."""
+    """Raise TypeError/ValueError unless ``algorithm`` is "auto" or a known name that suits the
+    memory."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a string, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm == "auto":

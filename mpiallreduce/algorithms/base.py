@@ -55,8 +55,8 @@ class Algorithm:
     messages_only = False
     #: where ``execute`` takes ``signature=`` (mpiallreduce.core.consistency.CarriedSignature), the
     #: call's comparison across the ranks, made in place of a step of its own (no extra collective):
-    #: "shared slots" (on one node, in place of a barrier) or "messages" (across nodes, in its rounds'
-    #: messages); None where it carries none
+    #: "shared slots" (on one node, in place of a barrier) or "messages" (across nodes, in its
+    #: rounds' messages); None where it carries none
     carries_signature = None
     #: True when one rank reduces each element from every rank's contribution at once (through
     #: ``reduce_in_rank_order_into``), never from partial results: a reproducible sum then runs
@@ -72,11 +72,12 @@ class Algorithm:
     #: subclass whose ``execute`` takes no ``finish=`` sets it False again, as staged_ring does)
     finishes_slices = False
     #: True when it runs only on symmetric buffers (mpiallreduce.core.symmetric): ``execute`` takes
-    #: ``peers=``, the call's Placement, and the planner picks it only where the arrays are symmetric
+    #: ``peers=``, the call's Placement, and the planner picks it only where the arrays are
+    #: symmetric
     needs_symmetric = False
-    #: True when its MPI calls are MPI's own collectives (on the call's communicator, or on the node,
-    #: leaders' or rails' communicators of it, found through ``within``): a timed call then runs
-    #: them on a communicator of its own, each wait bounded (mpiallreduce.faults.bounded)
+    #: True when its MPI calls are MPI's own collectives (on the call's communicator, or on the
+    #: node, leaders' or rails' communicators of it, found through ``within``): a timed call then
+    #: runs them on a communicator of its own, each wait bounded (mpiallreduce.faults.bounded)
     bounded_collectives = False
     #: True when ``execute`` takes ``sequence=``, the call's number (the same on every rank)
     takes_call_number = False
@@ -86,9 +87,9 @@ class Algorithm:
     unbounded_when_timed = False
 
     def bind_runs(self, execution):
-        """``run(send, recv, sequence, watch)``: the repeated untimed runs of Execution ``execution``
-        on host arrays, bound once (the executor's, in place of planning and executing each time),
-        or None (the default) where the algorithm has no such path."""
+        """``run(send, recv, sequence, watch)``: the repeated untimed runs of Execution
+        ``execution`` on host arrays, bound once (the executor's, in place of planning and executing
+        each time), or None (the default) where the algorithm has no such path."""
         return None
 
     def can_carry(self, size, nbytes):
@@ -100,14 +101,16 @@ class Algorithm:
         something that is collective to make (shared_memory: a larger window). Such a run is made on
         the caller's thread (mpiallreduce.core.call), never on the asynchronous worker: Open MPI
         gives communicators and windows their ids in one order across threads, so one made on the
-        worker while the caller's thread (the user's code, or the library) makes another can hang."""
+        worker while the caller's thread (the user's code, or the library) makes another can
+        hang."""
         return False
 
     def set_up(self, comm, nbytes):
         """Make what ``needs_set_up`` says is missing (collective over ``comm``)."""
 
     def plan(self, size, rank, count):
-        """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no communication."""
+        """Return a plan for ``count`` elements on rank ``rank`` of ``size`` ranks; no
+        communication."""
         raise NotImplementedError
 
     def execute(self, plan, comm, send, recv, op, datatype):
@@ -123,7 +126,7 @@ class Algorithm:
         """
         raise NotImplementedError
 
-    @functools.lru_cache(maxsize=1024)
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 - REGISTRY's instances live as long anyway
     def cached_plan(self, size, rank, count):
         return self.plan(size, rank, count)
 
@@ -153,8 +156,8 @@ class CallTags:
     )
     # (the last slot is left out: its top tag, MPI_TAG_UB, carries the control messages)
 
-    #: where in a call's slot the signature comparison's messages go (mpiallreduce.core.consistency),
-    #: above every algorithm's tags (all below 512)
+    #: where in a call's slot the signature comparison's messages go
+    #: (mpiallreduce.core.consistency), above every algorithm's tags (all below 512)
     SIGNATURE_BASE = 512
 
     def __init__(self, comm, sequence, watch=None, base=0, collectives=None):
@@ -247,8 +250,8 @@ class CallTags:
         return self._posted(self.comm.Irecv(buf, source, tag + self.offset))
 
     def _posted(self, request):
-        """A request the algorithm waits for later (posted ahead, say): its watch keeps it, so that a
-        call given up leaves it behind too, not only the requests of the wait that ended."""
+        """A request the algorithm waits for later (posted ahead, say): its watch keeps it, so that
+        a call given up leaves it behind too, not only the requests of the wait that ended."""
         if self.watch is not None:
             self.watch.posted.append(request)
         return request
@@ -264,7 +267,8 @@ def within(comm, derive):
 
 
 def wait_all(comm, requests):
-    """Wait for ``requests`` posted on ``comm``: through its PeerWatch when it has one (CallTags)."""
+    """Wait for ``requests`` posted on ``comm``: through its PeerWatch when it has one
+    (CallTags)."""
     watch = getattr(comm, "watch", None)
     if watch is None:
         from mpi4py import MPI
@@ -276,7 +280,8 @@ def wait_all(comm, requests):
 
 class OneNodeSlicedAlgorithm(Algorithm):
     """Base for algorithms in which every rank of one node reduces its own slice by reading its
-    peers' memory (a shared window, or GPU memory through CUDA IPC), then copies the others' slices."""
+    peers' memory (a shared window, or GPU memory through CUDA IPC), then copies the others'
+    slices."""
 
     needs_one_node = True
 
@@ -285,7 +290,8 @@ class OneNodeSlicedAlgorithm(Algorithm):
 
 
 def split_evenly(count, parts):
-    """Offsets and counts of ``parts`` contiguous chunks covering ``count`` elements, sizes differing by <= 1.
+    """Offsets and counts of ``parts`` contiguous chunks covering ``count`` elements, sizes
+    differing by <= 1.
 
     The first ``count % parts`` chunks get one element more, as ``numpy.array_split`` does.
     """
@@ -305,7 +311,7 @@ class SlicesPlan:
 def slices_plan(size, count):
     """A SlicesPlan cutting ``count`` elements into ``size`` contiguous slices (split_evenly's)."""
     offsets, counts = split_evenly(count, size)
-    return SlicesPlan(tuple((o, o + n) for o, n in zip(offsets, counts)))
+    return SlicesPlan(tuple((o, o + n) for o, n in zip(offsets, counts, strict=False)))
 
 
 def ring_neighbours(size, rank):
@@ -314,9 +320,9 @@ def ring_neighbours(size, rank):
 
 
 def reduce_in_rank_order_into(op, pieces, out):
-    """out = pieces[0] (op) pieces[1] (op) ... left to right: one fixed order, the same bits wherever
-    it runs. ``out`` may be one of the pieces only if it is ``pieces[0]`` or ``pieces[1]``. An exact
-    op (a reproducible sum) sums every piece at once instead."""
+    """out = pieces[0] (op) pieces[1] (op) ... left to right: one fixed order, the same bits
+    wherever it runs. ``out`` may be one of the pieces only if it is ``pieces[0]`` or ``pieces[1]``.
+    An exact op (a reproducible sum) sums every piece at once instead."""
     if op.exact:
         op.reduce_all_into(pieces, out)
         return

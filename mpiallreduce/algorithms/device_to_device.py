@@ -58,7 +58,8 @@ _COMBINE = {
 
 
 def rank_order_operation(op_name, count):
-    """The kernel's operation: ``result = ((in0 + in1) + in2) ...``, inputs combined left to right."""
+    """The kernel's operation: ``result = ((in0 + in1) + in2) ...``, inputs combined left to
+    right."""
     expression = "in0"
     for i in range(1, count):
         expression = _COMBINE[op_name].format(a=expression, b=f"in{i}")
@@ -140,14 +141,16 @@ class DeviceToDeviceAllreduce(OneNodeSlicedAlgorithm):
 
 
 class PeerMappings:
-    """The peers' allocations this call mapped into this process (by IPC handle), closed at its end."""
+    """The peers' allocations this call mapped into this process (by IPC handle), closed at its
+    end."""
 
     def __init__(self, xp):
         self.xp = xp
         self.bases = {}
 
     def base(self, handle):
-        """Where the peer's allocation of ``handle`` starts in this process (opened once per call)."""
+        """Where the peer's allocation of ``handle`` starts in this process (opened once per
+        call)."""
         base = self.bases.get(handle)
         if base is None:
             runtime = self.xp.cuda.runtime
@@ -179,9 +182,9 @@ RECORD_BYTES = IPC_HANDLE_BYTES + 8 + 8
 
 
 def exchange_handles(comm, xp, arrays):
-    """Every rank's (IPC handle, offset, device id) for each of ``arrays``: one allgather, rows by rank.
-    A rank that cannot synchronize its stream or export its memory says so in that allgather (a
-    status byte), and every rank raises."""
+    """Every rank's (IPC handle, offset, device id) for each of ``arrays``: one allgather, rows by
+    rank. A rank that cannot synchronize its stream or export its memory says so in that allgather
+    (a status byte), and every rank raises."""
     mine = np.zeros(1 + len(arrays) * RECORD_BYTES, dtype=np.uint8)  # status, then the records
     error = None
     try:
@@ -223,7 +226,9 @@ def peer_arrays(comm, xp, arrays, handles, mappings):
     rank = comm.Get_rank()
     views = [[None] * len(handles) for _ in arrays]
     for q, entries in enumerate(handles):
-        for i, (array, (handle, offset, device_id)) in enumerate(zip(arrays, entries)):
+        for i, (array, (handle, offset, device_id)) in enumerate(
+            zip(arrays, entries, strict=False)
+        ):
             if q == rank:
                 views[i][q] = array
                 continue

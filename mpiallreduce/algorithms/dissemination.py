@@ -1,4 +1,5 @@
-"""Dissemination: every rank gathers every rank's input (Bruck's allgather), then reduces them all itself.
+"""Dissemination: every rank gathers every rank's input (Bruck's allgather), then reduces them all
+itself.
 
 Rank r holds the blocks of ranks r, r-1, r-2, ... (mod p); in round k it sends the first ones it
 holds to r + 2^k and appends what comes from r - 2^k; the last round sends only what is missing.
@@ -22,8 +23,8 @@ blocks, or the codes alone; a message of a call given up calls_apart calls ago, 
 tags, is dropped by its number). The result is written only after the last round, once the codes
 agree.
 
-    round k:   head: codes + the first blocks (<= 60 KiB)   tag + k         posted ahead
-               tail: the rest of the blocks, if any         tag + k + 256   posted once the head is in
+    round k:   head: codes + the first blocks (<= 60 KiB)  tag + k        posted ahead
+               tail: the rest of the blocks, if any        tag + k + 256  posted once the head is in
                (past one head, the blocks go half in each while a half fits: both eager on TCP)
 """
 
@@ -55,7 +56,8 @@ HEADER = _CODES.size
 @dataclass(frozen=True)
 class DisseminationPlan:
     size: int
-    #: per round: (send to, receive from, blocks sent: this rank's first ones, the block they land at)
+    #: per round: (send to, receive from, blocks sent: this rank's first ones, the block they land
+    #: at)
     rounds: tuple[tuple[int, int, int, int], ...]
 
     def largest_message(self, nbytes):
@@ -134,7 +136,8 @@ class DisseminationAllreduce(Algorithm):
             return None
         handle, code, op = state.library.handle, execution.code, execution.op
 
-        def fresh():  # (the buffer, its blocks in rank order, its address; a new one after a call given up)
+        # (the buffer, its blocks in rank order, its address; a new one after a call given up)
+        def fresh():
             space = aligned_empty(HEADER + size * nbytes + SIGNATURE_MESSAGE_BYTES, np.uint8)
             blocks = (
                 space[HEADER : HEADER + size * nbytes].view(execution.dtype).reshape(size, count)
@@ -206,10 +209,10 @@ class DisseminationAllreduce(Algorithm):
             reduce_in_order(op, pieces, recv)  # (float errors masked by the executor)
 
         if by_mpi(op, execution.dtype):
-            #: what the compiled short path binds to run the same call itself (core.compiled.short_path):
-            #: its buffer (held[2]: the address), ``resume``, the tags, the capacity, this module's
-            #: variables of signature_messages (SPIN_SECONDS and SPIN_SECONDS_PER_BYTE, read at each call)
-            #: and the tails' offset
+            #: what the compiled short path binds to run the same call itself
+            #: (core.compiled.short_path): its buffer (held[2]: the address), ``resume``, the tags,
+            #: the capacity, this module's variables of signature_messages (SPIN_SECONDS and
+            #: SPIN_SECONDS_PER_BYTE, read at each call) and the tails' offset
             run.compiled = (
                 held,
                 resume,
@@ -260,7 +263,8 @@ def rounds(plan, tags, space, nbytes, high, negated, tag, sequence=None, first=0
 
 
 def split(nbytes):
-    """(head, tail): how many of a message's ``nbytes`` of blocks go behind its codes, and in its tail."""
+    """(head, tail): how many of a message's ``nbytes`` of blocks go behind its codes, and in its
+    tail."""
     room = SIGNATURE_MESSAGE_BYTES - HEADER
     head = (
         nbytes if nbytes <= room else min(room, (nbytes + 1) // 2)
@@ -306,9 +310,9 @@ def finish_round(
             ):  # (uncompared: the lengths say so, on each rank that receives another length)
                 wait_all(tags, requests[1:])
                 raise ValueError(
-                    f"rank {tags.Get_rank()}: dissemination received {length} bytes of blocks from rank "
-                    f"{source} where this call sends {count * nbytes}: the ranks' calls differ in size "
-                    f"(their signatures are not compared: a prepared call, or below "
+                    f"rank {tags.Get_rank()}: dissemination received {length} bytes of blocks from "
+                    f"rank {source} where this call sends {count * nbytes}: the ranks' calls "
+                    f"differ in size (their signatures are not compared: a prepared call, or below "
                     f"MPIALLREDUCE_SIGNATURE_MIN_BYTES)"
                 )
     wait_all(tags, requests[1:])

@@ -1,4 +1,5 @@
-"""Hierarchical: reduce within each node, allreduce among one leader per node, broadcast within each.
+"""Hierarchical: reduce within each node, allreduce among one leader per node, broadcast within
+each.
 
     node 0: ranks 0 1 2           node 1: ranks 3 4 5
     step 1  MPI_Reduce to the node leader          0 <- 1, 2            3 <- 4, 5

@@ -3,8 +3,8 @@
     every rank:  MPI_Allreduce(send or MPI_IN_PLACE, recv, count, datatype, op, comm)
 
 Who sends what to whom is the library's choice (Open MPI's coll/tuned picks recursive doubling,
-ring, segmented ring or Rabenseifner by size and rank count; see docs/field-notes.md). This is the reference
-every hand-written algorithm is checked and timed against. Types MPI cannot reduce itself
+ring, segmented ring or Rabenseifner by size and rank count; see docs/field-notes.md). This is the
+reference every hand-written algorithm is checked and timed against. Types MPI cannot reduce itself
 (float16) go through a user-defined op that runs the numpy ufunc. In a timed call it is
 ``MPI_Iallreduce`` on the timed calls' own communicator, waited for at most the timeout
 (mpiallreduce.faults.bounded).

@@ -15,8 +15,8 @@ flight, as ring_pipelined's: segment k is reduced while segment k+1 travels, fro
 cache (one node: less overlap than locality).
 
 Each link carries 2(p-1)/p of the buffer, as the ring's does, in 2 rounds of p-1 concurrent
-messages instead of 2(p-1) steps one after the other. Each slice is reduced once, by one rank, in one
-order: the same bits everywhere. Because one rank holds every contribution of an element, a
+messages instead of 2(p-1) steps one after the other. Each slice is reduced once, by one rank, in
+one order: the same bits everywhere. Because one rank holds every contribution of an element, a
 reproducible sum (mpiallreduce.reproducible) sums it exactly straight from the floats (the direct
 route), across nodes as well, where pairwise algorithms must reduce fixed-point words instead.
 """

@@ -70,7 +70,9 @@ class RabenseifnerAllreduce(Algorithm):
             window = keep
             distance //= 2
         allgather = []
-        for (partner, _, _), (give, keep) in zip(reversed(reduce_scatter), reversed(windows)):
+        for (partner, _, _), (give, keep) in zip(
+            reversed(reduce_scatter), reversed(windows), strict=True
+        ):
             # what this rank kept it now sends; what it gave away comes back reduced
             allgather.append((partner, elements(*keep), elements(*give)))
         largest = max((stop - start for _, _, (start, stop) in reduce_scatter), default=0)

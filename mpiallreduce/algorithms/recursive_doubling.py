@@ -55,7 +55,9 @@ class RecursiveDoublingAllreduce(Algorithm):
         if send is not None:
             if folds or not plan.exchange_partners:
                 copy_into(recv, send)
-            else:  # the first round sends the input where it lies and writes its reduction into recv: no copy
+            else:
+                # the first round sends the input where it lies and writes its reduction into recv:
+                # no copy
                 mine = send
         incoming = scratch("recursive_doubling.incoming", recv.size, recv.dtype, like=recv)
         if fold_in(plan.fold, comm, recv, incoming, op, datatype):

@@ -76,7 +76,8 @@ class RingAllreduce(Algorithm):
 
     def execute(self, plan, comm, send, recv, op, datatype, finish=None):
         # No copy of the input into recv first: step 0 sends from the input and every reduction
-        # writes input (op) incoming into recv; chunks this rank never reduces arrive in the allgather.
+        # writes input (op) incoming into recv; chunks this rank never reduces arrive in the
+        # allgather.
         source = recv if send is None else send
         bounds = chunk_bounds(plan)
         incoming = scratch("ring.incoming", max(plan.chunk_counts), recv.dtype, like=recv)
@@ -105,7 +106,7 @@ class RingAllreduce(Algorithm):
 
 def chunk_bounds(plan):
     """[(start, stop)] of every chunk, in elements."""
-    return [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts)]
+    return [(o, o + n) for o, n in zip(plan.chunk_offsets, plan.chunk_counts, strict=False)]
 
 
 def ring_allgather(plan, comm, recv, datatype, received=None):

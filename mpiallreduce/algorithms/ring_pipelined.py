@@ -1,10 +1,12 @@
-"""Pipelined ring: the ring's schedule, with each reduce-scatter chunk sent in segments, two in flight.
+"""Pipelined ring: the ring's schedule, with each reduce-scatter chunk sent in segments, two in
+flight.
 
 The chunks and steps are the ring's (ring.py). Within one reduce-scatter step, the chunk is cut into
 segments of SEGMENT_BYTES; while segment k is reduced, segment k+1 is already posted (Isend to the
 right, Irecv from the left into the other of two segment buffers):
 
-    time ->   post s0 | post s1, wait s0, reduce s0 | post s2, wait s1, reduce s1 | ... | wait sN, reduce sN
+    time ->   post s0 | post s1, wait s0, reduce s0 | post s2, wait s1, reduce s1
+              | ... | wait sN, reduce sN
 
 On one node the win is less overlap than locality: a segment arrives into a small buffer that is
 still in cache when it is reduced, instead of a chunk-sized buffer that went out to memory. The
@@ -20,8 +22,9 @@ from .base import wait_all
 from .ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, RingAllreduce, chunk_bounds
 
 #: segment size: `mpiallreduce bench --algorithms ring,ring_pipelined --sizes 1M,4M,16M,64M` with
-#: MPIALLREDUCE_RING_SEGMENT_BYTES (mpiallreduce.settings; the ranks must agree on it) at 64 KiB, 256 KiB, 1 MiB and 4 MiB, 2 ranks
-#: here: 1 MiB was best or within noise of best at 4-64 MiB in three runs of four (64 KiB was worst)
+#: MPIALLREDUCE_RING_SEGMENT_BYTES (mpiallreduce.settings; the ranks must agree on it) at 64 KiB,
+#: 256 KiB, 1 MiB and 4 MiB, 2 ranks here: 1 MiB was best or within noise of best at 4-64 MiB in
+#: three runs of four (64 KiB was worst)
 
 
 class PipelinedRingAllreduce(RingAllreduce):

@@ -3,10 +3,11 @@
 The ranks (all on one node) share an MPI-3 window (``Win.Allocate_shared``) with one segment per
 rank. The buffer is cut into p slices s0..s(p-1). p = 3:
 
-    step 1   rank q copies its input into segment q               seg0 = x0, seg1 = x1, seg2 = x2
+    step 1   rank q copies its input into segment q              seg0 = x0, seg1 = x1, seg2 = x2
              (and its call's signature code, mpiallreduce.core.slots)
-    --- barrier ---                                               (or: wait for the p codes, compare)
-    step 2   rank r reduces slice r over all segments, in rank order, and publishes it in its segment
+    --- barrier ---                                              (or: wait for the p codes, compare)
+    step 2   rank r reduces slice r over all segments, in rank order, and publishes it in its
+             segment
              rank 0: s0 = seg0[s0] + seg1[s0] + seg2[s0]   rank 1: s1 = ...   rank 2: s2 = ...
     --- barrier ---
     step 3   rank r copies slice q out of segment q, for every q
@@ -28,7 +29,8 @@ MIN_WINDOW_BYTES = 1 << 16
 
 
 class SharedWindow:
-    """A shared window with two halves per rank, each ``half_bytes`` long, and numpy views of all."""
+    """A shared window with two halves per rank, each ``half_bytes`` long, and numpy views of
+    all."""
 
     def __init__(self, node, half_bytes):
         self.half_bytes = half_bytes
@@ -62,7 +64,8 @@ class SharedWindow:
 
 
 def shared_window(comm, nbytes):
-    """A SharedWindow over ``comm`` with halves of at least ``nbytes`` (collective when it grows)."""
+    """A SharedWindow over ``comm`` with halves of at least ``nbytes`` (collective when it
+    grows)."""
     if isinstance(comm, CallTags):  # (a timed call's: the window is its communicator's)
         comm = comm.comm
     current = cached(comm, "shared_window", lambda: None)
@@ -109,7 +112,8 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
         segments = window.halves(recv.nbytes, recv.dtype, sequence)
         rank = comm.Get_rank()
 
-        # Step 1: publish this rank's input (and its signature code, which then stands for the barrier)
+        # Step 1: publish this rank's input (and its signature code, which then stands for the
+        # barrier)
         np.copyto(segments[rank], recv if send is None else send)
         if signature is None:
             window.fence(comm)

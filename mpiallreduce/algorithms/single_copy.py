@@ -23,9 +23,9 @@ slice is reduced once, by one rank, in one order: the same bits everywhere. A re
 The arrival is never a bare barrier: a rank whose call runs on other symmetric arrays (another
 prepared call, say) must not meet this one there, or each would read and write arrays the other
 never passed; the code compared names the allocation and offsets of both arrays, so such calls
-raise SignatureMismatch on every rank before anything is written. A peer writes this rank's output only after every rank has arrived, so
-nothing is written before the call is known to run; a rank that dies during step 1 leaves the
-outputs part written (as MPI's shared-memory collectives do).
+raise SignatureMismatch on every rank before anything is written. A peer writes this rank's output
+only after every rank has arrived, so nothing is written before the call is known to run; a rank
+that dies during step 1 leaves the outputs part written (as MPI's shared-memory collectives do).
 """
 
 from .base import OneNodeSlicedAlgorithm, reduce_in_rank_order_into
@@ -61,7 +61,8 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
         rank = comm.Get_rank()
         if signature is None:  # (the executor always gives one: Execution._reduce)
             raise ValueError(
-                "single_copy compares where the arrays lie on arrival; it was given nothing to compare"
+                "single_copy compares where the arrays lie on arrival; it was given nothing to "
+                "compare"
             )
         peers.sync()
         if signature.shared():

@@ -1,13 +1,14 @@
-"""Staged ring for device arrays on an MPI that is not CUDA-aware: pinned host buffers, three streams.
+"""Staged ring for device arrays on an MPI that is not CUDA-aware: pinned host buffers, three
+streams.
 
 The ring of ring.py (reduce-scatter, then allgather; same chunks, same steps), with each chunk cut
 into segments whose copies and transfers overlap. Reductions run on the GPU. For one
 reduce-scatter step, segments k = 0, 1, 2, ... of the chunk sent and of the chunk received:
 
-    d2h stream     copy seg 0 out | copy seg 1 out | copy seg 2 out |
-    MPI (host)                    | send/recv seg 0| send/recv seg 1| send/recv seg 2 |
-    h2d stream                                     | copy seg 0 in  | copy seg 1 in   | copy seg 2 in
-    current stream                                                 | reduce seg 0    | reduce seg 1 ...
+  d2h stream     copy seg 0 out | copy seg 1 out | copy seg 2 out |
+  MPI (host)                    | send/recv seg 0| send/recv seg 1| send/recv seg 2|
+  h2d stream                                     | copy seg 0 in  | copy seg 1 in  | copy seg 2 in
+  current stream                                                  | reduce seg 0   | reduce seg 1...
 
 so the device-to-host copy of one segment, the MPI transfer of another and the host-to-device copy
 (and reduction) of a third run at once. Pinned buffers and device landing buffers alternate
@@ -105,7 +106,7 @@ class StagedRingAllreduce(RingAllreduce):
                 for c, d in recv_segments
             ]
             sends = []
-            for (a, b), copied in zip(send_segments, copied_out):
+            for (a, b), copied in zip(send_segments, copied_out, strict=True):
                 copied.synchronize()
                 sends.append(
                     comm.Isend(
@@ -113,7 +114,7 @@ class StagedRingAllreduce(RingAllreduce):
                     )
                 )
             h2d.wait_event(reduced)  # landed[parity] was last read by an earlier step's reductions
-            for (c, d), request in zip(recv_segments, receives):
+            for (c, d), request in zip(recv_segments, receives, strict=True):
                 wait_all(comm, [request])
                 landed[parity][c - r0 : d - r0].set(arrived[parity][c - r0 : d - r0], stream=h2d)
                 compute.wait_event(event_on(xp, h2d))

@@ -48,7 +48,8 @@ class TwoLevelAllreduce(Algorithm):
         if len(set(sizes)) > 1:  # (the same sizes on every rank: every rank raises)
             raise ValueError(
                 f"the two_level algorithm needs the same number of ranks on every node; these "
-                f"{len(sizes)} nodes have {', '.join(map(str, sizes))} (use algorithm='hierarchical')"
+                f"{len(sizes)} nodes have {', '.join(map(str, sizes))} (use "
+                "algorithm='hierarchical')"
             )
         node = within(comm, node_communicator)
         rail = within(comm, rail_communicator)

@@ -1,9 +1,10 @@
-"""Buffers: which arrays are accepted, their MPI datatypes, and the flat buffers an algorithm works on.
+"""Buffers: which arrays are accepted, their MPI datatypes, and the flat buffers an algorithm works
+on.
 
 Every algorithm sees one-dimensional C-contiguous arrays: an optional send buffer (``None`` when the
 call is in place) and a receive buffer that ends up holding the result. This module turns what the
-user passed (any shape, strided or not, ``out`` or not) into those, and copies the result back where a
-contiguous view was not possible. Device arrays (CuPy, or the test stand-in) get the same
+user passed (any shape, strided or not, ``out`` or not) into those, and copies the result back where
+a contiguous view was not possible. Device arrays (CuPy, or the test stand-in) get the same
 treatment through their own array module (``xp``), which has the same names as numpy.
 """
 
@@ -48,7 +49,8 @@ def array_module(x):
 
 
 def views(a, b):
-    """Whether flat ``a`` is a view of ``b``'s memory (a prepared call's input: no refresh needed)."""
+    """Whether flat ``a`` is a view of ``b``'s memory (a prepared call's input: no refresh
+    needed)."""
     return a.size == b.size and array_module(a).may_share_memory(a, b)
 
 
@@ -78,7 +80,8 @@ def check_array(x, name="x"):
         if type(x).__module__.split(".")[0] == "torch":
             where = getattr(getattr(x, "device", None), "type", "?")
             raise TypeError(
-                f"{name} is a torch.Tensor ({where}); use mpiallreduce.torch.allreduce({name}), or pass "
+                f"{name} is a torch.Tensor ({where}); use mpiallreduce.torch.allreduce({name}), "
+                "or pass "
                 + (
                     f"{name}.numpy() (a numpy array sharing its memory)"
                     if where == "cpu"
@@ -93,7 +96,8 @@ def check_array(x, name="x"):
         if foreign_device_array(x):
             raise TypeError(
                 f"{name} is a device array of type {type(x).__module__}.{type(x).__qualname__}; "
-                f"pass a CuPy array instead (cupy.from_dlpack({name}) shares the memory without a copy)"
+                f"pass a CuPy array instead (cupy.from_dlpack({name}) shares the memory "
+                "without a copy)"
             )
         raise TypeError(
             f"{name} must be a numpy.ndarray or cupy.ndarray, "
@@ -151,15 +155,18 @@ def _datatype_for(dtype):
 
 
 def mpi_datatype(dtype):
-    """The MPI datatype for one element of ``dtype``: predefined where MPI has one (cached; never free it)."""
+    """The MPI datatype for one element of ``dtype``: predefined where MPI has one (cached; never
+    free it)."""
     return _datatype_for(np.dtype(dtype))
 
 
 def aligned_empty(count, dtype, alignment=4096):
-    """An uninitialised 1-D array of ``count`` elements whose data starts on an ``alignment`` boundary.
+    """An uninitialised 1-D array of ``count`` elements whose data starts on an ``alignment``
+    boundary.
 
     Page-aligned buffers keep an input and an output from sitting a few bytes apart modulo 4 KiB,
-    which made MPI_Allreduce about 2x slower here at 4-64 KiB (cache aliasing; see docs/field-notes.md).
+    which made MPI_Allreduce about 2x slower here at 4-64 KiB (cache aliasing; see
+    docs/field-notes.md).
     """
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
@@ -180,8 +187,8 @@ def scratch(slot, count, dtype, like=None):
     """A reusable 1-D work array of ``count`` elements, one per (thread, slot); grown, never shrunk.
 
     Algorithms receive into scratch memory instead of allocating per call: a fresh allocation every
-    call made 1-16 MiB allreduces about 1.6x slower here (docs/field-notes.md). The contents are garbage.
-    With ``like`` a device array, the scratch array is device memory of the same library.
+    call made 1-16 MiB allreduces about 1.6x slower here (docs/field-notes.md). The contents are
+    garbage. With ``like`` a device array, the scratch array is device memory of the same library.
     """
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
@@ -231,7 +238,8 @@ def _flat_view(a):
 
 
 def flat_buffers(x, out):
-    """Plan the flat send/receive buffers for ``allreduce(x, out=out)``; never modifies ``x`` unless out is x."""
+    """Plan the flat send/receive buffers for ``allreduce(x, out=out)``; never modifies ``x`` unless
+    out is x."""
     xp = array_module(x)
     overlapping = out is not None and out is not x and xp.may_share_memory(out, x)
     in_place = out is x or (overlapping and _same_elements(out, x))
@@ -261,5 +269,6 @@ def _address(a):
 
 
 def _same_elements(a, b):
-    """Whether two arrays of one shape and dtype view exactly the same memory, element for element."""
+    """Whether two arrays of one shape and dtype view exactly the same memory, element for
+    element."""
     return _address(a) == _address(b) and a.strides == b.strides

@@ -14,7 +14,8 @@ caller's thread, in program order; then planned and run by the executor.
                        call, the short path of the next repeat), the flat buffers, the run
     Prepared(call)     ``prepare``: agreed on once, then run many times (mpiallreduce.core.prepared)
 
-Every entry builds a Call: ``allreduce(_async)``, ``prepare``, GradientSync, ``psum`` & co., ``.torch``.
+Every entry builds a Call: ``allreduce(_async)``, ``prepare``, GradientSync, ``psum`` & co.,
+``.torch``.
 """
 
 import numpy as np
@@ -52,7 +53,8 @@ def check_comm(comm):
 
 
 def _op_of(op, reproducible):
-    """The ReduceOp a call runs: ``op`` itself, or its reproducible sum (mpiallreduce.reproducible)."""
+    """The ReduceOp a call runs: ``op`` itself, or its reproducible sum
+    (mpiallreduce.reproducible)."""
     if not reproducible:  # (the general path of every call: no import here)
         return get_op(op)
     from ..reproducible.routes import EXACT_OPS
@@ -169,7 +171,8 @@ class Call:
             ) as aborted:  # (a peer gave up its timed call, this one: its number taken)
                 state.number()
                 if rejected is not None:
-                    raise rejected from aborted  # (this rank's own error, as where the set-up was done)
+                    # (this rank's own error, as where the set-up was done)
+                    raise rejected from aborted
                 raise
         call.reduce_op = call.execution = None
         call.sequence = state.number()
@@ -243,7 +246,8 @@ class Call:
         return run_in_order(state, self.run)
 
     def _meet(self):
-        """A timed call's rendezvous (the same on every rank: it is collective), then the state ready."""
+        """A timed call's rendezvous (the same on every rank: it is collective), then the state
+        ready."""
         state = self.state
         if (
             self.timeout is not None
@@ -260,7 +264,8 @@ class Call:
         state.make_ready(self.sequence, timed=self.timeout)
 
     def signature(self):
-        """What must be equal on every rank, for ``check`` (everything, call number and site too)."""
+        """What must be equal on every rank, for ``check`` (everything, call number and site
+        too)."""
         x = self.x
         names = {
             "op": _plain(self.op),
@@ -281,7 +286,8 @@ class Call:
     def agreed_execution(self):
         """Validate on every rank and compare everything (one allgather; ``check`` and ``prepare``);
         the Execution of the agreed plan, which then compares nothing more. First one code for every
-        checked call, where unchecked calls compare theirs: a rank without ``check`` sees a mismatch."""
+        checked call, where unchecked calls compare theirs: a rank without ``check`` sees a
+        mismatch."""
         state = self.state
         if _compared(state):
             sequence = self.sequence

@@ -8,6 +8,7 @@ The attribute's delete callback frees what it holds when the user's communicator
 ``MPI_Finalize`` for ``COMM_WORLD``).
 """
 
+import contextlib
 import threading
 
 from mpi4py import MPI
@@ -28,10 +29,9 @@ def _free_cache(comm, keyval, cache):
             elif isinstance(item, MPI.Win) and item != MPI.WIN_NULL:
                 item.Free()
             elif isinstance(item, MPI.Comm) and item != MPI.COMM_NULL and not item.is_predefined:
-                try:
+                # a communicator revoked after a rank died (ULFM)
+                with contextlib.suppress(MPI.Exception):
                     item.Free()
-                except MPI.Exception:  # a communicator revoked after a rank died (ULFM)
-                    pass
 
 
 def _cache_of(comm):

@@ -68,7 +68,8 @@ def used():
 
 
 def used_everywhere(comm):
-    """Collective: whether every rank of ``comm`` takes the compiled paths (plans may differ by it)."""
+    """Collective: whether every rank of ``comm`` takes the compiled paths (plans may differ by
+    it)."""
     return codes_agree(comm, int(used())) and used()
 
 
@@ -120,7 +121,8 @@ def short_path(execution):
         else (_address(slots.mine), tuple(_address(s) for s in slots.others))
     )
     code, describe = execution.code, execution.describe
-    watching = []  # (the watch of rounds the Python took over, while they run: told if this rank leaves them)
+    # (the watch of rounds the Python took over, while they run: told if this rank leaves them)
+    watching = []
 
     def compared(sequence, published):  # (the slots did not agree at once: wait, compare, raise)
         compare(

@@ -5,13 +5,15 @@ collective: a hang, not an error. So every comparison is collective and ends the
 rank: all go on, or all raise the same exception naming the ranks and what differs.
 
     digest(value, bits)        the one digest scheme: call signatures, settings, gradient buckets
-    content_digest(array)      the same for an array's bytes: replicas, an input that must not change
+    content_digest(array)      the same for an array's bytes: replicas, an input that must not
+                               change
     compare(state, code, ...)  a call's signature code against every rank's, before data moves:
                                the shared slots on one node (mpiallreduce.core.slots), else the
                                max of (code, -code) by dissemination in messages on the
-                               call's tags (mpiallreduce.core.signature_messages); the waits notice a failed or departed peer (the call's
-                               PeerWatch; a timed call's arrival is bounded by its rendezvous);
-                               on a mismatch, every rank gathers what each called and raises
+                               call's tags (mpiallreduce.core.signature_messages); the waits notice
+                               a failed or departed peer (the call's PeerWatch; a timed call's
+                               arrival is bounded by its rendezvous); on a mismatch, every rank
+                               gathers what each called and raises
     CarriedSignature           the same comparison made inside an algorithm: in shared_memory's
                                first barrier, or in the messages of dissemination's rounds
     codes_agree(comm, code)    a 16-byte allreduce, for what is compared once per communicator
@@ -19,7 +21,8 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
                                allreduce instead: mpiallreduce.training.buckets)
     agree_on_call(...)         ``check=True`` and prepared calls: everything compared, arguments
                                validated on every rank, in one allgather
-    agree_on_outcome(...)      a step that can fail on one rank (inside an algorithm) made collective
+    agree_on_outcome(...)      a step that can fail on one rank (inside an algorithm) made
+                               collective
 """
 
 import hashlib
@@ -46,13 +49,15 @@ __all__ = [
 
 
 def digest(value, bits=63):
-    """A ``bits``-bit number that differs (but for a 2**-bits chance) when ``repr(value)`` differs."""
+    """A ``bits``-bit number that differs (but for a 2**-bits chance) when ``repr(value)``
+    differs."""
     text = repr(value).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> (64 - bits)
 
 
 def content_digest(array):
-    """A 63-bit digest of an array's bytes (host or device): replicas and inputs compared by content."""
+    """A 63-bit digest of an array's bytes (host or device): replicas and inputs compared by
+    content."""
     from .buffers import array_module
 
     xp = array_module(array)
@@ -116,9 +121,9 @@ def _set_up_numbers(state, fields, sequence, aborted):
         raise aborted
     if highest > sequence:
         raise AllreduceAborted(
-            f"rank {state.rank}: allreduce call #{sequence} on {state.size} ranks: another rank has gone on to "
-            f"call #{highest} without it (it gave this call up: did the ranks give it different timeouts?); "
-            "this rank gave up its part",
+            f"rank {state.rank}: allreduce call #{sequence} on {state.size} ranks: another rank "
+            f"has gone on to call #{highest} without it (it gave this call up: did the ranks give "
+            "it different timeouts?); this rank gave up its part",
             sequence=sequence,
         )
     return False
@@ -209,7 +214,8 @@ def agree_on_call(comm, prepare, signature, resolve=None):
         kinds = {kind for _, (kind, _) in failures}
         exc_type = TypeError if kinds == {"TypeError"} else ValueError
         if local_error is not None and not isinstance(local_error, (TypeError, ValueError)):
-            raise local_error  # not a bad argument but a fault here: keep its type (the others raise too)
+            # not a bad argument but a fault here: keep its type (the others raise too)
+            raise local_error
         lines = [f"rank {rank}: {kind}: {message}" for rank, (kind, message) in failures]
         raise exc_type(
             f"allreduce arguments rejected on {ranks_phrase([r for r, _ in failures])} "
@@ -248,7 +254,8 @@ def agree_on_outcome(comm, local_error, what):
 
 
 def describe_differences(signatures):
-    """One line per field whose value is not the same on every rank, naming which ranks had which."""
+    """One line per field whose value is not the same on every rank, naming which ranks had
+    which."""
     lines = []
     for field in dict.fromkeys(
         field for sig in signatures for field in sig
@@ -266,7 +273,9 @@ def describe_differences(signatures):
 PLAIN_CALL, LIBRARY_GATHER = 0, digest(("a gather of the library's",)) | 1
 _KIND_OF_CALL = {
     PLAIN_CALL: "a plain allreduce",
-    LIBRARY_GATHER: "a gather of the library's own (GradientSync's agreement on the gradients, replicas)",
+    LIBRARY_GATHER: (
+        "a gather of the library's own (GradientSync's agreement on the gradients, replicas)"
+    ),
 }
 
 
@@ -297,17 +306,17 @@ def meet(state, sequence, timeout, site="", code=PLAIN_CALL, rendezvous=None):
                 if len(set(kinds) - set(_KIND_OF_CALL)) > 1
                 else ""
             )
-            + "; every rank must make the same call at the same point (a call prepared with mpiallreduce.prepare "
-            "too); nothing was reduced"
+            + "; every rank must make the same call at the same point (a call prepared with "
+            "mpiallreduce.prepare too); nothing was reduced"
         )
 
 
 class CarriedSignature:
     """The comparison an algorithm makes in place of a step of its own (``carries_signature``), for
-    the executor's Execution ``execution``. In the shared slots (shared_memory, in place of its first
-    barrier): ``publish()`` then ``compare()``, or ``agree()`` before a step that is itself collective
-    (growing its window). In messages (dissemination, on the signature's tags): ``codes()`` sent
-    first in every message, the maxima kept, then ``settle(high, negated)``."""
+    the executor's Execution ``execution``. In the shared slots (shared_memory, in place of its
+    first barrier): ``publish()`` then ``compare()``, or ``agree()`` before a step that is itself
+    collective (growing its window). In messages (dissemination, on the signature's tags):
+    ``codes()`` sent first in every message, the maxima kept, then ``settle(high, negated)``."""
 
     __slots__ = ("execution", "sequence", "timeout")
 
@@ -338,9 +347,9 @@ class CarriedSignature:
             )  # (collective: every rank is here)
 
     def codes(self):
-        """In messages (dissemination's): the two 64-bit numbers this rank sends first (with the call's
-        number: CODES), (code, -code); every rank has the max of each over every rank by the last
-        round, as ``_codes_agree_by_messages``."""
+        """In messages (dissemination's): the two 64-bit numbers this rank sends first (with the
+        call's number: CODES), (code, -code); every rank has the max of each over every rank by the
+        last round, as ``_codes_agree_by_messages``."""
         return self.execution.code, -self.execution.code
 
     def settle(self, high, negated):

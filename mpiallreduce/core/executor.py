@@ -1,18 +1,20 @@
 """The executor: one Plan bound to one kind of call, run on the call's buffers.
 
-    Execution(state, plan, op, shape, dtype, kind)       made once per kind of call and kept (the short
-                                                         path of a repeat; a prepared call holds one)
-    .run(send, recv, n, timeout, xp)   1. compare call #n's signature (mpiallreduce.core.consistency),
-                                          unless the plan says it was agreed once or the algorithm
-                                          carries it
+    Execution(state, plan, op, shape, dtype, kind)       made once per kind of call and kept (the
+                                                         short path of a repeat; a prepared call
+                                                         holds one)
+    .run(send, recv, n, timeout, xp)   1. compare call #n's signature
+                                          (mpiallreduce.core.consistency), unless the plan says it
+                                          was agreed once or the algorithm carries it
                                        2. (a plan with ipc_probe: CUDA IPC probed, planned again)
                                        3. the route: MPI_Allreduce itself, or the algorithm on the
                                           library's communicator (CallTags + PeerWatch for messages
                                           only, and hierarchical's and two_level's inner plan), via
                                           the device path, widened to the accumulation dtype, or
-                                          the reproducible sum's words route, or the runs an algorithm
-                                          bound once (bind_runs: dissemination's compiled rounds); then a
-                                          mean's division (by each slice's owner, if it finishes_slices)
+                                          the reproducible sum's words route, or the runs an
+                                          algorithm bound once (bind_runs: dissemination's compiled
+                                          rounds); then a mean's division (by each slice's owner, if
+                                          it finishes_slices)
 
 The only place that runs a plan and masks floating-point errors (np.errstate, as MPI's own
 reductions do); what a failed run raises is core.failures' (a dead rank becomes RankFailure, a
@@ -118,7 +120,8 @@ class Execution:
             op.host_finish(self.dtype, state.size) if self.divides and kind == "host" else None
         )
         self.mpi_op = op.mpi_op(self.dtype) if self.direct else None
-        #: mpi4py finds a predefined datatype from the numpy array itself: no [buffer, datatype] to make
+        #: mpi4py finds a predefined datatype from the numpy array itself: no [buffer, datatype] to
+        #: make
         self.raw = (
             self.datatype.is_predefined
             and self.dtype.char in "bhilqBHILQefdgFDG?"
@@ -197,15 +200,17 @@ class Execution:
         return self.after_set_up
 
     def _probed(self, xp):
-        """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator, in this
-        call's turn, past its signature check), then planned again and compared (one allgather: one
-        rank may have asked for device_to_device by name, now refused, and another for "auto")."""
+        """The plan ``ipc_probe`` asks for: CUDA IPC probed (collective, once per communicator, in
+        this call's turn, past its signature check), then planned again and compared (one allgather:
+        one rank may have asked for device_to_device by name, now refused, and another for
+        "auto")."""
         if self.after_probe is None:
             from .planner import plan_call
 
             state = self.state
             state.learn_cuda_ipc(xp)
-            # (the one comparison of arguments and plans: a plan refused on some ranks is raised on all)
+            # (the one comparison of arguments and plans: a plan refused on some ranks is raised on
+            # all)
             after = agree_on_call(
                 state.library,
                 lambda: Execution(
@@ -225,9 +230,9 @@ class Execution:
         return self.after_probe
 
     def run(self, send, recv, sequence, timeout=None, xp=None, compared=False):
-        """Reduce ``send`` (flat, or None when ``recv`` holds this rank's input) into ``recv`` (flat)
-        as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the signature
-        was compared already (by the plan this one replaced once CUDA IPC was probed)."""
+        """Reduce ``send`` (flat, or None when ``recv`` holds this rank's input) into ``recv``
+        (flat) as call #``sequence``; ``xp``: CuPy for device arrays, else None. ``compared``: the
+        signature was compared already (by the plan this one replaced once CUDA IPC was probed)."""
         state = self.state
         if timeout is not None:  # (untimed calls skip the method call: the hot path)
             runs = self.as_run(timeout)
@@ -384,7 +389,9 @@ class Execution:
             )
             op.finish(wide, size)
             op.narrow(wide, recv)
-        else:  # (a mean's division: by each slice's owner where the algorithm finishes_slices, else after)
+        else:
+            # (a mean's division: by each slice's owner where the algorithm finishes_slices, else
+            # after)
             sliced = (
                 plan.algorithm.finishes_slices and op.divide_by_size and size != 1 and xp is None
             )
@@ -433,10 +440,10 @@ class Execution:
             plan.algorithm.set_up(self.state.library, plan.working_bytes)
 
     def bound(self, send, recv, timeout, xp, kept=False):
-        """``run`` with its buffers bound for good (a prepared call): a function of the call's number.
-        The plain MPI_Allreduce of an unchecked, untimed host call is bound with its arguments; for
-        good (``kept``: a prepared call's own buffers) as a persistent request where the plan says
-        (``kept="always"``: wherever the plan can be one, as tune measures it)."""
+        """``run`` with its buffers bound for good (a prepared call): a function of the call's
+        number. The plain MPI_Allreduce of an unchecked, untimed host call is bound with its
+        arguments; for good (``kept``: a prepared call's own buffers) as a persistent request where
+        the plan says (``kept="always"``: wherever the plan can be one, as tune measures it)."""
         if self.direct and not self.compares_first and timeout is None and xp is None:
             state, allreduce, mpi_op, divide = (
                 self.state,
@@ -476,10 +483,11 @@ class Execution:
         return lambda sequence: self.run(send, recv, sequence, timeout, xp)
 
     def _short_path(self):
-        """``short(x, out)``, the short path of a repeated call on contiguous numpy arrays: the result,
-        or None when these arrays need the general path (strided, views, another kind of out, a
-        read-only out). Numbered on the caller's thread (the entry point checked that no asynchronous
-        call is pending). A closure over what it reads: each call is ~0.1 us of Python in all."""
+        """``short(x, out)``, the short path of a repeated call on contiguous numpy arrays: the
+        result, or None when these arrays need the general path (strided, views, another kind of
+        out, a read-only out). Numbered on the caller's thread (the entry point checked that no
+        asynchronous call is pending). A closure over what it reads: each call is ~0.1 us of Python
+        in all."""
         state, shape, dtype, strides, mpi_op = (
             self.state,
             self.shape,
@@ -530,7 +538,8 @@ class Execution:
             else:
                 return None
             if raw_unchecked:  # MPI_Allreduce itself, on the arrays as they are (any shape)
-                # (recorded before it runs, under the number it will take: a rank stuck in it says so)
+                # (recorded before it runs, under the number it will take: a rank stuck in it says
+                # so)
                 entry = (
                     None
                     if recorder is None
@@ -548,7 +557,8 @@ class Execution:
                     return None
                 except BaseException as error:
                     raise_failed(error, state, number(), None, entry)
-                number()  # (the same count as numbering first: this call talks on no tag of its number)
+                # (the same count as numbering first: this call talks on no tag of its number)
+                number()
                 if entry is not None:
                     entry[STATE], entry[ENDED] = DONE, clock()
                 return result

@@ -19,17 +19,19 @@ __all__ = ["raise_failed", "translated"]
 
 
 def translated(state, sequence, collective):
-    """``collective()``, a step of call #``sequence`` before its run (faults.watch says what it raises)."""
+    """``collective()``, a step of call #``sequence`` before its run (faults.watch says what it
+    raises)."""
     return set_up_or_rank_failure(state.user, collective, sequence, state.library_communicators())
 
 
 def raise_failed(error, state, sequence, watch, entry=None):
     """Raise what a call that failed with ``error`` on this rank raises: RankFailure for a dead rank
-    (ULFM, on every survivor; faults.ulfm.failure_of says which errors mean one); ValueError for a truncated message (the ranks' calls differ in size:
-    a prepared call, or a size the signature check was set to skip); else ``error`` itself, after
-    telling the peers of a watched algorithm that this rank left it midway (AllreduceAborted is a
-    peer's failure, already known to all; a timeout in the algorithm has told them; a signature
-    mismatch is raised on every rank). ``entry``: the call's in the flight recorder, marked with it."""
+    (ULFM, on every survivor; faults.ulfm.failure_of says which errors mean one); ValueError for a
+    truncated message (the ranks' calls differ in size: a prepared call, or a size the signature
+    check was set to skip); else ``error`` itself, after telling the peers of a watched algorithm
+    that this rank left it midway (AllreduceAborted is a peer's failure, already known to all; a
+    timeout in the algorithm has told them; a signature mismatch is raised on every rank).
+    ``entry``: the call's in the flight recorder, marked with it."""
     failure = failure_of(error, state.user, sequence, also_revoke=state.library_communicators())
     if failure is not None:
         finish(entry, failure)

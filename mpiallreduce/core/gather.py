@@ -1,6 +1,6 @@
-"""The library's own collectives that are not allreduces, made like a call: what it gathers from every
-rank that is not a call's signature (GradientSync's gradients, replicas' layouts and digests), and
-symmetric allocations (mpiallreduce.empty)."""
+"""The library's own collectives that are not allreduces, made like a call: what it gathers from
+every rank that is not a call's signature (GradientSync's gradients, replicas' layouts and digests),
+and symmetric allocations (mpiallreduce.empty)."""
 
 from ..faults.recorder import Described, record_call, run_traced
 from ..faults.watch import PeerWatch
@@ -48,10 +48,10 @@ def gather_from_ranks(comm, value, timeout=None, site=""):
 
 
 def symmetric_array(comm, shape, dtype, zero):
-    """``mpiallreduce.empty``/``zeros``: a collective made like a call (numbered here, on the caller's
-    thread; run here after the pending asynchronous calls): the ranks compare shape and dtype, or the
-    error a bad one raised on a rank (which raises it there, SignatureMismatch elsewhere), then
-    allocate (mpiallreduce.core.symmetric)."""
+    """``mpiallreduce.empty``/``zeros``: a collective made like a call (numbered here, on the
+    caller's thread; run here after the pending asynchronous calls): the ranks compare shape and
+    dtype, or the error a bad one raised on a rank (which raises it there, SignatureMismatch
+    elsewhere), then allocate (mpiallreduce.core.symmetric)."""
     state = state_of(check_comm(WORLD if comm is None else comm))
     sequence = state.number()
     entry = record_call(

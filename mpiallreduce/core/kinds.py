@@ -13,7 +13,8 @@ __all__ = ["plan_for", "execution_for"]
 def plan_for(state, x, op, algorithm, in_place=False, placement=None, once=False, timed=False):
     """The plan of a call of ``x`` (``in_place``: out=x) with ReduceOp ``op`` on a ready state (the
     one plan cache: mpiallreduce.core.planner.plan_call); ``placement``: x and out are symmetric;
-    ``once``: the call is compared once, when made (a prepared call); ``timed``: it has a timeout."""
+    ``once``: the call is compared once, when made (a prepared call); ``timed``: it has a
+    timeout."""
     on_device = type(x) is not np.ndarray and namespace(x) is not None
     return plan_call(
         state.facts,

@@ -1,5 +1,6 @@
 """Facts about the MPI library this process runs on, asked of the library itself."""
 
+import contextlib
 import ctypes
 import ctypes.util
 
@@ -12,8 +13,8 @@ MPIX_GPU_SUPPORT_CUDA = 0
 
 
 def library_version():
-    """The first line of ``MPI_Get_library_version``, e.g. 'Open MPI v5.0.11, package: ...' (without the
-    NUL byte Open MPI leaves at its end, which would make logs binary to grep)."""
+    """The first line of ``MPI_Get_library_version``, e.g. 'Open MPI v5.0.11, package: ...' (without
+    the NUL byte Open MPI leaves at its end, which would make logs binary to grep)."""
     return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
 
 
@@ -39,10 +40,8 @@ def cuda_aware():
     candidates = [ctypes.CDLL(None)]
     path = loaded_libmpi()
     if path:
-        try:
+        with contextlib.suppress(OSError):
             candidates.insert(0, ctypes.CDLL(path))
-        except OSError:
-            pass
     for lib in candidates:
         query = getattr(lib, "MPIX_Query_cuda_support", None)
         if query is not None:

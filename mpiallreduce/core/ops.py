@@ -27,14 +27,17 @@ __all__ = [
     "host_division",
 ]
 
-try:  # numpy 2: the error state is a context variable, set here directly (entering np.errstate costs ~2 us)
+# numpy 2: the error state is a context variable, set here directly (entering np.errstate
+# costs ~2 us)
+try:
     from numpy._core.umath import _extobj_contextvar, _make_extobj
 
     _IGNORED = _make_extobj(all="ignore")
 
     def ignore_float_errors():
-        """From here on this thread's numpy ufuncs ignore overflow, underflow, invalid and divide, as
-        MPI's own reductions do; returns the token for ``restore_float_errors`` (np.errstate, faster)."""
+        """From here on this thread's numpy ufuncs ignore overflow, underflow, invalid and divide,
+        as MPI's own reductions do; returns the token for ``restore_float_errors`` (np.errstate,
+        faster)."""
         return _extobj_contextvar.set(_IGNORED)
 
     restore_float_errors = _extobj_contextvar.reset
@@ -62,7 +65,8 @@ class ReduceOp:
     mpi: MPI.Op
     divide_by_size: bool = False
     defined_for_complex: bool = True
-    #: True for mpiallreduce.reproducible.ExactSumOp (reproducible sums), which never reduces pairwise
+    #: True for mpiallreduce.reproducible.ExactSumOp (reproducible sums), which never reduces
+    #: pairwise
     exact = False
 
     def check_dtype(self, dtype):
@@ -78,7 +82,8 @@ class ReduceOp:
     def reduce_local(self, a, b, out):
         """out = a (op) b, elementwise; ``out`` may alias ``a`` or ``b``.
 
-        numpy for host arrays; for device arrays the same-named CuPy ufunc, queued on the current stream.
+        numpy for host arrays; for device arrays the same-named CuPy ufunc, queued on the current
+        stream.
         """
         if type(out) is np.ndarray:
             self.ufunc(a, b, out=out)
@@ -104,8 +109,9 @@ class ReduceOp:
             )
 
     def host_finish(self, dtype, size):
-        """``finish`` of numpy results of ``dtype`` bound once, for a call's short path: a function of
-        the result, or None where nothing remains (a sum; one rank). The same bits as ``finish``."""
+        """``finish`` of numpy results of ``dtype`` bound once, for a call's short path: a function
+        of the result, or None where nothing remains (a sum; one rank). The same bits as
+        ``finish``."""
         if not self.divide_by_size or size == 1:
             return None
         ufunc, factor = _division(np, np.dtype(dtype), size)
@@ -170,7 +176,8 @@ class Bfloat16Bits(ReduceOp):
 
 @functools.cache
 def _library_reduces(op_name, dtype):
-    """Whether the MPI library applies op ``op_name`` to ``dtype`` itself: a one-element local reduction."""
+    """Whether the MPI library applies op ``op_name`` to ``dtype`` itself: a one-element local
+    reduction."""
     mpi_op = OPS[op_name].mpi
     datatype = mpi_datatype(dtype)
     if not datatype.is_predefined:
@@ -205,27 +212,29 @@ OPS = {
 }
 
 
-#: mpi4py's predefined ops that are ops here too (an MPI.Op is unhashable; == compares handles, no MPI call)
+#: mpi4py's predefined ops that are ops here too (an MPI.Op is unhashable; == compares handles, no
+#: MPI call)
 _MPI_NAMES = ((MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"), (MPI.MAX, "max"))
 
 
 def name_of(op):
-    """``op`` as the library names it: mpi4py's MPI.SUM, PROD, MIN or MAX its name, else ``op`` itself."""
+    """``op`` as the library names it: mpi4py's MPI.SUM, PROD, MIN or MAX its name, else ``op``
+    itself."""
     return (
         next((name for mpi, name in _MPI_NAMES if op == mpi), op) if isinstance(op, MPI.Op) else op
     )
 
 
 def get_op(name):
-    """The ReduceOp called ``name``; ValueError (TypeError for a non-string) naming the choices otherwise.
-    A ReduceOp is itself (the library's own ops: mpiallreduce.reproducible.EXACT_OPS)."""
+    """The ReduceOp called ``name``; ValueError (TypeError for a non-string) naming the choices
+    otherwise. A ReduceOp is itself (the library's own ops: mpiallreduce.reproducible.EXACT_OPS)."""
     if isinstance(name, ReduceOp):
         return name
     name = name_of(name)  # (op=MPI.SUM, as with mpi4py)
     if not isinstance(name, str):
         raise TypeError(
-            f"op must be a string, one of {', '.join(OPS)} (or MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX); "
-            f"got {type(name).__name__} {name!r}"
+            f"op must be a string, one of {', '.join(OPS)} (or MPI.SUM, MPI.PROD, MPI.MIN, "
+            f"MPI.MAX); got {type(name).__name__} {name!r}"
         )
     try:
         return OPS[name]
@@ -243,7 +252,8 @@ def divide_by_size(xp, values, size, out):
 
 def host_division(dtype, size):
     """("multiply" or "divide", the operand as a float) of a mean's division of numpy ``dtype`` by
-    ``size`` (what the compiled paths do with the same IEEE operation: mpiallreduce.core.compiled)."""
+    ``size`` (what the compiled paths do with the same IEEE operation:
+    mpiallreduce.core.compiled)."""
     ufunc, factor = _division(np, np.dtype(dtype), size)
     return ufunc.__name__, float(factor)
 

@@ -11,6 +11,7 @@ Open MPI's persistent allreduce beat its blocking one, mpiallreduce.core.tuning.
 the executor binds it (Execution.bound).
 """
 
+import contextlib
 import weakref
 
 from mpi4py import MPI
@@ -50,9 +51,6 @@ def bind_persistent(library, source, target, mpi_op, failed, then=None):
 
 def _free(request):
     if not MPI.Is_finalized():
-        try:
+        # (left active by a run that failed: MPI_Finalize or the abort takes it)
+        with contextlib.suppress(MPI.Exception):
             request.Free()
-        except (
-            MPI.Exception
-        ):  # (left active by a run that failed: MPI_Finalize or the abort takes it)
-            pass

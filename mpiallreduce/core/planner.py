@@ -1,12 +1,13 @@
 """The one place that decides what an allreduce runs.
 
-    (communicator facts, memory kind, dtype, bytes, op, algorithm asked)  ->  CallPlan (frozen, cached)
+    (communicator facts, memory kind, dtype, bytes, op, algorithm asked)
+        ->  CallPlan (frozen, cached)
 
 A CallPlan names the algorithm (what ``auto`` resolved to, on one node or across nodes), how device
 memory travels (mpiallreduce.transports), the dtype the reduction accumulates in, the plan of the
-node leaders for ``hierarchical``, and whether the ranks compare the call's signature first. Executing
-a plan (mpiallreduce.core.executor) decides nothing; ``plan.describe()`` and ``mpiallreduce info`` say what a
-call will run and why.
+node leaders for ``hierarchical``, and whether the ranks compare the call's signature first.
+Executing a plan (mpiallreduce.core.executor) decides nothing; ``plan.describe()`` and
+``mpiallreduce info`` say what a call will run and why.
 
 Rules, in order:
 - one rank, or nothing to reduce: a local copy (``mpi`` is named, nothing is sent);
@@ -16,9 +17,11 @@ Rules, in order:
   not float16/bfloat16: ``auto`` runs ``single_copy`` from SINGLE_COPY_FROM (each rank reads its
   peers' inputs where they lie and writes every output once); asked for on other arrays, refused;
 - ``auto``, numpy arrays, one node: the tuning table (mpiallreduce.tuning) for this rank count, its
-  in-place rules for an in-place call (``out=x``), but a mean's out-of-place one where it divides as it reduces;
-- ``auto``, numpy arrays, several nodes: the table's by_nodes rules (a mean from 4 MiB: one that divides
-  as it reduces, mpiallreduce.core.overrides), else ``hierarchical`` (its leaders: the table's choice);
+  in-place rules for an in-place call (``out=x``), but a mean's out-of-place one where it divides as
+  it reduces;
+- ``auto``, numpy arrays, several nodes: the table's by_nodes rules (a mean from 4 MiB: one that
+  divides as it reduces, mpiallreduce.core.overrides), else ``hierarchical`` (its leaders: the
+  table's choice);
 - ``auto``, device arrays: the tuning table's device section, by size on one node (``mpi`` below
   64 KiB, ``device_to_device`` from there on), by CUDA-awareness across nodes (``ring`` through a
   CUDA-aware MPI, else ``staged_ring``). Until a GPU run measures them these are guesses, and the
@@ -26,8 +29,8 @@ Rules, in order:
   where the communicator's probe found that refused, ``auto`` runs the table's choice across nodes
   instead and a call asking for it by name is refused; until the first call that would run it has
   probed (the executor does, after the signature check), the plan carries ``ipc_probe``;
-- reproducible sums (op ``reproducible_sum``/``reproducible_mean``, mpiallreduce.reproducible), numpy
-  arrays: ``auto`` runs an algorithm that sums each element from every contribution at once,
+- reproducible sums (op ``reproducible_sum``/``reproducible_mean``, mpiallreduce.reproducible),
+  numpy arrays: ``auto`` runs an algorithm that sums each element from every contribution at once,
   straight from the floats (the direct route): ``shared_memory`` on one node below 4 MiB,
   ``pairwise_exchange`` from there and across nodes; any other algorithm asked for reduces their
   exponent bytes, then their fixed-point words (the words route); they accumulate in nothing
@@ -40,8 +43,8 @@ Rules, in order:
   across the ranks before moving data, from ``signature_min_bytes`` on (0 by default: every size):
   in the communicator's shared slots on one node (a few loads and stores), else in 32-byte
   messages; shared_memory carries it in place of its first barrier, dissemination in its messages
-  (``auto``'s choice where a plain call's goes in messages, where overrides.dissemination_pays says);
-  a prepared call is compared once, when made (``signature="agreed once"``);
+  (``auto``'s choice where a plain call's goes in messages, where overrides.dissemination_pays
+  says); a prepared call is compared once, when made (``signature="agreed once"``);
 - a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
   node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.
 - a timed call (``timeout``) runs only what a timeout bounds and an agreement on its end can take
@@ -102,10 +105,11 @@ class CallFacts:
     equal_nodes: bool = True
     #: the communicator has shared signature slots (one node, not under ULFM)
     shared_slots: bool = False
-    #: CUDA IPC among its ranks: "untested" (until a call that would use it probes it: CommState.learn_cuda_ipc),
-    #: "works", or "refused: why"
+    #: CUDA IPC among its ranks: "untested" (until a call that would use it probes it:
+    #: CommState.learn_cuda_ipc), "works", or "refused: why"
     cuda_ipc: str = "untested"
-    #: prepared calls may use persistent requests (not under ULFM: how they meet a dead rank is untested)
+    #: prepared calls may use persistent requests (not under ULFM: how they meet a dead rank is
+    #: untested)
     persistent_collectives: bool = True
     compiled: bool = False  # every rank runs the compiled paths (dissemination's rounds among them)
 
@@ -132,19 +136,22 @@ class CallPlan:
     #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression),
     #: "bfloat16 bits" (bfloat16 words held as uint16, widened to float32: mpiallreduce.core.ops)
     route: str = "plain"
-    #: how the ranks compare the call before data moves: "none", "shared slots", "32-byte messages", "carried
-    #: by <algorithm>" (in its first barrier, or in its messages), "agreed once" (a prepared call)
+    #: how the ranks compare the call before data moves: "none", "shared slots", "32-byte messages",
+    #: "carried by <algorithm>" (in its first barrier, or in its messages), "agreed once" (a
+    #: prepared call)
     signature: str = "none"
     #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
-    #: set-up it needs is sized by (shared_memory's window: mpiallreduce.algorithms.base.needs_set_up)
+    #: set-up it needs is sized by (shared_memory's window:
+    #: mpiallreduce.algorithms.base.needs_set_up)
     working_bytes: int = 0
     #: an algorithm that needs CUDA IPC on a communicator that has not probed it yet: plan_call's
     #: arguments, to plan again with once the executor has probed it (the verdict in the facts)
     ipc_probe: tuple | None = None
     #: planned for an in-place call (``out=x``): part of the signature the ranks compare
     in_place: bool = False
-    #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request (the table's
-    #: persistent rules: tuning.choose_persistent); False, the blocking call each run; None: it cannot be one
+    #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request
+    #: (the table's persistent rules: tuning.choose_persistent); False, the blocking call each run;
+    #: None: it cannot be one
     persistent: bool | None = None
     #: what a timed call's plan runs in place of (planner.timed_instead), None where nothing was
     #: replaced: in place of single_copy, the call still compares where its symmetric arrays lie
@@ -188,7 +195,10 @@ class CallPlan:
             )
         text += f"; signature: {self.signature}"
         if self.ipc_probe is not None:
-            text += "; CUDA IPC not yet probed: the first call probes it, and plans again if it is refused"
+            text += (
+                "; CUDA IPC not yet probed: the first call probes it, and plans again if it is "
+                "refused"
+            )
         return text
 
 
@@ -207,9 +217,10 @@ def plan_call(
 ):
     """The CallPlan for one call (cached). ``dtype`` a numpy dtype, ``algorithm`` "auto" or a name,
     ``in_place``: ``out=x`` (the tuning table has rules of its own for it), ``symmetric``: the
-    call's arrays are symmetric buffers of one allocation (mpiallreduce.core.symmetric.placement_of),
-    ``once``: compared once, when made (a prepared call, ``check=True``), not in each run,
-    ``timed``: the call has a timeout (it runs no algorithm a timeout cannot bound: timed_instead).
+    call's arrays are symmetric buffers of one allocation
+    (mpiallreduce.core.symmetric.placement_of), ``once``: compared once, when made (a prepared call,
+    ``check=True``), not in each run, ``timed``: the call has a timeout (it runs no algorithm a
+    timeout cannot bound: timed_instead).
 
     Raises ValueError (the same on every rank, since the facts are) for an algorithm that cannot run
     on this communicator.
@@ -269,9 +280,10 @@ def plan_call(
     )
     if not auto and REGISTRY[algorithm].needs_symmetric and not single_copy:
         raise ValueError(
-            f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or zeros, "
-            "input and output at the same place on every rank of one node, a reproducible sum or an "
-            "ordinary op on a dtype other than float16/bfloat16); use 'auto' or another algorithm"
+            f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or "
+            "zeros, input and output at the same place on every rank of one node, a reproducible "
+            "sum or an ordinary op on a dtype other than float16/bfloat16); "
+            "use 'auto' or another algorithm"
         )
     if not auto:
         chosen, reason = REGISTRY[algorithm], "by name"
@@ -288,18 +300,24 @@ def plan_call(
             )
     elif single_copy:
         chosen = REGISTRY["single_copy"]
-        reason = "symmetric buffers on one node: each rank reads its peers' inputs where they lie (single copy)"
+        reason = (
+            "symmetric buffers on one node: each rank reads its peers' inputs where they lie "
+            "(single copy)"
+        )
     elif reproducible:
         shared = not facts.spans_nodes and nbytes < REPRODUCIBLE_SHARED_MEMORY_BELOW
         chosen = REGISTRY["shared_memory" if shared else "pairwise_exchange"]
         where = (
             "across nodes"
             if facts.spans_nodes
-            else f"{'below' if shared else 'from'} {REPRODUCIBLE_SHARED_MEMORY_BELOW >> 20} MiB on one node"
+            else (
+                f"{'below' if shared else 'from'} {REPRODUCIBLE_SHARED_MEMORY_BELOW >> 20} MiB "
+                "on one node"
+            )
         )
         reason = (
-            "a reproducible sum: every contribution of an element on one rank, summed exactly from the "
-            f"floats themselves ({where})"
+            "a reproducible sum: every contribution of an element on one rank, summed exactly from "
+            f"the floats themselves ({where})"
         )
     elif on_device:
         name, measured = choose_on_device(nbytes, facts.spans_nodes, facts.cuda_aware, REGISTRY)
@@ -318,8 +336,8 @@ def plan_call(
             refused, (name, _) = name, choose_on_device(nbytes, True, facts.cuda_aware, REGISTRY)
             reason += (
                 f"; not {refused}, which needs CUDA IPC, {' '.join(facts.cuda_ipc.split())}; "
-                f"the table's choice across nodes instead (MPI {'is' if facts.cuda_aware else 'is not'} "
-                "CUDA-aware)"
+                "the table's choice across nodes instead (MPI "
+                f"{'is' if facts.cuda_aware else 'is not'} CUDA-aware)"
             )
         chosen = REGISTRY[name]
     elif facts.spans_nodes:
@@ -327,8 +345,8 @@ def plan_call(
         if measured is not None and (facts.equal_nodes or not REGISTRY[measured].needs_equal_nodes):
             chosen = REGISTRY[measured]
             reason = (
-                f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, at {nbytes} bytes"
-                + (" in place" if in_place else "")
+                f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, "
+                f"at {nbytes} bytes" + (" in place" if in_place else "")
             )
             if not low_precision and mean_across_nodes(
                 op_name, nbytes, chosen.finishes_slices
@@ -415,7 +433,10 @@ def plan_call(
     if reproducible:
         route = "reproducible direct" if chosen.sees_every_contribution else "reproducible words"
         if route == "reproducible words":
-            reason += "; a reproducible sum: its exponent bytes, then its fixed-point words, reduced by it"
+            reason += (
+                "; a reproducible sum: its exponent bytes, then its fixed-point words, "
+                "reduced by it"
+            )
     accumulate = None
     if bits:
         route = "bfloat16 bits"
@@ -518,7 +539,8 @@ def without_set_up(plan, facts, on_device, dtype, nbytes, op_name):
 
 
 def choose_algorithm(nbytes, size):
-    """The algorithm "auto" runs for numpy arrays of ``nbytes`` bytes on ``size`` ranks of one node."""
+    """The algorithm "auto" runs for numpy arrays of ``nbytes`` bytes on ``size`` ranks of one
+    node."""
     return plan_call(
         CallFacts(size=size), False, np.dtype(np.uint8), max(nbytes, 1), "sum", "auto"
     ).algorithm

@@ -73,9 +73,11 @@ class Prepared(PreparedBase):
         self.persistent = getattr(self.execute, "persistent", False)
         self.result = flat.result
         self.fast = self.input_is_x and flat.write_back is None and self.timeout is None
-        # (the Execution's code names the symmetric arrays' place: two prepared single copies differ)
+        # (the Execution's code names the symmetric arrays' place: two prepared single copies
+        # differ)
         self.code = digest(("prepared", self.execution.code, self.plan.describe())) | 1
-        #: the user's numpy arrays whose memory the bound buffers are views of, and their shapes then
+        #: the user's numpy arrays whose memory the bound buffers are views of, and their shapes
+        #: then
         self.watched = tuple(
             a for a in {id(a): a for a in (call.x, call.out)}.values() if type(a) is np.ndarray
         )
@@ -110,14 +112,16 @@ class Prepared(PreparedBase):
                 return ValueError(
                     f"rank {self.state.rank}: this prepared call's {name} changed since it was "
                     f"prepared ({shape} -> {a.shape}, resized in place, or its shape set); its "
-                    "buffers still point at the memory it had, so nothing ran on this rank; prepare "
-                    "the call again (untimed, the other ranks are not told: they wait in this call, "
-                    "which the flight recorder names; with a timeout they raise SignatureMismatch)"
+                    "buffers still point at the memory it had, so nothing ran on this rank; "
+                    "prepare the call again (untimed, the other ranks are not told: they wait in "
+                    "this call, which the flight recorder names; with a timeout they raise "
+                    "SignatureMismatch)"
                 )
         return None
 
     def _call(self, *, _elsewhere=None):
-        """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's _run_on)."""
+        """Reduce x's contents now, numbered here, in turn: the result (``_elsewhere``: api's
+        _run_on)."""
         state, elsewhere = self.state, _elsewhere
         if state.library is None:
             self._freed()
@@ -158,8 +162,8 @@ class Prepared(PreparedBase):
         return submit(lambda: run_traced(entry, lambda: self.run_numbered(sequence, elsewhere)))
 
     def _freed(self):
-        """Raise for a run after the communicator was freed (every rank frees it: every rank raises),
-        before its request meets the freed communicator."""
+        """Raise for a run after the communicator was freed (every rank frees it: every rank
+        raises), before its request meets the freed communicator."""
         raise ValueError(
             f"rank {self.state.rank}: this prepared call's communicator was freed; prepare the "
             "call again on a live communicator"

@@ -98,7 +98,8 @@ class Settings:
     #: op and algorithm across ranks before moving data (mpiallreduce.core.consistency); 0, the
     #: default, every call; "off" never (-1): a mismatch may then give wrong values
     signature_min_bytes: int = 0
-    #: MPIALLREDUCE_RING_SEGMENT_BYTES: the segment of ring_pipelined and of pairwise_exchange's reduce-scatter
+    #: MPIALLREDUCE_RING_SEGMENT_BYTES: the segment of ring_pipelined and of pairwise_exchange's
+    #: reduce-scatter
     ring_segment_bytes: int = 1 << 20
     #: MPIALLREDUCE_STAGED_SEGMENT_BYTES: staged_ring's segment (not yet tuned on a GPU)
     staged_segment_bytes: int = 4 << 20

@@ -1,9 +1,10 @@
 """The signature's messages: one protocol for the check in messages and for dissemination's rounds.
 
 Across nodes (or under ULFM) a call's signature code is compared by dissemination: in round k each
-rank sends to rank + 2^k and receives from rank - 2^k, on the call's own tags (CallTags.SIGNATURE_BASE
-+ k), and keeps the maxima of (code, -code). The dissemination algorithm (mpiallreduce.algorithms)
-sends its blocks behind the same codes in the same rounds, so the two pair with each other:
+rank sends to rank + 2^k and receives from rank - 2^k, on the call's own tags
+(CallTags.SIGNATURE_BASE + k), and keeps the maxima of (code, -code). The dissemination algorithm
+(mpiallreduce.algorithms) sends its blocks behind the same codes in the same rounds, so the two pair
+with each other:
 
     every message:   CODES (high, negated, the call's number, its tail's length; 32 bytes), then
                      blocks or nothing, SIGNATURE_MESSAGE_BYTES in all at most
@@ -52,11 +53,11 @@ def codes_agree_by_messages(state, code, sequence, watch):
 
     ceil(log2 p) rounds of one 32-byte message each way for any p (a max may count a rank twice).
     The dissemination algorithm sends its blocks behind the same 32 bytes in the same rounds, so a
-    rank whose call runs it pairs with one that compares first (receives post SIGNATURE_MESSAGE_BYTES).
-    A rank that gives the call up leaves its requests behind (PeerWatch: receives cancelled, every
-    request kept with its buffer, new arrays each round) on tags no call of the next
-    CallTags.calls_apart uses (a collective, once started, could not be given up); a message of it
-    met there later carries its number, and is dropped (``take_round``)."""
+    rank whose call runs it pairs with one that compares first (receives post
+    SIGNATURE_MESSAGE_BYTES). A rank that gives the call up leaves its requests behind (PeerWatch:
+    receives cancelled, every request kept with its buffer, new arrays each round) on tags no call
+    of the next CallTags.calls_apart uses (a collective, once started, could not be given up); a
+    message of it met there later carries its number, and is dropped (``take_round``)."""
     high, negated = codes_by_messages(state, sequence, watch, code, -code)
     return high == -negated
 
@@ -78,7 +79,9 @@ def codes_by_messages(state, sequence, watch, high, negated, first=0):
             sequence,
             [library.Irecv([theirs, MPI.BYTE], source, tag), sent],
         )  # (32 bytes: eager)
-        if tail:  # (a rank whose call differs runs dissemination on a longer buffer: its tail taken, dropped)
+        if tail:
+            # (a rank whose call differs runs dissemination on a longer buffer: its tail taken,
+            # dropped)
             drop_tail(library, watch, source, tag, tail)
         their_high, their_negated, _, _ = _CODES.unpack_from(theirs)
         high, negated = max(high, their_high), max(negated, their_negated)
@@ -109,12 +112,14 @@ def resume_codes(state, sequence, watch, stopped, high, negated, taken, requests
 
 
 def signature_tag(comm, sequence):
-    """The tag of call #``sequence``'s first round on its signature tags (CallTags.SIGNATURE_BASE)."""
+    """The tag of call #``sequence``'s first round on its signature tags
+    (CallTags.SIGNATURE_BASE)."""
     return call_tags()(comm, sequence, None, call_tags().SIGNATURE_BASE).offset
 
 
 def call_tags():
-    """CallTags (mpiallreduce.algorithms.base), imported on first use: the algorithms import the core."""
+    """CallTags (mpiallreduce.algorithms.base), imported on first use: the algorithms import the
+    core."""
     if not _TAGS:
         from ..algorithms.base import CallTags
 
@@ -185,7 +190,8 @@ TAIL_OFFSET = 256
 
 
 def dissemination_peers(rank, size):
-    """(send to, receive from) in each round of dissemination: round k, rank + 2**k and rank - 2**k."""
+    """(send to, receive from) in each round of dissemination: round k, rank + 2**k and
+    rank - 2**k."""
     return [((rank + 2**k) % size, (rank - 2**k) % size) for k in range((size - 1).bit_length())]
 
 

@@ -57,8 +57,8 @@ class SignatureSlots:
         self.window.Sync()
 
     def _progress(self):
-        """Let MPI progress while this rank waits (as it would inside a barrier): a peer may still be
-        finishing the previous call's transfers."""
+        """Let MPI progress while this rank waits (as it would inside a barrier): a peer may still
+        be finishing the previous call's transfers."""
         self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def publish(self, code, number):
@@ -84,7 +84,7 @@ class SignatureSlots:
             if slot[at + 1] != number:
                 return False
         self.window.Sync()
-        for slot in self.others:
+        for slot in self.others:  # noqa: SIM110 (the hot path: a plain loop, no generator for all())
             if slot[at] != code:
                 return False
         return True
@@ -97,8 +97,9 @@ class SignatureSlots:
         for slot in self.others:
             if slot[at + 1] != count:
                 wait_until(lambda: slot[at + 1] == count, self._progress, watch)  # noqa: B023 (called in this iteration only)
-        self.window.Sync()  # (the counts before the codes, and before what the ranks stored earlier)
-        for slot in self.others:
+        # (the counts before the codes, and before what the ranks stored earlier)
+        self.window.Sync()
+        for slot in self.others:  # noqa: SIM110 (as in agree: a plain loop, no generator for all())
             if slot[at] != code:
                 return False
         return True

@@ -1,8 +1,8 @@
 """Checks made once when mpiallreduce is imported.
 
-The silent-singleton trap (docs/field-notes.md): Open MPI started by ``srun`` without the right PMI plugin
-gives every task a world of size 1, and each "succeeds" alone. Inside a Slurm job step that asked
-for more than one task, a world of one rank is refused with a clear message.
+The silent-singleton trap (docs/field-notes.md): Open MPI started by ``srun`` without the right PMI
+plugin gives every task a world of size 1, and each "succeeds" alone. Inside a Slurm job step that
+asked for more than one task, a world of one rank is refused with a clear message.
 """
 
 import os
@@ -33,8 +33,8 @@ def check_world_matches_slurm(environ=None, world_size=None):
         world_size = MPI.COMM_WORLD.Get_size()
     if world_size == 1:
         raise SingletonUnderSlurm(
-            f"Slurm started {tasks} tasks in this step (task {env.get('SLURM_PROCID', '?')}), but MPI sees a "
-            "world of 1 rank: every task is running alone. With Open MPI 5 launch with `srun --mpi=pmix` "
-            "(--mpi=pmi2 or none give singletons), or use mpiexec inside the allocation. "
-            f"Set {ALLOW_SINGLETON_ENV}=1 if one rank per task is really what you want."
+            f"Slurm started {tasks} tasks in this step (task {env.get('SLURM_PROCID', '?')}), but "
+            "MPI sees a world of 1 rank: every task is running alone. With Open MPI 5 launch with "
+            "`srun --mpi=pmix` (--mpi=pmi2 or none give singletons), or use mpiexec inside the "
+            f"allocation. Set {ALLOW_SINGLETON_ENV}=1 if one rank per task is really what you want."
         )

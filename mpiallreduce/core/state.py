@@ -5,17 +5,19 @@
                                   its own tag (TAG_UB) the rendezvous of timed calls
                                   (mpiallreduce.faults.rendezvous)
 
-The duplicate (``MPI_Comm_idup``) is made on the first use, on the caller's thread, in program order:
-the library's collectives never meet the user's own. It is waited for at once when that first call is
-untimed, left pending when it is timed, so that a straggler on the first call is reported, not waited
-for (one pending duplicate at most: with two, CI saw a hang; open-mpi/ompi#2025). The first call then,
-on the caller's thread too, compares the settings, learns the node layout and makes what it needs.
+The duplicate (``MPI_Comm_idup``) is made on the first use, on the caller's thread, in program
+order: the library's collectives never meet the user's own. It is waited for at once when that first
+call is untimed, left pending when it is timed, so that a straggler on the first call is reported,
+not waited for (one pending duplicate at most: with two, CI saw a hang; open-mpi/ompi#2025). The
+first call then, on the caller's thread too, compares the settings, learns the node layout and makes
+what it needs.
 
 States are found by the communicator's handle (a dict: cheaper than an MPI attribute lookup); an
 MPI attribute's delete callback frees the duplicates and forgets the state when the user's
 communicator is freed (at MPI_Finalize for COMM_WORLD).
 """
 
+import contextlib
 import dataclasses
 import threading
 
@@ -58,12 +60,13 @@ class CommState:
         self.user = user
         self.size = user.Get_size()
         self.rank = user.Get_rank()
-        #: the flight recorder (faults.recorder) or None; the ranks as COMM_WORLD's, and the recorder's name
+        #: the flight recorder (faults.recorder) or None; the ranks as COMM_WORLD's, and the
+        #: recorder's name
         self.recorder, (self.members, self.trace_id) = recorder(), named_members(user)
         self.sequence = 0  # calls this rank made on the communicator that reached communication
         self.settings = settings()
-        # Always MPI_Comm_idup (a blocking dup does not match it), waited for unless the first call is
-        # timed (state_of: outside the lock of every state, so that another thread's first use of
+        # Always MPI_Comm_idup (a blocking dup does not match it), waited for unless the first call
+        # is timed (state_of: outside the lock of every state, so that another thread's first use of
         # another communicator is not held up by this one's peers)
         self.library, self._library_request = user.Idup()
         self.settings_request = self.given_up_ahead = (
@@ -82,8 +85,10 @@ class CommState:
         )
         self.on_free = []  # callables run when the communicator is freed
         self.broken = None  # an exception every later call re-raises (the ranks' settings differ)
-        self.channel = None  # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
-        self.left_behind = []  # requests of calls given up midway, kept with their buffers (faults.watch)
+        # the rendezvous's per-peer receives on ``control`` (mpiallreduce.faults.rendezvous)
+        self.channel = None
+        # requests of calls given up midway, kept with their buffers (faults.watch)
+        self.left_behind = []
         self.held_buffers = []  # (request, buffers) of collectives left behind (faults.watch)
         #: timed calls' MPI collectives run on a duplicate of their own (faults.bounded), retired
         #: (kept, never freed) after a timed call that raised
@@ -92,7 +97,8 @@ class CommState:
         self.committed_call = (
             None  # the last timed call whose rendezvous committed (faults.bounded)
         )
-        #: the short path's Executions of repeated calls, by kind (mpiallreduce.core.kinds.execution_for)
+        #: the short path's Executions of repeated calls, by kind
+        #: (mpiallreduce.core.kinds.execution_for)
         self.fast_calls = WORLD_FAST_CALLS if user == MPI.COMM_WORLD else {}
         self.signature_slots = (
             None  # on one node, the ranks' signature codes (core.slots; else messages)
@@ -138,10 +144,11 @@ class CommState:
         return self._library_request is None
 
     def make_ready(self, sequence=None, timed=None):
-        """Collective over the ranks (every one is in this call): complete the duplicate, agree on the
-        settings, learn the topology. Raises on every rank if the settings differ; AllreduceAborted
-        where a peer gave up call #``sequence``, the one set up here (consistency.set_up_codes_agree).
-        None: the next number, which a first use outside a call (describe_call's) takes no part of."""
+        """Collective over the ranks (every one is in this call): complete the duplicate, agree on
+        the settings, learn the topology. Raises on every rank if the settings differ;
+        AllreduceAborted where a peer gave up call #``sequence``, the one set up here
+        (consistency.set_up_codes_agree). None: the next number, which a first use outside a call
+        (describe_call's) takes no part of."""
         aborted = None
         if self.ready:
             if self.broken is not None:
@@ -218,9 +225,9 @@ class CommState:
         self.spans_nodes, self.equal_nodes = self.node_count > 1, True
         if self.spans_nodes:
             self.equal_nodes = bool(codes_agree(self.library, node.Get_size()))
-        if (
-            self.size > 1
-        ):  # what hierarchical and two_level talk on, made here, in program order (see the docstring)
+        if self.size > 1:
+            # what hierarchical and two_level talk on, made here, in program order (see the
+            # docstring)
             leader_communicator(self.library)
             rail_communicator(self.library)
             node_sizes(self.library)
@@ -257,7 +264,8 @@ class CommState:
         )
 
     def learn_cuda_ipc(self, xp):
-        """Probe CUDA IPC once (collective: in a call's turn, on every rank) and plan with the verdict."""
+        """Probe CUDA IPC once (collective: in a call's turn, on every rank) and plan with the
+        verdict."""
         if self.cuda_ipc == "untested":
             from ..algorithms.device_to_device import probe_cuda_ipc
 
@@ -294,16 +302,12 @@ class CommState:
             self.signature_slots.free()
             self.signature_slots = None
         if self._library_request is not None:
-            try:
+            with contextlib.suppress(MPI.Exception):
                 self._library_request.Wait()
-            except MPI.Exception:
-                pass
         for comm in self.library_communicators():
             if comm != MPI.COMM_NULL:
-                try:
+                with contextlib.suppress(MPI.Exception):  # revoked after a rank died (ULFM)
                     comm.Free()
-                except MPI.Exception:  # revoked after a rank died (ULFM)
-                    pass
         self.library = self.control = self.timed_collectives = None
 
 
@@ -393,7 +397,8 @@ def _free_all_before_finalize():
 
     if not pending_calls_finished("exit"):
         return
-    by_thread = {}  # (the thread that made each: the order of one thread's is the same on every rank)
+    # (the thread that made each: the order of one thread's is the same on every rank)
+    by_thread = {}
     for state in reversed(_made):
         with _lock:
             _states.pop(state.handle, None)
@@ -406,7 +411,8 @@ def _free_all_before_finalize():
         frees[0]()
         return
     # States made by different threads: their order differs between ranks, so each thread's are
-    # freed in an order of their own, side by side (each free is collective over its communicator only)
+    # freed in an order of their own, side by side (each free is collective over its communicator
+    # only)
     threads = [
         threading.Thread(target=free, name="mpiallreduce-free", daemon=True) for free in frees
     ]

@@ -5,9 +5,9 @@
                                       rank where they differ), then allocate together here
                                       (MPI_Win_allocate_shared over the node)
     rank 0's segment  [ a0 | b0 ... ]    the k-th allocation of every rank is one window; an array
-    rank 1's segment  [ a1 | b1 ... ]    at byte offset o of rank r's segment has its twins at offset
-                                         o of every other rank's segment, which every rank can read
-                                         and write (a load or a store: no message, no copy)
+    rank 1's segment  [ a1 | b1 ... ]    at byte offset o of rank r's segment has its twins at
+                                         offset o of every other rank's segment, which every rank
+                                         can read and write (a load or a store: no message, no copy)
 
 An allreduce whose input and output are symmetric (``placement_of`` finds them) can read each
 peer's input where it lies and write each result into every rank's output once: the single_copy
@@ -40,7 +40,8 @@ __all__ = [
     "touches",
 ]
 
-#: every segment starts on a page (MPI's alloc_shared_noncontig: each rank's segment on its own pages)
+#: every segment starts on a page (MPI's alloc_shared_noncontig: each rank's segment on its own
+#: pages)
 _INFO = None
 #: this rank's live symmetric allocations (on every communicator), sorted by their start address,
 #: and those addresses: what ``touches`` bisects
@@ -143,8 +144,8 @@ def allocate(state, shape, dtype, zero):
 
 
 def free_array(state, array):
-    """Free the allocation ``array`` lies in (collective over its node: every rank at the same point,
-    as GradientSync does when it replans); its arrays are then freed memory."""
+    """Free the allocation ``array`` lies in (collective over its node: every rank at the same
+    point, as GradientSync does when it replans); its arrays are then freed memory."""
     found = _find(state.symmetric, array)
     if found is not None:
         found[0].free()

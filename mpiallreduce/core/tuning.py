@@ -1,10 +1,10 @@
 """The table that ``algorithm="auto"`` reads: which algorithm for which rank count and message size.
 
-``mpiallreduce tune`` (mpiallreduce/tune.py, under mpiexec/srun) measures every algorithm on the current
-machine and rank count, and writes or updates the table. The table used is, in order: the one given
-to ``set_tuning_table(path)``, the file named by ``MPIALLREDUCE_TUNING`` (mpiallreduce.settings), or
-the one shipped with the package (measured on this project's 2-core machines). This module only
-reads the table; what a call runs is decided in mpiallreduce.planner.
+``mpiallreduce tune`` (mpiallreduce/tune.py, under mpiexec/srun) measures every algorithm on the
+current machine and rank count, and writes or updates the table. The table used is, in order: the
+one given to ``set_tuning_table(path)``, the file named by ``MPIALLREDUCE_TUNING``
+(mpiallreduce.settings), or the one shipped with the package (measured on this project's 2-core
+machines). This module only reads the table; what a call runs is decided in mpiallreduce.planner.
 
 Format (JSON)::
 
@@ -77,15 +77,17 @@ DEFAULT_TABLE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "tuning.json"
 )
 #: tune prefers MPI_Allreduce (the reference) unless another algorithm is faster by more than this,
-#: and by more than what a plain call of it costs over a plain call of MPI's own (tune measures that:
-#: the compiled short path runs only MPI's own, mpiallreduce.tools.plain_price)
+#: and by more than what a plain call of it costs over a plain call of MPI's own (tune measures
+#: that: the compiled short path runs only MPI's own, mpiallreduce.tools.plain_price)
 PREFER_MPI_WITHIN = 0.05
-#: the persistent rules' name for MPI's own allreduce bound as a persistent request (tune's contender)
+#: the persistent rules' name for MPI's own allreduce bound as a persistent request (tune's
+#: contender)
 PERSISTENT = "mpi:persistent"
-#: where the table has no persistent rules (a table tune wrote before it measured them), a prepared call
-#: of MPI's own below this size binds a persistent request. Open MPI 5, 2 ranks, persistent / blocking:
-#: 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; across 2 emulated nodes 0.75-1.95x,
-#: uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs and their commands)
+#: where the table has no persistent rules (a table tune wrote before it measured them), a prepared
+#: call of MPI's own below this size binds a persistent request. Open MPI 5, 2 ranks, persistent /
+#: blocking: 0.50-0.65x from 4 B to 2 KiB, 1.9-2.2x at 4 KiB, 0.9-1.7x above; across 2 emulated
+#: nodes 0.75-1.95x, uneven: never there (benchmarks/results-pipeline/persistent-below.txt: the runs
+#: and their commands)
 PERSISTENT_BELOW = 4 << 10
 
 
@@ -219,13 +221,14 @@ def choose_persistent(nbytes, size, in_place=False, nodes=1):
 
 
 def _rules_across_nodes(table, name, nodes, size, in_place):
-    """The rules of section ``name`` (or ``name``_in_place) for ``size`` ranks on ``nodes`` nodes: the
-    nearest smaller node count, then rank count, as for rank counts; None where it has none."""
+    """The rules of section ``name`` (or ``name``_in_place) for ``size`` ranks on ``nodes`` nodes:
+    the nearest smaller node count, then rank count, as for rank counts; None where it has none."""
     by_nodes, in_place_nodes = (
         table.get(name, {}),
         table.get(name + "_in_place", {}) if in_place else {},
     )
-    # (the nearest smaller node count of the out-of-place section, as for rank counts; none smaller: none)
+    # (the nearest smaller node count of the out-of-place section, as for rank counts; none smaller:
+    # none)
     node_key = _nearest_key(by_nodes, nodes, or_smallest=False) or _nearest_key(
         in_place_nodes, nodes, False
     )
@@ -269,8 +272,8 @@ def choose_on_device(nbytes, spans_nodes, cuda_aware, known):
 
 
 def rules_from_measurements(measurements, prices=None):
-    """Rules for one rank count from (nbytes, algorithm, time) triples: the fastest per size of MPI's
-    own and the algorithms that beat it by more than PREFER_MPI_WITHIN and by more than their
+    """Rules for one rank count from (nbytes, algorithm, time) triples: the fastest per size of
+    MPI's own and the algorithms that beat it by more than PREFER_MPI_WITHIN and by more than their
     ``prices`` ({algorithm: what a plain call of it costs over one of MPI's own}, in the times'
     unit; none: 0), sizes with one winner merged, boundaries halfway (geometrically) between
     measured sizes."""

@@ -74,7 +74,8 @@ class Meeting:
 
 
 class AllreduceHandle:
-    """What ``allreduce_async`` returns: ``wait(timeout=None)`` gives the result, ``done()`` polls."""
+    """What ``allreduce_async`` returns: ``wait(timeout=None)`` gives the result, ``done()``
+    polls."""
 
     def __init__(self, future, description, meeting=None):
         self._future = future
@@ -238,7 +239,8 @@ def run_in_order(state, function):
 
 
 def run_here(state, function):
-    """Run ``function`` on this thread, once ``state``'s communicator's pending calls have finished."""
+    """Run ``function`` on this thread, once ``state``'s communicator's pending calls have
+    finished."""
     return state.worker.run_here(function)
 
 
@@ -275,8 +277,8 @@ def pending_calls_finished(when, workers=None):
     if all(worker.finished(max(0.0, deadline - time.monotonic())) for worker in workers):
         return True
     print(
-        f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at {when} "
-        f"after {waited} s; the library's communicators are left to MPI_Finalize",
+        f"mpiallreduce: rank {MPI.COMM_WORLD.Get_rank()}: asynchronous allreduces still running at "
+        f"{when} after {waited} s; the library's communicators are left to MPI_Finalize",
         file=sys.stderr,
     )
     return False
@@ -305,7 +307,8 @@ def submit(state, run, x, description, meeting, checksum_comm=None, here=False):
     ``checksum_comm`` (check=True, or MPIALLREDUCE_DEBUG_INPUTS=1: the call's communicator): ``x``
     is checksummed here and again once the reduction has finished (unless ``x`` is the output); the
     ranks then agree, so that if ``x`` changed on any rank meanwhile, every rank's ``wait()`` raises
-    RuntimeError naming the ranks. A change after the reduction has finished is harmless and not seen.
+    RuntimeError naming the ranks. A change after the reduction has finished is harmless and not
+    seen.
     """
     xp = namespace(x)
     checksum = None if checksum_comm is None else _checksum(x)

@@ -1,4 +1,5 @@
-"""Device (GPU) arrays: whose they are, which GPU a rank uses, and whether MPI takes device pointers.
+"""Device (GPU) arrays: whose they are, which GPU a rank uses, and whether MPI takes device
+pointers.
 
 mpiallreduce accepts CuPy arrays (and, for tests, :mod:`mpiallreduce.testing.fake_cupy`'s stand-in,
 which has the same API over host memory). The code that handles them asks this module for the
@@ -32,7 +33,8 @@ _UNSEEN = object()
 
 
 def namespace(x):
-    """The array module of device array ``x`` (``cupy`` or the test stand-in); None for anything else.
+    """The array module of device array ``x`` (``cupy`` or the test stand-in); None for anything
+    else.
 
     Strict: an instance of ``cupy.ndarray`` (or of the stand-in's ndarray), subclasses included.
     Other types of CuPy's modules (``cupyx.scipy.sparse`` matrices, say) are not device arrays here.
@@ -78,8 +80,9 @@ def _library_cuda_aware():
 def cuda_aware():
     """(aware, why): whether device pointers go straight to MPI here.
 
-    ``MPIALLREDUCE_CUDA_AWARE=1|0`` (mpiallreduce.settings) decides if set; otherwise the MPI library is asked
-    (``MPIX_Query_cuda_support`` / ``MPIX_GPU_query_support``), and "unknown" counts as no.
+    ``MPIALLREDUCE_CUDA_AWARE=1|0`` (mpiallreduce.settings) decides if set; otherwise the MPI
+    library is asked (``MPIX_Query_cuda_support`` / ``MPIX_GPU_query_support``), and "unknown"
+    counts as no.
     """
     from ..core.settings import settings
 
@@ -90,9 +93,10 @@ def cuda_aware():
 
 
 def agree_on_cuda_awareness(comm, forced):
-    """Collective over ``comm`` unless ``forced`` (an agreed setting, the same on every rank): device
-    pointers go to MPI only if every rank's MPI takes them (a rank-local fact the plan depends on
-    is agreed, never assumed equal). Called by mpiallreduce.core.state.CommState.make_ready."""
+    """Collective over ``comm`` unless ``forced`` (an agreed setting, the same on every rank):
+    device pointers go to MPI only if every rank's MPI takes them (a rank-local fact the plan
+    depends on is agreed, never assumed equal). Called by
+    mpiallreduce.core.state.CommState.make_ready."""
     if forced is not None:
         return bool(forced)
     votes = np.array([1 if cuda_aware()[0] else 0], dtype=np.int64)
@@ -113,8 +117,8 @@ LOCAL_RANK_VARIABLES = (
 def local_rank(comm=None):
     """This process's rank among the processes of its node.
 
-    With ``comm``: its rank in ``comm``'s node communicator (collective over ``comm``). Without: what
-    the launcher says (mpiexec, srun; no communication), else COMM_WORLD's node communicator.
+    With ``comm``: its rank in ``comm``'s node communicator (collective over ``comm``). Without:
+    what the launcher says (mpiexec, srun; no communication), else COMM_WORLD's node communicator.
     """
     if comm is None:
         for variable in LOCAL_RANK_VARIABLES:

@@ -57,14 +57,16 @@ def run_on_device(path, algorithm, comm, send, recv, op, datatype, xp, **options
 
 class _PinnedPool(threading.local):
     def __init__(self):
-        self.buffers = {}  # (slot, module) -> [memory, capacity, event of the last copy using it or None]
+        # (slot, module) -> [memory, capacity, event of the last copy using it or None]
+        self.buffers = {}
 
 
 _pinned_pool = _PinnedPool()
 
 
 def pinned(xp, slot, count, dtype):
-    """A reusable page-locked host array of ``count`` elements, one per (thread, slot); grown, never shrunk.
+    """A reusable page-locked host array of ``count`` elements, one per (thread, slot); grown, never
+    shrunk.
 
     Pinned memory is what lets device-host copies run asynchronously at full speed; allocating it is
     slow (milliseconds), so each slot's buffer is allocated once and kept. An asynchronous copy may
@@ -89,8 +91,8 @@ def pinned(xp, slot, count, dtype):
 
 
 def pinned_in_use(xp, slot, stream):
-    """Mark slot ``slot``'s pinned buffer as used by the copies queued so far on ``stream``: the next
-    :func:`pinned` of that slot waits until they have run."""
+    """Mark slot ``slot``'s pinned buffer as used by the copies queued so far on ``stream``: the
+    next :func:`pinned` of that slot waits until they have run."""
     event = xp.cuda.Event(disable_timing=True)
     event.record(stream)
     _pinned_pool.buffers[(slot, xp.__name__)][2] = event

@@ -17,7 +17,7 @@ time limit with nothing in the log but silence. With it, every rank ends within 
   ends nothing.
 
     import mpiallreduce as mar
-    mar.abort_on_exception()            # or MPIALLREDUCE_ABORT_ON_EXCEPTION=1 (mpiallreduce launch sets it)
+    mar.abort_on_exception()  # or MPIALLREDUCE_ABORT_ON_EXCEPTION=1 (mpiallreduce launch sets it)
 
 What ``python -m mpi4py`` does (less the grace), for programs that are not started that way.
 Python calls no hook for a SystemExit, so this one replaces ``sys.exit``: a bare
@@ -28,6 +28,7 @@ first call aborts the job too.
 """
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -68,10 +69,8 @@ def _say(rank, text):
     is a buffer in memory (torch.distributed's excepthook holds the previous hook's output in
     one, to print it once that hook returns: after the abort, never), the process's own stderr."""
     text = "".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n"))
-    try:
+    with contextlib.suppress(Exception):
         sys.stdout.flush()
-    except Exception:
-        pass
     stream = sys.stderr
     try:
         stream.fileno()
@@ -155,7 +154,8 @@ def exit_status():
 
 def _abort_after_exit():
     """At exit (before mpi4py's MPI_Finalize): if a nonzero sys.exit() ended the program, abort the
-    job with its status rather than wait in MPI_Finalize for ranks that may be waiting for this one."""
+    job with its status rather than wait in MPI_Finalize for ranks that may be waiting for this
+    one."""
     rank = _rank()
     if _exit_status is None or rank is None:
         return

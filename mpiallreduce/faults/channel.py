@@ -40,7 +40,8 @@ def _control_tag():
 
 
 class _Channel:
-    """One communicator's control messages: a posted receive per peer, what came early, what was sent."""
+    """One communicator's control messages: a posted receive per peer, what came early, what was
+    sent."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -67,7 +68,8 @@ class _Channel:
             self.sends.append((self.comm.Isend([message, MPI.INT64_T], r, self.tag), message))
 
     def receive(self, number):
-        """Yield (peer, kind, code) for every message of call ``number`` that has come; keep later ones."""
+        """Yield (peer, kind, code) for every message of call ``number`` that has come; keep later
+        ones."""
         for r in self.peers:
             early = self.early[r]
             while early and early[0][1] <= number:

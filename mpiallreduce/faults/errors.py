@@ -36,14 +36,15 @@ class AllreduceAborted(RuntimeError):
     @classmethod
     def by(cls, state, sequence, peer, algorithm="", gave_up=False):
         what = (
-            "gave it up (its timeout ran out before every rank had arrived: did the ranks give this call "
-            "different timeouts?)"
+            "gave it up (its timeout ran out before every rank had arrived: did the ranks give "
+            "this call different timeouts?)"
             if gave_up
             else "failed in the middle of it (its own exception is raised there)"
         )
         return cls(
-            f"rank {state.rank}: allreduce call #{sequence}{f' ({algorithm})' if algorithm else ''} on "
-            f"{state.size} ranks: rank {peer} {what}; this rank gave up its part",
+            f"rank {state.rank}: allreduce call "
+            f"#{sequence}{f' ({algorithm})' if algorithm else ''} on {state.size} ranks: rank "
+            f"{peer} {what}; this rank gave up its part",
             failed_rank=peer,
             sequence=sequence,
         )

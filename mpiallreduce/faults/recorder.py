@@ -6,14 +6,16 @@ when something goes wrong, so that ``mpiallreduce trace DIR`` can say which rank
     ended          entry[STATE] = DONE, entry[ENDED] = clock()           (or finish(entry, error))
     dumped         TRACE_DIR/rank<R>.json: on AllreduceTimeout and RankFailure, on an abort
                    (mpiallreduce.faults.aborting), on SIGTERM while abort_on_exception is on (as
-                   ``mpiallreduce launch`` sets it), on SIGUSR1, and on ``mpiallreduce.dump_trace()``
+                   ``mpiallreduce launch`` sets it), on SIGUSR1, and on
+                   ``mpiallreduce.dump_trace()``
 
 An entry's ``what`` is the object that describes the call (a Call while it runs, an Execution,
 a prepared call's or a finished call's ``Described`` snapshot: each has ``trace_fields()``, and
 none holds a user's array once the call is over), turned into text only when the buffer is
-dumped: recording a call is a list made and stored, and two clock readings. A call's state: queued (numbered, waiting behind
-asynchronous calls), running, done, failed (its own error on this rank: a timeout, a mismatch, an
-exception), abandoned (given up because of another rank: AllreduceAborted, RankFailure).
+dumped: recording a call is a list made and stored, and two clock readings. A call's state: queued
+(numbered, waiting behind asynchronous calls), running, done, failed (its own error on this rank: a
+timeout, a mismatch, an exception), abandoned (given up because of another rank: AllreduceAborted,
+RankFailure).
 
 The signals that dump it: mpiallreduce.faults.recorder_signals.
 """
@@ -150,9 +152,9 @@ def record_call(state, sequence, what, status=QUEUED):
 
 
 def run_traced(entry, function):
-    """``function()``, its entry marked running, then done or failed (``entry`` None: just the call).
-    A description that holds the call's arrays (``holds_arrays``: a Call) is then replaced by a
-    snapshot of its fields, so that the ring never keeps a user's array alive."""
+    """``function()``, its entry marked running, then done or failed (``entry`` None: just the
+    call). A description that holds the call's arrays (``holds_arrays``: a Call) is then replaced by
+    a snapshot of its fields, so that the ring never keeps a user's array alive."""
     if entry is None:
         return function()
     entry[STATE], entry[STARTED] = RUNNING, clock()
@@ -289,5 +291,6 @@ def dump(reason="on demand", directory=None):
 
 
 def dump_trace(reason="on demand", directory=None):
-    """``mpiallreduce.dump_trace()``: write this rank's flight recorder to a file now (see ``dump``)."""
+    """``mpiallreduce.dump_trace()``: write this rank's flight recorder to a file now (see
+    ``dump``)."""
     return dump(reason, directory)

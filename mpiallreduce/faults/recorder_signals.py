@@ -7,6 +7,7 @@ main thread waits in MPI (mpi4py releases the GIL there). A forked child (a data
 forgets both, so that it never dumps as its parent's rank nor ends it.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -23,7 +24,8 @@ _wakeup = [None, None]  # the write end of the recorder's wakeup pipe, the pid t
 
 def _forget_in_child():
     """A forked child (a data loader's worker) keeps the pipe and the handlers: it must not dump
-    as its parent's rank, nor end the parent (its SIGTERM's byte would reach the parent's thread)."""
+    as its parent's rank, nor end the parent (its SIGTERM's byte would reach the parent's
+    thread)."""
     global _installed
     if _wakeup[0] is None:
         return
@@ -108,8 +110,6 @@ def _read_signals(fd):
 
 def _terminate():
     """End this rank as SIGTERM would have (status 128 + 15), from any thread."""
-    try:
+    with contextlib.suppress(Exception):  # noqa: BLE001
         sys.stdout.flush(), sys.stderr.flush()
-    except Exception:  # noqa: BLE001
-        pass
     os._exit(128 + signal.SIGTERM)

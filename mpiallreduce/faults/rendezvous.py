@@ -1,4 +1,5 @@
-"""Timeouts: the ranks meet before a timed call moves any data, so a straggler is a diagnosis, not a hang.
+"""Timeouts: the ranks meet before a timed call moves any data, so a straggler is a diagnosis, not a
+hang.
 
 ``allreduce(x, timeout=T)`` (or ``MPIALLREDUCE_TIMEOUT=T``) first meets the other ranks on the
 library's communicator (mpiallreduce.state), in two rounds of 24-byte messages
@@ -49,7 +50,8 @@ __all__ = ["Rendezvous"]
 
 class Rendezvous:
     """One timed call's meeting of the ranks. ``deadline`` (time.monotonic()) may be brought forward
-    by another thread (``AllreduceHandle.wait(timeout)``); ``missing`` says who has not arrived yet."""
+    by another thread (``AllreduceHandle.wait(timeout)``); ``missing`` says who has not arrived
+    yet."""
 
     def __init__(self, state, sequence, timeout, site="", code=0):
         self.state = state
@@ -106,7 +108,8 @@ class Rendezvous:
                         codes[peer] = code
                     elif kind == GO:  # the peer saw every arrival before we did: counted in round 2
                         went_early.add(peer)
-                    # (FAILED cannot come in round 1: a peer starts the algorithm after this rank's GO)
+                    # (FAILED cannot come in round 1: a peer starts the algorithm after this rank's
+                    # GO)
                 if not self.missing:
                     break
                 now = time.monotonic()
@@ -120,8 +123,8 @@ class Rendezvous:
                     )
                     warnings.warn(
                         f"rank {rank}: {self._describe()} on {size} ranks has waited "
-                        f"{now - self.started:.1f} s for {ranks_phrase(self.missing)}{where}; it times "
-                        f"out after {self.timeout:g} s",
+                        f"{now - self.started:.1f} s for {ranks_phrase(self.missing)}{where}; it "
+                        f"times out after {self.timeout:g} s",
                         AllreduceStallWarning,
                         stacklevel=4,
                     )
@@ -177,10 +180,11 @@ class Rendezvous:
                     pending = state.given_up_before_channel = deque()
                 pending.append(self.sequence)
                 raise AllreduceTimeout(
-                    f"rank {state.rank}: {self._describe()}, the first call on this communicator of {state.size} "
-                    f"ranks: not every rank reached it within {now - self.started:.1f} s (which ranks cannot be "
-                    "told on a communicator's first call: make an untimed call, or mpiallreduce.prepare, first "
-                    "to have them named). The late ranks will learn that this call was given up",
+                    f"rank {state.rank}: {self._describe()}, the first call on this communicator "
+                    f"of {state.size} ranks: not every rank reached it within "
+                    f"{now - self.started:.1f} s (which ranks cannot be told on a communicator's "
+                    "first call: make an untimed call, or mpiallreduce.prepare, first to have them "
+                    "named). The late ranks will learn that this call was given up",
                     sequence=self.sequence,
                     waited=now - self.started,
                 )
@@ -198,8 +202,9 @@ class Rendezvous:
         waited = time.monotonic() - self.started
         still = f"; not arrived here yet: {ranks_phrase(missing)}" if missing else ""
         return AllreduceTimeout(
-            f"rank {self.state.rank}: {self._describe()} on {self.state.size} ranks: rank {peer} gave up waiting "
-            f"for it (its timeout ran out before every rank arrived; this rank came {waited:.1f} s ago{still})",
+            f"rank {self.state.rank}: {self._describe()} on {self.state.size} ranks: rank {peer} "
+            "gave up waiting for it (its timeout ran out before every rank arrived; this rank "
+            f"came {waited:.1f} s ago{still})",
             missing_ranks=missing,
             sequence=self.sequence,
             waited=waited,
@@ -214,7 +219,8 @@ class Rendezvous:
         return found
 
     def _timeout(self, channel, now):
-        """The AllreduceTimeout for ranks still missing; names those waiting in a call of another number."""
+        """The AllreduceTimeout for ranks still missing; names those waiting in a call of another
+        number."""
         state = self.state
         elsewhere = self._elsewhere(channel)
         message = (
@@ -229,8 +235,9 @@ class Rendezvous:
             message += " -- the ranks' calls do not match: a rank skipped a call or made one more"
         elif self.first_contact:
             message += (
-                " -- or, this being the communicator's first call, had come and given up before this rank "
-                "came: a rank can only tell the others once every rank has reached the first call"
+                " -- or, this being the communicator's first call, had come and given up before "
+                "this rank came: a rank can only tell the others once every rank has reached the "
+                "first call"
             )
         return AllreduceTimeout(
             message,

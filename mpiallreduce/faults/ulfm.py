@@ -8,6 +8,7 @@ MPI_ERR_REVOKED) and every survivor raises ``RankFailure`` naming the lost ranks
 Without ULFM, mpiexec (or ``srun --kill-on-bad-exit``) ends the job when a rank dies, naming it.
 """
 
+import contextlib
 import os
 import pickle
 import sys
@@ -38,7 +39,8 @@ def _failure_classes():
 
 def fault_tolerant():
     """Whether this process runs under ULFM (``mpiexec --with-ft ulfm`` sets mpi_ft_enable)."""
-    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "enabled")
+    enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "")  # noqa: SIM112 (Open MPI's own name)
+    return enabled.lower() in ("1", "true", "yes", "enabled")
 
 
 def warn_of_han(spans_nodes):
@@ -50,9 +52,9 @@ def warn_of_han(spans_nodes):
         import warnings
 
         warnings.warn(
-            "under ULFM, Open MPI's coll/han can return MPI_SUCCESS with a result never written when "
-            "a peer dies inside its MPI_Allreduce: launch with `--mca coll ^han` (mpiallreduce launch "
-            "--fault-tolerant does; docs/faults.md)",
+            "under ULFM, Open MPI's coll/han can return MPI_SUCCESS with a result never written "
+            "when a peer dies inside its MPI_Allreduce: launch with `--mca coll ^han` "
+            "(mpiallreduce launch --fault-tolerant does; docs/faults.md)",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -98,7 +100,8 @@ def failure_of(error, comm, sequence=None, also_revoke=()):
     peer, say) counts too when this process knows of failed ranks in ``comm``, or comes to know
     within LEARN_OF_FAILURE_SECONDS under ULFM; and so, under ULFM, does MISSING_BYTES: mpi4py's
     pickled collectives (the library's agreements, a mismatch's descriptions) unpickling what a rank
-    that died mid-collective never sent, where Open MPI returned success (seen at the soak's SIGTERM).
+    that died mid-collective never sent, where Open MPI returned success (seen at the soak's
+    SIGTERM).
     """
     if isinstance(error, MPI.Exception):
         if error.Get_error_class() not in _failure_classes() and not _learns_of_failed_ranks(
@@ -148,10 +151,8 @@ def _lost(comm, others):
         lost = failed_ranks(comm) or next((f for f in map(failed_ranks, others) if f), ())
         if lost or time.monotonic() >= deadline:
             return lost
-        try:
+        with contextlib.suppress(MPI.Exception):
             MPI.COMM_SELF.Iprobe()
-        except MPI.Exception:
-            pass
         time.sleep(0.01)
 
 
@@ -171,8 +172,9 @@ _shrunk = []  # communicators survivors() made: their ranks lost peers
 
 def survivors(comm):
     """After a RankFailure: the communicator of the ranks still alive (``MPI_Comm_shrink``), ranks
-    renumbered in their old order. Collective over the survivors; the old communicator stays revoked.
-    End such a program with ``exit_after_rank_failures`` (MPI_Finalize may wait for the dead)."""
+    renumbered in their old order. Collective over the survivors; the old communicator stays
+    revoked. End such a program with ``exit_after_rank_failures`` (MPI_Finalize may wait for the
+    dead)."""
     try:
         if not comm.Is_revoked():
             comm.Revoke()
@@ -185,15 +187,13 @@ def survivors(comm):
 
 def exit_after_rank_failures(status=0):
     """End this process with ``status``. If ranks were lost (``survivors`` was called), first wait
-    for the other survivors, then leave without MPI_Finalize: under ULFM, Open MPI's MPI_Finalize can
-    wait for ever for the dead ranks (open-mpi/ompi#11404; seen here about one run in four).
+    for the other survivors, then leave without MPI_Finalize: under ULFM, Open MPI's MPI_Finalize
+    can wait for ever for the dead ranks (open-mpi/ompi#11404; seen here about one run in four).
     Otherwise an ordinary ``sys.exit(status)``."""
     if not _shrunk:
         sys.exit(status)
-    try:
+    with contextlib.suppress(MPI.Exception):
         _shrunk[-1].Barrier()
-    except MPI.Exception:
-        pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

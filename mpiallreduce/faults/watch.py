@@ -1,4 +1,5 @@
-"""A failure in the middle of an algorithm ends the call on every rank, not only on the one that failed.
+"""A failure in the middle of an algorithm ends the call on every rank, not only on the one that
+failed.
 
 A hand-written algorithm (``messages_only``) talks through CallTags, which hands every wait to the
 call's PeerWatch instead of blocking in MPI:
@@ -18,6 +19,7 @@ requests left behind use the failed call's tags (CallTags): no later call can ma
 are cancelled and every request is kept with its buffer until it completes.
 """
 
+import contextlib
 import math
 import time
 
@@ -95,7 +97,8 @@ class PeerWatch:
         self.deadline = math.inf  # (set by each wait)
         self.failed = False
         self.name = name
-        self.posted = []  # the call's requests posted through CallTags (left behind with a wait's own)
+        # the call's requests posted through CallTags (left behind with a wait's own)
+        self.posted = []
         #: nonblocking collectives' requests (by id): their buffers, kept with them when left
         #: behind (mpi4py's request holds no reference to them); never cancelled
         self.collectives = {}
@@ -165,8 +168,9 @@ class PeerWatch:
                 else ("comparing the ranks' calls", "every rank's signature")
             )
             raise AllreduceTimeout(
-                f"rank {self.state.rank}: allreduce call #{self.sequence} ({self.name}) on {self.state.size} "
-                f"ranks timed out {where}: {self.timeout:g} s without {missing}; the other ranks are told",
+                f"rank {self.state.rank}: allreduce call #{self.sequence} ({self.name}) on "
+                f"{self.state.size} ranks timed out {where}: {self.timeout:g} s without {missing}; "
+                "the other ranks are told",
                 sequence=self.sequence,
                 waited=self.timeout,
             )
@@ -191,10 +195,8 @@ class PeerWatch:
             if id(request) in self.collectives:  # (MPI_Cancel of a collective is erroneous)
                 held.append((request, self.collectives[id(request)]))
             else:
-                try:
+                with contextlib.suppress(MPI.Exception):
                     request.Cancel()  # (receives; Open MPI does not cancel sends)
-                except MPI.Exception:
-                    pass
             kept.append(request)  # (the request holds its buffer)
 
 
@@ -225,13 +227,13 @@ def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):
 
 
 def wait_for_set_up(state, request, sequence):
-    """Wait for ``request``, a collective of the set-up of call #``sequence`` (CommState.make_ready),
-    as a call's wait does: the control channel looked at every millisecond. A peer that gave that
-    call up (a timed call makes its communicator ready only after its rendezvous, which an untimed
-    one never joins) ends the wait with AllreduceAborted; the request stays pending (a collective
-    cannot be cancelled), for the next set-up. Done, the channel is looked at once more (the
-    peer's next set-up may have completed it): the AllreduceAborted to raise once this set-up is
-    complete (the peer is in it), or None."""
+    """Wait for ``request``, a collective of the set-up of call #``sequence``
+    (CommState.make_ready), as a call's wait does: the control channel looked at every millisecond.
+    A peer that gave that call up (a timed call makes its communicator ready only after its
+    rendezvous, which an untimed one never joins) ends the wait with AllreduceAborted; the request
+    stays pending (a collective cannot be cancelled), for the next set-up. Done, the channel is
+    looked at once more (the peer's next set-up may have completed it): the AllreduceAborted to
+    raise once this set-up is complete (the peer is in it), or None."""
     watch = PeerWatch(state, sequence, None, "setting up the communicator")
     look_at = time.monotonic() + _QUIET_SECONDS
     while not request.Test():

@@ -10,7 +10,8 @@ ranks that contribute zeros (``allreduce(x, reproducible=True)``).
                           Where Emax is 0 the grid is the dtype's subnormal unit (exact) and a bit
                           field counts the contributions that are not -0; where Emax is all ones,
                           bit fields count +inf, -inf and NaN
-    step 3  integer sum   the sum of the words (integers add exactly, in any order, and zeros add nothing)
+    step 3  integer sum   the sum of the words (integers add exactly, in any order, and zeros add
+                          nothing)
     step 4  back          sum * q, rounded once (float64: the two words' sum rounded once), then
                           to the dtype; -0 if every contribution was -0; inf, -inf or NaN as IEEE
                           addition says (+inf with -inf is NaN)
@@ -174,8 +175,9 @@ def _all_normal(codes, fmt):
     return codes.size == 0 or (int(codes.min()) > 0 and int(codes.max()) < fmt.all_ones)
 
 
-#: 1.5 * 2^52: v + ROUNDING lies in [2^52, 2^53), where float64's spacing is 1, for |v| < 2^51, so the
-#: addition rounds v to the nearest integer (ties to even), and the sum's bits minus ROUNDING's are it
+#: 1.5 * 2^52: v + ROUNDING lies in [2^52, 2^53), where float64's spacing is 1, for |v| < 2^51, so
+#: the addition rounds v to the nearest integer (ties to even), and the sum's bits minus ROUNDING's
+#: are it
 ROUNDING = np.float64(1.5 * 2.0**52)
 ROUNDING_BITS = ROUNDING.view(np.int64)
 

@@ -4,17 +4,18 @@ The words route (contributions reduced by any algorithm, one pass each way):
 
     exponent_codes_f32   bits -> each element's biased exponent byte
     to_words_f32         x, largest -> round(x * 2^-grid(largest)) as int64    (normal largest only)
-    from_words_f32       words, largest -> float32(float64(words) * 2^grid / p)  (normal largest only;
-                         p the rank count for a mean, else 1)
+    from_words_f32       words, largest -> float32(float64(words) * 2^grid / p)  (normal largest
+                         only; p the rank count for a mean, else 1)
 
 The direct route (every contribution of an element in one place, as in shared memory):
 
     pair_sum_f32         x_0 + x_1: two contributions, a sum, is IEEE float32 addition (NaN made
                          canonical): numpy's time for the same addition
-    fused_sum_f32        x_0 .. x_(p-1) -> float32(sum_j round(x_j, grid) / p), p <= 4: one pass, each
-                         contribution rounded onto its element's grid in float64, their sum exact,
-                         every kind of element (zero, subnormal, inf, NaN) by selects: 1.1-1.3x
-                         numpy's time for the same additions where memory bounds both, 2x in cache
+    fused_sum_f32        x_0 .. x_(p-1) -> float32(sum_j round(x_j, grid) / p), p <= 4: one pass,
+                         each contribution rounded onto its element's grid in float64, their sum
+                         exact, every kind of element (zero, subnormal, inf, NaN) by selects:
+                         1.1-1.3x numpy's time for the same additions where memory bounds both, 2x
+                         in cache
     exact_sum_f32        the same for 5 to 8 contributions, by blocks: pass 1 finds each element's
                          largest exponent byte (and stops at a block holding an inf or NaN largest,
                          for the numpy passes); pass 2 converts, sums the p words in int64 and
@@ -89,18 +90,21 @@ _DOWN_NORMAL, _DOWN_TINY = 1023 + 127 - 1 + 51, 1023 + 127 - 1 + 23
 _UP_NORMAL, _UP_TINY = 1023 - 127 + 1 - 51, 1023 - 127 + 1 - 23
 _ROUNDING = 1.5 * 2.0**52
 _ROUNDING_BITS = int(np.float64(_ROUNDING).view(np.int64))
-_FIELD = 40  # (mpiallreduce.reproducible.FIELD: where a tiny element's count of contributions that are not -0 starts)
+# (mpiallreduce.reproducible.FIELD: where a tiny element's count of contributions that are not -0
+# starts)
+_FIELD = 40
 _HALF_FIELD, _BELOW_FIELD = 1 << (_FIELD - 1), (1 << _FIELD) - 1
 _CANONICAL_NAN = int(np.float32(np.nan).view(np.uint32))  # (0x7FC00000: the numpy passes' NaN)
-# 1.5 * 2^52 * 2^(E - 177) for the largest exponent byte E: exponent field E + 1023 + 52 - 177, and the
-# mantissa's top bit (the .5): fused_sum_f32's rounding constant, its bits less E's
+# 1.5 * 2^52 * 2^(E - 177) for the largest exponent byte E: exponent field E + 1023 + 52 - 177, and
+# the mantissa's top bit (the .5): fused_sum_f32's rounding constant, its bits less E's
 _GRID_ROUNDING_BITS = ((1023 + 52 - 177) << 52) | (1 << 51)
 
 if njit is not None:
     from llvmlite import ir
 
     def _bitcast(result, argument, ir_type):
-        """An intrinsic: the ``result`` whose bits are those of the ``argument`` (a numba type each)."""
+        """An intrinsic: the ``result`` whose bits are those of the ``argument`` (a numba type
+        each)."""
 
         @intrinsic
         def bitcast(typingctx, value):  # pragma: no cover - compiled
@@ -206,9 +210,9 @@ if njit is not None:
     def fused_sum_f32(
         values, bits, divide_by, power_of_two, out_bits
     ):  # pragma: no cover - compiled
-        """values, bits: tuples of p <= FUSED_MOST_CONTRIBUTIONS contributions (float32, and the same
-        as uint32); the reproducible sum / divide_by into ``out_bits`` (the output's uint32 view) in
-        one pass, every kind of element by selects, no branch:
+        """values, bits: tuples of p <= FUSED_MOST_CONTRIBUTIONS contributions (float32, and the
+        same as uint32); the reproducible sum / divide_by into ``out_bits`` (the output's uint32
+        view) in one pass, every kind of element by selects, no branch:
         - each element's largest exponent E sets its grid q = 2^(E - 177), the words route's for a
           normal E; E = 0 (every contribution zero or subnormal) gives 2^-177, on which every
           subnormal lies exactly, so the sum below is the words route's on the subnormal unit;

@@ -124,7 +124,8 @@ def sum_by_words(send, recv, mean, allreduce_in_place):
 
     values = recv if send is None else send
     fmt = FORMATS[np.dtype(values.dtype).name]
-    # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced in place
+    # the codes and words in work arrays kept between calls (fresh ones cost page faults), reduced
+    # in place
     codes = exponent_codes(values, fmt, out=scratch("reproducible.codes", values.size, fmt.code))
     allreduce_in_place(codes, "max")
     words = to_words(
@@ -145,8 +146,9 @@ def sum_by_words(send, recv, mean, allreduce_in_place):
 class ExactSumOp(ReduceOp):
     """``op`` for a reproducible sum or mean, through the planner and any algorithm: one that holds
     every contribution of an element in one place (``sees_every_contribution``: shared_memory,
-    pairwise_exchange) calls ``reduce_all_into`` (the direct route); any other reduces the exponent bytes and then the
-    words (``sum_by_words``, run by mpiallreduce.api.execute). It never reduces pairwise."""
+    pairwise_exchange) calls ``reduce_all_into`` (the direct route); any other reduces the exponent
+    bytes and then the words (``sum_by_words``, run by mpiallreduce.api.execute). It never reduces
+    pairwise."""
 
     exact = True
 

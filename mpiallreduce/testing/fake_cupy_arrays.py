@@ -1,5 +1,6 @@
-"""fake_cupy's arrays and kernels: ``ndarray`` (``__cuda_array_interface__`` over fake device memory),
-the functions that make and copy arrays, and the asynchronous kernels (elementwise, ElementwiseKernel)."""
+"""fake_cupy's arrays and kernels: ``ndarray`` (``__cuda_array_interface__`` over fake device
+memory), the functions that make and copy arrays, and the asynchronous kernels (elementwise,
+ElementwiseKernel)."""
 
 import ctypes
 import re
@@ -255,7 +256,7 @@ class ElementwiseKernel:
             raise TypeError(f"{self.name} takes {len(self.inputs)} inputs and the output")
         hosts = [a._host if isinstance(a, ndarray) else a for a in args[:-1]]
         target = args[-1]._host
-        variables = dict(zip(self.inputs, hosts))
+        variables = dict(zip(self.inputs, hosts, strict=True))
 
         def run():
             with np.errstate(all="ignore"):

@@ -1,8 +1,9 @@
 """fake_cupy's device memory: allocations that are files in /dev/shm, mapped into this process and,
-through the IPC calls (``cuda.runtime.ipcGetMemHandle`` / ``ipcOpenMemHandle`` / ``ipcCloseMemHandle``),
-into the other processes of the node, as CUDA IPC does for device memory."""
+through the IPC calls (``cuda.runtime.ipcGetMemHandle`` / ``ipcOpenMemHandle`` /
+``ipcCloseMemHandle``), into the other processes of the node, as CUDA IPC does for device memory."""
 
 import atexit
+import contextlib
 import itertools
 import mmap
 import os
@@ -43,21 +44,20 @@ class _Memory:
 
 def _unlink(path):
     _live_files.discard(path)
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 atexit.register(lambda: [_unlink(p) for p in list(_live_files)])
 
 
 def _allocation_range(ptr):
-    """(base, size) of the allocation holding ``ptr`` (cuMemGetAddressRange's answer), in this process."""
+    """(base, size) of the allocation holding ``ptr`` (cuMemGetAddressRange's answer), in this
+    process."""
     for base, memory in list(_allocations.items()):
         if base <= ptr < base + memory.size:
             return base, memory.size
-    for base, (mapping, size) in list(_opened.items()):
+    for base, (_mapping, size) in list(_opened.items()):
         if base <= ptr < base + size:
             return base, size
     raise ValueError(f"{ptr:#x} is not fake device memory")

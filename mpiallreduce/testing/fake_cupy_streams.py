@@ -37,7 +37,8 @@ class Stream:
         return event
 
     def wait_event(self, event):
-        """Kernels queued here after this call wait until ``event``'s point in its stream is reached."""
+        """Kernels queued here after this call wait until ``event``'s point in its stream is
+        reached."""
         stream, position = event._stream, event._position
         if stream is not None:
             self.launch(lambda: stream._run_until(position))

@@ -1,4 +1,5 @@
-"""The ``mpiallreduce`` command: ``info``, ``bench``, ``plot``, ``tune``, ``report``, ``model``, ``trace`` and ``launch``."""
+"""The ``mpiallreduce`` command: ``info``, ``bench``, ``plot``, ``tune``, ``report``, ``model``,
+``trace`` and ``launch``."""
 
 import os
 import signal
@@ -38,7 +39,8 @@ def _info(argv):
         choices=["gpu", "fake-gpu"],
         metavar="{gpu}",  # (fake-gpu: the tests' stand-in, not for users)
         default="gpu",
-        help="the GPU part: real CuPy (default), or the stand-in (tests, the device check's dry run)",
+        help="the GPU part: real CuPy (default), or the stand-in "
+        "(tests, the device check's dry run)",
     )
     args = parser.parse_args(argv)
     from mpi4py import MPI
@@ -62,8 +64,8 @@ def _launch(argv):
         prog="mpiallreduce launch",
         usage="mpiallreduce launch [-h] [-n RANKS] [--timeout SECONDS] [--grace SECONDS] "
         "[--fault-tolerant] [--nodes N] [--mpi-notices] -- command [args ...]",
-        description="Start a command on N ranks: srun --mpi=pmix inside a Slurm allocation, else mpiexec "
-        "with this machine's flags (MPIALLREDUCE_LAUNCHER=srun|mpiexec to choose).",
+        description="Start a command on N ranks: srun --mpi=pmix inside a Slurm allocation, else "
+        "mpiexec with this machine's flags (MPIALLREDUCE_LAUNCHER=srun|mpiexec to choose).",
         examples=(
             "mpiallreduce launch -n 2 -- python first.py",
             "mpiallreduce launch -n 4 --nodes 2 --timeout 600 -- python train.py",
@@ -85,9 +87,10 @@ def _launch(argv):
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="after SIGTERM, SIGINT (Ctrl-C) or SIGHUP, which reach every rank as SIGTERM, how long "
-        "the ranks get to checkpoint and end before they are killed (default 30); the launcher "
-        "exits with their status (99 after a checkpoint: jobs/train.sbatch requeues on it)",
+        help="after SIGTERM, SIGINT (Ctrl-C) or SIGHUP, which reach every rank as SIGTERM, how "
+        "long the ranks get to checkpoint and end before they are killed (default 30); the "
+        "launcher exits with their status (99 after a checkpoint: jobs/train.sbatch requeues on "
+        "it)",
     )
     parser.add_argument(
         "--fault-tolerant",
@@ -128,9 +131,9 @@ def _launch(argv):
     from .fault_tolerant import fault_tolerant_flags
     from .launch import launch_command, launch_environment, run
 
-    # One rank's uncaught exception (with its traceback) or sys.exit(n), n nonzero, ends the job with
-    # status 1 or n (in programs that import mpiallreduce; faults/aborting.py), rather than leaving
-    # the others waiting for it, unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
+    # One rank's uncaught exception (with its traceback) or sys.exit(n), n nonzero, ends the job
+    # with status 1 or n (in programs that import mpiallreduce; faults/aborting.py), rather than
+    # leaving the others waiting for it, unless the caller set MPIALLREDUCE_ABORT_ON_EXCEPTION=0.
     env = launch_environment(dict(os.environ, **{ABORT_ENV: os.environ.get(ABORT_ENV, "1")}))
     argv = launch_command(args.ranks, command, fault_tolerant=args.fault_tolerant, nodes=args.nodes)
     if Path(argv[0]).name == "srun":  # (srun passes signals on to its tasks itself: become it)

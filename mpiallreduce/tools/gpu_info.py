@@ -73,7 +73,10 @@ def gpu_facts(comm=MPI.COMM_WORLD, device="gpu"):
     if not usable:
         ipc = "not probed: a rank has no usable GPU"
     elif comm.Get_size() == 1:
-        ipc = "not probed: one rank (mpiallreduce launch -n 2 -- python -m mpiallreduce info probes it)"
+        ipc = (
+            "not probed: one rank "
+            "(mpiallreduce launch -n 2 -- python -m mpiallreduce info probes it)"
+        )
     else:
         from ..core.state import state_of
 

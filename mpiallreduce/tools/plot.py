@@ -49,7 +49,7 @@ def plot_results(results, output_dir):
                 (m["nbytes"], m["busbw_gbs"]) for m in measured if m["algorithm"] == name
             )
             ax.plot(
-                *zip(*points),
+                *zip(*points, strict=True),
                 linestyle=style,
                 marker=marker,
                 color=colour,
@@ -67,7 +67,7 @@ def plot_results(results, output_dir):
             bound
         ):  # (the least time an allreduce can take here, as busbw: mpiallreduce.tools.bench.limits)
             ax.plot(
-                *zip(*bound),
+                *zip(*bound, strict=True),
                 color="black",
                 linewidth=1.8,
                 label="the bound, this run (no allreduce is faster)",
@@ -154,7 +154,8 @@ MARKERS = ["v", "^", "s", "D", "P", "X", "<", ">"]
 def _line_styles(plt, names):
     """(name, colour, line style, marker) for each contender: ours solid with dots, each in a colour
     of its own (tab10, then tab20's light shades, no grey); Open MPI's forced algorithms grey, each
-    with a dash pattern and a hollow-able marker of its own; its default black, dashed, with crosses."""
+    with a dash pattern and a hollow-able marker of its own; its default black, dashed, with
+    crosses."""
     ours = [n for n in names if not n.startswith("openmpi")]
     theirs = [n for n in names if n.startswith("openmpi") and n != "openmpi"]
     palette = (

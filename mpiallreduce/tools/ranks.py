@@ -11,6 +11,7 @@ SIGTERM, ``python -m mpiallreduce.train``, then exits 99, which the launcher ret
 requeues on); after the grace period, or a second such signal, everything is killed.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -93,10 +94,8 @@ def kill_group(process):
             else {process.pid}
         )
         for pid in targets:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         try:
             process.wait(KILL_GRACE_SECONDS)
             if sig == signal.SIGTERM and not session_members(process.pid):
@@ -117,10 +116,8 @@ class GracefulStop:
         self.previous.update({sig: signal.signal(sig, self._forward) for sig in forwarded})
 
     def _forward(self, signum, _frame):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
     def _stop(self, signum, _frame):
         now = time.monotonic()
@@ -130,16 +127,14 @@ class GracefulStop:
         self.signal, self.deadline = signal.Signals(signum).name, now + self.grace
         ranks = rank_pids(self.process.pid)
         print(
-            f"mpiallreduce launch: {self.signal}: SIGTERM to the {len(ranks)} ranks; they are killed in "
-            f"{self.grace:g} s unless they end (a second signal kills them now)",
+            f"mpiallreduce launch: {self.signal}: SIGTERM to the {len(ranks)} ranks; they are "
+            f"killed in {self.grace:g} s unless they end (a second signal kills them now)",
             file=sys.stderr,
             flush=True,
         )
         for pid in ranks:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def expired(self):
         return self.deadline is not None and time.monotonic() >= self.deadline

@@ -1,4 +1,5 @@
-"""``mpiallreduce report RESULTS...``: many bench runs merged into one Deep Speech 2 table and a scaling plot.
+"""``mpiallreduce report RESULTS...``: many bench runs merged into one Deep Speech 2 table and \
+a scaling plot.
 
 The runs of a job array (``results/slurm-<job>/ranks-<n>/``), or of ``make bench`` and ``make
 bench-nodes`` on 1, 2 and 3 emulated nodes, each measured one layout (nodes x ranks). The report
@@ -55,14 +56,15 @@ def merged_rows(runs, in_place=False):
         measurements = [SimpleNamespace(**m) for m in results["measurements"]]
         if not any(m.algorithm == "openmpi" and m.in_place == in_place for m in measurements):
             notes.append(
-                f"{path}: no {'in-place' if in_place else 'out-of-place'} Open MPI default rows, left out"
+                f"{path}: no {'in-place' if in_place else 'out-of-place'} Open MPI default rows, "
+                "left out"
             )
             continue
         crowded = run_oversubscribed(results)
         if crowded:
             notes.append(
-                f"{path}: {crowded[0]} ranks ran on {crowded[1]} cores (oversubscribed): its times are "
-                "not the hardware's; compare its results for correctness"
+                f"{path}: {crowded[0]} ranks ran on {crowded[1]} cores (oversubscribed): its times "
+                "are not the hardware's; compare its results for correctness"
             )
         for row in gain_rows(measurements, in_place):
             row.update(
@@ -76,8 +78,8 @@ def merged_rows(runs, in_place=False):
             if key in chosen:
                 older, newer = sorted((chosen[key], row), key=lambda r: r["date_utc"])
                 notes.append(
-                    f"{key[0]} nodes x {key[1]} ranks at {key[2]} B measured by {older['source']} and "
-                    f"{newer['source']}: the later kept"
+                    f"{key[0]} nodes x {key[1]} ranks at {key[2]} B measured by {older['source']} "
+                    f"and {newer['source']}: the later kept"
                 )
                 row = newer
             chosen[key] = row
@@ -93,7 +95,7 @@ def _plotted_sizes(rows, sizes=None):
     common = sorted(
         n
         for n in {r["nbytes"] for r in rows}
-        if all(any(_layout(r) == l and r["nbytes"] == n for r in rows) for l in layouts)
+        if all(any(_layout(r) == layout and r["nbytes"] == n for r in rows) for layout in layouts)
     )
     if sizes:
         return [n for n in sizes if n in {r["nbytes"] for r in rows}]
@@ -115,15 +117,16 @@ def plot_scaling(rows, path, sizes=None):
     from .plot import _size_label
 
     crowded = sorted(
-        {_layout(r) for r in rows if r.get("oversubscribed")}, key=lambda l: (l[1], l[0])
+        {_layout(r) for r in rows if r.get("oversubscribed")},
+        key=lambda layout: (layout[1], layout[0]),
     )
     rows = [r for r in rows if not r.get("oversubscribed")]
-    layouts = sorted({_layout(r) for r in rows}, key=lambda l: (l[1], l[0]))
+    layouts = sorted({_layout(r) for r in rows}, key=lambda layout: (layout[1], layout[0]))
     fig, ax = plt.subplots(figsize=(9, 5.5))
     colours = plt.get_cmap("tab10")
     for i, nbytes in enumerate(_plotted_sizes(rows, sizes)):
         here = {_layout(r): r for r in rows if r["nbytes"] == nbytes}
-        xs = [x for x, l in enumerate(layouts) if l in here]
+        xs = [x for x, layout in enumerate(layouts) if layout in here]
         ax.plot(
             xs,
             [here[layouts[x]]["ours_us"] for x in xs],
@@ -207,7 +210,9 @@ def main(argv=None):
     if args.markdown:
         from .results_page import holds_text_results, markdown_page
 
-        try:  # (a folder of text results, train_bench's train.txt, plain calls, prices, holds no bench.json)
+        # (a folder of text results, train_bench's train.txt, plain calls, prices, holds no
+        # bench.json)
+        try:
             runs = find_runs([path for path in args.results if not holds_text_results(path)])
         except ResultsError as e:
             parser.error(str(e))

@@ -52,7 +52,8 @@ def load_results(path):
     if os.path.isdir(path):
         if not os.path.exists(os.path.join(path, "bench.json")):
             raise ResultsError(
-                f"{path}: no bench.json here (give a folder written by `mpiallreduce bench --output`)"
+                f"{path}: no bench.json here (give a folder written by `mpiallreduce bench "
+                "--output`)"
             )
         path = os.path.join(path, "bench.json")
     if not os.path.exists(path):
@@ -72,7 +73,8 @@ def load_results(path):
 
 
 def find_runs(paths):
-    """Every run under ``paths`` (results folders, bench.json/csv files, or folders of them), in order."""
+    """Every run under ``paths`` (results folders, bench.json/csv files, or folders of them), in
+    order."""
     found = []
     for path in paths:
         if os.path.isdir(path) and not os.path.exists(os.path.join(path, "bench.json")):

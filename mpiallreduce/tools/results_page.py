@@ -51,18 +51,24 @@ def bench_command(meta):
 def _machine(meta, results):
     library = str(meta.get("mpi_library", "?")).split(",")[0]
     text = (
-        f"{', '.join(meta.get('hosts', [])) or '?'}: {meta.get('ranks', '?')} ranks on {run_nodes(results)} "
-        f"node(s), {library}"
+        f"{', '.join(meta.get('hosts', [])) or '?'}: {meta.get('ranks', '?')} ranks on "
+        f"{run_nodes(results)} node(s), {library}"
     )
     if meta.get("openmpi_default"):
         text += f", Open MPI's default component {meta['openmpi_default']}"
     if results.get("memcpy_gbs"):
         text += f"; one core's memcpy {results['memcpy_gbs']:.1f} GB/s"
     if meta.get("link_between_nodes_gbs"):
-        text += f"; link between nodes {meta['link_between_nodes_gbs']:.2f} GB/s each way (MPI_Sendrecv of 64 MiB)"
+        text += (
+            f"; link between nodes {meta['link_between_nodes_gbs']:.2f} GB/s each way "
+            "(MPI_Sendrecv of 64 MiB)"
+        )
     crowded = run_oversubscribed(results)
     if crowded:
-        text += f"; **oversubscribed** ({crowded[0]} ranks on {crowded[1]} cores: times not the hardware's)"
+        text += (
+            f"; **oversubscribed** ({crowded[0]} ranks on {crowded[1]} cores: "
+            "times not the hardware's)"
+        )
     return text
 
 
@@ -77,13 +83,14 @@ def _training_runs(folder):
 #: the text results a folder may hold besides bench runs: plain calls against raw MPI_Allreduce
 #: (benchmarks/plain_across_nodes.py), and what a guarantee or a path costs (benchmarks/*_price.py)
 _PLAIN, _PRICES = "plain-*.txt", "*price*.txt"
-#: the bare exchanges across nodes against Open MPI's strongest (benchmarks/exchange_across_nodes.py --forced)
+#: the bare exchanges across nodes against Open MPI's strongest (benchmarks/exchange_across_nodes.py
+#: --forced)
 _FLOORS, _FLOORS_FROM = "exchange-*floor*.txt", "# the bare exchanges"
 
 
 def _text_files(folder, pattern):
-    """The non-empty files under ``folder`` (subfolders too) named like ``pattern``, sorted; a plain-call
-    file is not a price file as well."""
+    """The non-empty files under ``folder`` (subfolders too) named like ``pattern``, sorted; a
+    plain-call file is not a price file as well."""
     found = glob.glob(os.path.join(folder, "**", pattern), recursive=True)
     return sorted(
         path
@@ -122,16 +129,20 @@ def markdown_page(runs, command, folders=()):
     lines = [
         "# Measured results",
         "",
-        f"Written by `{command}` from the results folders in the repository. Do not edit it: run the",
+        f"Written by `{command}` from the results folders in the repository. "
+        "Do not edit it: run the",
         "command again. Gain = Open MPI's default time / our time, both measured in the same run",
-        "(interleaved repetitions, the median); above 1, ours is faster. `auto` is what the library",
-        "runs by default. A gain marked `?` is within the noise: the repetitions of the two overlap.",
+        "(interleaved repetitions, the median); above 1, ours is faster. "
+        "`auto` is what the library",
+        "runs by default. A gain marked `?` is within the noise: "
+        "the repetitions of the two overlap.",
         "How to read them: [benchmarks.md](benchmarks.md).",
         "",
     ]
     for path, results in runs:
         meta = results.get("metadata", {})
         measurements = results["measurements"]
+        forced_measured = any(m["algorithm"].startswith(FORCED_PREFIX) for m in measurements)
         lines += [
             f"## {path}",
             "",
@@ -139,8 +150,7 @@ def markdown_page(runs, command, folders=()):
             f"- commit: {str(meta.get('git_commit', '?'))[:12]}",
             f"- machine: {_machine(meta, results)}",
             f"- command: `{bench_command(meta)}`",
-            f"- Open MPI's forced algorithms measured: "
-            f"{'yes' if any(m['algorithm'].startswith(FORCED_PREFIX) for m in measurements) else 'no'}",
+            f"- Open MPI's forced algorithms measured: {'yes' if forced_measured else 'no'}",
             "",
         ]
         for in_place in sorted({m["in_place"] for m in measurements}):
@@ -158,8 +168,8 @@ def markdown_page(runs, command, folders=()):
             exact_rows = reproducible_rows([SimpleNamespace(**m) for m in measurements], in_place)
             if exact_rows:
                 lines += [
-                    "Reproducible sums against our fastest ordinary sum on the same kind of buffers "
-                    "(docs/reproducible.md):",
+                    "Reproducible sums against our fastest ordinary sum on the same kind of "
+                    "buffers (docs/reproducible.md):",
                     "",
                     "```text",
                     format_reproducible_table(exact_rows),
@@ -174,8 +184,8 @@ def markdown_page(runs, command, folders=()):
                 f"## {train}",
                 "",
                 "Training end to end (`python -m mpiallreduce.tools.train_bench`, make "
-                "bench-train; how to read it: training.md). comm ms/step is the step's time minus that of "
-                "`none`, no synchronization.",
+                "bench-train; how to read it: training.md). comm ms/step is the step's time minus "
+                "that of `none`, no synchronization.",
                 "",
                 "```text",
                 text,
@@ -207,8 +217,8 @@ def markdown_page(runs, command, folders=()):
                 f"## {plain}",
                 "",
                 "Plain calls whose signature goes in messages against raw `MPI_Allreduce`, "
-                "the rounds' medians (`benchmarks/plain_across_nodes.py`, its command in benchmarks.md); "
-                "the ratio is raw's time over auto's.",
+                "the rounds' medians (`benchmarks/plain_across_nodes.py`, its command in "
+                "benchmarks.md); the ratio is raw's time over auto's.",
                 "",
                 "```text",
                 text[0],
@@ -226,8 +236,9 @@ def markdown_page(runs, command, folders=()):
                 f"## {floor}",
                 "",
                 "Across nodes, two exchanges with no library layer (a `Sendrecv` and an "
-                "addition) against Open MPI's strongest (`benchmarks/exchange_across_nodes.py --forced`, its "
-                "command in benchmarks.md); the ratio is the strongest's time over theirs.",
+                "addition) against Open MPI's strongest (`benchmarks/exchange_across_nodes.py "
+                "--forced`, its command in benchmarks.md); the ratio is the strongest's time over "
+                "theirs.",
                 "",
                 "```text",
                 text[0],
@@ -256,8 +267,8 @@ def markdown_page(runs, command, folders=()):
                 f"## {table}",
                 "",
                 "Allreduce inside `jax.jit` (`make bench-jax`: `benchmarks/jax_bench.py`, its "
-                "docstring says what each contender runs; jax.md); the table as the script wrote it "
-                "from the jax.json beside it.",
+                "docstring says what each contender runs; jax.md); the table as the script wrote "
+                "it from the jax.json beside it.",
                 "",
                 text,
                 "",

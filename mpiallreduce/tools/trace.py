@@ -1,5 +1,5 @@
-"""``mpiallreduce trace DIR``: merge the flight recorder's dumps (DIR/rank<R>.json, one per rank, from
-ranks on any nodes: mpiallreduce.faults.recorder) and say where the ranks parted.
+"""``mpiallreduce trace DIR``: merge the flight recorder's dumps (DIR/rank<R>.json, one per rank,
+from ranks on any nodes: mpiallreduce.faults.recorder) and say where the ranks parted.
 
     the dumps       which ranks left one, and why (a timeout, a lost rank, an abort, SIGTERM...)
     divergence      per communicator, call by call in number order, the first call where
@@ -27,7 +27,8 @@ STILL = ("running", "queued")
 
 @dataclass
 class Finding:
-    comm: tuple  # (its world ranks, its name in the dumps: COMM_WORLD and its duplicates have the same ranks)
+    # (its world ranks, its name in the dumps: COMM_WORLD and its duplicates have the same ranks)
+    comm: tuple
     call: int
     what: str
     ranks: list[int]
@@ -68,7 +69,8 @@ def _signature(entry):
 
 
 def _named_ranks(entry):
-    """World ranks an entry's error names (a timeout's missing ranks, lost ranks, an aborting peer)."""
+    """World ranks an entry's error names (a timeout's missing ranks, lost ranks, an aborting
+    peer)."""
     error, members = entry.get("error") or {}, entry["comm"]
     named = list(error.get("missing_ranks", [])) + list(error.get("failed_ranks", []))
     if error.get("failed_rank") is not None:
@@ -166,8 +168,9 @@ def _ranks(ranks):
 def _describe_signature(entry):
     shape, dtype = entry.get("shape"), entry.get("dtype")
     return (
-        f"{entry.get('kind')} {tuple(shape) if shape is not None else ''} {dtype or ''} op={entry.get('op')}"
-        f"{' in place' if entry.get('in_place') else ''}{' at ' + entry['site'] if entry.get('site') else ''}"
+        f"{entry.get('kind')} {tuple(shape) if shape is not None else ''} {dtype or ''} "
+        f"op={entry.get('op')}{' in place' if entry.get('in_place') else ''}"
+        f"{' at ' + entry['site'] if entry.get('site') else ''}"
     )
 
 
@@ -198,7 +201,9 @@ def _cell(entry):
         "" if entry.get("ended") is None else f" {(entry['ended'] - entry['started']) * 1e3:.3g} ms"
     )
     error = f" {entry['error']['type']}" if entry.get("error") else ""
-    return f"{entry['state']} {entry.get('algorithm', '')} {_bytes(entry.get('bytes'))}{took}{error}".strip()
+    return (
+        f"{entry['state']} {entry.get('algorithm', '')} {_bytes(entry.get('bytes'))}{took}{error}"
+    ).strip()
 
 
 def side_by_side(comm, calls, around, count=6):
@@ -209,7 +214,7 @@ def side_by_side(comm, calls, around, count=6):
     header = ["call"] + [f"rank {r}" for r in ranks]
     widths = [max(len(row[i]) for row in cells + [header]) for i in range(len(header))]
     return [
-        "  ".join(text.ljust(w) for text, w in zip(row, widths)).rstrip()
+        "  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip()
         for row in [header] + cells
     ]
 
@@ -262,7 +267,8 @@ def analyze(dumps):
         lines.append(f"ended the job itself: {_ranks(culprits)}")
     if finding is not None:
         lines.append(
-            f"first divergence: call #{finding.call} on {_comm_name(finding.comm, size)}: {finding.what}"
+            f"first divergence: call #{finding.call} on {_comm_name(finding.comm, size)}: "
+            f"{finding.what}"
         )
         if finding.detail:
             lines.append(f"  {finding.detail}")
@@ -282,9 +288,9 @@ def analyze(dumps):
         ]
     else:
         lines.append(
-            f"every rank agrees on every call recorded ({sum(len(e) for c in comms.values() for e in c.values())}"
-            f" entries on {len(comms)} communicator(s))"
-            + (f"; rank(s) {culprits} ended the job" if culprits else "")
+            "every rank agrees on every call recorded "
+            f"({sum(len(e) for c in comms.values() for e in c.values())} entries on {len(comms)} "
+            "communicator(s))" + (f"; rank(s) {culprits} ended the job" if culprits else "")
         )
         for comm, calls in comms.items():
             lines.append(f"the slowest rank of the last calls on {_comm_name(comm, size)}:")
@@ -297,7 +303,8 @@ def main(argv):
 
     parser = ArgumentParser(
         prog="mpiallreduce trace",
-        description="merge the flight recorder's dumps (one per rank) and say where the ranks parted",
+        description="merge the flight recorder's dumps (one per rank) and say where the ranks "
+        "parted",
         examples=("mpiallreduce trace mpiallreduce-trace",),
     )
     parser.add_argument(

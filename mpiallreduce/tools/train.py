@@ -1,4 +1,5 @@
-"""A data-parallel training program: a small MLP on synthetic data made on the fly, numpy or PyTorch.
+"""A data-parallel training program: a small MLP on synthetic data made on the fly, numpy \
+or PyTorch.
 
     mpiexec -n 4 python -m mpiallreduce.train --steps 100 --local-batch 32 --checkpoint ckpt.npz
 
@@ -63,7 +64,8 @@ class NumpyMLP:
         self.rebind(comm)
 
     def rebind(self, comm):
-        """Synchronize over ``comm`` from now on (the survivors' communicator after a rank failure)."""
+        """Synchronize over ``comm`` from now on (the survivors' communicator after a rank
+        failure)."""
         self.sync = mar.GradientSync(comm=comm, parameters=self.params, **self.sync_options)
 
     def snapshot(self):
@@ -95,7 +97,8 @@ class NumpyMLP:
 
 
 class TorchMLP:
-    """The same model in PyTorch, with DistributedOptimizer (bucket allreduces from gradient hooks)."""
+    """The same model in PyTorch, with DistributedOptimizer (bucket allreduces from gradient
+    hooks)."""
 
     def __init__(self, params, lr, comm, sync_options, device="cpu"):
         import torch
@@ -122,7 +125,8 @@ class TorchMLP:
         mt.broadcast_optimizer_state(self.optimizer, root=0, comm=comm)
 
     def rebind(self, comm):
-        """Synchronize over ``comm`` from now on (the survivors' communicator after a rank failure)."""
+        """Synchronize over ``comm`` from now on (the survivors' communicator after a rank
+        failure)."""
         self.optimizer.rebind(comm)
 
     def snapshot(self):
@@ -176,7 +180,8 @@ class _StopRequest:
 
 
 def agree_all_succeeded(comm, succeeded):
-    """ULFM's fault-tolerant agreement: True on every survivor iff the step succeeded on all of them."""
+    """ULFM's fault-tolerant agreement: True on every survivor iff the step succeeded on all of
+    them."""
     try:
         return bool(comm.Agree(int(succeeded)))
     except (
@@ -313,15 +318,17 @@ def main(argv=None):
             model.rebind(comm)
             if rank == 0:
                 print(
-                    f"rank failure at step {step + 1}: lost rank(s) {', '.join(map(str, lost)) or '?'} of "
-                    f"{old_size}; redoing the step and going on with {size} ranks",
+                    f"rank failure at step {step + 1}: lost rank(s) "
+                    f"{', '.join(map(str, lost)) or '?'} of {old_size}; redoing the step and going "
+                    f"on with {size} ranks",
                     flush=True,
                 )
             continue
         step += 1
         if rank == 0:
             print(
-                f"step {step:>5}  loss {loss:.6f}  {b * size / seconds:,.0f} samples/s  ({size} ranks)",
+                f"step {step:>5}  loss {loss:.6f}  {b * size / seconds:,.0f} samples/s  "
+                f"({size} ranks)",
                 flush=True,
             )
         done = step

@@ -1,9 +1,11 @@
-"""Training end to end, the Deep Speech 2 way: the same model, data and steps through each gradient
+r"""Training end to end, the Deep Speech 2 way: the same model, data and steps through each gradient
 synchronization, with what allreduce costs a training epoch.
 
-    mpiallreduce launch -n 2 -- python -m mpiallreduce.tools.train_bench --output results/train/2ranks
-    mpiallreduce launch -n 2 --nodes 2 -- python -m mpiallreduce.tools.train_bench     (emulated nodes)
-    mpiallreduce launch -n 4 -- python -m mpiallreduce.tools.train_bench --device cuda  (GPU = local rank % GPUs)
+    mpiallreduce launch -n 2 -- python -m mpiallreduce.tools.train_bench \
+        --output results/train/2ranks
+    mpiallreduce launch -n 2 --nodes 2 -- python -m mpiallreduce.tools.train_bench  (emulated nodes)
+    mpiallreduce launch -n 4 -- python -m mpiallreduce.tools.train_bench --device cuda
+        (GPU = local rank % GPUs)
 
 Contenders (each trains its own copy of the model from the same start, on the same batches):
 
@@ -14,11 +16,11 @@ Contenders (each trains its own copy of the model from the same start, on the sa
     mpi4py             what a user writes by hand: after backward, one MPI_Allreduce per gradient
                        (mpi4py, in place; CUDA gradients through a host copy), then a division by
                        the rank count
-    mpi4py-fused       the same loop fused by hand, as short as it gets: after backward, every gradient
-                       copied into one buffer (torch.cat), one MPI_Allreduce in place, a division
-                       of the buffer, and the gradients pointed at views of it (no check, nothing
-                       kept for a failed step: about the least a fused sync can cost; CUDA buffers
-                       through a host copy)
+    mpi4py-fused       the same loop fused by hand, as short as it gets: after backward, every
+                       gradient copied into one buffer (torch.cat), one MPI_Allreduce in place, a
+                       division of the buffer, and the gradients pointed at views of it (no check,
+                       nothing kept for a failed step: about the least a fused sync can cost; CUDA
+                       buffers through a host copy)
     ddp-gloo           torch.nn.parallel.DistributedDataParallel over gloo (torch's CPU choice; it
                        also takes CUDA tensors, where NCCL refuses ranks that share one GPU)
     ddp-mpiallreduce   the same DDP, its buckets reduced through mpiallreduce.torch.allreduce_hook
@@ -31,9 +33,9 @@ so that the machine's drift touches them alike; the step time is the median over
 slowest rank's mean step. "comm/step" is the median over the rounds of the step time less the
 baseline's in that round: the communication that training waits for (what overlaps with backward
 is free); "vs own ms" is against the contender's own baseline (none-horovod for horovod, none for
-the others). Per epoch, that is --epoch-samples samples. Last, rank 0 trains one process on the whole batch for the same steps, and each
-contender's parameters are compared with it (max |difference|; float32, so the summation order
-shows at ~1e-7).
+the others). Per epoch, that is --epoch-samples samples. Last, rank 0 trains one process on the
+whole batch for the same steps, and each contender's parameters are compared with it (max
+|difference|; float32, so the summation order shows at ~1e-7).
 """
 
 import argparse
@@ -164,6 +166,7 @@ class Contender:
                 for view, p in zip(
                     torch.split(self.flat, [p.numel() for p in self.model.parameters()]),
                     self.model.parameters(),
+                    strict=True,
                 )
             ]
 
@@ -182,7 +185,7 @@ class Contender:
         if self.flat.device.type != "cpu":
             self.flat.copy_(torch.from_numpy(host))
         self.flat.div_(size)
-        for p, view in zip(parameters, self.views):
+        for p, view in zip(parameters, self.views, strict=False):
             p.grad = view
 
     def train(self, args, rank, size, steps):
@@ -220,7 +223,8 @@ class Contender:
 
 
 def single_process_parameters(torch, args, size, steps, device):
-    """One process, the whole batch (p * b samples), the same steps: what data parallelism must match."""
+    """One process, the whole batch (p * b samples), the same steps: what data parallelism must
+    match."""
     model = make_model(torch, args).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     for step in range(steps):
@@ -300,7 +304,8 @@ def main(argv=None):
         parser.error(f"unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
     if "horovod" in names and not horovod:
         parser.error(
-            "horovod: horovod.torch does not import on every rank; `make horovod` builds it into the venv"
+            "horovod: horovod.torch does not import on every rank; `make horovod` builds it into "
+            "the venv"
         )
 
     import torch
@@ -359,7 +364,8 @@ def main(argv=None):
         }
         if rank == 0:
             row["max_abs_difference"] = max(
-                float(np.max(np.abs(a - b))) for a, b in zip(contender.parameters(), reference)
+                float(np.max(np.abs(a - b)))
+                for a, b in zip(contender.parameters(), reference, strict=False)
             )
         rows[contender.name] = row
     if rank == 0:
@@ -392,7 +398,8 @@ def main(argv=None):
 
 
 def run_rounds(contenders, args, rank, size):
-    """A first step each, untimed (allocations, bucket preparation), then --rounds interleaved rounds."""
+    """A first step each, untimed (allocations, bucket preparation), then --rounds interleaved
+    rounds."""
     for contender in contenders:
         contender.train(args, rank, size, 1)
         contender.step_seconds.clear()

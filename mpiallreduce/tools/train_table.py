@@ -18,7 +18,8 @@ __all__ = ["table", "median_interval", "OWN_BASELINE", "COMPARISONS"]
 #: a contender's own baseline, where it is not "none"
 OWN_BASELINE = {"horovod": "none-horovod"}
 #: (contender, weight, other): contender's comm ms against weight x the other's, round by round
-#: (the last two: how far ours is from the fused loop by hand, and whether even that is half of DDP's)
+#: (the last two: how far ours is from the fused loop by hand, and whether even that is half of
+#: DDP's)
 COMPARISONS = (
     ("mpiallreduce", 1.0, "mpi4py"),
     ("mpiallreduce", 0.5, "ddp-gloo"),
@@ -31,7 +32,8 @@ COMPARISONS = (
 def median_interval(values, confidence=0.95):
     """(median, low, high): the median of ``values`` and an interval that holds the true median
     with at least ``confidence`` (the order statistics k and n-1-k, k the largest with a binomial
-    tail of at most (1-confidence)/2 on either side). (None, None) bounds with fewer than 6 values."""
+    tail of at most (1-confidence)/2 on either side). (None, None) bounds with fewer than 6
+    values."""
     ordered, n = sorted(values), len(values)
     middle = statistics.median(ordered)
     k, tail = -1, 0.0
@@ -43,7 +45,10 @@ def median_interval(values, confidence=0.95):
 
 def _paired(row, baseline, weight=1.0):
     """Each round's step of ``row`` less ``weight`` x ``baseline``'s in the same round (seconds)."""
-    return [a - weight * b for a, b in zip(row["rounds_step_s"], baseline["rounds_step_s"])]
+    return [
+        a - weight * b
+        for a, b in zip(row["rounds_step_s"], baseline["rounds_step_s"], strict=False)
+    ]
 
 
 def _span(low, high):
@@ -57,8 +62,9 @@ def table(rows, args, size, nodes, gradient_bytes, model):
         f"({gradient_bytes / 2**20:.1f} MiB of float32 gradients), local batch {args.local_batch}, "
         f"median of {args.rounds} interleaved rounds of {args.steps_per_round} steps; "
         f"an epoch = {args.epoch_samples} samples = {steps_per_epoch:.0f} steps",
-        f"{'contender':<18} {'samples/s':>10} {'step ms':>8} {'comm ms/step':>12} {'95% interval':>13} "
-        f"{'comm s/epoch':>12} {'comm share':>10} {'vs own ms':>9} {'max |diff| vs 1 process':>24}",
+        f"{'contender':<18} {'samples/s':>10} {'step ms':>8} {'comm ms/step':>12} "
+        f"{'95% interval':>13} {'comm s/epoch':>12} {'comm share':>10} {'vs own ms':>9} "
+        f"{'max |diff| vs 1 process':>24}",
     ]
     for name, row in rows.items():
         base = name.startswith("none")
@@ -82,14 +88,15 @@ def table(rows, args, size, nodes, gradient_bytes, model):
             samples_per_s=args.local_batch * size / row["step_s"],
         )
         lines.append(
-            f"{name:<18} {row['samples_per_s']:>10,.0f} {row['step_s'] * 1e3:>8.1f} {comm_s * 1e3:>12.1f} "
-            f"{_span(low, high):>13} {row['comm_s_per_epoch']:>12.2f} {row['comm_share']:>10.0%} "
-            f"{own_s * 1e3:>9.1f} {row['max_abs_difference']:>24.2e}"
+            f"{name:<18} {row['samples_per_s']:>10,.0f} {row['step_s'] * 1e3:>8.1f} "
+            f"{comm_s * 1e3:>12.1f} {_span(low, high):>13} {row['comm_s_per_epoch']:>12.2f} "
+            f"{row['comm_share']:>10.0%} {own_s * 1e3:>9.1f} {row['max_abs_difference']:>24.2e}"
         )
     compared = [(a, w, b) for a, w, b in COMPARISONS if a in rows and b in rows]
     if compared:
         lines.append(
-            "round by round (comm ms; the steps' difference in each round, median and 95% interval):"
+            "round by round (comm ms; the steps' difference in each round, median and 95% "
+            "interval):"
         )
     for a, weight, b in compared:
         middle, low, high = median_interval(
@@ -97,7 +104,9 @@ def table(rows, args, size, nodes, gradient_bytes, model):
             if weight == 1.0
             else [
                 x - weight * y
-                for x, y in zip(_paired(rows[a], rows["none"]), _paired(rows[b], rows["none"]))
+                for x, y in zip(
+                    _paired(rows[a], rows["none"]), _paired(rows[b], rows["none"]), strict=False
+                )
             ]
         )
         verdict = (

@@ -49,7 +49,8 @@ __all__ = ["main"]
 
 
 def device_section_from_bench(bench, previous=None):
-    """The tuning table's ``device`` section from a ``bench --device gpu`` run (bench.json, loaded)."""
+    """The tuning table's ``device`` section from a ``bench --device gpu`` run (bench.json,
+    loaded)."""
     if bench.get("metadata", {}).get("device") not in ("gpu", "fake-gpu"):
         raise ValueError("not a bench run on device arrays (bench --device gpu)")
     from .bench import BASELINE
@@ -88,7 +89,8 @@ def _write_device_section(path, output):
     with open(output, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
     print(
-        f"# device arrays on one node: auto will use ({'measured' if table['device']['measured'] else 'stand-in'})"
+        "# device arrays on one node: auto will use "
+        f"({'measured' if table['device']['measured'] else 'stand-in'})"
     )
     _print_rules(table["device"]["one_node"])
     print(f"# written to {output}")
@@ -104,9 +106,10 @@ def _print_rules(rules):
 
 
 def _put(table, args, section, ranks, key, rules, written):
-    """``section[ranks] = rules`` and the table's metadata ``key`` = ``written``; with ``--keep-above``
-    the new rules below the cut, the section's earlier ones above it, and below the smallest size
-    measured (if above 4 B) the section's earlier ones too (the metadata says so). The rules put."""
+    """``section[ranks] = rules`` and the table's metadata ``key`` = ``written``; with
+    ``--keep-above`` the new rules below the cut, the section's earlier ones above it, and below the
+    smallest size measured (if above 4 B) the section's earlier ones too (the metadata says so). The
+    rules put."""
     low = (
         min(args.sizes) if min(args.sizes) > 4 else 0
     )  # (below the smallest size measured: the table's, kept)
@@ -328,8 +331,8 @@ def main(argv=None):
                 ),
             )
             print(
-                f"# {where}: a prepared call of MPI's own runs (mpi:persistent where it beats the blocking call, "
-                "mpi, by more than 5%)"
+                f"# {where}: a prepared call of MPI's own runs (mpi:persistent where it beats the "
+                "blocking call, mpi, by more than 5%)"
             )
             _print_rules(rules)
     with open(args.output, "w") as f:

@@ -1,4 +1,5 @@
-"""Which gradient goes in which bucket, decided once from the parameters (the plan GradientSync runs).
+"""Which gradient goes in which bucket, decided once from the parameters (the plan GradientSync
+runs).
 
     parameters, as declared        p0 p1 p2 p3 p4 p5
     backward's order (reversed)    p5 p4 p3 p2 p1 p0
@@ -52,7 +53,8 @@ class GradientSpec(NamedTuple):
 
 
 def accumulation_dtype(dtype):
-    """float16, bfloat16 (ml_dtypes) and narrower floats are summed in float32; the rest in their own type."""
+    """float16, bfloat16 (ml_dtypes) and narrower floats are summed in float32; the rest in their
+    own type."""
     dtype = np.dtype(dtype)
     if (
         dtype.kind == "f" and dtype.itemsize < 4
@@ -104,9 +106,9 @@ class Bucket(NamedTuple):
 
 
 def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):
-    """Buckets of ``slots`` (a list of Slot), filled in ``order`` (slot indices): one open bucket per
-    kind, closed once it holds ``bucket_bytes``; numbered by when they were opened. Members of at
-    least ``direct_min_bytes`` (None: none) whose dtype is their
+    """Buckets of ``slots`` (a list of Slot), filled in ``order`` (slot indices): one open bucket
+    per kind, closed once it holds ``bucket_bytes``; numbered by when they were opened. Members of
+    at least ``direct_min_bytes`` (None: none) whose dtype is their
     accumulation dtype are reduced on their own rather than fused."""
     open_buckets, opened = {}, []
     for index in order:

@@ -3,13 +3,15 @@
     p = 3 ranks, a bucket of n elements split into p chunks (padded to p * c), each rounded to
     16 bits (float16 or bfloat16) and followed by the bucket's 32-bit layout digest:
 
-    step 1  Alltoall      rank r sends chunk j (+ digest) to rank j; rank j receives chunk j of every rank
+    step 1  Alltoall      rank r sends chunk j (+ digest) to rank j; rank j receives chunk j of
+                          every rank
               rank 0: [a0|a1|a2]     rank 0 holds a0 b0 c0
               rank 1: [b0|b1|b2] --> rank 1 holds a1 b1 c1       (p - 1) * c * 2 bytes each way
               rank 2: [c0|c1|c2]     rank 2 holds a2 b2 c2
     step 2  rank j sums its p chunks in float32, in rank order (then divides by p for a mean, and
             applies the postscale), rounds once to 16 bits; it compares the p digests it received
-    step 3  Allgather     every rank gets every owner's rounded chunk and its verdict on the digests:
+    step 3  Allgather     every rank gets every owner's rounded chunk and its verdict on the
+                          digests:
               [s0, ok0 | s1, ok1 | s2, ok2]                   (p - 1) * c * 2 bytes each way
 
 Horovod's ``Compression.fp16`` and torch's ``fp16_compress_hook`` allreduce float16 itself: every
@@ -90,7 +92,8 @@ def _encode_into(destination, values, compression):
 
 
 def _decode_into(destination, encoded, compression, accumulate=False):
-    """``destination`` (float) = (or +=, with ``accumulate``) ``encoded``'s values, widened exactly."""
+    """``destination`` (float) = (or +=, with ``accumulate``) ``encoded``'s values, widened
+    exactly."""
     torch = _torch()
     if torch is None:
         wide = from_wire(encoded, compression)

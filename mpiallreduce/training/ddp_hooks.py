@@ -2,12 +2,14 @@
 ``find_unused_parameters``; each bucket is reduced through mpiallreduce instead of DDP's process
 group (which DDP still needs for its own setup: broadcasting the model, finding unused parameters).
 
-    mt.init_process_group()                                   # gloo, its rendezvous given out through MPI
+    mt.init_process_group()                                   # gloo, its rendezvous given out
+                                                              # through MPI
     model = DistributedDataParallel(model)
-    model.register_comm_hook(mt.HookState(), mt.allreduce_hook)    # or fp16_compress_hook, bf16_compress_hook,
+    model.register_comm_hook(mt.HookState(), mt.allreduce_hook)    # or fp16_compress_hook,
+                                                                   # bf16_compress_hook,
                                                                    # reproducible_hook
-    backward: DDP bucket i full ──hook(state, bucket)──> mean of bucket.buffer() over the ranks ──> Future
-              ──> DDP copies the bucket back into the gradients
+    backward: DDP bucket i full ──hook(state, bucket)──> mean of bucket.buffer() over the ranks
+              ──> Future ──> DDP copies the bucket back into the gradients
 
 The hooks reduce synchronously and return a completed Future: DDP calls them in bucket order on
 every rank, as each bucket fills during backward. ``fp16_compress_hook`` and ``bf16_compress_hook``
@@ -102,7 +104,8 @@ def _compressed_hook(codec):
             cupy.cuda.get_current_stream().synchronize()
         return _done(tensor)
 
-    # (not torch's own names: DistributedDataParallel refuses a hook named bf16_compress_hook without NCCL)
+    # (not torch's own names: DistributedDataParallel refuses a hook named bf16_compress_hook
+    # without NCCL)
     hook.__name__ = hook.__qualname__ = f"mpiallreduce_{codec}_compress_hook"
     hook.__doc__ = (
         f"The mean of the bucket, sent as {codec} and summed in float32, rounded once "

@@ -3,7 +3,8 @@ where results are handed over as views (GradientSync(write_back=False)), the two
 fills in turn.
 
     step s    gradients ──copy──> buffer[t] ──allreduce in place──> the results: views of buffer[t]
-    step s+1  gradients (those views, or new arrays) ──copy──> buffer[1 - t] ──> views of buffer[1 - t]
+    step s+1  gradients (those views, or new arrays) ──copy──> buffer[1 - t]
+              ──> views of buffer[1 - t]
 
 The turn t moves on only after a step that succeeded (BucketReducer.write_back): the buffer a step
 reduces is never the one the last results live in (once handed over, the gradients), so a step that
@@ -44,23 +45,26 @@ class FusedBuffers:
     ):
         self.comm, self.slots, self.buckets, self.algorithm = comm, slots, buckets, algorithm
         self.timeout, self.compression, self.reproducible = timeout, compression, reproducible
-        self._own = {}  # bucket index -> [fused buffer, its members' views, its PreparedAllreduce or None]
+        # bucket index -> [fused buffer, its members' views, its PreparedAllreduce or None]
+        self._own = {}
         self._second = {}  # bucket index -> the same, of the buffer for odd turns (with views)
         self._symmetric = []  # the fused buffers made symmetric (freed with the plan: free)
         self._digest_arrays = {}  # (bucket index, digest) -> its elements, in the bucket's memory
-        #: on one node, only where every failed step fails on every rank (untimed: turns never differ,
-        #: and a symmetric buffer must lie at the same place on every rank); else written back
+        #: on one node, only where every failed step fails on every rank (untimed: turns never
+        #: differ, and a symmetric buffer must lie at the same place on every rank); else written
+        #: back
         self.views = views and not (one_node and compression is None and not untimed(timeout))
         self._turn = 0  # which buffer this step fills
-        #: a bucket that hands its results over ends as the mean where nothing else is left to apply (no
-        #: postscale, no reproducible sum: divided after, as a large gradient's): by a call of the mean,
-        #: or divided on the way in (in_scale) and summed; the others sum
+        #: a bucket that hands its results over ends as the mean where nothing else is left to apply
+        #: (no postscale, no reproducible sum: divided after, as a large gradient's): by a call of
+        #: the mean, or divided on the way in (in_scale) and summed; the others sum
         self._mean_in_call = self.views and op == "mean" and not reproducible and postscale == 1.0
-        #: bucket index -> 1/p, where the mean is divided on the way in instead: p a power of two (exact,
-        #: values staying normal; where the sum would overflow, the mean stays finite, as DDP's, which
-        #: divides first), each gradient copied in times it (the same pass as a copy), and the bucket
-        #: summed by what sums fastest (MPI's own: its mean costs a pass more; docs/training.md). Real
-        #: floats only: a complex product by 1/p can flip the sign of a zero, a division does not
+        #: bucket index -> 1/p, where the mean is divided on the way in instead: p a power of two
+        #: (exact, values staying normal; where the sum would overflow, the mean stays finite, as
+        #: DDP's, which divides first), each gradient copied in times it (the same pass as a copy),
+        #: and the bucket summed by what sums fastest (MPI's own: its mean costs a pass more;
+        #: docs/training.md). Real floats only: a complex product by 1/p can flip the sign of a
+        #: zero, a division does not
         size = comm.Get_size()
         self.in_scale = {
             bucket.index: bucket.dtype.type(1 / size)
@@ -84,7 +88,8 @@ class FusedBuffers:
                         )
 
     def free(self):
-        """Free the symmetric buffers (collective: a replan, every rank at once, nothing in flight)."""
+        """Free the symmetric buffers (collective: a replan, every rank at once, nothing in
+        flight)."""
         from ..core.state import state_of
         from ..core.symmetric import free_array
 
@@ -93,7 +98,8 @@ class FusedBuffers:
         self._symmetric, self._own, self._second = [], {}, {}
 
     def hands_over(self, bucket):
-        """Whether ``bucket``'s results go back as views of its buffers (``views``: host, not compressed)."""
+        """Whether ``bucket``'s results go back as views of its buffers (``views``: host, not
+        compressed)."""
         return (
             self.views
             and not bucket.device
@@ -118,7 +124,8 @@ class FusedBuffers:
     def call(self, bucket):
         """The prepared call of the buffer this step fills, made at the bucket's first start: on
         every rank, in bucket order (collective); with views one on each buffer, neither persistent:
-        where a step failed on some ranks only their turns differ, and the two are the same call to MPI."""
+        where a step failed on some ranks only their turns differ, and the two are the same call to
+        MPI."""
         from ..api import prepare_at
 
         own = self._own[bucket.index]
@@ -166,7 +173,8 @@ class FusedBuffers:
         return elements
 
     def _make(self, bucket, xp, symmetric=False, second=False):
-        """``bucket``'s own fused buffer (its payload, then the last bucket's digest), with its views."""
+        """``bucket``'s own fused buffer (its payload, then the last bucket's digest), with its
+        views."""
         last = bucket.index == len(self.buckets) - 1
         carries_digest = last and not (self.compression is not None and bucket.dtype.kind == "f")
         count = bucket.count + (DIGEST_ELEMENTS if carries_digest else 0)
@@ -183,11 +191,12 @@ class FusedBuffers:
         return made
 
     def _members_in(self, fused, bucket):
-        """Each fused member's place in ``fused``, shaped like its gradient (made once per buffer)."""
+        """Each fused member's place in ``fused``, shaped like its gradient (made once per
+        buffer)."""
         return [
             (
                 index,
                 fused[offset : offset + self.slots[index].count].reshape(self.slots[index].shape),
             )
-            for index, offset in zip(bucket.fused, bucket.offsets)
+            for index, offset in zip(bucket.fused, bucket.offsets, strict=False)
         ]

@@ -1,8 +1,11 @@
-"""Gradient synchronization for data-parallel training: fixed buckets, averaging, identical replicas.
+"""Gradient synchronization for data-parallel training: fixed buckets, averaging, identical
+replicas.
 
-    sync = GradientSync(parameters=params, bucket_bytes=25 * 2**20)   # {name: array}, as DDP takes the model
+    sync = GradientSync(parameters=params, bucket_bytes=25 * 2**20)   # {name: array}, as DDP takes
+                                                                      # the model
     for name, grad in reversed(gradients.items()):                     # as backward produces them
-        sync.ready(grad, name=name)   # a bucket is allreduced in the background once all its members are ready
+        sync.ready(grad, name=name)   # a bucket is allreduced in the background once all its
+                                      # members are ready
     sync.wait()                       # every gradient now holds the mean over the ranks, in place
 
 Many small gradients cost a few large allreduces instead of hundreds of small ones (torch DDP's
@@ -17,8 +20,9 @@ the gradient and the ranks, never wrong values (mpiallreduce.training.steps). Wi
 ``find_unused_parameters``). No gradient is written before ``wait()`` knows that the step succeeded
 on every rank (mpiallreduce.training.reduction).
 
-float16 and bfloat16 are summed in float32, rounded once; ``compression`` sends 16 bits. Gradients may be
-numpy or CuPy arrays (device buckets); on one node host buckets are symmetric buffers (single copy).
+float16 and bfloat16 are summed in float32, rounded once; ``compression`` sends 16 bits. Gradients
+may be numpy or CuPy arrays (device buckets); on one node host buckets are symmetric buffers (single
+copy).
 """
 
 import contextlib
@@ -51,8 +55,9 @@ __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replic
 class GradientSync:
     """Fuses gradients into fixed buckets, allreduces each (in the background as soon as all its
     gradients are ready, with ``overlap``), writes the results back in place at ``wait()``, once
-    every rank's step succeeded. Large gradients are reduced on their own: in a buffer kept from step
-    to step, or where no rank overlaps and untimed, where they lie once the ranks agreed (training.reduction).
+    every rank's step succeeded. Large gradients are reduced on their own: in a buffer kept from
+    step to step, or where no rank overlaps and untimed, where they lie once the ranks agreed
+    (training.reduction).
 
     Args:
         comm: communicator of the replicas (COMM_WORLD if None).
@@ -70,25 +75,27 @@ class GradientSync:
             a name, ``grad`` must be the declared array itself. Without ``parameters``, the first
             step's ``ready`` calls declare them, by ``name``, else by position (the n-th ``ready``
             is the n-th gradient: unnamed ones of one shape and dtype are a ValueError on every
-            rank, as a swap could not be seen); if every rank changes them alike, they are planned anew.
+            rank, as a swap could not be seen); if every rank changes them alike, they are planned
+            anew.
         find_unused: a declared gradient that this rank did not mark ready counts as zeros here
             (torch DDP's ``find_unused_parameters``); ``wait()`` returns its result. Without it, a
             missing gradient is a ValueError on every rank at ``wait()``.
         compression: None, "fp16" or "bf16": float gradients travel as 16 bits, are summed in
-            float32 and rounded once (complex ones travel as they are; see mpiallreduce.compression).
-            Compressed buckets are not timed: no ``timeout`` with it.
+            float32 and rounded once (complex ones travel as they are; see
+            mpiallreduce.compression). Compressed buckets are not timed: no ``timeout`` with it.
         reproducible: every bucket's sum is reproducible (``allreduce(..., reproducible=True)``):
             the same bits whatever the bucket size, the algorithm, the ranks' order.
         rebuild_buckets: after the first step with declared parameters, if every rank's gradients
             arrived in one same order, refill the buckets in that order (as DDP does), so that
             each starts as early as it can.
         overlap: True: reduce each full bucket in the background while backward goes on; False: at
-            ``wait()``, on the caller's thread; None: where this rank has a core to spare (mpiallreduce.
-            training.overlap). Ranks may differ; where none overlaps, large gradients go in place.
+            ``wait()``, on the caller's thread; None: where this rank has a core to spare
+            (mpiallreduce.training.overlap). Ranks may differ; where none overlaps, large gradients
+            go in place.
         write_back: False: host buckets' results (of the gradients' dtype) are not copied into them
-            but returned by ``wait()``, views of a bucket's two buffers (used in turn: valid until the
-            step after next), for a framework to point its gradients at (``grad.set_``; on one node
-            with a timeout, written back: mpiallreduce.training.fused).
+            but returned by ``wait()``, views of a bucket's two buffers (used in turn: valid until
+            the step after next), for a framework to point its gradients at (``grad.set_``; on one
+            node with a timeout, written back: mpiallreduce.training.fused).
     """
 
     def __init__(
@@ -130,7 +137,8 @@ class GradientSync:
             )
         if self.compression and timeout is not None:
             raise ValueError(
-                "GradientSync: compressed buckets cannot be timed yet (timeout=None with compression)"
+                "GradientSync: compressed buckets cannot be timed yet (timeout=None with "
+                "compression)"
             )
         self.declared = parameters is not None
         #: declared as a dict: named by its keys (synchronize then finds each by identity)
@@ -140,7 +148,8 @@ class GradientSync:
         self._slots = self._reducer = None
         self._by_name, self._by_identity = {}, {}
         self._device_xp, self._no_sync, self._buckets = None, 0, []
-        #: what every rank's GradientSync must have alike (compared with the gradients, collectively)
+        #: what every rank's GradientSync must have alike (compared with the gradients,
+        #: collectively)
         self._options = {
             "bucket_bytes": bucket_bytes,
             "op": op,
@@ -164,7 +173,7 @@ class GradientSync:
             slots = [given_slot(name, array) for name, array in named]
             problems = [
                 f"{slot.describe()}: {reason}"
-                for slot, (_, array) in zip(slots, named)
+                for slot, (_, array) in zip(slots, named, strict=True)
                 if not isinstance(array, GradientSpec)
                 and (reason := problem(array)) is not None
                 and "read-only" not in reason
@@ -173,7 +182,8 @@ class GradientSync:
                 self.comm, slots, "GradientSync(parameters=...)", self._options, problems, timeout
             )
             self._by_identity = {id(array): i for i, (_, array) in enumerate(named)}
-            # (held: an id is unique only while its object lives; freed, another array could take it)
+            # (held: an id is unique only while its object lives; freed, another array could take
+            # it)
             self._declared_arrays = [array for _, array in named]
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
@@ -185,7 +195,8 @@ class GradientSync:
             )
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
-        self._fits = {}  # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
+        # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
+        self._fits = {}
         self._buckets = plan_buckets(
             slots, self.bucket_bytes, list(order), None if self.compression else DIRECT_MIN_BYTES
         )
@@ -227,9 +238,10 @@ class GradientSync:
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Within it, ``ready`` and ``wait`` do nothing (DDP's ``no_sync``): gradients accumulate over
-        micro-batches, reduced once in the first step outside it. As with DDP, every rank must enter
-        it alike (else the ranks wait for each other, for ever or until ``timeout``, which names them)."""
+        """Within it, ``ready`` and ``wait`` do nothing (DDP's ``no_sync``): gradients accumulate
+        over micro-batches, reduced once in the first step outside it. As with DDP, every rank must
+        enter it alike (else the ranks wait for each other, for ever or until ``timeout``, which
+        names them)."""
         self._no_sync += 1
         try:
             yield self
@@ -237,8 +249,8 @@ class GradientSync:
             self._no_sync -= 1
 
     def ready(self, grad, name=None):
-        """Mark ``grad`` (a writeable numpy array, or a CuPy array) ready; start every bucket that is
-        then complete, in bucket order. ``name``: the declared parameter it is the gradient of.
+        """Mark ``grad`` (a writeable numpy array, or a CuPy array) ready; start every bucket that
+        is then complete, in bucket order. ``name``: the declared parameter it is the gradient of.
         ``grad`` is read, not written, until ``wait()``: it must not change before then."""
         if self._no_sync:
             return
@@ -259,8 +271,9 @@ class GradientSync:
                 and step.accept(index, grad)
             ):  # (the common case: as it came before)
                 return self._arrive(index, grad)
-        # Nothing here raises: what is wrong with a gradient is recorded and reaches every rank through
-        # the digest, so that every rank's wait() raises, not this one's alone (leaving the others).
+        # Nothing here raises: what is wrong with a gradient is recorded and reaches every rank
+        # through the digest, so that every rank's wait() raises, not this one's alone (leaving the
+        # others).
         trouble = problem(grad)
         if trouble is None and self._device_xp is None and on_device(grad):
             self._device_xp = namespace(grad)
@@ -274,7 +287,9 @@ class GradientSync:
                 if name is not None
                 else self._by_identity.get(id(grad))
             )
-        else:  # (by position: the n-th ready is the n-th gradient, unless another has its shape and dtype)
+        else:
+            # (by position: the n-th ready is the n-th gradient, unless another has its shape and
+            # dtype)
             index = len(step.arrivals) if len(step.arrivals) < len(self._slots) else None
             trouble = UNNAMED_TWIN if trouble is None and index in self._twins else trouble
         given = given_slot(name if name is not None else f"#{index}", grad)
@@ -330,14 +345,16 @@ class GradientSync:
         )
 
     def wait(self):
-        """Start the buckets not yet started, wait for them; if the step succeeded everywhere, write back.
+        """Start the buckets not yet started, wait for them; if the step succeeded everywhere, write
+        back.
 
         Returns {name: result} for the declared gradients this rank did not mark ready (with
         ``find_unused``): what the other ranks' gradients summed (or averaged) to; with
         ``write_back=False``, also those handed over as views (see there), not written.
 
-        Raises (on any error, no gradient was changed: each holds what this rank gave; without a timeout
-        where no rank overlaps, a rank lost after the ranks agreed may leave large ones partly reduced):
+        Raises (on any error, no gradient was changed: each holds what this rank gave; without a
+        timeout where no rank overlaps, a rank lost after the ranks agreed may leave large ones
+        partly reduced):
             ValueError, on every rank: the ranks' gradients differ (names, shapes, dtypes, order, or
                 one missing without ``find_unused``).
             what a bucket's allreduce raised (a timeout, a lost rank), once every bucket is done.
@@ -352,7 +369,7 @@ class GradientSync:
             ]
             problems = [
                 f"{slot.describe()}: {reason}"
-                for slot, (grad, _) in zip(slots, calls)
+                for slot, (grad, _) in zip(slots, calls, strict=True)
                 if (reason := problem(grad)) is not None
             ]
             try:
@@ -415,7 +432,8 @@ class GradientSync:
 
     def _reduce(self, buckets, since=0, in_place=(), last_part="all"):
         """Start ``buckets`` (of the last, ``last_part``), wait for those started from ``since`` on:
-        whether the digests agreed. An error ends the step and is raised, once all started are done."""
+        whether the digests agreed. An error ends the step and is raised, once all started are
+        done."""
         try:
             if self._step.failed is not None:
                 raise self._step.failed
@@ -441,9 +459,9 @@ class GradientSync:
             self.ready(grad, name)
 
     def synchronize(self, gradients):
-        """``ready`` every gradient in order, then ``wait``; returns the gradients. Named by position
-        (the parameters declared in a list, or none declared); declared in a dict, each gradient
-        must be the declared array itself."""
+        """``ready`` every gradient in order, then ``wait``; returns the gradients. Named by
+        position (the parameters declared in a list, or none declared); declared in a dict, each
+        gradient must be the declared array itself."""
         if not self.write_back:
             raise ValueError(
                 "GradientSync(write_back=False) hands results over: use ready() and wait()"

@@ -1,4 +1,5 @@
-"""A plan's bucket allreduces: started in the background, waited for, and written back only at the end.
+"""A plan's bucket allreduces: started in the background, waited for, and written back only at the
+end.
 
 Each bucket's small gradients are copied into its fused buffer (the last bucket's followed by the
 step's digest, mpiallreduce.buckets) and reduced there; each large one (DIRECT_MIN_BYTES or more,
@@ -30,9 +31,10 @@ from .fused import FusedBuffers
 __all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
 
 #: gradients of at least this many bytes (in their accumulation dtype) are reduced on their own,
-#: not copied into a bucket's buffer (mpiallreduce.buckets); smaller ones cost less fused than a call
-#: each, across nodes (a message) and on one node (where the bucket is symmetric: single copy), and
-#: so where they could be reduced in place (docs/training.md: 64 KiB there before, 1.1-2x slower)
+#: not copied into a bucket's buffer (mpiallreduce.buckets); smaller ones cost less fused than a
+#: call each, across nodes (a message) and on one node (where the bucket is symmetric: single copy),
+#: and so where they could be reduced in place (docs/training.md: 64 KiB there before, 1.1-2x
+#: slower)
 DIRECT_MIN_BYTES = 1 << 20
 _byte_bounds = (
     getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
@@ -40,8 +42,8 @@ _byte_bounds = (
 
 
 def _copy_into(xp, view, grad, scale):
-    """A gradient into its place in a bucket's buffer: copied, or times ``scale`` (the mean divided on
-    the way in: FusedBuffers.in_scale), in the same pass, in the bucket's dtype."""
+    """A gradient into its place in a bucket's buffer: copied, or times ``scale`` (the mean divided
+    on the way in: FusedBuffers.in_scale), in the same pass, in the bucket's dtype."""
     if scale is None:
         xp.copyto(view, grad, casting="unsafe")
     else:
@@ -49,7 +51,8 @@ def _copy_into(xp, view, grad, scale):
 
 
 class BucketReducer:
-    """The allreduces of ``buckets`` (over ``slots``), with their buffers, kept for as long as the plan."""
+    """The allreduces of ``buckets`` (over ``slots``), with their buffers, kept for as long as the
+    plan."""
 
     def __init__(
         self,
@@ -71,10 +74,11 @@ class BucketReducer:
         """``one_node``: the host buckets' buffers are symmetric (mpiallreduce.empty: made here, in
         bucket order, on every rank, as the plan is agreed), so their reductions run single copy.
         ``views``: host buckets hand their results over as views (two buffers a bucket, in turn:
-        ``write_back``), ending as the mean where nothing else is left to apply (FusedBuffers.call_op).
-        ``replaced``: the reducer of the plan this one replaces (a replan: every rank at once, nothing
-        in flight): its buffers are freed now, or, where it handed results over, two successful
-        steps on (``write_back``), as long as those results stay valid."""
+        ``write_back``), ending as the mean where nothing else is left to apply
+        (FusedBuffers.call_op). ``replaced``: the reducer of the plan this one replaces (a replan:
+        every rank at once, nothing in flight): its buffers are freed now, or, where it handed
+        results over, two successful steps on (``write_back``), as long as those results stay
+        valid."""
         self.comm, self.slots, self.buckets, self.op, self.algorithm = (
             comm,
             slots,
@@ -105,10 +109,12 @@ class BucketReducer:
             i: n for bucket in buckets for n, i in enumerate(bucket.fused)
         }  # slot -> its place
         self._direct_slots = [i for bucket in buckets for i in bucket.direct]
-        self._results = {}  # slot -> the result buffer of a large gradient (zeros reduced where one is missing)
-        self._direct = {}  # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
-        #: its op: the mean itself, but a reproducible sum divided at the end as a bucket's is (the same bits:
-        #: a reproducible mean rounds the exact sum divided, not the rounded sum divided)
+        # slot -> the result buffer of a large gradient (zeros reduced where one is missing)
+        self._results = {}
+        # slot -> its PreparedAllreduce, in place on its result buffer (or on the gradient)
+        self._direct = {}
+        #: its op: the mean itself, but a reproducible sum divided at the end as a bucket's is (the
+        #: same bits: a reproducible mean rounds the exact sum divided, not the rounded sum divided)
         self._direct_op, self._direct_divides = (
             ("sum", op == "mean") if reproducible else (op, False)
         )
@@ -123,8 +129,8 @@ class BucketReducer:
             replaced.fused.free()
 
     def digest(self, step):
-        """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where every
-        gradient came as planned is made once (no walk over every gradient on every step)."""
+        """The digest of ``step``'s contents (mpiallreduce.training.steps); that of a step where
+        every gradient came as planned is made once (no walk over every gradient on every step)."""
         clean = step.clean()
         if clean and self._clean_digest is not None:
             return self._clean_digest
@@ -134,9 +140,9 @@ class BucketReducer:
         return digest
 
     def copy_in(self, index, grad):
-        """Copy numpy gradient ``grad`` into its place in its bucket's buffer now, at ``ready()``, while
-        backward has just written it (in cache; Torch DDP copies there too). Returns whether it did
-        (not for a gradient reduced on its own, nor for device buckets)."""
+        """Copy numpy gradient ``grad`` into its place in its bucket's buffer now, at ``ready()``,
+        while backward has just written it (in cache; Torch DDP copies there too). Returns whether
+        it did (not for a gradient reduced on its own, nor for device buckets)."""
         bucket = self._fused_in.get(index)
         if bucket is None or bucket.device:
             return False
@@ -175,10 +181,10 @@ class BucketReducer:
 
     def start(self, bucket, filled, copied, digest, xp, here=False, in_place=(), part="all"):
         """Start ``bucket``'s allreduces in the background (``here``: run them on this thread, now)
-        (``filled``: slot -> this rank's gradient; zeros for the others; ``copied``: the slots copied
-        in already; ``in_place``: the large gradients reduced where they lie, once the ranks agreed on
-        the step (those ``apart`` gives); ``part``: "all", only the "fused" buffer or only the "direct" gradients;
-        ``digest``: the step's,
+        (``filled``: slot -> this rank's gradient; zeros for the others; ``copied``: the slots
+        copied in already; ``in_place``: the large gradients reduced where they lie, once the ranks
+        agreed on the step (those ``apart`` gives); ``part``: "all", only the "fused" buffer or only
+        the "direct" gradients; ``digest``: the step's,
         carried by the last bucket); returns what ``collect`` and ``write_back`` take. A bucket's
         buffer and prepared call are made at its first start (mpiallreduce.prepare: agreed on and
         planned once) and kept. A bucket's sum is divided on the way back (write_back), in the one
@@ -219,8 +225,9 @@ class BucketReducer:
                 prepared = self.fused.call(bucket)
                 handle = _Done.of(prepared)() if here else prepared.start()
             handles.append((None, handle))
-        # the large ones: each reduced in place (one plan on every rank: mpiallreduce.core.planner), in
-        # its result buffer (the gradient only read until write_back) or, ``in_place``, in the gradient
+        # the large ones: each reduced in place (one plan on every rank: mpiallreduce.core.planner),
+        # in its result buffer (the gradient only read until write_back) or, ``in_place``, in the
+        # gradient
         for index in bucket.direct if part != "fused" else ():
             result = self._results.get(index)
             if result is None:
@@ -239,7 +246,8 @@ class BucketReducer:
                 xp.multiply(grad, scale, out=result)
             elif result is not grad:
                 xp.copyto(result, grad)
-            # (prepared once on its result buffer: agreed then; the step's digest says the ranks' calls match)
+            # (prepared once on its result buffer: agreed then; the step's digest says the ranks'
+            # calls match)
             own = self._results[index]
             prepared = self._direct.get(index)
             if (
@@ -291,10 +299,10 @@ class BucketReducer:
         return first_error, agreed
 
     def write_back(self, in_flight, filled):
-        """Write every result into its gradient (``filled``: slot -> gradient). Returns {name: result}
-        for the planned gradients that were not given and, with ``views``, for those of host buckets
-        of their own dtype: views of the bucket's buffer, not copied (valid until the step after next
-        refills that buffer: the turn moves on here, after a step that succeeded)."""
+        """Write every result into its gradient (``filled``: slot -> gradient). Returns {name:
+        result} for the planned gradients that were not given and, with ``views``, for those of host
+        buckets of their own dtype: views of the bucket's buffer, not copied (valid until the step
+        after next refills that buffer: the turn moves on here, after a step that succeeded)."""
         size = self.comm.Get_size()
         unused = {}
         for bucket, handles, _, compressed, divide, in_place, finished in in_flight:

@@ -1,7 +1,8 @@
 """Identical replicas: give every rank one rank's arrays, and check that every rank's are the same.
 
     broadcast_parameters(params, root=0)   # before the first step: every replica starts alike
-    check_replicas(params)                  # ValueError on every rank, naming the array, unless identical
+    check_replicas(params)                  # ValueError on every rank, naming the array, unless
+                                            # identical
 
 Both take a list of arrays or a dict {name: array} (numpy or CuPy) and first compare every rank's
 names, shapes and dtypes (else the same ValueError on every rank).

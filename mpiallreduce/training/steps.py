@@ -229,20 +229,21 @@ def refuse_ambiguous_slots(slots):
     unnamed = [i for i in sorted(twins(slots)) if slots[i].name == f"#{i}"]
     if unnamed:
         raise ValueError(
-            f"GradientSync: gradients #{', #'.join(map(str, unnamed[:8]))} of a step that plans the buckets (the "
-            "first, or one whose gradients changed alike on every rank) were marked ready without a name and "
-            f"share their shape and dtype with another ({slots[unnamed[0]].describe()}): "
-            "their order cannot be checked across ranks, and a rank that swapped them would get wrong means. "
-            "Pass ready(grad, name=...) or GradientSync(parameters=...); no gradient was changed"
+            f"GradientSync: gradients #{', #'.join(map(str, unnamed[:8]))} of a step that plans "
+            "the buckets (the first, or one whose gradients changed alike on every rank) were "
+            "marked ready without a name and share their shape and dtype with another "
+            f"({slots[unnamed[0]].describe()}): their order cannot be checked across ranks, and a "
+            "rank that swapped them would get wrong means. Pass ready(grad, name=...) or "
+            "GradientSync(parameters=...); no gradient was changed"
         )
 
 
 def agree_on_slots(comm, slots, what, options, problems=(), timeout=None, any_order=False):
-    """One allgather (bounded by ``timeout``: mpiallreduce.core.gather.gather_from_ranks): every rank has
-    the same options and slots and no rank has a problem with its gradients, or every rank raises the
-    same error naming the ranks and the first difference. Returns the slots agreed on: ``any_order``
-    (a first step's, named by ``name`` or by position), every rank's slots may come in its own order
-    if they are the same by name, and rank 0's order is taken."""
+    """One allgather (bounded by ``timeout``: mpiallreduce.core.gather.gather_from_ranks): every
+    rank has the same options and slots and no rank has a problem with its gradients, or every rank
+    raises the same error naming the ranks and the first difference. Returns the slots agreed on:
+    ``any_order`` (a first step's, named by ``name`` or by position), every rank's slots may come in
+    its own order if they are the same by name, and rank 0's order is taken."""
     everyone = gather_from_ranks(comm, (options, list(problems), slots), timeout)
     troubled = [(rank, p) for rank, (_, theirs, _) in enumerate(everyone) for p in theirs]
     if troubled:

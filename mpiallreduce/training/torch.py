@@ -1,6 +1,7 @@
-"""PyTorch on mpiallreduce (``import mpiallreduce.torch as mt``), with the names Horovod and torch users know.
+"""PyTorch on mpiallreduce (``import mpiallreduce.torch as mt``), with the names Horovod and torch
+users know.
 
-    import mpiallreduce.torch as hvd                       # a horovod.torch script, one line changed
+    import mpiallreduce.torch as hvd                   # a horovod.torch script, one line changed
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -11,7 +12,8 @@
 
     mt.init_process_group()                            # or keep torch's DistributedDataParallel
     ddp = DistributedDataParallel(model)               # and reduce its buckets here:
-    ddp.register_comm_hook(mt.HookState(), mt.allreduce_hook)   # fp16_/bf16_compress_hook, reproducible_hook
+    ddp.register_comm_hook(mt.HookState(), mt.allreduce_hook)   # fp16_/bf16_compress_hook,
+                                                                # reproducible_hook
 
 The pieces: tensors seen as numpy or CuPy arrays without copies (training/torch_tensors.py),
 DistributedOptimizer and the broadcasts (training/torch_optimizer.py), the rest of Horovod's API

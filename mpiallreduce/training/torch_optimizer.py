@@ -1,17 +1,21 @@
-"""DistributedOptimizer: any torch optimizer, with gradients averaged over the ranks before ``step()``,
-reduced in GradientSync buckets while backward still runs; and the broadcasts that make replicas.
+"""DistributedOptimizer: any torch optimizer, with gradients averaged over the ranks before
+``step()``, reduced in GradientSync buckets while backward still runs; and the broadcasts that make
+replicas.
 
     a core to spare:  backward: hook(p) ──ready──> buckets ──allreduce in the background──┐
-                      step():   synchronize() ── wait, write back ───────────────────────────┴──> optimizer.step()
-    one core a rank:  step():   synchronize() ── ready(p) for each p ── wait: allreduce, write back ──> optimizer.step()
+                      step():   synchronize() ── wait, write back ───────────────────────────┴
+                                ──> optimizer.step()
+    one core a rank:  step():   synchronize() ── ready(p) for each p ── wait: allreduce, write back
+                                ──> optimizer.step()
 
 Where the rank has a core to spare (GradientSync's ``overlap``: mpiallreduce.training.overlap),
 each parameter's gradient is handed over from a post-accumulate-grad hook, and full buckets are
 allreduced during backward, whatever order the hooks fire in. Elsewhere no hook is registered (a
 hook costs backward about 10 us per parameter, and nothing would overlap): ``synchronize()`` hands
-every gradient over at once. The buckets are fixed from ``named_parameters`` (as DDP's). It takes Horovod's arguments too (``compression=Compression.fp16``,
-``backward_passes_per_step``, ``gradient_predivide_factor``, ``op=Average``) and is a
-``torch.optim.Optimizer`` to LR schedulers, its param groups and state the wrapped optimizer's.
+every gradient over at once. The buckets are fixed from ``named_parameters`` (as DDP's). It takes
+Horovod's arguments too (``compression=Compression.fp16``, ``backward_passes_per_step``,
+``gradient_predivide_factor``, ``op=Average``) and is a ``torch.optim.Optimizer`` to LR schedulers,
+its param groups and state the wrapped optimizer's.
 """
 
 import contextlib
@@ -151,7 +155,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._skip = self._synchronized = False
         self.parameters = [p for _, p in self.named_parameters]
         self._by_name = dict(self.named_parameters)
-        self._widened = {}  # name -> (parameter, its bfloat16 gradient widened to float32), this step
+        # name -> (parameter, its bfloat16 gradient widened to float32), this step
+        self._widened = {}
         self._tensors = {}  # name -> ((a result handed over, its tensor), ...): the last two
         self._hooks = []
         self.rebind(comm)
@@ -235,7 +240,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if any(p.is_cuda for p in self.parameters):
             import cupy
 
-            cupy.cuda.get_current_stream().synchronize()  # the write-backs, before torch's step reads them (once a step)
+            # the write-backs, before torch's step reads them (once a step)
+            cupy.cuda.get_current_stream().synchronize()
         if widened or results:
             self._take_results(widened, results)
         self._synchronized = True
@@ -251,9 +257,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return results
 
     def _take_results(self, widened, results):
-        """Point each gradient at its result (a view of a bucket's buffer, or a parameter unused here:
-        the other ranks' gradients; in the accumulation dtype, float32 for 16-bit ones) with
-        ``grad.set_``, as Horovod does: the same tensor, no copy; and round the widened ones back."""
+        """Point each gradient at its result (a view of a bucket's buffer, or a parameter unused
+        here: the other ranks' gradients; in the accumulation dtype, float32 for 16-bit ones) with
+        ``grad.set_``, as Horovod does: the same tensor, no copy; and round the widened ones
+        back."""
         with torch.no_grad():
             by_name = self._by_name
             for name, result in results.items():
@@ -273,8 +280,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 parameter.grad.copy_(wide)
 
     def _tensor_of(self, name, result, parameter):
-        """``result`` as a tensor of ``parameter``'s dtype, sharing its memory where it has that dtype:
-        made once for each of a bucket's two views of a gradient (the same arrays, turn after turn)."""
+        """``result`` as a tensor of ``parameter``'s dtype, sharing its memory where it has that
+        dtype: made once for each of a bucket's two views of a gradient (the same arrays, turn after
+        turn)."""
         kept = self._tensors.get(name, ())
         for array, tensor in kept:
             if array is result:

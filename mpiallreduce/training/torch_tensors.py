@@ -1,7 +1,9 @@
 """Tensors as arrays: a torch tensor's memory seen by numpy (CPU) or CuPy (CUDA, through DLPack),
-shared, not copied, and back; the one place mpiallreduce.torch converts (mpiallreduce.training.torch).
+shared, not copied, and back; the one place mpiallreduce.torch converts
+(mpiallreduce.training.torch).
 
-    tensor ──_as_array──> numpy / CuPy array ──(allreduce, GradientSync)──> array ──_as_tensor──> tensor
+    tensor ──_as_array──> numpy / CuPy array ──(allreduce, GradientSync)──> array
+           ──_as_tensor──> tensor
 
 CUDA tensors go through ``cupy.from_dlpack``, which orders CuPy's stream after torch's with an
 event: no host synchronization per tensor. bfloat16 (which neither numpy nor CuPy's DLPack takes)
@@ -127,9 +129,9 @@ def size():
 
 
 def local_rank():
-    """This process's rank among the ranks of its node (``hvd.local_rank()``, of COMM_WORLD's ranks), 0..local_size()-1:
-    as the launcher numbers them (Open MPI's need not follow the world ranks' order), else from
-    the node communicator (collective over COMM_WORLD the first time)."""
+    """This process's rank among the ranks of its node (``hvd.local_rank()``, of COMM_WORLD's
+    ranks), 0..local_size()-1: as the launcher numbers them (Open MPI's need not follow the world
+    ranks' order), else from the node communicator (collective over COMM_WORLD the first time)."""
     from ..device.arrays import local_rank as node_local_rank
 
     return node_local_rank()

@@ -1,4 +1,5 @@
-"""Fault injection: one program, one fault per run, under mpiexec; tests/test_faults.py reads what it prints.
+"""Fault injection: one program, one fault per run, under mpiexec; tests/test_faults.py reads what
+it prints.
 
     python inject.py SCENARIO ALGORITHM
 
@@ -148,9 +149,10 @@ def raise_on_one_rank(algorithm):
 
 
 def mismatch_then_dump(algorithm):
-    """The misbehaving rank's second call reduces the same bytes as int64 (compared: SignatureMismatch
-    on every rank; below MPIALLREDUCE_SIGNATURE_MIN_BYTES: wrong values, no error, as MPI_Allreduce
-    cannot know); every rank catches what it raises, then writes its flight recorder's dump on demand."""
+    """The misbehaving rank's second call reduces the same bytes as int64 (compared:
+    SignatureMismatch on every rank; below MPIALLREDUCE_SIGNATURE_MIN_BYTES: wrong values, no error,
+    as MPI_Allreduce cannot know); every rank catches what it raises, then writes its flight
+    recorder's dump on demand."""
     mar.allreduce(data(RANK), algorithm=algorithm)
     x = data(RANK).view(np.int64) if RANK == LATE else data(RANK)
     try:
@@ -331,7 +333,8 @@ def peers_die_mid_call(algorithm):
         else:
             wrong += 1
             print(
-                f"rank {RANK}: call {call} returned {result.tolist()}, not {expected(call)[:8].tolist()}",
+                f"rank {RANK}: call {call} returned {result.tolist()}, "
+                f"not {expected(call)[:8].tolist()}",
                 flush=True,
             )
 

@@ -22,15 +22,16 @@ SPANS_NODES = _spans_nodes()
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "one_node(reason): a test of what runs on one node only (shared memory, single copy, device "
-        "to device, symmetric arrays, the shared slots); skipped, saying why, across nodes",
+        "one_node(reason): a test of what runs on one node only (shared memory, single copy, "
+        "device to device, symmetric arrays, the shared slots); skipped, saying why, across nodes",
     )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Across nodes: skip what the one_node marker names, and every case of a one-node algorithm
-    (a test's ``algorithm`` parameter: the planner refuses it there, as test_emulated_nodes tests)."""
+    (a test's ``algorithm`` parameter: the planner refuses it there, as test_emulated_nodes
+    tests)."""
     if not SPANS_NODES:
         return
     marker = item.get_closest_marker("one_node")
@@ -60,8 +61,9 @@ def _make(kind):
 # communicator of its own (not COMM_WORLD's short path). Only where it adds something: the Dup at 2
 # ranks (where the Split's halves have one rank each), the Split at 4 ranks (two 2-rank halves at
 # once, ranks reversed; at 3 its halves, 2 ranks and 1, repeated the 4-rank run's half and the
-# 1-rank run, 12 s of the 3-rank launch; at 5 its halves, 3 and 2 ranks, repeat the runs at 3 and 2). On one rank all three
-# are the same one-rank communicator: world alone. (Cut repetition, not coverage: docs/performance.md.)
+# 1-rank run, 12 s of the 3-rank launch; at 5 its halves, 3 and 2 ranks, repeat the runs at 3 and
+# 2). On one rank all three are the same one-rank communicator: world alone. (Cut repetition, not
+# coverage: docs/performance.md.)
 _SIZE = MPI.COMM_WORLD.Get_size()
 KINDS = (
     ["world"]
@@ -83,7 +85,8 @@ def communicator(kind):
 
 @pytest.fixture(params=KINDS)
 def comm(request):
-    """Each test runs on COMM_WORLD, and on a Dup of it at 2 ranks and a Split of it at 4 (KINDS)."""
+    """Each test runs on COMM_WORLD, and on a Dup of it at 2 ranks and a Split of it at 4
+    (KINDS)."""
     return communicator(request.param)
 
 
@@ -96,8 +99,9 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture
 def use_settings():
-    """``use_settings(cuda_aware=True, ...)``: run the test with these settings (mpiallreduce.settings,
-    normally read once from the environment), every rank alike; the old ones come back after."""
+    """``use_settings(cuda_aware=True, ...)``: run the test with these settings
+    (mpiallreduce.settings, normally read once from the environment), every rank alike; the old ones
+    come back after."""
     import dataclasses
 
     from mpiallreduce.core import settings as settings_module

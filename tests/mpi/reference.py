@@ -59,13 +59,12 @@ def op_applies(op, dtype):
     dtype = np.dtype(dtype)
     if op == "mean" and dtype.kind in "iu":
         return False
-    if op in ("min", "max") and dtype.kind == "c":
-        return False
-    return True
+    return not (op in ("min", "max") and dtype.kind == "c")
 
 
 def gather_inputs(comm, x):
-    """Every rank's ``x``, stacked: shape (comm.size,) + x.shape, gathered with MPI_Allgather on bytes."""
+    """Every rank's ``x``, stacked: shape (comm.size,) + x.shape, gathered with MPI_Allgather on
+    bytes."""
     x = np.array(x, order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
     gathered = np.empty((comm.Get_size(),) + x.shape, dtype=x.dtype)
     comm.Allgather(
@@ -75,16 +74,17 @@ def gather_inputs(comm, x):
 
 
 def every_ranks(make, size):
-    """``make(rank)`` for each of ``size`` ranks, stacked like gather_inputs: the inputs of a test whose
-    inputs are a function of the rank (exact_input, a generator seeded by the rank), made here with no
-    message, so that a test of many cases sends only its allreduces (and one BitsAcrossRanks)."""
+    """``make(rank)`` for each of ``size`` ranks, stacked like gather_inputs: the inputs of a test
+    whose inputs are a function of the rank (exact_input, a generator seeded by the rank), made here
+    with no message, so that a test of many cases sends only its allreduces (and one
+    BitsAcrossRanks)."""
     return np.stack([np.asarray(make(rank)) for rank in range(size)])
 
 
 @functools.cache
 def exact_reference(op, dtype, count, size):
-    """numpy's ``op`` over the exact_input of each of ``size`` ranks (read-only): made once per case,
-    not once per algorithm and per rank's message."""
+    """numpy's ``op`` over the exact_input of each of ``size`` ranks (read-only): made once per
+    case, not once per algorithm and per rank's message."""
     expected = numpy_reference(
         op, every_ranks(lambda rank: exact_input(dtype, count, rank, op), size)
     )
@@ -200,8 +200,8 @@ def no_gpu(reason):
 
 
 def timing_test_at_three_ranks():
-    """Skip, except at 3 ranks, a fault test that sleeps on purpose (a straggler, a timeout): at 3 one
-    rank is late among several, which covers what 2 would show (make test runs the suite at 1 to 5
-    ranks; make check, at 2, leaves them to it: docs/performance.md, the suite's time)."""
+    """Skip, except at 3 ranks, a fault test that sleeps on purpose (a straggler, a timeout): at 3
+    one rank is late among several, which covers what 2 would show (make test runs the suite at 1 to
+    5 ranks; make check, at 2, leaves them to it: docs/performance.md, the suite's time)."""
     if MPI.COMM_WORLD.Get_size() != 3:
         pytest.skip("a timing test (sleeps on purpose): run at 3 ranks only")

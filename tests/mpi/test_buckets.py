@@ -1,4 +1,5 @@
-"""GradientSync's fixed buckets on every rank: any ready order, unused gradients, no_sync, compression."""
+"""GradientSync's fixed buckets on every rank: any ready order, unused gradients, no_sync,
+compression."""
 
 import threading
 
@@ -13,13 +14,14 @@ pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 
 
-#: fused in a bucket's buffer (twice), then reduced on its own (DIRECT_MIN_BYTES: where it lies where
-#: no rank overlaps and no timeout, else in a buffer of its own)
+#: fused in a bucket's buffer (twice), then reduced on its own (DIRECT_MIN_BYTES: where it lies
+#: where no rank overlaps and no timeout, else in a buffer of its own)
 SIZES = [250, 20_000, (1 << 20) // 8 + 3]
 
 
 def two_gradients(rank, count=250):
-    """Two gradients of one shape (so that a swap cannot show in a shape), rank- and index-dependent."""
+    """Two gradients of one shape (so that a swap cannot show in a shape), rank- and
+    index-dependent."""
     return {
         "a": exact_input("float64", count, rank, "sum"),
         "b": exact_input("float64", count, rank + 7, "sum"),
@@ -47,7 +49,8 @@ def test_declared_buckets_give_the_right_means_whatever_order_each_rank_marks_th
         fresh = {name: g.copy() for name, g in grads.items()}  # new arrays each step: named
         for name in order:
             sync.ready(fresh[name], name=name)
-        # with overlap, bucket 0 ("b") starts in the background once "b" is ready; at_wait: nothing before wait()
+        # with overlap, bucket 0 ("b") starts in the background once "b" is ready; at_wait: nothing
+        # before wait()
         assert len(sync._in_flight) == (1 if overlap else 0), (order, sync._in_flight)
         assert sync.wait() == {}
         for name in grads:
@@ -68,7 +71,8 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
     assert mar.GradientSync(comm=comm, parameters=grads, overlap=not sync.overlap).overlap is (
         not sync.overlap
     )
-    # ranks may choose differently: rank 0 by hand, the others by their cores (all meet at the first plan)
+    # ranks may choose differently: rank 0 by hand, the others by their cores (all meet at the first
+    # plan)
     mixed = mar.GradientSync(
         comm=comm,
         parameters=grads,
@@ -81,7 +85,8 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
         mixed.ready(grads[name], name=name)
     mixed.wait()
     assert all(values_equal(grads[name], want[name]) for name in grads)
-    # the step is agreed on before any write, and large gradients reduced in place, only where no rank overlaps
+    # the step is agreed on before any write, and large gradients reduced in place, only where no
+    # rank overlaps
     assert mixed._agree_first is False  # (rank 0 overlaps)
     assert sync._agree_first is (not sync.overlap)  # (every rank has the same cores here)
 
@@ -89,12 +94,13 @@ def test_overlap_by_default_only_where_a_rank_has_two_cores_to_itself(comm):
 def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_shape_are_refused(
     comm,
 ):
-    """GradientSync(bucket_bytes=1000), two float64 gradients of one shape marked ready [a, b] on even
-    ranks and [b, a] on odd ones, nothing declared: unnamed, every rank raises at the first step (a
-    swap could not be seen) and nothing changes; named, the means are right, step after step. A later
-    step that drops "b" on every rank and gives "a" unnamed raises too: the plan's "#0" had a twin,
-    so ranks that dropped different twins would look alike. Named once, the step without "b" is
-    planned anew, and "a", twinless there, may then go unnamed; both given unnamed again raise."""
+    """GradientSync(bucket_bytes=1000), two float64 gradients of one shape marked ready [a, b] on
+    even ranks and [b, a] on odd ones, nothing declared: unnamed, every rank raises at the first
+    step (a swap could not be seen) and nothing changes; named, the means are right, step after
+    step. A later step that drops "b" on every rank and gives "a" unnamed raises too: the plan's
+    "#0" had a twin, so ranks that dropped different twins would look alike. Named once, the step
+    without "b" is planned anew, and "a", twinless there, may then go unnamed; both given unnamed
+    again raise."""
     rank = comm.Get_rank()
     grads = two_gradients(rank)
     before = {name: g.copy() for name, g in grads.items()}
@@ -104,7 +110,10 @@ def test_without_parameters_gradients_are_known_by_name_and_unnamed_ones_of_one_
         sync.ready(grads[name])
     with pytest.raises(
         ValueError,
-        match=r"#0, #1 of a step that plans the buckets .* without a name .* Pass ready\(grad, name=\.\.\.\)",
+        match=(
+            r"#0, #1 of a step that plans the buckets .* without a name .* "
+            r"Pass ready\(grad, name=\.\.\.\)"
+        ),
     ):
         sync.wait()
     assert all(np.array_equal(grads[name], before[name]) for name in grads)  # nothing was changed
@@ -243,7 +252,7 @@ def test_buckets_are_rebuilt_in_the_order_every_rank_marked_them(comm):
     grads = {name: np.full(10, float(comm.Get_rank())) for name in "abcd"}
     sync = mar.GradientSync(comm=comm, parameters=grads, bucket_bytes=150)  # two gradients a bucket
     assert sync.buckets == [["d", "c"], ["b", "a"]]
-    for step in range(2):
+    for _ in range(2):
         for name in "adbc":  # not backward's order, the same on every rank
             sync.ready(grads[name], name=name)
         sync.wait()
@@ -287,7 +296,8 @@ def test_compression_is_within_one_rounding_of_the_mean_and_the_same_bits_on_eve
 ):
     rank = comm.Get_rank()
     rng = np.random.default_rng([rank, 5])
-    # magnitudes over 6 decades, and values whose sum overflows float16 (a sum in float16 would be inf)
+    # magnitudes over 6 decades, and values whose sum overflows float16 (a sum in float16 would be
+    # inf)
     grads = {
         "small": (rng.standard_normal(3001) * 10.0 ** rng.integers(-2, 4, 3001)).astype(dtype),
         "large": np.full(17, 40000.0 + rank, dtype),
@@ -300,7 +310,8 @@ def test_compression_is_within_one_rounding_of_the_mean_and_the_same_bits_on_eve
     for name, g in grads.items():
         result, exact = g.astype(np.float64), gathered[name].mean(axis=0)
         # each contribution rounded once to `bits`, the mean rounded once: per element, within one
-        # rounding of the contributions' mean magnitude and one of the result (fp16's subnormals: 6e-8)
+        # rounding of the contributions' mean magnitude and one of the result (fp16's subnormals:
+        # 6e-8)
         bound = 2.0**-bits * (np.abs(gathered[name]).mean(axis=0) + np.abs(exact)) + 1e-7
         assert np.all(np.abs(result - exact) <= bound), (
             name,
@@ -368,8 +379,9 @@ def test_where_no_rank_overlaps_one_array_given_for_two_names_is_reduced_once(co
 
 def test_with_a_timeout_a_rank_late_after_the_ranks_agreed_changes_no_gradient():
     """Where no rank overlaps, the step's digest is agreed first; with a timeout the large gradients
-    are then still reduced out of place, so a rank that stalls past it leaves every gradient as it was.
-    (COMM_WORLD only: the communicator's kind changes nothing here, and each run waits a timeout.)"""
+    are then still reduced out of place, so a rank that stalls past it leaves every gradient as it
+    was. (COMM_WORLD only: the communicator's kind changes nothing here, and each run waits a
+    timeout.)"""
     import time
 
     comm = WORLD
@@ -456,8 +468,9 @@ def test_with_a_timeout_in_the_settings_large_gradients_are_not_reduced_where_th
         monkeypatch.setattr(
             settings_module,
             "settings",
-            lambda current=settings_module.settings(): __import__("dataclasses").replace(
-                current, timeout=timeout
+            # (current: the settings before this patch, read once, here)
+            lambda current=settings_module.settings(), timeout=timeout: (  # noqa: B008
+                __import__("dataclasses").replace(current, timeout=timeout)
             ),
         )
         assert untimed(None) == (timeout is None)

@@ -1,5 +1,6 @@
-"""The call path: collective order, calls that differ between ranks, settings, failures inside a call,
-prepared calls (issue: the call path rebuilt). Every expected value comes from numpy on gathered inputs."""
+"""The call path: collective order, calls that differ between ranks, settings, failures inside a
+call, prepared calls (issue: the call path rebuilt). Every expected value comes from numpy on
+gathered inputs."""
 
 import threading
 import time
@@ -73,8 +74,10 @@ def test_calls_that_differ_raise_on_every_rank_without_check(algorithm, nbytes):
     last = rank == size - 1
     with pytest.raises(
         ValueError,
-        match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
-        % (count, count + 1, size - 1),
+        match=(
+            rf"shape differs: \({count},\) on ranks? [\d, ]+; "
+            rf"\({count + 1},\) on rank {size - 1}"
+        ),
     ):
         mar.allreduce(np.ones(count + (1 if last else 0), np.float32), algorithm=algorithm)
     with pytest.raises(ValueError, match="dtype differs: 'float32' on"):
@@ -100,7 +103,7 @@ def test_shared_memory_compares_sizes_below_the_signature_threshold_too():
     for _ in range(2):  # the second time on the short path
         with pytest.raises(
             ValueError,
-            match=r"shape differs: \(1000,\) on ranks? [\d, ]+; \(1001,\) on rank %d" % (size - 1),
+            match=rf"shape differs: \(1000,\) on ranks? [\d, ]+; \(1001,\) on rank {size - 1}",
         ):
             mar.allreduce(np.ones(1000 + (rank == size - 1), np.float32), algorithm="shared_memory")
         assert values_equal(mar.allreduce(x, algorithm="shared_memory"), want)
@@ -127,8 +130,10 @@ def test_shared_memory_refuses_a_rank_that_runs_another_algorithm_or_straddles_t
         mar.allreduce(np.ones(count, np.float32), algorithm="ring" if last else "shared_memory")
     with pytest.raises(
         ValueError,
-        match=r"shape differs: \(%d,\) on ranks? [\d, ]+; \(%d,\) on rank %d"
-        % (count, count - 100, size - 1),
+        match=(
+            rf"shape differs: \({count},\) on ranks? [\d, ]+; "
+            rf"\({count - 100},\) on rank {size - 1}"
+        ),
     ):
         mar.allreduce(
             np.ones(count - 100 if last else count, np.float32), algorithm="shared_memory"
@@ -378,7 +383,8 @@ def test_float16_overflow_under_seterr_raise_gives_inf_not_an_exception():
 
 def test_call_numbers_far_apart_never_confuse_tags_or_control_messages():
     """Tags wrap around after CallTags.calls_apart calls; control messages carry the whole call
-    number. Jump every rank's numbering across the wrap, with a given-up call behind: still right."""
+    number. Jump every rank's numbering across the wrap, with a given-up call behind: still
+    right."""
     timing_test_at_three_ranks()
     comm = _fresh()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -538,8 +544,8 @@ def test_prepared_calls_are_agreed_once_and_refuse_a_mismatch_everywhere():
 @pytest.mark.parametrize("other", ["plain", "prepared elsewhere", "plain async"])
 def test_a_timed_prepared_call_run_on_some_ranks_only_raises_on_every_rank(other):
     """Review finding: a timed prepared call (which compares nothing after its rendezvous) on rank 0
-    against a plain timed call (which compares its signature after it) elsewhere left the plain ranks
-    waiting for ever for rank 0's signature. Now the rendezvous carries the kind of call: a
+    against a plain timed call (which compares its signature after it) elsewhere left the plain
+    ranks waiting for ever for rank 0's signature. Now the rendezvous carries the kind of call: a
     SignatureMismatch on every rank, well within the timeout, and the next call is right."""
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     if size == 1:
@@ -624,8 +630,9 @@ def test_a_prepared_call_runs_in_place_on_another_array_for_gradient_sync(comm, 
 
 @pytest.mark.one_node("the shipped table's one-node rules (persistent calls, auto's choice)")
 def test_a_small_prepared_call_of_mpi_is_a_persistent_request_freed_with_it(comm):
-    """Where the table says (the shipped one: up to 2 KiB on 2 ranks, in place or not) a prepared call
-    of MPI's allreduce binds MPI_Allreduce_init once and starts it each run (in place or not, in the background too); collected, its request is freed."""
+    """Where the table says (the shipped one: up to 2 KiB on 2 ranks, in place or not) a prepared
+    call of MPI's allreduce binds MPI_Allreduce_init once and starts it each run (in place or not,
+    in the background too); collected, its request is freed."""
     import gc
     import weakref
 
@@ -689,9 +696,9 @@ def test_a_rank_given_other_persistent_rules_after_start_up_is_refused_on_every_
 
 
 def test_tunes_prepared_calls_are_persistent_always_or_never_as_asked_whatever_the_table_says(comm):
-    """tune's contenders mpi:persistent and mpi:blocking (prepare_at's persistent="always" and False):
-    MPI's own as a persistent request at any size, or never; right either way, in place or not; an
-    algorithm that is not MPI's own is never one."""
+    """tune's contenders mpi:persistent and mpi:blocking (prepare_at's persistent="always" and
+    False): MPI's own as a persistent request at any size, or never; right either way, in place or
+    not; an algorithm that is not MPI's own is never one."""
     from mpiallreduce.api import prepare_at
 
     rank, many = comm.Get_rank(), comm.Get_size() > 1
@@ -743,17 +750,21 @@ def test_a_mean_through_mpis_own_allreduce_is_divided_on_every_way_in(
             size > 1
         )
         runs = {
-            "first": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
-            "repeat": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
-            "in place": lambda: mar.allreduce(y, op="mean", algorithm="mpi", comm=comm, out=y),
-            "into another array": lambda: mar.allreduce(
+            "first": lambda x=x: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
+            "repeat": lambda x=x: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm),
+            "in place": lambda y=y: mar.allreduce(y, op="mean", algorithm="mpi", comm=comm, out=y),
+            "into another array": lambda x=x, other=other: mar.allreduce(
                 x, op="mean", algorithm="mpi", comm=comm, out=other
             ),
-            "timed": lambda: mar.allreduce(x, op="mean", algorithm="mpi", comm=comm, timeout=30),
-            "async": lambda: mar.allreduce_async(x, op="mean", algorithm="mpi", comm=comm).wait(),
-            "prepared": lambda: mar.prepare(x, op="mean", algorithm="mpi", comm=comm)(),
+            "timed": lambda x=x: mar.allreduce(
+                x, op="mean", algorithm="mpi", comm=comm, timeout=30
+            ),
+            "async": lambda x=x: mar.allreduce_async(
+                x, op="mean", algorithm="mpi", comm=comm
+            ).wait(),
+            "prepared": lambda x=x: mar.prepare(x, op="mean", algorithm="mpi", comm=comm)(),
             "prepared in place": prepared_in_place,
-            "on another array": lambda: on_other._run_on(y),
+            "on another array": lambda on_other=on_other, y=y: on_other._run_on(y),
         }
         for name, run in runs.items():
             y[...] = x
@@ -819,7 +830,8 @@ def test_a_call_in_place_on_some_ranks_only_is_refused_on_every_rank():
 
 @pytest.mark.one_node("the shipped table's one-node rules (persistent calls, auto's choice)")
 def test_describe_call_says_what_auto_then_runs(monkeypatch):
-    """describe_call names an algorithm; that algorithm (and no other) is the one the call executes."""
+    """describe_call names an algorithm; that algorithm (and no other) is the one the call
+    executes."""
     x = np.ones(1 << 18, np.float32)  # 1 MiB: the signature is compared
     text = mar.describe_call(x)
     size = WORLD.Get_size()

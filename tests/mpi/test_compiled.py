@@ -70,8 +70,9 @@ def test_plain_calls_of_mpis_allreduce_give_numpys_values_every_way_in(
                 y[...] = x
                 assert mar.allreduce(y, op=op, comm=comm, out=y) is y and values_equal(y, want)
                 assert values_equal(x, kept)
-            # (a mean of one rank is local; of int32 in numpy, float; across nodes a compared call is
-            # dissemination's, whose compiled path takes a sum of float64 but not a max or complex128)
+            # (a mean of one rank is local; of int32 in numpy, float; across nodes a compared call
+            # is dissemination's, whose compiled path takes a sum of float64 but not a max or
+            # complex128)
             if (
                 size > 1
                 and op != "mean"
@@ -112,7 +113,7 @@ def test_calls_are_numbered_alike_on_every_rank_whichever_path_takes_them(
     comm = WORLD.Dup()
     x, want, prepared, state = prepared_and_plain(comm, 8)
     before = state.sequence
-    for step in range(10):
+    for _ in range(10):
         assert values_equal(mar.allreduce(x, comm=comm), want)
         assert values_equal(
             mar.allreduce(x[::-1].copy()[::-1], comm=comm), want
@@ -148,7 +149,7 @@ def test_a_call_that_differs_below_the_threshold_raises_the_same_error_everywher
         assert values_equal(mar.allreduce(x), want)
     odd = exact_input("float32", 2 if rank == size - 1 else 1, rank, "sum")
     with pytest.raises(
-        ValueError, match=r"shape differs: \(1,\) on ranks? [\d, ]+; \(2,\) on rank %d" % (size - 1)
+        ValueError, match=rf"shape differs: \(1,\) on ranks? [\d, ]+; \(2,\) on rank {size - 1}"
     ):
         mar.allreduce(odd)
     assert values_equal(mar.allreduce(x), want)
@@ -308,8 +309,9 @@ def test_a_symmetric_input_is_handed_back_and_an_ordinary_view_is_not(
 
 def test_ranks_with_the_compiled_paths_on_and_off_agree(comm, use_settings):
     """MPIALLREDUCE_COMPILED is not agreed across ranks (both paths do the same): with it off on the
-    odd ranks only, plain calls (sum and mean, new array and in place), prepared calls and a call that
-    differs on the last rank give numpy's values or the same error everywhere, numbered alike."""
+    odd ranks only, plain calls (sum and mean, new array and in place), prepared calls and a call
+    that differs on the last rank give numpy's values or the same error everywhere, numbered
+    alike."""
     rank, size = comm.Get_rank(), comm.Get_size()
     use_settings(compiled=rank % 2 == 0)
     x, want, prepared, state = prepared_and_plain(comm, 4)

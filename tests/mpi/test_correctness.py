@@ -70,10 +70,11 @@ def comm(request):
 
 
 def sizes_for(p, dtype, large=True):
-    """0, 1, p-1, p, p+1, a prime and a large count (see LARGEST, where ``large``; duplicates dropped).
-    The million elements are for the sums: how an algorithm cuts and moves a buffer (segments,
-    pipelines, the staged path) does not depend on the op, which every op's 64 Ki + 3 elements
-    exercise past the signature threshold; a million of every op was most of the suite's time."""
+    """0, 1, p-1, p, p+1, a prime and a large count (see LARGEST, where ``large``; duplicates
+    dropped). The million elements are for the sums: how an algorithm cuts and moves a buffer
+    (segments, pipelines, the staged path) does not depend on the op, which every op's 64 Ki + 3
+    elements exercise past the signature threshold; a million of every op was most of the suite's
+    time."""
     return sorted(
         {
             0,
@@ -138,7 +139,8 @@ def inexact_reference(op, dtype, count, size):
     indirect=["comm"],
 )
 def test_inexact_floats_are_identical_on_every_rank(comm, algorithm, op):
-    """Random floats (order of summation matters in the last bits): close to numpy, same bits everywhere."""
+    """Random floats (order of summation matters in the last bits): close to numpy, same bits
+    everywhere."""
     rank, size = comm.Get_rank(), comm.Get_size()
     problems, bits = [], BitsAcrossRanks()
     for dtype, rtol in [("float16", 1e-2), ("float32", 1e-5), ("float64", 1e-12)]:
@@ -231,13 +233,14 @@ def test_default_communicator_is_world(algorithm):
 
 
 def test_many_calls_in_a_row_stay_in_step(comm):
-    """Back-to-back calls of every algorithm and size on one communicator, no barrier between them."""
+    """Back-to-back calls of every algorithm and size on one communicator, no barrier between
+    them."""
     rank = comm.Get_rank()
     inputs = [exact_input("float32", n, rank, "sum") for n in (3, 1000, 17, 0, 4096)]
     expected = [numpy_reference("sum", gather_inputs(comm, x)) for x in inputs]
     for _ in range(3):
         for algorithm in [a for a in ALGORITHMS if runs_here(a, comm)]:
-            for x, want in zip(inputs, expected):
+            for x, want in zip(inputs, expected, strict=True):
                 assert values_equal(mar.allreduce(x, algorithm=algorithm, comm=comm), want), (
                     algorithm,
                     x.size,

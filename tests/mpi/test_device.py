@@ -1,4 +1,5 @@
-"""Device arrays: every algorithm and path, against numpy on the gathered inputs, bits equal on every rank.
+"""Device arrays: every algorithm and path, against numpy on the gathered inputs, bits equal on
+every rank.
 
 ``xp`` is the test stand-in (mpiallreduce.testing.fake_cupy: host memory behind a
 ``__cuda_array_interface__``, kernels queued on streams until synchronized) on every run, and real
@@ -56,8 +57,9 @@ def aware(request, use_settings, xp):
 
 
 def needs_cuda_ipc(xp, algorithm="device_to_device"):
-    """Skip a test of an algorithm that maps the peers' memory where CUDA IPC is refused (a sandbox):
-    COMM_WORLD's probe, collective, agreed, so every rank skips. Called before anything is patched."""
+    """Skip a test of an algorithm that maps the peers' memory where CUDA IPC is refused (a
+    sandbox): COMM_WORLD's probe, collective, agreed, so every rank skips. Called before anything is
+    patched."""
     comm = MPI.COMM_WORLD
     if algorithm == "auto" or not REGISTRY[algorithm].needs_cuda_ipc or comm.Get_size() == 1:
         return
@@ -95,7 +97,10 @@ def test_device_arrays_match_numpy(xp, aware, algorithm, in_place):
             expected = exact_reference(op, dtype, count, comm.Get_size())
             x = xp.asarray(host)
             result = mar.allreduce(x, op=op, algorithm=algorithm, out=x if in_place else None)
-            case = f"{op} {dtype} count={count} plan={mar.describe_call(x, op=op, algorithm=algorithm)}"
+            case = (
+                f"{op} {dtype} count={count} "
+                f"plan={mar.describe_call(x, op=op, algorithm=algorithm)}"
+            )
             if type(result) is not type(x):
                 problems.append(f"{case}: returned {type(result).__name__}, not a device array")
                 continue
@@ -173,9 +178,10 @@ def test_bfloat16_on_the_host(algorithm):
 @pytest.mark.parametrize("algorithm", ["ring", "mpi", "shared_memory", "device_to_device"])
 @pytest.mark.parametrize("op", ["sum", "mean", "max"])
 def test_bfloat16_words_on_the_device(xp, algorithm, op):
-    """A CUDA bfloat16 tensor reaches the library as its 16-bit words (CuPy has no bfloat16), reduced
-    with Bfloat16Bits (mpiallreduce.torch): widened exactly, reduced in float32, rounded once to
-    nearest even. Expected: ml_dtypes on the gathered values (their float32 sums are exact)."""
+    """A CUDA bfloat16 tensor reaches the library as its 16-bit words (CuPy has no bfloat16),
+    reduced with Bfloat16Bits (mpiallreduce.torch): widened exactly, reduced in float32, rounded
+    once to nearest even. Expected: ml_dtypes on the gathered values (their float32 sums are
+    exact)."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     needs_cuda_ipc(xp, algorithm)
     from mpiallreduce.core.ops import OPS, Bfloat16Bits
@@ -363,8 +369,9 @@ def test_host_round_trip_waits_for_the_copy_still_reading_its_pinned_buffer(
 
 
 def test_only_cupy_arrays_are_device_arrays():
-    """A type from one of CuPy's modules that is not a cupy.ndarray (a cupyx.scipy.sparse matrix, say)
-    is not taken for a device array: a TypeError names it, instead of CuPy calls failing on it later."""
+    """A type from one of CuPy's modules that is not a cupy.ndarray (a cupyx.scipy.sparse matrix,
+    say) is not taken for a device array: a TypeError names it, instead of CuPy calls failing on it
+    later."""
 
     class SparseMatrix:
         __cuda_array_interface__ = property(
@@ -399,7 +406,8 @@ def test_select_gpu_by_node_local_rank(monkeypatch):
 
     def no_driver():  # (what CuPy raises where it is installed and no driver is)
         raise RuntimeError(
-            "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"
+            "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime "
+            "version"
         )
 
     monkeypatch.setattr(fake_cupy.cuda.runtime, "getDeviceCount", no_driver)
@@ -444,12 +452,12 @@ def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
     dtypes = ["float32", "float32", "float64", "float32", "float32", "float16"]
     hosts = [
         exact_input(dtype, int(np.prod(shape)), rank, "sum").reshape(shape)
-        for shape, dtype in zip(shapes, dtypes)
+        for shape, dtype in zip(shapes, dtypes, strict=True)
     ]
     grads = [xp.asarray(h) for h in hosts]
     mar.GradientSync(bucket_bytes=4096, op="sum").synchronize(grads)
     problems = []
-    for i, (host, grad) in enumerate(zip(hosts, grads)):
+    for i, (host, grad) in enumerate(zip(hosts, grads, strict=True)):
         expected = gather_inputs(comm, host).astype(np.float64).sum(axis=0).astype(host.dtype)
         problems += problems_with(comm, xp.asnumpy(grad), expected, f"gradient {i} {host.dtype}")
     mar.check_replicas(grads)
@@ -481,7 +489,8 @@ def test_gradient_sync_broadcast_and_replica_check_on_device_arrays(xp):
 @pytest.mark.parametrize("step", ["export", "open", "close"])
 def test_device_to_device_failing_on_one_rank_raises_on_every_rank(step, monkeypatch):
     """Exporting, mapping or unmapping device memory that fails on the last rank only: every rank
-    raises, naming it, instead of the others going on into the next collective; the next call works."""
+    raises, naming it, instead of the others going on into the next collective; the next call
+    works."""
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
         pytest.skip("one rank reduces alone")
@@ -523,7 +532,8 @@ def test_refused_cuda_ipc_is_probed_once_and_never_planned_again():
     """A machine that refuses CUDA IPC (the stand-in refuses on request): the first call that would
     run device_to_device probes it (every rank, after the signature check), then runs the device
     table's choice across nodes instead, right; describe_call says why; asked for by name it is a
-    ValueError on every rank; a prepared call falls back the same way. Other communicators keep theirs."""
+    ValueError on every rank; a prepared call falls back the same way. Other communicators keep
+    theirs."""
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         pytest.skip("one rank maps no peer's memory")

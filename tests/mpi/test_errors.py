@@ -1,4 +1,5 @@
-"""Bad arguments and mismatched calls: a clear error on every rank, and the next call still works."""
+"""Bad arguments and mismatched calls: a clear error on every rank, and the next call still
+works."""
 
 import re
 
@@ -136,16 +137,16 @@ def test_mismatched_calls_raise_on_every_rank_when_checked(comm, field):
     kwargs = dict(x=np.ones(4, dtype=np.float64), op="sum", algorithm="ring")
     if field == "shape":
         kwargs["x"] = np.ones(5 if is_odd else 4, dtype=np.float64)
-        expect = [r"shape differs: \(4,\) on rank", r"\(5,\) on rank %d" % odd_one]
+        expect = [r"shape differs: \(4,\) on rank", rf"\(5,\) on rank {odd_one}"]
     elif field == "dtype":
         kwargs["x"] = np.ones(4, dtype=np.float32 if is_odd else np.float64)
-        expect = [r"dtype differs: 'float64' on rank", r"'float32' on rank %d" % odd_one]
+        expect = [r"dtype differs: 'float64' on rank", rf"'float32' on rank {odd_one}"]
     elif field == "op":
         kwargs["op"] = "max" if is_odd else "sum"
-        expect = [r"op differs: 'sum' on rank", r"'max' on rank %d" % odd_one]
+        expect = [r"op differs: 'sum' on rank", rf"'max' on rank {odd_one}"]
     else:
         kwargs["algorithm"] = "mpi" if is_odd else "ring"
-        expect = [r"algorithm differs: 'ring' on rank", r"'mpi' on rank %d" % odd_one]
+        expect = [r"algorithm differs: 'ring' on rank", rf"'mpi' on rank {odd_one}"]
     with pytest.raises(ValueError) as info:
         mar.allreduce(comm=comm, check=True, **kwargs)
     for pattern in expect:
@@ -190,7 +191,8 @@ def test_calls_compared_in_messages_find_a_mismatch_on_any_one_rank(
     count (5: three rounds, ranks counted twice); a matching call then gives numpy's sum. A repeated
     call runs the rounds in C where built (its short path: none in Python while the C waits), and
     hands them to the Python's from a wait that lasts (``spin`` 0: the last rank comes late, and
-    every other rank's wait goes back); the odd rank's new call takes the Python's from the start."""
+    every other rank's wait goes back); the odd rank's new call takes the Python's from the
+    start."""
     import time
 
     from mpiallreduce.core import signature_messages
@@ -282,7 +284,8 @@ def test_dissemination_carrying_the_check_finds_a_mismatch_on_every_rank(
         mar.allreduce(x, op="mean", comm=comm), numpy_reference("mean", gather_inputs(comm, x))
     )
     # past one head (60 KiB) a message's blocks go on in its tail (auto's choice on 2 ranks; asked
-    # for here at every rank count): tails of other lengths, a tail against none, another dtype's, each way
+    # for here at every rank count): tails of other lengths, a tail against none, another dtype's,
+    # each way
     big = exact_input("float64", 9000, rank, "sum")
     expected = numpy_reference("sum", gather_inputs(comm, big))
     assert "signature: carried by dissemination" in mar.describe_call(
@@ -347,10 +350,11 @@ def test_dissemination_carrying_the_check_reduces_in_rank_order_bit_for_bit(
 
 @pytest.mark.mpi(min_size=2)
 def test_one_rank_in_place_against_the_others_out_of_place_raises_everywhere(compared_by_messages):
-    """In place has a bound of its own (overrides.DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO): between the two,
-    on 2 ranks the out-of-place call runs dissemination (its blocks in the check's messages) and the
-    in-place one the check's codes alone, then the table's choice. Either way every rank raises
-    SignatureMismatch naming the in-place rank, nothing is written, and the next call is right."""
+    """In place has a bound of its own (overrides.DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO): between
+    the two, on 2 ranks the out-of-place call runs dissemination (its blocks in the check's
+    messages) and the in-place one the check's codes alone, then the table's choice. Either way
+    every rank raises SignatureMismatch naming the in-place rank, nothing is written, and the next
+    call is right."""
     from mpiallreduce.core.consistency import SignatureMismatch
     from mpiallreduce.core.overrides import (
         DISSEMINATION_TWO_RANKS_IN_PLACE_UP_TO,
@@ -490,7 +494,8 @@ def test_a_given_up_calls_message_is_dropped_when_its_tags_come_round_again(
     calls later the same tags meet those messages, which carry the old call's number: dropped, and
     their tails with them. 8000 bytes: past shared memory's eager limit, where a send left behind
     reads its buffer when matched, so that buffer is never written again; 160000: the blocks past
-    one head in each message's tail, past 64 KiB a rendezvous that ends only when the tail is received."""
+    one head in each message's tail, past 64 KiB a rendezvous that ends only when the tail is
+    received."""
     from mpiallreduce.algorithms.base import CallTags
 
     comm = compared_by_messages
@@ -657,7 +662,7 @@ def test_a_call_given_up_ahead_raises_on_the_compiled_paths_too(kind):
 
     comm = MPI.COMM_WORLD.Dup()
     try:
-        size, rank = comm.Get_size(), comm.Get_rank()
+        rank = comm.Get_rank()
         x = exact_input("float64", 100, rank, "sum")
         expected = numpy_reference("sum", gather_inputs(comm, x))
         prepared = mar.prepare(x, comm=comm)

@@ -35,7 +35,7 @@ def test_several_async_allreduces_in_flight_waited_in_any_order(comm):
         a for a in mar.HOST_ALGORITHMS if not (spans_nodes and REGISTRY[a].needs_one_node)
     ] + ["auto"]:
         handles = [mar.allreduce_async(x, algorithm=algorithm, comm=comm) for x in inputs]
-        for handle, want in reversed(list(zip(handles, expected))):
+        for handle, want in reversed(list(zip(handles, expected, strict=True))):
             assert values_equal(handle.wait(timeout=60), want), algorithm
             assert handle.done()
 
@@ -122,7 +122,7 @@ def test_buckets_give_what_one_allreduce_per_tensor_gives(comm, bucket_bytes, op
         wide = g.astype(np.float32) if g.dtype == np.float16 else g
         reference.append(numpy_reference(op, gather_inputs(comm, wide)).astype(g.dtype))
     mar.GradientSync(comm=comm, bucket_bytes=bucket_bytes, op=op).synchronize(grads)
-    for i, (g, want) in enumerate(zip(grads, reference)):
+    for i, (g, want) in enumerate(zip(grads, reference, strict=True)):
         assert values_equal(g, want), f"gradient {i} {g.shape} {g.dtype}"
 
 
@@ -169,13 +169,15 @@ def test_ranks_whose_gradient_sync_options_differ_are_refused_on_every_rank(comm
         match=r"options differ:\n  bucket_bytes differs: 1000 on ranks? 0.*; 2000 on rank",
     ):
         mar.GradientSync(comm=comm, parameters=[np.zeros(4)], bucket_bytes=2000 if last else 1000)
-    # (reproducible buckets are prepared calls on symmetric buffers too: refused before either is made)
+    # (reproducible buckets are prepared calls on symmetric buffers too: refused before either is
+    # made)
     with pytest.raises(
         ValueError,
         match=r"options differ:\n  reproducible differs: False on ranks? 0.*; True on rank",
     ):
         mar.GradientSync(comm=comm, parameters=[np.zeros(20_000, np.float32)], reproducible=last)
-    # (results handed over as views on some ranks, written back on others: a fused call of another op)
+    # (results handed over as views on some ranks, written back on others: a fused call of another
+    # op)
     with pytest.raises(
         ValueError,
         match=r"options differ:\n  write_back differs: True on ranks? 0.*; False on rank",
@@ -225,8 +227,8 @@ def test_mismatched_parameters_raise_on_every_rank(comm):
 def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(comm):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rank, size = comm.Get_rank(), comm.Get_size()
-    # 1 + rank * 2^-7: exact in bfloat16; their sum is not (8 bits of mantissa), so a sum in bfloat16
-    # would round at every step, one in float32 only once, at the end
+    # 1 + rank * 2^-7: exact in bfloat16; their sum is not (8 bits of mantissa), so a sum in
+    # bfloat16 would round at every step, one in float32 only once, at the end
     grad = (np.full(6, 1.0, np.float32) + np.float32(rank) * np.float32(2.0**-7)).astype(
         ml_dtypes.bfloat16
     )
@@ -243,7 +245,8 @@ LARGE = 200_000
 
 
 def scaled_reference(comm, grad, op, prescale, postscale):
-    """numpy on every rank's ``grad``, times prescale and postscale (powers of two: exact in any order)."""
+    """numpy on every rank's ``grad``, times prescale and postscale (powers of two: exact in any
+    order)."""
     return numpy_reference(op, gather_inputs(comm, grad)) * (prescale * postscale)
 
 
@@ -384,11 +387,11 @@ def test_a_bucket_that_times_out_changes_no_gradient():
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("declared", [True, False])
 def test_a_rank_late_at_the_first_step_fails_that_step_only(declared):
-    """Review findings: with declared parameters, the first bucket's prepare (inside ``ready``) timed
-    out and escaped from ``ready``, and the next step failed too ("marked ready twice"); without
-    them, the first ``wait``'s agreement timed out and its gradients stayed in the step, to be
-    reduced (and written) with the next one's. Now that step raises AllreduceTimeout at ``wait`` on
-    every rank with no gradient changed, and the next step is right."""
+    """Review findings: with declared parameters, the first bucket's prepare (inside ``ready``)
+    timed out and escaped from ``ready``, and the next step failed too ("marked ready twice");
+    without them, the first ``wait``'s agreement timed out and its gradients stayed in the step, to
+    be reduced (and written) with the next one's. Now that step raises AllreduceTimeout at ``wait``
+    on every rank with no gradient changed, and the next step is right."""
     timing_test_at_three_ranks()
     rank, late = WORLD.Get_rank(), WORLD.Get_rank() == WORLD.Get_size() - 1
     names = [f"g{i}" for i in range(4)]
@@ -430,7 +433,7 @@ def test_a_large_gradient_summed_reproducibly_is_reduced_out_of_place_and_writte
         ]
         want = [scaled_reference(comm, g, op, 2.0, 0.5) for g in grads]
         sync.synchronize(grads)
-        for g, w in zip(grads, want):
+        for g, w in zip(grads, want, strict=True):
             assert values_equal(g, w), (step, g.dtype)
 
 
@@ -476,8 +479,9 @@ def test_device_gradients_that_one_rank_did_not_mark_are_its_zeros_with_find_unu
     comm, monkeypatch
 ):
     """With the CuPy stand-in and find_unused: the last rank marks neither the large gradient nor
-    the small one; it gets the others' means back (wait()'s dict, device arrays), every rank the mean
-    with zeros in its place. (That rank saw no device array: it imports cupy, here the stand-in.)"""
+    the small one; it gets the others' means back (wait()'s dict, device arrays), every rank the
+    mean with zeros in its place. (That rank saw no device array: it imports cupy, here the
+    stand-in.)"""
     import sys
 
     import mpiallreduce.testing.fake_cupy as fake_cupy

@@ -449,7 +449,8 @@ def test_the_handler_runs_from_the_install_not_a_build_at_first_use(tmp_path, mo
     """Issue 55, item 3: the XLA handler is built at install time (setup.py: make installs JAX,
     then the package), marked inside with what it was made from; at first use the install's build
     is the one found, and nothing is compiled into the cache. A build marked for another source
-    (or JAX, or MPI) is not taken: then it is built at first use, as where the install had no JAX."""
+    (or JAX, or MPI) is not taken: then it is built at first use, as where the install had no
+    JAX."""
     import mpiallreduce.jax.build as build
     from mpiallreduce.jax import handler
 

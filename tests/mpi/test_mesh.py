@@ -39,7 +39,8 @@ def axis_choices(names):
 
 
 def expected_along(gathered, shape, axis_indices, op):
-    """numpy's answer for this rank: reduce over the ranks that share its coordinates off the axes."""
+    """numpy's answer for this rank: reduce over the ranks that share its coordinates off the
+    axes."""
     mine = np.unravel_index(WORLD.Get_rank(), shape)
     members = [
         r
@@ -185,7 +186,7 @@ def test_bad_groups_and_axes_raise_on_every_rank(bad, message):
 def test_bad_meshes_raise_on_every_rank():
     size = WORLD.Get_size()
     with pytest.raises(
-        ValueError, match=r"holds %d ranks but the communicator has %d" % (size + 1, size)
+        ValueError, match=rf"holds {size + 1} ranks but the communicator has {size}"
     ):
         mar.Mesh((size + 1,), ("data",))
     with pytest.raises(ValueError, match="has 2 axes but 1 names"):

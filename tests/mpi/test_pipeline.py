@@ -50,7 +50,7 @@ def test_a_reproducible_async_call_is_numbered_in_program_order_beside_a_plain_c
         assert values_equal(handle.wait(timeout=120), want_big)
 
 
-def test_the_first_use_of_a_communicator_by_a_reproducible_async_call_does_not_cross_the_users_dup():
+def test_the_first_use_of_a_communicator_by_a_reproducible_async_call_does_not_cross_the_users_dup():  # noqa: E501
     """Defect 1, first use: the library's Idup of a new communicator was made on the worker, where
     it could cross the user's own Dup() made meanwhile on the caller's thread."""
     _skip_on_one_rank()
@@ -214,7 +214,8 @@ def test_hierarchical_runs_its_leaders_plan_on_the_calls_tags_and_peer_watch(
             monkeypatch.setattr(
                 REGISTRY["ring"],
                 "execute",
-                lambda p, c, *a, **k: seen.append(c) or original(p, c, *a, **k),
+                # (undone below, within this iteration)
+                lambda p, c, *a, **k: seen.append(c) or original(p, c, *a, **k),  # noqa: B023
             )
             execution = Execution(state, plan, get_op("sum"), x.shape, x.dtype, "host")
             result = x.copy()
@@ -258,11 +259,12 @@ def test_with_a_timeout_setting_every_repeated_call_meets_the_others_first(
 def test_timed_calls_under_skew_end_alike_on_every_rank_and_never_hang(
     use_settings, algorithm, compared
 ):
-    """Review finding: a rank that timed out waiting for the others' signatures (after the rendezvous
-    had committed every rank) left its slot published, and a peer went on into MPI_Allreduce for
-    ever. Issue 54, item 3: where the plan talks in messages, a timed call's ranks agree on how it
-    ends (faults.outcome), signature compared or not: every rank counts the same results and the
-    same timeouts (before, with the signature off, 5 to 11 calls of 150 ended apart by name)."""
+    """Review finding: a rank that timed out waiting for the others' signatures (after the
+    rendezvous had committed every rank) left its slot published, and a peer went on into
+    MPI_Allreduce for ever. Issue 54, item 3: where the plan talks in messages, a timed call's ranks
+    agree on how it ends (faults.outcome), signature compared or not: every rank counts the same
+    results and the same timeouts (before, with the signature off, 5 to 11 calls of 150 ended apart
+    by name)."""
     _skip_on_one_rank()
     if not compared:
         use_settings(signature_min_bytes=-1)
@@ -464,8 +466,9 @@ def test_a_peer_stalled_as_its_call_makes_the_timed_communicator_leaves_no_call_
         if rank == size - 1 and stall_where == "before the data moves":
             original = Execution._reduce
 
+            # (original and made are each assigned in one iteration only: read late, the same)
             def interrupt(self, *args, **kwargs):
-                monkeypatch.setattr(Execution, "_reduce", original)
+                monkeypatch.setattr(Execution, "_reduce", original)  # noqa: B023
                 raise KeyboardInterrupt
 
             monkeypatch.setattr(Execution, "_reduce", interrupt)
@@ -473,9 +476,9 @@ def test_a_peer_stalled_as_its_call_makes_the_timed_communicator_leaves_no_call_
             made = rendezvous.made_at_commit
 
             def stalled(*args, **kwargs):
-                monkeypatch.setattr(rendezvous, "made_at_commit", made)
+                monkeypatch.setattr(rendezvous, "made_at_commit", made)  # noqa: B023
                 time.sleep(2.5)
-                return made(*args, **kwargs)
+                return made(*args, **kwargs)  # noqa: B023
 
             monkeypatch.setattr(rendezvous, "made_at_commit", stalled)
         try:
@@ -494,7 +497,8 @@ def test_a_read_only_out_of_a_repeated_call_is_refused_before_any_communication(
     """Review finding: the short path took a read-only ``out``, numbered the call and published its
     signature, then failed in MPI (BufferError) while the peers waited. Now every rank that is given
     one raises ValueError before any communication, and the next call is right: compared (the
-    short path looks at the flag) or not (mpi4py refuses it before MPI; the call is not numbered)."""
+    short path looks at the flag) or not (mpi4py refuses it before MPI; the call is not
+    numbered)."""
     if not compared:
         use_settings(signature_min_bytes=-1)
     x = exact_input("float64", 1024, WORLD.Get_rank(), "sum")

@@ -38,7 +38,8 @@ def same_everywhere(comm, value):
 
 @pytest.mark.parametrize("name", DTYPES)
 def test_every_algorithm_in_place_or_not_gives_one_set_of_bits(comm, name):
-    """The direct route (pairwise_exchange, shared_memory, auto) and the words route (every other)."""
+    """The direct route (pairwise_exchange, shared_memory, auto) and the words route (every
+    other)."""
     x = contribution(comm.Get_rank(), name)
     digests = set()
     for algorithm in [a for a in list(mar.HOST_ALGORITHMS) + ["auto"] if runs_here(a, comm)]:

@@ -1,4 +1,5 @@
-"""Multi-node algorithms on one machine: ranks grouped into pretend nodes (MPIALLREDUCE_RANKS_PER_NODE)."""
+"""Multi-node algorithms on one machine: ranks grouped into pretend nodes
+(MPIALLREDUCE_RANKS_PER_NODE)."""
 
 import numpy as np
 import pytest
@@ -92,7 +93,8 @@ def test_auto_runs_hierarchical_across_nodes_where_the_table_has_nothing_measure
         {"by_ranks": {"1": [{"up_to_bytes": None, "algorithm": "mpi"}]}}
     )  # no by_nodes
     try:
-        # (1.2 MB: past overrides.DISSEMINATION_TWO_RANKS_UP_TO, where 2 ranks run dissemination whatever the table says)
+        # (1.2 MB: past overrides.DISSEMINATION_TWO_RANKS_UP_TO, where 2 ranks run dissemination
+        # whatever the table says)
         x = exact_input("float32", 300_000, comm.Get_rank(), "sum")
         expected = numpy_reference("sum", gather_inputs(comm, x))
         assert values_equal(mar.allreduce(x, comm=comm), expected)

@@ -32,7 +32,8 @@ def _on_host(tensor):
 
 @pytest.fixture(params=["cpu", "cuda"], ids=["torch_cpu", "torch_cuda"])
 def device(request):
-    """Each test on CPU tensors, and on CUDA tensors (through CuPy and DLPack) where a GPU exists."""
+    """Each test on CPU tensors, and on CUDA tensors (through CuPy and DLPack) where a GPU
+    exists."""
     if request.param == "cuda":
         if not torch.cuda.is_available():
             no_gpu(f"torch {torch.__version__} sees no CUDA device")
@@ -132,7 +133,8 @@ def test_a_tensor_given_to_the_array_api_gets_a_message_that_says_what_it_is():
 
 
 class TwoBranches(torch.nn.Module):
-    """A trunk, then one of two heads: a rank whose data takes only one head leaves the other unused."""
+    """A trunk, then one of two heads: a rank whose data takes only one head leaves the other
+    unused."""
 
     def __init__(self):
         super().__init__()
@@ -185,8 +187,9 @@ def test_a_branch_used_only_on_some_ranks_with_find_unused_gets_the_mean_with_ze
 
 
 def test_a_backward_after_a_synchronize_without_a_step_is_reduced_at_the_next_step(device, overlap):
-    """synchronize(), then no step (a non-finite check said skip), then a new backward: step() reduces
-    the new gradients (with hooks they say so; without, their versions do), on every rank alike."""
+    """synchronize(), then no step (a non-finite check said skip), then a new backward: step()
+    reduces the new gradients (with hooks they say so; without, their versions do), on every rank
+    alike."""
     model = model_on_this_rank().to(device)
     mt.broadcast_parameters(model.state_dict(), root=0)
     optimizer = mt.DistributedOptimizer(
@@ -247,7 +250,8 @@ def test_a_bfloat16_gradient_unused_on_one_rank_gets_the_others_mean_there(overl
 @pytest.mark.parametrize("made_bfloat16", ["before", "after_wrapping"])
 def test_bfloat16_gradients_are_summed_in_float32_and_rounded_once(device, made_bfloat16):
     """(after_wrapping: the model made bfloat16 once the optimizer wraps it, as model.to(bfloat16)
-    does: each gradient's own dtype decides how it is handed over, not the parameter's at wrapping)"""
+    does: each gradient's own dtype decides how it is handed over, not the parameter's at
+    wrapping)"""
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     weight = torch.nn.Parameter(
         torch.ones(
@@ -366,7 +370,8 @@ def test_hvd_allreduce_of_a_tensor_that_requires_grad_on_some_ranks_only(scaled)
 
 
 def test_horovod_init_with_a_communicator_makes_it_every_calls_ranks():
-    """hvd.init(comm): rank(), size(), allreduce and DistributedOptimizer are that communicator's."""
+    """hvd.init(comm): rank(), size(), allreduce and DistributedOptimizer are that
+    communicator's."""
     rank = WORLD.Get_rank()
     half = WORLD.Split(rank % 2, rank)
     mt.init(half)
@@ -412,7 +417,8 @@ class Branchy(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def gloo():
-    """torch.distributed over gloo on the world's ranks (DDP needs a process group for its setup)."""
+    """torch.distributed over gloo on the world's ranks (DDP needs a process group for its
+    setup)."""
     if not torch.distributed.is_initialized():
         mt.init_process_group("gloo")
     return torch.distributed
@@ -445,13 +451,15 @@ def test_ddp_with_our_hook_trains_as_ddp_over_gloo(gloo, hook, rtol):
             torch.randn(5, 6, generator=torch.Generator().manual_seed(100 * step + 10 * rank + i))
             for i in range(2)
         ]
-        for model, optimizer in zip((ours, theirs), optimizers):
+        for model, optimizer in zip((ours, theirs), optimizers, strict=True):
             optimizer.zero_grad()
             with model.no_sync():
                 model(batches[0]).pow(2).mean().backward()
             model(batches[1]).pow(2).mean().backward()
             optimizer.step()
-    for (name, a), (_, b) in zip(ours.module.named_parameters(), theirs.module.named_parameters()):
+    for (name, a), (_, b) in zip(
+        ours.module.named_parameters(), theirs.module.named_parameters(), strict=True
+    ):
         np.testing.assert_allclose(
             a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=rtol * 1e-2, err_msg=name
         )

@@ -1,4 +1,5 @@
-"""Fails on purpose: a deadlock on every rank (each waits to receive first), ended by the per-test timeout."""
+"""Fails on purpose: a deadlock on every rank (each waits to receive first), ended by the per-test
+timeout."""
 
 import pytest
 from mpi4py import MPI

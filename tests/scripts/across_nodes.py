@@ -1,21 +1,22 @@
 """Run under ``mpiallreduce launch --nodes N``: every host algorithm and auto across emulated nodes.
 
-Prints one line per rank and algorithm: ``rank R node H ALGORITHM ok`` when the result equals numpy's
-on the gathered inputs and has the same bits on every rank, else what went wrong; algorithms that
-need one node must refuse on every rank (``refused``). Sizes straddle the signature threshold.
+Prints one line per rank and algorithm: ``rank R node H ALGORITHM ok`` when the result equals
+numpy's on the gathered inputs and has the same bits on every rank, else what went wrong; algorithms
+that need one node must refuse on every rank (``refused``). Sizes straddle the signature threshold.
 Then ``rank R node H reproducible-sums ...``: reproducible sums through auto (the direct route,
 pairwise_exchange) and three algorithms of the words route, one set of bits everywhere and
-numpy's sum (the inputs sum exactly). Then ``rank R node H device-auto ...``: device arrays (the CuPy stand-in,
-mpiallreduce.testing.fake_cupy) through auto, which across nodes must not take device_to_device.
-Then ``rank R node H mismatched-calls ...``: calls that differ in size below 64 KiB (100 against 101
-elements), for every algorithm that runs across nodes and auto (and for auto sizes whose
-dissemination messages have tails, against others), are the same ValueError on every rank (the signature compared in messages across nodes), and the next call is right. Then
-``rank R node H timed-on-one-rank ...``: a call timed on rank 0 only ends with an error on every
-rank, and the next calls are right (nothing of it is left to pair with them). Then
-``rank R node H refused-on-one-rank ...``: an algorithm the planner refuses across nodes, asked for
-on rank 0 only, is an error on every rank (rank 0 takes part in the comparison), and the next call
-is right. Then ``rank R node H symmetric-arrays ...``: symmetric arrays (mpiallreduce.empty) across
-nodes are reduced right by the ordinary paths, never single_copy, which is refused by name.
+numpy's sum (the inputs sum exactly). Then ``rank R node H device-auto ...``: device arrays (the
+CuPy stand-in, mpiallreduce.testing.fake_cupy) through auto, which across nodes must not take
+device_to_device. Then ``rank R node H mismatched-calls ...``: calls that differ in size below 64
+KiB (100 against 101 elements), for every algorithm that runs across nodes and auto (and for auto
+sizes whose dissemination messages have tails, against others), are the same ValueError on every
+rank (the signature compared in messages across nodes), and the next call is right. Then ``rank R
+node H timed-on-one-rank ...``: a call timed on rank 0 only ends with an error on every rank, and
+the next calls are right (nothing of it is left to pair with them). Then ``rank R node H
+refused-on-one-rank ...``: an algorithm the planner refuses across nodes, asked for on rank 0 only,
+is an error on every rank (rank 0 takes part in the comparison), and the next call is right. Then
+``rank R node H symmetric-arrays ...``: symmetric arrays (mpiallreduce.empty) across nodes are
+reduced right by the ordinary paths, never single_copy, which is refused by name.
 """
 
 import hashlib
@@ -64,7 +65,8 @@ for name in list(mar.HOST_ALGORITHMS) + ["auto"]:
     )
     print(f"rank {rank} node {node} {name} {outcome}{needs}", flush=True)
 
-outcome = "ok"  # reproducible sums: the direct route (auto: pairwise_exchange across nodes), the words route
+# reproducible sums: the direct route (auto: pairwise_exchange across nodes), the words route
+outcome = "ok"
 for count in (1009, (1 << 16) + 3):
     x = exact_input("float32", count, rank, "sum")
     want = numpy_reference("sum", gather_inputs(comm, x))
@@ -157,7 +159,8 @@ if not values_equal(
     outcome = "wrong after the call timed on one rank"
 print(f"rank {rank} node {node} timed-on-one-rank {outcome}", flush=True)
 
-outcome = "ok"  # refused by the planner on rank 0 only: an error on every rank, and the next call is right
+# refused by the planner on rank 0 only: an error on every rank, and the next call is right
+outcome = "ok"
 try:
     mar.allreduce(
         exact_input("float64", 100, rank, "sum"), algorithm="shared_memory" if rank == 0 else "ring"

@@ -1,4 +1,5 @@
-"""Run under mpiexec with MPIALLREDUCE_CHECK=1: mismatched shapes must raise ValueError on every rank."""
+"""Run under mpiexec with MPIALLREDUCE_CHECK=1: mismatched shapes must raise ValueError on every
+rank."""
 
 import numpy as np
 from mpi4py import MPI

@@ -1,5 +1,5 @@
-"""Run under ``mpiallreduce launch -n 3``: shared windows on a two-rank and a one-rank half and on the
-world, made and grown, then exit, once through Python's exit and once (``explicit``) through the
+"""Run under ``mpiallreduce launch -n 3``: shared windows on a two-rank and a one-rank half and on
+the world, made and grown, then exit, once through Python's exit and once (``explicit``) through the
 program's own MPI_Finalize: both must end (Open MPI freed the library's windows inside
 MPI_Finalize in an order that differed between the ranks, and waited there for ever). With
 ``unwaited``, asynchronous calls are still running at exit: the library waits for them before it

@@ -1,7 +1,8 @@
 """GradientSync(write_back=False), on one node (symmetric buffers) and across nodes: results handed
-over as views of a bucket's two buffers, used in turn; and DistributedOptimizer, which points its gradients at them (``grad.set_``).
-Every value is an integer, or an integer sum divided once: the references are computed here, in
-float32, from the formula. Prints ``rank R views ok`` and ``rank R torch ok``."""
+over as views of a bucket's two buffers, used in turn; and DistributedOptimizer, which points its
+gradients at them (``grad.set_``). Every value is an integer, or an integer sum divided once: the
+references are computed here, in float32, from the formula. Prints ``rank R views ok`` and ``rank R
+torch ok``."""
 
 import numpy as np
 from mpi4py import MPI
@@ -17,8 +18,8 @@ SHAPES = {
     "h": ((50,), np.float16),
     "big": ((1 << 19,), np.float32),
 }  # h: widened; big: 2 MiB, on its own
-#: five gradients just under 1 MiB: one fused bucket of 4.6 MiB, whose mean across nodes auto may run
-#: by another algorithm than a sum (mpiallreduce.core.overrides.MEAN_ACROSS_NODES_FROM)
+#: five gradients just under 1 MiB: one fused bucket of 4.6 MiB, whose mean across nodes auto may
+#: run by another algorithm than a sum (mpiallreduce.core.overrides.MEAN_ACROSS_NODES_FROM)
 MEDIUM = {f"m{i}": ((250_000 - i,), np.float32) for i in range(5)}
 
 
@@ -77,7 +78,8 @@ def numpy_views(overlap):
     assert not any(np.shares_memory(handed[0][n], handed[1][n]) for n in "abc")
     assert all(np.shares_memory(handed[0][n], handed[2][n]) for n in "abc")
     assert all(np.array_equal(handed[1][n], mean(n, 1)) for n in "abc")
-    try:  # a step that fails on every rank (rank 0's c has another shape) changes nothing handed over
+    # a step that fails on every rank (rank 0's c has another shape) changes nothing handed over
+    try:
         run_step(sync, 3, wrong=True)
         raise AssertionError("a mismatched step did not raise")
     except ValueError as error:
@@ -111,8 +113,9 @@ def numpy_views(overlap):
         and not np.shares_memory(handed[0][n], handed[1][n])
         for n in MEDIUM
     )
-    # a changed step (a gradient more, undeclared gradients) plans anew: the old plan's buffers, where the
-    # last results live, stay until two steps on; here the changed step's gradients are those results
+    # a changed step (a gradient more, undeclared gradients) plans anew: the old plan's buffers,
+    # where the last results live, stay until two steps on; here the changed step's gradients are
+    # those results
     free = mar.GradientSync(comm=comm, bucket_bytes=8000, overlap=overlap, write_back=False)
     for step in range(2):
         kept = run_named(free, ("a", "c"), step)
@@ -126,8 +129,9 @@ def numpy_views(overlap):
             assert np.array_equal(results[name], mean(name, 1 if step == 2 else step)), (name, step)
             if step == 2:
                 assert np.array_equal(kept[name], mean(name, 1)), name  # (read, not freed)
-    # with a timeout, a step may fail on some ranks only: on one node (symmetric buffers, which must lie at
-    # the same place everywhere) the results are then written back; across nodes still handed over
+    # with a timeout, a step may fail on some ranks only: on one node (symmetric buffers, which must
+    # lie at the same place everywhere) the results are then written back; across nodes still handed
+    # over
     one_node = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() == size
     timed = mar.GradientSync(
         comm=comm,
@@ -145,8 +149,9 @@ def numpy_views(overlap):
 
 def edge_values():
     """Where the mean is divided on the way in (a power-of-two rank count: FusedBuffers.in_scale): a
-    sum that would overflow gives a finite mean there (as DDP's), inf elsewhere; complex buckets keep
-    the call of the mean, so the signs of their zeros are a mean's (identical inputs: the input)."""
+    sum that would overflow gives a finite mean there (as DDP's), inf elsewhere; complex buckets
+    keep the call of the mean, so the signs of their zeros are a mean's (identical inputs: the
+    input)."""
     x = np.array([3e38, 1.0, -0.0, 5.0], np.float32)
     z = np.array(
         [complex(-0.0, -1), complex(-0.0, 1), complex(-0.0, -0.0), complex(0.0, 0.0)], np.complex64
@@ -236,7 +241,7 @@ def torch_views(overlap):
         assert (p.grad is None and given[name] is None) or torch.equal(p.grad, given[name]), name
     parameters = [p.detach().numpy().copy() for p in model.parameters()]
     assert all(
-        all(np.array_equal(a, b) for a, b in zip(parameters, theirs))
+        all(np.array_equal(a, b) for a, b in zip(parameters, theirs, strict=True))
         for theirs in comm.allgather(parameters)
     )
     print(f"rank {rank} torch ok overlap={overlap}", flush=True)

@@ -1,7 +1,8 @@
 """Horovod's PyTorch MNIST example (examples/pytorch/pytorch_mnist.py), as its users write it, on
 synthetic 28x28 data, with one line changed: ``import mpiallreduce.torch as hvd``.
 
-    mpiallreduce launch -n 2 -- python tests/scripts/horovod_mnist.py [--fp16-allreduce] [--batches-per-allreduce 2]
+    mpiallreduce launch -n 2 -- python tests/scripts/horovod_mnist.py [--fp16-allreduce]
+        [--batches-per-allreduce 2]
 
 At the end it checks what Horovod promises: every rank holds the same parameters, and the metrics
 averaged by hvd.allreduce are the mean of every rank's (from allgather_object). It prints
@@ -145,7 +146,8 @@ def main():
     )
     if hvd.rank() == 0:
         print(
-            f"horovod-style mnist: ok, {hvd.size()} ranks, test loss {test_loss:.4f}, accuracy {100 * test_accuracy:.1f}%"
+            f"horovod-style mnist: ok, {hvd.size()} ranks, test loss {test_loss:.4f}, "
+            f"accuracy {100 * test_accuracy:.1f}%"
         )
 
 

@@ -1,7 +1,8 @@
 """Seeded stress test (issue #24, item 6): every kind of entry of the public API, interleaved, under
 random rank skew, every result checked against numpy. Run on every rank:
 
-    mpiallreduce launch -n 4 [--nodes 2] --timeout 240 -- python tests/scripts/stress.py --seed S [--ops N]
+    mpiallreduce launch -n 4 [--nodes 2] --timeout 240 -- python tests/scripts/stress.py --seed S
+        [--ops N]
 
 Operation i is drawn from a random stream seeded by (--seed, i) (default seed: from the clock,
 rank 0's, broadcast), the same on every rank, so every rank makes the same collective calls in the
@@ -121,7 +122,9 @@ def parse():
     parser.add_argument(
         "--only",
         default=None,
-        help="run only these operations (e.g. 0-5,9), the others skipped (to narrow a failure down)",
+        help=(
+            "run only these operations (e.g. 0-5,9), the others skipped (to narrow a failure down)"
+        ),
     )
     args = parser.parse_args()
     args.kinds = [k for k in args.kinds.split(",") if k]
@@ -211,7 +214,8 @@ class GradSync:
     def needs_name(self, j):
         """Undeclared, gradient j has a twin (its shape and dtype), or the j-th gradient of the plan
         had one (self.planned: the gradients of the last step that planned; its twin may be gone):
-        only a name tells them apart (GradientSync refuses unnamed twins); the others go by position."""
+        only a name tells them apart (GradientSync refuses unnamed twins); the others go by
+        position."""
 
         def has_twin(grads, k):
             return (
@@ -285,7 +289,8 @@ class Stress:
     # --- draws --------------------------------------------------------------------------------
 
     def flag(self, name, probability):
-        """A shared draw (always made, so that the streams stay in step), true only if ``name`` is on."""
+        """A shared draw (always made, so that the streams stay in step), true only if ``name`` is
+        on."""
         return bool(self.rng.random() < probability) and name in self.flags
 
     def pick_comm(self):
@@ -322,7 +327,8 @@ class Stress:
     # --- inputs and references ----------------------------------------------------------------
 
     def values(self, key, r, count):
-        """World rank ``r``'s input for ``key`` (the operation and a salt): count integers in -4..4."""
+        """World rank ``r``'s input for ``key`` (the operation and a salt): count integers in
+        -4..4."""
         h = mix(self.seed, key)
         a, b, c = 1 + h % 61, 1 + (h >> 8) % 53, (h >> 16) % 9973
         i = np.arange(count, dtype=np.int64)
@@ -367,7 +373,8 @@ class Stress:
         self.reports += 1
         if self.reports <= 20:
             print(
-                f"stress: seed {self.seed}: WRONG on rank {self.rank}, op #{self.op_index} ({self.current}): {text}",
+                f"stress: seed {self.seed}: WRONG on rank {self.rank}, op #{self.op_index} "
+                f"({self.current}): {text}",
                 flush=True,
             )
 
@@ -379,7 +386,8 @@ class Stress:
         if not isinstance(got, np.ndarray) or got.shape != want.shape or got.dtype != want.dtype:
             self.wrong += want.size
             self.report(
-                f"{what}: got {type(got).__name__} {getattr(got, 'shape', '')} {getattr(got, 'dtype', '')}, "
+                f"{what}: got {type(got).__name__} {getattr(got, 'shape', '')} "
+                f"{getattr(got, 'dtype', '')}, "
                 f"want {want.shape} {want.dtype}"
             )
             return
@@ -430,7 +438,8 @@ class Stress:
     # --- the kinds ----------------------------------------------------------------------------
 
     def pick_call(self):
-        """A communicator, dtype, op, shape, algorithm, out mode and strided-or-not (in this order of draws)."""
+        """A communicator, dtype, op, shape, algorithm, out mode and strided-or-not (in this order
+        of draws)."""
         c = self.pick_comm()
         dtype, op = self.pick_dtype_op()
         shape = self.pick_shape(dtype)
@@ -454,7 +463,8 @@ class Stress:
         x = self.make_x(key, shape, dtype, strided)
         out = self.out_for(x, out_mode)
         what = (
-            f"allreduce{'_async' if asynchronous else ''}({shape} {dtype}, op={op}, algorithm={algorithm}, "
+            f"allreduce{'_async' if asynchronous else ''}({shape} {dtype}, op={op}, "
+            f"algorithm={algorithm}, "
             f"comm={c.name if comm is not None else None}, out={('None', 'x', 'other')[out_mode]}"
             f"{', strided' if strided else ''}{', check=True' if check else ''}"
             f"{f', timeout={timeout}' if timeout else ''})"
@@ -497,7 +507,8 @@ class Stress:
             fresh = x is None or out_mode == 1 or bool(self.rng.random() < 0.3)
             sub = (key, k)
             what = (
-                f"repeat {k + 1}/{times}: allreduce({shape} {dtype}, op={op}, algorithm={algorithm}, "
+                f"repeat {k + 1}/{times}: allreduce({shape} {dtype}, op={op}, "
+                f"algorithm={algorithm}, "
                 f"comm={'None' if use_none else c.name}, out={('None', 'x', 'other')[out_mode]})"
             )
             self.current = what
@@ -526,7 +537,8 @@ class Stress:
         out = self.out_for(x, out_mode)
         what = (
             f"{'allreduce_async' if asynchronous else 'allreduce'}({shape} {dtype}, op={op}, "
-            f"algorithm={algorithm}, comm={c.name}, out={('None', 'x', 'other')[out_mode]}, reproducible=True"
+            f"algorithm={algorithm}, comm={c.name}, out={('None', 'x', 'other')[out_mode]}, "
+            "reproducible=True"
             f"{', check=True' if check else ''}{f', timeout={timeout}' if timeout else ''})"
         )
         self.current = what
@@ -577,7 +589,10 @@ class Stress:
                 how = 2
             sub = (key, k + 1)
             self.fill(x, sub)
-            step = f"{what} run {k + 1}/{runs} by {('()', '.run()', '.start().wait()', '.start() kept')[how]}"
+            step = (
+                f"{what} run {k + 1}/{runs} by "
+                f"{('()', '.run()', '.start().wait()', '.start() kept')[how]}"
+            )
             self.current = step
             want = self.expected(sub, c.order, shape, dtype, op)
             if how == 0:
@@ -626,7 +641,8 @@ class Stress:
             f"{'shared' if shared_order else 'per-rank'} order of {len(gs.grads)} gradients"
         )
         self.current = what
-        # (find_unused: a gradient a rank leaves out, decided from (seed, op, gradient, rank): known to all)
+        # (find_unused: a gradient a rank leaves out, decided from (seed, op, gradient, rank): known
+        # to all)
         left_out = {
             j: {r for r in c.order if gs.find_unused and mix(self.seed, key, j, r) % 4 == 0}
             for j in range(len(gs.grads))
@@ -643,10 +659,11 @@ class Stress:
                     gs.sync.ready(arrays[j], name=name if gs.declared or gs.needs_name(j) else None)
                 self.skew()
                 if fillers[t] < 0.25 and shared_order and not gs.find_unused:
-                    # something else between two ready()s, only where every rank has started the same
-                    # buckets before it: ready() may block, in a collective (a bucket's first start
-                    # prepares its call), so a collective between ready()s given in other orders on
-                    # other ranks, or with some left out, deadlocks (a user's program must not do that)
+                    # something else between two ready()s, only where every rank has started the
+                    # same buckets before it: ready() may block, in a collective (a bucket's first
+                    # start prepares its call), so a collective between ready()s given in other
+                    # orders on other ranks, or with some left out, deadlocks (a user's program must
+                    # not do that)
                     self.filler((key, "filler", t))
                     self.current = what
             self.current = f"{what}: wait()"
@@ -666,7 +683,8 @@ class Stress:
                 self.verify(arrays[j], want, f"{what}: {name} {shape} {dtype}")
 
     def filler(self, key):
-        """An operation between two ready()s: the user's collective, or a library call, sync or async."""
+        """An operation between two ready()s: the user's collective, or a library call, sync or
+        async."""
         u = int(self.rng.integers(3))
         if u > 0 and ("sync" in self.kinds or "async" in self.kinds):
             self.op_sync(key, asynchronous=u == 2)
@@ -686,7 +704,8 @@ class Stress:
         how = int(self.rng.integers(5))
         comm = c.comm
         self.current = (
-            f"user's {('allreduce(int)', 'Barrier()', 'bcast', 'Allreduce(numpy)', 'allgather')[how]} "
+            "user's "
+            f"{('allreduce(int)', 'Barrier()', 'bcast', 'Allreduce(numpy)', 'allgather')[how]} "
             f"on {c.name} with {len(self.pending)} handles in flight here"
         )
         if how == 0:
@@ -737,7 +756,10 @@ class Stress:
             self.current = what
             got = mar.allreduce(x, op=op, algorithm=algorithm, groups=groups)
         elif how == 2:
-            what = f"allreduce({shape} {dtype}, op={op}, algorithm={algorithm}, axis={axis!r}, mesh={self.mesh.shape})"
+            what = (
+                f"allreduce({shape} {dtype}, op={op}, algorithm={algorithm}, axis={axis!r}, "
+                f"mesh={self.mesh.shape})"
+            )
             self.current = what
             got = mar.allreduce(x, op=op, algorithm=algorithm, axis=axis, mesh=self.mesh)
         else:
@@ -806,9 +828,11 @@ class Stress:
             idle = time.monotonic() - self.progress
             if idle > self.args.stall:
                 print(
-                    f"stress: seed {self.seed}: HANG? rank {self.rank} of {self.size} has made no progress for "
+                    f"stress: seed {self.seed}: HANG? rank {self.rank} of {self.size} "
+                    "has made no progress for "
                     f"{idle:.0f} s in op #{self.op_index}: {self.current}; its last operations: "
-                    f"{list(self.recent)}; {len(self.pending)} handles in flight; every thread's stack:",
+                    f"{list(self.recent)}; {len(self.pending)} handles in flight; "
+                    "every thread's stack:",
                     flush=True,
                 )
                 faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
@@ -819,7 +843,8 @@ class Stress:
     def run(self):
         args = self.args
         print(
-            f"stress: seed {self.seed}, rank {self.rank} of {self.size} on {self.node_of[self.rank]} "
+            f"stress: seed {self.seed}, rank {self.rank} of {self.size} "
+            f"on {self.node_of[self.rank]} "
             f"({self.nodes} node(s)), {args.ops} operations, kinds {','.join(self.kinds)}, "
             f"flags {','.join(sorted(self.flags)) or 'none'}, skew 0..{args.skew_ms} ms",
             flush=True,
@@ -861,8 +886,9 @@ class Stress:
         return wrong
 
     def finalize(self):
-        """MPI_Finalize, here, while Python can still report a hang in it (the library's communicators
-        and windows are freed there): a rank stuck for --stall seconds prints its stacks and exits 1."""
+        """MPI_Finalize, here, while Python can still report a hang in it (the library's
+        communicators and windows are freed there): a rank stuck for --stall seconds prints its
+        stacks and exits 1."""
         self.current = "MPI_Finalize"
         self.progress = time.monotonic()
         faulthandler.dump_traceback_later(self.args.stall, exit=True, file=sys.stdout)
@@ -877,15 +903,18 @@ def main():
         wrong = stress.run()
     except BaseException:  # noqa: BLE001 - the others would wait for this rank for ever: end the job
         print(
-            f"stress: seed {stress.seed}: rank {stress.rank} of {stress.size} RAISED in op #{stress.op_index} "
-            f"({stress.current}); its last operations: {list(stress.recent)}\n{traceback.format_exc()}",
+            f"stress: seed {stress.seed}: rank {stress.rank} of {stress.size} "
+            f"RAISED in op #{stress.op_index} "
+            f"({stress.current}); its last operations: {list(stress.recent)}\n"
+            f"{traceback.format_exc()}",
             flush=True,
         )
         sys.stdout.flush()
         time.sleep(1)
         MPI.COMM_WORLD.Abort(3)
     print(
-        f"stress: seed {stress.seed}: rank {stress.rank}: MPI_Finalize (stuck {args.stall:.0f} s there: its "
+        f"stress: seed {stress.seed}: rank {stress.rank}: "
+        f"MPI_Finalize (stuck {args.stall:.0f} s there: its "
         "stacks, exit 1)",
         flush=True,
     )

@@ -1,4 +1,5 @@
-"""``mpiallreduce bench``: our algorithms against Open MPI's MPI_Allreduce, side by side, in one run.
+"""``mpiallreduce bench``: our algorithms against Open MPI's MPI_Allreduce, side by side, in one
+run.
 
 One driver owns sizes, buffers, warm-up, timing, correctness and the tables; each contender is a
 small adapter (a function that performs one allreduce of ``send`` into ``out``), as in nccl-tests.
@@ -7,10 +8,10 @@ Contenders: ``openmpi`` (a direct mpi4py ``comm.Allreduce``: Open MPI's default 
 Open MPI's six tuned algorithms forced in turn (``openmpi:ring`` ...; see openmpi_tuned.py), and our
 algorithms through ``mpiallreduce.allreduce``.
 
-``--device gpu``: the buffers are CuPy arrays on each rank's GPU (``select_gpu``). ``openmpi`` is then
-MPI_Allreduce on the device pointers where the MPI is CUDA-aware, else a host round trip (device to
-pinned host buffers allocated once, MPI_Allreduce, back: what Open MPI's coll/cuda does, minus its
-per-call malloc). The reference reported is the GPU's device-to-device copy bandwidth.
+``--device gpu``: the buffers are CuPy arrays on each rank's GPU (``select_gpu``). ``openmpi`` is
+then MPI_Allreduce on the device pointers where the MPI is CUDA-aware, else a host round trip
+(device to pinned host buffers allocated once, MPI_Allreduce, back: what Open MPI's coll/cuda does,
+minus its per-call malloc). The reference reported is the GPU's device-to-device copy bandwidth.
 ``--device fake-gpu`` runs the same code on mpiallreduce.testing.fake_cupy (for tests).
 
 Timing: for each size and mode (out of place, in place), repetitions of the contenders are
@@ -21,8 +22,8 @@ bitwise with MPI_Allreduce's and the wrong elements counted (the data are small 
 summation order gives the same bits).
 
 The package: driver.py (the command), timing.py (buffers, warm-up, timing, the wrong-element count),
-limits.py (the copy and link bandwidths measured in the run), contenders.py (the adapters; Open MPI's are
-algorithms/mpi.py and mpiallreduce.transports, as ours), report.py (tables and files),
+limits.py (the copy and link bandwidths measured in the run), contenders.py (the adapters; Open
+MPI's are algorithms/mpi.py and mpiallreduce.transports, as ours), report.py (tables and files),
 metadata.py (what a result needs to be read later).
 """
 

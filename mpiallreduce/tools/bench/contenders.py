@@ -42,7 +42,8 @@ DEVICE_ALGORITHMS = ("staged_ring", "device_to_device", "ring", "auto")
 MPI_ALLREDUCE = REGISTRY["mpi"]
 #: the contender ``allreduce(..., reproducible=True)`` (auto: the direct route)
 REPRODUCIBLE = "reproducible"
-#: the same on symmetric buffers (mpiallreduce.empty), as GradientSync's buckets: single_copy on one node
+#: the same on symmetric buffers (mpiallreduce.empty), as GradientSync's buckets: single_copy on one
+#: node
 REPRODUCIBLE_SYMMETRIC = "reproducible:symmetric"
 
 
@@ -94,7 +95,8 @@ class DeviceMemory(HostMemory):
 
 
 def device_memory(kind):
-    """HostMemory() for "cpu"; DeviceMemory for "gpu" (CuPy, this rank's GPU selected) or "fake-gpu"."""
+    """HostMemory() for "cpu"; DeviceMemory for "gpu" (CuPy, this rank's GPU selected) or
+    "fake-gpu"."""
     if kind == "cpu":
         return HostMemory()
     if kind == "fake-gpu":
@@ -109,7 +111,8 @@ def device_memory(kind):
 
 def _mpi_allreduce(op, comm_to_use=None):
     """Adapter: Open MPI's MPI_Allreduce, through the same algorithm module our ``mpi`` runs
-    (algorithms/mpi.py), on the caller's communicator (or ``comm_to_use``: a forced-algorithm one)."""
+    (algorithms/mpi.py), on the caller's communicator (or ``comm_to_use``: a forced-algorithm
+    one)."""
     reduce_op = get_op(op)
 
     def call(send, out, comm):
@@ -189,10 +192,12 @@ def _persistent(op):
 #: are prepared); auto's is in make bench, each algorithm's in tune (mpiallreduce.tools.plain_price)
 PLAIN = ":plain"
 AUTO_PLAIN = "auto" + PLAIN
-#: Open MPI's persistent allreduce, among its forced algorithms (the stronger of the two is "strongest")
+#: Open MPI's persistent allreduce, among its forced algorithms (the stronger of the two is
+#: "strongest")
 PERSISTENT = FORCED_PREFIX + "persistent"
-#: our prepared call of MPI's own, bound as a persistent request wherever it can be ("mpi:persistent")
-#: and as the blocking call: tune's per-size measurement of the two (mpiallreduce.tools.persistent_rules)
+#: our prepared call of MPI's own, bound as a persistent request wherever it can be
+#: ("mpi:persistent") and as the blocking call: tune's per-size measurement of the two
+#: (mpiallreduce.tools.persistent_rules)
 OURS_BLOCKING = "mpi:blocking"
 
 
@@ -223,10 +228,10 @@ def _ours(algorithm, op, memory):
 
 
 class OnSymmetricBuffers:
-    """Adapter for an algorithm that runs on symmetric buffers only (single_copy): buffers of its own
-    (``mpiallreduce.empty``, made once for the largest size, every rank at once), each size and mode
-    a prepared call on views of them, as a user of symmetric buffers runs it. ``buffers`` gives the
-    timing loop the (send, out) to run it on."""
+    """Adapter for an algorithm that runs on symmetric buffers only (single_copy): buffers of its
+    own (``mpiallreduce.empty``, made once for the largest size, every rank at once), each size and
+    mode a prepared call on views of them, as a user of symmetric buffers runs it. ``buffers`` gives
+    the timing loop the (send, out) to run it on."""
 
     def __init__(self, algorithm, op, largest, reproducible=False):
         self.algorithm, self.op, self.largest, self.reproducible = (

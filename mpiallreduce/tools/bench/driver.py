@@ -66,8 +66,8 @@ def runnable_here(comm, names):
 
 
 def _checked_arguments(parser, args):
-    """(sizes, algorithm names, forced Open MPI algorithm numbers), or parser.error with what is wrong
-    (before any communication: every rank parses the same argv)."""
+    """(sizes, algorithm names, forced Open MPI algorithm numbers), or parser.error with what is
+    wrong (before any communication: every rank parses the same argv)."""
     try:
         dtype = np.dtype(args.dtype)
     except TypeError:
@@ -135,7 +135,8 @@ def main(argv=None):
         description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run",
         examples=(
             "mpiallreduce launch -n 2 -- mpiallreduce bench --summary --output results/mine",
-            "mpiallreduce launch -n 2 -- mpiallreduce bench --sizes 4,64K,16M --algorithms auto,ring",
+            "mpiallreduce launch -n 2 -- mpiallreduce bench --sizes 4,64K,16M --algorithms "
+            "auto,ring",
             "mpiallreduce launch -n 2 -- mpiallreduce bench --device gpu --sizes 1M,64M",
         ),
     )
@@ -147,10 +148,10 @@ def main(argv=None):
     )
     parser.add_argument(
         "--algorithms",
-        help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, {AUTO_PLAIN} "
-        f"(a plain call; the others are prepared), {REPRODUCIBLE} and {REPRODUCIBLE_SYMMETRIC} "
-        f"(reproducible sums on numpy arrays, on symmetric buffers; Open MPI's "
-        f"default always runs); default: all of them but those two, or with --device gpu "
+        help=f"comma-separated, from {', '.join(ALGORITHMS + SYMMETRIC_ALGORITHMS)}, auto, "
+        f"{AUTO_PLAIN} (a plain call; the others are prepared), {REPRODUCIBLE} and "
+        f"{REPRODUCIBLE_SYMMETRIC} (reproducible sums on numpy arrays, on symmetric buffers; Open "
+        f"MPI's default always runs); default: all of them but those two, or with --device gpu "
         f"{','.join(DEVICE_ALGORITHMS)}",
     )
     parser.add_argument(
@@ -184,7 +185,8 @@ def main(argv=None):
     parser.add_argument(
         "--wide",
         action="store_true",
-        help="tables with every column (busbw as a share of memcpy, both busbw), over 120 characters",
+        help="tables with every column (busbw as a share of memcpy, both busbw), over 120 "
+        "characters",
     )
     parser.add_argument(
         "--progress",
@@ -211,7 +213,10 @@ def main(argv=None):
         print("\n".join(load_lines), flush=True)
     if args.device == "cpu":
         memcpy_gbs = memory_copy_bandwidth(comm)
-        limit = f"one core copies memory at {{:.2f}} GB/s (np.copyto, {MEMCPY_BYTES >> 20} MiB, rank 0 alone)"
+        limit = (
+            "one core copies memory at {:.2f} GB/s "
+            f"(np.copyto, {MEMCPY_BYTES >> 20} MiB, rank 0 alone)"
+        )
     else:
         memcpy_gbs = device_copy_bandwidth(comm, memory, max(MEMCPY_BYTES, max(sizes)))
         limit = (
@@ -271,21 +276,21 @@ def main(argv=None):
         )
         print(f"# mpiallreduce {__version__} ({metadata['git_commit']}), {metadata['date_utc']}")
         print(
-            f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved repetitions of the "
-            f"slowest rank's time per call"
+            f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved "
+            f"repetitions of the slowest rank's time per call"
         )
         print("# reference (not a limit: cached sizes beat it): " + limit.format(memcpy_gbs))
         if link is not None:
             print(
-                f"# link between nodes: {link[0]:.3f} GB/s each way (MPI_Sendrecv of {MEMCPY_BYTES >> 20} MiB, "
-                f"ranks 0 and {link[1]}, median of 5)"
+                f"# link between nodes: {link[0]:.3f} GB/s each way (MPI_Sendrecv of "
+                f"{MEMCPY_BYTES >> 20} MiB, ranks 0 and {link[1]}, median of 5)"
             )
         for line in skipped:
             print(f"# skipped: {line}")
         if metadata["openmpi_default"]:
             print(
-                f"# Open MPI's default allreduce here: coll/{metadata['openmpi_default']} (by the components' "
-                "priorities"
+                f"# Open MPI's default allreduce here: coll/{metadata['openmpi_default']} (by the "
+                "components' priorities"
                 + (
                     "; openmpi:han_off is that default with han switched off)"
                     if metadata["openmpi_default"] == "han"
@@ -300,7 +305,8 @@ def main(argv=None):
             with open(os.path.join(args.output, "table.txt"), "w") as f:
                 f.write(table + "\n")
             print(
-                f"# every row (size, mode, contender; #wrong): {os.path.join(args.output, 'table.txt')}"
+                "# every row (size, mode, contender; #wrong): "
+                f"{os.path.join(args.output, 'table.txt')}"
             )
         else:
             print(table)
@@ -314,14 +320,15 @@ def main(argv=None):
             exact_rows = reproducible_rows(results, mode)
             if exact_rows:
                 print(
-                    f"# reproducible sums, {'in place' if mode else 'out of place'}: time against our fastest "
-                    "ordinary sum on the same kind of buffers"
+                    f"# reproducible sums, {'in place' if mode else 'out of place'}: time against "
+                    "our fastest ordinary sum on the same kind of buffers"
                 )
                 print(format_reproducible_table(exact_rows))
         if args.output:
             write_results(args.output, results, metadata, memcpy_gbs, failed)
             print(
-                f"# written: {os.path.join(args.output, 'bench.csv')}, {os.path.join(args.output, 'bench.json')}"
+                f"# written: {os.path.join(args.output, 'bench.csv')}, "
+                f"{os.path.join(args.output, 'bench.json')}"
             )
     wrong = sum(m.wrong for m in results)
     if wrong and comm.Get_rank() == 0:

@@ -147,6 +147,7 @@ def link_pass(comm, peer, nodes, nbytes):
 
 
 def link_peer(comm):
-    """The first rank on another node than rank 0's, or None (every rank on one node); collective."""
+    """The first rank on another node than rank 0's, or None (every rank on one node);
+    collective."""
     leaders = comm.allgather(node_communicator(comm).Get_rank() == 0)
     return next((r for r in range(1, comm.Get_size()) if leaders[r]), None)

@@ -96,7 +96,7 @@ def run_metadata(comm, args=None):
     crowded = oversubscribed(comm.allgather(_machine()))
     return {
         "mpi_library": library_version(),
-        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi_standard": "{:d}.{:d}".format(*MPI.Get_version()),
         "ranks": comm.Get_size(),
         "nodes": nodes,
         "hosts": hosts,

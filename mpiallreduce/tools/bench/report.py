@@ -29,8 +29,9 @@ def format_field_table(results, memcpy_gbs=None, wide=False, failed=()):
     ]
     for m in results:
         lines.append(
-            f"{m.nbytes:>10} {m.count:>10} {m.dtype:>8} {m.op:>5} {'in' if m.in_place else 'out':>6} "
-            f"{m.algorithm:>26} {m.time_us:>11.1f} {m.algbw_gbs:>11.3f} {m.busbw_gbs:>11.3f} {m.wrong:>7} "
+            f"{m.nbytes:>10} {m.count:>10} {m.dtype:>8} {m.op:>5} "
+            f"{'in' if m.in_place else 'out':>6} {m.algorithm:>26} {m.time_us:>11.1f} "
+            f"{m.algbw_gbs:>11.3f} {m.busbw_gbs:>11.3f} {m.wrong:>7} "
             f"{of_bound(m.bound_us, m.time_us)}"
             + (f" {m.busbw_gbs / memcpy_gbs:>11.0%}" if share else "")
         )
@@ -43,14 +44,16 @@ def format_field_table(results, memcpy_gbs=None, wide=False, failed=()):
 
 
 def of_bound(bound_us, time_us):
-    """The bound's time as a share of ``time_us`` (100%: at the bound), 5 characters; "-" without one."""
+    """The bound's time as a share of ``time_us`` (100%: at the bound), 5 characters; "-" without
+    one."""
     return f"{bound_us / time_us:>5.0%}" if bound_us else f"{'-':>5}"
 
 
 def within_noise(a, b):
     """Whether two measurements' repetitions overlap (the fastest of one no faster than the slowest
-    of the other's, both ways): then the gain between them is smaller than the spread it was measured
-    with, and says nothing. None when a measurement has no spread (results from before it was kept)."""
+    of the other's, both ways): then the gain between them is smaller than the spread it was
+    measured with, and says nothing. None when a measurement has no spread (results from before it
+    was kept)."""
     spreads = [(getattr(m, "time_us_low", None), getattr(m, "time_us_high", None)) for m in (a, b)]
     if any(None in spread for spread in spreads):
         return None
@@ -59,9 +62,9 @@ def within_noise(a, b):
 
 
 def gain_rows(results, in_place=False):
-    """Deep Speech 2's table: per (ranks, bytes) Open MPI's default time, our best algorithm's, the gain;
-    and Open MPI's best forced algorithm, so a gain over the default is not mistaken for one over Open MPI.
-    ``results``: Measurements, or anything with their attributes."""
+    """Deep Speech 2's table: per (ranks, bytes) Open MPI's default time, our best algorithm's, the
+    gain; and Open MPI's best forced algorithm, so a gain over the default is not mistaken for one
+    over Open MPI. ``results``: Measurements, or anything with their attributes."""
     rows = []
     here_mode = [m for m in results if m.in_place == in_place]
     for ranks, nbytes in sorted({(m.ranks, m.nbytes) for m in here_mode}):
@@ -102,7 +105,8 @@ def gain_rows(results, in_place=False):
                 "ours_busbw_gbs": best.busbw_gbs,
                 "bound_us": getattr(baseline, "bound_us", None),
                 "gain_by_algorithm": {m.algorithm: baseline.time_us / m.time_us for m in ours},
-                # (gains within the repetitions' spread: noise, marked "?" in the tables, hollow in the plots)
+                # (gains within the repetitions' spread: noise, marked "?" in the tables, hollow in
+                # the plots)
                 "noise_by_algorithm": {m.algorithm: within_noise(baseline, m) for m in ours},
                 "forced_noise": within_noise(best_forced, best) if best_forced else None,
             }
@@ -155,7 +159,8 @@ def format_gain_table(rows, wide=False):
         lines.append(
             layout + f"{r['nbytes']:>10} {r['openmpi_us']:>12.1f} {r['ours_us']:>9.1f} "
             f"{r['ours_algorithm']:>17} {_gain(r['gain'], _noise(r, r['ours_algorithm']))} "
-            f"{_gain(r.get('auto_gain'), _noise(r, 'auto'))}  {forced}{of_bound(r.get('bound_us'), r['ours_us'])}"
+            f"{_gain(r.get('auto_gain'), _noise(r, 'auto'))}  "
+            f"{forced}{of_bound(r.get('bound_us'), r['ours_us'])}"
             + (f" | {r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}" if wide else "")
         )
     if any(
@@ -168,9 +173,9 @@ def format_gain_table(rows, wide=False):
 
 
 def write_results(directory, results, metadata, memcpy_gbs, failed=()):
-    """bench.csv (a header row, then one row per measurement: what csv.DictReader and pandas read) and
-    bench.json (metadata, measurements, gain tables, and "failed": the contenders that raised, with
-    their errors, at the sizes where they did)."""
+    """bench.csv (a header row, then one row per measurement: what csv.DictReader and pandas read)
+    and bench.json (metadata, measurements, gain tables, and "failed": the contenders that raised,
+    with their errors, at the sizes where they did)."""
     os.makedirs(directory, exist_ok=True)
     columns = [f.name for f in (fields(results[0]) if results else ())] + ["busbw_share_of_memcpy"]
     with open(os.path.join(directory, "bench.csv"), "w", newline="") as f:

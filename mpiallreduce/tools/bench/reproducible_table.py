@@ -60,8 +60,8 @@ def reproducible_rows(results, in_place=False):
 def format_reproducible_table(rows):
     """One line per (ranks, bytes), under 120 characters."""
     lines = [
-        f"{'ranks':>5} {'bytes':>10} | {'their arrays: fastest':>21} {'(us)':>9} {'exact(us)':>9} {'ratio':>6} | "
-        f"{'symmetric: fastest':>18} {'(us)':>9} {'exact(us)':>9} {'ratio':>6}"
+        f"{'ranks':>5} {'bytes':>10} | {'their arrays: fastest':>21} {'(us)':>9} {'exact(us)':>9} "
+        f"{'ratio':>6} | {'symmetric: fastest':>18} {'(us)':>9} {'exact(us)':>9} {'ratio':>6}"
     ]
     for r in rows:
         cells = []

@@ -1,5 +1,6 @@
 """The timing loop: buffers, warm-up, interleaved repetitions of every contender at every size and
-mode, the slowest rank's time per call, and the wrong-element count against MPI_Allreduce's result."""
+mode, the slowest rank's time per call, and the wrong-element count against MPI_Allreduce's
+result."""
 
 import statistics
 import sys
@@ -20,6 +21,8 @@ __all__ = ["Measurement", "compare", "count_wrong"]
 
 SECONDS_PER_REPETITION = 0.02
 MAX_ITERATIONS = 200
+#: the default ``memory`` (HostMemory keeps no state: one instance serves every call)
+_HOST_MEMORY = HostMemory()
 
 
 @dataclass
@@ -65,7 +68,7 @@ def _iterations(probe_seconds):
     return int(min(MAX_ITERATIONS, max(1, SECONDS_PER_REPETITION / max(probe_seconds, 1e-7))))
 
 
-def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
+def _time_calls(call, iterations, comm, prepare=None, memory=_HOST_MEMORY):
     if prepare is not None:
         prepare()
     memory.finish()
@@ -78,8 +81,9 @@ def _time_calls(call, iterations, comm, prepare=None, memory=HostMemory()):
     return comm.allreduce(elapsed, op=MPI.MAX)
 
 
-#: how long a rank whose contender raised waits for the others to agree on it: a contender that raised
-#: on one rank alone, inside a collective, leaves the others there, and then the job is aborted
+#: how long a rank whose contender raised waits for the others to agree on it: a contender that
+#: raised on one rank alone, inside a collective, leaves the others there, and then the job is
+#: aborted
 AGREE_SECONDS = 60
 
 
@@ -110,8 +114,9 @@ def _warm_up(comm, contender, send, out, reset, expected, memory):
     while not request.Test():
         if time.monotonic() > deadline:
             print(
-                f"mpiallreduce bench: rank {comm.Get_rank()}: {error}; the other ranks did not come to agree on "
-                f"it within {AGREE_SECONDS} s (raised here alone, inside a collective?): aborting the job",
+                f"mpiallreduce bench: rank {comm.Get_rank()}: {error}; the other ranks did not "
+                f"come to agree on it within {AGREE_SECONDS} s (raised here alone, inside a "
+                "collective?): aborting the job",
                 file=sys.stderr,
                 flush=True,
             )
@@ -133,7 +138,7 @@ def _measure_size(
     op,
     repetitions,
     in_place,
-    memory=HostMemory(),
+    memory=_HOST_MEMORY,
     failed=None,
     link=None,
 ):
@@ -172,7 +177,8 @@ def _measure_size(
         if error is not None:
             if failed is None or name == BASELINE:
                 raise RuntimeError(
-                    f"{name} failed at {nbytes} bytes ({'in' if in_place else 'out of'} place): {error}"
+                    f"{name} failed at {nbytes} bytes ({'in' if in_place else 'out of'} place): "
+                    f"{error}"
                 )
             failed.append(
                 {
@@ -248,7 +254,7 @@ def compare(
     modes=(False, True),
     forced=tuple(TUNED_ALLREDUCE_ALGORITHMS),
     plant_wrong=None,
-    memory=HostMemory(),
+    memory=_HOST_MEMORY,
     progress=None,
     failed=None,
 ):
