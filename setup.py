@@ -113,6 +113,9 @@ COMPILED = [
 # mpiallreduce.jax's XLA handler (a library XLA calls, not a Python module): build_jax_handler
 JAX_HANDLER = Extension("mpiallreduce.jax._ffi", ["mpiallreduce/jax/_ffi.cc"], optional=True)
 
+#: make lint's tools, pinned: another version may format or report otherwise
+LINT = ["ruff==0.17.6", "mypy==2.4.1"]
+
 setup(
     name="mpiallreduce",
     version=VERSION,
@@ -122,9 +125,12 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mpiallreduce", "mpiallreduce.*"]),
+    # py.typed: the package's annotations are its users' (PEP 561); the .pyi files type what no
+    # checker can read (the compiled paths, the old path mpiallreduce.torch)
     package_data={
-        "mpiallreduce": ["data/*.json"],
-        "mpiallreduce.jax": ["_ffi.cc", "_ffi_waits.h", "_ffi_algorithms.h"],
+        "mpiallreduce": ["data/*.json", "py.typed", "torch.pyi"],
+        "mpiallreduce.core": ["_compiled.pyi"],
+        "mpiallreduce.jax": ["_ffi.cc", "_ffi_waits.h", "_ffi_algorithms.h", "_ffi_slots.h"],
     },
     ext_modules=[*COMPILED, JAX_HANDLER],
     cmdclass={"build_ext": OptionalBuildExt},
@@ -139,9 +145,11 @@ setup(
     extras_require={
         "bench": ["matplotlib>=3.5"],
         "torch": ["torch>=2.1", "ml_dtypes>=0.3"],
+        # make lint: the two tools at the versions the tree is clean with (docs/development.md)
+        "lint": LINT,
         "test": [
+            *LINT,  # (make test runs make lint first; tests/test_layers.py checks ruff's format)
             "pytest>=7",
-            "ruff>=0.17,<0.18",  # (its format, checked by tests/test_layers.py: one style)
             "pytest-mpi>=0.6",
             "pytest-timeout>=2.1",
             "matplotlib>=3.5",

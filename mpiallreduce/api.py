@@ -16,18 +16,33 @@ no timeout, contiguous numpy arrays) finds its Execution again (the short path);
 holds one, with its buffers bound.
 """
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import DTypeLike
 
+from .core.annotations import Array, AxisName, Groups, Op, Timeout
 from .core.call import WORLD, Call, check_comm, validate
 from .core.gather import symmetric_array
 from .core.prepared import Prepared
 from .core.settings import settings
 from .core.startup import check_world_matches_slurm
 from .core.state import WORLD_FAST_CALLS, known_state, state_of
-from .core.worker import Meeting, check_thread_level, run_here, submit, submit_prepared
+from .core.worker import (
+    AllreduceHandle,
+    Meeting,
+    check_thread_level,
+    run_here,
+    submit,
+    submit_prepared,
+)
 from .faults.errors import call_site
 from .faults.recorder import run_traced
+
+if TYPE_CHECKING:  # (core.mesh is imported by the calls that name an axis)
+    from .core.mesh import Mesh
 
 __all__ = [
     "allreduce",
@@ -50,23 +65,24 @@ check_world_matches_slurm()  # the silent-singleton trap, before anything is red
 #: mpiallreduce.core.settings)
 CHECK_ENV = "MPIALLREDUCE_CHECK"
 _COMMUNICATOR_TYPES = (MPI.Intracomm, MPI.Cartcomm, MPI.Graphcomm, MPI.Distgraphcomm)
-_NO_CALLS = {}
+#: (no Execution is kept for a communicator not used yet: core.executor.Execution, by call key)
+_NO_CALLS: dict[tuple[Any, ...], Any] = {}
 
 
 def allreduce(
-    x,
-    op="sum",
-    algorithm="auto",
-    comm=None,
-    out=None,
-    check=False,
+    x: Array,
+    op: Op = "sum",
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    out: Array | None = None,
+    check: bool = False,
     *,
-    axis=None,
-    mesh=None,
-    groups=None,
-    timeout=None,
-    reproducible=False,
-):
+    axis: AxisName = None,
+    mesh: "Mesh | None" = None,
+    groups: Groups = None,
+    timeout: Timeout = None,
+    reproducible: bool = False,
+) -> Array:
     """Reduce ``x`` elementwise over every rank of ``comm``; every rank gets the same bits.
 
     Args:
@@ -147,11 +163,22 @@ def allreduce(
     return call.in_turn()  # (after the pending asynchronous calls, if there are any)
 
 
-def _is_jax(x):
+def _is_jax(x: object) -> bool:
     return type(x).__module__.split(".")[0] in ("jax", "jaxlib")
 
 
-def _through_jax(x, op, algorithm, comm, out, axis, mesh, groups, timeout, reproducible):
+def _through_jax(
+    x: Array,
+    op: Op,
+    algorithm: str,
+    comm: MPI.Intracomm | None,
+    out: Array | None,
+    axis: AxisName,
+    mesh: "Mesh | None",
+    groups: Groups,
+    timeout: Timeout,
+    reproducible: bool,
+) -> Array:
     """A jax array (or a tracer, inside jax.jit): mpiallreduce.jax.allreduce, the same call
     compiled (a new jax array: they are immutable). What it does not take is said here."""
     refused = [
@@ -176,14 +203,14 @@ def _through_jax(x, op, algorithm, comm, out, axis, mesh, groups, timeout, repro
     if isinstance(op, MPI.Op):  # (MPI's names for them: mpi4py's ops are not hashable)
         op = next((n for o, n in ((MPI.SUM, "sum"), (MPI.MAX, "max"), (MPI.MIN, "min")) if op == o),
                   op)  # fmt: skip
-    if op not in ("sum", "mean", "max", "min"):
+    if not isinstance(op, str) or op not in ("sum", "mean", "max", "min"):
         raise ValueError(
             f"x is a jax array: mpiallreduce.jax reduces by sum, mean, max or min, got {op!r}"
         )
     return mj.allreduce(x, op=op, comm=comm, algorithm=algorithm, timeout=timeout)
 
 
-def _fast_calls(comm):
+def _fast_calls(comm: MPI.Intracomm) -> dict[tuple[Any, ...], Any]:
     """The Executions kept for ``comm``'s repeated calls (none before its first call)."""
     if type(comm) not in _COMMUNICATOR_TYPES:
         return _NO_CALLS
@@ -191,7 +218,15 @@ def _fast_calls(comm):
     return _NO_CALLS if state is None else state.fast_calls
 
 
-def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=False, **kwargs):
+def allreduce_async(
+    x: Array,
+    op: Op = "sum",
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    out: Array | None = None,
+    check: bool = False,
+    **kwargs: Any,
+) -> AllreduceHandle:
     """Start ``allreduce(x, ...)`` (same arguments) in the background; returns an AllreduceHandle.
 
     The communicator, its library state, the call's number and call site are taken here, on the
@@ -238,18 +273,18 @@ def allreduce_async(x, op="sum", algorithm="auto", comm=None, out=None, check=Fa
 
 
 def prepare(
-    x,
-    op="sum",
-    algorithm="auto",
-    comm=None,
-    out=None,
+    x: Array,
+    op: Op = "sum",
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    out: Array | None = None,
     *,
-    axis=None,
-    mesh=None,
-    groups=None,
-    timeout=None,
-    reproducible=False,
-):
+    axis: AxisName = None,
+    mesh: "Mesh | None" = None,
+    groups: Groups = None,
+    timeout: Timeout = None,
+    reproducible: bool = False,
+) -> "PreparedAllreduce":
     """Collective: the ranks compare the call once (as ``check=True``) and it is planned once; a
     PreparedAllreduce, whose runs then reduce x's current contents with no check and no decision.
     Every rank must run it at the same point (timed: SignatureMismatch everywhere where another
@@ -271,20 +306,20 @@ def prepare(
 
 
 def prepare_at(
-    site,
-    x,
-    op="sum",
-    algorithm="auto",
-    comm=None,
-    out=None,
+    site: str,
+    x: Array,
+    op: Op = "sum",
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    out: Array | None = None,
     *,
-    axis=None,
-    mesh=None,
-    groups=None,
-    timeout=None,
-    persistent=True,
-    reproducible=False,
-):
+    axis: AxisName = None,
+    mesh: "Mesh | None" = None,
+    groups: Groups = None,
+    timeout: Timeout = None,
+    persistent: bool | str = True,
+    reproducible: bool = False,
+) -> "PreparedAllreduce":
     """``prepare`` with the call site to compare given (the library's own prepared calls,
     GradientSync's buckets, give "": they are compared by what they reduce, not by where the user's
     code was); ``persistent=False``: never a persistent request (a call also run on other memory);
@@ -304,11 +339,12 @@ class PreparedAllreduce(Prepared):
     result, the same array every run; ``.start()`` runs it in the background (an
     AllreduceHandle)."""
 
-    def __init__(self, call, persistent=True):
+    def __init__(self, call: Call, persistent: bool | str = True) -> None:
         super().__init__(call, persistent)
         self.result = self.flat.result
 
-    def start(self, here=False):
+    # (its own signature: Prepared.start is the pipeline's, given the worker's submit function)
+    def start(self, here: bool = False) -> AllreduceHandle:  # type: ignore[override]
         """Run in the background (allreduce_async's worker); an AllreduceHandle. ``here``: run it
         now, on this thread (after the pending asynchronous calls), the handle holding its
         outcome."""
@@ -317,16 +353,16 @@ class PreparedAllreduce(Prepared):
     # GradientSync's (mpiallreduce.training.reduction): the call as agreed, run in place on another
     # numpy array like x (None: on x), prepared in place and not persistent. Not checked across the
     # ranks, so not public: there, the step's digest has agreed the gradients on every rank first.
-    def _run_on(self, array=None):
+    def _run_on(self, array: np.ndarray | None = None) -> Array:
         return Prepared._call(self, _elsewhere=None if array is None else self._elsewhere(array))
 
-    def _start_on(self, array=None):
+    def _start_on(self, array: np.ndarray | None = None) -> AllreduceHandle:
         return super().start(
             lambda run: submit_prepared(self, run, False),
             None if array is None else self._elsewhere(array),
         )
 
-    def _elsewhere(self, on):
+    def _elsewhere(self, on: np.ndarray) -> tuple[Callable[..., Any], np.ndarray]:
         if self.state.library is None:  # (before binding to the freed communicator)
             self._freed()
         if not (
@@ -347,7 +383,7 @@ class PreparedAllreduce(Prepared):
             )
         return self.execution.bound(None, on.reshape(-1), self.timeout, self.xp), on
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"<PreparedAllreduce {self.x.shape} {self.x.dtype} {self.op.name}: "
             f"{self.plan.describe()}"
@@ -356,7 +392,9 @@ class PreparedAllreduce(Prepared):
         )
 
 
-def empty(shape, dtype=np.float64, comm=None):
+def empty(
+    shape: int | Sequence[int], dtype: DTypeLike = np.float64, comm: MPI.Intracomm | None = None
+) -> np.ndarray:
     """Collective over ``comm`` (COMM_WORLD if None): a symmetric numpy array, uninitialised. Every
     rank calls it with the same shape and dtype (otherwise SignatureMismatch on every rank); the
     ranks of each node then share the memory of their arrays (MPI_Win_allocate_shared). An
@@ -368,14 +406,22 @@ def empty(shape, dtype=np.float64, comm=None):
     return symmetric_array(comm, shape, dtype, zero=False)
 
 
-def zeros(shape, dtype=np.float64, comm=None):
+def zeros(
+    shape: int | Sequence[int], dtype: DTypeLike = np.float64, comm: MPI.Intracomm | None = None
+) -> np.ndarray:
     """``empty``, filled with zeros on every rank before any rank returns."""
     return symmetric_array(comm, shape, dtype, zero=True)
 
 
 def describe_call(
-    x, op="sum", algorithm="auto", comm=None, reproducible=False, out=None, timeout=None
-):
+    x: Array,
+    op: Op = "sum",
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    reproducible: bool = False,
+    out: Array | None = None,
+    timeout: Timeout = None,
+) -> str:
     """What ``allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out, timeout=timeout)`` would
     run, and why: the whole plan (algorithm, route, device path, accumulation, inner plan,
     signature), in a line. A timed call (``timeout``, or MPIALLREDUCE_TIMEOUT) never runs
@@ -412,19 +458,19 @@ def describe_call(
 # axis_name=None: every rank of COMM_WORLD.
 
 
-def psum(x, axis_name=None, *, axis_index_groups=None):
+def psum(x: Array, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> Array:
     """Sum over the mesh axis ``axis_name`` (within ``axis_index_groups`` if given)."""
     return allreduce(x, op="sum", axis=axis_name, groups=axis_index_groups)
 
 
-def pmean(x, axis_name=None, *, axis_index_groups=None):
+def pmean(x: Array, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> Array:
     """Mean over the axis; with groups, each rank divides by the size of its own group."""
     return allreduce(x, op="mean", axis=axis_name, groups=axis_index_groups)
 
 
-def pmax(x, axis_name=None, *, axis_index_groups=None):
+def pmax(x: Array, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> Array:
     return allreduce(x, op="max", axis=axis_name, groups=axis_index_groups)
 
 
-def pmin(x, axis_name=None, *, axis_index_groups=None):
+def pmin(x: Array, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> Array:
     return allreduce(x, op="min", axis=axis_name, groups=axis_index_groups)

@@ -804,7 +804,7 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
     accumulator."""
     import numpy as np
 
-    from mpiallreduce.core.planner import CallFacts, plan_call
+    from mpiallreduce.core.planner import CallFacts, Route, plan_call
 
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     for facts in (CallFacts(size=4), CallFacts(size=8, spans_nodes=True, node_count=2)):
@@ -828,7 +828,7 @@ def test_reproducible_sums_take_the_direct_route_unless_an_algorithm_is_asked_fo
         one_node = plan_call(
             CallFacts(size=4), False, dtype, 1 << 20, "reproducible_mean", "auto", symmetric=True
         )
-        assert one_node.name == "single_copy" and one_node.route == "reproducible direct"
+        assert one_node.name == "single_copy" and one_node.route is Route.REPRODUCIBLE_DIRECT
         assert one_node.accumulate is None
     assert plan_call(
         CallFacts(size=4), False, f32, 1 << 10, "reproducible_sum", "auto", symmetric=True
@@ -965,16 +965,15 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
         DISSEMINATION_TWO_RANKS_UP_TO,
         DISSEMINATION_UP_TO,
     )
-    from mpiallreduce.core.planner import CallFacts, plan_call
+    from mpiallreduce.core.planner import CallFacts, Signature, plan_call
 
     f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
     nodes = CallFacts(size=2, spans_nodes=True, node_count=2, compiled=True)
     plan = plan_call(nodes, False, f32, 4, "sum", "auto")
-    assert plan.name == "dissemination" and plan.signature == "carried by dissemination", (
-        plan.describe()
-    )
+    assert plan.name == "dissemination" and plan.signature is Signature.CARRIED, plan.describe()
+    assert plan.signature_text == "carried by dissemination", plan.describe()
     assert (
-        plan_call(nodes, False, f32, DISSEMINATION_UP_TO - 32, "mean", "auto").signature
+        plan_call(nodes, False, f32, DISSEMINATION_UP_TO - 32, "mean", "auto").signature_text
         == "carried by dissemination"
     )
     assert plan_call(nodes, False, f32, 4, "sum", "auto", once=True).name == "mpi"
@@ -987,7 +986,7 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     # says, up to a size
     for nbytes in (DISSEMINATION_UP_TO + 4, 40000, 200000, DISSEMINATION_TWO_RANKS_UP_TO):
         assert (
-            plan_call(nodes, False, f32, nbytes, "sum", "auto").signature
+            plan_call(nodes, False, f32, nbytes, "sum", "auto").signature_text
             == "carried by dissemination"
         ), nbytes
         assert (
@@ -1013,19 +1012,19 @@ def test_auto_runs_dissemination_for_small_plain_calls_whose_signature_goes_in_m
     assert plan_call(nodes, False, f32, 4, "reproducible_sum", "auto").name != "dissemination"
     assert plan_call(
         CallFacts(size=2, spans_nodes=True, node_count=2), False, f32, 4, "sum", "auto"
-    ).signature == (
-        "32-byte messages"
+    ).signature is (
+        Signature.MESSAGES
     )  # (not compiled everywhere: the Python rounds lose to the check and MPI's own)
     assert plan_call(
         CallFacts(size=2, shared_slots=True, compiled=True), False, f32, 4, "sum", "auto"
-    ).signature == ("shared slots")
+    ).signature is (Signature.SHARED_SLOTS)
     wide = CallFacts(
         size=64, spans_nodes=True, node_count=2, compiled=True
     )  # (32 blocks: 32 + 32 * 1024 > 16 KiB)
     assert plan_call(wide, False, f32, 1024, "sum", "auto").name != "dissemination"
     asked = plan_call(wide, False, f32, 1024, "sum", "dissemination")
     assert (
-        asked.name == "dissemination" and asked.signature == "carried by dissemination"
+        asked.name == "dissemination" and asked.signature_text == "carried by dissemination"
     )  # (tails: any length)
 
 
@@ -1041,3 +1040,100 @@ def test_the_tuning_table_imports_no_mpi():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.stdout.strip() == "False", result.stdout + result.stderr
+
+
+def test_the_plans_cases_are_enums_listed_in_one_place():
+    """Issue 59: a plan's route and signature, and where an algorithm carries the signature, are
+    enums (mpiallreduce.core.plan_cases): a reader lists the cases, a misspelt one is an error, and
+    each prints as the text describe_call and the docs always showed."""
+    import importlib
+
+    from mpiallreduce.algorithms import _check_carries
+    from mpiallreduce.core import planner
+    from mpiallreduce.core.plan_cases import Carries, Memory, PlanCase, Route, Signature
+    from mpiallreduce.core.planner import CallFacts, plan_call
+
+    assert [c.value for c in Route] == [
+        "plain",
+        "reproducible direct",
+        "reproducible words",
+        "compressed fp16",
+        "compressed bf16",
+        "bfloat16 bits",
+    ]
+    assert [c.value for c in Signature] == [
+        "none",
+        "shared slots",
+        "32-byte messages",
+        "carried",
+        "agreed once",
+    ]
+    assert [c.value for c in Carries] == ["shared slots", "messages"]
+    assert [c.value for c in Memory] == ["host", "device"]
+    # (the planner's names are these, not copies)
+    assert (planner.Route, planner.Signature, planner.Carries) == (Route, Signature, Carries)
+    for case in (*Route, *Signature, *Carries, *Memory):
+        assert isinstance(case, PlanCase) and str(case) == f"{case}" == case.value
+        assert type(case)(case.value) is case
+    # a misspelt case: an error, by name or by value
+    with pytest.raises(AttributeError):
+        Route.PLIAN  # noqa: B018
+    with pytest.raises(AttributeError):
+        Signature.AGREED_ONECE  # noqa: B018
+    with pytest.raises(ValueError):
+        Route("reproducible wrods")
+    with pytest.raises(ValueError):
+        Signature("carried by dissemination")  # (the algorithm is the plan's, not the case's)
+    with pytest.raises(ValueError):
+        Carries("shared slot")
+    with pytest.raises(ValueError):
+        Memory("hots")  # (Execution's kind: given as text, made the case)
+    assert Memory.of(np.zeros(2)) is Memory.HOST and Memory.of(memoryview(b"")) is Memory.DEVICE
+    # an algorithm that names a misspelt case is refused by the registry (one given by its text
+    # becomes the case)
+    module = importlib.import_module("mpiallreduce.algorithms.ring")
+
+    class Misspelt:
+        carries_signature = "mesages"
+
+    with pytest.raises(ImportError, match="carries_signature 'mesages' is none of"):
+        _check_carries(module, Misspelt())
+    spelt = Misspelt()
+    spelt.carries_signature = "messages"
+    _check_carries(module, spelt)
+    assert spelt.carries_signature is Carries.MESSAGES
+    assert {a.carries_signature for a in REGISTRY.values()} == {None, *Carries}
+    # what the planner makes: the cases themselves, printed as before
+    f32, f16, u16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint16)
+    one_node = CallFacts(size=4, shared_slots=True)
+    plain = plan_call(one_node, False, f32, 1 << 10, "sum", "auto")
+    assert plain.route is Route.PLAIN and plain.signature is Signature.SHARED_SLOTS
+    assert "; route:" not in plain.describe() and plain.describe().endswith(
+        "; signature: shared slots"
+    )
+    once = plain.agreed_once()
+    assert once.signature is Signature.AGREED_ONCE and not once.compares
+    assert once.describe().endswith("; signature: agreed once")
+    words = plan_call(CallFacts(size=4), False, f32, 1 << 20, "reproducible_sum", "ring")
+    assert words.route is Route.REPRODUCIBLE_WORDS and words.signature is Signature.MESSAGES
+    assert "; route: reproducible words; " in words.describe(), words.describe()
+    assert words.describe().endswith("; signature: 32-byte messages")
+    direct = plan_call(one_node, False, f32, 1 << 10, "reproducible_sum", "auto")
+    assert direct.route is Route.REPRODUCIBLE_DIRECT and direct.signature is Signature.CARRIED
+    assert direct.carried and direct.compares
+    assert direct.describe().endswith(
+        "; route: reproducible direct; signature: carried by shared_memory"
+    ), direct.describe()
+    assert plan_call(one_node, False, u16, 1 << 10, "bfloat16_bits_sum", "auto").route is (
+        Route.BFLOAT16_BITS
+    )
+    for name, route in (("fp16", Route.COMPRESSED_FP16), ("bf16", Route.COMPRESSED_BF16)):
+        compressed = plan_call(one_node, False, f32, 1 << 10, f"compressed_{name}", "auto")
+        assert compressed.route is route and route.compressed, compressed.describe()
+        assert f"; route: compressed {name}; " in compressed.describe()
+    assert not any(
+        r.compressed for r in Route if r not in (Route.COMPRESSED_FP16, Route.COMPRESSED_BF16)
+    )
+    alone = plan_call(CallFacts(size=1), False, f16, 1 << 10, "sum", "auto")
+    assert alone.signature is Signature.NONE and not alone.compares
+    assert alone.describe().endswith("; signature: none")

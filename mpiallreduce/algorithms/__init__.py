@@ -6,6 +6,7 @@ Adding an algorithm is adding a module here (see :mod:`.base`); ``ALGORITHMS`` l
 import importlib
 import pkgutil
 
+from ..core.plan_cases import Carries
 from .base import Algorithm
 
 __all__ = [
@@ -31,8 +32,25 @@ def _discover():
             raise ImportError(f"{module.__name__} defines no ALGORITHM (an Algorithm instance)")
         if algorithm.name in found:
             raise ImportError(f"two algorithms are named {algorithm.name!r}")
+        _check_carries(module, algorithm)
         found[algorithm.name] = algorithm
     return found
+
+
+def _check_carries(module, algorithm):
+    """``carries_signature`` a Carries or None; one given by its text (``"messages"``) becomes the
+    case, a misspelt one is an ImportError naming the cases (the planner compares the cases by
+    identity)."""
+    carries = algorithm.carries_signature
+    if carries is None or isinstance(carries, Carries):
+        return
+    try:
+        algorithm.carries_signature = Carries(carries)
+    except ValueError:
+        raise ImportError(
+            f"{module.__name__}: carries_signature {carries!r} is none of "
+            f"{', '.join(repr(c.value) for c in Carries)} (mpiallreduce.core.plan_cases.Carries)"
+        ) from None
 
 
 #: name -> Algorithm

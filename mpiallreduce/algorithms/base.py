@@ -10,6 +10,8 @@ import functools
 import itertools
 from dataclasses import dataclass
 
+from ..core.plan_cases import Carries
+
 __all__ = [
     "Algorithm",
     "CallTags",
@@ -27,7 +29,7 @@ __all__ = [
 class Algorithm:
     """Base class: subclasses set ``name`` and implement ``plan`` and ``execute``."""
 
-    name = None
+    name: str | None = None
     #: True when the algorithm moves data with its own point-to-point messages, which must not
     #: meet the user's messages: it then runs on a private duplicate of the user's communicator.
     uses_point_to_point = True
@@ -35,7 +37,7 @@ class Algorithm:
     #: (mpiallreduce.planner) then refuses, on every rank, a communicator that spans several,
     #: suggesting ``across_nodes``
     needs_one_node = False
-    across_nodes = None
+    across_nodes: str | None = None
     #: True when it needs the same rank count on every node
     needs_equal_nodes = False
     #: which arrays it runs on: "any" (numpy, and device arrays through mpiallreduce.transports),
@@ -45,7 +47,7 @@ class Algorithm:
     #: carry through pinned host buffers message by message (reductions staying on the GPU)
     blocking_messages_only = False
     #: for memory == "device": the name of the path it is (see mpiallreduce.transports)
-    device_path = None
+    device_path: str | None = None
     #: True when it maps the peers' device memory (CUDA IPC): the planner runs it only where the
     #: communicator's probe found that works (CallFacts.cuda_ipc)
     needs_cuda_ipc = False
@@ -55,9 +57,10 @@ class Algorithm:
     messages_only = False
     #: where ``execute`` takes ``signature=`` (mpiallreduce.core.consistency.CarriedSignature), the
     #: call's comparison across the ranks, made in place of a step of its own (no extra collective):
-    #: "shared slots" (on one node, in place of a barrier) or "messages" (across nodes, in its
-    #: rounds' messages); None where it carries none
-    carries_signature = None
+    #: a Carries (mpiallreduce.core.plan_cases): SHARED_SLOTS (on one node, in place of a barrier)
+    #: or MESSAGES (across nodes, in its rounds' messages); None where it carries none (the registry
+    #: refuses any other value)
+    carries_signature: Carries | None = None
     #: True when one rank reduces each element from every rank's contribution at once (through
     #: ``reduce_in_rank_order_into``), never from partial results: a reproducible sum then runs
     #: straight on the floats (mpiallreduce.reproducible's direct route), not on fixed-point words

@@ -34,8 +34,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.buffers import copy_into
-from ..core.consistency import agree_on_outcome
 from ..device.arrays import allocation_range, close_ipc_mapping, namespace, synchronize
+from ..faults.agreed_outcome import agree_on_outcome
 from .base import OneNodeSlicedAlgorithm
 
 #: CUDA code for min and max with numpy's rules: a NaN wins (the first, if both are); on a tie the

@@ -35,6 +35,7 @@ from mpi4py import MPI
 
 from ..core import signature_messages as _messages
 from ..core.buffers import aligned_empty, copy_into, retire_scratch, scratch
+from ..core.plan_cases import Carries, Route
 from ..core.signature_messages import (
     CODES as _CODES,
 )
@@ -70,7 +71,7 @@ class DisseminationAllreduce(Algorithm):
     messages_only = True
     memory = "host"
     #: in its messages, where the call compares its signature so (consistency.CarriedSignature)
-    carries_signature = "messages"
+    carries_signature = Carries.MESSAGES
 
     def plan(self, size, rank, count):
         rounds, held = [], 1
@@ -129,7 +130,7 @@ class DisseminationAllreduce(Algorithm):
             or exchange_rounds is None
             or not used()
             or not execution.raw
-            or execution.plan.route != "plain"
+            or execution.plan.route is not Route.PLAIN
             or execution.plan.accumulate is not None  # (widened, words: the executor's routes)
             or size * nbytes >= 2**31 - SIGNATURE_MESSAGE_BYTES
         ):  # (what one C int counts: the Python's)

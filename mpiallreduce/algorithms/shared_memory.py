@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.comms import cached, replace_cached
+from ..core.plan_cases import Carries
 from .base import CallTags, OneNodeSlicedAlgorithm, reduce_in_rank_order_into
 
 MIN_WINDOW_BYTES = 1 << 16
@@ -87,7 +88,7 @@ class SharedMemoryAllreduce(OneNodeSlicedAlgorithm):
 
     #: the ranks' signature codes, published in shared memory, can be waited for in place of the
     #: first barrier (the planner says when: one node, the call compared)
-    carries_signature = "shared slots"
+    carries_signature = Carries.SHARED_SLOTS
     #: each slice is reduced from every rank's segment at once (a reproducible sum's direct route)
     sees_every_contribution = True
 

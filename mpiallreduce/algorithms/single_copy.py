@@ -28,6 +28,7 @@ only after every rank has arrived, so nothing is written before the call is know
 that dies during step 1 leaves the outputs part written (as MPI's shared-memory collectives do).
 """
 
+from ..core.plan_cases import Carries
 from .base import OneNodeSlicedAlgorithm, reduce_in_rank_order_into
 
 #: elements per chunk: 256 KiB of float32 (reduced, then copied while in the L2 cache)
@@ -45,7 +46,7 @@ class SingleCopyAllreduce(OneNodeSlicedAlgorithm):
     #: it writes into the peers' outputs: a timed call runs shared_memory instead
     unbounded_when_timed = True
     #: the signature codes in the shared slots stand for its arrival barrier (as shared_memory's)
-    carries_signature = "shared slots"
+    carries_signature = Carries.SHARED_SLOTS
     #: each slice is reduced from every rank's input at once (a reproducible sum's direct route)
     sees_every_contribution = True
 

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from ..device.arrays import foreign_device_array, namespace
+from .array_kind import foreign_device_array, namespace
 
 __all__ = [
     "check_array",

@@ -31,6 +31,7 @@ from .executor import Execution, timed_call_raised
 from .failures import translated
 from .kinds import execution_for, plan_for
 from .ops import get_op, name_of
+from .plan_cases import Memory
 from .planner import check_algorithm_name
 from .settings import settings
 from .state import state_of
@@ -276,7 +277,7 @@ class Call:
         }
         if isinstance(x, np.ndarray) or namespace(x) is not None:
             return {
-                "memory": "host" if isinstance(x, np.ndarray) else "device",
+                "memory": (Memory.HOST if isinstance(x, np.ndarray) else Memory.DEVICE).value,
                 "shape": tuple(x.shape),
                 "dtype": str(x.dtype),
                 **names,
@@ -332,9 +333,14 @@ class Call:
                 },
             ),
         )
-        kind = "host" if type(self.x) is np.ndarray else "device"
         return Execution(
-            state, plan.agreed_once(), reduce_op, self.x.shape, self.x.dtype, kind, placement
+            state,
+            plan.agreed_once(),
+            reduce_op,
+            self.x.shape,
+            self.x.dtype,
+            Memory.of(self.x),
+            placement,
         )
 
     def trace_fields(

@@ -22,6 +22,8 @@ numpy's, ``division_of``), and hand anything unusual back to it: the Python rais
 what a failure means (core.failures) and waits for late peers (core.consistency).
 """
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from mpi4py import MPI
 
@@ -35,11 +37,12 @@ from .settings import settings
 #: setup.py builds it with Open MPI's mpicc: it runs only where mpi4py loaded Open MPI too (imported
 #: after mpi4py.MPI, whose libmpi is the one its libmpi.so.40 then resolves to)
 try:
-    from . import _compiled
+    from . import _compiled as _built
 except ImportError:  # (not built: the Python paths only)
-    _compiled = None
-if _compiled is not None and not MPI.Get_library_version().startswith("Open MPI"):
-    _compiled = None
+    _built = None  # type: ignore[assignment]  # (None: not built, or not used, below)
+_compiled = (
+    _built if _built is not None and MPI.Get_library_version().startswith("Open MPI") else None
+)
 
 __all__ = [
     "PreparedBase",
@@ -52,7 +55,10 @@ __all__ = [
 ]
 
 #: the base class of Prepared: its __call__ compiled where built
-PreparedBase = object if _compiled is None else _compiled.PreparedBase
+if TYPE_CHECKING:  # (the compiled base as a type: its methods, _compiled.pyi)
+    from ._compiled import PreparedBase
+else:
+    PreparedBase = object if _compiled is None else _compiled.PreparedBase
 #: dissemination's rounds (mpiallreduce.algorithms.dissemination), None where not built
 exchange_rounds = None if _compiled is None else _compiled.exchange_rounds
 

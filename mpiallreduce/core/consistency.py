@@ -25,12 +25,12 @@ rank: all go on, or all raise the same exception naming the ranks and what diffe
                                collective
 """
 
-import hashlib
-
 import numpy as np
 from mpi4py import MPI
 
+from ..faults.agreed_outcome import agree_on_outcome
 from ..faults.errors import AllreduceAborted, ranks_phrase
+from .digests import content_digest, digest
 from .signature_messages import codes_agree_by_messages as _codes_agree_by_messages
 
 __all__ = [
@@ -46,24 +46,6 @@ __all__ = [
     "describe_differences",
     "CarriedSignature",
 ]
-
-
-def digest(value, bits=63):
-    """A ``bits``-bit number that differs (but for a 2**-bits chance) when ``repr(value)``
-    differs."""
-    text = repr(value).encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> (64 - bits)
-
-
-def content_digest(array):
-    """A 63-bit digest of an array's bytes (host or device): replicas and inputs compared by
-    content."""
-    from .buffers import array_module
-
-    xp = array_module(array)
-    host = array if xp.__name__ == "numpy" else xp.asnumpy(array)
-    data = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
 def codes_agree(comm, code):
@@ -228,29 +210,6 @@ def agree_on_call(comm, prepare, signature, resolve=None):
             "communicator:\n  " + "\n  ".join(differences)
         )
     return prepared
-
-
-def agree_on_outcome(comm, local_error, what):
-    """Collective: raise on every rank of ``comm`` if ``local_error`` (an exception or None) is set
-    on any; the message names the ranks and their errors (the rank's own error is chained).
-
-    For steps inside an algorithm that can fail on one rank only (opening a peer's memory, say):
-    called instead of the barrier that follows them, it keeps the others from going on into the
-    next collective and waiting there for ever.
-    """
-    flags = np.zeros(comm.Get_size(), dtype=np.int8)  # the common case: one small Allgather
-    comm.Allgather(
-        [np.array([local_error is not None], dtype=np.int8), MPI.INT8_T], [flags, MPI.INT8_T]
-    )
-    if flags.any():
-        reports = comm.allgather(
-            None if local_error is None else f"{type(local_error).__name__}: {local_error}"
-        )
-        failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
-        raise RuntimeError(
-            f"{what} failed on {ranks_phrase([r for r, _ in failed])} of {len(reports)}:\n  "
-            + "\n  ".join(f"rank {r}: {report}" for r, report in failed)
-        ) from local_error
 
 
 def describe_differences(signatures):

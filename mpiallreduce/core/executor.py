@@ -35,6 +35,7 @@ from .consistency import CarriedSignature, SignatureMismatch, agree_on_call, com
 from .failures import raise_failed
 from .ops import OPS, ignore_float_errors, restore_float_errors
 from .persistent import bind_persistent
+from .plan_cases import Memory, Route
 from .symmetric import touches
 
 __all__ = ["Execution", "timed_call_raised"]
@@ -76,7 +77,8 @@ class Execution:
     def __init__(
         self, state, plan, op, shape, dtype, kind, placement=None, compares_placement=None
     ):
-        """``kind``: "host"/"device" (the arrays' memory); ``op`` a ReduceOp; ``placement``: the
+        """``kind``: a Memory, or its text ("host"/"device": a misspelt one is a ValueError), the
+        arrays'; ``op`` a ReduceOp; ``placement``: the
         symmetric arrays' (single_copy's); ``compares_placement``: the signature names it (default:
         where single_copy runs, or a timed call's plan in its place)."""
         self.state, self.plan, self.op, self.shape, self.dtype = (
@@ -87,13 +89,15 @@ class Execution:
             np.dtype(dtype),
         )
         self.datatype = buffers.mpi_datatype(self.dtype)
+        kind = Memory(kind)
+        host = kind is Memory.HOST
         signature = {
-            "memory": kind,
+            "memory": kind.value,
             "shape": self.shape,
             "dtype": str(self.dtype),
             "op": op.name,
             "algorithm": plan.name,
-            "route": plan.route,
+            "route": plan.route.value,  # (its text: the digest and a mismatch's message)
             "in place (out=x)": plan.in_place,
         }
         if compares_placement is None:  # (the twins must lie at the same place on every rank)
@@ -109,7 +113,7 @@ class Execution:
         self.carried = plan.carried
         self.direct = (
             plan.name == "mpi"
-            and plan.route == "plain"
+            and plan.route is Route.PLAIN
             and plan.accumulate is None
             and not plan.local_only
             and plan.device_path is None
@@ -117,27 +121,21 @@ class Execution:
         #: a mean: the direct path divides after (host arrays: bound once, ~0.4 us less per call)
         self.divides = op.divide_by_size and state.size != 1
         self.divides_host = (
-            op.host_finish(self.dtype, state.size) if self.divides and kind == "host" else None
+            op.host_finish(self.dtype, state.size) if self.divides and host else None
         )
         self.mpi_op = op.mpi_op(self.dtype) if self.direct else None
         #: mpi4py finds a predefined datatype from the numpy array itself: no [buffer, datatype] to
         #: make
-        self.raw = (
-            self.datatype.is_predefined
-            and self.dtype.char in "bhilqBHILQefdgFDG?"
-            and kind == "host"
-        )
+        self.raw = self.datatype.is_predefined and self.dtype.char in "bhilqBHILQefdgFDG?" and host
         self.raw_unchecked = self.raw and self.direct and not self.compares_first
-        self.strides = np.empty(self.shape, self.dtype).strides if kind == "host" else None
+        self.strides = np.empty(self.shape, self.dtype).strides if host else None
         self.watched = plan.algorithm.messages_only or plan.inner_on_tags
         #: a timed call runs MPI's collectives of this plan on the timed calls' own communicator,
         #: each wait bounded (faults.bounded): mpi, reduce_bcast, shared_memory, and hierarchical's
         #: and two_level's steps within a node; on device arrays too, through a CUDA-aware MPI
         #: (device buffers) or a round trip through host memory
         self.bounds_collectives = (
-            plan.algorithm.bounded_collectives
-            and not plan.local_only
-            and not plan.route.startswith("compressed")
+            plan.algorithm.bounded_collectives and not plan.local_only and not plan.route.compressed
         )
         self.options = (
             {"peers": placement}
@@ -147,10 +145,10 @@ class Execution:
             else {"inner": plan.inner}
         )
         self.runs = (
-            plan.algorithm.bind_runs(self) if kind == "host" and not plan.local_only else None
+            plan.algorithm.bind_runs(self) if host and not plan.local_only else None
         )  # (its own, bound once)
         self.short = (
-            (short_path(self) or self._short_path()) if kind == "host" else None
+            (short_path(self) or self._short_path()) if host else None
         )  # (compiled where it can)
         self.after_probe = None
         self.kind, self.after_set_up = kind, None
@@ -182,7 +180,7 @@ class Execution:
             plan = without_set_up(
                 self.plan,
                 self.state.facts,
-                self.kind == "device",
+                self.kind is Memory.DEVICE,
                 self.dtype,
                 int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize,
                 self.op.name,
@@ -219,7 +217,7 @@ class Execution:
                     self.op,
                     self.shape,
                     self.dtype,
-                    "device",
+                    Memory.DEVICE,
                 ),
                 {},
                 resolve=lambda execution: {
@@ -358,13 +356,11 @@ class Execution:
 
     def _route(self, comm, send, recv, xp, options):
         plan, op, size = self.plan, self.op, self.state.size
-        if plan.route.startswith(
-            "compressed"
-        ):  # the op runs on its own (mpiallreduce.training.compression)
+        if plan.route.compressed:  # the op runs on its own (mpiallreduce.training.compression)
             if send is not None:
                 buffers.copy_into(recv, send)
             op.reduce_whole(self.state.library, recv)
-        elif plan.route == "reproducible words":
+        elif plan.route is Route.REPRODUCIBLE_WORDS:
             from ..reproducible.routes import sum_by_words
 
             def allreduce_in_place(array, step_op):

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..device.arrays import namespace
 from .executor import Execution
+from .plan_cases import Memory
 from .planner import plan_call
 
 __all__ = ["plan_for", "execution_for"]
@@ -62,8 +63,7 @@ def execution_for(
     if execution is None:
         if plan is None:
             plan = plan_for(state, x, reduce_op, algorithm, in_place, placement, timed=timed)
-        kind = "host" if type(x) is np.ndarray else "device"
-        execution = Execution(state, plan, reduce_op, x.shape, x.dtype, kind, placement)
+        execution = Execution(state, plan, reduce_op, x.shape, x.dtype, Memory.of(x), placement)
         if keep and isinstance(algorithm, str) and isinstance(op, str):
             state.keep(key, execution)
     return execution

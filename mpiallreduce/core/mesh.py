@@ -14,6 +14,8 @@ communicator): a ``Split`` by group, cached. ``psum``/``pmean``/``pmax``/``pmin`
 
 import contextvars
 import math
+from collections.abc import Iterable, Sequence
+from typing import Literal, cast
 
 from mpi4py import MPI
 
@@ -21,10 +23,15 @@ from .comms import cached
 
 __all__ = ["Mesh", "current_mesh", "resolve_communicator", "group_communicator"]
 
-_current = contextvars.ContextVar("mpiallreduce_mesh", default=None)
+#: an axis, or several (their product): names of a mesh's axes
+Axis = str | Sequence[str]
+
+_current: contextvars.ContextVar["Mesh | None"] = contextvars.ContextVar(
+    "mpiallreduce_mesh", default=None
+)
 
 
-def current_mesh():
+def current_mesh() -> "Mesh | None":
     """The mesh made current by ``with mesh:``, or None."""
     return _current.get()
 
@@ -32,7 +39,9 @@ def current_mesh():
 class Mesh:
     """The ranks of ``comm`` on a named grid of ``shape``; collective to make."""
 
-    def __init__(self, shape, axis_names, comm=None):
+    def __init__(
+        self, shape: Iterable[int], axis_names: Iterable[str], comm: MPI.Intracomm | None = None
+    ) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         shape = tuple(shape)
         axis_names = tuple(axis_names)
@@ -55,10 +64,10 @@ class Mesh:
         self.axis_names = axis_names
         self.cart = comm.Create_cart(dims=list(shape), periods=[False] * len(shape), reorder=False)
         self.coords = tuple(self.cart.Get_coords(self.cart.Get_rank()))
-        self._subs = {}
-        self._token = []
+        self._subs: dict[frozenset[int], MPI.Cartcomm] = {}
+        self._token: list[contextvars.Token[Mesh | None]] = []
 
-    def axis_index(self, name):
+    def axis_index(self, name: str) -> int:
         try:
             return self.axis_names.index(name)
         except ValueError:
@@ -66,50 +75,50 @@ class Mesh:
                 f"unknown mesh axis {name!r}; this mesh has {self.axis_names}"
             ) from None
 
-    def size(self, axis):
+    def size(self, axis: Axis) -> int:
         """How many ranks lie along ``axis`` (a name, or a tuple of names: the product)."""
         return math.prod(self.shape[self.axis_index(a)] for a in _names(axis))
 
-    def comm(self, axis):
+    def comm(self, axis: Axis) -> MPI.Cartcomm:
         """The communicator along ``axis`` (a name or a tuple of names); cached."""
         indices = frozenset(self.axis_index(a) for a in _names(axis))
         if indices not in self._subs:
             self._subs[indices] = self.cart.Sub([i in indices for i in range(len(self.shape))])
         return self._subs[indices]
 
-    def __enter__(self):
+    def __enter__(self) -> "Mesh":
         self._token.append(_current.set(self))
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         _current.reset(self._token.pop())
         return False
 
-    def free(self):
+    def free(self) -> None:
         for sub in self._subs.values():
             sub.Free()
         self._subs.clear()
         self.cart.Free()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Mesh(shape={self.shape}, axis_names={self.axis_names}, coords={self.coords})"
 
 
-def _names(axis):
+def _names(axis: Axis) -> tuple[str, ...]:
     names = (axis,) if isinstance(axis, str) else tuple(axis)
     if not names:
         raise ValueError("axis must name at least one mesh axis")
     return names
 
 
-def check_groups(groups, size):
+def check_groups(groups: Iterable[Iterable[int]], size: int) -> tuple[tuple[int, ...], ...]:
     """The groups as a tuple of tuples, if they partition range(size); ValueError otherwise."""
     try:
-        groups = tuple(tuple(int(r) for r in g) for g in groups)
+        checked = tuple(tuple(int(r) for r in g) for g in groups)
     except TypeError:
         raise ValueError(f"groups must be a list of lists of ranks, got {groups!r}") from None
-    seen = {}
-    for index, group in enumerate(groups):
+    seen: dict[int, int] = {}  # (a rank -> its group)
+    for index, group in enumerate(checked):
         if not group:
             raise ValueError(f"group {index} is empty")
         for r in group:
@@ -123,23 +132,29 @@ def check_groups(groups, size):
     missing = [r for r in range(size) if r not in seen]
     if missing:
         raise ValueError(f"ranks {missing} are in no group; groups must cover all {size} ranks")
-    return groups
+    return checked
 
 
-def group_communicator(comm, groups):
+def group_communicator(comm: MPI.Intracomm, groups: Sequence[Sequence[int]]) -> MPI.Intracomm:
     """This rank's group of ``comm`` (groups already checked), ranks in group order; cached."""
 
-    def make():
+    def make() -> MPI.Intracomm:
         rank = comm.Get_rank()
         for index, group in enumerate(groups):
             if rank in group:
-                return comm.Split(color=index, key=group.index(rank))
+                # (an Intracomm's Split is one: mpi4py's stubs say Comm)
+                return cast(MPI.Intracomm, comm.Split(color=index, key=group.index(rank)))
         raise AssertionError("unreachable: checked groups cover every rank")
 
     return cached(comm, ("groups", groups), make)
 
 
-def resolve_communicator(comm, axis, mesh, groups):
+def resolve_communicator(
+    comm: MPI.Intracomm | None,
+    axis: Axis | None,
+    mesh: "Mesh | None",
+    groups: Iterable[Iterable[int]] | None,
+) -> MPI.Intracomm:
     """The communicator an allreduce with these arguments reduces over (collective on first use)."""
     if axis is not None:
         if comm is not None:

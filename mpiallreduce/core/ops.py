@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..device.arrays import namespace
+from .array_kind import namespace
 from .buffers import mpi_datatype
 
 __all__ = [

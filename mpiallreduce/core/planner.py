@@ -44,7 +44,7 @@ Rules, in order:
   in the communicator's shared slots on one node (a few loads and stores), else in 32-byte
   messages; shared_memory carries it in place of its first barrier, dissemination in its messages
   (``auto``'s choice where a plain call's goes in messages, where overrides.dissemination_pays
-  says); a prepared call is compared once, when made (``signature="agreed once"``);
+  says); a prepared call is compared once, when made (``Signature.AGREED_ONCE``);
 - a prepared call of MPI's own: a persistent request where the table's persistent rules say (one
   node, or across nodes; ``persistent``: mpiallreduce.core.tuning.choose_persistent), else blocking.
 - a timed call (``timeout``) runs only what a timeout bounds and an agreement on its end can take
@@ -72,11 +72,15 @@ from .overrides import (
     dissemination_pays,
     mean_across_nodes,
 )
+from .plan_cases import COMPRESSED_ROUTES, Carries, Route, Signature
 from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent
 
 __all__ = [
     "CallFacts",
     "CallPlan",
+    "Route",
+    "Signature",
+    "Carries",
     "plan_call",
     "choose_algorithm",
     "timed_instead",
@@ -131,15 +135,16 @@ class CallPlan:
     check_signature: bool
     #: hierarchical: the node leaders' plan
     inner: Optional["CallPlan"] = None
-    #: what the call computes: "plain" (the op itself), "reproducible direct" (an exact sum straight
-    #: from the floats), "reproducible words" (exponent bytes, then fixed-point words, reduced by
-    #: the algorithm), "compressed fp16"/"compressed bf16" (mpiallreduce.training.compression),
-    #: "bfloat16 bits" (bfloat16 words held as uint16, widened to float32: mpiallreduce.core.ops)
-    route: str = "plain"
-    #: how the ranks compare the call before data moves: "none", "shared slots", "32-byte messages",
-    #: "carried by <algorithm>" (in its first barrier, or in its messages), "agreed once" (a
-    #: prepared call)
-    signature: str = "none"
+    #: what the call computes (mpiallreduce.core.plan_cases.Route): PLAIN (the op itself),
+    #: REPRODUCIBLE_DIRECT (an exact sum straight from the floats), REPRODUCIBLE_WORDS (exponent
+    #: bytes, then fixed-point words, reduced by the algorithm), COMPRESSED_FP16/COMPRESSED_BF16
+    #: (mpiallreduce.training.compression), BFLOAT16_BITS (bfloat16 words held as uint16, widened
+    #: to float32: mpiallreduce.core.ops)
+    route: Route = Route.PLAIN
+    #: how the ranks compare the call before data moves (plan_cases.Signature): NONE, SHARED_SLOTS,
+    #: MESSAGES (32-byte messages), CARRIED by the plan's algorithm (in its first barrier, or in its
+    #: messages), AGREED_ONCE (a prepared call); ``signature_text`` prints it
+    signature: Signature = Signature.NONE
     #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
     #: set-up it needs is sized by (shared_memory's window:
     #: mpiallreduce.algorithms.base.needs_set_up)
@@ -164,11 +169,18 @@ class CallPlan:
     @property
     def compares(self):
         """Whether each run compares the signature (before or inside the algorithm)."""
-        return self.signature not in ("none", "agreed once")
+        return self.signature.compares
 
     @property
     def carried(self):
-        return self.signature.startswith("carried")
+        return self.signature.carried
+
+    @property
+    def signature_text(self):
+        """The signature as describe() prints it: "carried by <algorithm>" where carried."""
+        if self.signature is Signature.CARRIED:
+            return f"carried by {self.name}"
+        return self.signature.value
 
     @property
     def inner_on_tags(self):
@@ -178,13 +190,13 @@ class CallPlan:
 
     def agreed_once(self):
         """This plan for a prepared call: compared when made, then run unchecked."""
-        return replace(self, signature="agreed once" if self.compares else self.signature)
+        return replace(self, signature=Signature.AGREED_ONCE if self.compares else self.signature)
 
     def describe(self):
         """What the call will run and why, in a line or two."""
         text = f"{self.name} ({'auto: ' if self.auto else 'asked for: '}{self.reason})"
-        if self.route != "plain":
-            text += f"; route: {self.route}"
+        if self.route is not Route.PLAIN:
+            text += f"; route: {self.route.value}"
         if self.device_path:
             text += f"; device memory travels by {self.device_path}"
         if self.accumulate is not None:
@@ -193,7 +205,7 @@ class CallPlan:
             text += f"; node leaders run {self.inner.name}" + (
                 " (on the call's tags, watching the peers)" if self.inner_on_tags else ""
             )
-        text += f"; signature: {self.signature}"
+        text += f"; signature: {self.signature_text}"
         if self.ipc_probe is not None:
             text += (
                 "; CUDA IPC not yet probed: the first call probes it, and plans again if it is "
@@ -242,7 +254,11 @@ def plan_call(
     low_precision = bits or dtype.itemsize == 2 and dtype.name in _LOW_PRECISION
     compared = facts.size > 1 and 0 <= facts.signature_min_bytes <= nbytes
     signature = (
-        "none" if not compared else "shared slots" if facts.shared_slots else "32-byte messages"
+        Signature.NONE
+        if not compared
+        else Signature.SHARED_SLOTS
+        if facts.shared_slots
+        else Signature.MESSAGES
     )
     if compressed:  # (on one rank too: each value rounded to 16 bits, as with more)
         return CallPlan(
@@ -254,7 +270,7 @@ def plan_call(
             None,
             False,
             compared,
-            route=op_name.replace("_", " "),
+            route=COMPRESSED_ROUTES[op_name],
             signature=signature,
             in_place=in_place,
         )
@@ -429,17 +445,21 @@ def plan_call(
             # which Open MPI does not take on device buffers: a round trip through host memory)
             path = "host round trip"
             reason += "; timed: MPI's nonblocking collectives on host memory (a round trip)"
-    route = "plain"
+    route = Route.PLAIN
     if reproducible:
-        route = "reproducible direct" if chosen.sees_every_contribution else "reproducible words"
-        if route == "reproducible words":
+        route = (
+            Route.REPRODUCIBLE_DIRECT
+            if chosen.sees_every_contribution
+            else Route.REPRODUCIBLE_WORDS
+        )
+        if route is Route.REPRODUCIBLE_WORDS:
             reason += (
                 "; a reproducible sum: its exponent bytes, then its fixed-point words, "
                 "reduced by it"
             )
     accumulate = None
     if bits:
-        route = "bfloat16 bits"
+        route = Route.BFLOAT16_BITS
     exact_anyway = (
         op_name in ("max", "min") and not bits
     )  # (max and min of float16 are exact: numpy's rules kept)
@@ -451,14 +471,16 @@ def plan_call(
     ):
         accumulate = np.dtype(np.float32)
     working = nbytes if accumulate is None else nbytes // dtype.itemsize * accumulate.itemsize
+    # (where the comparison goes anyway: the shared slots, else messages)
+    carrier = Carries.SHARED_SLOTS if facts.shared_slots else Carries.MESSAGES
     if (
         compared
         and not on_device
-        and (route == "plain" or facts.shared_slots)
-        and chosen.carries_signature == ("shared slots" if facts.shared_slots else "messages")
+        and (route is Route.PLAIN or facts.shared_slots)
+        and chosen.carries_signature is carrier
         and chosen.can_carry(facts.size, working)
     ):
-        signature = f"carried by {chosen.name}"
+        signature = Signature.CARRIED  # (by the plan's algorithm)
     probe = (
         (on_device, dtype, nbytes, op_name, algorithm, in_place)
         if chosen.needs_cuda_ipc and facts.cuda_ipc == "untested"
@@ -472,7 +494,7 @@ def plan_call(
             chosen.name == "mpi"
             and not on_device
             and facts.persistent_collectives
-            and route == "plain"
+            and route is Route.PLAIN
             and accumulate is None
         )
         else None
@@ -528,7 +550,7 @@ def without_set_up(plan, facts, on_device, dtype, nbytes, op_name):
     ring = plan_call(
         facts, on_device, dtype, nbytes, op_name, WITHOUT_SET_UP, plan.in_place, timed=True
     )
-    if plan.signature == "agreed once":  # (compared already, with check=True: not again)
+    if plan.signature is Signature.AGREED_ONCE:  # (compared already, with check=True: not again)
         ring = ring.agreed_once()
     return replace(
         ring,

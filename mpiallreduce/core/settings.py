@@ -13,6 +13,7 @@ setting and the ranks.
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 __all__ = [
@@ -246,4 +247,4 @@ def reset_settings(value=None):
 
 
 #: what reset_settings calls (mpiallreduce.core.state: forget every short path)
-ON_RESET = []
+ON_RESET: list[Callable[[], None]] = []

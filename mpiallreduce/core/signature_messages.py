@@ -21,9 +21,12 @@ fit (dissemination.split): two eager messages up to 120 KiB, and no rendezvous.
 """
 
 import struct
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+
+from .mpi_requests import request_done
 
 __all__ = [
     "codes_agree_by_messages",
@@ -131,14 +134,12 @@ def keep_while_pending(requests, space):
     """Keep ``space`` until ``requests``, left behind by a call given up, are done (the f2py
     requests of the compiled rounds do not hold their buffers, as mpi4py's own do): a later call
     takes a new buffer."""
-    from ..faults.watch import request_done
-
     _KEPT[:] = [(r, s) for r, s in _KEPT if not all(request_done(q) for q in r)] + [
         (requests, space)
     ]
 
 
-_KEPT = []
+_KEPT: list[Any] = []
 #: how long the compiled rounds test a wait's requests before the Python waits for them (and then
 #: looks at the control channel and the deadline: mpiallreduce.faults.watch, every millisecond);
 #: read at each call, by the check's and by dissemination's
@@ -195,4 +196,4 @@ def dissemination_peers(rank, size):
     return [((rank + 2**k) % size, (rank - 2**k) % size) for k in range((size - 1).bit_length())]
 
 
-_TAGS = []
+_TAGS: list[type] = []

@@ -18,15 +18,13 @@ timed call's rendezvous has bounded the ranks' arrival, and after it every rank 
 rank that timed out here, its code published, once left a peer in MPI_Allreduce for ever).
 """
 
-import os
 import time
 
 from mpi4py import MPI
 
-__all__ = ["SignatureSlots", "yield_core", "wait_until"]
+from .spinning import yield_core
 
-#: give the core to another process (a rank waiting on a peer that shares it)
-yield_core = getattr(os, "sched_yield", lambda: None)
+__all__ = ["SignatureSlots", "yield_core", "wait_until"]
 
 #: how long a wait only spins before it also looks at the peers and the clock, then how often
 _QUIET_SECONDS = 5e-5

@@ -20,6 +20,7 @@ communicator is freed (at MPI_Finalize for COMM_WORLD).
 import contextlib
 import dataclasses
 import threading
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -48,8 +49,8 @@ class SettingsMismatch(ValueError):
 
 _lock = threading.RLock()
 #: COMM_WORLD's state's ``fast_calls``: found by the short path without looking the state up
-WORLD_FAST_CALLS = {}
-_states = {}  # user communicator handle -> CommState
+WORLD_FAST_CALLS: dict[tuple[Any, ...], Any] = {}
+_states: dict[int, "CommState"] = {}  # user communicator handle -> CommState
 _keyval = None
 
 
@@ -378,8 +379,8 @@ def _make_state(comm, blocking):
 
 
 #: every state, in the order it was made: program order, the same on every rank of each communicator
-_made = []
-_made_keyval = []
+_made: list["CommState"] = []
+_made_keyval: list[int] = []
 
 
 def _free_all_before_finalize():

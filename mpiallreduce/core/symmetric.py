@@ -45,7 +45,8 @@ __all__ = [
 _INFO = None
 #: this rank's live symmetric allocations (on every communicator), sorted by their start address,
 #: and those addresses: what ``touches`` bisects
-_MADE, _STARTS = [], []
+_MADE: list["Allocation"] = []
+_STARTS: list[int] = []
 _MADE_LOCK = threading.Lock()
 
 

@@ -53,6 +53,9 @@ import functools
 import json
 import math
 import os
+from typing import Any
+
+from .digests import digest
 
 __all__ = [
     "TUNING_ENV",
@@ -105,7 +108,7 @@ RULE_SECTIONS = (
 )
 
 _table = None
-_choices = {}
+_choices: dict[tuple[Any, ...], Any] = {}
 
 
 def set_tuning_table(path_or_table):
@@ -140,8 +143,6 @@ def tuning_table():
 def table_digest():
     """A short digest of the table in use: ranks must agree on it (see mpiallreduce.settings)."""
     table = tuning_table()
-    from .consistency import digest
-
     text = json.dumps(
         {key: table.get(key) or {} for key in RULE_SECTIONS}, sort_keys=True
     )  # (by name: rules

@@ -210,7 +210,7 @@ class Worker:
 
 
 #: every communicator's worker that is alive (asynchronous_calls_pending, the wait at exit)
-_workers = weakref.WeakSet()
+_workers: weakref.WeakSet["Worker"] = weakref.WeakSet()
 _workers_lock = threading.Lock()
 
 

@@ -1,17 +1,24 @@
-"""Device (GPU) arrays: whose they are, which GPU a rank uses, and whether MPI takes device
-pointers.
+"""Device (GPU) arrays: whose they are, which GPU a node-local rank uses, and whether MPI takes
+device pointers.
 
 mpiallreduce accepts CuPy arrays (and, for tests, :mod:`mpiallreduce.testing.fake_cupy`'s stand-in,
 which has the same API over host memory). The code that handles them asks this module for the
 array's module (``xp``: ``cupy``, or the stand-in) and calls the same CuPy functions either way.
+What kind of array one is (``namespace``, ``is_device_array``, ``foreign_device_array``) is
+mpiallreduce.core.array_kind's, below the core's buffers that ask it too, and given here as well.
 """
 
 import functools
 import os
-import sys
 
 import numpy as np
 from mpi4py import MPI
+
+from ..core.array_kind import (  # noqa: F401 (given here too: foreign_device_array, its old path)
+    foreign_device_array,
+    is_device_array,
+    namespace,
+)
 
 __all__ = [
     "CUDA_AWARE_ENV",
@@ -19,48 +26,13 @@ __all__ = [
     "is_device_array",
     "synchronize",
     "cuda_aware",
-    "local_rank",
+    "launcher_local_rank",
     "gpu_for_local_rank",
-    "select_gpu",
+    "visible_gpus",
 ]
 
 #: "1" or "0": take (or do not take) the MPI library to be CUDA-aware, whatever it says of itself
 CUDA_AWARE_ENV = "MPIALLREDUCE_CUDA_AWARE"
-
-_FAKE_MODULE = "mpiallreduce.testing.fake_cupy"
-_namespace_by_type = {}
-_UNSEEN = object()
-
-
-def namespace(x):
-    """The array module of device array ``x`` (``cupy`` or the test stand-in); None for anything
-    else.
-
-    Strict: an instance of ``cupy.ndarray`` (or of the stand-in's ndarray), subclasses included.
-    Other types of CuPy's modules (``cupyx.scipy.sparse`` matrices, say) are not device arrays here.
-    A CuPy array exists only once CuPy is imported, so CuPy is never imported to answer.
-    """
-    kind = type(x)
-    xp = _namespace_by_type.get(kind, _UNSEEN)
-    if xp is not _UNSEEN:
-        return xp
-    xp = None
-    for name in ("cupy", _FAKE_MODULE):
-        module = sys.modules.get(name)
-        if module is not None and isinstance(x, module.ndarray):
-            xp = module
-            break
-    _namespace_by_type[kind] = xp
-    return xp
-
-
-def is_device_array(x):
-    return namespace(x) is not None
-
-
-def foreign_device_array(x):
-    """Whether ``x`` is device memory of a library other than CuPy (torch, numba...)."""
-    return namespace(x) is None and hasattr(type(x), "__cuda_array_interface__")
 
 
 def synchronize(xp):
@@ -114,24 +86,15 @@ LOCAL_RANK_VARIABLES = (
 )
 
 
-def local_rank(comm=None):
-    """This process's rank among the processes of its node.
-
-    With ``comm``: its rank in ``comm``'s node communicator (collective over ``comm``). Without:
-    what the launcher says (mpiexec, srun; no communication), else COMM_WORLD's node communicator.
-    """
-    if comm is None:
-        for variable in LOCAL_RANK_VARIABLES:
-            value = os.environ.get(variable, "").strip()
-            if value.isdigit():
-                return int(value)
-    from mpi4py import MPI
-
-    from ..core.state import state_of
-    from ..core.topology import node_communicator
-
-    comm = MPI.COMM_WORLD if comm is None else comm
-    return node_communicator(state_of(comm).make_ready().library).Get_rank()
+def launcher_local_rank():
+    """This process's rank among the processes of its node as its launcher says it (mpiexec, srun:
+    LOCAL_RANK_VARIABLES), or None where none does. Without communication; the rank in a
+    communicator's node communicator: mpiallreduce.core.node_rank.local_rank."""
+    for variable in LOCAL_RANK_VARIABLES:
+        value = os.environ.get(variable, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 def gpu_for_local_rank(local_rank, device_count):
@@ -145,13 +108,10 @@ def gpu_for_local_rank(local_rank, device_count):
     return local_rank % device_count
 
 
-def select_gpu(comm=None, xp=None):
-    """Make this rank's GPU current (``cupy.cuda.Device(i).use()``) and return its index.
-
-    Call it once, first thing, before creating device arrays. The GPU is the node-local rank modulo
-    the number of visible devices; CUDA numbers only the devices in CUDA_VISIBLE_DEVICES, so a
-    scheduler's binding (``srun --gpus-per-task``, ``--gpu-bind``) is respected as it is.
-    """
+def visible_gpus(xp=None):
+    """(xp, the number of GPUs visible to this process): CuPy (imported here where ``xp`` is None)
+    and its device count, or one clear error where CuPy is missing or no GPU is usable. What
+    mpiallreduce.core.node_rank.select_gpu asks first, before it communicates."""
     if xp is None:
         try:
             import cupy as xp
@@ -170,9 +130,7 @@ def select_gpu(comm=None, xp=None):
             f"{type(error).__name__}: {error}. No NVIDIA driver, one older than CuPy's CUDA, or no "
             "device visible; `mpiallreduce info` says which. Without a GPU, use numpy arrays."
         ) from error
-    index = gpu_for_local_rank(local_rank(comm), count)
-    xp.cuda.Device(index).use()
-    return index
+    return xp, count
 
 
 def allocation_range(xp, ptr):

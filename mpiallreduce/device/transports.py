@@ -112,17 +112,21 @@ class _Forwarding:
         raise AttributeError(f"{type(self).__name__} does not carry {name}() for device buffers")
 
 
+def _synchronized(name):
+    """DeviceComm's method ``name``: the wrapped communicator's, after the current stream is
+    synchronized."""
+
+    def call(self, *args, **kwargs):
+        synchronize(self.xp)
+        return getattr(self.comm, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
 class DeviceComm(_Forwarding):
     """``comm`` for a CUDA-aware MPI: device buffers go to MPI as they are, after the current
     stream is synchronized (so that MPI reads what the kernels wrote, not what was there before)."""
-
-    def _synchronized(name):  # noqa: N805 - a decorator factory used in the class body
-        def call(self, *args, **kwargs):
-            synchronize(self.xp)
-            return getattr(self.comm, name)(*args, **kwargs)
-
-        call.__name__ = name
-        return call
 
     Send = _synchronized("Send")
     Recv = _synchronized("Recv")
@@ -132,7 +136,6 @@ class DeviceComm(_Forwarding):
     Allreduce = _synchronized("Allreduce")
     Reduce = _synchronized("Reduce")
     Bcast = _synchronized("Bcast")
-    del _synchronized
 
 
 class StagingComm(_Forwarding):

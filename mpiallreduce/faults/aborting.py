@@ -35,6 +35,8 @@ import threading
 import time
 import traceback
 
+from .world import world_rank_and_size
+
 __all__ = ["ABORT_ENV", "abort_on_exception", "abort_on_exception_from_environment"]
 
 ABORT_ENV = "MPIALLREDUCE_ABORT_ON_EXCEPTION"
@@ -49,15 +51,6 @@ EXIT_GRACE_SECONDS = 3
 _python_exit = sys.exit
 _exit_status = None  # the status of the nonzero sys.exit() that ended the program (_Leaving)
 _quiet = None  # (exit_alike: every rank leaves alike, "said" where this one printed why)
-
-
-def world_rank_and_size():
-    """(this process's COMM_WORLD rank, the world's size), or (None, None) while MPI is not running
-    (not started, or finalized): the abort and the flight recorder's dump need MPI running."""
-    mpi4py = sys.modules.get("mpi4py.MPI")
-    if mpi4py is None or not mpi4py.Is_initialized() or mpi4py.Is_finalized():
-        return None, None
-    return mpi4py.COMM_WORLD.Get_rank(), mpi4py.COMM_WORLD.Get_size()
 
 
 def _rank():

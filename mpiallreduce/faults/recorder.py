@@ -27,8 +27,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ..core.settings import settings
+from .world import world_rank_and_size
 
 __all__ = [
     "dump_trace",
@@ -93,7 +96,7 @@ _recorder = None
 _dumping = threading.Lock()
 #: more entries for a dump, kept outside the ring buffer (mpiallreduce.jax: its handler's record
 #: of the calls compiled programs made); each a function giving entry fields as _entry_fields does
-_sources = []
+_sources: list[Callable[[], list[dict[str, Any]]]] = []
 
 
 def add_source(entries):
@@ -128,7 +131,8 @@ def world_ranks(comm):
         group.Free(), world.Free()
 
 
-_ids = {}  # members -> how many communicators of these members this process has recorded so far
+#: members -> how many communicators of these members this process has recorded so far
+_ids: dict[tuple[int, ...], int] = {}
 
 
 def trace_id(members):
@@ -251,8 +255,6 @@ def dump(reason="on demand", directory=None):
     as rank<R>.json, replacing an earlier dump of this rank; the file's path, or None (no recorder,
     or it could not be written: said on stderr, never raised)."""
     current = recorder()
-    from .aborting import world_rank_and_size
-
     rank, size = world_rank_and_size()
     if current is None or rank is None:
         return None

@@ -18,7 +18,7 @@ from .recorder import _dumping, dump
 __all__ = ["install_signal_handlers"]
 
 _installed = False
-_wakeup_registered = []
+_wakeup_registered: list[bool] = []
 _wakeup = [None, None]  # the write end of the recorder's wakeup pipe, the pid that made it
 
 

@@ -167,7 +167,7 @@ def caused_by_rank_failure(error, comm):
     return fault_tolerant() and _learns_of_failed_ranks(comm, ())
 
 
-_shrunk = []  # communicators survivors() made: their ranks lost peers
+_shrunk: list[MPI.Intracomm] = []  # communicators survivors() made: their ranks lost peers
 
 
 def survivors(comm):

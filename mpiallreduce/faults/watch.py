@@ -25,7 +25,8 @@ import time
 
 from mpi4py import MPI
 
-from ..core.slots import yield_core
+from ..core.mpi_requests import request_done
+from ..core.spinning import yield_core
 from .channel import FAILED, GAVE_UP, _channel
 from .errors import AllreduceAborted, AllreduceTimeout
 
@@ -198,15 +199,6 @@ class PeerWatch:
                 with contextlib.suppress(MPI.Exception):
                     request.Cancel()  # (receives; Open MPI does not cancel sends)
             kept.append(request)  # (the request holds its buffer)
-
-
-def request_done(request):
-    """Whether ``request`` has completed, with its error too (an ANY_SOURCE receive would stay
-    pending under ULFM after its error; the library posts none)."""
-    try:
-        return request.Test()
-    except MPI.Exception:
-        return True
 
 
 def set_up_or_rank_failure(comm, set_up, sequence=None, also_revoke=()):

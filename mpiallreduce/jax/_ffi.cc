@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "_ffi_algorithms.h"
+#include "_ffi_slots.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -54,9 +55,10 @@ enum Algorithm : int64_t {
   kRing = 2,
   kRecursiveDoubling = 3,
   kReduceBcast = 4,
+  kSharedMemory = 5,
 };
-const char *const kAlgorithmNames[] = {"mpi", "exchange", "ring", "recursive_doubling",
-                                       "reduce_bcast"};
+const char *const kAlgorithmNames[] = {"mpi",          "exchange",     "ring", "recursive_doubling",
+                                       "reduce_bcast", "shared_memory"};
 
 constexpr double kGraceSeconds = 2.0;  // (faults/outcome.py's GRACE_SECONDS)
 constexpr int kDescribed = 240;        // bytes of each rank's description in a mismatch's message
@@ -100,6 +102,7 @@ struct Kept {
   int64_t number = 0;
   std::string broken;
   Scratch scratch;
+  Slots slots;  // (MpiallreduceJaxSlots: on one node, the arrival in shared memory)
 };
 std::map<MPI_Comm, Kept> communicators;
 
@@ -182,9 +185,11 @@ ffi::Error Mismatch(const Call &call, std::string_view describe) {
   std::vector<char> mine(kDescribed, '\0');
   std::memcpy(mine.data(), describe.data(), std::min<size_t>(describe.size(), kDescribed - 1));
   std::vector<std::vector<char>> from;
+  std::vector<size_t> lengths;
   Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kDescription, mine.data(),
                            kDescribed, nullptr, 0, kNoTail,
-                           call.deadline == kNever ? kNever : call.deadline + kGraceSeconds, from);
+                           call.deadline == kNever ? kNever : call.deadline + kGraceSeconds, from,
+                           lengths);
   from[call.rank] = mine;
   if (arrived.left) Graveyard(std::move(mine));  // (its sends may yet read it)
   const std::vector<int> &late = arrived.late;
@@ -196,7 +201,9 @@ ffi::Error Mismatch(const Call &call, std::string_view describe) {
     bool missing = std::find(late.begin(), late.end(), r) != late.end();
     message += "\n  rank " + std::to_string(r) + ": " +
                (missing ? std::string("(its description did not come)")
-                        : std::string(from[r].data(), strnlen(from[r].data(), from[r].size())));
+                        : std::string(from[r].data(),
+                                      strnlen(from[r].data(), r == call.rank ? from[r].size()
+                                                                             : lengths[r])));
   }
   return ffi::Error(ffi::ErrorCode::kInvalidArgument, message);
 }
@@ -218,16 +225,17 @@ std::string Verdicts(const Call &call, int64_t verdict) {
   }
   static const int64_t kDone = kVerdictDone;  // (static: a send left behind may read it)
   std::vector<std::vector<char>> from;
+  std::vector<size_t> lengths;
   Arrived arrived = Arrive(call.comm, call.rank, call.size, call.tag + kVerdict,
                            reinterpret_cast<const char *>(&kDone), sizeof kDone, nullptr, 0,
-                           kNoTail, call.deadline + kGraceSeconds, from);
+                           kNoTail, call.deadline + kGraceSeconds, from, lengths);
   if (arrived.error != MPI_SUCCESS) return "AllreduceAborted: " + Prefix(call) + MpiError(arrived.error);
   const std::vector<int> &late = arrived.late;
   std::vector<int> failed;
   for (int q = 0; q < call.size; ++q) {
     int64_t theirs = kVerdictDone;
     bool missing = std::find(late.begin(), late.end(), q) != late.end();
-    if (!missing && q != call.rank && from[q].size() == sizeof theirs) {
+    if (!missing && q != call.rank && lengths[q] == sizeof theirs) {
       std::memcpy(&theirs, from[q].data(), sizeof theirs);
     }
     if (!missing && theirs != kVerdictDone) failed.push_back(q);
@@ -331,7 +339,14 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
           width, work, call.deadline, &scratch};
   bool reduced = false;
   const bool exchange = algorithm == kExchange && op >= 0 && datatype != MPI_DATATYPE_NULL;
-  if ((exchange || compare || call.deadline != kNever) && call.size > 1) {
+  // (shared_memory where the regions are there and hold the call; else MPI's own: every rank
+  // alike, as the regions and the sizes are, or the codes differ)
+  const bool shared = algorithm == kSharedMemory && op >= 0 && datatype != MPI_DATATYPE_NULL &&
+                      !kept->slots.of.empty() && count * width <= kept->slots.capacity;
+  if (shared && call.size > 1) {  // (its input into its half, before its arrival says so)
+    std::memcpy(kept->slots.Data(call.rank, number), x.untyped_data(), count * width);
+  }
+  if ((exchange || shared || compare || call.deadline != kNever) && call.size > 1) {
     // (the header: the code, the tail's length, exchange's input where it fits; else a tail)
     const size_t block = exchange ? count * width : 0;
     const bool inline_input = block + 16 <= kHeaderMost;
@@ -346,8 +361,12 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
       std::memcpy(work, tail, block);
       tail = work;
     }
-    Arrived arrived = Arrive(comm, call.rank, call.size, call.tag + kArrival, message, length,
-                             tail, tail_bytes, 8, call.deadline, scratch.from, &scratch.tails);
+    Arrived arrived =
+        !kept->slots.of.empty() && tail_bytes == 0
+            ? ArriveInSlots(kept->slots, call.rank, call.size, number, message, length,
+                            call.deadline, scratch.from, scratch.lengths)
+            : Arrive(comm, call.rank, call.size, call.tag + kArrival, message, length, tail,
+                     tail_bytes, 8, call.deadline, scratch.from, scratch.lengths, &scratch.tails);
     if (arrived.error != MPI_SUCCESS) {
       return failed(ffi::ErrorCode::kInternal,
                     "mpiallreduce.jax: " + Prefix(call) + MpiError(arrived.error), true);
@@ -366,7 +385,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
     for (int q = 0; q < call.size && agree; ++q) {
       if (q == call.rank) continue;
       int64_t theirs = 0, their_tail = -1;
-      agree = scratch.from[q].size() == length;
+      agree = scratch.lengths[q] == length;
       if (agree) std::memcpy(&theirs, scratch.from[q].data(), 8);
       if (agree) std::memcpy(&their_tail, scratch.from[q].data() + 8, 8);
       agree = agree && theirs == code && their_tail == tail_bytes;
@@ -375,6 +394,10 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
       ffi::Error mismatch = Mismatch(call, describe);
       End(slot, number, kFailed, mismatch.message());
       return mismatch;
+    }
+    if (shared) {
+      ReduceFromSlots(kept->slots, job, number);
+      reduced = true;
     }
     if (exchange) {
       const char *own = tail_bytes && timed ? work : static_cast<const char *>(x.untyped_data());
@@ -408,7 +431,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
                                                         : RunMpi(job);
     if (outcome.how == Waited::kLate) {
       return timed_out(outcome.late, kAlgorithmNames[std::max<int64_t>(
-                                         0, std::min<int64_t>(algorithm, kReduceBcast))]);
+                                         0, std::min<int64_t>(algorithm, kSharedMemory))]);
     }
     if (outcome.how == Waited::kError) {
       return failed(ffi::ErrorCode::kInternal,
@@ -431,6 +454,28 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
 }
 
 }  // namespace
+
+// The shared-memory regions of ``comm``'s ranks (``size`` addresses, each ``region_bytes``: two
+// halves, each a line, a header and the data it holds; zeroed; mpiallreduce/jax/slots.py), for
+// the arrival of its calls from then on, and shared_memory's; 0, or -1 where ``size`` is not the
+// communicator's or the regions are too small.
+extern "C" int MpiallreduceJaxSlots(int64_t comm_handle, int64_t size, const int64_t *addresses,
+                                    int64_t region_bytes) {
+  MPI_Comm comm = reinterpret_cast<MPI_Comm>(static_cast<intptr_t>(comm_handle));
+  int comm_size = 0;
+  if (MPI_Comm_size(comm, &comm_size) != MPI_SUCCESS || comm_size != size ||
+      region_bytes < static_cast<int64_t>(2 * (kSlotLine + kHeaderMost))) {
+    return -1;
+  }
+  std::lock_guard<std::mutex> hold(kept_lock);
+  Kept &kept = communicators[comm];
+  kept.slots.of.clear();
+  kept.slots.capacity = static_cast<size_t>(region_bytes) / 2 - kSlotLine - kHeaderMost;
+  for (int64_t q = 0; q < size; ++q) {
+    kept.slots.of.push_back(reinterpret_cast<char *>(static_cast<intptr_t>(addresses[q])));
+  }
+  return 0;
+}
 
 // The record of the last calls as JSON (a list of objects), into ``into`` (``size`` bytes, NUL
 // ended); returns the length it needs (call again with more where that is not less than size).
@@ -456,7 +501,7 @@ extern "C" int64_t MpiallreduceJaxTrace(char *into, int64_t size) {
       Escaped(text, record.comm ? record.comm->name.c_str() : "");
       text += "\", \"algorithm\": \"";
       Escaped(text, kAlgorithmNames[std::max<int64_t>(0, std::min<int64_t>(record.algorithm,
-                                                                         kReduceBcast))]);
+                                                                         kSharedMemory))]);
       text += "\", \"state\": \"";
       Escaped(text, kStateNames[state]);
       text += "\", \"error\": \"";

@@ -21,6 +21,7 @@ namespace mpiallreduce_jax {
 struct Scratch {
   std::vector<char> incoming, message, timed;
   std::vector<std::vector<char>> from, tails;
+  std::vector<size_t> lengths;  // (Arrive's: the bytes of each peer's header)
 };
 
 inline char *Room(std::vector<char> &buffer, size_t bytes) {
@@ -247,16 +248,18 @@ struct Arrived {
   bool left = false;  // requests left with MPI: the caller keeps its message alive (Graveyard)
 };
 
-// ``from[q]``: peer q's header (its length what came), ``tails[q]`` its tail; this rank's own
-// are not copied there. ``header`` at most kHeaderMost bytes; ``tail_length_at``: where in a
+// ``from[q]``: peer q's header, ``lengths[q]`` how many of its bytes came (``from[q]`` keeps
+// kHeaderMost bytes: no clearing of it per call), ``tails[q]`` its tail; this rank's own are not
+// copied there. ``header`` at most kHeaderMost bytes; ``tail_length_at``: where in a
 // header the (int64) length of its tail is, kNoTail where messages have none.
 inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *header,
                       size_t header_bytes, const char *tail, size_t tail_bytes,
                       size_t tail_length_at, double deadline,
-                      std::vector<std::vector<char>> &from,
+                      std::vector<std::vector<char>> &from, std::vector<size_t> &lengths,
                       std::vector<std::vector<char>> *tails = nullptr) {
   Arrived arrived;
   if (from.size() != static_cast<size_t>(size)) from.resize(size);
+  if (lengths.size() != static_cast<size_t>(size)) lengths.resize(size);
   if (tails && tails->size() != static_cast<size_t>(size)) tails->resize(size);
   const int slots = 2 * size;  // (requests: q's header at q, q's tail at size + q)
   MPI_Request sends_here[16], receives_here[16];  // (no allocation up to 8 ranks)
@@ -279,38 +282,57 @@ inline Arrived Arrive(MPI_Comm comm, int rank, int size, int tag, const char *he
     error = MPI_Irecv(from[q].data(), static_cast<int>(kHeaderMost), MPI_BYTE, q, tag, comm,
                       &receives[q]);
     waiting[q] = 1, ++pending;
-    if (error == MPI_SUCCESS) {
-      error = MPI_Isend(header, static_cast<int>(header_bytes), MPI_BYTE, q, tag, comm, &sends[q]);
-    }
+  }
+  // (an untimed call's header goes by MPI_Send, as MPI's own small allreduce sends: no request to
+  // make and complete. Every rank posts all its receives before its first send, so each send
+  // finds its receive posted; a timed call's sends are nonblocking, bounded by the deadline)
+  const bool blocking = deadline == kNever;
+  for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
+    if (q == rank) continue;
+    error = blocking ? MPI_Send(header, static_cast<int>(header_bytes), MPI_BYTE, q, tag, comm)
+                     : MPI_Isend(header, static_cast<int>(header_bytes), MPI_BYTE, q, tag, comm,
+                                 &sends[q]);
     if (error == MPI_SUCCESS && tail_bytes) {
       error = MPI_Isend(tail, static_cast<int>(tail_bytes), MPI_BYTE, q, tag + 1, comm,
                         &sends[size + q]);
     }
   }
+  // (peer q's message came, with ``status``: its header's length, and its tail awaited where it
+  // has one)
+  auto took = [&](int q, const MPI_Status &status) {
+    int64_t theirs = 0;
+    if (waiting[q] == 1) {  // (its header: its length, and the length of a tail to come)
+      int length = 0;
+      MPI_Get_count(&status, MPI_BYTE, &length);
+      lengths[q] = static_cast<size_t>(length);
+      if (tail_length_at != kNoTail && static_cast<size_t>(length) >= tail_length_at + 8) {
+        std::memcpy(&theirs, from[q].data() + tail_length_at, 8);
+      }
+    }
+    if (theirs > 0 && tails && theirs < (int64_t{1} << 31)) {
+      (*tails)[q].resize(theirs);
+      error = MPI_Irecv((*tails)[q].data(), static_cast<int>(theirs), MPI_BYTE, q, tag + 1,
+                        comm, &receives[size + q]);
+      waiting[q] = 2;
+    } else {
+      waiting[q] = 0, --pending;
+    }
+  };
   for (int tests = 0; error == MPI_SUCCESS && pending > 0; ++tests) {
+    if (blocking) {  // (untimed: MPI's own wait, as for its own small allreduce)
+      int index = MPI_UNDEFINED;
+      MPI_Status status;
+      error = MPI_Waitany(slots, receives, &index, &status);
+      if (error != MPI_SUCCESS || index == MPI_UNDEFINED) break;
+      took(index % size, status);
+      continue;
+    }
     for (int q = 0; q < size && error == MPI_SUCCESS; ++q) {
       if (!waiting[q]) continue;
       int done = 0;
       MPI_Status status;
       error = MPI_Test(&receives[waiting[q] == 1 ? q : size + q], &done, &status);
-      if (error != MPI_SUCCESS || !done) continue;
-      int64_t theirs = 0;
-      if (waiting[q] == 1) {  // (its header: its length, and the length of a tail to come)
-        int length = 0;
-        MPI_Get_count(&status, MPI_BYTE, &length);
-        from[q].resize(length);
-        if (tail_length_at != kNoTail && static_cast<size_t>(length) >= tail_length_at + 8) {
-          std::memcpy(&theirs, from[q].data() + tail_length_at, 8);
-        }
-      }
-      if (theirs > 0 && tails && theirs < (int64_t{1} << 31)) {
-        (*tails)[q].resize(theirs);
-        error = MPI_Irecv((*tails)[q].data(), static_cast<int>(theirs), MPI_BYTE, q, tag + 1,
-                          comm, &receives[size + q]);
-        waiting[q] = 2;
-      } else {
-        waiting[q] = 0, --pending;
-      }
+      if (error == MPI_SUCCESS && done) took(q, status);
     }
     if (pending > 0 && deadline != kNever && Now() > deadline) {
       for (int q = 0; q < size; ++q) {

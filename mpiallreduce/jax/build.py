@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_ffi.cc"
 #: the headers it includes (the waits, the algorithms): part of what names a build
-HEADERS = (HERE / "_ffi_waits.h", HERE / "_ffi_algorithms.h")
+HEADERS = (HERE / "_ffi_waits.h", HERE / "_ffi_algorithms.h", HERE / "_ffi_slots.h")
 #: the install's build: mpiallreduce/jax/_ffi<the interpreter's extension suffix>
 INSTALLED = tuple(HERE / f"_ffi{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 #: how a build says what it was made from, in its bytes (_ffi.cc: mpiallreduce_made_by)

@@ -31,6 +31,7 @@ import numpy as np
 from ..core.planner import plan_call
 from ..core.settings import settings
 from ..core.state import state_of
+from .slots import DATA_BYTES, handed
 
 __all__ = [
     "HANDLER_ALGORITHMS",
@@ -47,6 +48,7 @@ HANDLER_ALGORITHMS = {
     "ring": 2,
     "recursive_doubling": 3,
     "reduce_bcast": 4,
+    "shared_memory": 5,
 }
 #: exchange's message (8 bytes of signature, then the call's) is one MPI count of bytes
 EXCHANGE_MOST_BYTES = 2**31 - 1 - 8
@@ -77,6 +79,16 @@ def choose(comm, dtype, nbytes, op, algorithm="auto"):
             raise ValueError(
                 f"algorithm must be 'auto' or one of {sorted(HANDLER_ALGORITHMS)} inside "
                 f"mpiallreduce.jax, got {algorithm!r}"
+            )
+        if (
+            algorithm == "shared_memory"
+            and comm.Get_size() > 1  # (one rank: nothing to share, its input is its result)
+            and not (handed(comm) and nbytes <= DATA_BYTES)
+        ):
+            raise ValueError(
+                f"algorithm 'shared_memory' needs the ranks on one node (not under ULFM) and at "
+                f"most {DATA_BYTES} bytes a call, got {nbytes} on {comm.Get_size()} rank(s)"
+                + ("" if handed(comm) else " that share no memory here")
             )
         if algorithm == "exchange" and nbytes > EXCHANGE_MOST_BYTES:
             raise ValueError(

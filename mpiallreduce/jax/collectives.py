@@ -15,11 +15,16 @@ same on every rank). A call one rank cannot make (an integer mean, a dtype the h
 take) is handed to the handler as refused: compared like any call, raised on every rank.
 """
 
+from collections.abc import Hashable
+from typing import TypeGuard, TypeVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 from mpi4py import MPI
 
+from ..core.annotations import Groups, Timeout
 from ..core.mesh import check_groups, current_mesh, group_communicator
 from .primitive import allreduce_leaf
 
@@ -27,8 +32,22 @@ __all__ = ["allreduce", "psum", "pmean", "pmax", "pmin"]
 
 _OPS = ("sum", "mean", "max", "min")
 
+#: a pytree of arrays (jax arrays, numpy arrays, scalars; tracers inside jit): what goes in comes
+#: out, reduced, of the same structure
+PyTree = TypeVar("PyTree")
+#: a process mesh axis (mpiallreduce.Mesh's, a str), one of JAX's mapped axes (any hashable name),
+#: or a tuple mixing both; None: every rank of COMM_WORLD
+AxisName = Hashable
 
-def allreduce(x, op="sum", comm=None, *, algorithm="auto", timeout=None):
+
+def allreduce(
+    x: PyTree,
+    op: str = "sum",
+    comm: MPI.Intracomm | None = None,
+    *,
+    algorithm: str = "auto",
+    timeout: Timeout = None,
+) -> PyTree:
     """Reduce every leaf of the pytree ``x`` elementwise over ``comm``'s ranks (COMM_WORLD if None):
     "sum", "mean", "max" or "min"; eagerly or traced (jit, vmap, grad). ``algorithm``: "auto" (the
     planner's choice: mpiallreduce.jax.choice) or one the handler has; ``timeout``: seconds (None:
@@ -44,27 +63,27 @@ def allreduce(x, op="sum", comm=None, *, algorithm="auto", timeout=None):
     return jax.tree_util.tree_map(lambda leaf: _reduce(leaf, op, comm, algorithm, timeout), x)
 
 
-def psum(x, axis_name=None, *, axis_index_groups=None):
+def psum(x: PyTree, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> PyTree:
     """Sum over ``axis_name`` (see the module's docstring), as ``jax.lax.psum``."""
     return _named(x, "sum", axis_name, axis_index_groups)
 
 
-def pmean(x, axis_name=None, *, axis_index_groups=None):
+def pmean(x: PyTree, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> PyTree:
     """Mean over ``axis_name``; with groups, each rank divides by its own group's size."""
     return _named(x, "mean", axis_name, axis_index_groups)
 
 
-def pmax(x, axis_name=None, *, axis_index_groups=None):
+def pmax(x: PyTree, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> PyTree:
     """Maximum over ``axis_name`` (no derivative, as ``jax.lax.pmax``)."""
     return _named(x, "max", axis_name, axis_index_groups)
 
 
-def pmin(x, axis_name=None, *, axis_index_groups=None):
+def pmin(x: PyTree, axis_name: AxisName = None, *, axis_index_groups: Groups = None) -> PyTree:
     """Minimum over ``axis_name`` (no derivative, as ``jax.lax.pmin``)."""
     return _named(x, "min", axis_name, axis_index_groups)
 
 
-def _named(x, op, axis_name, groups):
+def _named(x: PyTree, op: str, axis_name: AxisName, groups: Groups) -> PyTree:
     if isinstance(axis_name, tuple) and not axis_name:
         return x  # (no axis: nothing to reduce over, as jax.lax.psum(x, ()))
     process_axes, jax_axes = _split_axes(axis_name)
@@ -87,7 +106,7 @@ def _named(x, op, axis_name, groups):
     return jax.tree_util.tree_map(lambda leaf: _reduce(leaf, op, comm), x)
 
 
-def _split_axes(axis_name):
+def _split_axes(axis_name: AxisName) -> tuple[tuple[str, ...] | None, tuple[Hashable, ...]]:
     """(the process mesh's axes, or None for every rank of COMM_WORLD when none is named at all;
     JAX's own mapped axes): a name is the process mesh's where the current mesh has it."""
     if axis_name is None:
@@ -108,10 +127,14 @@ def _split_axes(axis_name):
     return (ours if ours else (None if not theirs else ())), theirs
 
 
-def _communicator(process_axes, groups):
+def _communicator(process_axes: tuple[str, ...] | None, groups: Groups) -> MPI.Intracomm:
     """The communicator of ``process_axes`` (the current mesh's; () or None: COMM_WORLD), within
     ``groups`` (checked: they partition its ranks); made collectively on first use, at trace."""
-    comm = current_mesh().comm(process_axes) if process_axes else MPI.COMM_WORLD
+    comm: MPI.Intracomm = MPI.COMM_WORLD
+    if process_axes:
+        mesh = current_mesh()
+        assert mesh is not None  # (process axes are the current mesh's: _split_axes)
+        comm = mesh.comm(process_axes)
     if groups is not None:
         comm = group_communicator(comm, check_groups(groups, comm.Get_size()))
     return comm
@@ -127,7 +150,7 @@ _TAKEN = {
 }  # fmt: skip
 
 
-def _refused(leaf, op, wide):
+def _refused(leaf: jax.Array, op: str, wide: bool) -> str | None:
     """Why this rank cannot make this call, or None. Not raised here: a rank alone would leave
     its peers waiting in the call's comparison; the handler compares this text as the call's
     signature and raises it on every rank (or SignatureMismatch, where the others' calls differ)."""
@@ -148,14 +171,14 @@ def _refused(leaf, op, wide):
     return None
 
 
-def _on_a_device(leaf):
+def _on_a_device(leaf: object) -> TypeGuard[jax.Array]:
     """Whether ``leaf`` is a concrete jax array on a GPU (eager: a tracer is not concrete)."""
     if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, jax.Array):
         return False
     return any(device.platform in ("gpu", "cuda", "rocm") for device in leaf.devices())
 
 
-def _reduce_on_device(leaf, op, comm, timeout):
+def _reduce_on_device(leaf: jax.Array, op: str, comm: MPI.Intracomm, timeout: Timeout) -> jax.Array:
     """An eager GPU array: seen by CuPy through DLPack (no copy), reduced by the device layer
     (mpiallreduce's call on a CuPy array: CUDA-aware MPI, staging or device-to-device, as
     docs/gpu.md says), its result seen by JAX the same way. Not run on a GPU here."""
@@ -169,7 +192,13 @@ def _reduce_on_device(leaf, op, comm, timeout):
     return jax.dlpack.from_dlpack(result)
 
 
-def _reduce(leaf, op, comm, algorithm="auto", timeout=None):
+def _reduce(
+    leaf: ArrayLike,
+    op: str,
+    comm: MPI.Intracomm,
+    algorithm: str = "auto",
+    timeout: Timeout = None,
+) -> jax.Array:
     if _on_a_device(leaf):
         return _reduce_on_device(leaf, op, comm, timeout)
     leaf = jnp.asarray(leaf)

@@ -25,10 +25,10 @@ from mpi4py import MPI
 from ..core.consistency import digest
 from .build import compile_handler, installed, made_by, mpicxx
 
-__all__ = ["TARGET", "register", "built_library", "trace_records"]
+__all__ = ["TARGET", "register", "loaded", "built_library", "trace_records"]
 
 TARGET = "mpiallreduce_allreduce"
-_registered = []
+_registered: list[ctypes.CDLL] = []  # (the loaded library, once registered)
 
 
 def _mpi_family():
@@ -72,6 +72,12 @@ def register():
         )
         _registered.append(library)
     return TARGET
+
+
+def loaded():
+    """The handler's library (ctypes), registered first where it is not yet."""
+    register()
+    return _registered[0]
 
 
 def trace_records():

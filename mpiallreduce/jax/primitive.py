@@ -25,6 +25,7 @@ from jax._src.interpreters import mlir
 from jax._src.lib.mlir.dialects import hlo
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
+from mpi4py import MPI
 
 from ..core.comms import cached
 from ..core.consistency import digest
@@ -32,8 +33,9 @@ from ..core.settings import settings
 from ..core.state import state_of
 from ..faults.recorder import named_members
 from .choice import HANDLER_ALGORITHMS, choose
-from .handler import TARGET, register
+from .handler import TARGET, loaded, register
 from .records import name_communicator, site
+from .slots import hand_slots
 
 __all__ = ["allreduce_leaf", "allreduce_p", "OPS"]
 
@@ -103,6 +105,9 @@ def allreduce_leaf(x, op, comm, given=None, algorithm="auto", timeout=None):
     # (every call, refused or named, makes its communicator's state ready here at its first
     # trace: a collective every rank's first call on it joins, whatever it asks for)
     state_of(kept.comm).make_ready()
+    if not kept.handed:  # (then, on one node, its shared regions: collective, at the same turn)
+        kept.handed = True
+        hand_slots(kept.comm, loaded())
     if op == "refused":  # (compared, then raised: no data moves)
         choice = "mpi"
     else:
@@ -122,10 +127,10 @@ class _Kept:
     """A communicator held for good (not a communicator to core.comms.cached, which frees those
     with the one they were made for); every one made, listed, so none is collected either."""
 
-    made = []
+    made: list[MPI.Intracomm] = []
 
     def __init__(self, comm):
-        self.comm = comm
+        self.comm, self.handed = comm, False
         self.members, self.trace_id = named_members(comm)  # (the recorder's names)
         self.trace_id = f"jax {self.trace_id}"
         name_communicator(self.trace_id, self.members, comm.Get_rank())

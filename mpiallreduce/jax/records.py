@@ -14,8 +14,9 @@ from .handler import trace_records
 
 __all__ = ["site", "name_communicator", "entries"]
 
-_sites = {}  # code -> the call site's fields
-_communicators = {}  # trace id -> (world ranks, this rank's rank in the communicator)
+_sites: dict[int, dict[str, object]] = {}  # code -> the call site's fields
+#: trace id -> (world ranks, this rank's rank in the communicator)
+_communicators: dict[str, tuple[tuple[int, ...], int]] = {}
 
 
 def site(code, **fields):

@@ -41,6 +41,8 @@ import sys
 
 import numpy as np
 
+from .kernel_switch import KERNELS_ENV  # noqa: F401 (its old path: reproducible.exact)
+
 __all__ = [
     "REPRODUCIBLE_DTYPES",
     "MAX_RANKS",
@@ -50,9 +52,6 @@ __all__ = [
     "from_words",
 ]
 
-#: "numpy" forces the numpy passes (for comparisons); anything else uses numba where installed
-#: (mpiallreduce.reproducible_kernels)
-KERNELS_ENV = "MPIALLREDUCE_REPRODUCIBLE_KERNELS"
 #: at most this many ranks: p * 2^51 must stay below 2^63 (and p * 2^41 below 2^53 for float64)
 MAX_RANKS = 1024
 FIELD = 40  # the bit where a word's count field starts (zero signs, NaN); -inf's count at bit 20
@@ -89,7 +88,7 @@ def compiled_kernels(fmt):  # (``_compiled``, looked up at each call: tests repl
 
 @functools.cache
 def _kernels():  # (imported once, on first use: numba's import takes a while)
-    from . import kernels
+    import mpiallreduce.reproducible.kernels as kernels  # (the module, not the package's names)
 
     return kernels if kernels.available() else None
 

@@ -52,7 +52,7 @@ __all__ = [
     "FUSED_MOST_CONTRIBUTIONS",
 ]
 
-from .exact import KERNELS_ENV
+from .kernel_switch import KERNELS_ENV
 
 try:
     if os.environ.get(KERNELS_ENV, "").strip().lower() == "numpy":

@@ -13,9 +13,9 @@ import numpy as np
 
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _counter = itertools.count()
-_live_files = set()
-_allocations = weakref.WeakValueDictionary()  # base address -> _Memory
-_opened = {}  # base address -> (mmap, size), peers' memory mapped here
+_live_files: set[str] = set()
+_allocations: weakref.WeakValueDictionary[int, "_Memory"] = weakref.WeakValueDictionary()
+_opened: dict[int, tuple[mmap.mmap, int]] = {}  # base address -> (mmap, size), peers' memory
 
 #: what the stand-in counts, for tests: pointer-attribute queries (an UnownedMemory made without its
 #: device id), IPC mappings opened and closed, ElementwiseKernel launches

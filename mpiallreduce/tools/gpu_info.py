@@ -40,7 +40,7 @@ def usable_cupy(device="gpu"):
         )
     if count == 0:
         return None, f"CuPy {cupy.__version__} imports but sees no GPU (0 devices visible)"
-    from ..device.arrays import select_gpu
+    from ..core.node_rank import select_gpu
 
     index = select_gpu(xp=cupy)
     return cupy, f"CuPy {cupy.__version__}, GPU {index} of {count}"

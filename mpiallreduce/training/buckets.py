@@ -23,6 +23,7 @@ with no extra message.
 """
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -94,15 +95,16 @@ class Slot(NamedTuple):
         return f"{self.name!r} {self.shape} {self.dtype}{' on the device' if self.device else ''}"
 
 
-class Bucket(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Bucket:  # (not a NamedTuple: its index and count would hide the tuple's methods)
     index: int
     device: bool
     dtype: np.dtype  # the accumulation dtype
-    members: tuple  # slot indices, in the order they were assigned
-    fused: tuple  # the members copied into the bucket's buffer, in its order
-    offsets: tuple  # each fused member's first element in the buffer
+    members: tuple[int, ...]  # slot indices, in the order they were assigned
+    fused: tuple[int, ...]  # the members copied into the bucket's buffer, in its order
+    offsets: tuple[int, ...]  # each fused member's first element in the buffer
     count: int  # fused gradient elements (the last bucket's digest follows them)
-    direct: tuple  # the members reduced in place, each by an allreduce of its own
+    direct: tuple[int, ...]  # the members reduced in place, each by an allreduce of its own
 
 
 def plan_buckets(slots, bucket_bytes, order, direct_min_bytes=None):

@@ -20,9 +20,14 @@ the bucket's first use, and again when DDP rebuilds its buckets after the first 
 
 import os
 import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed
+from mpi4py import MPI
 
+from ..core.annotations import Timeout
 from ..core.gather import gather_from_ranks
 from ..core.machine import machine_id
 from .gradients import GradientSpec, GradientSync
@@ -42,19 +47,35 @@ class HookState:
     """What the hooks use: the ranks (``comm``, COMM_WORLD by default: DDP's process group must hold
     the same ranks, in the same order), the algorithm and a timeout (not with compression)."""
 
-    def __init__(self, comm=None, algorithm="auto", timeout=None):
+    def __init__(
+        self, comm: MPI.Intracomm | None = None, algorithm: str = "auto", timeout: Timeout = None
+    ) -> None:
         self.comm = default_comm() if comm is None else comm
         self.algorithm, self.timeout = algorithm, timeout
-        self._syncs = {}  # (bucket index, elements, dtype, codec) -> its GradientSync
+        #: (bucket index, elements, dtype, codec) -> its GradientSync
+        self._syncs: dict[tuple[int, int, torch.dtype, str], GradientSync] = {}
 
 
-def _done(tensor):
-    future = torch.futures.Future()
+if TYPE_CHECKING:
+    from torch.distributed import GradBucket
+else:
+    # (evaluated, not postponed: DDP's register_comm_hook checks that the hook's ``bucket`` is
+    # annotated with this very class; named only where torch.distributed has it)
+    GradBucket = getattr(torch.distributed, "GradBucket", None)
+
+if TYPE_CHECKING:
+    #: what DistributedDataParallel.register_comm_hook takes: hook(state, bucket) -> a Future of
+    #: the bucket's reduced tensor
+    CommHook = Callable[[HookState, GradBucket], torch.futures.Future[torch.Tensor]]
+
+
+def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(tensor)
     return future
 
 
-def allreduce_hook(state, bucket):
+def allreduce_hook(state: HookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The mean of the bucket over the ranks (DDP's default, through mpiallreduce)."""
     tensor = bucket.buffer()
     reduce_tensor(
@@ -63,7 +84,7 @@ def allreduce_hook(state, bucket):
     return _done(tensor)
 
 
-def reproducible_hook(state, bucket):
+def reproducible_hook(state: HookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The mean, its sum reproducible: the same bits whatever the algorithm or the ranks' order
     (mpiallreduce.reproducible)."""
     tensor = bucket.buffer()
@@ -79,8 +100,8 @@ def reproducible_hook(state, bucket):
     return _done(tensor)
 
 
-def _compressed_hook(codec):
-    def hook(state, bucket):
+def _compressed_hook(codec: str) -> "CommHook":
+    def hook(state: HookState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         tensor = bucket.buffer()
         if not tensor.is_floating_point() or tensor.element_size() <= 2:
             return allreduce_hook(state, bucket)
@@ -118,7 +139,9 @@ fp16_compress_hook = _compressed_hook("fp16")
 bf16_compress_hook = _compressed_hook("bf16")
 
 
-def init_process_group(backend="gloo", comm=None, address=None):
+def init_process_group(
+    backend: str = "gloo", comm: MPI.Intracomm | None = None, address: str | None = None
+) -> None:
     """``torch.distributed.init_process_group`` over the ranks of ``comm`` (COMM_WORLD), ranks as
     MPI numbers them: the rendezvous is a free port of rank 0's, given out through MPI. ``address``:
     rank 0's, as the others reach it. Default: MASTER_ADDR; else 127.0.0.1 when every rank runs on

@@ -26,12 +26,15 @@ copy).
 """
 
 import contextlib
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
+from ..core.annotations import Array, Timeout
 from ..device.arrays import namespace
-from .buckets import GradientSpec, plan_buckets
+from .buckets import Bucket, GradientSpec, Slot, plan_buckets
 from .compression import check_compression
 from .overlap import overlap_with_backward, untimed
 from .reduction import DIRECT_MIN_BYTES, BucketReducer
@@ -50,6 +53,11 @@ from .steps import (
 )
 
 __all__ = ["GradientSync", "GradientSpec", "broadcast_parameters", "check_replicas"]
+
+#: a gradient's name: a key of the parameters declared in a dict, else its index (or None: by
+#: position, or the declared array itself)
+GradientName = str | int | None
+Gradients = TypeVar("Gradients", bound=Iterable[Array])
 
 
 class GradientSync:
@@ -100,22 +108,22 @@ class GradientSync:
 
     def __init__(
         self,
-        comm=None,
-        bucket_bytes=25 * 2**20,
-        op="mean",
-        algorithm="auto",
-        prescale=1.0,
-        postscale=1.0,
-        timeout=None,
+        comm: MPI.Intracomm | None = None,
+        bucket_bytes: int = 25 * 2**20,
+        op: Literal["mean", "sum"] = "mean",
+        algorithm: str = "auto",
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        timeout: Timeout = None,
         *,
-        parameters=None,
-        find_unused=False,
-        compression=None,
-        reproducible=False,
-        rebuild_buckets=True,
-        overlap=None,
-        write_back=True,
-    ):
+        parameters: dict[str, Array] | Sequence[Array] | None = None,
+        find_unused: bool = False,
+        compression: str | None = None,
+        reproducible: bool = False,
+        rebuild_buckets: bool = True,
+        overlap: bool | None = None,
+        write_back: bool = True,
+    ) -> None:
         if op not in ("mean", "sum"):
             raise ValueError(f"GradientSync op must be 'mean' or 'sum', got {op!r}")
         if bucket_bytes < 1:
@@ -145,9 +153,12 @@ class GradientSync:
         self._declared_by_name = isinstance(parameters, dict)
         self.overlap, self._asked_overlap = None, overlap  # (decided at the first plan: collective)
         self._rebuild_pending = bool(rebuild_buckets) and self.declared
-        self._slots = self._reducer = None
-        self._by_name, self._by_identity = {}, {}
-        self._device_xp, self._no_sync, self._buckets = None, 0, []
+        self._slots: list[Slot] | None = None  # (planned at the first step, or here)
+        self._reducer: BucketReducer | None = None
+        self._by_name: dict[str, int] = {}  # (a slot's name -> its index)
+        self._by_identity: dict[int, int] = {}  # (a declared array's id -> its slot's index)
+        self._device_xp, self._no_sync = None, 0
+        self._buckets: list[Bucket] = []
         #: what every rank's GradientSync must have alike (compared with the gradients,
         #: collectively)
         self._options = {
@@ -164,7 +175,7 @@ class GradientSync:
             "declared": self.declared,
             "write_back": self.write_back,
         }
-        if self.declared:
+        if parameters is not None:
             named = (
                 list(parameters.items())
                 if isinstance(parameters, dict)
@@ -188,7 +199,7 @@ class GradientSync:
             self._use_slots(slots, order=range(len(slots) - 1, -1, -1))
         self._new_step()
 
-    def _use_slots(self, slots, order):
+    def _use_slots(self, slots: list[Slot], order: Iterable[int]) -> None:
         if self.overlap is None:  # (every rank plans here, together, whatever it was asked)
             self.overlap, self._agree_first, self._spans_nodes = overlap_with_backward(
                 self.comm, self._asked_overlap, self.timeout
@@ -196,7 +207,7 @@ class GradientSync:
         self._slots = slots
         self._by_name, self._twins = {slot.name: i for i, slot in enumerate(slots)}, twins(slots)
         # slot -> (shape, dtype) of a numpy gradient that fitted it: later ones take the short way
-        self._fits = {}
+        self._fits: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
         self._buckets = plan_buckets(
             slots, self.bucket_bytes, list(order), None if self.compression else DIRECT_MIN_BYTES
         )
@@ -228,16 +239,17 @@ class GradientSync:
         doc="The buckets, in the order they are started: lists of gradient names (none unplanned).",
     )
 
-    def _new_step(self):
+    def _new_step(self) -> None:
         self._step = Step(self._slots, self.find_unused)
-        self._arrived, self._next_bucket, self._in_flight = [0] * len(self._buckets), 0, []
+        self._arrived, self._next_bucket = [0] * len(self._buckets), 0
+        self._in_flight: list[tuple[Any, ...]] = []  # (BucketReducer.start's, per bucket)
 
     in_no_sync = property(
         lambda self: self._no_sync > 0, doc="Whether a ``no_sync()`` block is open."
     )
 
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator["GradientSync"]:
         """Within it, ``ready`` and ``wait`` do nothing (DDP's ``no_sync``): gradients accumulate
         over micro-batches, reduced once in the first step outside it. As with DDP, every rank must
         enter it alike (else the ranks wait for each other, for ever or until ``timeout``, which
@@ -248,7 +260,7 @@ class GradientSync:
         finally:
             self._no_sync -= 1
 
-    def ready(self, grad, name=None):
+    def ready(self, grad: Array, name: GradientName = None) -> None:
         """Mark ``grad`` (a writeable numpy array, or a CuPy array) ready; start every bucket that
         is then complete, in bucket order. ``name``: the declared parameter it is the gradient of.
         ``grad`` is read, not written, until ``wait()``: it must not change before then."""
@@ -266,7 +278,8 @@ class GradientSync:
                 else self._by_identity.get(id(grad))
             )
             if (
-                self._fits.get(index) == (grad.shape, grad.dtype)
+                index is not None
+                and self._fits.get(index) == (grad.shape, grad.dtype)
                 and grad.flags.writeable
                 and step.accept(index, grad)
             ):  # (the common case: as it came before)
@@ -294,14 +307,17 @@ class GradientSync:
             trouble = UNNAMED_TWIN if trouble is None and index in self._twins else trouble
         given = given_slot(name if name is not None else f"#{index}", grad)
         if step.mark(index, grad, given, trouble):
+            assert index is not None  # (a gradient counts only towards a slot)
             if index in step.filled and type(grad) is np.ndarray:
                 self._fits[index] = (grad.shape, grad.dtype)
             self._arrive(index, step.filled.get(index))
 
-    def _arrive(self, index, grad):
+    def _arrive(self, index: int, grad: Array | None) -> None:
         """Count slot ``index`` in (``grad``: its gradient, if it fits: copied into its bucket now);
         with ``overlap``, start every bucket then complete, in order."""
-        if grad is not None and type(grad) is np.ndarray and self._reducer.copy_in(index, grad):
+        reducer = self._reducer
+        assert reducer is not None  # (planned: a gradient arrives in a planned step only)
+        if grad is not None and type(grad) is np.ndarray and reducer.copy_in(index, grad):
             self._step.copied.add(index)
         self._arrived[self._bucket_of[index]] += 1
         last, step = (
@@ -325,18 +341,20 @@ class GradientSync:
                 error  # no later bucket starts; wait() raises it on every rank that saw it
             )
 
-    def _start(self, bucket, in_place=(), part="all"):
+    def _start(self, bucket: Bucket, in_place: Collection[int] = (), part: str = "all") -> None:
         step, xp, last = (
             self._step,
             self._device_xp if bucket.device else np,
             bucket.index == len(self._buckets) - 1,
         )
+        reducer = self._reducer
+        assert reducer is not None  # (a bucket starts once planned)
         self._in_flight.append(
-            self._reducer.start(
+            reducer.start(
                 bucket,
                 step.filled,
                 step.copied,
-                self._reducer.digest(step) if last else 0,
+                reducer.digest(step) if last else 0,
                 xp,
                 not self.overlap,
                 in_place,
@@ -344,7 +362,7 @@ class GradientSync:
             )
         )
 
-    def wait(self):
+    def wait(self) -> dict[str, Array]:
         """Start the buckets not yet started, wait for them; if the step succeeded everywhere, write
         back.
 
@@ -391,6 +409,8 @@ class GradientSync:
                 return {}
             self._use_slots(slots, order=range(len(slots)))
             self._replay(calls)
+        planned, reducer = self._slots, self._reducer
+        assert planned is not None and reducer is not None  # (planned just above, or before)
         step, first = self._step, self._buckets[self._next_bucket :]
         agreed = (
             self._reduce(first[-1:], last_part="fused")
@@ -419,18 +439,24 @@ class GradientSync:
         if (
             self._agree_first
         ):  # (agreed on the step: the other buckets, their large gradients in place)
-            apart = self._reducer.apart(step.filled) if untimed(self.timeout) else ()
+            apart = reducer.apart(step.filled) if untimed(self.timeout) else ()
             self._reduce(first, len(self._in_flight), in_place=apart, last_part="direct")
-        unused = self._reducer.write_back(self._in_flight, step.filled)
+        unused: dict[str, Array] = reducer.write_back(self._in_flight, step.filled)
         if self._rebuild_pending:  # (DDP's bucket rebuild: collective, once)
             self._rebuild_pending = False
-            order = common_order(self.comm, step.arrivals, len(self._slots), self.timeout)
+            order = common_order(self.comm, step.arrivals, len(planned), self.timeout)
             if order is not None and [m for b in self._buckets for m in b.members] != order:
-                self._use_slots(self._slots, order=order)
+                self._use_slots(planned, order=order)
         self._new_step()
         return unused
 
-    def _reduce(self, buckets, since=0, in_place=(), last_part="all"):
+    def _reduce(
+        self,
+        buckets: list[Bucket],
+        since: int = 0,
+        in_place: Collection[int] = (),
+        last_part: str = "all",
+    ) -> bool:
         """Start ``buckets`` (of the last, ``last_part``), wait for those started from ``since`` on:
         whether the digests agreed. An error ends the step and is raised, once all started are
         done."""
@@ -442,23 +468,25 @@ class GradientSync:
                     bucket, in_place, last_part if bucket.index == len(self._buckets) - 1 else "all"
                 )
         except Exception:  # (a bucket's first start agrees with the other ranks: a timeout there)
+            assert self._reducer is not None
             self._reducer.collect(
                 self._in_flight[since:]
             )  # those started finish before their buffers are reused
             self._new_step()
             raise
+        assert self._reducer is not None  # (planned: buckets start from a plan)
         first_error, agreed = self._reducer.collect(self._in_flight[since:])
         if first_error is not None:
             self._new_step()
             raise first_error
         return agreed
 
-    def _replay(self, calls):
+    def _replay(self, calls: list[tuple[Array, GradientName]]) -> None:
         self._new_step()
         for grad, name in calls:
             self.ready(grad, name)
 
-    def synchronize(self, gradients):
+    def synchronize(self, gradients: Gradients) -> Gradients:
         """``ready`` every gradient in order, then ``wait``; returns the gradients. Named by
         position (the parameters declared in a list, or none declared); declared in a dict, each
         gradient must be the declared array itself."""

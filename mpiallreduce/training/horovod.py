@@ -26,6 +26,7 @@ import torch
 from mpi4py import MPI
 
 from ..core.gather import gather_from_ranks
+from .horovod_allreduce import differentiable_allreduce
 from .horovod_collectives import (
     Average,
     Max,
@@ -265,21 +266,6 @@ def _kwargs_left(kwargs):
 
 
 # ---- allreduce ---------------------------------------------------------------------------------
-class _Allreduce(torch.autograd.Function):
-    """allreduce as autograd sees it (Horovod's): the gradient is the same reduction of the
-    gradients that reach the result."""
-
-    @staticmethod
-    def forward(ctx, tensor, op, prescale, postscale, comm):
-        ctx.options = (op, prescale, postscale, comm)
-        return run(allreduce_op(tensor, op, prescale, postscale), comm=comm)
-
-    @staticmethod
-    def backward(ctx, grad):
-        op, prescale, postscale, comm = ctx.options
-        return run(allreduce_op(grad, op, prescale, postscale), comm=comm), None, None, None, None
-
-
 def _compressed(tensor, compression):
     codec = getattr(compression, "name", compression)
     if codec is not None and tensor.is_floating_point() and tensor.element_size() > 2:
@@ -301,10 +287,7 @@ def allreduce(
     (Horovod's default; torch.distributed's is a sum: ``op=hvd.Sum``); differentiable."""
     op, comm = _op(average, op), _comm(process_set)
     work = _compressed(tensor, compression)
-    if work.requires_grad and torch.is_grad_enabled():
-        result = _Allreduce.apply(work, op, prescale_factor, postscale_factor, comm)
-    else:
-        result = run(allreduce_op(work, op, prescale_factor, postscale_factor), name, comm)
+    result = differentiable_allreduce(work, op, prescale_factor, postscale_factor, name, comm)
     return result.to(tensor.dtype)
 
 
@@ -663,7 +646,7 @@ def cross_size():
     return _nodes()[1]
 
 
-_node_facts = []
+_node_facts: list[int] = []
 
 
 def _nodes():

@@ -31,7 +31,9 @@ import atexit
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -457,10 +459,10 @@ class Engine:
 
 
 #: what a joined rank does in another rank's collective, by kind (allreduce: zeros)
-_joined_runners = {}
+_joined_runners: dict[str, Callable[..., Any]] = {}
 #: functions told of each op's phases (the timeline: horovod_timeline): (event, op label, "B"
 #: for its beginning, "E" for its end, "i" for an instant)
-_observers = []
+_observers: list[Callable[..., Any]] = []
 
 
 def _tell(event, op, phase):
@@ -487,7 +489,7 @@ def joined_runner(kind):
     return register
 
 
-_engines = {}
+_engines: dict[int, "Engine"] = {}
 _engines_lock = threading.Lock()
 
 

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 _ids = itertools.count(1)
-_added = []  # the ProcessSets added and not removed (forgotten at hvd.shutdown)
+_added: list["ProcessSet"] = []  # the ProcessSets added and not removed (forgotten at hvd.shutdown)
 
 
 class ProcessSet:

@@ -10,6 +10,10 @@ eval:      the running statistics, as torch's
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from .horovod_allreduce import differentiable_allreduce
+from .horovod_collectives import Sum
+from .torch_tensors import default_comm
+
 __all__ = ["SyncBatchNorm"]
 
 
@@ -26,8 +30,6 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         if not self.training and self.track_running_stats:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight,
                                 self.bias, False, 0.0, self.eps)  # fmt: skip
-        from .horovod import Sum, allreduce
-
         channels = input.shape[1]
         dims = [0, *range(2, input.dim())]
         local = torch.cat(
@@ -37,7 +39,9 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
                 torch.tensor([input.numel() // channels], dtype=input.dtype, device=input.device),
             ]
         )
-        total = allreduce(local, op=Sum, name="sync_batch_norm")
+        total = differentiable_allreduce(
+            local, Sum, 1.0, 1.0, "sync_batch_norm", default_comm()
+        ).to(local.dtype)  # (hvd.allreduce's, as before: op Sum, no scaling, the default ranks)
         count = total[-1]
         mean = total[:channels] / count
         var = total[channels : 2 * channels] / count - mean * mean

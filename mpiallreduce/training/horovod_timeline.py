@@ -11,6 +11,7 @@ import json
 import os
 import threading
 import time
+from typing import Any
 
 from .horovod_engine import forget, observe
 from .torch_tensors import default_comm
@@ -18,7 +19,7 @@ from .torch_tensors import default_comm
 __all__ = ["start_timeline", "stop_timeline"]
 
 _lock = threading.Lock()
-_current = {}
+_current: dict[str, Any] = {}
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -20,9 +20,13 @@ its param groups and state the wrapped optimizer's.
 
 import contextlib
 import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, TypeVar, overload
 
 import torch
+from mpi4py import MPI
 
+from ..core.annotations import Array, Timeout
 from ..core.gather import gather_from_ranks
 from .gradients import GradientSpec, GradientSync
 from .gradients import broadcast_parameters as _broadcast_arrays
@@ -42,20 +46,20 @@ class _Codec:
 
     _dtypes = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-    def __init__(self, name):
+    def __init__(self, name: str | None) -> None:
         self.name = name
 
-    def compress(self, tensor):
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
         """(the tensor in 16 bits, the context ``decompress`` takes: its own dtype)."""
         narrow = self._dtypes[self.name]
         if narrow is None or not tensor.dtype.is_floating_point:
             return tensor, tensor.dtype
         return tensor.to(narrow), tensor.dtype
 
-    def decompress(self, tensor, context):
+    def decompress(self, tensor: torch.Tensor, context: torch.dtype) -> torch.Tensor:
         return tensor if tensor.dtype == context else tensor.to(context)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Compression.{self.name or 'none'}"
 
 
@@ -68,9 +72,9 @@ class Compression:
     bf16 = _Codec("bf16")
 
 
-def compression_name(compression):
+def compression_name(compression: "str | _Codec | None") -> str | None:
     """None, "fp16" or "bf16", from a name or a Compression member."""
-    return getattr(compression, "name", compression)
+    return compression.name if isinstance(compression, _Codec) else compression
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -103,23 +107,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(
         self,
-        optimizer,
-        named_parameters=None,
-        comm=None,
-        bucket_bytes=25 * 2**20,
-        op="mean",
-        algorithm="auto",
-        prescale=1.0,
-        postscale=1.0,
-        timeout=None,
-        find_unused=False,
-        compression=None,
-        reproducible=False,
-        backward_passes_per_step=1,
-        gradient_predivide_factor=1.0,
-        overlap=None,
-        gradient_as_bucket_view=True,
-    ):
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+        comm: MPI.Intracomm | None = None,
+        bucket_bytes: int = 25 * 2**20,
+        op: Literal["mean", "sum"] = "mean",
+        algorithm: str = "auto",
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+        timeout: Timeout = None,
+        find_unused: bool = False,
+        compression: "str | _Codec | None" = None,
+        reproducible: bool = False,
+        backward_passes_per_step: int = 1,
+        gradient_predivide_factor: float = 1.0,
+        overlap: bool | None = None,
+        gradient_as_bucket_view: bool = True,
+    ) -> None:
         self.optimizer = optimizer
         comm = default_comm() if comm is None else comm
         if named_parameters is None:
@@ -133,13 +137,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.named_parameters = [(name, p) for name, p in named_parameters if p.requires_grad]
         #: Horovod's: parameter -> its name
         self._parameter_names = {p: name for name, p in self.named_parameters}
-        self._sparse = {}  # name -> (parameter, its sparse gradient made dense), this step
+        #: name -> (parameter, its sparse gradient made dense), this step
+        self._sparse: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if int(backward_passes_per_step) < 1:
             raise ValueError(
                 f"backward_passes_per_step must be 1 or more, got {backward_passes_per_step}"
             )
-        self.backward_passes_per_step, self._passes = int(backward_passes_per_step), {}
-        self._options = dict(
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._passes: dict[str, int] = {}
+        self._options: dict[str, Any] = dict(
             bucket_bytes=bucket_bytes,
             op=op,
             algorithm=algorithm,
@@ -156,12 +162,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.parameters = [p for _, p in self.named_parameters]
         self._by_name = dict(self.named_parameters)
         # name -> (parameter, its bfloat16 gradient widened to float32), this step
-        self._widened = {}
-        self._tensors = {}  # name -> ((a result handed over, its tensor), ...): the last two
-        self._hooks = []
+        self._widened: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: name -> ((a result handed over, its tensor), ...): the last two
+        self._tensors: dict[str, tuple[tuple[Array, torch.Tensor], ...]] = {}
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self.rebind(comm)
 
-    def rebind(self, comm):
+    def rebind(self, comm: MPI.Intracomm) -> None:
         """Synchronize over ``comm`` from now on (a survivors' communicator after a rank failure;
         collective over it)."""
         specs = {
@@ -180,8 +187,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             else []
         )
 
-    def _hook(self, name):
-        def ready(parameter):
+    def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        def ready(parameter: torch.Tensor) -> None:
             self._synchronized = False
             passes = self._passes[name] = self._passes.get(name, 0) + 1
             if passes < self.backward_passes_per_step:  # (Horovod's local accumulation)
@@ -192,8 +199,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
         return ready
 
-    def _hand_over(self, name, parameter):
+    def _hand_over(self, name: str, parameter: torch.Tensor) -> None:
         grad = parameter.grad
+        assert grad is not None  # (handed over once accumulated; _synchronize skips the others)
         if grad.is_sparse:  # (reduced dense, given back sparse at step(): docs/training.md)
             grad = grad.to_dense()
             self._sparse[name] = (parameter, grad)
@@ -202,19 +210,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._widened[name] = (parameter, grad)
         self.sync.ready(_as_array(grad), name=name)
 
-    def no_sync(self):
+    def no_sync(self) -> contextlib.AbstractContextManager[GradientSync]:
         """``with optimizer.no_sync():`` backward passes accumulate gradients locally (DDP's
         ``no_sync``); the first backward outside it reduces the accumulated gradients once."""
         return self.sync.no_sync()
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Wait for every bucket; gradients then hold the mean over the ranks."""
         self._synchronize()
         self._synchronized_grads = (
             self._grad_versions()
         )  # (step() compares: a backward since then?)
 
-    def _synchronize(self):
+    def _synchronize(self) -> None:
         if not self._hooks and not self.sync.in_no_sync:  # (no core to spare: every gradient now)
             ready, bfloat16 = self.sync.ready, torch.bfloat16
             for name, parameter in self.named_parameters:
@@ -246,17 +254,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._take_results(widened, results)
         self._synchronized = True
 
-    def _take_sparse(self, sparse, results):
+    def _take_sparse(
+        self, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]], results: dict[str, Array]
+    ) -> dict[str, Array]:
         """Each sparse gradient given its reduced values, as a sparse tensor (Horovod's
         ``zero_().add_()``: a sparse tensor takes no ``set_``); the other results."""
         with torch.no_grad():
             for name, (parameter, dense) in sparse.items():
                 result = results.pop(name, None)
                 reduced = dense if result is None else _as_tensor(result, dense).to(dense.dtype)
+                assert parameter.grad is not None  # (its sparse gradient, made dense above)
                 parameter.grad.zero_().add_(reduced.to_sparse())
         return results
 
-    def _take_results(self, widened, results):
+    def _take_results(
+        self, widened: dict[str, tuple[torch.Tensor, torch.Tensor]], results: dict[str, Array]
+    ) -> None:
         """Point each gradient at its result (a view of a bucket's buffer, or a parameter unused
         here: the other ranks' gradients; in the accumulation dtype, float32 for 16-bit ones) with
         ``grad.set_``, as Horovod does: the same tensor, no copy; and round the widened ones
@@ -274,12 +287,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     )  # (a tensor of its own: a later set_ moves it, not the kept one)
                 elif grad.is_cuda:  # (a CuPy array of its own: into torch's memory)
                     current.copy_(grad)
-                else:
-                    current.set_(grad)
+                else:  # (torch's stubs lack set_(Tensor), which torch has)
+                    current.set_(grad)  # type: ignore[call-overload]
             for parameter, wide in widened.values():
+                assert parameter.grad is not None  # (the bfloat16 gradient widened above)
                 parameter.grad.copy_(wide)
 
-    def _tensor_of(self, name, result, parameter):
+    def _tensor_of(self, name: str, result: Array, parameter: torch.Tensor) -> torch.Tensor:
         """``result`` as a tensor of ``parameter``'s dtype, sharing its memory where it has that
         dtype: made once for each of a bucket's two views of a gradient (the same arrays, turn after
         turn)."""
@@ -297,13 +311,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._tensors[name] = (*kept[-1:], (result, tensor))
         return tensor
 
-    def _grad_versions(self):
+    def _grad_versions(self) -> list[tuple[int, int] | None]:
         """Which gradients the parameters hold, and how often each was written (a new backward
         changes them: without hooks, that is how step() knows a synchronize() is stale)."""
         return [None if p.grad is None else (id(p.grad), p.grad._version) for p in self.parameters]
 
     @contextlib.contextmanager
-    def skip_synchronize(self):
+    def skip_synchronize(self) -> Iterator[None]:
         """Horovod's: ``optimizer.synchronize()``, then change the gradients (clip them), then
         ``with optimizer.skip_synchronize(): optimizer.step()``, which does not wait again."""
         self._skip = True
@@ -312,7 +326,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._skip = self._synchronized = False
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         if self._synchronized and not self._skip:  # (Horovod's warning, in its words)
             warnings.warn(
                 "optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -327,34 +346,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return self.optimizer.step(closure)
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
     # the wrapped optimizer's, for LR schedulers and anything else that reads an Optimizer
-    param_groups = property(
-        lambda self: self.optimizer.param_groups,
-        lambda self, value: setattr(self.optimizer, "param_groups", value),
-    )
-    state = property(
-        lambda self: self.optimizer.state,
-        lambda self, value: setattr(self.optimizer, "state", value),
-    )
-    defaults = property(
-        lambda self: self.optimizer.defaults,
-        lambda self, value: setattr(self.optimizer, "defaults", value),
-    )
+    @property  # (torch's are attributes: these are the wrapped optimizer's)
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
 
-    def __repr__(self):
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def __repr__(self) -> str:
         return f"DistributedOptimizer({self.optimizer!r})"
 
 
-def _naming_problem(optimizer, named_parameters):
+def _naming_problem(
+    optimizer: torch.optim.Optimizer, named_parameters: list[tuple[str, torch.Tensor]]
+) -> str | None:
     """What is wrong with ``named_parameters`` (Horovod's checks), or None."""
     if any(not (isinstance(item, tuple) and len(item) == 2) for item in named_parameters):
         return (
@@ -378,7 +410,7 @@ def _naming_problem(optimizer, named_parameters):
     return None
 
 
-def _agree_on_names(comm, problem, timeout):
+def _agree_on_names(comm: MPI.Intracomm, problem: str | None, timeout: Timeout) -> None:
     """Raise on every rank where ``problem`` is not None on some rank (before the ranks plan)."""
     everyone = gather_from_ranks(comm, problem, timeout)
     wrong = [(rank, reason) for rank, reason in enumerate(everyone) if reason is not None]
@@ -389,16 +421,29 @@ def _agree_on_names(comm, problem, timeout):
         )
 
 
-def broadcast_parameters(state_dict, root=None, comm=None, root_rank=0):
+#: what broadcast_parameters takes (and returns): a state_dict(), named_parameters(), or tensors
+Parameters = TypeVar(
+    "Parameters", bound=dict[str, Any] | Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor]
+)
+AnyOptimizer = TypeVar("AnyOptimizer", bound=torch.optim.Optimizer)
+
+
+def broadcast_parameters(
+    state_dict: Parameters,
+    root: int | None = None,
+    comm: MPI.Intracomm | None = None,
+    root_rank: int = 0,
+) -> Parameters:
     """Copy rank ``root``'s tensors (a ``state_dict()``, ``named_parameters()``, or a list of
     tensors) into every rank's, in place. ``root_rank``: Horovod's name for ``root``."""
     root = root_rank if root is None else root
+    arrays: dict[str, Array] | list[Array]
     if isinstance(state_dict, dict):
         arrays = {
             name: _as_array(t) for name, t in state_dict.items() if isinstance(t, torch.Tensor)
         }
     else:
-        items = list(state_dict)
+        items: list[Any] = list(state_dict)
         named = all(isinstance(item, tuple) and len(item) == 2 for item in items)
         arrays = (
             {name: _as_array(t) for name, t in items} if named else [_as_array(t) for t in items]
@@ -407,7 +452,12 @@ def broadcast_parameters(state_dict, root=None, comm=None, root_rank=0):
     return state_dict
 
 
-def broadcast_optimizer_state(optimizer, root=None, comm=None, root_rank=0):
+def broadcast_optimizer_state(
+    optimizer: AnyOptimizer,
+    root: int | None = None,
+    comm: MPI.Intracomm | None = None,
+    root_rank: int = 0,
+) -> AnyOptimizer:
     """Give every rank rank ``root``'s optimizer state (moments, step counts, hyper-parameters);
     ``root_rank``: Horovod's name for ``root``. An optimizer with no state yet first takes a step
     on zero gradients (given to the parameters that have none), as Horovod's does, so that there

@@ -11,9 +11,13 @@ goes as ml_dtypes.bfloat16 on the CPU and as its 16-bit words on the GPU, reduce
 Bfloat16Bits: either way summed in float32 and rounded once. Also the ranks as Horovod names them.
 """
 
+from typing import Any
+
 import numpy as np
 import torch
 from mpi4py import MPI
+
+from ..core.annotations import Array, Op
 
 __all__ = [
     "reduce_tensor",
@@ -26,7 +30,7 @@ __all__ = [
 ]
 
 
-def _as_array(tensor):
+def _as_array(tensor: torch.Tensor) -> Array:
     """The tensor's memory as a numpy array (CPU) or a CuPy array (CUDA), shared, not copied. A CPU
     bfloat16 tensor is an ml_dtypes bfloat16 array, and a CUDA one (CuPy has no bfloat16) a uint16
     array of its words, reduced with the op ``_op_for`` gives it: either way the planner sums it in
@@ -47,7 +51,7 @@ def _as_array(tensor):
     raise TypeError(f"mpiallreduce.torch handles CPU and CUDA tensors; got one on {tensor.device}")
 
 
-def _as_tensor(array, like):
+def _as_tensor(array: Array, like: torch.Tensor) -> torch.Tensor:
     """A tensor sharing ``array``'s memory (numpy or CuPy), on ``like``'s device."""
     if like.device.type == "cpu":
         if like.dtype == torch.bfloat16:
@@ -61,7 +65,7 @@ def _as_tensor(array, like):
     return torch.from_dlpack(array)
 
 
-def _op_for(tensor, op, options):
+def _op_for(tensor: torch.Tensor, op: Op, options: dict[str, Any]) -> Op:
     """The op a tensor is reduced with: ``op``, or for a CUDA bfloat16 tensor's words its
     Bfloat16Bits (mpiallreduce.core.ops)."""
     if tensor.dtype != torch.bfloat16 or tensor.device.type != "cuda":
@@ -75,7 +79,14 @@ def _op_for(tensor, op, options):
     return Bfloat16Bits(get_op(op))
 
 
-def reduce_tensor(tensor, op, in_place, algorithm="auto", comm=None, **options):
+def reduce_tensor(
+    tensor: torch.Tensor,
+    op: Op,
+    in_place: bool,
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    **options: Any,
+) -> torch.Tensor:
     """``tensor`` (CPU or CUDA) reduced over the ranks: in place (returns it) or as a new tensor on
     its device; what requires grad is detached. Keywords as ``mpiallreduce.allreduce``."""
     from ..api import allreduce as reduce_array
@@ -98,46 +109,46 @@ def reduce_tensor(tensor, op, in_place, algorithm="auto", comm=None, **options):
     return tensor
 
 
-def _numpy_dtype(dtype):
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype a gradient of torch ``dtype`` reaches GradientSync as (bfloat16: widened)."""
     if dtype == torch.bfloat16:
         return np.dtype(np.float32)
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-_default = [None]  # hvd.init(comm)'s communicator
+_default: list[MPI.Intracomm | None] = [None]  # hvd.init(comm)'s communicator
 
 
-def default_comm():
+def default_comm() -> MPI.Intracomm:
     """The ranks mpiallreduce.torch works over when no ``comm`` is given: ``hvd.init(comm)``'s, else
     COMM_WORLD."""
     return _default[0] if _default[0] is not None else MPI.COMM_WORLD
 
 
-def set_default_comm(comm):
+def set_default_comm(comm: MPI.Intracomm | None) -> None:
     _default[0] = comm
 
 
-def rank():
+def rank() -> int:
     """This process's rank among default_comm()'s (Horovod's ``hvd.rank()``)."""
     return default_comm().Get_rank()
 
 
-def size():
+def size() -> int:
     """The number of ranks of default_comm() (``hvd.size()``)."""
     return default_comm().Get_size()
 
 
-def local_rank():
+def local_rank() -> int:
     """This process's rank among the ranks of its node (``hvd.local_rank()``, of COMM_WORLD's
     ranks), 0..local_size()-1: as the launcher numbers them (Open MPI's need not follow the world
     ranks' order), else from the node communicator (collective over COMM_WORLD the first time)."""
-    from ..device.arrays import local_rank as node_local_rank
+    from ..core.node_rank import local_rank as node_local_rank
 
     return node_local_rank()
 
 
-def local_size():
+def local_size() -> int:
     """The number of ranks on this process's node (``hvd.local_size()``; collective over COMM_WORLD
     the first time)."""
     from ..core.state import state_of

@@ -60,6 +60,11 @@ def test_wait_with_a_timeout_gives_up_the_call_on_every_rank_then_the_next_call_
     missing ones), the latecomers learn it from them, and the communicator stays usable."""
     x = np.ones(4)
     size = WORLD.Get_size()
+    # (the communicator and its timed calls' one made first, as earlier tests leave them: the first
+    # timed call makes a communicator on the caller's thread, which holds rank 0 until the others
+    # come, so that no deadline of wait() would pass; run alone, this test needs it)
+    mar.allreduce(x, algorithm="ring", timeout=60)
+    WORLD.Barrier()
     if WORLD.Get_rank() == 0:
         handle = mar.allreduce_async(x, algorithm="ring", timeout=60)
         if size > 1:

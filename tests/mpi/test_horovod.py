@@ -178,11 +178,19 @@ def test_ops_match_by_name_and_a_name_in_flight_is_refused_at_submission():
     rank = WORLD.Get_rank()
     a, b = torch.full((3,), rank + 1.0), torch.full((5,), 10.0 * rank)
     names = ["a", "b"] if rank == 0 else ["b", "a"]  # submitted in another order on rank 0
-    handles = {name: hvd.allreduce_async({"a": a, "b": b}[name], name=name, op=hvd.Sum)
-               for name in names}  # fmt: skip
-    if rank == 0:
+
+    def submit():
+        return {name: hvd.allreduce_async({"a": a, "b": b}[name], name=name, op=hvd.Sum)
+                for name in names}  # fmt: skip
+
+    if rank == 0:  # (the others submit after this rank's check: "a" cannot have finished yet)
+        handles = submit()
         with pytest.raises(ValueError, match="named 'a' is still in flight"):
             hvd.allreduce_async(a, name="a")
+        WORLD.Barrier()
+    else:
+        WORLD.Barrier()
+        handles = submit()
     np.testing.assert_array_equal(hvd.synchronize(handles["a"]).numpy(), np.sum(_gathered(a), 0))
     np.testing.assert_array_equal(hvd.synchronize(handles["b"]).numpy(), np.sum(_gathered(b), 0))
     # a rank may submit, wait in a barrier its peers reach first, and be met after it

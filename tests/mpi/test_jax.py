@@ -280,7 +280,7 @@ def test_a_compiled_call_keeps_its_ranks_after_their_communicator_is_freed():
         c.Free()
 
 
-HANDLER = ("mpi", "exchange", "ring", "recursive_doubling", "reduce_bcast")
+HANDLER = ("mpi", "exchange", "ring", "recursive_doubling", "reduce_bcast", "shared_memory")
 #: docs/jax.md's table: what the handler runs for the planner's choice (the rest: mpi)
 RUNS = {
     "dissemination": "exchange",
@@ -303,6 +303,10 @@ def test_each_handler_algorithm_matches_numpy_at_every_size(algorithm):
     none), for each op and kind of dtype: numpy's reduction of every rank's input, the same bits
     on every rank."""
     cases = [("sum", jnp.float32), ("max", jnp.int64), ("min", jnp.float64), ("sum", jnp.complex64)]
+    if algorithm == "shared_memory" and SIZE > 1 and not shares_memory():
+        with pytest.raises(ValueError, match="needs the ranks on one node"):
+            jax.jit(lambda v: mj.allreduce(v, algorithm=algorithm))(data(RANK))
+        return
     for n in (0, 1, 5, 1001, 40000):
         for op, dtype in cases:
             make = lambda r, n=n, dtype=dtype: data(r, n, dtype)  # noqa: E731
@@ -312,6 +316,31 @@ def test_each_handler_algorithm_matches_numpy_at_every_size(algorithm):
             want = {"sum": every.sum(0), "max": every.max(0), "min": every.min(0)}[op]
             np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{op} {dtype} n={n}")
             assert same_bits_everywhere(got), (algorithm, op, dtype, n)
+
+
+def shares_memory():
+    """Whether this run's ranks compare in shared memory (one node, more than one rank, not under
+    ULFM), as core.state decides: then the handler has shared regions."""
+    from mpiallreduce.core.state import state_of
+    from mpiallreduce.faults.ulfm import fault_tolerant
+
+    one_node = state_of(WORLD).make_ready().facts.node_count == 1
+    return one_node and SIZE > 1 and not fault_tolerant()
+
+
+def test_shared_memory_takes_calls_up_to_its_regions_data():
+    """shared_memory holds a call of its regions' data at most (slots.DATA_BYTES) and refuses a
+    larger one by name, on every rank alike; the largest it takes is right."""
+    if not shares_memory():
+        pytest.skip("the ranks share no regions here")
+    from mpiallreduce.jax.slots import DATA_BYTES
+
+    n = DATA_BYTES // 4
+    f = jax.jit(lambda v: mj.allreduce(v, algorithm="shared_memory"))
+    got = f(data(RANK, n))
+    np.testing.assert_array_equal(got, sum(np.asarray(data(r, n)) for r in range(SIZE)))
+    with pytest.raises(ValueError, match=f"at most {DATA_BYTES} bytes a call"):
+        f(data(RANK, n + 1))
 
 
 def test_auto_runs_the_planners_choice_mapped_onto_the_handlers(use_settings):
@@ -366,6 +395,25 @@ def test_a_late_rank_is_named_and_every_rank_raises_then_the_communicator_stays_
     with pytest.raises(Exception, match="an earlier mpiallreduce.jax call on this communicator"):
         np.asarray(f(data(RANK)))
     np.testing.assert_array_equal(mj.psum(data(RANK)), sum(data(r) for r in range(SIZE)))
+
+
+def test_on_one_node_calls_arrive_through_shared_memory_across_nodes_in_messages():
+    """The handler's arrival (the codes compared, a small exchange's input) goes through shared
+    regions where the ranks share a node and the core compares in shared memory too, else in
+    MPI messages; either way the results, a mismatch and a late rank's error are those of the
+    tests above (which run on one node and across emulated nodes)."""
+    from mpiallreduce.jax import slots
+
+    comm = WORLD.Dup()
+    before = len(slots._made)
+    f = jax.jit(lambda v: mj.psum(v) + mj.allreduce(v * 2, comm=comm))
+    np.testing.assert_array_equal(f(data(RANK)), 3 * sum(data(r) for r in range(SIZE)))
+    assert (len(slots._made) > before) == shares_memory(), (len(slots._made), before)
+    g = jax.jit(lambda v: mj.allreduce(v, comm=comm))
+    if SIZE > 1:  # (one rank has no peer to differ from)
+        with pytest.raises(Exception, match="SignatureMismatch"):
+            np.asarray(g(jnp.zeros(3 + (RANK == 0))))
+    np.testing.assert_array_equal(g(data(RANK, 5000)), sum(data(r, 5000) for r in range(SIZE)))
 
 
 def test_the_flight_recorder_dumps_the_compiled_calls(use_settings, tmp_path_factory):

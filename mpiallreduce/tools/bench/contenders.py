@@ -6,10 +6,11 @@ from mpi4py import MPI
 from ...algorithms import REGISTRY
 from ...api import allreduce, empty, prepare, prepare_at
 from ...core.buffers import aligned_empty, array_module, mpi_datatype
+from ...core.node_rank import select_gpu
 from ...core.ops import get_op
 from ...core.state import state_of
 from ...core.tuning import PERSISTENT as OURS_PERSISTENT
-from ...device.arrays import cuda_aware, select_gpu, synchronize
+from ...device.arrays import cuda_aware, synchronize
 from ...device.transports import device_path, run_on_device
 from ..openmpi_tuned import (
     TUNED_ALLREDUCE_ALGORITHMS,

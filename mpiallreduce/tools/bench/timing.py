@@ -40,11 +40,11 @@ class Measurement:
     algbw_gbs: float  # bytes / time
     busbw_gbs: float  # algbw * 2(p-1)/p
     wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
-    time_us_low: float = (
+    time_us_low: float | None = (
         None  # the fastest and slowest repetition (each the slowest rank's): the spread
     )
-    time_us_high: float = None  # that tells a gain from noise (report.within_noise)
-    bound_us: float = (
+    time_us_high: float | None = None  # that tells a gain from noise (report.within_noise)
+    bound_us: float | None = (
         None  # the least time any allreduce of this size can take here (limits.py), same run
     )
 
