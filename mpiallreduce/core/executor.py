@@ -16,6 +16,11 @@
                                           rounds); then a mean's division (by each slice's owner, if
                                           it finishes_slices)
 
+Its parts, each a module of its own below this one: how the data moves once compared
+(mpiallreduce.core.run_paths: RunPaths, which Execution inherits), the short path of a repeated
+call in Python (mpiallreduce.core.short_path), and a timed call that raised
+(mpiallreduce.core.timed_runs: timed_call_raised, given here too).
+
 The only place that runs a plan and masks floating-point errors (np.errstate, as MPI's own
 reductions do); what a failed run raises is core.failures' (a dead rank becomes RankFailure, a
 truncated message a ValueError). It decides nothing: every choice is the plan's.
@@ -24,24 +29,23 @@ truncated message a ValueError). It decides nothing: every choice is the plan's.
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms.base import CallTags
-from ..faults.bounded import retire_timed_communicator, timed_communicator
 from ..faults.outcome import end_alike
-from ..faults.recorder import DONE, ENDED, RUNNING, STATE, WITHDRAWN, clock, run_traced
 from ..faults.watch import PeerWatch
 from . import buffers
 from .compiled import short_path
-from .consistency import CarriedSignature, SignatureMismatch, agree_on_call, compare, digest
+from .consistency import agree_on_call, compare, digest
 from .failures import raise_failed
-from .ops import OPS, ignore_float_errors, restore_float_errors
+from .ops import ignore_float_errors, restore_float_errors
 from .persistent import bind_persistent
 from .plan_cases import Memory, Route
-from .symmetric import touches
+from .run_paths import RunPaths
+from .short_path import python_short_path
+from .timed_runs import timed_call_raised
 
 __all__ = ["Execution", "timed_call_raised"]
 
 
-class Execution:
+class Execution(RunPaths):
     """What every run of one plan needs, bound once (see the module's docstring)."""
 
     __slots__ = (
@@ -292,135 +296,6 @@ class Execution:
             return probed.run(send, recv, sequence, timeout, xp, compared=True)
         return recv
 
-    def _reduce(self, send, recv, sequence, timeout, xp, watch, bounded=False):
-        plan, op, size = self.plan, self.op, self.state.size
-        if plan.local_only:
-            if send is not None:
-                buffers.copy_into(recv, send)
-            op.finish(recv, size)
-            return
-        if (
-            self.runs is not None and timeout is None and xp is None
-        ):  # (the algorithm's own, bound once)
-            self.runs(send, recv, sequence, watch)
-            return op.finish(recv, size)
-        options = self.options
-        if plan.algorithm.takes_call_number:
-            options = dict(options, sequence=sequence)
-        if plan.inner_on_tags:
-            options = dict(options, wrap=lambda comm: CallTags(comm, sequence, watch))
-        if (
-            self.carried or plan.algorithm.needs_symmetric
-        ):  # (single_copy's arrival: the placement always
-            carried = CarriedSignature(self, sequence, timeout if bounded else None)
-            options = dict(options, signature=carried)  # compared, agreed once or not)
-        if bounded:  # (MPI's collectives on the timed calls' communicator, bounded)
-            collectives = timed_communicator(self.state, sequence, timeout)
-            comm = CallTags(self.state.library, sequence, watch, collectives=collectives)
-        elif plan.algorithm.messages_only:
-            comm = CallTags(self.state.library, sequence, watch)
-        else:
-            comm = self.state.library
-        if (
-            xp is not None and plan.device_path == "host round trip"
-        ):  # the whole call on pinned host memory
-            from ..device.transports import pinned, pinned_in_use
-
-            if bounded:  # (a collective given up may write into it later: host memory of its own)
-                host = np.empty(recv.size, recv.dtype)
-                xp.asnumpy(recv if send is None else send, out=host)
-                self._route(comm, None, host, None, options)
-                recv.set(host, stream=xp.cuda.get_current_stream())  # (pageable: read at once)
-                return
-            host = pinned(xp, "round_trip", recv.size, recv.dtype)
-            xp.asnumpy(
-                recv if send is None else send, out=host
-            )  # blocking: waits for the current stream
-            self._route(comm, None, host, None, options)
-            stream = xp.cuda.get_current_stream()
-            recv.set(host, stream=stream)  # asynchronous: `host` is read after this call returns
-            pinned_in_use(xp, "round_trip", stream)
-            return
-        self._route(comm, send, recv, xp, options)
-
-    def divide(self, result):
-        """A mean's division of the direct path's sum (float errors ignored, as everywhere here)."""
-        ignoring = ignore_float_errors()
-        try:
-            if self.divides_host is not None:
-                self.divides_host(result)
-            else:
-                self.op.finish(result, self.state.size)
-        finally:
-            restore_float_errors(ignoring)
-
-    def _route(self, comm, send, recv, xp, options):
-        plan, op, size = self.plan, self.op, self.state.size
-        if plan.route.compressed:  # the op runs on its own (mpiallreduce.training.compression)
-            if send is not None:
-                buffers.copy_into(recv, send)
-            op.reduce_whole(self.state.library, recv)
-        elif plan.route is Route.REPRODUCIBLE_WORDS:
-            from ..reproducible.routes import sum_by_words
-
-            def allreduce_in_place(array, step_op):
-                plan.algorithm.run(
-                    comm, None, array, OPS[step_op], buffers.mpi_datatype(array.dtype), **options
-                )
-
-            allreduce_in_place.size = size
-            sum_by_words(send, recv, op.mean, allreduce_in_place)
-        elif (
-            plan.accumulate is not None
-        ):  # float16/bfloat16 (or its words): accumulate in float32, round once
-            wide = op.widen(recv if send is None else send, plan.accumulate)
-            self._algorithm(
-                comm,
-                None,
-                wide,
-                buffers.mpi_datatype(plan.accumulate),
-                xp,
-                options,
-                op.widened_op(),
-            )
-            op.finish(wide, size)
-            op.narrow(wide, recv)
-        else:
-            # (a mean's division: by each slice's owner where the algorithm finishes_slices, else
-            # after)
-            sliced = (
-                plan.algorithm.finishes_slices and op.divide_by_size and size != 1 and xp is None
-            )
-            self._algorithm(
-                comm,
-                send,
-                recv,
-                self.datatype,
-                xp,
-                dict(options, finish=lambda v: op.finish(v, size)) if sliced else options,
-                op,
-            )
-            if not sliced:
-                op.finish(recv, size)
-
-    def _algorithm(self, comm, send, recv, datatype, xp, options, op):
-        if xp is None:
-            self.plan.algorithm.run(comm, send, recv, op, datatype, **options)
-        else:
-            from ..device.transports import run_on_device
-
-            run_on_device(
-                self.plan.device_path,
-                self.plan.algorithm,
-                comm,
-                send,
-                recv,
-                op,
-                datatype,
-                xp,
-                **options,
-            )
-
     def needs_set_up(self):
         """Whether a run must first make something collective (a larger shared window): then it runs
         on the caller's thread, after the pending asynchronous calls (mpiallreduce.core.call)."""
@@ -479,133 +354,6 @@ class Execution:
         return lambda sequence: self.run(send, recv, sequence, timeout, xp)
 
     def _short_path(self):
-        """``short(x, out)``, the short path of a repeated call on contiguous numpy arrays: the
-        result, or None when these arrays need the general path (strided, views, another kind of
-        out, a read-only out). Numbered on the caller's thread (the entry point checked that no
-        asynchronous call is pending). A closure over what it reads: each call is ~0.1 us of Python
-        in all."""
-        state, shape, dtype, strides, mpi_op = (
-            self.state,
-            self.shape,
-            self.dtype,
-            self.strides,
-            self.mpi_op,
-        )
-        raw_unchecked, raw_direct, code, describe = (
-            self.raw_unchecked,
-            self.raw and self.direct,
-            self.code,
-            self.describe,
-        )
-        empty, ndarray, may_share_memory, in_place = (
-            np.empty,
-            np.ndarray,
-            np.may_share_memory,
-            MPI.IN_PLACE,
-        )
-        allreduce, number, divides, divide = (
-            state.library.Allreduce,
-            state.number,
-            self.divides,
-            self.divide,
-        )  # (the state's for its life: freed, it is forgotten)
-        recorder, execution = (
-            state.recorder,
-            self,
-        )  # (the flight recorder's; a new one comes with new short paths)
-
-        def short(x, out):
-            if x.strides != strides or touches(
-                x
-            ):  # (symmetric arrays may run single_copy: the general path)
-                return None
-            if out is None:
-                result, send = empty(shape, dtype), x
-            elif out is x:
-                result, send = x, in_place
-            elif (
-                type(out) is ndarray
-                and out.dtype is dtype
-                and out.shape == shape
-                and out.strides == strides
-                and ((out.base is None and x.base is None) or not may_share_memory(x, out))
-            ):
-                result, send = out, x  # (they do not overlap)
-            else:
-                return None
-            if raw_unchecked:  # MPI_Allreduce itself, on the arrays as they are (any shape)
-                # (recorded before it runs, under the number it will take: a rank stuck in it says
-                # so)
-                entry = (
-                    None
-                    if recorder is None
-                    else recorder.record(state, state.sequence + 1, execution, RUNNING)
-                )
-                try:
-                    allreduce(send, result, mpi_op)
-                    if divides:
-                        divide(result)
-                except (
-                    BufferError
-                ):  # (a read-only out, refused by mpi4py before MPI: the general path says so)
-                    if entry is not None:
-                        entry[STATE] = WITHDRAWN
-                    return None
-                except BaseException as error:
-                    raise_failed(error, state, number(), None, entry)
-                # (the same count as numbering first: this call talks on no tag of its number)
-                number()
-                if entry is not None:
-                    entry[STATE], entry[ENDED] = DONE, clock()
-                return result
-            if out is not None and not result.flags.writeable:
-                return None  # (refused before any communication, by the general path)
-            sequence = state.number()
-            entry = None if recorder is None else recorder.record(state, sequence, execution)
-            if raw_direct:
-                try:
-                    slots = state.signature_slots
-                    if slots is None or not slots.agree(code, sequence):
-                        compare(
-                            state,
-                            code,
-                            describe,
-                            lambda: PeerWatch(state, sequence, None, "signature"),
-                            sequence,
-                            published=slots is not None,
-                        )
-                    state.library.Allreduce(send, result, mpi_op)
-                    if divides:
-                        divide(result)
-                except BaseException as error:
-                    raise_failed(error, state, sequence, None, entry)
-            else:
-                run_traced(
-                    entry,
-                    lambda: self.run(
-                        None if send is in_place else send.reshape(-1), result.reshape(-1), sequence
-                    ),
-                )
-                return result
-            if entry is not None:
-                entry[STATE], entry[ENDED] = DONE, clock()
-            return result
-
-        return short
-
-
-def timed_call_raised(state, sequence, error, bounded, differ=False):
-    """Timed call #``sequence`` raised ``error`` on this rank: retire the timed calls' communicator
-    (faults.bounded) where every rank's call raised alike and something of the call may be left on
-    it: its rendezvous committed (every rank's call then raises alike: faults.outcome), and its
-    plan ran MPI's collectives there (``bounded``: the same plan on every rank, once compared) or
-    the call made it (a peer may have given that up). Not where the ranks' calls differ (a
-    mismatch, or a bad argument on one rank, ``differ``): the comparison comes first, so no rank
-    posted anything there, and the rank whose call differs may not know the plan."""
-    if (
-        getattr(state, "committed_call", None) == sequence
-        and not differ
-        and not isinstance(error, SignatureMismatch)
-        and (bounded or state.timed_made_in == sequence)
-    ):
-        retire_timed_communicator(state)
+        """``short(x, out)``, the short path of a repeated call in Python
+        (mpiallreduce.core.short_path)."""
+        return python_short_path(self)

@@ -53,27 +53,31 @@ Rules, in order:
   (``timed_instead``); MPI's own collectives on device arrays go through host memory, not a
   CUDA-aware MPI (they are posted in nonblocking forms: mpiallreduce.faults.bounded).
 
+``plan_call`` applies the rules in that order; each decision sits in a module of its own, which
+this one imports (and gives its public names): what a plan is made from and says
+(mpiallreduce.core.call_plan: CallFacts, CallPlan), the algorithm, by name or auto's choice
+(mpiallreduce.core.algorithm_choice), what a timed call runs instead (mpiallreduce.core.timed_plans:
+timed_instead; without_set_up, which plans again, is here), how device memory travels
+(mpiallreduce.core.device_paths); the route, the accumulation dtype, the signature and the
+persistent request are decided here.
+
 A plan is a pure function of its inputs and of CallFacts, which hold only what every rank of the
 communicator agreed on (mpiallreduce.core.state.CommState.make_ready: node layout, CUDA-awareness,
 the settings); so it is the same on every rank. ``plan_call`` is the one plan cache.
 """
 
 import functools
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import replace
 
 import numpy as np
 
-from ..algorithms import REGISTRY, Algorithm, check_algorithm_name
-from .overrides import (
-    MEAN_ACROSS_NODES,
-    REPRODUCIBLE_SHARED_MEMORY_BELOW,
-    SINGLE_COPY_FROM,
-    dissemination_pays,
-    mean_across_nodes,
-)
+from ..algorithms import REGISTRY, check_algorithm_name
+from .algorithm_choice import algorithm_for, carried_by_dissemination
+from .call_plan import CallFacts, CallPlan
+from .device_paths import device_path_for
 from .plan_cases import COMPRESSED_ROUTES, Carries, Route, Signature
-from .tuning import choose_across_nodes, choose_name, choose_on_device, choose_persistent
+from .timed_plans import timed_instead
+from .tuning import choose_name, choose_persistent
 
 __all__ = [
     "CallFacts",
@@ -94,124 +98,6 @@ NOT_ACROSS_NODES = frozenset(name for name, a in REGISTRY.items() if a.needs_one
     name for name, a in REGISTRY.items() if a.takes_inner_plan
 }
 _LOW_PRECISION = ("float16", "bfloat16")
-
-
-@dataclass(frozen=True)
-class CallFacts:
-    """What the planner needs to know of the communicator, the same on every rank."""
-
-    size: int
-    spans_nodes: bool = False
-    node_count: int = 1
-    cuda_aware: bool = False
-    signature_min_bytes: int = 0
-    #: every node has the same rank count (two_level needs it)
-    equal_nodes: bool = True
-    #: the communicator has shared signature slots (one node, not under ULFM)
-    shared_slots: bool = False
-    #: CUDA IPC among its ranks: "untested" (until a call that would use it probes it:
-    #: CommState.learn_cuda_ipc), "works", or "refused: why"
-    cuda_ipc: str = "untested"
-    #: prepared calls may use persistent requests (not under ULFM: how they meet a dead rank is
-    #: untested)
-    persistent_collectives: bool = True
-    compiled: bool = False  # every rank runs the compiled paths (dissemination's rounds among them)
-
-
-@dataclass(frozen=True)
-class CallPlan:
-    algorithm: Algorithm
-    #: whether "auto" chose it
-    auto: bool
-    #: why this algorithm (one line)
-    reason: str
-    #: how device arrays travel (a name from mpiallreduce.transports), None for numpy arrays
-    device_path: str | None
-    #: the dtype the reduction runs in: float32 for float16/bfloat16 in the hand-written algorithms
-    accumulate: np.dtype
-    #: nothing to send (one rank or an empty buffer): a local copy
-    local_only: bool
-    #: compare shape, dtype and op across ranks before moving data
-    check_signature: bool
-    #: hierarchical: the node leaders' plan
-    inner: Optional["CallPlan"] = None
-    #: what the call computes (mpiallreduce.core.plan_cases.Route): PLAIN (the op itself),
-    #: REPRODUCIBLE_DIRECT (an exact sum straight from the floats), REPRODUCIBLE_WORDS (exponent
-    #: bytes, then fixed-point words, reduced by the algorithm), COMPRESSED_FP16/COMPRESSED_BF16
-    #: (mpiallreduce.training.compression), BFLOAT16_BITS (bfloat16 words held as uint16, widened
-    #: to float32: mpiallreduce.core.ops)
-    route: Route = Route.PLAIN
-    #: how the ranks compare the call before data moves (plan_cases.Signature): NONE, SHARED_SLOTS,
-    #: MESSAGES (32-byte messages), CARRIED by the plan's algorithm (in its first barrier, or in its
-    #: messages), AGREED_ONCE (a prepared call); ``signature_text`` prints it
-    signature: Signature = Signature.NONE
-    #: the bytes the algorithm reduces on each rank (the call's, widened to ``accumulate``): what a
-    #: set-up it needs is sized by (shared_memory's window:
-    #: mpiallreduce.algorithms.base.needs_set_up)
-    working_bytes: int = 0
-    #: an algorithm that needs CUDA IPC on a communicator that has not probed it yet: plan_call's
-    #: arguments, to plan again with once the executor has probed it (the verdict in the facts)
-    ipc_probe: tuple | None = None
-    #: planned for an in-place call (``out=x``): part of the signature the ranks compare
-    in_place: bool = False
-    #: a prepared call of this plan runs MPI_Allreduce itself: True, bound as a persistent request
-    #: (the table's persistent rules: tuning.choose_persistent); False, the blocking call each run;
-    #: None: it cannot be one
-    persistent: bool | None = None
-    #: what a timed call's plan runs in place of (planner.timed_instead), None where nothing was
-    #: replaced: in place of single_copy, the call still compares where its symmetric arrays lie
-    instead_of: str | None = None
-
-    @property
-    def name(self):
-        return self.algorithm.name
-
-    @property
-    def compares(self):
-        """Whether each run compares the signature (before or inside the algorithm)."""
-        return self.signature.compares
-
-    @property
-    def carried(self):
-        return self.signature.carried
-
-    @property
-    def signature_text(self):
-        """The signature as describe() prints it: "carried by <algorithm>" where carried."""
-        if self.signature is Signature.CARRIED:
-            return f"carried by {self.name}"
-        return self.signature.value
-
-    @property
-    def inner_on_tags(self):
-        """Whether the inner plan talks through CallTags and the call's PeerWatch (its messages
-        offset by the call's number, its waits bounded and watching the peers)."""
-        return self.inner is not None and self.inner.algorithm.messages_only
-
-    def agreed_once(self):
-        """This plan for a prepared call: compared when made, then run unchecked."""
-        return replace(self, signature=Signature.AGREED_ONCE if self.compares else self.signature)
-
-    def describe(self):
-        """What the call will run and why, in a line or two."""
-        text = f"{self.name} ({'auto: ' if self.auto else 'asked for: '}{self.reason})"
-        if self.route is not Route.PLAIN:
-            text += f"; route: {self.route.value}"
-        if self.device_path:
-            text += f"; device memory travels by {self.device_path}"
-        if self.accumulate is not None:
-            text += f"; accumulates in {self.accumulate}"
-        if self.inner is not None:
-            text += f"; node leaders run {self.inner.name}" + (
-                " (on the call's tags, watching the peers)" if self.inner_on_tags else ""
-            )
-        text += f"; signature: {self.signature_text}"
-        if self.ipc_probe is not None:
-            text += (
-                "; CUDA IPC not yet probed: the first call probes it, and plans again if it is "
-                "refused"
-            )
-        return text
 
 
 @functools.lru_cache(maxsize=4096)
@@ -287,137 +173,29 @@ def plan_call(
             in_place=in_place,
         )
     inner = None
-    single_copy = (
-        symmetric
-        and not facts.spans_nodes
-        and not on_device
-        and (reproducible or not low_precision)
-        and (not auto or nbytes >= SINGLE_COPY_FROM)
+    chosen, reason = algorithm_for(
+        facts,
+        on_device,
+        nbytes,
+        op_name,
+        algorithm,
+        in_place,
+        symmetric,
+        reproducible,
+        low_precision,
     )
-    if not auto and REGISTRY[algorithm].needs_symmetric and not single_copy:
-        raise ValueError(
-            f"the {algorithm} algorithm runs on symmetric buffers only (mpiallreduce.empty or "
-            "zeros, input and output at the same place on every rank of one node, a reproducible "
-            "sum or an ordinary op on a dtype other than float16/bfloat16); "
-            "use 'auto' or another algorithm"
-        )
-    if not auto:
-        chosen, reason = REGISTRY[algorithm], "by name"
-        if facts.spans_nodes and REGISTRY[algorithm].needs_one_node:
-            raise ValueError(
-                f"the {algorithm} algorithm needs every rank of the communicator on one node; "
-                f"this one spans {facts.node_count} nodes (use algorithm={chosen.across_nodes!r})"
-            )
-        if chosen.needs_cuda_ipc and facts.cuda_ipc.startswith("refused"):
-            raise ValueError(
-                f"the {algorithm} algorithm maps the peers' device memory (CUDA IPC), which "
-                f"this machine refused (use algorithm={chosen.across_nodes!r} or 'auto'); the "
-                f"probe's {facts.cuda_ipc}"
-            )
-    elif single_copy:
-        chosen = REGISTRY["single_copy"]
-        reason = (
-            "symmetric buffers on one node: each rank reads its peers' inputs where they lie "
-            "(single copy)"
-        )
-    elif reproducible:
-        shared = not facts.spans_nodes and nbytes < REPRODUCIBLE_SHARED_MEMORY_BELOW
-        chosen = REGISTRY["shared_memory" if shared else "pairwise_exchange"]
-        where = (
-            "across nodes"
-            if facts.spans_nodes
-            else (
-                f"{'below' if shared else 'from'} {REPRODUCIBLE_SHARED_MEMORY_BELOW >> 20} MiB "
-                "on one node"
-            )
-        )
-        reason = (
-            "a reproducible sum: every contribution of an element on one rank, summed exactly from "
-            f"the floats themselves ({where})"
-        )
-    elif on_device:
-        name, measured = choose_on_device(nbytes, facts.spans_nodes, facts.cuda_aware, REGISTRY)
-        where = f"across {facts.node_count} nodes" if facts.spans_nodes else "on one node"
-        reason = (
-            f"the device table for device arrays {where}, {nbytes} bytes"
-            + (
-                f", MPI {'is' if facts.cuda_aware else 'is not'} CUDA-aware"
-                if facts.spans_nodes
-                else ""
-            )
-            + ("" if measured else " (unmeasured guess)")
-        )
-        if REGISTRY[name].needs_cuda_ipc and facts.cuda_ipc.startswith("refused"):
-            # (the table's choice across nodes: the ranks' own messages, staged or CUDA-aware)
-            refused, (name, _) = name, choose_on_device(nbytes, True, facts.cuda_aware, REGISTRY)
-            reason += (
-                f"; not {refused}, which needs CUDA IPC, {' '.join(facts.cuda_ipc.split())}; "
-                "the table's choice across nodes instead (MPI "
-                f"{'is' if facts.cuda_aware else 'is not'} CUDA-aware)"
-            )
-        chosen = REGISTRY[name]
-    elif facts.spans_nodes:
-        measured = choose_across_nodes(nbytes, facts.node_count, facts.size, REGISTRY, in_place)
-        if measured is not None and (facts.equal_nodes or not REGISTRY[measured].needs_equal_nodes):
-            chosen = REGISTRY[measured]
-            reason = (
-                f"the tuning table for {facts.node_count} nodes, {facts.size} ranks, "
-                f"at {nbytes} bytes" + (" in place" if in_place else "")
-            )
-            if not low_precision and mean_across_nodes(
-                op_name, nbytes, chosen.finishes_slices
-            ):  # (a pass less)
-                chosen, reason = (
-                    REGISTRY[MEAN_ACROSS_NODES],
-                    reason + f" ({measured}); a mean: {MEAN_ACROSS_NODES}",
-                )
-        else:
-            chosen = REGISTRY["hierarchical"]
-            reason = f"numpy arrays across {facts.node_count} nodes" + (
-                "" if measured is None else f" ({measured}, the table's choice, needs equal nodes)"
-            )
-    else:
-        name, elsewhere = (
-            choose_name(nbytes, facts.size, REGISTRY, in_place),
-            choose_name(nbytes, facts.size, REGISTRY),
-        )
-        reason = f"the tuning table for {facts.size} ranks at {nbytes} bytes" + (
-            " in place" if in_place else ""
-        )
-        if (
-            op_name == "mean"
-            and not low_precision
-            and not REGISTRY[name].finishes_slices  # (its division: a pass)
-            and REGISTRY[elsewhere].finishes_slices
-        ):
-            name, reason = (
-                elsewhere,
-                reason + "; a mean: the out-of-place rule's, which divides slices as it reduces",
-            )
-        chosen = REGISTRY[name]
     instead_of = None
     if timed and chosen.unbounded_when_timed:
         instead_of = chosen.name
         chosen, reason = timed_instead(chosen, facts, nbytes, reason)
-    if (
-        compared
-        and not once
-        and auto
-        and (chosen.name == "mpi" or facts.size == 2)
-        and not facts.shared_slots
-        and not (on_device or reproducible or low_precision)
-        and facts.compiled
-        and dissemination_pays(
-            facts.size,
-            nbytes,
-            REGISTRY["dissemination"].plan(facts.size, 0, 0).largest_message(nbytes),
-            in_place,
-        )
-    ):
-        chosen, reason = (
-            REGISTRY["dissemination"],
-            reason + "; its signature goes in messages: dissemination carries it",
-        )
+    chosen, reason = carried_by_dissemination(
+        chosen,
+        reason,
+        facts,
+        nbytes,
+        in_place,
+        compared and not once and auto and not (on_device or reproducible or low_precision),
+    )
     if (
         chosen.takes_inner_plan and facts.node_count > 1
     ):  # (hierarchical's leaders, two_level's rails)
@@ -437,14 +215,7 @@ def plan_call(
         )
     path = None
     if on_device:
-        from ..device.transports import device_path
-
-        path = device_path(chosen, facts.cuda_aware)
-        if timed and path == "cuda-aware" and chosen.bounded_collectives:
-            # (a timed call posts MPI's collectives in their nonblocking forms, faults.bounded,
-            # which Open MPI does not take on device buffers: a round trip through host memory)
-            path = "host round trip"
-            reason += "; timed: MPI's nonblocking collectives on host memory (a round trip)"
+        path, reason = device_path_for(chosen, facts, timed, reason)
     route = Route.PLAIN
     if reproducible:
         route = (
@@ -516,24 +287,6 @@ def plan_call(
         persistent,
         instead_of,
     )
-
-
-def timed_instead(chosen, facts, nbytes, reason):
-    """(algorithm, reason) a timed call runs in place of ``chosen``, one whose end no timeout can
-    bound and no agreement can take back (``Algorithm.unbounded_when_timed``): single_copy writes
-    straight into every peer's array, so a peer that gave up would find its array written after
-    it raised; device_to_device maps the peers' memory, which a peer that gave up may free. A
-    timed call keeps its result from the user's array until every rank's part is done
-    (mpiallreduce.faults.outcome), so it runs ``shared_memory`` on symmetric arrays (the same bits:
-    each slice reduced in rank order) and, on device arrays, the table's choice across nodes
-    (messages through the call's watch)."""
-    if chosen.memory == "host":
-        name = "shared_memory"
-        why = "single_copy writes into the peers' arrays before the ranks agree on the call's end"
-    else:
-        name, _ = choose_on_device(nbytes, True, facts.cuda_aware, REGISTRY)
-        why = f"{chosen.name} maps the peers' memory, which a rank that gave up may free"
-    return REGISTRY[name], f"{reason}; timed: {name} instead, since {why}"
 
 
 #: what a timed call runs where its plan would first grow a shared window (without_set_up)

@@ -457,10 +457,11 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
 
 // The shared-memory regions of ``comm``'s ranks (``size`` addresses, each ``region_bytes``: two
 // halves, each a line, a header and the data it holds; zeroed; mpiallreduce/jax/slots.py), for
-// the arrival of its calls from then on, and shared_memory's; 0, or -1 where ``size`` is not the
-// communicator's or the regions are too small.
+// the arrival of its calls from then on, and shared_memory's; ``spin_looks``: how many looks at
+// the peers' halves a wait makes before it also yields the core; 0, or -1 where ``size`` is not
+// the communicator's or the regions are too small.
 extern "C" int MpiallreduceJaxSlots(int64_t comm_handle, int64_t size, const int64_t *addresses,
-                                    int64_t region_bytes) {
+                                    int64_t region_bytes, int64_t spin_looks) {
   MPI_Comm comm = reinterpret_cast<MPI_Comm>(static_cast<intptr_t>(comm_handle));
   int comm_size = 0;
   if (MPI_Comm_size(comm, &comm_size) != MPI_SUCCESS || comm_size != size ||
@@ -471,6 +472,8 @@ extern "C" int MpiallreduceJaxSlots(int64_t comm_handle, int64_t size, const int
   Kept &kept = communicators[comm];
   kept.slots.of.clear();
   kept.slots.capacity = static_cast<size_t>(region_bytes) / 2 - kSlotLine - kHeaderMost;
+  kept.slots.spin_looks =
+      static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(spin_looks, 1 << 20)));
   for (int64_t q = 0; q < size; ++q) {
     kept.slots.of.push_back(reinterpret_cast<char *>(static_cast<intptr_t>(addresses[q])));
   }

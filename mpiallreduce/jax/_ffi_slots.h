@@ -14,8 +14,9 @@
 // Two halves suffice: a rank writes call k + 2 into the half of call k only once it has read every
 // peer's call k + 1, which each peer writes only once it has read call k. A call's number is the
 // same on every rank (one count per communicator, every call counted), so a half that says k holds
-// call k. The wait spins, yields the core after the first 64 looks (ranks may outnumber the
-// cores), and, in a timed call, names the peers still missing at the deadline.
+// call k. The wait spins, then also yields the core (after 64 looks where the node's ranks
+// outnumber its cores, else after 16384, tens of microseconds), and, in a timed call, names the
+// peers still missing at the deadline.
 #pragma once
 
 #include <sched.h>
@@ -35,6 +36,9 @@ constexpr size_t kSlotLine = 64;  // a half's number and length: a cache line
 struct Slots {
   std::vector<char *> of;
   size_t capacity = 0;  // the data a half holds (slots.py: DATA_BYTES)
+  // looks at the peers' halves before a wait also yields the core: few where the node's ranks
+  // outnumber its cores (a peer may need this one to arrive), many where each has its own
+  int spin_looks = 64;
   size_t Half() const { return kSlotLine + kHeaderMost + capacity; }
   // rank q's data for call ``number``
   char *Data(int q, int64_t number) const {
@@ -74,14 +78,14 @@ inline Arrived ArriveInSlots(const Slots &slots, int rank, int size, int64_t num
       waiting[q] = 0, --pending;
     }
     if (pending == 0) break;
-    if (looks > 64) {
+    if (looks > slots.spin_looks || (looks & 63) == 63) {
       if (deadline != kNever && Now() > deadline) {
         for (int q = 0; q < size; ++q) {
           if (waiting[q]) arrived.late.push_back(q);
         }
         break;
       }
-      sched_yield();
+      if (looks > slots.spin_looks) sched_yield();
     }
   }
   return arrived;

@@ -12,6 +12,7 @@ place rather than sent in MPI messages.
 """
 
 import ctypes
+import os
 
 from mpi4py import MPI
 
@@ -27,6 +28,14 @@ REGION_BYTES = 2 * (64 + 4096 + DATA_BYTES)
 
 _made: list[MPI.Win] = []  # (the windows, kept: the handler reads them for good)
 _handed: set[int] = set()  # (the handles of the communicators whose calls have regions)
+
+
+def spin_looks(ranks: int) -> int:
+    """How many looks at the peers a wait makes before it also yields the core: 64 where the
+    node's ``ranks`` (all of the communicator's: it is on one node) outnumber its cores (all of
+    them: a launcher may bind each rank to one), so that a peer sharing one gets it; else 16384,
+    tens of microseconds of spinning, as MPI's own waits spin."""
+    return 64 if ranks > (os.cpu_count() or 1) else 64
 
 
 def handed(comm: MPI.Intracomm) -> bool:
@@ -54,8 +63,9 @@ def hand_slots(comm, library):
         ctypes.c_int64,
         ctypes.POINTER(ctypes.c_int64),
         ctypes.c_int64,
+        ctypes.c_int64,
     )
-    if library.MpiallreduceJaxSlots(comm.handle, size, addresses, REGION_BYTES) != 0:
+    if library.MpiallreduceJaxSlots(comm.handle, size, addresses, REGION_BYTES, spin_looks(size)):
         raise RuntimeError("mpiallreduce.jax: the handler refused the shared regions")
     _handed.add(comm.handle)
     return True
