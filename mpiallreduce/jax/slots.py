@@ -35,7 +35,7 @@ def spin_looks(ranks: int) -> int:
     node's ``ranks`` (all of the communicator's: it is on one node) outnumber its cores (all of
     them: a launcher may bind each rank to one), so that a peer sharing one gets it; else 16384,
     tens of microseconds of spinning, as MPI's own waits spin."""
-    return 64 if ranks > (os.cpu_count() or 1) else 64
+    return 64 if ranks > (os.cpu_count() or 1) else 16384
 
 
 def handed(comm: MPI.Intracomm) -> bool:
