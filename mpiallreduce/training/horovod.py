@@ -21,6 +21,8 @@ pairs up. Where it differs from Horovod: docs/training.md.
 """
 
 import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar, overload
 
 import torch
 from mpi4py import MPI
@@ -44,6 +46,7 @@ from .horovod_collectives import (
     start,
 )
 from .horovod_engine import (
+    Handle,
     HorovodInternalError,
     HorovodMismatchError,
     engine_for,
@@ -59,7 +62,7 @@ from .horovod_process_sets import (
 )
 from .horovod_sync_batch_norm import SyncBatchNorm
 from .horovod_timeline import start_timeline, stop_timeline
-from .torch_optimizer import Compression, broadcast_optimizer_state, broadcast_parameters
+from .torch_optimizer import Compression, _Codec, broadcast_optimizer_state, broadcast_parameters
 from .torch_optimizer import DistributedOptimizer as _DistributedOptimizer
 from .torch_tensors import (
     default_comm,
@@ -138,8 +141,13 @@ __all__ = [
 
 Adasum = "adasum"
 
+_T = TypeVar("_T")
 
-def init(comm=None, process_sets=None):
+
+def init(
+    comm: MPI.Intracomm | list[int] | tuple[int, ...] | None = None,
+    process_sets: Iterable[ProcessSet] | None = None,
+) -> None:
     """Start (MPI is already up once mpi4py is imported). ``comm``: an mpi4py communicator whose
     ranks every call of mpiallreduce.torch then uses by default, ``rank()`` and ``size()``
     included (Horovod takes one too, or a list of world ranks; collective over COMM_WORLD then).
@@ -157,36 +165,36 @@ def init(comm=None, process_sets=None):
         add_process_set(process_set)
 
 
-def shutdown():
+def shutdown() -> None:
     """Stop: the facade's engines go (a later init makes new ones: after a stall too)."""
     forget_engines()
     forget_process_sets()
     set_default_comm(None)
 
 
-def is_initialized():
+def is_initialized() -> bool:
     return MPI.Is_initialized() and not MPI.Is_finalized()
 
 
-def mpi_built():
+def mpi_built() -> bool:
     return True
 
 
 mpi_enabled = mpi_built
 
 
-def mpi_threads_supported():
+def mpi_threads_supported() -> bool:
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
-def gloo_built():
+def gloo_built() -> bool:
     return False
 
 
 nccl_built = gloo_built
 
 
-def cuda_built():
+def cuda_built() -> bool:
     """Whether CUDA tensors can be reduced here: CuPy imports and sees a GPU."""
     try:
         import cupy
@@ -197,10 +205,18 @@ def cuda_built():
 
 
 def DistributedOptimizer(
-    optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-    op=None, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
-    process_set=None, **options,
-):  # fmt: skip
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: str | _Codec | None = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: str | None = None,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | Sequence[Sequence[torch.Tensor]] | None = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet | None = None,
+    **options: Any,
+) -> _DistributedOptimizer:
     """Horovod's ``hvd.DistributedOptimizer``: mpiallreduce.torch's, with Horovod's defaults: a
     parameter that got no gradient on a rank counts as zeros there (Horovod reduces zeros for
     it), and ``op`` Average. ``num_groups``, ``groups`` and ``sparse_as_dense`` are taken and not
@@ -217,7 +233,8 @@ def DistributedOptimizer(
         named_parameters=named_parameters,
         compression=compression,
         backward_passes_per_step=backward_passes_per_step,
-        op="mean" if op in (None, Average) else op,
+        # (Horovod's ops are str here, hvd.Sum "sum"; GradientSync raises for any but mean, sum)
+        op="mean" if op in (None, Average) else op,  # type: ignore[arg-type]
         gradient_predivide_factor=gradient_predivide_factor,
         **options,
     )
@@ -227,7 +244,11 @@ class _OutsideTheSet(_DistributedOptimizer):
     """Horovod's DistributedOptimizer on a rank outside its process set: the wrapped optimizer,
     stepping on this rank's own gradients (``synchronize`` has nothing to do)."""
 
-    def __init__(self, optimizer, named_parameters=None):  # (no GradientSync: nothing reduced)
+    def __init__(  # (no GradientSync: nothing reduced)
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    ) -> None:
         self.optimizer, self._skip, self._synchronized, self._hooks = optimizer, False, False, []
         named = list(named_parameters or [])
         self._parameter_names = {p: name for name, p in named} or {
@@ -236,37 +257,43 @@ class _OutsideTheSet(_DistributedOptimizer):
             for j, p in enumerate(group["params"])
         }
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         pass
 
-    def no_sync(self):
+    # (no GradientSync to give outside the set: ``with no_sync():`` there only runs its block)
+    def no_sync(self) -> contextlib.nullcontext[None]:  # type: ignore[override]
         return contextlib.nullcontext()
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         return self.optimizer.step(closure)
 
 
-def _op(average, op):
+def _op(average: bool | None, op: str | None) -> str:
     """Horovod's rule: ``average`` (deprecated) or ``op``, not both; neither: Average."""
     if average is not None and op is not None:
         raise ValueError("give op= or average=, not both (Horovod's rule)")
     return (Average if average in (None, True) else Sum) if op is None else op
 
 
-def _comm(process_set):
+def _comm(process_set: ProcessSet | None) -> MPI.Intracomm:
     """The communicator of ``process_set`` (None: the facade's default); this rank must be in it."""
     if process_set is None or process_set is global_process_set:
         return default_comm()
     return process_set.communicator()
 
 
-def _kwargs_left(kwargs):
+def _kwargs_left(kwargs: dict[str, Any]) -> None:
     if kwargs:
         raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
 
 
 # ---- allreduce ---------------------------------------------------------------------------------
-def _compressed(tensor, compression):
+def _compressed(tensor: torch.Tensor, compression: str | _Codec | None) -> torch.Tensor:
     codec = getattr(compression, "name", compression)
     if codec is not None and tensor.is_floating_point() and tensor.element_size() > 2:
         return tensor.to(torch.float16 if codec == "fp16" else torch.bfloat16)
@@ -274,15 +301,15 @@ def _compressed(tensor, compression):
 
 
 def allreduce(
-    tensor,
-    average=None,
-    name=None,
-    compression=Compression.none,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set=None,
-):
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: str | _Codec | None = Compression.none,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> torch.Tensor:
     """A new tensor: ``tensor`` reduced over the ranks, averaged unless ``op`` says otherwise
     (Horovod's default; torch.distributed's is a sum: ``op=hvd.Sum``); differentiable."""
     op, comm = _op(average, op), _comm(process_set)
@@ -292,9 +319,14 @@ def allreduce(
 
 
 def allreduce_(
-    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-    process_set=None,
-):  # fmt: skip
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> torch.Tensor:
     """``tensor`` reduced over the ranks in place; returns it."""
     return synchronize(
         allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
@@ -305,10 +337,15 @@ class _Handle:
     """What the async calls return: ``synchronize(handle)`` waits and gives the result (written
     into ``into`` for the in-place forms)."""
 
-    def __init__(self, pending, into=None, finish=None):
+    def __init__(
+        self,
+        pending: Handle,
+        into: torch.Tensor | list[torch.Tensor] | None = None,
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.pending, self.into, self.finish = pending, into, finish
 
-    def wait(self):
+    def wait(self) -> Any:  # (what the call gives: a tensor, (tensor, splits) or a list)
         result = self.pending.wait()
         if self.finish is not None:
             result = self.finish(result)
@@ -322,14 +359,21 @@ class _Handle:
     __call__ = wait  # (sparse_allreduce_async's handle is called, in Horovod)
 
 
-def _as_lists(into, result):
+def _as_lists(
+    into: torch.Tensor | list[torch.Tensor], result: Any
+) -> tuple[list[torch.Tensor], list[Any]]:
     return (into, result) if isinstance(into, list) else ([into], [result])
 
 
 def allreduce_async(
-    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-    process_set=None,
-):  # fmt: skip
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> "_Handle":
     """Start reducing ``tensor`` in the background; ``synchronize(handle)`` returns a new tensor.
     ``tensor`` must not change until then."""
     op = _op(average, op)
@@ -339,9 +383,14 @@ def allreduce_async(
 
 
 def allreduce_async_(
-    tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-    process_set=None,
-):  # fmt: skip
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> "_Handle":
     """As allreduce_async, in place: ``synchronize(handle)`` returns ``tensor``, reduced."""
     op = _op(average, op)
     pending = start(allreduce_op(tensor, op, prescale_factor, postscale_factor), name,
@@ -349,8 +398,16 @@ def allreduce_async_(
     return _Handle(pending, into=tensor)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):  # fmt: skip
+def grouped_allreduce(
+    tensors: Iterable[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: str | _Codec | None = Compression.none,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> list[torch.Tensor]:
     """Each of ``tensors`` reduced (new tensors), as allreduce's, in one group."""
     return [
         allreduce(
@@ -367,8 +424,15 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     ]
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=None):  # fmt: skip
+def grouped_allreduce_async(
+    tensors: Iterable[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> "_Group":
     handles = [
         allreduce_async(
             t,
@@ -384,8 +448,15 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     return _Group(handles)
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None):  # fmt: skip
+def grouped_allreduce_async_(
+    tensors: Iterable[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> "_Group":
     handles = [
         allreduce_async_(
             t,
@@ -401,8 +472,15 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return _Group(handles)
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=None):  # fmt: skip
+def grouped_allreduce_(
+    tensors: Iterable[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> list[torch.Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))  # fmt: skip
 
@@ -410,23 +488,23 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 class _Group:
     """Handles of a grouped call: ``synchronize`` gives every result, in order."""
 
-    def __init__(self, handles):
+    def __init__(self, handles: list[_Handle]) -> None:
         self.handles = handles
 
-    def wait(self):
+    def wait(self) -> list[Any]:
         return [handle.wait() for handle in self.handles]
 
     @property
-    def pending(self):
+    def pending(self) -> "_Group":
         return self
 
 
-def synchronize(handle):
+def synchronize(handle: _Handle | _Group) -> Any:
     """Wait for an async call; its result."""
     return handle.wait()
 
 
-def poll(handle):
+def poll(handle: _Handle | _Group) -> bool:
     """Whether an async call has finished (``synchronize`` then does not wait)."""
     if isinstance(handle, _Group):
         return all(h.pending.done() for h in handle.handles)
@@ -438,19 +516,26 @@ class _Broadcast(torch.autograd.Function):
     """broadcast as autograd sees it (Horovod's): the mean of the gradients, at the root only."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, comm):
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root_rank: int, comm: MPI.Intracomm
+    ) -> torch.Tensor:
         ctx.root, ctx.comm = root_rank, comm
         return run(broadcast_op(tensor, root_rank, comm.Get_size()), comm=comm)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         mean = run(allreduce_op(grad, Average), comm=ctx.comm)
         if ctx.comm.Get_rank() != ctx.root:
             mean = mean * 0
         return mean, None, None
 
 
-def broadcast(tensor, root_rank, name=None, process_set=None):
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> torch.Tensor:
     """A new tensor holding rank ``root_rank``'s ``tensor``; differentiable."""
     comm = _comm(process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
@@ -458,29 +543,48 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
     return run(broadcast_op(tensor, root_rank, comm.Get_size()), name, comm)
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=None):
+def broadcast_async(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> _Handle:
     comm = _comm(process_set)
     return _Handle(start(broadcast_op(tensor, root_rank, comm.Get_size()), name, comm))
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> _Handle:
     comm = _comm(process_set)
     return _Handle(start(broadcast_op(tensor, root_rank, comm.Get_size()), name, comm), tensor)
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=None):
+def broadcast_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> torch.Tensor:
     """Rank ``root_rank``'s ``tensor`` into every rank's, in place; returns it."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+def broadcast_object(
+    obj: _T, root_rank: int = 0, name: str | None = None, process_set: ProcessSet | None = None
+) -> _T:
     """Rank ``root_rank``'s picklable ``obj``, on every rank (numbered and run as the library's own
     collectives are: core.gather)."""
     comm = _comm(process_set)
     return gather_from_ranks(comm, obj if comm.Get_rank() == root_rank else None)[root_rank]
 
 
-def allgather_object(obj, name=None, process_set=None):
+def allgather_object(
+    obj: _T, name: str | None = None, process_set: ProcessSet | None = None
+) -> list[_T]:
     """Every rank's picklable ``obj``, in rank order, on every rank."""
     return gather_from_ranks(_comm(process_set), obj)
 
@@ -490,14 +594,15 @@ class _Allgather(torch.autograd.Function):
     """allgather as autograd sees it (Horovod's): the mean of the gradients, this rank's rows."""
 
     @staticmethod
-    def forward(ctx, tensor, comm):
+    def forward(ctx: Any, tensor: torch.Tensor, comm: MPI.Intracomm) -> torch.Tensor:
         ctx.comm, ctx.rows = comm, tensor.shape[0]
         result = run(allgather_op(tensor), comm=comm)
-        ctx.first = sum(allgather_object(ctx.rows, process_set=_Wrapped(comm))[: comm.Get_rank()])
+        # (_Wrapped stands in for a ProcessSet: _comm asks it only for its communicator())
+        ctx.first = sum(allgather_object(ctx.rows, process_set=_Wrapped(comm))[: comm.Get_rank()])  # type: ignore[arg-type]
         return result
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         mean = run(allreduce_op(grad.contiguous(), Average), comm=ctx.comm)
         return mean[ctx.first : ctx.first + ctx.rows], None
 
@@ -505,14 +610,16 @@ class _Allgather(torch.autograd.Function):
 class _Wrapped:
     """A communicator where a process set is taken (the autograd functions' own calls)."""
 
-    def __init__(self, comm):
+    def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = comm
 
-    def communicator(self):
+    def communicator(self) -> MPI.Intracomm:
         return self.comm
 
 
-def allgather(tensor, name=None, process_set=None):
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet | None = None
+) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along the first dimension (each rank's may differ in
     it); differentiable."""
     comm = _comm(process_set)
@@ -521,18 +628,27 @@ def allgather(tensor, name=None, process_set=None):
     return run(allgather_op(tensor), name, comm)
 
 
-def allgather_async(tensor, name=None, process_set=None):
+def allgather_async(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet | None = None
+) -> _Handle:
     return _Handle(start(allgather_op(tensor), name, _comm(process_set)))
 
 
-def grouped_allgather(tensors, name=None, process_set=None):
+def grouped_allgather(
+    tensors: Iterable[torch.Tensor], name: str | None = None, process_set: ProcessSet | None = None
+) -> list[torch.Tensor]:
     return [allgather(t, None if name is None else f"{name}.{i}", process_set)
             for i, t in enumerate(tensors)]  # fmt: skip
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, comm):
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        splits: torch.Tensor | Sequence[int] | None,
+        comm: MPI.Intracomm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.comm = comm
         result, received = run(alltoall_op(tensor, splits, comm.Get_size()), comm=comm)
         ctx.received = received
@@ -540,13 +656,34 @@ class _Alltoall(torch.autograd.Function):
         return result, received
 
     @staticmethod
-    def backward(ctx, grad, _):
+    def backward(ctx: Any, grad: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         back, _ = run(alltoall_op(grad.contiguous(), ctx.received, ctx.comm.Get_size()),
                       comm=ctx.comm)  # fmt: skip
         return back, None, None
 
 
-def alltoall(tensor, splits=None, name=None, process_set=None):
+@overload
+def alltoall(
+    tensor: torch.Tensor,
+    splits: None = None,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> torch.Tensor: ...
+@overload
+def alltoall(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | Sequence[int],
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Rows of ``tensor`` to each rank by ``splits`` (int32, one count a rank; None: equal parts):
     (the rows received, in rank order, and the splits received); without ``splits``, the rows
     alone. Differentiable."""
@@ -558,7 +695,12 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     return result if splits is None else (result, received)
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=None):
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+) -> _Handle:
     comm = _comm(process_set)
     return _Handle(start(alltoall_op(tensor, splits, comm.Get_size()), name, comm),
                    finish=lambda result: result[0] if splits is None else result)  # fmt: skip
@@ -569,18 +711,32 @@ class _Reducescatter(torch.autograd.Function):
     reduced as the forward was (a sum: times the ranks; a mean: as they are)."""
 
     @staticmethod
-    def forward(ctx, tensor, op, prescale, postscale, comm):
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        op: str,
+        prescale: float,
+        postscale: float,
+        comm: MPI.Intracomm,
+    ) -> torch.Tensor:
         ctx.op, ctx.comm = op, comm
         return run(reducescatter_op(tensor, op, prescale, postscale), comm=comm)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         gathered = run(allgather_op(grad.contiguous()), comm=ctx.comm)
         return run(allreduce_op(gathered, ctx.op), comm=ctx.comm), None, None, None, None
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  prescale_factor=1.0, postscale_factor=1.0, process_set=None):  # fmt: skip
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: str | _Codec | None = Compression.none,
+    op: str = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> torch.Tensor:
     """``tensor`` reduced over the ranks (Average by default), each rank given its rows of the
     result (the first ``shape[0] % size`` ranks one more); differentiable."""
     comm = _comm(process_set)
@@ -592,20 +748,38 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return result.to(tensor.dtype)
 
 
-def reducescatter_async(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                        process_set=None):  # fmt: skip
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: str = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> _Handle:
     return _Handle(start(reducescatter_op(tensor, op, prescale_factor, postscale_factor), name,
                          _comm(process_set)))  # fmt: skip
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          prescale_factor=1.0, postscale_factor=1.0, process_set=None):  # fmt: skip
+def grouped_reducescatter(
+    tensors: Iterable[torch.Tensor],
+    name: str | None = None,
+    compression: str | _Codec | None = Compression.none,
+    op: str = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+) -> list[torch.Tensor]:
     return [reducescatter(t, None if name is None else f"{name}.{i}", compression, op,
                           prescale_factor, postscale_factor, process_set)
             for i, t in enumerate(tensors)]  # fmt: skip
 
 
-def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: str = Average,
+    process_set: ProcessSet | None = None,
+) -> _Handle:
     """A sparse tensor reduced over the ranks (Horovod's way: every rank's indices and values
     gathered, then summed where they coincide); ``synchronize`` gives a sparse tensor."""
     tensor = tensor.coalesce()
@@ -613,7 +787,7 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
     indices = start(allgather_op(tensor.indices().t().contiguous()), None, comm)
     values = start(allgather_op(tensor.values().contiguous()), None, comm)
 
-    def finish(gathered_values):
+    def finish(gathered_values: torch.Tensor) -> torch.Tensor:
         gathered = torch.sparse_coo_tensor(
             indices.wait().t(), gathered_values, tensor.shape
         ).coalesce()
@@ -623,12 +797,12 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
 
 
 # ---- barrier, join -----------------------------------------------------------------------------
-def barrier(process_set=None):
+def barrier(process_set: ProcessSet | None = None) -> None:
     """Wait until every rank is here (after its earlier async calls were negotiated)."""
     run(barrier_op(), comm=_comm(process_set))
 
 
-def join(device=-1, process_set=None):
+def join(device: int = -1, process_set: ProcessSet | None = None) -> int:
     """This rank has no more data: until every rank has joined, it takes part in the others'
     allreduces with zeros (any other collective raises there). Returns the rank that joined last,
     the same on every rank. ``device``: Horovod's, unused (CPU tensors)."""
@@ -636,12 +810,12 @@ def join(device=-1, process_set=None):
 
 
 # ---- what Horovod tells of itself --------------------------------------------------------------
-def cross_rank():
+def cross_rank() -> int:
     """This rank's node's number (among the nodes; Horovod's cross_rank)."""
     return _nodes()[0]
 
 
-def cross_size():
+def cross_size() -> int:
     """The number of nodes (Horovod's cross_size)."""
     return _nodes()[1]
 
@@ -649,7 +823,7 @@ def cross_size():
 _node_facts: list[int] = []
 
 
-def _nodes():
+def _nodes() -> tuple[int, ...]:
     if not _node_facts:
         comm = default_comm()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -664,9 +838,9 @@ def _nodes():
     return tuple(_node_facts)
 
 
-def gloo_enabled():
+def gloo_enabled() -> bool:
     return False
 
 
-def ccl_built():
+def ccl_built() -> bool:
     return False
