@@ -339,17 +339,27 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
           width, work, call.deadline, &scratch};
   bool reduced = false;
   const bool exchange = algorithm == kExchange && op >= 0 && datatype != MPI_DATATYPE_NULL;
-  // (shared_memory where the regions are there and hold the call; else MPI's own: every rank
-  // alike, as the regions and the sizes are, or the codes differ)
+  // On one node (the regions there) every call arrives through them, whatever it is: the halves'
+  // turns hold only where every call meets every peer, and ranks whose calls differ must wait on
+  // the same channel to see it. shared_memory where the regions hold the call (else MPI's own: every
+  // rank alike, as the regions and the sizes are, or the codes differ); an exchange's input that
+  // does not fit in the header goes in its half's data where it fits (reduced as shared_memory
+  // reduces, in rank order), else by MPI's own once the codes agree.
+  const bool regions = !kept->slots.of.empty();
   const bool shared = algorithm == kSharedMemory && op >= 0 && datatype != MPI_DATATYPE_NULL &&
-                      !kept->slots.of.empty() && count * width <= kept->slots.capacity;
-  if (shared && call.size > 1) {  // (its input into its half, before its arrival says so)
+                      regions && count * width <= kept->slots.capacity;
+  const size_t block = exchange ? count * width : 0;
+  const bool inline_input = block + 16 <= kHeaderMost;
+  const bool exchange_in_data =
+      regions && exchange && !inline_input && block <= kept->slots.capacity;
+  const bool exchange_by_mpi = regions && exchange && !inline_input && !exchange_in_data;
+  if ((shared || exchange_in_data) && call.size > 1) {  // (before its arrival says so)
     std::memcpy(kept->slots.Data(call.rank, number), x.untyped_data(), count * width);
   }
-  if ((exchange || shared || compare || call.deadline != kNever) && call.size > 1) {
-    // (the header: the code, the tail's length, exchange's input where it fits; else a tail)
-    const size_t block = exchange ? count * width : 0;
-    const bool inline_input = block + 16 <= kHeaderMost;
+  const bool checks = exchange || shared || compare || call.deadline != kNever;
+  if ((checks || regions) && call.size > 1) {
+    // (the header: the code, the tail's length, exchange's input where it fits; else a tail, in
+    // messages, or said only, on one node)
     const int64_t tail_bytes = inline_input ? 0 : static_cast<int64_t>(block);
     const size_t length = 16 + (inline_input ? block : 0);
     char *message = Room(scratch.message, length);
@@ -357,19 +367,26 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
     std::memcpy(message + 8, &tail_bytes, 8);
     if (inline_input && block) std::memcpy(message + 16, x.untyped_data(), block);
     const char *tail = static_cast<const char *>(x.untyped_data());
-    if (tail_bytes && timed) {  // (sent from the handler's buffer: a send left may yet read it)
-      std::memcpy(work, tail, block);
+    if (tail_bytes && timed && !regions) {  // (sent from the handler's buffer: a send left may
+      std::memcpy(work, tail, block);       // yet read it)
       tail = work;
     }
     Arrived arrived =
-        !kept->slots.of.empty() && tail_bytes == 0
-            ? ArriveInSlots(kept->slots, call.rank, call.size, number, message, length,
-                            call.deadline, scratch.from, scratch.lengths)
-            : Arrive(comm, call.rank, call.size, call.tag + kArrival, message, length, tail,
-                     tail_bytes, 8, call.deadline, scratch.from, scratch.lengths, &scratch.tails);
+        regions ? ArriveInSlots(kept->slots, call.rank, call.size, number, message, length,
+                                call.deadline, scratch.from, scratch.lengths)
+                : Arrive(comm, call.rank, call.size, call.tag + kArrival, message, length, tail,
+                         tail_bytes, 8, call.deadline, scratch.from, scratch.lengths,
+                         &scratch.tails);
     if (arrived.error != MPI_SUCCESS) {
       return failed(ffi::ErrorCode::kInternal,
                     "mpiallreduce.jax: " + Prefix(call) + MpiError(arrived.error), true);
+    }
+    if (arrived.ahead >= 0) {
+      return failed(ffi::ErrorCode::kInternal,
+                    "mpiallreduce.jax: " + Prefix(call) + "rank " + std::to_string(arrived.ahead) +
+                        " is past call " + std::to_string(number) + " on ranks " +
+                        std::string(comm_name) + ": the ranks' calls are out of step",
+                    true);
     }
     if (!arrived.late.empty()) {
       if (call.deadline != kNever) Verdicts(call, kVerdictFailed);
@@ -382,7 +399,7 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
                     true);
     }
     bool agree = true;  // (every rank's header: its code, this length, this tail)
-    for (int q = 0; q < call.size && agree; ++q) {
+    for (int q = 0; q < call.size && agree && checks; ++q) {
       if (q == call.rank) continue;
       int64_t theirs = 0, their_tail = -1;
       agree = scratch.lengths[q] == length;
@@ -395,11 +412,10 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y
       End(slot, number, kFailed, mismatch.message());
       return mismatch;
     }
-    if (shared) {
+    if (shared || exchange_in_data) {
       ReduceFromSlots(kept->slots, job, number);
       reduced = true;
-    }
-    if (exchange) {
+    } else if (exchange && !exchange_by_mpi) {
       const char *own = tail_bytes && timed ? work : static_cast<const char *>(x.untyped_data());
       ReduceInRankOrder(job, [&](int q) -> const char * {
         if (q == call.rank) return own;

@@ -246,6 +246,7 @@ struct Arrived {
   int error = MPI_SUCCESS;
   std::vector<int> late;
   bool left = false;  // requests left with MPI: the caller keeps its message alive (Graveyard)
+  int ahead = -1;     // a peer already past this call (the shared regions' numbers): out of step
 };
 
 // ``from[q]``: peer q's header, ``lengths[q]`` how many of its bytes came (``from[q]`` keeps

@@ -67,9 +67,13 @@ inline Arrived ArriveInSlots(const Slots &slots, int rank, int size, int64_t num
     for (int q = 0; q < size; ++q) {
       if (!waiting[q]) continue;
       const char *theirs = slots.of[q] + at;
-      if (__atomic_load_n(reinterpret_cast<const int64_t *>(theirs), __ATOMIC_ACQUIRE) != number) {
-        continue;
+      const int64_t said =
+          __atomic_load_n(reinterpret_cast<const int64_t *>(theirs), __ATOMIC_ACQUIRE);
+      if (said > number) {  // (past this call: never where every call arrives here)
+        arrived.ahead = q;
+        return arrived;
       }
+      if (said != number) continue;
       const size_t length =
           std::min<size_t>(reinterpret_cast<const uint64_t *>(theirs)[1], kHeaderMost);
       if (from[q].size() < kHeaderMost) from[q].resize(kHeaderMost);

@@ -16,8 +16,10 @@ the facts are agreed and the call is compared).
     pairwise_exchange    ring                  buffer (no pipelining in the handler)
     reduce_bcast         reduce_bcast
     anything else        mpi                   shared_memory, single_copy: XLA's buffers are no
-                                               shared window nor symmetric array; hierarchical,
-                                               two_level: not in the handler
+                                               shared window nor symmetric array (the handler's
+                                               own shared_memory, which copies into its regions,
+                                               runs only by name); hierarchical, two_level: not
+                                               in the handler
 
 The planner is asked about an in-place call (XLA aliases the result to the operand) on a
 communicator with no shared signature slots (the handler compares in messages).

@@ -21,7 +21,7 @@ from ..core.state import state_of
 __all__ = ["DATA_BYTES", "REGION_BYTES", "hand_slots", "handed"]
 
 #: the most a call's data shared_memory takes (a half's data; larger calls run another algorithm)
-DATA_BYTES = 4 << 20
+DATA_BYTES = 256 << 10
 #: a rank's region: two halves, each a cache line (the call's number and length), a header of at
 #: most 4096 bytes and DATA_BYTES of data (_ffi_slots.h)
 REGION_BYTES = 2 * (64 + 4096 + DATA_BYTES)

@@ -307,7 +307,8 @@ def test_each_handler_algorithm_matches_numpy_at_every_size(algorithm):
         with pytest.raises(ValueError, match="needs the ranks on one node"):
             jax.jit(lambda v: mj.allreduce(v, algorithm=algorithm))(data(RANK))
         return
-    for n in (0, 1, 5, 1001, 40000):
+    largest = 30000 if algorithm == "shared_memory" else 40000  # (its regions: 256 KiB a call)
+    for n in (0, 1, 5, 1001, largest):
         for op, dtype in cases:
             make = lambda r, n=n, dtype=dtype: data(r, n, dtype)  # noqa: E731
             f = jax.jit(lambda v, op=op: mj.allreduce(v, op=op, algorithm=algorithm))
@@ -341,6 +342,40 @@ def test_shared_memory_takes_calls_up_to_its_regions_data():
     np.testing.assert_array_equal(got, sum(np.asarray(data(r, n)) for r in range(SIZE)))
     with pytest.raises(ValueError, match=f"at most {DATA_BYTES} bytes a call"):
         f(data(RANK, n + 1))
+
+
+def test_calls_that_differ_across_the_headers_room_raise_and_need_no_timeout():
+    """An exchange whose input fits the arrival's header on one rank and not on another: every
+    rank raises SignatureMismatch at once (on one node both arrive through the shared regions,
+    elsewhere both in messages), not a hang nor a timeout; the next call pairs up."""
+    if SIZE == 1:
+        pytest.skip("one rank has no peer to differ from")
+    comm = WORLD.Dup()
+    n = 16 if RANK == 0 else 2048  # (64 bytes, inside the header; 8 KiB, past it)
+    f = jax.jit(lambda v: mj.allreduce(v, comm=comm, algorithm="exchange"))
+    with pytest.raises(Exception, match="SignatureMismatch"):
+        np.asarray(f(data(RANK, n)))
+    np.testing.assert_array_equal(f(data(RANK, 9)), sum(data(r, 9) for r in range(SIZE)))
+
+
+def test_calls_that_move_nothing_keep_the_regions_turns_with_the_comparison_off(use_settings):
+    """With the comparison off, a call of no elements between two shared_memory calls still
+    meets every peer (on one node every call arrives through the regions), so no rank writes a
+    half that a slower peer still reads: every result right, on every rank."""
+    if not shares_memory():
+        pytest.skip("the ranks share no regions here")
+    use_settings(signature_min_bytes=-1)
+    comm = WORLD.Dup()
+    n, steps = 8192, 100
+
+    def body(bad, i):
+        x = jnp.full((n,), (i + 1).astype(jnp.float32) * (RANK + 1), jnp.float32)
+        y = mj.allreduce(x, comm=comm, algorithm="shared_memory")
+        mj.allreduce(jnp.zeros((0,), jnp.float32), comm=comm, algorithm="mpi")
+        return bad + jnp.sum(y != (i + 1).astype(jnp.float32) * (SIZE * (SIZE + 1) // 2)), None
+
+    f = jax.jit(lambda: jax.lax.scan(body, jnp.int32(0), jnp.arange(steps))[0])
+    assert [int(f()) for _ in range(3)] == [0, 0, 0]
 
 
 def test_auto_runs_the_planners_choice_mapped_onto_the_handlers(use_settings):
