@@ -34,11 +34,12 @@ $(STAMP): $(BENCH_STAMP)
 	touch $(STAMP)
 
 # Every test: make lint first, then single-process ones, and the MPI suite under mpiexec with 1..5
-# ranks (each launch under a timeout).
+# ranks (each launch under a timeout); the 25 slowest tests listed at the end, where the suite's
+# time goes.
 test: lint slurm-packages
-	$(BIN)/python -m pytest tests -q -ra --color=no
+	$(BIN)/python -m pytest tests -q -ra --color=no --durations=25
 
-# The inner loop, about a minute on 2 cores (at most 3): make lint, the fast single-process tests
+# The inner loop, about 1.5 minutes on 2 cores (at most 3): make lint, the fast single-process tests
 # (layers, plans, buckets, reproducible paths), then the MPI suite (tests/mpi) on 2 ranks only. make
 # test runs everything.
 check: lint
