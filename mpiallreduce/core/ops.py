@@ -245,7 +245,7 @@ def get_op(name):
 def divide_by_size(xp, values, size, out):
     """``out`` = ``values`` / ``size`` (a mean), bit for bit. For real floats and a power of two,
     as a multiplication by 1/size: exact, so the same bits as the division, and cheaper (a vector
-    division is slower than a multiplication: docs/training.md says how to compare them)."""
+    division is slower than a multiplication: docs/training-notes.md says how to compare them)."""
     ufunc, factor = _division(xp, values.dtype, size)
     ufunc(values, factor, out=out)
 

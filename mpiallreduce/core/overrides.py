@@ -67,9 +67,9 @@ def dissemination_pays(size, nbytes, largest_message, in_place=False):
 
 #: 2 emulated nodes x 1 rank, 2026-12-04 (``mpiallreduce bench --op mean --mode
 #: in-place|out-of-place --algorithms mpi,ring_pipelined``, 9-11 repetitions, four runs;
-#: docs/benchmarks.md): out of place ring_pipelined 2.05-2.79 ms against MPI's own 2.11-3.10 at 4
-#: MiB, 3.01-4.11 against 3.45-4.48 at 6 MiB, 5.96 against 6.81 at 8 MiB, 10.4 against 15.2 at 16
-#: MiB; in place within the noise at 4-6 MiB (1.82-1.91 against 1.81-1.82 at 4 MiB, 2.58-2.84
+#: docs/notes-benchmarks.md): out of place ring_pipelined 2.05-2.79 ms against MPI's own 2.11-3.10
+#: at 4 MiB, 3.01-4.11 against 3.45-4.48 at 6 MiB, 5.96 against 6.81 at 8 MiB, 10.4 against 15.2 at
+#: 16 MiB; in place within the noise at 4-6 MiB (1.82-1.91 against 1.81-1.82 at 4 MiB, 2.58-2.84
 #: against 2.74-2.78 at 6), ahead from 8 MiB (3.58 against 4.05, 7.74 against 9.07 at 16 MiB). In a
 #: training step, where the bucket (6.1 MiB, in place) was just copied in, the mean by
 #: ring_pipelined took 0.3-0.6 ms less than MPI's own and its division (/tmp runs)

@@ -181,7 +181,7 @@ CODES = _CODES = struct.Struct("=qqqq")
 #: the longest message (head) on a call's signature tags, and what every receive there posts: the
 #: codes' 32 bytes, or dissemination's blocks behind them; what does not fit goes in the message's
 #: tail. A longer message would be truncated, and Open MPI 5 crashed the receiving process on a
-#: message truncated past its eager limit (seen here: docs/benchmarks.md). 60 KiB: under Open
+#: message truncated past its eager limit (seen here: docs/notes-benchmarks.md). 60 KiB: under Open
 #: MPI's TCP eager limit; 2 emulated nodes, plain calls of 16 to 48 KiB 1.18x to 1.59x raw
 #: MPI_Allreduce's speed with it, 0.91x to 1.02x with 16 KiB (benchmarks/plain_across_nodes.py)
 SIGNATURE_MESSAGE_BYTES = 60 << 10

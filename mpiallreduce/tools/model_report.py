@@ -107,7 +107,7 @@ def plot_projection(constants, ranks, sizes, ranks_per_node, network, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plot import _size_label
+    from .plot_axes import size_label as _size_label
 
     counts = sorted(
         {

@@ -114,7 +114,7 @@ def plot_scaling(rows, path, sizes=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plot import _size_label
+    from .plot_axes import size_label as _size_label
 
     crowded = sorted(
         {_layout(r) for r in rows if r.get("oversubscribed")},

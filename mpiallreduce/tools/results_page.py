@@ -134,8 +134,8 @@ def markdown_page(runs, command, folders=()):
         "command again. Gain = Open MPI's default time / our time, both measured in the same run",
         "(interleaved repetitions, the median); above 1, ours is faster. "
         "`auto` is what the library",
-        "runs by default. A gain marked `?` is within the noise: "
-        "the repetitions of the two overlap.",
+        "runs by default. A gain that says `same` is the same within the noise: the middle",
+        "halves of the two's repetitions overlap (in runs before 2026-12-08, their whole ranges).",
         "How to read them: [benchmarks.md](benchmarks.md).",
         "",
     ]

@@ -33,8 +33,8 @@ __all__ = ["DIRECT_MIN_BYTES", "BucketReducer"]
 #: gradients of at least this many bytes (in their accumulation dtype) are reduced on their own,
 #: not copied into a bucket's buffer (mpiallreduce.buckets); smaller ones cost less fused than a
 #: call each, across nodes (a message) and on one node (where the bucket is symmetric: single copy),
-#: and so where they could be reduced in place (docs/training.md: 64 KiB there before, 1.1-2x
-#: slower)
+#: and so where they could be reduced in place (docs/training-notes.md: 64 KiB there before,
+#: 1.1-2x slower)
 DIRECT_MIN_BYTES = 1 << 20
 _byte_bounds = (
     getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds

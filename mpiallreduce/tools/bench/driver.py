@@ -3,6 +3,7 @@ the limits of limits.py) and its header, tables and files."""
 
 import argparse
 import os
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -28,7 +29,7 @@ from .limits import MEMCPY_BYTES, device_copy_bandwidth, link_bandwidth, memory_
 from .metadata import machine_load, run_metadata
 from .report import format_field_table, format_gain_table, gain_rows, write_results
 from .reproducible_table import format_reproducible_table, reproducible_rows
-from .timing import Measurement, compare, count_wrong  # noqa: F401
+from .timing import REPETITION_CAP, SETTLED_SPREAD, Measurement, compare, count_wrong  # noqa: F401
 
 __all__ = [
     "Measurement",
@@ -38,9 +39,22 @@ __all__ = [
     "device_copy_bandwidth",
     "main",
     "DEFAULT_SIZES",
+    "QUICK_SIZES",
+    "FULL_SIZES",
 ]
 
-DEFAULT_SIZES = tuple(1 << k for k in range(2, 29))  # 4 B .. 256 MiB, powers of two
+#: the quick sweep, the default (make bench): 11 sizes from 4 B to 64 MiB, 2 to 4 minutes on a
+#: quiet machine of 2 cores; 4 KiB and 1 MiB among them, where auto has been weakest
+QUICK_SIZES = (4, 64, *(1 << k for k in range(10, 21, 2)), 4 << 20, 16 << 20, 64 << 20)
+#: the full sweep (make bench-full): every power of two from 4 B to 256 MiB
+FULL_SIZES = tuple(1 << k for k in range(2, 29))
+DEFAULT_SIZES = QUICK_SIZES
+SWEEPS = {"quick": QUICK_SIZES, "full": FULL_SIZES}
+
+
+def sizes_argument(text):
+    """An argparse type: 'quick', 'full' (SWEEPS), or sizes such as '4,4K,1M'."""
+    return list(SWEEPS[text]) if text in SWEEPS else size_list(text)
 
 
 def runnable_here(comm, names):
@@ -101,6 +115,10 @@ def _checked_arguments(parser, args):
                 parser.error("--algorithms: " + unknown("algorithm", name, known))
     if args.repetitions < 1:
         parser.error("--repetitions must be at least 1")
+    if args.max_repetitions is not None and args.max_repetitions < args.repetitions:
+        parser.error(
+            f"--max-repetitions {args.max_repetitions} is below --repetitions {args.repetitions}"
+        )
     if args.openmpi_forced in ("all", "none"):
         forced = tuple(TUNED_ALLREDUCE_ALGORITHMS) if args.openmpi_forced == "all" else ()
     else:
@@ -114,6 +132,30 @@ def _checked_arguments(parser, args):
             )
         forced = tuple(int(n) for n in numbers)
     return args.sizes, algorithms, forced
+
+
+def new_run_folder(root, ranks):
+    """Make and return a folder of ``root`` that no run has used: bench-<ranks>ranks-<date>-<time>,
+    with -2, -3 ... after it when a run of the same second has it."""
+    stem = os.path.join(root, f"bench-{ranks}ranks-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(root, exist_ok=True)
+    for suffix in ["", *(f"-{n}" for n in range(2, 1000))]:
+        try:
+            os.mkdir(stem + suffix)
+        except FileExistsError:
+            continue
+        return stem + suffix
+    raise FileExistsError(f"{stem}: a thousand runs of this second already")
+
+
+def point_latest(root, folder):
+    """Point ``root``/latest at ``folder`` (a relative symbolic link, replaced in one step);
+    returns the link's path."""
+    link = os.path.join(root, "latest")
+    temporary = f"{link}.{os.getpid()}"
+    os.symlink(os.path.relpath(folder, root), temporary)
+    os.replace(temporary, link)
+    return link
 
 
 def print_progress(measurements):
@@ -134,7 +176,8 @@ def main(argv=None):
         prog="mpiallreduce bench",
         description="our algorithms against Open MPI's MPI_Allreduce, side by side, in one run",
         examples=(
-            "mpiallreduce launch -n 2 -- mpiallreduce bench --summary --output results/mine",
+            "mpiallreduce launch -n 2 -- mpiallreduce bench --summary --runs-in results",
+            "mpiallreduce launch -n 2 -- mpiallreduce bench --sizes full --output results/full",
             "mpiallreduce launch -n 2 -- mpiallreduce bench --sizes 4,64K,16M --algorithms "
             "auto,ring",
             "mpiallreduce launch -n 2 -- mpiallreduce bench --device gpu --sizes 1M,64M",
@@ -142,9 +185,10 @@ def main(argv=None):
     )
     parser.add_argument(
         "--sizes",
-        type=size_list,
+        type=sizes_argument,
         default=list(DEFAULT_SIZES),
-        help="comma-separated message sizes in bytes (K, M, G suffixes); default 4 B..256 MiB",
+        help="comma-separated message sizes in bytes (K, M, G suffixes), or 'quick' (the default: "
+        "11 sizes from 4 B to 64 MiB) or 'full' (every power of two from 4 B to 256 MiB)",
     )
     parser.add_argument(
         "--algorithms",
@@ -168,7 +212,17 @@ def main(argv=None):
         "--op", default="sum", help="the reduction: sum, mean, max, min or prod (default sum)"
     )
     parser.add_argument(
-        "--repetitions", type=int, default=5, help="interleaved repetitions; the median is reported"
+        "--repetitions",
+        type=int,
+        default=7,
+        help="the least number of interleaved repetitions (default 7); the median is reported",
+    )
+    parser.add_argument(
+        "--max-repetitions",
+        type=int,
+        help="a contender whose repetitions have not settled (their middle half wider than "
+        f"{SETTLED_SPREAD * 100:.0f}%% of the median) is repeated again, up to this many "
+        f"(default {REPETITION_CAP} x --repetitions)",
     )
     parser.add_argument(
         "--mode",
@@ -183,6 +237,13 @@ def main(argv=None):
     )
     parser.add_argument("--output", metavar="DIR", help="write bench.csv and bench.json there")
     parser.add_argument(
+        "--runs-in",
+        metavar="DIR",
+        help="write them into a new folder of DIR named by the run's ranks, date and time "
+        "(bench-2ranks-20261208-014500), and point DIR/latest at it when the run is done (make "
+        "bench): no run overwrites another",
+    )
+    parser.add_argument(
         "--wide",
         action="store_true",
         help="tables with every column (busbw as a share of memcpy, both busbw), over 120 "
@@ -196,15 +257,21 @@ def main(argv=None):
     parser.add_argument(
         "--summary",
         action="store_true",
-        help="print the Deep Speech 2 tables only: the row per size, mode and contender (about a "
-        "thousand rows at the default sizes) goes to OUTPUT/table.txt instead (make bench)",
+        help="print the Deep Speech 2 tables only: the row per size, mode and contender (about "
+        "500 rows at the quick sweep) goes to OUTPUT/table.txt instead (make bench)",
     )
     parser.add_argument(
         "--plant-wrong", metavar="ALGORITHM", help=argparse.SUPPRESS
     )  # tests of #wrong
     args = parser.parse_args(argv)
     sizes, algorithms, forced = _checked_arguments(parser, args)
+    if args.output and args.runs_in:
+        parser.error("give --output or --runs-in, not both")
     comm = MPI.COMM_WORLD
+    if args.runs_in:
+        args.output = comm.bcast(
+            new_run_folder(args.runs_in, comm.Get_size()) if comm.Get_rank() == 0 else None
+        )
     algorithms, skipped = runnable_here(comm, algorithms)
     memory = device_memory(args.device)
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
@@ -245,6 +312,7 @@ def main(argv=None):
             memory,
             progress=progress,
             failed=failed,
+            max_repetitions=args.max_repetitions,
         )
     except (
         Exception
@@ -276,8 +344,10 @@ def main(argv=None):
         )
         print(f"# mpiallreduce {__version__} ({metadata['git_commit']}), {metadata['date_utc']}")
         print(
-            f"# {args.dtype} {args.op}; time = median of {args.repetitions} interleaved "
-            f"repetitions of the slowest rank's time per call"
+            f"# {args.dtype} {args.op}; time = the median of {args.repetitions} to "
+            f"{args.max_repetitions or REPETITION_CAP * args.repetitions} interleaved repetitions "
+            "(more until their middle half is within "
+            f"{SETTLED_SPREAD:.0%} of the median) of the slowest rank's time per call"
         )
         print("# reference (not a limit: cached sizes beat it): " + limit.format(memcpy_gbs))
         if link is not None:
@@ -330,6 +400,8 @@ def main(argv=None):
                 f"# written: {os.path.join(args.output, 'bench.csv')}, "
                 f"{os.path.join(args.output, 'bench.json')}"
             )
+        if args.runs_in:
+            print(f"# {point_latest(args.runs_in, args.output)} -> {args.output}")
     wrong = sum(m.wrong for m in results)
     if wrong and comm.Get_rank() == 0:
         print(f"# {wrong} wrong elements in all: see the #wrong column")

@@ -49,15 +49,25 @@ def of_bound(bound_us, time_us):
     return f"{bound_us / time_us:>5.0%}" if bound_us else f"{'-':>5}"
 
 
+def noise_range(m):
+    """(low, high) of a measurement's time: the middle half of its repetitions (first and third
+    quartile), or in results from before those were kept the fastest and slowest repetition; None
+    without either."""
+    for low, high in (("time_us_q1", "time_us_q3"), ("time_us_low", "time_us_high")):
+        spread = getattr(m, low, None), getattr(m, high, None)
+        if None not in spread:
+            return spread
+    return None
+
+
 def within_noise(a, b):
-    """Whether two measurements' repetitions overlap (the fastest of one no faster than the slowest
-    of the other's, both ways): then the gain between them is smaller than the spread it was
-    measured with, and says nothing. None when a measurement has no spread (results from before it
-    was kept)."""
-    spreads = [(getattr(m, "time_us_low", None), getattr(m, "time_us_high", None)) for m in (a, b)]
-    if any(None in spread for spread in spreads):
+    """Whether two measurements' ranges (noise_range) overlap: then the gain between them is
+    smaller than the spread it was measured with and says nothing ("same within the noise"). None
+    when a measurement has no range."""
+    ranges = noise_range(a), noise_range(b)
+    if None in ranges:
         return None
-    (low_a, high_a), (low_b, high_b) = spreads
+    (low_a, high_a), (low_b, high_b) = ranges
     return low_a <= high_b and low_b <= high_a
 
 
@@ -105,8 +115,7 @@ def gain_rows(results, in_place=False):
                 "ours_busbw_gbs": best.busbw_gbs,
                 "bound_us": getattr(baseline, "bound_us", None),
                 "gain_by_algorithm": {m.algorithm: baseline.time_us / m.time_us for m in ours},
-                # (gains within the repetitions' spread: noise, marked "?" in the tables, hollow in
-                # the plots)
+                # (gains within the repetitions' spread: "same" in the tables, hollow in the plots)
                 "noise_by_algorithm": {m.algorithm: within_noise(baseline, m) for m in ours},
                 "forced_noise": within_noise(best_forced, best) if best_forced else None,
             }
@@ -115,7 +124,10 @@ def gain_rows(results, in_place=False):
 
 
 def _gain(value, noise=None):
-    return (f"{value:>5.2f}x" if value is not None else f"{'-':>6}") + ("?" if noise else " ")
+    """A gain cell: the number, or "same" where the two are the same within the noise."""
+    if value is None:
+        return f"{'-':>6} "
+    return f"{'same':>6} " if noise else f"{value:>5.2f}x "
 
 
 def _noise(row, algorithm):
@@ -125,7 +137,8 @@ def _noise(row, algorithm):
 #: the table's first line: what each column holds (issue 58: "best of ours" left out auto and mpi
 #: without saying so)
 COLUMNS_SAID = (
-    "gain: Open MPI's default time / the column's. best of ours: the fastest hand-written\n"
+    "gain: Open MPI's default time / the column's; \"same\": the same within the noise (the\n"
+    "middle halves of the two's repetitions overlap). best of ours: the fastest hand-written\n"
     "algorithm (not auto, not mpi). auto: auto's gain. OMPI best forced: Open MPI's fastest\n"
     "algorithm forced, and ours against it. bound: the memory bound's time / ours."
 )
@@ -134,8 +147,8 @@ COLUMNS_SAID = (
 def format_gain_table(rows, wide=False):
     """One line per (ranks, bytes), at most 120 characters; ``wide``: and both busbw. With the nodes
     and Open MPI's default component ("coll": tuned, han) when the rows carry them (mpiallreduce
-    report). Each algorithm's gain is in the JSON and the gain figure. A gain marked "?" is within
-    the noise: the repetitions of the two overlap (within_noise)."""
+    report). Each algorithm's gain is in the JSON and the gain figure. A gain within the noise
+    (within_noise) says "same"."""
     nodes = any("nodes" in r for r in rows)
     lines = [
         COLUMNS_SAID,
@@ -162,12 +175,6 @@ def format_gain_table(rows, wide=False):
             f"{_gain(r.get('auto_gain'), _noise(r, 'auto'))}  "
             f"{forced}{of_bound(r.get('bound_us'), r['ours_us'])}"
             + (f" | {r['ours_busbw_gbs']:>10.3f} / {r['openmpi_busbw_gbs']:<9.3f}" if wide else "")
-        )
-    if any(
-        r.get("noise_by_algorithm", {}).get(a) for r in rows for a in (r["ours_algorithm"], "auto")
-    ) or any(r.get("forced_noise") for r in rows):
-        lines.append(
-            "?: within the noise (the repetitions of the two overlap); rerun on a quieter machine"
         )
     return "\n".join(lines)
 

@@ -21,6 +21,11 @@ __all__ = ["Measurement", "compare", "count_wrong"]
 
 SECONDS_PER_REPETITION = 0.02
 MAX_ITERATIONS = 200
+#: a contender's repetitions have settled when the middle half of them (first to third quartile)
+#: spans at most this share of their median; until then it is repeated again, up to the cap
+SETTLED_SPREAD = 0.10
+#: the cap on repetitions, as a multiple of the minimum asked for (--repetitions)
+REPETITION_CAP = 3
 #: the default ``memory`` (HostMemory keeps no state: one instance serves every call)
 _HOST_MEMORY = HostMemory()
 
@@ -40,13 +45,15 @@ class Measurement:
     algbw_gbs: float  # bytes / time
     busbw_gbs: float  # algbw * 2(p-1)/p
     wrong: int  # elements differing from MPI_Allreduce's result, summed over ranks
-    time_us_low: float | None = (
-        None  # the fastest and slowest repetition (each the slowest rank's): the spread
-    )
-    time_us_high: float | None = None  # that tells a gain from noise (report.within_noise)
-    bound_us: float | None = (
-        None  # the least time any allreduce of this size can take here (limits.py), same run
-    )
+    #: the fastest and slowest repetition (each the slowest rank's time per call)
+    time_us_low: float | None = None
+    time_us_high: float | None = None
+    #: the least time any allreduce of this size can take here (limits.py), same run
+    bound_us: float | None = None
+    #: the first and third quartiles of the repetitions: the middle half, the range that tells a
+    #: gain from noise (report.within_noise); one stalled repetition moves neither
+    time_us_q1: float | None = None
+    time_us_q3: float | None = None
 
 
 def _input(count, dtype, rank):
@@ -64,6 +71,15 @@ def count_wrong(result, expected):
     return int(np.count_nonzero(differing_bytes.any(axis=1)))
 
 
+def settled(seconds):
+    """Whether repetitions ``seconds`` have settled: the middle half of them (first to third
+    quartile) spans at most SETTLED_SPREAD of their median."""
+    if len(seconds) < 2:
+        return False
+    q1, median, q3 = np.percentile(seconds, [25, 50, 75])
+    return bool(q3 - q1 <= SETTLED_SPREAD * median)
+
+
 def _iterations(probe_seconds):
     return int(min(MAX_ITERATIONS, max(1, SECONDS_PER_REPETITION / max(probe_seconds, 1e-7))))
 
@@ -79,6 +95,18 @@ def _time_calls(call, iterations, comm, prepare=None, memory=_HOST_MEMORY):
     memory.finish()
     elapsed = (time.perf_counter() - start) / iterations
     return comm.allreduce(elapsed, op=MPI.MAX)
+
+
+#: calls of the baseline timed one by one to size a repetition: the fastest of them, so that one
+#: stalled call does not shrink every contender's repetitions to a single call
+PROBES = 3
+
+
+def _probe_seconds(comm, call, buffers, reset, memory):
+    """The baseline's time per call, as the fastest of PROBES calls (the slowest rank's each)."""
+    return min(
+        _time_calls(lambda: call(*buffers, comm), 1, comm, reset, memory) for _ in range(PROBES)
+    )
 
 
 #: how long a rank whose contender raised waits for the others to agree on it: a contender that
@@ -141,6 +169,7 @@ def _measure_size(
     memory=_HOST_MEMORY,
     failed=None,
     link=None,
+    max_repetitions=None,
 ):
     """Every contender at one size and mode (see ``compare``); ``link``: across nodes, (the peer of
     rank 0 on another node, the node count): the bound there is a message over the link."""
@@ -190,7 +219,11 @@ def _measure_size(
                 }
             )
     contenders = {name: c for name, c in contenders.items() if probe[name] is not None}
-    iterations = _iterations(probe[BASELINE])
+    iterations = _iterations(
+        _probe_seconds(
+            comm, contenders[BASELINE], buffers[BASELINE], lambda: reset(BASELINE), memory
+        )
+    )
     times = {name: [] for name in contenders}
     # the bound (limits.py): on one node, a pass of the least traffic, timed among the contenders
     on_host = type(memory) is HostMemory  # (no bound for device memory yet)
@@ -202,9 +235,24 @@ def _measure_size(
         else link_pass(comm, *link, count * dtype.itemsize)
     )
     bound_times = []
+    # Rounds of interleaved repetitions (A B C, A B C, ...): at least ``repetitions``, then again
+    # for the contenders whose spread has not settled, the baseline with them every round, until
+    # none is left or ``max_repetitions`` is reached. Every rank holds the same times (each is the
+    # slowest rank's), so every rank makes the same choice.
+    timed = dict(contenders)
+    if max_repetitions is None:
+        max_repetitions = REPETITION_CAP * repetitions
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
-        for _ in range(repetitions):
-            for name, contender in contenders.items():
+        for done in range(max(repetitions, max_repetitions)):
+            if done >= repetitions:
+                timed = {
+                    name: c
+                    for name, c in contenders.items()
+                    if name == BASELINE or not settled(times[name])
+                }
+                if len(timed) == 1 and settled(times[BASELINE]):
+                    break
+            for name, contender in timed.items():
                 times[name].append(
                     _time_calls(
                         lambda c=contender, b=buffers[name]: c(*b, comm),
@@ -220,6 +268,7 @@ def _measure_size(
     results = []
     for name in contenders:
         seconds = statistics.median(times[name])
+        quartiles = np.percentile(times[name], [25, 75]).tolist()
         algbw = count * dtype.itemsize / seconds / 1e9
         results.append(
             Measurement(
@@ -231,7 +280,7 @@ def _measure_size(
                 algorithm=name,
                 in_place=in_place,
                 iterations=iterations,
-                repetitions=repetitions,
+                repetitions=len(times[name]),
                 time_us=seconds * 1e6,
                 algbw_gbs=algbw,
                 busbw_gbs=algbw * 2 * (size - 1) / size,
@@ -239,6 +288,8 @@ def _measure_size(
                 time_us_low=min(times[name]) * 1e6,
                 time_us_high=max(times[name]) * 1e6,
                 bound_us=bound_us,
+                time_us_q1=quartiles[0] * 1e6,
+                time_us_q3=quartiles[1] * 1e6,
             )
         )
     return results
@@ -257,6 +308,7 @@ def compare(
     memory=_HOST_MEMORY,
     progress=None,
     failed=None,
+    max_repetitions=None,
 ):
     """Measure every contender at every size and mode (in_place False/True); collective.
 
@@ -264,8 +316,10 @@ def compare(
     is called with each size and mode's measurements as soon as they are taken. ``failed``: a list
     that gets a dict (ranks, nbytes, in_place, algorithm, error) for each contender that raised at
     a size, the others going on; without it, such an error is raised (Open MPI's default's always).
-    Each size and mode has its bound, measured among the contenders (limits.bound_pass on one node,
-    limits.link_pass across nodes).
+    ``repetitions`` is the least number of interleaved repetitions; a contender whose repetitions
+    have not settled (``settled``) is repeated again, up to ``max_repetitions`` (default
+    REPETITION_CAP times ``repetitions``). Each size and mode has its bound, measured among the
+    contenders (limits.bound_pass on one node, limits.link_pass across nodes).
     """
     dtype = np.dtype(dtype)
     contenders, made = make_contenders(
@@ -278,7 +332,17 @@ def compare(
         for nbytes in sizes:
             for in_place in modes:
                 measured = _measure_size(
-                    comm, contenders, nbytes, dtype, op, repetitions, in_place, memory, failed, link
+                    comm,
+                    contenders,
+                    nbytes,
+                    dtype,
+                    op,
+                    repetitions,
+                    in_place,
+                    memory,
+                    failed,
+                    link,
+                    max_repetitions,
                 )
                 if progress is not None:
                     progress(measured)
