@@ -222,6 +222,7 @@ def main(argv=None):
                     runs,
                     "mpiallreduce report --markdown " + " ".join([args.markdown, *args.results]),
                     folders=args.results,
+                    page_folder=os.path.dirname(os.path.abspath(args.markdown)),
                 )
             )
         print(f"written: {args.markdown} ({len(runs)} runs)")

@@ -123,9 +123,11 @@ def holds_text_results(folder):
     return bool(texts) and not any("bench.json" in files for _root, _dirs, files in os.walk(folder))
 
 
-def markdown_page(runs, command, folders=()):
+def markdown_page(runs, command, folders=(), page_folder="docs"):
     """The page, from ``runs`` ((path, results) pairs: mpiallreduce.tools.results.find_runs); and,
-    whole, each of ``folders``' training runs (train.txt) and model.txt (``mpiallreduce model``)."""
+    whole, each of ``folders``' training runs (train.txt) and model.txt (``mpiallreduce model``).
+    A run whose folder holds its headline figure (``mpiallreduce plot``) shows it, linked from
+    ``page_folder``, where the page is written."""
     lines = [
         "# Measured results",
         "",
@@ -153,6 +155,14 @@ def markdown_page(runs, command, folders=()):
             f"- Open MPI's forced algorithms measured: {'yes' if forced_measured else 'no'}",
             "",
         ]
+        folder = path if os.path.isdir(path) else os.path.dirname(path)
+        headline = os.path.join(folder, "headline.png")
+        if os.path.isfile(headline):
+            link = os.path.relpath(headline, page_folder).replace(os.sep, "/")
+            lines += [
+                f"![ours against Open MPI's, time and speed against size: {path}]({link})",
+                "",
+            ]
         for in_place in sorted({m["in_place"] for m in measurements}):
             from types import SimpleNamespace
 
