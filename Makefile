@@ -73,8 +73,8 @@ slurm-packages:
 
 # Every algorithm against Open MPI's default MPI_Allreduce (and each of Open MPI's own algorithms
 # forced in turn) on this machine, RANKS ranks (default 2 = this machine's cores): the quick sweep,
-# 11 sizes from 4 B to 64 MiB (2 to 4 minutes on a quiet machine of 2 cores), or with make
-# bench-full every power of two from 4 B to 256 MiB. On stdout the machine's load, a line per size
+# 11 sizes from 4 B to 64 MiB (1m09s to 1m29s on a quiet machine of 2 cores, 2026-12-08), or
+# with make bench-full every power of two from 4 B to 256 MiB. On stdout the machine's load, a line per size
 # and mode as it is measured, then the Deep Speech 2 tables. Each run goes to a folder of its own,
 # results/bench-$(RANKS)ranks-<date>-<time>/ (table.txt: every row; bench.csv, bench.json; the PNG
 # figures, headline.png first), and results/latest points at the newest.

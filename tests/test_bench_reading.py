@@ -149,3 +149,30 @@ def test_plot_writes_the_headline_first_and_the_per_algorithm_figures(tmp_path):
     for path in written:
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_bench_csv_read_alone_gives_numbers_and_nones(tmp_path):
+    from mpiallreduce.tools.bench.report import write_results
+    from mpiallreduce.tools.bench.timing import Measurement
+    from mpiallreduce.tools.results import load_results
+
+    old = Measurement(**vars(measurement("openmpi", 64, 10.0, low=9.0, high=11.0)))  # (no q1, q3)
+    new = Measurement(**vars(measurement("ring", 64, 10.2, q1=9.6, q3=10.4, low=9.5, high=12.0)))
+    write_results(tmp_path, [old, new], {"ranks": 2}, 5.0)
+    rows = load_results(str(tmp_path / "bench.csv"))["measurements"]
+    assert rows[0]["time_us_q1"] is None and rows[0]["time_us_low"] == 9.0
+    assert rows[1]["time_us_q1"] == 9.6 and rows[1]["bound_us"] == pytest.approx(10.2 / 4)
+    # 9.6..10.4 overlaps 9.0..11.0 as numbers (as text, "10.4" < "9.0")
+    assert within_noise(SimpleNamespace(**rows[0]), SimpleNamespace(**rows[1])) is True
+
+
+def test_latest_is_not_pointed_where_a_folder_of_that_name_stands(tmp_path):
+    (tmp_path / "latest").mkdir()
+    run = new_run_folder(tmp_path, 2)
+    with pytest.raises(FileExistsError, match="not a symbolic link"):
+        point_latest(tmp_path, run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["latest", os.path.basename(run)])
+
+
+def test_a_run_of_open_mpi_alone_has_no_gain_rows():
+    assert gain_rows([measurement("openmpi", 64, 10.0), measurement("openmpi:ring", 64, 9.0)]) == []

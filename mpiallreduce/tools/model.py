@@ -55,7 +55,7 @@ def main(argv=None):
     parser = ArgumentParser(
         prog="mpiallreduce model",
         description=__doc__.split("\n")[0],
-        examples=("mpiallreduce model results/bench-2ranks results/nodes/2nodes-2ranks",),
+        examples=("mpiallreduce model results/latest results/nodes/2nodes-2ranks",),
     )
     parser.add_argument(
         "results",

@@ -179,7 +179,7 @@ def main(argv=None):
     parser = ArgumentParser(
         prog="mpiallreduce report",
         description=__doc__.split("\n")[0],
-        examples=("mpiallreduce report results/nodes results/bench-2ranks --output results/nodes",),
+        examples=("mpiallreduce report results/nodes results/latest --output results/nodes",),
     )
     parser.add_argument(
         "results",

@@ -23,6 +23,11 @@ _NUMBERS = {
     "algbw_gbs": float,
     "busbw_gbs": float,
     "busbw_share_of_memcpy": float,
+    "time_us_low": float,
+    "time_us_high": float,
+    "time_us_q1": float,
+    "time_us_q3": float,
+    "bound_us": float,
 }
 
 
@@ -37,7 +42,9 @@ def _read_csv(path):
         raise ResultsError(f"{path}: not a bench.csv of `mpiallreduce bench` (no algorithm column)")
     for row in rows:
         for key, kind in _NUMBERS.items():
-            if row.get(key) not in (None, ""):
+            if row.get(key) in ("", "None"):  # (what csv writes for a measurement's None)
+                row[key] = None
+            elif row.get(key) is not None:
                 row[key] = kind(row[key])
         row["in_place"] = row.get("in_place") == "True"
     print(

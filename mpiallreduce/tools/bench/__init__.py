@@ -16,8 +16,13 @@ minus its per-call malloc). The reference reported is the GPU's device-to-device
 
 Timing: for each size and mode (out of place, in place), repetitions of the contenders are
 interleaved (A B C A B C ...) so that a drift in the machine's speed hits all of them alike. One
-repetition is ``iterations`` back-to-back calls between barriers; its time per call is the slowest
-rank's. The figure reported is the median over repetitions. Every contender's result is compared
+repetition is ``iterations`` back-to-back calls between barriers (about 20 ms, sized from the
+fastest of 3 single calls of Open MPI's default); its time per call is the slowest rank's. After
+the least number of rounds (--repetitions), the contenders whose middle half of repetitions
+(first to third quartile) is wider than 10% of their median are repeated again, each round with
+Open MPI's default, up to --max-repetitions (timing.settled). The figure reported is the median;
+its middle half is kept too, and a gain is noise where the middle halves of the two overlap
+(report.within_noise). Every contender's result is compared
 bitwise with MPI_Allreduce's and the wrong elements counted (the data are small integers, so every
 summation order gives the same bits).
 

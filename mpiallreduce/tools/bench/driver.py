@@ -43,7 +43,7 @@ __all__ = [
     "FULL_SIZES",
 ]
 
-#: the quick sweep, the default (make bench): 11 sizes from 4 B to 64 MiB, 2 to 4 minutes on a
+#: the quick sweep, the default (make bench): 11 sizes from 4 B to 64 MiB, under 2 minutes on a
 #: quiet machine of 2 cores; 4 KiB and 1 MiB among them, where auto has been weakest
 QUICK_SIZES = (4, 64, *(1 << k for k in range(10, 21, 2)), 4 << 20, 16 << 20, 64 << 20)
 #: the full sweep (make bench-full): every power of two from 4 B to 256 MiB
@@ -134,6 +134,18 @@ def _checked_arguments(parser, args):
     return args.sizes, algorithms, forced
 
 
+def repetitions_said(args):
+    """'the median of 7 to 21 interleaved repetitions (...)', or of '5' where the least and the
+    most are one number."""
+    most = args.max_repetitions or REPETITION_CAP * args.repetitions
+    if most == args.repetitions:
+        return f"the median of {most} interleaved repetitions"
+    return (
+        f"the median of {args.repetitions} to {most} interleaved repetitions (more than "
+        f"{args.repetitions} until their middle half is within {SETTLED_SPREAD:.0%} of the median)"
+    )
+
+
 def new_run_folder(root, ranks):
     """Make and return a folder of ``root`` that no run has used: bench-<ranks>ranks-<date>-<time>,
     with -2, -3 ... after it when a run of the same second has it."""
@@ -152,9 +164,17 @@ def point_latest(root, folder):
     """Point ``root``/latest at ``folder`` (a relative symbolic link, replaced in one step);
     returns the link's path."""
     link = os.path.join(root, "latest")
+    if os.path.exists(link) and not os.path.islink(link):
+        raise FileExistsError(
+            f"{link} is not a symbolic link: left as it is, not pointed at {folder}"
+        )
     temporary = f"{link}.{os.getpid()}"
     os.symlink(os.path.relpath(folder, root), temporary)
-    os.replace(temporary, link)
+    try:
+        os.replace(temporary, link)
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
     return link
 
 
@@ -268,10 +288,17 @@ def main(argv=None):
     if args.output and args.runs_in:
         parser.error("give --output or --runs-in, not both")
     comm = MPI.COMM_WORLD
-    if args.runs_in:
-        args.output = comm.bcast(
-            new_run_folder(args.runs_in, comm.Get_size()) if comm.Get_rank() == 0 else None
-        )
+    if args.runs_in:  # (rank 0 makes the folder; every rank learns it, or why it could not)
+        made = None
+        if comm.Get_rank() == 0:
+            try:
+                made = ("folder", new_run_folder(args.runs_in, comm.Get_size()))
+            except OSError as error:
+                made = ("error", f"--runs-in {args.runs_in}: {error.strerror or error}")
+        kind, said = comm.bcast(made)
+        if kind == "error":
+            parser.error(said)
+        args.output = said
     algorithms, skipped = runnable_here(comm, algorithms)
     memory = device_memory(args.device)
     modes = {"both": (False, True), "out-of-place": (False,), "in-place": (True,)}[args.mode]
@@ -344,10 +371,8 @@ def main(argv=None):
         )
         print(f"# mpiallreduce {__version__} ({metadata['git_commit']}), {metadata['date_utc']}")
         print(
-            f"# {args.dtype} {args.op}; time = the median of {args.repetitions} to "
-            f"{args.max_repetitions or REPETITION_CAP * args.repetitions} interleaved repetitions "
-            "(more until their middle half is within "
-            f"{SETTLED_SPREAD:.0%} of the median) of the slowest rank's time per call"
+            f"# {args.dtype} {args.op}; time = {repetitions_said(args)} of the slowest rank's "
+            "time per call"
         )
         print("# reference (not a limit: cached sizes beat it): " + limit.format(memcpy_gbs))
         if link is not None:
@@ -401,7 +426,10 @@ def main(argv=None):
                 f"{os.path.join(args.output, 'bench.json')}"
             )
         if args.runs_in:
-            print(f"# {point_latest(args.runs_in, args.output)} -> {args.output}")
+            try:
+                print(f"# {point_latest(args.runs_in, args.output)} -> {args.output}")
+            except OSError as error:
+                print(f"# warning: {error}")
     wrong = sum(m.wrong for m in results)
     if wrong and comm.Get_rank() == 0:
         print(f"# {wrong} wrong elements in all: see the #wrong column")
