@@ -122,6 +122,8 @@ def test_bench_across_nodes_skips_what_cannot_run_there_and_says_so(tmp_path, nr
             "4K",
             "--repetitions",
             "2",
+            "--max-repetitions",
+            "2",
             "--mode",
             "out-of-place",
             "--openmpi-forced",

@@ -243,6 +243,8 @@ def cut_down(line):
             return None
     if re.search(r"mpiallreduce (bench|tune)\b", line):
         line = re.sub(r"--sizes \S+", "", line) + " --sizes 64,4K --repetitions 2"
+        if "mpiallreduce bench" in line:  # (no more rounds where they have not settled)
+            line += " --max-repetitions 2"
         if "mpiallreduce bench" in line and "--openmpi-forced" not in line:
             line += " --openmpi-forced 4"
         if (

@@ -79,7 +79,9 @@ def test_bench_job_array_writes_one_folder_per_rank_count(slurm, tmp_path):
     job = slurm.submit(
         [f"--chdir={tmp_path}", "--export=ALL,RANK_COUNTS=1 2", str(JOBS / "bench.sbatch")],
         cwd=tmp_path,
-        env={"BENCH_ARGS": "--sizes 4,4K --repetitions 2 --openmpi-forced none"},
+        env={
+            "BENCH_ARGS": "--sizes 4,4K --repetitions 2 --max-repetitions 2 --openmpi-forced none"
+        },
     )
     states = slurm.wait(job, JOB_TIMEOUT)
     outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))
@@ -116,7 +118,9 @@ def test_bench_job_sweeps_node_counts_skips_what_needs_one_node_and_report_merge
             str(JOBS / "bench.sbatch"),
         ],
         cwd=tmp_path,
-        env={"BENCH_ARGS": "--sizes 4K,64K --repetitions 2 --openmpi-forced none"},
+        env={
+            "BENCH_ARGS": "--sizes 4K,64K --repetitions 2 --max-repetitions 2 --openmpi-forced none"
+        },
     )  # (commas: not in --export)
     states = slurm.wait(job, JOB_TIMEOUT)
     outputs = "\n".join(read(p) for p in tmp_path.glob("mpiallreduce-bench-*.out"))

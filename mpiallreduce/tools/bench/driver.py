@@ -339,7 +339,7 @@ def main(argv=None):
             memory,
             progress=progress,
             failed=failed,
-            max_repetitions=args.max_repetitions,
+            max_repetitions=args.max_repetitions or REPETITION_CAP * args.repetitions,
         )
     except (
         Exception

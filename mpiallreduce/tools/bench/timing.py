@@ -240,8 +240,8 @@ def _measure_size(
     # none is left or ``max_repetitions`` is reached. Every rank holds the same times (each is the
     # slowest rank's), so every rank makes the same choice.
     timed = dict(contenders)
-    if max_repetitions is None:
-        max_repetitions = REPETITION_CAP * repetitions
+    if max_repetitions is None:  # (tune and the prices: as many as asked for, no more)
+        max_repetitions = repetitions
     with np.errstate(over="ignore"):  # in place, repeated sums of the result may overflow to inf
         for done in range(max(repetitions, max_repetitions)):
             if done >= repetitions:
@@ -318,8 +318,9 @@ def compare(
     a size, the others going on; without it, such an error is raised (Open MPI's default's always).
     ``repetitions`` is the least number of interleaved repetitions; a contender whose repetitions
     have not settled (``settled``) is repeated again, up to ``max_repetitions`` (default
-    REPETITION_CAP times ``repetitions``). Each size and mode has its bound, measured among the
-    contenders (limits.bound_pass on one node, limits.link_pass across nodes).
+    ``repetitions``: no more; bench asks for REPETITION_CAP times as many). Each size and mode has
+    its bound, measured among the contenders (limits.bound_pass on one node, limits.link_pass
+    across nodes).
     """
     dtype = np.dtype(dtype)
     contenders, made = make_contenders(
