@@ -176,3 +176,69 @@ def test_latest_is_not_pointed_where_a_folder_of_that_name_stands(tmp_path):
 
 def test_a_run_of_open_mpi_alone_has_no_gain_rows():
     assert gain_rows([measurement("openmpi", 64, 10.0), measurement("openmpi:ring", 64, 9.0)]) == []
+
+
+def test_only_the_unsettled_are_repeated_with_the_baseline_up_to_the_cap(monkeypatch):
+    """timing._measure_size with scripted times in place of MPI (one rank, no communication): a
+    steady contender stops at the least number of rounds; a noisy one goes on to the cap, Open
+    MPI's default with it; where every one has settled, no round more."""
+    import itertools
+
+    import numpy as np
+
+    from mpiallreduce.tools.bench import timing
+    from mpiallreduce.tools.bench.contenders import BASELINE
+
+    class OneRank:
+        def Get_size(self):
+            return 2
+
+        def Get_rank(self):
+            return 0
+
+        def Barrier(self):
+            pass
+
+        def allreduce(self, value, op=None):
+            return value
+
+    def measure(script, repetitions, most):
+        streams = {name: iter(times) for name, times in script.items()}
+        ran = []
+
+        def timed(call, iterations, comm, prepare=None, memory=None):
+            ran.clear()
+            call()
+            return next(streams[ran[0]]) if ran else 1e-6  # (the bound: no contender)
+
+        def contender(name):
+            return lambda send, out, comm: ran.append(name)
+
+        monkeypatch.setattr(timing, "_time_calls", timed)
+        monkeypatch.setattr(timing, "_warm_up", lambda *args: (1e-5, 0, None))
+        monkeypatch.setattr(timing, "bound_pass", lambda *args: lambda: None)
+        monkeypatch.setattr(timing, "_probe_seconds", lambda *args: 1e-5)
+        found = timing._measure_size(
+            OneRank(),
+            {name: contender(name) for name in script},
+            64,
+            np.dtype("float32"),
+            "sum",
+            repetitions,
+            False,
+            max_repetitions=most,
+        )
+        return {m.algorithm: m.repetitions for m in found}
+
+    steady = itertools.repeat(1e-5)
+    assert measure({BASELINE: steady, "ring": itertools.repeat(2e-5)}, 7, 21) == {
+        BASELINE: 7,
+        "ring": 7,
+    }
+    noisy = itertools.cycle([2e-5, 4e-5, 2e-5, 6e-5])  # (quartiles 2 and 4.5: never settled)
+    got = measure({BASELINE: itertools.repeat(1e-5), "ring": noisy, "auto": steady}, 7, 21)
+    assert got == {BASELINE: 21, "ring": 21, "auto": 7}
+    assert measure({BASELINE: itertools.repeat(1e-5), "ring": noisy}, 5, 5) == {
+        BASELINE: 5,
+        "ring": 5,
+    }

@@ -89,13 +89,14 @@ MESH_AXES_THROUGH_AUTO = ["-k", "not test_every_axis_of_every_mesh or auto or sh
 #: what runs elsewhere at that rank count: the device stand-in's tests (tests/mpi/test_device.py) at
 #: 2 ranks, a selection of them (mappings closed, kernels followed, round trips, strided arrays) in
 #: the GPU check's dry run at 2 and 3 ranks (tests/test_device_check.py); the whole file runs at 1
-#: and 3. Training at 3 ranks: gradients, buckets, the torch and Horovod facades go through the
-#: calls whose odd counts test_correctness and test_call_path cover at 3; they run whole at 1 and 2
-#: ranks and across nodes (and gradients handed over as views at 3 ranks, one node and two:
-#: test_emulated_nodes)
+#: and 3. At 3 ranks, GradientSync's gradients and buckets: they go through the calls whose odd
+#: counts test_correctness and test_call_path cover at 3, and nothing in them depends on the rank
+#: count past 1 and 2; they run whole at 1 and 2 ranks and across nodes (and gradients handed over
+#: as views at 3 ranks, one node and two: test_emulated_nodes). The torch and Horovod facades stay
+#: at 3: their process sets of 2 ranks of 3, and a join with more than 2 ranks, run only there.
 ELSEWHERE = {
     2: ["test_device.py"],
-    3: ["test_gradients.py", "test_buckets.py", "test_torch.py", "test_horovod.py"],
+    3: ["test_gradients.py", "test_buckets.py"],
 }
 #: deselected at 3 ranks and across nodes: each reduction of each dtype against JAX's pmap, and
 #: pytrees, which depend neither on the rank count nor on the nodes (whole at 1 and 2 ranks)

@@ -2,10 +2,12 @@
  * was built; setup.py builds it with Open MPI's mpicc). Each does what the Python beside it does, in
  * the same order, and hands anything unusual back to that Python.
  *
- *   PreparedBase()         a prepared call bound to a persistent request (Prepared, prepared.py):
+ *   PreparedBase()         a prepared call bound to a persistent request, or to a plain
+ *                          MPI_Allreduce of its buffers (Prepared, prepared.py):
  *                            state.sequence += 1       (the number, on the caller's thread)
  *                            MPI_Start, MPI_Test       (SPIN_TESTS times: a small one is done)
  *                            MPI_Wait                  (if not, the GIL released, as mpi4py does)
+ *                            or MPI_Allreduce          (plain: the GIL released)
  *                            a mean's division         (in C for float32 and float64, else then())
  *                          anything else (a flight recorder, pending asynchronous calls, an
  *                          argument): self._call(...), the Python
@@ -190,6 +192,13 @@ typedef struct {
     char *data[2];
     int nd[2];
     Py_ssize_t dims[2][MAX_DIMENSIONS];
+    /* a plain MPI_Allreduce in place of the persistent request (``plain``: where the plan has none) */
+    int plain;
+    void *send, *recv;
+    int plain_count;
+    MPI_Datatype datatype;
+    MPI_Op op;
+    MPI_Comm comm;
 } PreparedBase;
 
 /* 1 where one of the user's arrays no longer lies where the request was bound, or has another shape
@@ -233,20 +242,38 @@ static void prepared_dealloc(PreparedBase *self)
 }
 
 /* _bind_compiled(request_handle, vars(state), vars(worker), result, then, failed, keep, library,
- *                (kind, multiply, factor), divided, arrays):
+ *                (kind, multiply, factor), divided, arrays[, plain]):
  * runs go through C (``keep``: what owns the request, held while bound; ``library``: the state's
  * communicator, which a run checks is still there: freed, the Python path raises); a mean's
- * division of the array ``divided`` in C where kind is 4 or 8, else by then() */
+ * division of the array ``divided`` in C where kind is 4 or 8, else by then(). ``plain``, with a
+ * request handle of 0: (send address, 0 for MPI_IN_PLACE; receive address; count; the handles of
+ * the datatype, the op and the communicator): each run is that MPI_Allreduce */
 static PyObject *prepared_bind(PreparedBase *self, PyObject *args)
 {
     unsigned long long handle;
     PyObject *state, *worker, *result, *then, *failed, *keep, *library, *divided, *arrays;
+    PyObject *plain = Py_None;
     Division division;
-    if (!PyArg_ParseTuple(args, "KO!O!OOOOO(iid)OO!", &handle, &PyDict_Type, &state, &PyDict_Type, &worker,
-                          &result, &then, &failed, &keep, &library, &division.kind, &division.multiply,
-                          &division.factor, &divided, &PyTuple_Type, &arrays))
+    if (!PyArg_ParseTuple(args, "KO!O!OOOOO(iid)OO!|O", &handle, &PyDict_Type, &state, &PyDict_Type,
+                          &worker, &result, &then, &failed, &keep, &library, &division.kind,
+                          &division.multiply, &division.factor, &divided, &PyTuple_Type, &arrays,
+                          &plain))
         return NULL;
     prepared_clear(self);
+    self->plain = 0;
+    if (plain != Py_None) {
+        unsigned long long send, recv, datatype, op, comm;
+        int count;
+        if (!PyArg_ParseTuple(plain, "KKiKKK", &send, &recv, &count, &datatype, &op, &comm))
+            return NULL;
+        self->send = send ? (void *)(uintptr_t)send : MPI_IN_PLACE;
+        self->recv = (void *)(uintptr_t)recv;
+        self->plain_count = count;
+        self->datatype = (MPI_Datatype)(uintptr_t)datatype;
+        self->op = (MPI_Op)(uintptr_t)op;
+        self->comm = (MPI_Comm)(uintptr_t)comm;
+        self->plain = 1;
+    }
     if (PyTuple_GET_SIZE(arrays) > 2)
         Py_RETURN_NONE;  /* (not bound: the Python path checks them) */
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(arrays); k++) {
@@ -300,13 +327,21 @@ static PyObject *prepared_call(PreparedBase *self, PyObject *args, PyObject *kwa
     long long number = next_number(self->state);
     if (number < 0)
         return NULL;
-    int code = MPI_Start(&self->request), done = 0;
-    for (int i = 0; i < SPIN_TESTS && code == MPI_SUCCESS && !done; i++)
-        code = MPI_Test(&self->request, &done, MPI_STATUS_IGNORE);
-    if (code == MPI_SUCCESS && !done) {
+    int code, done = 0;
+    if (self->plain) {  /* (blocking: the GIL released, as mpi4py does) */
         Py_BEGIN_ALLOW_THREADS
-        code = MPI_Wait(&self->request, MPI_STATUS_IGNORE);
+        code = MPI_Allreduce(self->send, self->recv, self->plain_count, self->datatype, self->op,
+                             self->comm);
         Py_END_ALLOW_THREADS
+    } else {
+        code = MPI_Start(&self->request);
+        for (int i = 0; i < SPIN_TESTS && code == MPI_SUCCESS && !done; i++)
+            code = MPI_Test(&self->request, &done, MPI_STATUS_IGNORE);
+        if (code == MPI_SUCCESS && !done) {
+            Py_BEGIN_ALLOW_THREADS
+            code = MPI_Wait(&self->request, MPI_STATUS_IGNORE);
+            Py_END_ALLOW_THREADS
+        }
     }
     if (code != MPI_SUCCESS)
         return failed_with(self->failed, code, number);

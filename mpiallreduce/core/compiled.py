@@ -6,7 +6,8 @@
     used        where built, mpi4py runs Open MPI, and MPIALLREDUCE_COMPILED is not 0
                 (settings.compiled), bound when a kind of call is first planned and no flight
                 recorder is on:
-                - a prepared call on a persistent request (Prepared's __call__, prepared.py)
+                - a prepared call on a persistent request, or of MPI_Allreduce itself where the
+                  plan has no request (Prepared's __call__, prepared.py; Execution.bound)
                 - the short path of a repeated plain call of MPI's own allreduce on numpy arrays
                   (``short_path``: Execution.short, executor.py), its signature compared in the
                   shared slots or, across nodes and under ULFM, in the check's rounds of 32-byte

@@ -350,6 +350,22 @@ class Execution(RunPaths):
                 except BaseException as error:
                     raise_failed(error, state, sequence, None)
 
+            #: what the compiled run binds (mpiallreduce.core.compiled: a prepared call's plain
+            #: MPI_Allreduce in C): the buffers' addresses, the count, the handles; then, failed
+            count = recv.nbytes // self.datatype.extent  # (as mpi4py counts [recv, datatype])
+            run_bound.plain = (
+                (0 if send is None else send.ctypes.data, recv.ctypes.data, count)
+                + (self.datatype.handle, mpi_op.handle, state.library.handle),
+                (lambda: self.divide(recv)) if divide else None,
+                lambda error, sequence: raise_failed(
+                    MPI.Exception(error) if isinstance(error, int) else error,
+                    state,
+                    sequence,
+                    None,
+                ),
+            )
+            if count > 2**31 - 1:  # (one C int: larger counts stay with mpi4py's large-count call)
+                run_bound.plain = None
             return run_bound
         return lambda sequence: self.run(send, recv, sequence, timeout, xp)
 

@@ -83,10 +83,16 @@ class Prepared(PreparedBase):
         )
         self.shapes = tuple(a.shape for a in self.watched)
         self.addresses = tuple(a.ctypes.data for a in self.watched)
-        if self.fast and self.persistent and compiled_used():
-            request, then, failed = self.execute.compiled
+        plain = getattr(self.execute, "plain", None)  # (MPI_Allreduce itself, no request)
+        if self.fast and (self.persistent or plain is not None) and compiled_used():
+            if self.persistent:
+                request, then, failed = self.execute.compiled
+                bound, handle = (), request.handle
+            else:
+                (arguments, then, failed), handle = plain, 0
+                bound = (arguments,)
             self._bind_compiled(
-                request.handle,
+                handle,
                 vars(self.state),
                 vars(self.state.worker),
                 self.result,
@@ -97,6 +103,7 @@ class Prepared(PreparedBase):
                 division_of(self.execution, self.flat.recv),
                 self.flat.recv,
                 self.watched,
+                *bound,
             )
 
     def _moved(self):

@@ -213,7 +213,9 @@ batching.primitive_batchers[allreduce_p] = _batched
 
 def _jvp(primals, tangents, **params):
     op = params["op"]
-    if op != "sum":  # (JAX's own collectives have none for pmax, pmin: neither has this one)
+    # (a refused call is differentiated as a sum would be, its tangent refused too: it makes the
+    # calls its peers make, and is raised on every rank when it runs, not here on one rank)
+    if op not in ("sum", "refused"):  # (JAX's collectives have none for pmax, pmin: nor this)
         raise NotImplementedError(
             f"Differentiation rule for '{allreduce_p.name}' (op={op}) not implemented"
         )

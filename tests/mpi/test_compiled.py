@@ -8,6 +8,7 @@ from mpi4py import MPI
 from reference import exact_input, gather_inputs, numpy_reference, values_equal
 
 import mpiallreduce as mar
+from mpiallreduce.api import prepare_at
 from mpiallreduce.core import compiled
 from mpiallreduce.core.state import state_of
 
@@ -123,12 +124,8 @@ def test_calls_are_numbered_alike_on_every_rank_whichever_path_takes_them(
     assert state.sequence == before + 40
     numbers = comm.allgather(state.sequence)
     assert len(set(numbers)) == 1, numbers
-    if (
-        comm.Get_size() > 1
-    ):  # (bound where it is a persistent request: on one node at 8 elements, by the table)
-        assert prepared._compiled_bound() == (
-            use_compiled and (prepared.persistent or not state.spans_nodes)
-        )
+    if comm.Get_size() > 1:  # (bound: a persistent request, or MPI_Allreduce itself in C)
+        assert prepared._compiled_bound() == use_compiled
     comm.Free()
 
 
@@ -159,16 +156,17 @@ def test_a_call_that_differs_below_the_threshold_raises_the_same_error_everywher
 def test_prepared_calls_on_persistent_requests_behind_async_calls_and_with_a_mean(
     comm, use_settings, use_compiled
 ):
-    """A prepared call of MPI's own allreduce (a persistent request): right each run, its mean
-    divided, in order behind an asynchronous call still pending (which the compiled call hands to
-    the Python path), and started in the background."""
+    """A prepared call of MPI's own allreduce (a persistent request, or MPI_Allreduce itself):
+    right each run, its mean divided, in order behind an asynchronous call still pending (which
+    the compiled call hands to the Python path), and started in the background."""
     use_settings(compiled=use_compiled)
     rank = comm.Get_rank()
     x = exact_input("float64", 16, rank, "mean") * (rank + 1)
     big = exact_input("float64", 1 << 16, rank, "sum")
     want_big = numpy_reference("sum", gather_inputs(comm, big))
-    for op in ("sum", "mean"):
-        prepared = mar.prepare(x, op=op, comm=comm, algorithm="mpi")
+    for op, persistent in (("sum", True), ("mean", True), ("sum", False), ("mean", False)):
+        # (persistent=False: MPI_Allreduce itself, bound in C where compiled)
+        prepared = prepare_at("", x, op=op, comm=comm, algorithm="mpi", persistent=persistent)
         for step in range(3):
             x[...] = exact_input("float64", 16, rank + step, "mean") * (rank + 1)
             want = numpy_reference(op, gather_inputs(comm, x))
@@ -247,7 +245,9 @@ def test_a_prepared_call_whose_array_was_resized_raises_and_touches_nothing(
     want = numpy_reference("sum", gather_inputs(WORLD, x))
     prepared = mar.prepare(x, out=target, algorithm="mpi")
     assert values_equal(prepared(), want)
-    assert prepared._compiled_bound() == (use_compiled and "persistent" in repr(prepared))
+    # (bound in C alike, on a persistent request or a plain MPI_Allreduce: each checks the arrays;
+    # one rank copies, in Python)
+    assert prepared._compiled_bound() == (use_compiled and size > 1)
     name = "x" if out == "in_place" else "out"
     bound = target.ctypes.data
     for back in (False, True):  # (resized, then resized back to its shape: moved all the same)

@@ -345,11 +345,12 @@ def test_shared_memory_takes_calls_up_to_its_regions_data():
     np.testing.assert_array_equal(got, sum(np.asarray(data(r, n)) for r in range(SIZE)))
     with pytest.raises(Exception, match=f"refused: .*at most {DATA_BYTES} bytes a call"):
         np.asarray(f(data(RANK, n + 1)))
-    mine = n + 1 if RANK == SIZE - 1 else n  # (the last rank's call past the data)
-    with pytest.raises(
-        Exception, match=rf"SignatureMismatch(.|\n)*rank {SIZE - 1}: refused: .*'shared_memory'"
-    ):
-        np.asarray(f(data(RANK, mine)))
+    if SIZE == 2:  # (at 3 ranks the next call can hang: a known hazard, docs/jax.md)
+        mine = n + 1 if RANK == SIZE - 1 else n  # (the last rank's call past the data)
+        with pytest.raises(
+            Exception, match=rf"SignatureMismatch(.|\n)*rank {SIZE - 1}: refused: .*'shared_memory'"
+        ):
+            np.asarray(f(data(RANK, mine)))
     for k in (5, n):  # (then calls pair up, by name and by auto)
         want = sum(np.asarray(data(r, k)) for r in range(SIZE))
         np.testing.assert_array_equal(f(data(RANK, k)), want)
