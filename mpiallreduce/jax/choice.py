@@ -40,7 +40,6 @@ __all__ = [
     "EXCHANGE_MOST_BYTES",
     "EXCHANGE_INLINE_BYTES",
     "Choice",
-    "Refused",
     "choose",
 ]
 
@@ -67,11 +66,6 @@ _NEAREST = {
 }
 
 
-class Refused(ValueError):
-    """A named algorithm that cannot take this call's size: found on a rank by its own size, so
-    told to the peers as a refused call (compared, then raised on every rank), not raised alone."""
-
-
 class Choice(NamedTuple):
     name: str  # what the handler runs
     planned: str  # what the planner chose
@@ -88,18 +82,18 @@ def choose(comm, dtype, nbytes, op, algorithm="auto"):
                 f"algorithm must be 'auto' or one of {sorted(HANDLER_ALGORITHMS)} inside "
                 f"mpiallreduce.jax, got {algorithm!r}"
             )
-        many = comm.Get_size() > 1  # (one rank: nothing to share, its input is its result)
-        if algorithm == "shared_memory" and many and not handed(comm):  # (alike on every rank)
+        if (
+            algorithm == "shared_memory"
+            and comm.Get_size() > 1  # (one rank: nothing to share, its input is its result)
+            and not (handed(comm) and nbytes <= DATA_BYTES)
+        ):
             raise ValueError(
-                f"algorithm 'shared_memory' needs the ranks on one node (not under ULFM), got "
-                f"{comm.Get_size()} ranks that share no memory here"
-            )
-        if algorithm == "shared_memory" and many and nbytes > DATA_BYTES:  # (by this rank's size)
-            raise Refused(
-                f"algorithm 'shared_memory' takes at most {DATA_BYTES} bytes a call, got {nbytes}"
+                f"algorithm 'shared_memory' needs the ranks on one node (not under ULFM) and at "
+                f"most {DATA_BYTES} bytes a call, got {nbytes} on {comm.Get_size()} rank(s)"
+                + ("" if handed(comm) else " that share no memory here")
             )
         if algorithm == "exchange" and nbytes > EXCHANGE_MOST_BYTES:
-            raise Refused(
+            raise ValueError(
                 f"algorithm 'exchange' sends a call's bytes in one message: at most "
                 f"{EXCHANGE_MOST_BYTES}, got {nbytes}"
             )

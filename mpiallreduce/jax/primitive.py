@@ -32,7 +32,7 @@ from ..core.consistency import digest
 from ..core.settings import settings
 from ..core.state import state_of
 from ..faults.recorder import named_members
-from .choice import HANDLER_ALGORITHMS, Refused, choose
+from .choice import HANDLER_ALGORITHMS, choose
 from .handler import TARGET, loaded, register
 from .records import name_communicator, site
 from .slots import hand_slots
@@ -108,13 +108,10 @@ def allreduce_leaf(x, op, comm, given=None, algorithm="auto", timeout=None):
     if not kept.handed:  # (then, on one node, its shared regions: collective, at the same turn)
         kept.handed = True
         hand_slots(kept.comm, loaded())
-    choice = "mpi"
-    if op != "refused":
-        try:
-            choice = choose(kept.comm, x.dtype, x.size * x.dtype.itemsize, op, algorithm).name
-        except Refused as refusal:  # (this rank's size alone: told to the peers, as below)
-            op, given = "refused", f"refused: {refusal}"
-    # (a refused call: compared like any other, then raised on every rank; no data moves)
+    if op == "refused":  # (compared, then raised: no data moves)
+        choice = "mpi"
+    else:
+        choice = choose(kept.comm, x.dtype, x.size * x.dtype.itemsize, op, algorithm).name
     timeout = settings().timeout if timeout is None else timeout
     return allreduce_p.bind(
         x,
